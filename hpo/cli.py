@@ -1,0 +1,232 @@
+"""The ``hpo`` command line.
+
+    hpo models                                         families and their search spaces
+    hpo train --model tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
+    hpo train --resume runs/tft-bf16 [--precision f32] [--epochs 8]
+    hpo predict --checkpoint runs/tft-bf16 --data bars.csv --out positions.csv
+
+Heavy imports (torch, ray, mlflow) happen inside the commands so ``hpo --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="hpo",
+    help="foxhunt-hpo: hyperparameter sweeps of trading models in f32 and bf16.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+# Metrics shown in the per-epoch lines and the final table, in this order.
+SUMMARY_METRICS = (
+    "train_loss",
+    "val_sharpe",
+    "val_sortino",
+    "val_max_drawdown",
+    "val_turnover",
+    "val_hit_rate",
+    "test_sharpe",
+    "skipped_steps",
+    "steps_per_s",
+    "peak_mem_mb",
+)
+
+
+class UserError(Exception):
+    """An error caused by input; printed without a traceback, exit code 2."""
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+
+
+def _fail(message: str) -> None:
+    raise UserError(message)
+
+
+@app.command("models")
+def models_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """List the model families with their search spaces (their adapters)."""
+    from models import all_families
+    from models.base import describe_dim
+
+    families = all_families()
+    if as_json:
+        payload = [
+            {
+                "name": f.name,
+                "kind": f.kind,
+                "paper": f.paper,
+                "keeps_f32": f.keeps_f32,
+                "search_space": {k: describe_dim(d) for k, d in f.search_space.items()},
+            }
+            for f in families
+        ]
+        console.print_json(json.dumps(payload))
+        return
+    for family in families:
+        table = Table(title=f"{family.name} ({family.kind}) — {family.paper}", title_justify="left")
+        table.add_column("hyperparameter")
+        table.add_column("range")
+        table.add_column("default")
+        defaults = family.default_config()
+        for key, dim in family.search_space.items():
+            table.add_row(key, describe_dim(dim), repr(getattr(defaults, key, "—")))
+        console.print(table)
+        console.print(f"  [dim]kept in f32 under bf16:[/] {family.keeps_f32}\n")
+
+
+@app.command("train")
+def train_cmd(
+    model: Annotated[str | None, typer.Option(help="Model family (see `hpo models`).")] = None,
+    precision: Annotated[
+        str | None, typer.Option(help="f32, bf16, bf16-mixed, fp16-mixed or auto.")
+    ] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs (on resume: the new total).")] = None,
+    data: Annotated[str, typer.Option(help="'synthetic' or a CSV/Parquet file or directory.")] = "synthetic",
+    seed: Annotated[int, typer.Option(help="Trial seed.")] = 0,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory for checkpoints and metrics.json.")] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Continue from a run dir or checkpoint dir's newest good checkpoint.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
+) -> None:
+    """Train one trial in-process (no Ray) and write its checkpoints under --out."""
+    from trainables.checkpoint import CheckpointError
+    from trainables.config import DataConfig, TrainConfig, parse_assignments, split_trial_config
+    from trainables.local import train_local
+
+    config = None
+    if resume is None:
+        if model is None or out is None:
+            _fail("hpo train needs --model and --out (or --resume DIR)")
+        assert model is not None
+        try:
+            overrides = parse_assignments(set_ or [])
+            train_keys, model_keys = split_trial_config(model, overrides)
+            data_keys = {k: train_keys.pop(k) for k in list(train_keys) if k.startswith("data.")}
+            config = TrainConfig(
+                model=model,
+                precision=precision or "f32",
+                epochs=epochs or 10,
+                seed=seed,
+                device=device,
+                data=DataConfig(source=data, **{k.removeprefix("data."): v for k, v in data_keys.items()}),
+                model_config=model_keys,
+                **train_keys,
+            )
+        except (ValueError, TypeError) as exc:
+            _fail(str(exc))
+    elif set_:
+        _fail("--set cannot change a resumed trial's settings (only --precision and --epochs)")
+
+    progress = _EpochPrinter()
+    try:
+        run = train_local(
+            config,
+            out,
+            resume=resume,
+            precision=precision if resume is not None else None,
+            epochs=epochs if resume is not None else None,
+            on_epoch=progress.on_epoch,
+            on_start=progress.on_start,
+        )
+    except (CheckpointError, FileNotFoundError) as exc:
+        _fail(str(exc))
+        return
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    for skipped in run.skipped_checkpoints:
+        err_console.print(f"[yellow]skipped a bad checkpoint:[/] {skipped}")
+    _print_summary(run.final, title=f"final metrics ({run.precision})")
+    if run.fell_back_to_f32:
+        console.print("[yellow]this trial fell back from bf16 to f32 after repeated non-finite steps[/]")
+    console.print(f"checkpoints: {run.out_dir / 'checkpoints'}   metrics: {run.out_dir / 'metrics.json'}")
+
+
+@app.command("predict")
+def predict_cmd(
+    checkpoint: Annotated[Path, typer.Option(help="Run dir, checkpoints dir or one checkpoint dir.")],
+    data: Annotated[str, typer.Option(help="CSV/Parquet bars (same assets as training), or 'synthetic'.")],
+    out: Annotated[Path, typer.Option(help="CSV of positions (timestamp, asset, position).")],
+    precision: Annotated[str, typer.Option(help="Policy to run in; auto = bf16 on Ampere+, else f32.")] = "auto",
+) -> None:
+    """Positions for new bars from a checkpoint, plus the backtest of those bars."""
+    from trainables.checkpoint import CheckpointError
+    from trainables.data import OHLCVError
+    from trainables.predict import predict
+
+    try:
+        prediction = predict(checkpoint, data, precision=precision)
+    except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    prediction.write_csv(out)
+    summary = prediction.backtest.to_dict()
+    summary_path = out.with_suffix(".backtest.json")
+    summary_path.write_text(json.dumps(summary, indent=1))
+    _print_summary(summary, title="backtest of the new bars")
+    console.print(
+        f"{len(prediction.timestamps)} bars x {len(prediction.assets)} assets -> {out} "
+        f"(ran in {prediction.precision}; checkpoint {prediction.checkpoint})"
+    )
+
+
+# ----------------------------------------------------------------------------------------
+
+
+class _EpochPrinter:
+    """One line per epoch: the trainer reports epochs, never individual steps."""
+
+    def on_start(self, trainer: Any) -> None:
+        cfg = trainer.config
+        where = f"resuming at epoch {trainer.epoch}" if trainer.epoch else "starting"
+        console.print(
+            f"[bold]{cfg.model}[/] {where}: policy {trainer.policy.name}, device {trainer.device}, "
+            f"{len(trainer.folds)} fold(s), {cfg.epochs} epochs"
+        )
+
+    def on_epoch(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        console.print(
+            f"epoch {metrics['epoch']:>3}/{trainer.config.epochs}  loss {metrics['train_loss']:.4f}  "
+            f"val Sharpe {metrics['val_sharpe']:+.2f}  skipped {metrics['skipped_steps']}  "
+            f"{metrics['steps_per_s']:.0f} steps/s  {metrics['epoch_time_s']:.1f}s"
+        )
+
+
+def _print_summary(metrics: dict[str, Any], title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.4f}")
+        else:
+            table.add_row(key, str(value))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

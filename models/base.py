@@ -1,0 +1,262 @@
+"""The contract every model family meets, and the search-space vocabulary of its adapter.
+
+A family is one file in ``models/`` holding four things (nanoGPT / cleanrl style):
+its config dataclass, its ``nn.Module``, its search space, and how its output becomes a
+position in [-1, 1]. ``models/__init__.py`` registers each one explicitly.
+
+Two kinds of family share the trainer:
+
+* ``forecast`` families are supervised: the trainer feeds :class:`Batch` es of
+  past-bar windows and standardized next-bar returns, calls ``model.loss(batch)`` for
+  the training step and ``model.positions(batch)`` for validation.
+* ``rl`` families learn in the trainer's trading environment; their module is a
+  :class:`RLLearner` that collects experience, yields losses for gradient steps and acts
+  greedily for validation.
+
+Shapes follow one convention: ``B`` batch, ``A`` assets, ``L`` lookback bars, ``F``
+features per bar. Every family accepts the multi-asset window ``(B, A, L, F)``; the
+single-asset ones fold ``A`` into the batch, the cross-asset ones (TGGN) use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+import torch
+from torch import nn
+
+# --------------------------------------------------------------------------------------
+# Search-space vocabulary (searcher-neutral; hpo.search turns it into Tune/Optuna spaces)
+
+
+@dataclass(frozen=True)
+class Float:
+    """A real-valued hyperparameter in [low, high], log-uniform when ``log``."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.low < self.high:
+            raise ValueError(f"Float needs low < high, got [{self.low}, {self.high}]")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log-scaled Float needs low > 0, got {self.low}")
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, int | float) and self.low <= float(value) <= self.high
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer hyperparameter in [low, high] (inclusive), log-uniform when ``log``."""
+
+    low: int
+    high: int
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.high:
+            raise ValueError(f"Int needs low <= high, got [{self.low}, {self.high}]")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log-scaled Int needs low > 0, got {self.low}")
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A categorical hyperparameter."""
+
+    options: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError("Choice needs at least one option")
+
+    def contains(self, value: Any) -> bool:
+        return value in self.options
+
+
+Dim: TypeAlias = Float | Int | Choice
+SearchSpace: TypeAlias = Mapping[str, Dim]
+
+
+def describe_dim(dim: Dim) -> str:
+    if isinstance(dim, Choice):
+        return "one of " + ", ".join(repr(o) for o in dim.options)
+    scale = " (log)" if dim.log else ""
+    kind = "float" if isinstance(dim, Float) else "int"
+    return f"{kind} in [{dim.low:g}, {dim.high:g}]{scale}"
+
+
+# --------------------------------------------------------------------------------------
+# What the trainer hands a model
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """The sizes a family needs to build its module for a dataset."""
+
+    n_features: int  # F
+    lookback: int  # L
+    n_assets: int  # A
+    n_actions: int = 3  # rl families: actions map to positions linspace(-1, 1, n_actions)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One supervised minibatch. Floating inputs are already in the policy's data dtype.
+
+    x:       (B, A, L, F) features of the L bars up to and including the decision bar
+    y:       (B, A) f32 next-bar return, standardized by the training split's std
+    gaps:    (B, L) f32 time since the previous bar in units of the median gap (CfC)
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    gaps: torch.Tensor
+
+
+@runtime_checkable
+class ForecastModel(Protocol):
+    """A supervised family's module."""
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """Scalar training loss (any dtype; the precision policy casts it to f32)."""
+        ...
+
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) positions in [-1, 1] for each window's decision bar (no gradients needed)."""
+        ...
+
+
+# RL observation: the (N, L, F) window of one asset per environment and its current
+# position (N,), both in the policy's data dtype.
+Obs: TypeAlias = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One vectorized environment step, as the environment hands it to a learner."""
+
+    obs: Obs
+    action: torch.Tensor  # (N,) int64
+    reward: torch.Tensor  # (N,) f32
+    done: torch.Tensor  # (N,) bool, episode ended after this step
+    next_obs: Obs  # observation after the step (a fresh episode's when done)
+
+
+class TradingEnvLike(Protocol):
+    """The part of ``trainables.env.TradingEnv`` a learner uses while collecting."""
+
+    num_envs: int
+    n_actions: int
+
+    def observe(self) -> Obs: ...
+
+    def step(self, action: torch.Tensor) -> Transition: ...
+
+
+@runtime_checkable
+class RLLearner(Protocol):
+    """An rl family's module: an ``nn.Module`` that owns its networks and its buffer.
+
+    The trainer drives it: ``collect`` runs the current policy in the environment and
+    stores what it saw (no gradients); ``losses`` yields the losses of the gradient steps
+    due now (the trainer steps the optimizer after each one, then calls ``after_step``);
+    ``act`` is the greedy policy used for validation and prediction.
+    Parameters that are not trained by the optimizer (target networks) are buffers or
+    have ``requires_grad=False``; the trainer optimizes ``trainable_parameters()``.
+    """
+
+    def collect(self, env: TradingEnvLike, progress: float) -> None:
+        """Step ``env``; ``progress`` in [0, 1] is the share of training done (schedules)."""
+        ...
+
+    def losses(self) -> Iterator[torch.Tensor]: ...
+
+    def after_step(self) -> None: ...
+
+    def act(self, obs: Obs) -> torch.Tensor:
+        """(N,) greedy action indices."""
+        ...
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def buffer_state(self) -> dict[str, torch.Tensor]:
+        """Tensors (replay contents, counters) a checkpoint must keep to resume exactly."""
+        ...
+
+    def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None: ...
+
+
+def action_to_position(action: torch.Tensor, n_actions: int) -> torch.Tensor:
+    """Action index -> position: n_actions evenly spaced points of [-1, 1] (3: short/flat/long)."""
+    return action.to(torch.float32) * (2.0 / (n_actions - 1)) - 1.0
+
+
+# --------------------------------------------------------------------------------------
+# The family record
+
+
+FamilyKind = Literal["forecast", "rl"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Registry entry of one model family."""
+
+    name: str
+    kind: FamilyKind
+    config_cls: type
+    build: Callable[[Any, DataShape], nn.Module]
+    search_space: SearchSpace
+    paper: str
+    keeps_f32: str  # what stays f32 under bf16, and why (shown by `hpo models`)
+    summary: str = ""
+
+    def default_config(self) -> Any:
+        return self.config_cls()
+
+    def config_fields(self) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(self.config_cls))
+
+    def make_config(self, values: Mapping[str, Any]) -> Any:
+        """Config dataclass from ``values``; unknown keys are an error naming them."""
+        known = set(self.config_fields())
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r} has no setting(s) {unknown}; known: {sorted(known)}"
+            )
+        return self.config_cls(**values)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def fold_assets(x: torch.Tensor) -> torch.Tensor:
+    """(B, A, L, F) -> (B*A, L, F): treat each asset's window as its own sample."""
+    b, a, length, f = x.shape
+    return x.reshape(b * a, length, f)
+
+
+def unfold_assets(y: torch.Tensor, n_assets: int) -> torch.Tensor:
+    """(B*A, ...) -> (B, A, ...)."""
+    return y.reshape(-1, n_assets, *y.shape[1:])
+
+
+def inverse_softplus(x: float) -> float:
+    return x + math.log(-math.expm1(-x))
+
+
+def check_choices(name: str, value: Any, options: Sequence[Any]) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")

@@ -1,0 +1,167 @@
+"""The trial configuration: what the trainer owns, what the model family owns.
+
+A sweep samples one flat dict per trial (``{"lr": 3e-4, "hidden": 64, "gamma": 0.97}``).
+:func:`split_trial_config` is the one place that dict is divided: keys that name a
+:class:`TrainConfig` field go to the trainer, keys that name a field of the family's config
+dataclass go to the model, anything else is an error naming the key and the known ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from models import get_family
+from trainables.precision import POLICY_NAMES
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the bars come from."""
+
+    source: str = "synthetic"
+    """``synthetic`` (the embedded generator) or a path: a CSV/Parquet file or a directory."""
+    n_assets: int = 4
+    """Synthetic only: number of assets."""
+    n_bars: int = 1500
+    """Synthetic only: bars per asset."""
+    seed: int = 0
+    """Synthetic only: generator seed (the trial seed does not change the data)."""
+    signal: float = 0.15
+    """Synthetic only: strength of the planted AR(1) signal (0 = unpredictable)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything the shared trainer needs besides the family's own settings."""
+
+    model: str = "tft"
+    """Model family name (``hpo models`` lists them)."""
+    precision: str = "f32"
+    """Precision policy: f32, bf16, bf16-mixed, fp16-mixed or auto."""
+    epochs: int = 10
+    """Training epochs; each epoch trains every walk-forward fold once, then validates."""
+    seed: int = 0
+    """Seeds model init, minibatch order, exploration and dropout."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    batch_size: int = 64
+    """Supervised minibatch size (windows, each with every asset)."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value (None: no clipping)."""
+    lookback: int = 32
+    """Bars in each input window."""
+    max_steps_per_epoch: int | None = None
+    """Supervised: cap on minibatches per fold per epoch (None: one pass over the split)."""
+    rl_iterations: int = 40
+    """RL: collect-then-learn cycles per fold per epoch."""
+    cost: float = 1e-4
+    """Transaction cost per unit of turnover (1e-4 = 1 basis point)."""
+    periods_per_year: float = 252.0
+    """Bars per year, for annualizing Sharpe and Sortino."""
+    n_folds: int = 2
+    """Walk-forward folds (one model per fold, trained side by side)."""
+    val_fraction: float = 0.15
+    """Share of the bars in each fold's validation window."""
+    test_fraction: float = 0.2
+    """Share of the bars held out as the final test period (reported, never selected on)."""
+    purge: int = 1
+    """Decision bars dropped before validation because their labels overlap it."""
+    embargo: int = 5
+    """Further bars left out between training and validation."""
+    fallback_after: int = 8
+    """K: consecutive non-finite steps under bf16 that switch the trial to f32."""
+    log_every: int = 50
+    """Optimizer steps between host reads of the device counters."""
+    device: str = "auto"
+    """auto (cuda when present), cpu or cuda[:N]."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+    """The family's settings (fields of its config dataclass) that differ from defaults."""
+
+    def __post_init__(self) -> None:
+        _check(self.precision in POLICY_NAMES, "precision", self.precision, f"one of {list(POLICY_NAMES)}")
+        _check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
+        _check(self.lr > 0, "lr", self.lr, "a number > 0")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
+        _check(self.lookback >= 2, "lookback", self.lookback, "an integer >= 2")
+        _check(self.n_folds >= 1, "n_folds", self.n_folds, "an integer >= 1")
+        _check(self.cost >= 0, "cost", self.cost, "a number >= 0")
+        _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, "an integer >= 1")
+        get_family(self.model)  # unknown family -> error naming the known ones
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["model_config"] = dict(self.model_config)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        values = dict(values)
+        data = DataConfig(**values.pop("data", {}))
+        return cls(data=data, **values)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+TRAIN_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig)) - {"data", "model_config"}
+DATA_KEYS = frozenset(f.name for f in dataclasses.fields(DataConfig))
+
+
+def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def split_trial_config(model: str, flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Divide a sampled flat config into (trainer keys, model keys); unknown keys raise."""
+    family = get_family(model)
+    model_keys = set(family.config_fields())
+    train: dict[str, Any] = {}
+    model_values: dict[str, Any] = {}
+    unknown = []
+    for key, value in flat.items():
+        if key in model_keys:
+            model_values[key] = value
+        elif key in TRAIN_KEYS:
+            train[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(
+            f"unknown setting(s) {sorted(unknown)} for model {model!r}; trainer settings: "
+            f"{sorted(TRAIN_KEYS)}; {model} settings: {sorted(model_keys)}"
+        )
+    return train, model_values
+
+
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    """``["lr=3e-4", "hidden=64", "distributional=true"]`` -> typed dict (CLI ``--set``)."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        raw = raw.strip()
+        lowered = raw.lower()
+        value: Any
+        if lowered in ("true", "false"):
+            value = lowered == "true"
+        elif lowered in ("none", "null"):
+            value = None
+        else:
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+        if isinstance(value, list):
+            value = tuple(value)
+        out[key.strip()] = value
+    return out

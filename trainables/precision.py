@@ -1,0 +1,474 @@
+"""Precision policies: the one module of foxhunt-hpo that chooses a dtype.
+
+Every other module asks a :class:`PrecisionPolicy` (or the helpers at the bottom of this
+file) instead of naming ``torch.bfloat16`` itself, so a policy is one object that says:
+which dtype the weights are held in, which dtype data is cast to once at the boundary,
+which autocast context wraps forward + loss, and how a loss becomes an optimizer step.
+
+Policies (see ``../shared/design.md``):
+
+``f32``         everything f32.
+``bf16``        "pure bf16": weights, activations and gradients in bf16; data cast once
+                when a dataset tensor or replay buffer is built; the loss scalar cast to f32
+                before backward. Round-to-nearest bf16 updates lose any step smaller than
+                ~2^-8 of the weight, so the optimizer keeps its moments in f32 and applies
+                the update with Kahan summation (a bf16 compensation buffer per weight).
+``bf16-mixed``  f32 master weights; ``torch.autocast(bf16)`` around forward + loss.
+``fp16-mixed``  f32 master weights; autocast fp16 and dynamic loss scaling (init 2^16,
+                x2 after 2000 clean steps, x0.5 and skip on inf/NaN) for pre-Ampere GPUs.
+``auto``        CUDA compute capability >= 8.0 -> ``bf16``, anything else -> ``f32``.
+
+Every policy guards the step without a host sync: a non-finite loss or gradient norm turns
+the optimizer update into a no-op (through tensor masks, not Python branches) and is
+counted on the device. :class:`StepGuard` keeps the counters; the trainer reads them once
+per logging interval and, under ``bf16``, falls back to ``f32`` after K consecutive skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+PolicyName = Literal["f32", "bf16", "bf16-mixed", "fp16-mixed", "auto"]
+POLICY_NAMES: tuple[str, ...] = ("f32", "bf16", "bf16-mixed", "fp16-mixed", "auto")
+
+F32 = torch.float32
+BF16 = torch.bfloat16
+FP16 = torch.float16
+
+# Attribute a module may set to name its parameters/buffers (dotted, relative to the
+# module) that stay f32 under every policy: spline grids, diffusion schedules, atom supports.
+KEEP_F32_ATTR = "keep_f32"
+
+_DTYPE_NAMES = {"float32": F32, "bfloat16": BF16, "float16": FP16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' / 'bfloat16' / 'float16': the spelling used in checkpoint metadata."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPE_NAMES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}") from None
+
+
+def f32(x: torch.Tensor) -> torch.Tensor:
+    """Upcast for a numerically sensitive island (scans, log-softmax ratios, schedules)."""
+    return x.float()
+
+
+def like(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Cast ``x`` back to the dtype of ``ref`` after an f32 island."""
+    return x.to(ref.dtype)
+
+
+def is_low_precision(dtype: torch.dtype) -> bool:
+    return dtype in (BF16, FP16)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What ``auto`` needs to know about the device a trial runs on."""
+
+    type: str
+    name: str
+    capability: tuple[int, int] | None
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.type == "cuda" and self.capability is not None and self.capability >= (8, 0)
+
+
+def describe_device(device: torch.device) -> DeviceInfo:
+    """Name and compute capability of ``device``: torch for the capability, pynvml for the
+    marketing name when nvidia-ml-py can talk to the driver."""
+    if device.type != "cuda":
+        return DeviceInfo(type=device.type, name=device.type, capability=None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capability = torch.cuda.get_device_capability(index)
+    name = torch.cuda.get_device_name(index)
+    with contextlib.suppress(Exception):  # pynvml is optional at run time (no driver, MIG, ...)
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        raw = pynvml.nvmlDeviceGetName(handle)
+        name = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return DeviceInfo(type="cuda", name=name, capability=capability)
+
+
+def resolve_policy_name(name: str, device: torch.device) -> str:
+    """Map ``auto`` to a concrete policy for ``device``; validate every other name."""
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown precision policy {name!r}; expected one of {POLICY_NAMES}")
+    if name != "auto":
+        return name
+    return "bf16" if describe_device(device).supports_bf16 else "f32"
+
+
+# --------------------------------------------------------------------------------------
+# Step guard: skip non-finite steps without a host sync
+
+
+@dataclass
+class StepGuard:
+    """Device-side counters of skipped (non-finite) steps.
+
+    ``longest_streak`` is the longest run of consecutive skips seen since the last
+    :meth:`reset_streak`; reading it once per logging interval is enough to decide a
+    fallback, because skipped steps leave the weights untouched.
+    """
+
+    device: torch.device
+    skipped: torch.Tensor = field(init=False)
+    streak: torch.Tensor = field(init=False)
+    longest_streak: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        zeros = lambda: torch.zeros((), dtype=torch.int64, device=self.device)  # noqa: E731
+        self.skipped, self.streak, self.longest_streak = zeros(), zeros(), zeros()
+
+    def record(self, ok: torch.Tensor) -> None:
+        bad = (~ok).to(torch.int64)
+        self.skipped += bad
+        self.streak.mul_(bad).add_(bad)  # streak = (streak + 1) if bad else 0
+        torch.maximum(self.longest_streak, self.streak, out=self.longest_streak)
+
+    def reset_streak(self) -> None:
+        self.streak.zero_()
+        self.longest_streak.zero_()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"skipped": self.skipped, "streak": self.streak, "longest_streak": self.longest_streak}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for key, value in state.items():
+            getattr(self, key).copy_(value)
+
+
+# --------------------------------------------------------------------------------------
+# Optimizer: AdamW with f32 moments, masked (skippable) updates and Kahan compensation
+
+
+class GuardedAdamW(torch.optim.Optimizer):
+    """AdamW whose moments are always f32 and whose update can be masked off on-device.
+
+    ``step(ok=..., grad_scale=...)`` takes a boolean 0-d tensor: when it is False the
+    moments, the step count and the weights are left exactly as they were, with no Python
+    branch on the tensor (so no host sync). ``grad_scale`` multiplies every gradient before
+    use: it folds gradient clipping and fp16 loss-scale unscaling into the one f32 pass.
+
+    Parameters held in bf16/fp16 get a compensation buffer of their own dtype (Kahan
+    summation): the part of each update lost to rounding is carried to the next step, so a
+    1e-4 update to a weight near 1.0 accumulates instead of rounding away.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        kahan: bool = True,
+    ) -> None:
+        if lr <= 0 or not math.isfinite(lr):
+            raise ValueError(f"lr must be a positive finite number, got {lr}")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self.kahan = kahan
+
+    def init_state(self) -> None:
+        """Allocate every state tensor up front (nothing is allocated in the hot loop)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if state:
+                    continue
+                state["step"] = torch.zeros((), dtype=F32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, dtype=F32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=F32)
+                if self.kahan and is_low_precision(p.dtype):
+                    state["compensation"] = torch.zeros_like(p)
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]
+        self,
+        closure: None = None,
+        *,
+        ok: torch.Tensor | None = None,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
+        self.init_state()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                grad = p.grad.float()
+                if grad_scale is not None:
+                    grad = grad * grad_scale
+                if ok is None:
+                    live = torch.ones((), dtype=F32, device=p.device)
+                else:
+                    live = ok.to(F32)
+                    # NaN * 0 is NaN: zero the gradient itself where the step is skipped.
+                    grad = torch.where(ok, grad, torch.zeros((), dtype=F32, device=p.device))
+                step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                step.add_(live)
+                exp_avg.lerp_(grad, live * (1 - beta1))
+                exp_avg_sq.mul_(1 - live * (1 - beta2)).addcmul_(grad, grad, value=1 - beta2)
+                # A skipped step added (1-beta2)*0*0 above: the moments are untouched.
+                safe_step = step.clamp(min=1.0)
+                bias1 = 1 - beta1**safe_step
+                bias2 = 1 - beta2**safe_step
+                denom = (exp_avg_sq / bias2).sqrt_().add_(eps)
+                update = (exp_avg / bias1).div_(denom)
+                if wd:
+                    update.add_(p.float(), alpha=wd)
+                update.mul_(live * -lr)
+                self._apply_update(p, update, state.get("compensation"))
+
+    @staticmethod
+    def _apply_update(
+        p: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor | None
+    ) -> None:
+        if p.dtype == F32:
+            p.add_(update)
+            return
+        if compensation is None:  # plain round-to-nearest (kept for the numeric test)
+            p.copy_(p.float() + update)
+            return
+        # Kahan: add what was lost last time, round, and keep what this rounding lost.
+        wanted = update + compensation.float()
+        before = p.float()
+        p.copy_(before + wanted)
+        compensation.copy_(wanted - (p.float() - before))
+
+    def master_weight(self, p: torch.Tensor) -> torch.Tensor:
+        """The f32 value a low-precision weight stands for (weight + compensation)."""
+        compensation = self.state.get(p, {}).get("compensation")
+        if compensation is None:
+            return p.detach().float()
+        return p.detach().float() + compensation.float()
+
+
+# --------------------------------------------------------------------------------------
+# Dynamic loss scaling for fp16
+
+
+@dataclass
+class LossScaler:
+    """Dynamic loss scale kept on the device (init 2^16, x2 after 2000 clean steps,
+    x0.5 on inf/NaN). The update is tensor arithmetic, so it never syncs the host."""
+
+    device: torch.device
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    scale: torch.Tensor = field(init=False)
+    clean_steps: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scale = torch.full((), self.init_scale, dtype=F32, device=self.device)
+        self.clean_steps = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def update(self, ok: torch.Tensor) -> None:
+        clean = torch.where(ok, self.clean_steps + 1, torch.zeros_like(self.clean_steps))
+        grow = clean >= self.growth_interval
+        factor = torch.where(
+            ok,
+            torch.where(grow, self.growth_factor, 1.0),
+            self.backoff_factor,
+        ).to(F32)
+        self.scale.mul_(factor)
+        self.clean_steps.copy_(torch.where(grow, torch.zeros_like(clean), clean))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"scale": self.scale, "clean_steps": self.clean_steps}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.scale.copy_(state["scale"])
+        self.clean_steps.copy_(state["clean_steps"])
+
+
+# --------------------------------------------------------------------------------------
+# Policies
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Device tensors of one optimizer step; read them on the host only when logging."""
+
+    loss: torch.Tensor  # f32 scalar, the unscaled loss that reached backward
+    grad_norm: torch.Tensor  # f32 scalar, before clipping
+    ok: torch.Tensor  # bool scalar, False when the step was skipped
+
+
+class PrecisionPolicy:
+    """How one trial turns modules, data and losses into dtypes and optimizer steps."""
+
+    name: str = "f32"
+    param_dtype: torch.dtype = F32  # dtype the module's weights are held in
+    data_dtype: torch.dtype = F32  # dtype dataset tensors / replay states are stored in
+    autocast_dtype: torch.dtype | None = None  # None: no autocast region
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    # -- modules and data ----------------------------------------------------------------
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Move ``module`` to the device and cast its floating tensors to ``param_dtype``,
+        except the ones it lists in its ``keep_f32`` attribute."""
+        module.to(self.device)
+        if self.param_dtype == F32:
+            return module
+        keep = _keep_f32_names(module)
+        for name, tensor in _floating_tensors(module):
+            if name not in keep:
+                tensor.data = tensor.data.to(self.param_dtype)
+        return module
+
+    def convert_input(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Cast a floating dataset tensor once, when it is built (never per step)."""
+        tensor = tensor.to(self.device)
+        return tensor.to(self.data_dtype) if tensor.is_floating_point() else tensor
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    # -- optimizer -----------------------------------------------------------------------
+    def make_optimizer(
+        self, params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0
+    ) -> GuardedAdamW:
+        optimizer = GuardedAdamW(params, lr=lr, weight_decay=weight_decay, kahan=True)
+        optimizer.init_state()
+        return optimizer
+
+    def make_scaler(self) -> LossScaler | None:
+        return None
+
+    def backward_and_step(
+        self,
+        loss: torch.Tensor,
+        optimizer: GuardedAdamW,
+        guard: StepGuard,
+        max_grad_norm: float | None,
+        scaler: LossScaler | None = None,
+    ) -> StepResult:
+        """Backward in f32 from the loss, clip, and a guarded optimizer step.
+
+        The loss is cast to f32 *before* backward (the gradient entering the graph is f32;
+        autograd casts it down where the forward ran in bf16). Nothing here reads a tensor
+        on the host.
+        """
+        loss32 = loss.float()
+        scale = scaler.scale if scaler is not None else None
+        (loss32 * scale if scale is not None else loss32).backward()
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grad_norm = _global_grad_norm(params)
+        if scale is not None:
+            grad_norm = grad_norm / scale
+        ok = torch.isfinite(loss32) & torch.isfinite(grad_norm)
+        grad_scale = torch.ones((), dtype=F32, device=loss32.device)
+        if scale is not None:
+            grad_scale = grad_scale / scale
+        if max_grad_norm is not None:
+            clip = (max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0)
+            grad_scale = grad_scale * torch.nan_to_num(clip, nan=0.0, posinf=0.0)
+        optimizer.step(ok=ok, grad_scale=grad_scale)
+        optimizer.zero_grad(set_to_none=False)
+        guard.record(ok)
+        if scaler is not None:
+            scaler.update(ok)
+        return StepResult(loss=loss32.detach(), grad_norm=grad_norm.detach(), ok=ok)
+
+
+class F32Policy(PrecisionPolicy):
+    name = "f32"
+
+
+class BF16Policy(PrecisionPolicy):
+    """Pure bf16 with f32 optimizer moments and Kahan-compensated weight updates."""
+
+    name = "bf16"
+    param_dtype = BF16
+    data_dtype = BF16
+
+
+class BF16MixedPolicy(PrecisionPolicy):
+    name = "bf16-mixed"
+    autocast_dtype = BF16
+
+
+class FP16MixedPolicy(PrecisionPolicy):
+    name = "fp16-mixed"
+    autocast_dtype = FP16
+
+    def make_scaler(self) -> LossScaler:
+        return LossScaler(self.device)
+
+
+_POLICIES: dict[str, type[PrecisionPolicy]] = {
+    "f32": F32Policy,
+    "bf16": BF16Policy,
+    "bf16-mixed": BF16MixedPolicy,
+    "fp16-mixed": FP16MixedPolicy,
+}
+
+
+def get_policy(name: str, device: torch.device | str = "cpu") -> PrecisionPolicy:
+    """The one place a policy name becomes a policy (``auto`` resolved for ``device``)."""
+    device = torch.device(device)
+    return _POLICIES[resolve_policy_name(name, device)](device)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+
+
+def _global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    if not params:
+        return torch.zeros((), dtype=F32)
+    norms = torch._foreach_norm([p.grad for p in params])  # type: ignore[misc]
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def _floating_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, param in module.named_parameters():
+        if param.is_floating_point():
+            yield name, param
+    for name, buf in module.named_buffers():
+        if buf.is_floating_point():
+            yield name, buf
+
+
+def _keep_f32_names(module: nn.Module) -> set[str]:
+    keep: set[str] = set()
+    for prefix, sub in module.named_modules():
+        for name in getattr(sub, KEEP_F32_ATTR, ()):
+            keep.add(f"{prefix}.{name}" if prefix else name)
+    return keep
+
+
+def floating_dtypes(module: nn.Module) -> dict[str, torch.dtype]:
+    """Name -> dtype of every floating parameter and buffer (used by checks and tests)."""
+    return {name: t.dtype for name, t in _floating_tensors(module)}

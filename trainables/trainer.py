@@ -1,0 +1,489 @@
+"""The one shared trainer every trial wraps (in-process for ``hpo train``, inside a Ray
+Tune trial for sweeps).
+
+One :class:`Trainer` trains a model family under a precision policy on walk-forward folds:
+one model per fold, trained side by side, each validated on its own validation window
+every epoch; the reported ``val_sharpe`` is the mean over folds and is what searchers
+optimize. The last fold's model (trained on the most data) trades the held-out test period,
+reported as ``test_*`` and never used for selection.
+
+Both training paths run through the same guarded step (:mod:`trainables.precision`):
+
+* forecast families: shuffled minibatches of windows -> ``model.loss(batch)``;
+* rl families: ``learner.collect(env)`` then one step per loss of ``learner.losses()``.
+
+The hot loop is built for a GPU: data, replay buffers and counters live on the training
+device, and the host reads device values once per ``log_every`` steps and at epoch end.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from models import get_family
+from models.base import DataShape, RLLearner
+from trainables.backtest import BacktestResult, backtest
+from trainables.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from trainables.config import TrainConfig
+from trainables.dataset import FoldData, Market, build_fold, build_market
+from trainables.env import TradingEnv, greedy_positions
+from trainables.precision import (
+    F32,
+    GuardedAdamW,
+    LossScaler,
+    PrecisionPolicy,
+    StepGuard,
+    default_device,
+    dtype_name,
+    get_policy,
+    is_low_precision,
+)
+
+EVAL_CHUNK = 512  # decision bars per validation forward pass
+EpochCallback = Callable[["Trainer", dict[str, Any]], None]
+
+
+class TrialDiverged(RuntimeError):
+    """Training cannot continue: non-finite steps persist after every mitigation."""
+
+
+@dataclass
+class FoldRun:
+    """Everything one walk-forward fold trains with."""
+
+    index: int
+    data: FoldData
+    model: nn.Module
+    optimizer: GuardedAdamW
+    guard: StepGuard
+    scaler: LossScaler | None
+    generator: torch.Generator  # minibatch order
+    env: TradingEnv | None = None  # rl families only
+
+
+def resolve_device(name: str) -> torch.device:
+    return default_device() if name == "auto" else torch.device(name)
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        checkpoint: Checkpoint | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.config = config
+        self.device = device or resolve_device(config.device)
+        self.family = get_family(config.model)
+        self.policy: PrecisionPolicy = get_policy(config.precision, self.device)
+        self.fell_back_to_f32 = False
+        self.fallback_epoch: int | None = None
+        self.epoch = 0
+        self.global_step = 0
+        self.history: list[dict[str, Any]] = []
+        self.market: Market = build_market(config)
+        self.shape = DataShape(
+            n_features=self.market.n_features, lookback=config.lookback, n_assets=self.market.n_assets
+        )
+        self.model_config = self.family.make_config(config.model_config)
+        self.folds = [self._build_fold_run(k) for k in range(len(self.market.splits.folds))]
+        torch.manual_seed(config.seed)  # the stream dropout and exploration draw from
+        if checkpoint is not None:
+            self._restore(checkpoint)
+
+    # ------------------------------------------------------------------------------------
+    # construction
+
+    @property
+    def is_rl(self) -> bool:
+        return self.family.kind == "rl"
+
+    def _build_fold_run(self, k: int) -> FoldRun:
+        cfg = self.config
+        data = build_fold(self.market, k, cfg.lookback, self.device, self.policy.data_dtype)
+        torch.manual_seed(_fold_seed(cfg.seed, k))  # each fold's init differs, reproducibly
+        model = self.policy.convert_module(self.family.build(self.model_config, self.shape))
+        params = model.trainable_parameters() if self.is_rl else model.parameters()  # type: ignore[operator]
+        optimizer = self.policy.make_optimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        generator = torch.Generator(device=self.device).manual_seed(_fold_seed(cfg.seed, k))
+        env = self._make_env(model, data, k) if self.is_rl else None
+        return FoldRun(
+            index=k,
+            data=data,
+            model=model,
+            optimizer=optimizer,
+            guard=StepGuard(self.device),
+            scaler=self.policy.make_scaler(),
+            generator=generator,
+            env=env,
+        )
+
+    def _make_env(self, model: nn.Module, data: FoldData, k: int) -> TradingEnv:
+        mc = self.model_config
+        return TradingEnv(
+            features=data.features,
+            bar_returns=data.bar_returns,
+            lookback=self.config.lookback,
+            decision_range=data.train,
+            num_envs=getattr(mc, "num_envs", 16),
+            episode_len=min(getattr(mc, "episode_len", 64), data.train[1] - data.train[0] - 1),
+            cost=self.config.cost,
+            n_actions=self.shape.n_actions,
+            seed=_fold_seed(self.config.seed, k) + 1,
+        )
+
+    # ------------------------------------------------------------------------------------
+    # training
+
+    def fit(self, on_epoch: EpochCallback | None = None) -> list[dict[str, Any]]:
+        """Train until ``config.epochs``; ``on_epoch(trainer, metrics)`` after each epoch."""
+        while self.epoch < self.config.epochs:
+            metrics = self.train_epoch()
+            if on_epoch is not None:
+                on_epoch(self, metrics)
+        return self.history
+
+    def train_epoch(self) -> dict[str, Any]:
+        """One epoch: train every fold, validate every fold, test with the last fold."""
+        started = time.perf_counter()
+        steps_before = self.global_step
+        loss_sums = []
+        for run in self.folds:
+            loss_sums.append(self._train_rl(run) if self.is_rl else self._train_forecast(run))
+        self._check_divergence()
+        train_seconds = time.perf_counter() - started
+        steps = self.global_step - steps_before
+
+        val_results = [self._evaluate(run, run.data.val) for run in self.folds]
+        test_result = self._evaluate(self.folds[-1], self.folds[-1].data.test)
+        self.epoch += 1
+        metrics = self._epoch_metrics(loss_sums, val_results, test_result, steps, train_seconds)
+        metrics["epoch_time_s"] = time.perf_counter() - started
+        self.history.append(metrics)
+        return metrics
+
+    def _train_forecast(self, run: FoldRun) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        run.model.train()
+        times = run.data.decision_times(run.data.train)
+        order = times[torch.randperm(times.numel(), generator=run.generator, device=self.device)]
+        batch_size = min(cfg.batch_size, order.numel())
+        n_batches = order.numel() // batch_size
+        if cfg.max_steps_per_epoch is not None:
+            n_batches = min(n_batches, cfg.max_steps_per_epoch)
+        loss_sum = torch.zeros((), dtype=F32, device=self.device)
+        n_ok = torch.zeros((), dtype=F32, device=self.device)
+        for i in range(n_batches):
+            batch = run.data.batch(order[i * batch_size : (i + 1) * batch_size])
+            with self.policy.autocast():
+                loss = run.model.loss(batch)  # type: ignore[operator]
+            result = self.policy.backward_and_step(loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler)
+            loss_sum += torch.where(result.ok, result.loss, 0.0)
+            n_ok += result.ok
+            self._after_step()
+        return loss_sum, n_ok
+
+    def _train_rl(self, run: FoldRun) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        learner: RLLearner = run.model  # type: ignore[assignment]
+        run.model.train()
+        assert run.env is not None
+        loss_sum = torch.zeros((), dtype=F32, device=self.device)
+        n_ok = torch.zeros((), dtype=F32, device=self.device)
+        total = cfg.epochs * cfg.rl_iterations
+        for i in range(cfg.rl_iterations):
+            progress = (self.epoch * cfg.rl_iterations + i) / total
+            with torch.no_grad(), self.policy.autocast():
+                learner.collect(run.env, progress)
+            losses: Iterator[torch.Tensor] = learner.losses()
+            while True:
+                with self.policy.autocast():
+                    loss = next(losses, None)
+                if loss is None:
+                    break
+                result = self.policy.backward_and_step(loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler)
+                learner.after_step()
+                loss_sum += torch.where(result.ok, result.loss, 0.0)
+                n_ok += result.ok
+                self._after_step()
+        return loss_sum, n_ok
+
+    def _after_step(self) -> None:
+        self.global_step += 1
+        if self.global_step % self.config.log_every == 0:
+            self._check_divergence()
+
+    # ------------------------------------------------------------------------------------
+    # divergence: skip -> fall back to f32 -> fail
+
+    def _check_divergence(self) -> None:
+        """Read the streak counters (one host sync) and act on K consecutive skips."""
+        k = self.config.fallback_after
+        streak = max(int(run.guard.longest_streak) for run in self.folds)
+        if self.policy.name == "bf16" and streak >= k:
+            self.fall_back_to_f32()
+            return
+        # fp16 legitimately skips while its loss scale backs off from 2^16: allow for it.
+        limit = k + 16 if self.policy.name == "fp16-mixed" else k
+        if streak >= limit:
+            raise TrialDiverged(
+                f"{self.family.name} diverged under {self.policy.name}: {streak} consecutive "
+                f"non-finite steps (loss or gradient norm) in epoch {self.epoch + 1}; "
+                f"lower lr (now {self.config.lr:g}) or grad_clip"
+            )
+
+    def fall_back_to_f32(self) -> None:
+        """Switch a bf16 trial to f32 in place, keeping what it has learned.
+
+        Weights become their f32 master values (bf16 weight + Kahan compensation), the f32
+        optimizer moments are kept, data is re-cast from the host copy.
+        """
+        f32_policy = get_policy("f32", self.device)
+        for run in self.folds:
+            masters = {id(p): run.optimizer.master_weight(p) for g in run.optimizer.param_groups for p in g["params"]}
+            for tensor in _floating_tensors(run.model):
+                tensor.data = masters.get(id(tensor), tensor.data.float())
+            for state in run.optimizer.state.values():
+                state.pop("compensation", None)
+            run.data = build_fold(self.market, run.index, self.config.lookback, self.device, f32_policy.data_dtype)
+            if run.env is not None:
+                env_state = run.env.state_dict()
+                run.env = self._make_env(run.model, run.data, run.index)
+                run.env.load_state_dict(env_state)
+                learner: RLLearner = run.model  # type: ignore[assignment]
+                learner.load_buffer_state(_cast_floating(learner.buffer_state(), F32))
+            run.guard.reset_streak()
+        self.policy = f32_policy
+        self.fell_back_to_f32 = True
+        self.fallback_epoch = self.epoch + 1
+
+    # ------------------------------------------------------------------------------------
+    # evaluation
+
+    @torch.no_grad()
+    def positions(self, run: FoldRun, span: tuple[int, int]) -> torch.Tensor:
+        """(T_span, A) f32 positions the fold's model takes at decision bars ``span``."""
+        run.model.eval()
+        with self.policy.autocast():
+            if self.is_rl:
+                learner: RLLearner = run.model  # type: ignore[assignment]
+                out = greedy_positions(
+                    learner.act, run.data.features, self.config.lookback, span, self.shape.n_actions
+                )
+            else:
+                times = run.data.decision_times(span)
+                chunks = [
+                    run.model.positions(run.data.batch(t)).float()  # type: ignore[operator]
+                    for t in times.split(EVAL_CHUNK)
+                ]
+                out = torch.cat(chunks)
+        return out
+
+    def _evaluate(self, run: FoldRun, span: tuple[int, int]) -> BacktestResult:
+        positions = self.positions(run, span)
+        host = torch.nan_to_num(positions, nan=0.0).clamp(-1.0, 1.0).double().cpu().numpy()
+        bar_returns = self.market.features.bar_returns[span[0] : span[1]]
+        return backtest(host, bar_returns, cost=self.config.cost, periods_per_year=self.config.periods_per_year)
+
+    def _epoch_metrics(
+        self,
+        loss_sums: list[tuple[torch.Tensor, torch.Tensor]],
+        val: list[BacktestResult],
+        test: BacktestResult,
+        steps: int,
+        train_seconds: float,
+    ) -> dict[str, Any]:
+        losses = [float(s) / max(float(n), 1.0) for s, n in loss_sums]
+        val_returns = np.concatenate([v.returns for v in val])
+        moments = _return_moments(val_returns)
+        metrics: dict[str, Any] = {
+            "epoch": self.epoch,
+            "step": self.global_step,
+            "train_loss": float(np.mean(losses)),
+            "val_sharpe": float(np.mean([v.sharpe for v in val])),
+            "val_sortino": float(np.mean([v.sortino for v in val])),
+            "val_max_drawdown": float(np.max([v.max_drawdown for v in val])),
+            "val_turnover": float(np.mean([v.turnover for v in val])),
+            "val_hit_rate": float(np.mean([v.hit_rate for v in val])),
+            **{f"val_{k}": v for k, v in moments.items()},
+            "test_sharpe": test.sharpe,
+            "test_sortino": test.sortino,
+            "test_max_drawdown": test.max_drawdown,
+            "skipped_steps": int(sum(int(run.guard.skipped) for run in self.folds)),
+            "steps_per_s": steps / train_seconds if train_seconds > 0 else 0.0,
+            "peak_mem_mb": peak_memory_mb(self.device),
+            "fell_back_to_f32": int(self.fell_back_to_f32),
+        }
+        for k, v in enumerate(val):
+            metrics[f"val_sharpe_fold{k}"] = v.sharpe
+        return metrics
+
+    # ------------------------------------------------------------------------------------
+    # checkpoints
+
+    def save(self, directory: Path, extra_meta: dict[str, Any] | None = None) -> Path:
+        weights: dict[str, torch.Tensor] = {}
+        optim: dict[str, torch.Tensor] = {}
+        state: dict[str, torch.Tensor] = {}
+        for run in self.folds:
+            prefix = f"fold{run.index}."
+            for name, tensor in run.model.state_dict().items():
+                weights[prefix + name] = tensor
+            names = {id(p): n for n, p in run.model.named_parameters()}
+            for group in run.optimizer.param_groups:
+                for p in group["params"]:
+                    for key, value in run.optimizer.state[p].items():
+                        optim[f"{prefix}{names[id(p)]}.{key}"] = value
+            for key, value in run.guard.state_dict().items():
+                optim[f"{prefix}guard.{key}"] = value
+            if run.scaler is not None:
+                for key, value in run.scaler.state_dict().items():
+                    optim[f"{prefix}scaler.{key}"] = value
+            state[f"{prefix}generator"] = run.generator.get_state()
+            state[f"{prefix}feature_mean"] = torch.as_tensor(run.data.feature_mean, dtype=torch.float64)
+            state[f"{prefix}feature_std"] = torch.as_tensor(run.data.feature_std, dtype=torch.float64)
+            if run.env is not None:
+                for key, value in run.env.state_dict().items():
+                    state[f"{prefix}env.{key}"] = value
+                learner: RLLearner = run.model  # type: ignore[assignment]
+                for key, value in learner.buffer_state().items():
+                    state[f"{prefix}buffer.{key}"] = value
+        meta = {
+            "family": self.family.name,
+            "kind": self.family.kind,
+            "precision": self.policy.name,
+            "requested_precision": self.config.precision,
+            "weights_dtype": dtype_name(self.policy.param_dtype),
+            "fell_back_to_f32": self.fell_back_to_f32,
+            "fallback_epoch": self.fallback_epoch,
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "config": self.config.to_dict(),
+            "history": self.history,
+            "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            "torch_version": torch.__version__,
+            "assets": list(self.market.features.assets),
+            "feature_names": list(self.market.features.names),
+            "data_shape": {"n_features": self.shape.n_features, "lookback": self.shape.lookback, "n_assets": self.shape.n_assets, "n_actions": self.shape.n_actions},
+            **(extra_meta or {}),
+        }
+        return save_checkpoint(directory, weights, optim, state, meta)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        """Load ``ckpt`` into freshly built folds, casting to this trainer's policy/device."""
+        meta = ckpt.meta
+        if meta.get("family") != self.family.name:
+            raise CheckpointError(ckpt.path, f"holds a {meta.get('family')!r} model, not {self.family.name!r}")
+        for run in self.folds:
+            prefix = f"fold{run.index}."
+            params = {n: p for n, p in run.model.named_parameters()}
+            model_state = run.model.state_dict()
+            for name, target in model_state.items():
+                saved = _require(ckpt, ckpt.weights, prefix + name, "model.safetensors")
+                comp = ckpt.optim.get(f"{prefix}{name}.compensation")
+                value = saved.float() + comp.float() if comp is not None and not is_low_precision(target.dtype) else saved
+                target.copy_(value.to(target.dtype))
+            for name, p in params.items():
+                opt_state = run.optimizer.state.get(p)
+                if not opt_state:
+                    continue
+                for key, slot in opt_state.items():
+                    saved = ckpt.optim.get(f"{prefix}{name}.{key}")
+                    if saved is not None:
+                        slot.copy_(saved.to(slot.dtype))
+                    elif key == "compensation":
+                        slot.zero_()
+            run.guard.load_state_dict(
+                {k: _require(ckpt, ckpt.optim, f"{prefix}guard.{k}", "optim.safetensors") for k in ("skipped", "streak", "longest_streak")}
+            )
+            if run.scaler is not None and f"{prefix}scaler.scale" in ckpt.optim:
+                run.scaler.load_state_dict(
+                    {"scale": ckpt.optim[f"{prefix}scaler.scale"], "clean_steps": ckpt.optim[f"{prefix}scaler.clean_steps"]}
+                )
+            run.generator.set_state(_require(ckpt, ckpt.state, f"{prefix}generator", "state.safetensors").cpu())
+            if run.env is not None:
+                env_prefix, buf_prefix = f"{prefix}env.", f"{prefix}buffer."
+                run.env.load_state_dict({k[len(env_prefix) :]: v for k, v in ckpt.state.items() if k.startswith(env_prefix)})
+                buffer = {k[len(buf_prefix) :]: v for k, v in ckpt.state.items() if k.startswith(buf_prefix)}
+                learner: RLLearner = run.model  # type: ignore[assignment]
+                learner.load_buffer_state(_cast_floating(buffer, self.policy.data_dtype, only_low=False))
+        self.epoch = int(meta["epoch"])
+        self.global_step = int(meta["global_step"])
+        self.history = list(meta.get("history", []))
+        self.fell_back_to_f32 = bool(meta.get("fell_back_to_f32", False))
+        self.fallback_epoch = meta.get("fallback_epoch")
+        rng = np.frombuffer(base64.b64decode(meta["torch_rng"]), dtype=np.uint8).copy()
+        torch.set_rng_state(torch.from_numpy(rng))
+
+
+# ----------------------------------------------------------------------------------------
+
+
+def _fold_seed(seed: int, fold: int) -> int:
+    return seed * 1_000_003 + fold * 7_919
+
+
+def _floating_tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+
+
+def _cast_floating(
+    tensors: dict[str, torch.Tensor], dtype: torch.dtype, only_low: bool = True
+) -> dict[str, torch.Tensor]:
+    """Cast the floating tensors that hold data in the training dtype (low-precision ones,
+    or all that are not f32 bookkeeping when ``only_low`` is False) to ``dtype``."""
+    out = {}
+    for key, value in tensors.items():
+        if value.is_floating_point() and (is_low_precision(value.dtype) or (not only_low and value.dtype != dtype)):
+            out[key] = value.to(dtype)
+        else:
+            out[key] = value
+    return out
+
+
+def _require(ckpt: Checkpoint, tensors: dict[str, torch.Tensor], key: str, file: str) -> torch.Tensor:
+    try:
+        return tensors[key]
+    except KeyError:
+        raise CheckpointError(
+            ckpt.path / file, f"has no tensor {key!r} (saved with another model config or fold count?)"
+        ) from None
+
+
+def _return_moments(returns: np.ndarray) -> dict[str, float]:
+    """Per-period Sharpe, skew and raw kurtosis of validation returns (for PSR / DSR)."""
+    from scipy import stats
+
+    n = int(returns.size)
+    std = float(returns.std(ddof=1)) if n > 1 else 0.0
+    if n < 3 or std == 0.0:
+        return {"sharpe_per_period": 0.0, "skew": 0.0, "kurtosis": 3.0, "n_obs": n}
+    return {
+        "sharpe_per_period": float(returns.mean() / std),
+        "skew": float(stats.skew(returns)),
+        "kurtosis": float(stats.kurtosis(returns, fisher=False)),
+        "n_obs": n,
+    }
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocator memory on CUDA; the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
