@@ -101,20 +101,25 @@ def train_cmd(
         str | None, typer.Option(help="f32, bf16, bf16-mixed, fp16-mixed or auto.")
     ] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs (on resume: the new total).")] = None,
-    data: Annotated[str, typer.Option(help="'synthetic' or a CSV/Parquet file or directory.")] = "synthetic",
+    data: Annotated[
+        str, typer.Option(help="'synthetic' or a CSV/Parquet file or directory.")
+    ] = "synthetic",
     seed: Annotated[int, typer.Option(help="Trial seed.")] = 0,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory for checkpoints and metrics.json.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory for checkpoints and metrics.json.")
+    ] = None,
     resume: Annotated[
-        Path | None, typer.Option(help="Continue from a run dir or checkpoint dir's newest good checkpoint.")
+        Path | None,
+        typer.Option(help="Continue from a run dir or checkpoint dir's newest good checkpoint."),
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
 ) -> None:
     """Train one trial in-process (no Ray) and write its checkpoints under --out."""
     from trainables.checkpoint import CheckpointError
-    from trainables.config import DataConfig, TrainConfig, parse_assignments, split_trial_config
+    from trainables.config import DataConfig, build_train_config, parse_assignments
     from trainables.local import train_local
 
     config = None
@@ -123,18 +128,14 @@ def train_cmd(
             _fail("hpo train needs --model and --out (or --resume DIR)")
         assert model is not None
         try:
-            overrides = parse_assignments(set_ or [])
-            train_keys, model_keys = split_trial_config(model, overrides)
-            data_keys = {k: train_keys.pop(k) for k in list(train_keys) if k.startswith("data.")}
-            config = TrainConfig(
-                model=model,
+            config = build_train_config(
+                model,
+                parse_assignments(set_ or []),
+                data=DataConfig(source=data),
                 precision=precision or "f32",
                 epochs=epochs or 10,
                 seed=seed,
                 device=device,
-                data=DataConfig(source=data, **{k.removeprefix("data."): v for k, v in data_keys.items()}),
-                model_config=model_keys,
-                **train_keys,
             )
         except (ValueError, TypeError) as exc:
             _fail(str(exc))
@@ -162,16 +163,26 @@ def train_cmd(
         err_console.print(f"[yellow]skipped a bad checkpoint:[/] {skipped}")
     _print_summary(run.final, title=f"final metrics ({run.precision})")
     if run.fell_back_to_f32:
-        console.print("[yellow]this trial fell back from bf16 to f32 after repeated non-finite steps[/]")
-    console.print(f"checkpoints: {run.out_dir / 'checkpoints'}   metrics: {run.out_dir / 'metrics.json'}")
+        console.print(
+            "[yellow]this trial fell back from bf16 to f32 after repeated non-finite steps[/]"
+        )
+    console.print(
+        f"checkpoints: {run.out_dir / 'checkpoints'}   metrics: {run.out_dir / 'metrics.json'}"
+    )
 
 
 @app.command("predict")
 def predict_cmd(
-    checkpoint: Annotated[Path, typer.Option(help="Run dir, checkpoints dir or one checkpoint dir.")],
-    data: Annotated[str, typer.Option(help="CSV/Parquet bars (same assets as training), or 'synthetic'.")],
+    checkpoint: Annotated[
+        Path, typer.Option(help="Run dir, checkpoints dir or one checkpoint dir.")
+    ],
+    data: Annotated[
+        str, typer.Option(help="CSV/Parquet bars (same assets as training), or 'synthetic'.")
+    ],
     out: Annotated[Path, typer.Option(help="CSV of positions (timestamp, asset, position).")],
-    precision: Annotated[str, typer.Option(help="Policy to run in; auto = bf16 on Ampere+, else f32.")] = "auto",
+    precision: Annotated[
+        str, typer.Option(help="Policy to run in; auto = bf16 on Ampere+, else f32.")
+    ] = "auto",
 ) -> None:
     """Positions for new bars from a checkpoint, plus the backtest of those bars."""
     from trainables.checkpoint import CheckpointError

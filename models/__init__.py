@@ -29,7 +29,9 @@ def get_family(name: str) -> Family:
     try:
         module_name = FAMILY_MODULES[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(FAMILY_MODULES)}") from None
+        raise ValueError(
+            f"unknown model {name!r}; known models: {', '.join(FAMILY_MODULES)}"
+        ) from None
     family: Family = importlib.import_module(module_name).FAMILY
     return family
 

@@ -66,7 +66,11 @@ class Int:
             raise ValueError(f"a log-scaled Int needs low > 0, got {self.low}")
 
     def contains(self, value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and self.low <= value <= self.high
+        )
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,9 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
     directory = Path(directory)
     meta_path = directory / META_FILE
     if not meta_path.is_file():
-        raise CheckpointError(meta_path, "missing (not a checkpoint directory, or an interrupted save)")
+        raise CheckpointError(
+            meta_path, "missing (not a checkpoint directory, or an interrupted save)"
+        )
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -112,7 +114,8 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
         raise CheckpointError(meta_path, "expected a JSON object")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise CheckpointError(
-            meta_path, f"schema_version {meta.get('schema_version')!r}, this build reads {SCHEMA_VERSION}"
+            meta_path,
+            f"schema_version {meta.get('schema_version')!r}, this build reads {SCHEMA_VERSION}",
         )
     checksums = meta.get("checksums", {})
     tensors: dict[str, dict[str, torch.Tensor]] = {}
@@ -141,7 +144,11 @@ def epoch_checkpoints(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := EPOCH_DIR.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if p.is_dir() and (m := EPOCH_DIR.match(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 

@@ -84,7 +84,12 @@ class TrainConfig:
     """The family's settings (fields of its config dataclass) that differ from defaults."""
 
     def __post_init__(self) -> None:
-        _check(self.precision in POLICY_NAMES, "precision", self.precision, f"one of {list(POLICY_NAMES)}")
+        _check(
+            self.precision in POLICY_NAMES,
+            "precision",
+            self.precision,
+            f"one of {list(POLICY_NAMES)}",
+        )
         _check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
         _check(self.lr > 0, "lr", self.lr, "a number > 0")
         _check(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
@@ -118,26 +123,40 @@ def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
-def split_trial_config(model: str, flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Divide a sampled flat config into (trainer keys, model keys); unknown keys raise."""
+def split_trial_config(
+    model: str, flat: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Divide a flat config into (trainer keys, model keys, ``data.*`` keys); unknown keys raise."""
     family = get_family(model)
     model_keys = set(family.config_fields())
     train: dict[str, Any] = {}
     model_values: dict[str, Any] = {}
+    data_values: dict[str, Any] = {}
     unknown = []
     for key, value in flat.items():
         if key in model_keys:
             model_values[key] = value
         elif key in TRAIN_KEYS:
             train[key] = value
+        elif key.startswith("data.") and key.removeprefix("data.") in DATA_KEYS:
+            data_values[key.removeprefix("data.")] = value
         else:
             unknown.append(key)
     if unknown:
         raise ValueError(
             f"unknown setting(s) {sorted(unknown)} for model {model!r}; trainer settings: "
-            f"{sorted(TRAIN_KEYS)}; {model} settings: {sorted(model_keys)}"
+            f"{sorted(TRAIN_KEYS)}; data settings: {sorted('data.' + k for k in DATA_KEYS)}; "
+            f"{model} settings: {sorted(model_keys)}"
         )
-    return train, model_values
+    return train, model_values, data_values
+
+
+def build_train_config(model: str, flat: Mapping[str, Any], data: DataConfig | None = None, **base: Any) -> TrainConfig:
+    """A :class:`TrainConfig` from a flat dict of settings over ``base`` and ``data`` defaults."""
+    train, model_values, data_values = split_trial_config(model, flat)
+    data = dataclasses.replace(data or DataConfig(), **data_values)
+    merged_model = {**base.pop("model_config", {}), **model_values}
+    return TrainConfig(model=model, data=data, model_config=merged_model, **{**base, **train})
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:

@@ -17,7 +17,14 @@ import torch
 
 from models.base import Batch
 from trainables.config import DataConfig, TrainConfig
-from trainables.data import FeatureSet, Splits, load_ohlcv, make_features, synthetic_bars, walk_forward
+from trainables.data import (
+    FeatureSet,
+    Splits,
+    load_ohlcv,
+    make_features,
+    synthetic_bars,
+    walk_forward,
+)
 from trainables.precision import F32
 
 FEATURE_CLIP = 10.0  # z-scores beyond +-10 are data errors or crashes; clip, don't explode
@@ -39,9 +46,11 @@ class Market:
         return int(self.features.features.shape[2])
 
 
-def load_bars_source(data: DataConfig):  # noqa: ANN201 - returns trainables.data.Bars
+def load_bars_source(data: DataConfig):
     if data.source == "synthetic":
-        return synthetic_bars(n_assets=data.n_assets, n_bars=data.n_bars, seed=data.seed, signal=data.signal)
+        return synthetic_bars(
+            n_assets=data.n_assets, n_bars=data.n_bars, seed=data.seed, signal=data.signal
+        )
     path = Path(data.source)
     if not path.exists():
         raise FileNotFoundError(f"data source {str(path)!r} does not exist (or use 'synthetic')")

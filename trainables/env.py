@@ -37,9 +37,13 @@ class TradingEnv:
     ) -> None:
         start, stop = decision_range
         if start < lookback - 1:
-            raise ValueError(f"decision_range starts at {start}, before a full window ({lookback - 1})")
+            raise ValueError(
+                f"decision_range starts at {start}, before a full window ({lookback - 1})"
+            )
         if stop > features.shape[0] - 1:
-            raise ValueError("decision_range must end before the last bar (its label is the next bar)")
+            raise ValueError(
+                "decision_range must end before the last bar (its label is the next bar)"
+            )
         if stop - start <= episode_len:
             raise ValueError(
                 f"the training split has {stop - start} decision bars, "
@@ -66,7 +70,13 @@ class TradingEnv:
     def _restart(self, mask: torch.Tensor) -> None:
         """Send the environments in ``mask`` to a fresh random (asset, start) with no position."""
         n = self.num_envs
-        t = torch.randint(self.start, self.stop - self.episode_len, (n,), generator=self.generator, device=self.device)
+        t = torch.randint(
+            self.start,
+            self.stop - self.episode_len,
+            (n,),
+            generator=self.generator,
+            device=self.device,
+        )
         asset = torch.randint(0, self.n_assets, (n,), generator=self.generator, device=self.device)
         self.t = torch.where(mask, t, self.t)
         self.asset = torch.where(mask, asset, self.asset)
@@ -82,7 +92,9 @@ class TradingEnv:
         new_position = action_to_position(action, self.n_actions)
         previous = self.position.float()
         next_return = self.bar_returns[self.t + 1, self.asset]
-        reward = self.reward_scale * (new_position * next_return - self.cost * (new_position - previous).abs())
+        reward = self.reward_scale * (
+            new_position * next_return - self.cost * (new_position - previous).abs()
+        )
         self.position = new_position.to(self.position.dtype)
         self.t = self.t + 1
         self.age = self.age + 1

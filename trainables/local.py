@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainables.checkpoint import META_FILE, CheckpointError, epoch_dir_name, latest_good_checkpoint, prune_checkpoints
+from trainables.checkpoint import (
+    META_FILE,
+    CheckpointError,
+    epoch_dir_name,
+    latest_good_checkpoint,
+    prune_checkpoints,
+)
 from trainables.config import TrainConfig
 from trainables.trainer import Trainer
 
@@ -72,7 +78,9 @@ def train_local(
             if (Path(resume) / CHECKPOINTS).is_dir():
                 out_dir = Path(resume)
             else:
-                raise ValueError("--out is required when resuming from a single checkpoint directory")
+                raise ValueError(
+                    "--out is required when resuming from a single checkpoint directory"
+                )
     if config is None or out_dir is None:
         raise ValueError("train_local needs a config and an output directory")
     changes: dict[str, Any] = {}

@@ -58,7 +58,9 @@ def dtype_from_name(name: str) -> torch.dtype:
     try:
         return _DTYPE_NAMES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}") from None
+        raise ValueError(
+            f"unknown dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}"
+        ) from None
 
 
 def f32(x: torch.Tensor) -> torch.Tensor:
@@ -148,7 +150,11 @@ class StepGuard:
         self.longest_streak.zero_()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"skipped": self.skipped, "streak": self.streak, "longest_streak": self.longest_streak}
+        return {
+            "skipped": self.skipped,
+            "streak": self.streak,
+            "longest_streak": self.longest_streak,
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for key, value in state.items():
@@ -339,6 +345,7 @@ class PrecisionPolicy:
         for name, tensor in _floating_tensors(module):
             if name not in keep:
                 tensor.data = tensor.data.to(self.param_dtype)
+        _repack_rnns(module)
         return module
 
     def convert_input(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -379,7 +386,9 @@ class PrecisionPolicy:
         loss32 = loss.float()
         scale = scaler.scale if scaler is not None else None
         (loss32 * scale if scale is not None else loss32).backward()
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        params = [
+            p for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+        ]
         grad_norm = _global_grad_norm(params)
         if scale is not None:
             grad_norm = grad_norm / scale
@@ -441,8 +450,33 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def promote_to_f32(module: nn.Module, optimizer: GuardedAdamW) -> None:
+    """Switch a low-precision module to f32 in place (the bf16 -> f32 fallback).
+
+    Each weight becomes its f32 master value (bf16 weight + Kahan compensation), so the
+    fallback loses nothing the compensated optimizer had accumulated; the f32 moments are
+    kept as they are and the compensation buffers are dropped.
+    """
+    masters = {
+        id(p): optimizer.master_weight(p) for g in optimizer.param_groups for p in g["params"]
+    }
+    for _, tensor in _floating_tensors(module):
+        tensor.data = masters.get(id(tensor), tensor.data.float())
+    for state in optimizer.state.values():
+        state.pop("compensation", None)
+    _repack_rnns(module)
+
+
 # --------------------------------------------------------------------------------------
 # Helpers
+
+
+def _repack_rnns(module: nn.Module) -> None:
+    # An in-place dtype change bypasses nn.RNNBase's weight packing; on CUDA an unpacked
+    # LSTM copies its weights on every forward. No-op on CPU.
+    for sub in module.modules():
+        if isinstance(sub, nn.RNNBase):
+            sub.flatten_parameters()
 
 
 def _global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:

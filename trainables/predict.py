@@ -48,7 +48,9 @@ class Prediction:
 
 
 def load_for_inference(source: Path, device: torch.device) -> Checkpoint:
-    ckpt, errors = latest_good_checkpoint(source, device="cpu")
+    from trainables.local import checkpoint_source
+
+    ckpt, errors = latest_good_checkpoint(checkpoint_source(source), device="cpu")
     if ckpt is None:
         reasons = "; ".join(str(e) for e in errors) or "no epoch_NNNN checkpoints found"
         raise CheckpointError(Path(source), f"no loadable checkpoint ({reasons})")
@@ -57,7 +59,10 @@ def load_for_inference(source: Path, device: torch.device) -> Checkpoint:
 
 @torch.no_grad()
 def predict(
-    checkpoint_dir: Path, data: Path | str, device: torch.device | None = None, precision: str = "auto"
+    checkpoint_dir: Path,
+    data: Path | str,
+    device: torch.device | None = None,
+    precision: str = "auto",
 ) -> Prediction:
     device = device or default_device()
     ckpt = load_for_inference(Path(checkpoint_dir), device)
@@ -72,7 +77,9 @@ def predict(
         bars = load_bars_source(config.data)
     fs = make_features(bars)
     if fs.features.shape[2] != shape.n_features:
-        raise ValueError(f"{data}: {fs.features.shape[2]} features, the checkpoint expects {shape.n_features}")
+        raise ValueError(
+            f"{data}: {fs.features.shape[2]} features, the checkpoint expects {shape.n_features}"
+        )
     if len(fs.assets) != shape.n_assets:
         raise ValueError(
             f"{data}: {len(fs.assets)} assets {list(fs.assets)}, the checkpoint was trained on "
@@ -93,11 +100,15 @@ def predict(
     mean = ckpt.state[f"{prefix}feature_mean"].numpy()
     std = ckpt.state[f"{prefix}feature_std"].numpy()
     lookback = config.lookback
-    features = policy.convert_input(torch.as_tensor(normalize_features(fs.features, mean, std), dtype=F32))
+    features = policy.convert_input(
+        torch.as_tensor(normalize_features(fs.features, mean, std), dtype=F32)
+    )
     first = fs.first_valid + lookback - 1
     span = (first, features.shape[0])
     if span[1] - span[0] < 2:
-        raise ValueError(f"{data}: {features.shape[0]} bars, need more than {first + 1} for one full window")
+        raise ValueError(
+            f"{data}: {features.shape[0]} bars, need more than {first + 1} for one full window"
+        )
     with policy.autocast():
         if family.kind == "rl":
             learner: RLLearner = model  # type: ignore[assignment]
@@ -108,11 +119,18 @@ def predict(
             chunks = []
             for t in torch.arange(*span, device=device).split(512):
                 start = t - (lookback - 1)
-                batch = Batch(x=windows[start].permute(0, 1, 3, 2), y=torch.zeros(0), gaps=gaps[start])
+                batch = Batch(
+                    x=windows[start].permute(0, 1, 3, 2), y=torch.zeros(0), gaps=gaps[start]
+                )
                 chunks.append(model.positions(batch).float())  # type: ignore[operator]
             positions = torch.cat(chunks)
     host = torch.nan_to_num(positions, nan=0.0).clamp(-1, 1).double().cpu().numpy()
-    result = backtest(host, fs.bar_returns[span[0] : span[1]], cost=config.cost, periods_per_year=config.periods_per_year)
+    result = backtest(
+        host,
+        fs.bar_returns[span[0] : span[1]],
+        cost=config.cost,
+        periods_per_year=config.periods_per_year,
+    )
     return Prediction(
         timestamps=fs.timestamps[span[0] : span[1]],
         assets=tuple(fs.assets),
@@ -124,5 +142,7 @@ def predict(
 
 
 def _last_fold(ckpt: Checkpoint) -> int:
-    folds = {int(k.split(".", 1)[0].removeprefix("fold")) for k in ckpt.weights if k.startswith("fold")}
+    folds = {
+        int(k.split(".", 1)[0].removeprefix("fold")) for k in ckpt.weights if k.startswith("fold")
+    }
     return max(folds)

@@ -48,6 +48,7 @@ from trainables.precision import (
     dtype_name,
     get_policy,
     is_low_precision,
+    promote_to_f32,
 )
 
 EVAL_CHUNK = 512  # decision bars per validation forward pass
@@ -95,7 +96,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.market: Market = build_market(config)
         self.shape = DataShape(
-            n_features=self.market.n_features, lookback=config.lookback, n_assets=self.market.n_assets
+            n_features=self.market.n_features,
+            lookback=config.lookback,
+            n_assets=self.market.n_assets,
         )
         self.model_config = self.family.make_config(config.model_config)
         self.folds = [self._build_fold_run(k) for k in range(len(self.market.splits.folds))]
@@ -189,7 +192,9 @@ class Trainer:
             batch = run.data.batch(order[i * batch_size : (i + 1) * batch_size])
             with self.policy.autocast():
                 loss = run.model.loss(batch)  # type: ignore[operator]
-            result = self.policy.backward_and_step(loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler)
+            result = self.policy.backward_and_step(
+                loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler
+            )
             loss_sum += torch.where(result.ok, result.loss, 0.0)
             n_ok += result.ok
             self._after_step()
@@ -213,7 +218,9 @@ class Trainer:
                     loss = next(losses, None)
                 if loss is None:
                     break
-                result = self.policy.backward_and_step(loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler)
+                result = self.policy.backward_and_step(
+                    loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler
+                )
                 learner.after_step()
                 loss_sum += torch.where(result.ok, result.loss, 0.0)
                 n_ok += result.ok
@@ -252,18 +259,17 @@ class Trainer:
         """
         f32_policy = get_policy("f32", self.device)
         for run in self.folds:
-            masters = {id(p): run.optimizer.master_weight(p) for g in run.optimizer.param_groups for p in g["params"]}
-            for tensor in _floating_tensors(run.model):
-                tensor.data = masters.get(id(tensor), tensor.data.float())
-            for state in run.optimizer.state.values():
-                state.pop("compensation", None)
-            run.data = build_fold(self.market, run.index, self.config.lookback, self.device, f32_policy.data_dtype)
+            promote_to_f32(run.model, run.optimizer)
+            run.data = build_fold(
+                self.market, run.index, self.config.lookback, self.device, f32_policy.data_dtype
+            )
             if run.env is not None:
                 env_state = run.env.state_dict()
                 run.env = self._make_env(run.model, run.data, run.index)
                 run.env.load_state_dict(env_state)
                 learner: RLLearner = run.model  # type: ignore[assignment]
-                learner.load_buffer_state(_cast_floating(learner.buffer_state(), F32))
+                # The learner rebuilds its replay storage in its (now f32) parameter dtype.
+                learner.load_buffer_state(learner.buffer_state())
             run.guard.reset_streak()
         self.policy = f32_policy
         self.fell_back_to_f32 = True
@@ -295,7 +301,9 @@ class Trainer:
         positions = self.positions(run, span)
         host = torch.nan_to_num(positions, nan=0.0).clamp(-1.0, 1.0).double().cpu().numpy()
         bar_returns = self.market.features.bar_returns[span[0] : span[1]]
-        return backtest(host, bar_returns, cost=self.config.cost, periods_per_year=self.config.periods_per_year)
+        return backtest(
+            host, bar_returns, cost=self.config.cost, periods_per_year=self.config.periods_per_year
+        )
 
     def _epoch_metrics(
         self,
@@ -352,8 +360,12 @@ class Trainer:
                 for key, value in run.scaler.state_dict().items():
                     optim[f"{prefix}scaler.{key}"] = value
             state[f"{prefix}generator"] = run.generator.get_state()
-            state[f"{prefix}feature_mean"] = torch.as_tensor(run.data.feature_mean, dtype=torch.float64)
-            state[f"{prefix}feature_std"] = torch.as_tensor(run.data.feature_std, dtype=torch.float64)
+            state[f"{prefix}feature_mean"] = torch.as_tensor(
+                run.data.feature_mean, dtype=torch.float64
+            )
+            state[f"{prefix}feature_std"] = torch.as_tensor(
+                run.data.feature_std, dtype=torch.float64
+            )
             if run.env is not None:
                 for key, value in run.env.state_dict().items():
                     state[f"{prefix}env.{key}"] = value
@@ -376,7 +388,12 @@ class Trainer:
             "torch_version": torch.__version__,
             "assets": list(self.market.features.assets),
             "feature_names": list(self.market.features.names),
-            "data_shape": {"n_features": self.shape.n_features, "lookback": self.shape.lookback, "n_assets": self.shape.n_assets, "n_actions": self.shape.n_actions},
+            "data_shape": {
+                "n_features": self.shape.n_features,
+                "lookback": self.shape.lookback,
+                "n_assets": self.shape.n_assets,
+                "n_actions": self.shape.n_actions,
+            },
             **(extra_meta or {}),
         }
         return save_checkpoint(directory, weights, optim, state, meta)
@@ -385,7 +402,9 @@ class Trainer:
         """Load ``ckpt`` into freshly built folds, casting to this trainer's policy/device."""
         meta = ckpt.meta
         if meta.get("family") != self.family.name:
-            raise CheckpointError(ckpt.path, f"holds a {meta.get('family')!r} model, not {self.family.name!r}")
+            raise CheckpointError(
+                ckpt.path, f"holds a {meta.get('family')!r} model, not {self.family.name!r}"
+            )
         for run in self.folds:
             prefix = f"fold{run.index}."
             params = {n: p for n, p in run.model.named_parameters()}
@@ -393,7 +412,11 @@ class Trainer:
             for name, target in model_state.items():
                 saved = _require(ckpt, ckpt.weights, prefix + name, "model.safetensors")
                 comp = ckpt.optim.get(f"{prefix}{name}.compensation")
-                value = saved.float() + comp.float() if comp is not None and not is_low_precision(target.dtype) else saved
+                value = (
+                    saved.float() + comp.float()
+                    if comp is not None and not is_low_precision(target.dtype)
+                    else saved
+                )
                 target.copy_(value.to(target.dtype))
             for name, p in params.items():
                 opt_state = run.optimizer.state.get(p)
@@ -406,19 +429,37 @@ class Trainer:
                     elif key == "compensation":
                         slot.zero_()
             run.guard.load_state_dict(
-                {k: _require(ckpt, ckpt.optim, f"{prefix}guard.{k}", "optim.safetensors") for k in ("skipped", "streak", "longest_streak")}
+                {
+                    k: _require(ckpt, ckpt.optim, f"{prefix}guard.{k}", "optim.safetensors")
+                    for k in ("skipped", "streak", "longest_streak")
+                }
             )
             if run.scaler is not None and f"{prefix}scaler.scale" in ckpt.optim:
                 run.scaler.load_state_dict(
-                    {"scale": ckpt.optim[f"{prefix}scaler.scale"], "clean_steps": ckpt.optim[f"{prefix}scaler.clean_steps"]}
+                    {
+                        "scale": ckpt.optim[f"{prefix}scaler.scale"],
+                        "clean_steps": ckpt.optim[f"{prefix}scaler.clean_steps"],
+                    }
                 )
-            run.generator.set_state(_require(ckpt, ckpt.state, f"{prefix}generator", "state.safetensors").cpu())
+            run.generator.set_state(
+                _require(ckpt, ckpt.state, f"{prefix}generator", "state.safetensors").cpu()
+            )
             if run.env is not None:
                 env_prefix, buf_prefix = f"{prefix}env.", f"{prefix}buffer."
-                run.env.load_state_dict({k[len(env_prefix) :]: v for k, v in ckpt.state.items() if k.startswith(env_prefix)})
-                buffer = {k[len(buf_prefix) :]: v for k, v in ckpt.state.items() if k.startswith(buf_prefix)}
+                run.env.load_state_dict(
+                    {
+                        k[len(env_prefix) :]: v
+                        for k, v in ckpt.state.items()
+                        if k.startswith(env_prefix)
+                    }
+                )
+                buffer = {
+                    k[len(buf_prefix) :]: v
+                    for k, v in ckpt.state.items()
+                    if k.startswith(buf_prefix)
+                }
                 learner: RLLearner = run.model  # type: ignore[assignment]
-                learner.load_buffer_state(_cast_floating(buffer, self.policy.data_dtype, only_low=False))
+                learner.load_buffer_state(buffer)  # casts stored windows to this run's dtype
         self.epoch = int(meta["epoch"])
         self.global_step = int(meta["global_step"])
         self.history = list(meta.get("history", []))
@@ -435,30 +476,15 @@ def _fold_seed(seed: int, fold: int) -> int:
     return seed * 1_000_003 + fold * 7_919
 
 
-def _floating_tensors(module: nn.Module) -> list[torch.Tensor]:
-    return [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
-
-
-def _cast_floating(
-    tensors: dict[str, torch.Tensor], dtype: torch.dtype, only_low: bool = True
-) -> dict[str, torch.Tensor]:
-    """Cast the floating tensors that hold data in the training dtype (low-precision ones,
-    or all that are not f32 bookkeeping when ``only_low`` is False) to ``dtype``."""
-    out = {}
-    for key, value in tensors.items():
-        if value.is_floating_point() and (is_low_precision(value.dtype) or (not only_low and value.dtype != dtype)):
-            out[key] = value.to(dtype)
-        else:
-            out[key] = value
-    return out
-
-
-def _require(ckpt: Checkpoint, tensors: dict[str, torch.Tensor], key: str, file: str) -> torch.Tensor:
+def _require(
+    ckpt: Checkpoint, tensors: dict[str, torch.Tensor], key: str, file: str
+) -> torch.Tensor:
     try:
         return tensors[key]
     except KeyError:
         raise CheckpointError(
-            ckpt.path / file, f"has no tensor {key!r} (saved with another model config or fold count?)"
+            ckpt.path / file,
+            f"has no tensor {key!r} (saved with another model config or fold count?)",
         ) from None
 
 

@@ -1,0 +1,506 @@
+"""DQN family: a Rainbow-style value learner for the trading environment.
+
+Papers, and the piece each contributes:
+
+* Mnih et al. 2015, "Human-level control through deep reinforcement learning": Q-learning
+  with a replay buffer and a target network, Huber loss.
+* van Hasselt, Guez & Silver 2016, "Deep Reinforcement Learning with Double Q-learning":
+  the online network picks the next action, the target network values it.
+* Wang et al. 2016, "Dueling Network Architectures for Deep RL": Q = V + A - mean_a A.
+* Schaul et al. 2016, "Prioritized Experience Replay": proportional priorities, annealed
+  importance-sampling weights (``trainables.replay.PrioritizedReplay``).
+* Sutton 1988 / Hessel et al. 2018 ("Rainbow"): n-step returns
+  (``trainables.replay.NStepAccumulator``).
+* Bellemare, Dabney & Munos 2017, "A Distributional Perspective on RL" (C51), optional:
+  a categorical return distribution on a fixed support, trained by cross-entropy against
+  the projected target distribution.
+
+Observation: the ``(N, L, F)`` window of one asset and the current position ``(N,)``.
+Actions index ``n_actions`` positions evenly spaced over [-1, 1]
+(:func:`models.base.action_to_position`), so the greedy action is the position.
+
+Precision: the networks compute in their parameter dtype (bf16 under the ``bf16`` policy;
+inputs already arrive in it). What stays f32: the C51 atom support (``keep_f32``), the
+categorical projection and every log-softmax / softmax over atoms, and the TD targets
+(rewards and discounts are stored f32; a bf16 target would blur an n-step return to 3
+significant digits). The loss is therefore f32 already.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Choice,
+    DataShape,
+    Family,
+    Float,
+    Int,
+    Obs,
+    SearchSpace,
+    TradingEnvLike,
+    action_to_position,
+)
+from trainables.precision import F32, f32
+from trainables.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
+
+# --------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """DQN algorithm and network settings. The trainer owns lr, weight decay, grad clipping."""
+
+    hidden: int = 64
+    """Width of the window encoder and of every torso layer."""
+    layers: int = 1
+    """Hidden layers of the torso over [encoded window, position] (>= 1)."""
+    gamma: float = 0.99
+    """Discount per bar."""
+    n_step: int = 3
+    """Steps in the n-step return (1 = one-step Q-learning)."""
+    buffer_capacity: int = 50_000
+    """Replay capacity in transitions (stored on the device in the data dtype)."""
+    replay_batch_size: int = 64
+    """Transitions per gradient step, sampled from the replay (>= 2)."""
+    learning_starts: int = 1_000
+    """Transitions stored before the first gradient step."""
+    train_every: int = 4
+    """Vectorized environment steps per ``collect`` call (each adds num_envs transitions)."""
+    gradient_steps: int = 1
+    """Gradient steps per ``collect`` call once learning has started."""
+    target_update_period: int = 500
+    """Gradient steps between target-network updates."""
+    tau: float = 1.0
+    """Target update rate: 1.0 copies the online net (hard update), < 1 is Polyak averaging.
+    Under bf16 prefer 1.0: a soft step smaller than bf16's rounding is lost."""
+    eps_start: float = 1.0
+    """Exploration rate at the start of training."""
+    eps_end: float = 0.05
+    """Exploration rate after the decay."""
+    eps_decay: float = 0.3
+    """Share of training (progress in [0, 1]) over which epsilon decays linearly."""
+    per_alpha: float = 0.5
+    """Priority exponent; 0 is uniform replay (Rainbow uses 0.5)."""
+    per_beta0: float = 0.4
+    """Initial importance-sampling exponent, annealed linearly to 1 over training."""
+    per_eps: float = 1e-6
+    """Added to |TD error| so no transition's priority is zero."""
+    distributional: bool = False
+    """C51 categorical value distribution instead of a scalar Q value."""
+    n_atoms: int = 51
+    """Atoms of the C51 support (distributional only)."""
+    v_min: float = -10.0
+    """Lowest atom of the C51 support, in reward units (rewards are scaled returns)."""
+    v_max: float = 10.0
+    """Highest atom of the C51 support."""
+    num_envs: int = 16
+    """Environments stepped in parallel by ``collect``."""
+    episode_len: int = 128
+    """Bars per training episode."""
+
+    def __post_init__(self) -> None:
+        positive = (
+            "hidden",
+            "layers",
+            "n_step",
+            "buffer_capacity",
+            "learning_starts",
+            "train_every",
+            "gradient_steps",
+            "target_update_period",
+            "num_envs",
+            "episode_len",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"dqn.{name} must be an integer >= 1, got {value!r}")
+        if self.replay_batch_size < 2:
+            # One draw takes torch.multinomial's validating path, which syncs with the host.
+            raise ValueError(f"dqn.replay_batch_size must be >= 2, got {self.replay_batch_size}")
+        if self.buffer_capacity < max(self.num_envs, self.replay_batch_size):
+            raise ValueError(
+                f"dqn.buffer_capacity ({self.buffer_capacity}) must hold at least num_envs "
+                f"({self.num_envs}) and replay_batch_size ({self.replay_batch_size}) transitions"
+            )
+        if not 0.0 < self.gamma < 1.0:
+            raise ValueError(f"dqn.gamma must be in (0, 1), got {self.gamma}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"dqn.tau must be in (0, 1], got {self.tau}")
+        for name in ("eps_start", "eps_end", "per_beta0"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"dqn.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 0.0 < self.eps_decay <= 1.0:
+            raise ValueError(f"dqn.eps_decay must be in (0, 1], got {self.eps_decay}")
+        if self.per_alpha < 0.0:
+            raise ValueError(f"dqn.per_alpha must be >= 0, got {self.per_alpha}")
+        if self.per_eps <= 0.0:
+            raise ValueError(f"dqn.per_eps must be > 0, got {self.per_eps}")
+        if self.n_atoms < 2:
+            raise ValueError(f"dqn.n_atoms must be >= 2, got {self.n_atoms}")
+        if not self.v_min < self.v_max:
+            raise ValueError(f"dqn.v_min ({self.v_min}) must be below dqn.v_max ({self.v_max})")
+
+
+# Ranges from the literature: gamma and n_step around Rainbow's (0.99, 3); target period
+# from cleanrl's 500-1000 updates to Nature DQN's 10k frames (2.5k updates); PER alpha 0
+# (uniform) to Schaul's proportional 0.6-0.7, beta0 around Schaul's 0.4-0.5; exploration
+# decay over 10-50% of training.
+SEARCH_SPACE: SearchSpace = {
+    "hidden": Choice((32, 64, 128, 256)),
+    "layers": Int(1, 3),
+    "gamma": Float(0.9, 0.999),
+    "n_step": Int(1, 5),
+    "target_update_period": Int(100, 5_000, log=True),
+    "eps_end": Float(0.01, 0.1, log=True),
+    "eps_decay": Float(0.1, 0.5),
+    "per_alpha": Float(0.0, 0.8),
+    "per_beta0": Float(0.3, 0.7),
+    "distributional": Choice((False, True)),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Network
+
+
+class QNetwork(nn.Module):
+    """Window encoder + position -> MLP torso -> dueling head, one output per atom.
+
+    The output is ``(B, A, K)``: K = 1 scalar Q values, or C51 logits over K atoms. The
+    dueling streams are combined per atom (as in Rainbow), so the mean over actions of the
+    advantage is zero for every atom and ``V`` is identifiable.
+    """
+
+    keep_f32: tuple[str, ...] = ()
+    support: torch.Tensor  # (K,) f32 atoms, registered only when distributional
+
+    def __init__(self, config: DQNConfig, shape: DataShape) -> None:
+        super().__init__()
+        self.n_actions = shape.n_actions
+        self.n_atoms = config.n_atoms if config.distributional else 1
+        h = config.hidden
+        # A flattened window through one linear layer: the cheapest encoder that still sees
+        # every (bar, feature) pair; L*F is 256 at the default sizes.
+        self.encoder = nn.Sequential(
+            nn.Flatten(1), nn.Linear(shape.lookback * shape.n_features, h), nn.ReLU()
+        )
+        torso: list[nn.Module] = []
+        width = h + 1  # + the current position, which sets the cost of every action
+        for _ in range(config.layers):
+            torso += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        self.torso = nn.Sequential(*torso)
+        self.value = nn.Linear(h, self.n_atoms)
+        self.advantage = nn.Linear(h, self.n_actions * self.n_atoms)
+        if config.distributional:
+            # Non-persistent: a function of the config, so checkpoints never carry (or cast) it.
+            support = torch.linspace(config.v_min, config.v_max, config.n_atoms, dtype=F32)
+            self.register_buffer("support", support, persistent=False)
+            self.keep_f32 = ("support",)
+
+    def streams(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Value (B, 1, K) and mean-centred advantage (B, A, K)."""
+        window, position = obs  # (B, L, F), (B,)
+        z = torch.cat([self.encoder(window), position.unsqueeze(-1)], dim=-1)  # (B, H+1)
+        z = self.torso(z)  # (B, H)
+        value = self.value(z).unsqueeze(1)  # (B, 1, K)
+        adv = self.advantage(z).view(-1, self.n_actions, self.n_atoms)  # (B, A, K)
+        return value, adv - adv.mean(dim=1, keepdim=True)
+
+    def forward(self, obs: Obs) -> torch.Tensor:
+        value, adv = self.streams(obs)
+        return value + adv  # (B, A, K)
+
+
+def categorical_projection(
+    probs: torch.Tensor,  # (B, K) f32 next-state distribution on the support
+    reward: torch.Tensor,  # (B,) f32 n-step return
+    bootstrap: torch.Tensor,  # (B,) f32 gamma^k, 0 where the episode ended
+    support: torch.Tensor,  # (K,) f32 evenly spaced atoms
+) -> torch.Tensor:
+    """Project the distribution of R + bootstrap * Z onto ``support`` (C51, Algorithm 1).
+
+    Each shifted atom Tz_j (clamped to [v_min, v_max]) gives its mass to the two nearest
+    atoms in proportion to closeness: atom i receives p_j * max(0, 1 - |Tz_j - z_i| / dz).
+    Written as this "hat" kernel over all (j, i) pairs (B x K x K, ~2.6k per row at K=51)
+    instead of the usual floor/ceil scatter: no scatter-add (deterministic on CUDA) and no
+    special case when Tz_j lands exactly on an atom. All f32.
+    """
+    probs, reward, bootstrap, support = f32(probs), f32(reward), f32(bootstrap), f32(support)
+    n_atoms = support.shape[0]
+    v_min, v_max = support[0], support[-1]
+    delta_z = (v_max - v_min) / (n_atoms - 1)
+    tz = reward[:, None] + bootstrap[:, None] * support[None, :]  # (B, K)
+    tz = torch.minimum(torch.maximum(tz, v_min), v_max)
+    distance = (tz[:, :, None] - support[None, None, :]).abs() / delta_z  # (B, K_src, K_dst)
+    share = (1.0 - distance).clamp(min=0.0)
+    return (probs[:, :, None] * share).sum(dim=1)  # (B, K_dst)
+
+
+# --------------------------------------------------------------------------------------
+# Learner
+
+
+class DQNLearner(nn.Module):
+    """The ``RLLearner`` of the DQN family (see :class:`models.base.RLLearner`).
+
+    Owns the online and target networks (both submodules, so checkpoints and the precision
+    policy see both; the target's parameters have ``requires_grad=False`` and are not in
+    :meth:`trainable_parameters`), the n-step accumulator and the prioritized replay. The
+    replay, accumulator and exploration generator are built on the first ``collect`` (or
+    ``load_buffer_state``) on the environment's device in its data dtype, once.
+
+    Randomness: a seed is drawn from torch's global generator at construction (the trainer
+    seeds it per trial), then exploration and replay sampling use their own device
+    generators, saved in :meth:`buffer_state`.
+    """
+
+    def __init__(self, config: DQNConfig, shape: DataShape) -> None:
+        super().__init__()
+        if shape.n_actions < 2:
+            raise ValueError(f"dqn needs n_actions >= 2, got {shape.n_actions}")
+        self.config = config
+        self.shape = shape
+        self.n_actions = shape.n_actions
+        self.online = QNetwork(config, shape)
+        self.target = copy.deepcopy(self.online)
+        self.target.requires_grad_(False)
+        self.seed = int(torch.randint(0, 2**62, ()).item())
+        self.replay: PrioritizedReplay | None = None
+        self.nstep: NStepAccumulator | None = None
+        self.generator: torch.Generator | None = None
+        self.env_steps = 0  # vectorized environment steps taken by collect
+        self.grad_steps = 0  # after_step calls (optimizer steps)
+        self.progress = 0.0
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (indices, |TD|)
+
+    # -- storage ---------------------------------------------------------------------------
+    def _ensure_storage(self, dtype: torch.dtype, device: torch.device) -> None:
+        if self.replay is not None:
+            return
+        cfg = self.config
+        window_shape = (self.shape.lookback, self.shape.n_features)
+        self.replay = PrioritizedReplay(
+            cfg.buffer_capacity,
+            window_shape,
+            dtype,
+            device,
+            alpha=cfg.per_alpha,
+            eps=cfg.per_eps,
+            seed=self.seed + 1,
+        )
+        self.nstep = NStepAccumulator(
+            cfg.n_step, cfg.gamma, cfg.num_envs, window_shape, dtype, device
+        )
+        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+
+    # -- value heads -----------------------------------------------------------------------
+    def _q(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, A) Q values from a network output (B, A, K); C51: E[Z] in f32."""
+        if not self.config.distributional:
+            return out[..., 0]
+        probs = F.softmax(f32(out), dim=-1)
+        return (probs * self.online.support).sum(-1)
+
+    def q_values(self, obs: Obs) -> torch.Tensor:
+        return self._q(self.online(obs))
+
+    @torch.no_grad()
+    def td_target(
+        self, reward: torch.Tensor, bootstrap: torch.Tensor, next_obs: Obs
+    ) -> torch.Tensor:
+        """(B,) f32 double-DQN target R + bootstrap * Q_target(s', argmax_a Q_online(s', a))."""
+        best = self.q_values(next_obs).argmax(-1, keepdim=True)  # (B, 1)
+        q_next = self._q(self.target(next_obs)).gather(1, best).squeeze(1)
+        return f32(reward) + f32(bootstrap) * f32(q_next)
+
+    @torch.no_grad()
+    def distribution_target(
+        self, reward: torch.Tensor, bootstrap: torch.Tensor, next_obs: Obs
+    ) -> torch.Tensor:
+        """(B, K) f32 projected C51 target, with the double-DQN choice of next action."""
+        best = self.q_values(next_obs).argmax(-1)  # (B,)
+        logits = self.target(next_obs)  # (B, A, K)
+        chosen = logits.gather(1, best[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1)
+        probs = F.softmax(f32(chosen), dim=-1)
+        return categorical_projection(probs, reward, bootstrap, self.target.support)
+
+    def loss(self, batch: ReplaySample) -> tuple[torch.Tensor, torch.Tensor]:
+        """IS-weighted loss (f32 scalar) and each item's new priority signal (B,), detached."""
+        out = self.online(batch.obs)  # (B, A, K)
+        if self.config.distributional:
+            index = batch.action[:, None, None].expand(-1, 1, out.shape[-1])
+            log_p = F.log_softmax(f32(out.gather(1, index).squeeze(1)), dim=-1)  # (B, K)
+            target = self.distribution_target(batch.reward, batch.bootstrap, batch.next_obs)
+            per_item = -(target * log_p).sum(-1)  # cross-entropy, the C51/Rainbow priority
+            signal = per_item.detach()
+        else:
+            q_taken = f32(out[..., 0].gather(1, batch.action[:, None]).squeeze(1))  # (B,)
+            target = self.td_target(batch.reward, batch.bootstrap, batch.next_obs)
+            per_item = F.huber_loss(q_taken, target, reduction="none", delta=1.0)
+            signal = (target - q_taken).abs().detach()
+        return (batch.weights * per_item).mean(), signal
+
+    # -- RLLearner -------------------------------------------------------------------------
+    def epsilon(self, progress: float) -> float:
+        cfg = self.config
+        frac = min(1.0, max(0.0, progress) / cfg.eps_decay)
+        return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+    @torch.no_grad()
+    def collect(self, env: TradingEnvLike, progress: float) -> None:
+        """``train_every`` epsilon-greedy vectorized steps into the n-step accumulator and
+        the replay. Exploration draws from this learner's device generator."""
+        cfg = self.config
+        if env.num_envs != cfg.num_envs or env.n_actions != self.n_actions:
+            raise ValueError(
+                f"environment has num_envs={env.num_envs}, n_actions={env.n_actions}; this dqn "
+                f"was built for num_envs={cfg.num_envs}, n_actions={self.n_actions}"
+            )
+        self.progress = progress
+        eps = self.epsilon(progress)
+        obs = env.observe()
+        window = obs[0]  # (N, L, F)
+        self._ensure_storage(window.dtype, window.device)
+        assert self.nstep is not None and self.replay is not None
+        n, device = window.shape[0], window.device
+        for _ in range(cfg.train_every):
+            explore = torch.rand(n, generator=self.generator, device=device) < eps
+            uniform = torch.randint(
+                0, self.n_actions, (n,), generator=self.generator, device=device
+            )
+            transition = env.step(torch.where(explore, uniform, self.act(obs)))
+            ready = self.nstep.push(transition)
+            if ready is not None:
+                self.replay.add(ready)
+            self.env_steps += 1
+            # Nothing else steps the env inside one collect: its next_obs is what observe()
+            # would return, so reuse it instead of gathering the windows twice.
+            obs = transition.next_obs
+
+    def losses(self) -> Iterator[torch.Tensor]:
+        """``gradient_steps`` losses once ``learning_starts`` transitions are stored. Each
+        batch is sampled after the previous step's ``after_step`` (a generator)."""
+        cfg = self.config
+        if self.replay is None or self.replay.count < cfg.learning_starts:
+            return
+        beta = cfg.per_beta0 + (1.0 - cfg.per_beta0) * min(1.0, max(0.0, self.progress))
+        for _ in range(cfg.gradient_steps):
+            batch = self.replay.sample(cfg.replay_batch_size, beta)
+            loss, signal = self.loss(batch)
+            self._pending = (batch.indices, signal)
+            yield loss
+
+    def after_step(self) -> None:
+        """New priorities from the last loss's TD errors; target update when due."""
+        if self._pending is not None and self.replay is not None:
+            indices, signal = self._pending
+            self.replay.update_priorities(indices, signal)
+        self._pending = None
+        self.grad_steps += 1
+        if self.grad_steps % self.config.target_update_period == 0:
+            self.update_target()
+
+    @torch.no_grad()
+    def update_target(self) -> None:
+        tau = self.config.tau
+        for target, online in zip(self.target.parameters(), self.online.parameters(), strict=True):
+            if tau >= 1.0:
+                target.copy_(online)
+            else:  # Polyak step in f32, rounded once into the target's dtype
+                target.copy_(f32(target).lerp_(f32(online), tau))
+
+    @torch.no_grad()
+    def act(self, obs: Obs) -> torch.Tensor:
+        """(N,) greedy action indices."""
+        return self.q_values(obs).argmax(-1)
+
+    @torch.no_grad()
+    def positions(self, obs: Obs) -> torch.Tensor:
+        """(N,) f32 greedy positions in [-1, 1]: the family's output-to-position mapping."""
+        return action_to_position(self.act(obs), self.n_actions)
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        return self.online.parameters()
+
+    # -- checkpointable state --------------------------------------------------------------
+    def buffer_state(self) -> dict[str, torch.Tensor]:
+        """Counters and seed; once collecting has begun also the replay (its filled part),
+        the n-step ring and both generators' states. Keys are namespaced ``learner.``,
+        ``replay.``, ``nstep.``. Training progress is not kept: every ``collect`` sets it."""
+        state = {
+            "learner.counters": torch.tensor([self.env_steps, self.grad_steps], dtype=torch.int64),
+            "learner.seed": torch.tensor(self.seed, dtype=torch.int64),
+        }
+        if self.replay is not None and self.nstep is not None and self.generator is not None:
+            state |= {f"replay.{k}": v for k, v in self.replay.state_dict().items()}
+            state |= {f"nstep.{k}": v for k, v in self.nstep.state_dict().items()}
+            state["learner.generator"] = self.generator.get_state()
+        return state
+
+    def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`buffer_state`; storage is built in this run's parameter dtype and
+        device (equal to the data dtype under every policy)."""
+        self.env_steps, self.grad_steps = (int(v) for v in state["learner.counters"].tolist())
+        self.seed = int(state["learner.seed"])
+        self._pending = None
+        if "replay.count" not in state:
+            self.replay = self.nstep = self.generator = None
+            return
+        reference = next(self.online.parameters())
+        self.replay = None
+        self._ensure_storage(reference.dtype, reference.device)
+        assert self.replay is not None and self.nstep is not None and self.generator is not None
+        self.replay.load_state_dict(_section(state, "replay."))
+        self.nstep.load_state_dict(_section(state, "nstep."))
+        self.generator.set_state(state["learner.generator"].cpu())
+
+
+def _section(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+
+
+def build(config: DQNConfig, shape: DataShape) -> DQNLearner:
+    return DQNLearner(config, shape)
+
+
+FAMILY = Family(
+    name="dqn",
+    kind="rl",
+    config_cls=DQNConfig,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Mnih et al. 2015 (DQN); van Hasselt et al. 2016 (double DQN); Wang et al. 2016 "
+        "(dueling); Schaul et al. 2016 (prioritized replay); Sutton 1988 / Hessel et al. 2018 "
+        "(n-step returns, Rainbow); Bellemare et al. 2017 (C51)"
+    ),
+    keeps_f32=(
+        "C51 atom support, categorical projection and (log-)softmax over atoms; TD targets, "
+        "n-step returns, discounts and replay priorities (reward sums and priority ratios "
+        "lose too much in bf16)"
+    ),
+    summary=(
+        "Double DQN with a dueling head, n-step returns and prioritized replay on the device; "
+        "optional C51 distributional head. Actions are evenly spaced positions in [-1, 1]."
+    ),
+)
+
+__all__ = [
+    "FAMILY",
+    "SEARCH_SPACE",
+    "DQNConfig",
+    "DQNLearner",
+    "QNetwork",
+    "build",
+    "categorical_projection",
+]
