@@ -26,8 +26,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Wide enough for the result tables when output goes to a log or a pipe (rich would use 80).
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
 
 # Metrics shown in the per-epoch lines and the final table, in this order.
 SUMMARY_METRICS = (
@@ -202,6 +204,207 @@ def predict_cmd(
     console.print(
         f"{len(prediction.timestamps)} bars x {len(prediction.assets)} assets -> {out} "
         f"(ran in {prediction.precision}; checkpoint {prediction.checkpoint})"
+    )
+
+
+@app.command("sweep")
+def sweep_cmd(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")],
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
+    ] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Results and checkpoints root (overrides the spec).")
+    ] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (overrides the spec).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")] = None,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Paired precision comparison mode.")
+    ] = False,
+) -> None:
+    """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
+    from hpo.spec import SpecError, load_spec
+    from hpo.sweep import SweepError, run_sweep
+
+    overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
+    if compare:
+        overrides.update(compare=True, scheduler="fifo")
+    try:
+        spec = load_spec(spec_path, overrides)
+    except SpecError as exc:
+        _fail(str(exc))
+        return
+    console.print(
+        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials ({', '.join(spec.models)} x "
+        f"{', '.join(spec.precisions)}; {spec.search} + {spec.scheduler}), MLflow at {spec.tracking_uri}"
+    )
+    try:
+        rows = run_sweep(spec, address=address, on_event=console.print)
+    except SweepError as exc:
+        _fail(str(exc))
+        return
+    _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
+
+
+@app.command("resume")
+def resume_cmd(
+    sweep_dir: Annotated[
+        Path, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME of an interrupted sweep.")
+    ],
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
+    ] = None,
+) -> None:
+    """Continue an interrupted sweep from its checkpoints (finished trials are not re-run)."""
+    from hpo.sweep import SweepError, SweepRecord, resume_sweep
+
+    try:
+        record = SweepRecord.read(sweep_dir)
+        console.print(f"resuming sweep [bold]{record.spec.name}[/] in {record.sweep_dir}")
+        rows = resume_sweep(sweep_dir, address=address, on_event=console.print)
+    except SweepError as exc:
+        _fail(str(exc))
+        return
+    _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
+
+
+@app.command("status")
+def status_cmd(
+    sweep_dir: Annotated[Path, typer.Argument(metavar="SWEEP_DIR")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
+    from hpo.sweep import SweepError, SweepRecord, trial_rows
+
+    try:
+        record = SweepRecord.read(sweep_dir)
+    except SweepError as exc:
+        _fail(str(exc))
+        return
+    rows = trial_rows(record.sweep_dir)
+    if as_json:
+        console.print_json(
+            json.dumps(
+                {"planned": record.spec.n_trials, "trials": [r.to_dict() for r in rows]},
+                default=str,
+            )
+        )
+        return
+    table = Table(
+        title=f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started",
+        title_justify="left",
+    )
+    for column in (
+        "trial",
+        "model",
+        "precision",
+        "seed",
+        "pair",
+        "status",
+        "epochs",
+        "val Sharpe",
+        "note",
+    ):
+        table.add_column(column)
+    for r in rows:
+        note = "diverged" if r.diverged else "fell back to f32" if r.fell_back_to_f32 else ""
+        table.add_row(
+            r.trial_id,
+            r.model,
+            r.precision,
+            str(r.seed),
+            r.pair_id,
+            r.status,
+            str(r.epochs),
+            _num(r.val_sharpe),
+            note,
+        )
+    console.print(table)
+
+
+@app.command("best")
+def best_cmd(
+    sweep_dir: Annotated[Path, typer.Argument(metavar="SWEEP_DIR")],
+    model: Annotated[str | None, typer.Option(help="Only this model family.")] = None,
+    precision: Annotated[str | None, typer.Option(help="Only this precision.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The best trial per model and precision, with the checkpoint `hpo train --resume` takes."""
+    from hpo.sweep import SweepError, SweepRecord, best_rows, trial_rows
+
+    try:
+        record = SweepRecord.read(sweep_dir)
+    except SweepError as exc:
+        _fail(str(exc))
+        return
+    best = best_rows(trial_rows(record.sweep_dir), model=model, precision=precision)
+    if as_json:
+        console.print_json(json.dumps([r.to_dict() for r in best], default=str))
+        return
+    if not best:
+        _fail("no finished trial with a validation Sharpe matches")
+    _print_best(best)
+    console.print(
+        "continue one alone: hpo train --resume CHECKPOINT --out DIR [--precision f32] [--epochs N]"
+    )
+
+
+def _sweep_dir(storage: str, name: str) -> Path:
+    return Path(storage).expanduser().resolve() / name
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.3f}"
+
+
+def _print_best(best: list[Any]) -> None:
+    table = Table(
+        title="best trial per model and precision (final validation Sharpe)", title_justify="left"
+    )
+    for column in (
+        "model",
+        "precision",
+        "val Sharpe",
+        "test Sharpe",
+        "trial",
+        "config",
+        "checkpoint",
+    ):
+        table.add_column(column, overflow="fold")
+    for r in best:
+        config = ", ".join(f"{k}={_short(v)}" for k, v in sorted(r.params.items()))
+        table.add_row(
+            r.model,
+            r.precision,
+            _num(r.val_sharpe),
+            _num(r.test_sharpe),
+            r.trial_id,
+            config,
+            r.checkpoint or "—",
+        )
+    console.print(table)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _print_sweep_result(rows: list[Any], planned: int, sweep_dir: Path, tracking_uri: str) -> None:
+    from hpo.sweep import best_rows
+
+    done = sum(r.status == "TERMINATED" for r in rows)
+    console.print(
+        f"{done}/{planned} trials finished ({len(rows) - done} not finished) in {sweep_dir}"
+    )
+    best = best_rows(rows)
+    if best:
+        _print_best(best)
+    if done < planned:
+        console.print(f"[yellow]interrupted: continue with[/] hpo resume {sweep_dir}")
+    console.print(
+        f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri}  (then open http://127.0.0.1:5000)"
     )
 
 

@@ -16,7 +16,15 @@ __all__ = ["FAMILY_MODULES", "DataShape", "Family", "all_families", "family_name
 # name -> module. The order is the order `hpo models` and `hpo profile --all` print.
 FAMILY_MODULES: dict[str, str] = {
     "dqn": "models.dqn",
+    "ppo": "models.ppo",
     "tft": "models.tft",
+    "mamba2": "models.mamba2",
+    "tggn": "models.tggn",
+    "tlob": "models.tlob",
+    "liquid": "models.liquid",
+    "kan": "models.kan",
+    "xlstm": "models.xlstm",
+    "diffusion": "models.diffusion",
 }
 
 

@@ -154,6 +154,12 @@ class Transition:
     reward: torch.Tensor  # (N,) f32
     done: torch.Tensor  # (N,) bool, episode ended after this step
     next_obs: Obs  # observation after the step (a fresh episode's when done)
+    final_obs: Obs | None = None
+    """The observation this step led to, before any reset (equal to ``next_obs`` where not
+    done). An environment sets it when its episodes end by a time limit (truncation, not a
+    terminal state): learners then bootstrap from it instead of treating ``done`` as
+    terminal (Pardo et al. 2018, "Time Limits in Reinforcement Learning"). ``None``: every
+    ``done`` is terminal."""
 
 
 class TradingEnvLike(Protocol):

@@ -53,6 +53,8 @@ from trainables.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
 # --------------------------------------------------------------------------------------
 # Config
 
+ENCODERS = ("factorized", "flat")
+
 
 @dataclass(frozen=True)
 class DQNConfig:
@@ -60,6 +62,10 @@ class DQNConfig:
 
     hidden: int = 64
     """Width of the window encoder and of every torso layer."""
+    encoder: str = "factorized"
+    """Window encoder: ``factorized`` (a per-bar linear map shared across the L bars, then a
+    learned per-channel weighting of the bars, starting at the decision bar) or ``flat``
+    (one linear layer over the flattened L x F window). See :class:`WindowEncoder`."""
     layers: int = 1
     """Hidden layers of the torso over [encoded window, position] (>= 1)."""
     gamma: float = 0.99
@@ -123,6 +129,8 @@ class DQNConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"dqn.{name} must be an integer >= 1, got {value!r}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"dqn.encoder must be one of {list(ENCODERS)}, got {self.encoder!r}")
         if self.replay_batch_size < 2:
             # One draw takes torch.multinomial's validating path, which syncs with the host.
             raise ValueError(f"dqn.replay_batch_size must be >= 2, got {self.replay_batch_size}")
@@ -172,6 +180,37 @@ SEARCH_SPACE: SearchSpace = {
 # Network
 
 
+class WindowEncoder(nn.Module):
+    """(B, L, F) window -> (B, H) features: ``relu(sum_l lag[h, l] * (W x_l)[h] + b[h])``.
+
+    A rank-factorized version of one linear layer over the flattened window: the feature
+    map ``W`` (F -> H) is shared by every bar and each channel h learns its own weighting
+    ``lag[h]`` of the L bars, so it has H * (F + L) weights instead of H * L * F (1.5k
+    instead of 8k at L=16, F=8, H=64). The lag weights start at the decision bar (1 on the
+    last bar, 0 elsewhere): the network starts as a function of the newest bar and learns
+    how much older bars matter, the recency prior of exponentially weighted features.
+
+    Why not the flat layer (still available as ``encoder="flat"``): the environment replays
+    one fixed price history, so the reward of (window, action) is deterministic and a
+    flat layer over ~L*F inputs has the capacity to memorize the realized next return of
+    each of the few thousand training windows. On the synthetic data that is exactly what
+    it did (training-window Sharpe 10-17, validation ~0), while this encoder tracks the
+    planted signal (validation Sharpe ~3, training ~3).
+    """
+
+    def __init__(self, lookback: int, n_features: int, hidden: int) -> None:
+        super().__init__()
+        self.bar = nn.Linear(n_features, hidden, bias=False)
+        lag = torch.zeros(hidden, lookback)
+        lag[:, -1] = 1.0
+        self.lag = nn.Parameter(lag)
+        self.bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, window: torch.Tensor) -> torch.Tensor:
+        per_bar = self.bar(window)  # (B, L, H)
+        return torch.relu(torch.einsum("blh,hl->bh", per_bar, self.lag) + self.bias)
+
+
 class QNetwork(nn.Module):
     """Window encoder + position -> MLP torso -> dueling head, one output per atom.
 
@@ -188,11 +227,13 @@ class QNetwork(nn.Module):
         self.n_actions = shape.n_actions
         self.n_atoms = config.n_atoms if config.distributional else 1
         h = config.hidden
-        # A flattened window through one linear layer: the cheapest encoder that still sees
-        # every (bar, feature) pair; L*F is 256 at the default sizes.
-        self.encoder = nn.Sequential(
-            nn.Flatten(1), nn.Linear(shape.lookback * shape.n_features, h), nn.ReLU()
-        )
+        self.encoder: nn.Module
+        if config.encoder == "factorized":
+            self.encoder = WindowEncoder(shape.lookback, shape.n_features, h)
+        else:  # flat: every (bar, feature) pair gets its own weight; L*F inputs
+            self.encoder = nn.Sequential(
+                nn.Flatten(1), nn.Linear(shape.lookback * shape.n_features, h), nn.ReLU()
+            )
         torso: list[nn.Module] = []
         width = h + 1  # + the current position, which sets the cost of every action
         for _ in range(config.layers):

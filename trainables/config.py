@@ -151,7 +151,9 @@ def split_trial_config(
     return train, model_values, data_values
 
 
-def build_train_config(model: str, flat: Mapping[str, Any], data: DataConfig | None = None, **base: Any) -> TrainConfig:
+def build_train_config(
+    model: str, flat: Mapping[str, Any], data: DataConfig | None = None, **base: Any
+) -> TrainConfig:
     """A :class:`TrainConfig` from a flat dict of settings over ``base`` and ``data`` defaults."""
     train, model_values, data_values = split_trial_config(model, flat)
     data = dataclasses.replace(data or DataConfig(), **data_values)

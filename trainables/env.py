@@ -99,8 +99,18 @@ class TradingEnv:
         self.t = self.t + 1
         self.age = self.age + 1
         done = self.age >= self.episode_len
+        # Episodes end only by the time limit: the market goes on, so the state the step
+        # led to is handed over as final_obs for bootstrapping (before the restart).
+        final_obs = self.observe()
         self._restart(done)
-        return Transition(obs=obs, action=action, reward=reward, done=done, next_obs=self.observe())
+        return Transition(
+            obs=obs,
+            action=action,
+            reward=reward,
+            done=done,
+            next_obs=self.observe(),
+            final_obs=final_obs,
+        )
 
     # -- checkpointable state --------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

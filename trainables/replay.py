@@ -29,8 +29,9 @@ class NStepTransition:
     """A batch of n-step transitions (one per environment, or a replay sample).
 
     ``reward`` is the discounted sum of the k <= n rewards that belong to the same episode,
-    ``done`` says the episode ended within those k steps (then there is no bootstrap), and
-    ``discount`` is gamma**k, the factor of the bootstrap value of ``next_obs``.
+    ``done`` says the episode reached a terminal state within those k steps (then there is
+    no bootstrap; an episode cut by a time limit is not terminal), and ``discount`` is
+    gamma**k, the factor of the bootstrap value of ``next_obs``.
     """
 
     obs: Obs  # window (B, L, F), position (B,) in the data dtype
@@ -51,7 +52,7 @@ class ReplaySample(NStepTransition):
     """A prioritized minibatch: the transitions, where they live, and their IS weights."""
 
     indices: torch.Tensor  # (B,) int64 buffer slots
-    weights: torch.Tensor  # (B,) f32 importance-sampling weights, at most 1
+    weights: torch.Tensor  # (B,) f32 importance-sampling weights in (0, 1], max 1
 
 
 # --------------------------------------------------------------------------------------
@@ -66,14 +67,18 @@ class NStepAccumulator:
     environment at once:
 
         R = r_t + gamma r_{t+1} + ... + gamma^{k-1} r_{t+k-1}
-        k = n, or fewer when the episode ended at step t + k - 1 (then done and no bootstrap)
-        next_obs = the observation after step t + k - 1, discount = gamma^k
+        k = n, or fewer when the episode ended at step t + k - 1
+        next_obs = the state step t + k - 1 led to, discount = gamma^k
 
     Transitions are emitted with a fixed lag of n - 1 steps and each step is emitted exactly
     once, so an episode end needs no flush: the steps just before it are emitted later,
-    truncated at the end. The environment's ``done`` is treated as terminal (its
-    ``next_obs`` is already the next episode's first observation, so there is nothing to
-    bootstrap from).
+    truncated at the end. How an episode end is read depends on the environment:
+
+    * it hands ``final_obs`` (the state before the reset): the end is a time limit, the
+      return is cut there but still bootstraps from ``final_obs`` (``done`` False;
+      Pardo et al. 2018, "Time Limits in Reinforcement Learning");
+    * it does not: the end is terminal (``done`` True, no bootstrap), since ``next_obs``
+      is already the next episode's first observation.
 
     The returned ``obs``/``action`` are views into the ring: copy them (the replay does)
     before the next :meth:`push`.
@@ -97,8 +102,9 @@ class NStepAccumulator:
         self.position = torch.zeros(ring, dtype=dtype, device=self.device)
         self.action = torch.zeros(ring, dtype=torch.int64, device=self.device)
         self.reward = torch.zeros(ring, dtype=F32, device=self.device)
-        self.done = torch.zeros(ring, dtype=torch.bool, device=self.device)
-        self.next_window = torch.zeros_like(self.window)
+        self.done = torch.zeros(ring, dtype=torch.bool, device=self.device)  # episode ended
+        self.terminal = torch.zeros_like(self.done)  # ... in a terminal state (no bootstrap)
+        self.next_window = torch.zeros_like(self.window)  # the state each step led to
         self.next_position = torch.zeros_like(self.position)
         # Constants, built once: gamma^j for j = 0..n, ring slots in age order for each
         # possible oldest slot (orders[o] = [o, o+1, ..., o+n-1] mod n), env indices.
@@ -112,7 +118,12 @@ class NStepAccumulator:
         """Store one vectorized step; return the n-step transitions now complete, if any."""
         slot = self.steps % self.n
         window, position = transition.obs
-        next_window, next_position = transition.next_obs
+        if transition.final_obs is None:  # every episode end is terminal
+            next_window, next_position = transition.next_obs
+            self.terminal[slot].copy_(transition.done)
+        else:  # episode ends are time limits: bootstrap from the state before the reset
+            next_window, next_position = transition.final_obs
+            self.terminal[slot].zero_()
         self.window[slot].copy_(window)
         self.position[slot].copy_(position)
         self.action[slot].copy_(transition.action)
@@ -136,7 +147,7 @@ class NStepAccumulator:
             obs=(self.window[oldest], self.position[oldest]),
             action=self.action[oldest],
             reward=ret,
-            done=dones.sum(0) > 0,
+            done=self.terminal[last, self.env_index],  # only the last step used can end it
             next_obs=(
                 self.next_window[last, self.env_index],
                 self.next_position[last, self.env_index],
@@ -153,6 +164,7 @@ class NStepAccumulator:
             "action": self.action,
             "reward": self.reward,
             "done": self.done,
+            "terminal": self.terminal,
             "next_window": self.next_window,
             "next_position": self.next_position,
             "steps": torch.tensor(self.steps, dtype=torch.int64),
@@ -165,6 +177,7 @@ class NStepAccumulator:
             "action",
             "reward",
             "done",
+            "terminal",
             "next_window",
             "next_position",
         ):
@@ -186,10 +199,17 @@ class PrioritizedReplay:
     """Circular buffer of n-step transitions with proportional prioritized sampling.
 
     Item i is drawn with probability P(i) = p_i^alpha / sum_j p_j^alpha (``alpha = 0`` is
-    uniform) and weighted by w_i = (size * P(i))^-beta / max_j (size * P(j))^-beta, i.e.
-    normalized by the largest weight any stored item could get (the buffer's least likely
-    item, as in OpenAI baselines), so weights only ever scale updates down. New items get
-    the largest priority seen so far, so each is likely to be replayed at least once.
+    uniform) and weighted by w_i = (size * P(i))^-beta / max_{j in batch} (size * P(j))^-beta,
+    i.e. normalized by the largest weight in the sampled batch (as in Hessel et al.'s
+    Rainbow and Dopamine), so weights lie in (0, 1] and the batch's least likely item
+    counts fully. Normalizing by the largest weight any stored item could get (the buffer's
+    least likely item, OpenAI baselines) instead ties the loss scale to the one item with
+    the smallest |TD| in the whole buffer: in this environment a flat-to-flat step has a
+    reward of exactly 0 and a near-zero error, so every weight shrank to ~1e-2 and kept
+    shrinking as training went on; the logged loss read 0 and Adam's second-moment
+    estimate, which lags a decaying gradient scale, shrank the effective step size.
+    New items get the largest priority seen so far, so each is likely to be replayed at
+    least once.
 
     Sampling is ``torch.multinomial`` over all ``size`` priorities on the device: O(C) work
     per draw, which on a GPU is a few microseconds for C ~ 1e5-1e6 and needs no sum tree
@@ -297,8 +317,9 @@ class PrioritizedReplay:
             raise RuntimeError("cannot sample from an empty replay")
         probs = self.probabilities()
         idx = torch.multinomial(probs, batch_size, replacement=True, generator=self.generator)
-        # (size P_i)^-beta / (size P_min)^-beta = (P_i / P_min)^-beta
-        weights = (probs[idx] / probs.min()).pow(-beta)
+        # (size P_i)^-beta / max_batch (size P_j)^-beta = (P_i / min_batch P_j)^-beta
+        drawn = probs[idx]
+        weights = (drawn / drawn.min()).pow(-beta)
         return ReplaySample(
             obs=(self.window[idx], self.position[idx]),
             action=self.action[idx],

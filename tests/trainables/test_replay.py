@@ -177,10 +177,23 @@ def test_importance_weights_match_formula() -> None:
     probs = p / p.sum()
     n = len(PRIORITIES)
     w = (n * probs) ** -beta
-    expected = w[sample.indices.numpy()] / w.max()  # normalized by the buffer's max weight
+    drawn = w[sample.indices.numpy()]
+    expected = drawn / drawn.max()  # normalized by the batch's largest weight (Rainbow)
     np.testing.assert_allclose(sample.weights.double().numpy(), expected, rtol=1e-5)
     assert sample.weights.dtype == torch.float32
-    assert sample.weights.max().item() <= 1.0
+    assert sample.weights.max().item() == 1.0
+
+
+def test_importance_weights_ignore_near_zero_priorities_outside_the_batch() -> None:
+    # One stored item with |TD| ~ 0 (a flat-to-flat step earns exactly 0) must not scale
+    # every batch's weights down: that made the loss read 0 and the steps shrink.
+    replay = _replay(64, alpha=0.5)
+    replay.add(_items([float(i) for i in range(64)]))
+    replay.update_priorities(torch.arange(64), torch.full((64,), 1.0))
+    replay.update_priorities(torch.tensor([0]), torch.tensor([0.0]))
+    sample = replay.sample(32, beta=1.0)
+    assert not (sample.indices == 0).any()  # P(item 0) ~ 2e-5: not drawn with this seed
+    assert torch.allclose(sample.weights, torch.ones(32))
 
 
 def test_alpha_zero_is_uniform_with_unit_weights() -> None:

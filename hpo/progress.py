@@ -1,0 +1,83 @@
+"""Live progress of a sweep as short lines: trials running / done / errored, best so far.
+
+Lines rather than a redrawn screen, so the same output reads well in a terminal, in CI
+logs and in ``hpo submit --follow``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray.tune import Callback
+
+
+class SweepProgress(Callback):
+    def __init__(
+        self, total: int, on_event: Callable[[str], None] | None = None, every_s: float = 10.0
+    ) -> None:
+        self.total = total
+        self.on_event = on_event or (lambda line: print(line, flush=True))
+        self.every_s = every_s
+        self.best: tuple[float, str] | None = None
+        self._last_status = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks into its experiment state; the printer is re-attached on resume.
+        state = dict(self.__dict__)
+        state["on_event"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.on_event = lambda line: print(line, flush=True)
+
+    def _counts(self, trials: list) -> str:
+        running = sum(t.status == "RUNNING" for t in trials)
+        done = sum(t.status == "TERMINATED" for t in trials)
+        errored = sum(t.status == "ERROR" for t in trials)
+        best = f"  best val Sharpe {self.best[0]:+.2f} ({self.best[1]})" if self.best else ""
+        return f"[{done + errored}/{self.total}] running {running}, done {done}, errored {errored}{best}"
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        value = result.get("val_sharpe")
+        if (
+            isinstance(value, int | float)
+            and math.isfinite(value)
+            and (self.best is None or value > self.best[0])
+        ):
+            config = trial.config
+            self.best = (float(value), f"{config['model']} {config['precision']} {trial.trial_id}")
+        if time.monotonic() - self._last_status > self.every_s:
+            self._last_status = time.monotonic()
+            self.on_event(self._counts(trials))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        config = trial.config
+        value = result.get("val_sharpe")
+        shown = (
+            f"{value:+.2f}" if isinstance(value, int | float) and math.isfinite(value) else "n/a"
+        )
+        note = (
+            " (diverged)"
+            if result.get("diverged")
+            else " (fell back to f32)"
+            if result.get("fell_back_to_f32")
+            else ""
+        )
+        self.on_event(
+            f"trial {trial.trial_id} {config['model']} {config['precision']} seed {config['seed']}: "
+            f"val Sharpe {shown} after {result.get('epoch', 0)} epoch(s){note}  "
+            + self._counts(trials)
+        )
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.on_event(
+            f"trial {trial.trial_id} errored: {getattr(trial, 'error_file', '')}  "
+            + self._counts(trials)
+        )

@@ -1,0 +1,171 @@
+"""TPE and random search through Optuna's ask-and-tell interface.
+
+Why not Ray's ``OptunaSearch``: one sweep holds several model families with different
+spaces, compare mode fans one suggestion out to every precision, and the searcher's state
+must survive ``hpo resume`` as plain data. Ask-and-tell gives all three: each (model
+[, precision]) gets its own study, and :meth:`OptunaParamSearcher.state` is JSON (every
+told trial's params, distributions and value), replayed into a fresh study on restore, so
+a resumed sweep continues the same search with its whole history (no pickle involved).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    distribution_to_json,
+)
+
+from models.base import Dim, Float, Int
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def to_optuna(dim: Dim) -> BaseDistribution:
+    if isinstance(dim, Float):
+        return FloatDistribution(dim.low, dim.high, log=dim.log)
+    if isinstance(dim, Int):
+        return IntDistribution(dim.low, dim.high, log=dim.log)
+    return CategoricalDistribution(list(dim.options))
+
+
+class OptunaParamSearcher:
+    """One Optuna study over one space; ``kind`` is ``tpe`` or ``random``."""
+
+    def __init__(
+        self, dims: dict[str, Dim], kind: str = "tpe", seed: int = 0, maximize: bool = True
+    ) -> None:
+        self.dims = dims
+        self.kind = kind
+        self.seed = seed
+        self.maximize = maximize
+        self.distributions = {name: to_optuna(dim) for name, dim in dims.items()}
+        self.study = optuna.create_study(
+            direction="maximize" if maximize else "minimize", sampler=self._sampler()
+        )
+        self._open: dict[str, optuna.trial.Trial] = {}
+        self._reopened: dict[str, dict[str, Any]] = {}  # asked before a restore, not told yet
+        self._told: list[dict[str, Any]] = []
+
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        if self.kind == "tpe":
+            # Fewer random start-up trials than Optuna's 10: sweeps here are tens of trials.
+            return optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4, multivariate=True)
+        if self.kind == "random":
+            return optuna.samplers.RandomSampler(seed=self.seed)
+        raise ValueError(f"unknown Optuna sampler {self.kind!r}; expected 'tpe' or 'random'")
+
+    def ask(self, token: str) -> dict[str, Any]:
+        trial = self.study.ask(self.distributions)
+        self._open[token] = trial
+        return {k: _plain(v) for k, v in trial.params.items()}
+
+    def tell(self, token: str, value: float | None) -> None:
+        ok = value is not None and bool(np.isfinite(value))
+        result = float(value) if ok else None  # type: ignore[arg-type]
+        if token in self._reopened:
+            params = self._reopened.pop(token)
+            self._add_frozen(params, result)
+        elif token in self._open:
+            trial = self._open.pop(token)
+            params = trial.params
+            if result is not None:
+                self.study.tell(trial, result)
+            else:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            return
+        self._told.append({"params": params, "value": result})
+
+    def _add_frozen(self, params: dict[str, Any], value: float | None) -> None:
+        state = (
+            optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
+        )
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={k: self.distributions[k] for k in params},
+                value=value,
+                state=state,
+            )
+        )
+
+    @property
+    def n_told(self) -> int:
+        return len(self._told)
+
+    def best(self) -> tuple[dict[str, Any], float] | None:
+        done = [t for t in self._told if t["value"] is not None]
+        if not done:
+            return None
+        pick = max if self.maximize else min
+        top = pick(done, key=lambda t: t["value"])
+        return top["params"], top["value"]
+
+    # -- state as plain data -----------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "seed": self.seed,
+            "distributions": {k: distribution_to_json(d) for k, d in self.distributions.items()},
+            "told": self._told,
+            # Trials asked but not told when the sweep stopped: their trials resume and
+            # report later, so they are re-opened under the same token on restore.
+            "open": {**{token: t.params for token, t in self._open.items()}, **self._reopened},
+            "rng": [_rng_state(rng) for rng in _sampler_rngs(self.study.sampler)],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        for told in state["told"]:
+            self._add_frozen(told["params"], told["value"])
+        self._told = list(state["told"])
+        self._reopened = {token: dict(params) for token, params in state.get("open", {}).items()}
+        for rng, saved in zip(
+            _sampler_rngs(self.study.sampler), state.get("rng", []), strict=False
+        ):
+            _set_rng_state(rng, saved)
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _sampler_rngs(sampler: optuna.samplers.BaseSampler) -> list[np.random.RandomState]:
+    """The numpy generators behind a sampler (TPE also holds its start-up random sampler).
+
+    Restoring them makes the next suggestions after a resume follow the same stream; they
+    are private attributes, so a missing one is skipped rather than failing the resume.
+    """
+    found = []
+    for owner in (sampler, getattr(sampler, "_random_sampler", None)):
+        rng = getattr(getattr(owner, "_rng", None), "rng", None)
+        if rng is not None:
+            found.append(rng)
+    return found
+
+
+def _rng_state(rng: np.random.RandomState) -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = rng.get_state()  # type: ignore[misc]
+    return {
+        "name": name,
+        "keys": keys.tolist(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def _set_rng_state(rng: np.random.RandomState, state: dict[str, Any]) -> None:
+    keys = np.asarray(state["keys"], dtype=np.uint32)
+    rng.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached"]))
+
+
+def dumps(state: dict[str, Any]) -> str:
+    return json.dumps(state)

@@ -1,0 +1,195 @@
+"""One Ray Tune ``Searcher`` for a whole sweep: many models, precisions, seeds and pairs.
+
+A sweep is a set of *streams*, each with its own parameter searcher (TPE, random or PSO)
+over one model's space: one stream per (model, precision) normally, one per model in
+compare mode. A stream's suggestion is a *group* that fans out into member trials, one per
+seed (and, in compare mode, per precision) with identical sampled parameters; members
+that differ only in precision share a ``pair_id``. When every member of a group has
+finished, the stream's searcher is told the mean of their finite metric values.
+
+Streams are served round-robin so every model progresses at once, and the searcher says
+``FINISHED`` after ``samples`` groups per stream. Its whole state is JSON (``save`` /
+``restore``), written by Tune into the experiment directory, so ``hpo resume`` continues
+the same search instead of restarting it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from hpo.search.space import TrialSpace, trial_space
+from hpo.spec import SweepSpec
+
+
+@dataclass
+class _Group:
+    stream: int
+    members: list[str]  # member keys "precision/seed"
+    results: dict[str, float | None] = field(default_factory=dict)
+
+
+def make_param_searcher(kind: str, space: TrialSpace, seed: int) -> Any:
+    """A parameter searcher (ask / tell / state / load_state / best) over ``space``."""
+    if kind in ("tpe", "random"):
+        from hpo.search.optuna_searcher import OptunaParamSearcher
+
+        return OptunaParamSearcher(space.dims, kind=kind, seed=seed)
+    if kind == "pso":
+        from hpo.search.pso import PSOParamSearcher
+
+        return PSOParamSearcher(space.dims, seed=seed)
+    raise ValueError(f"unknown search algorithm {kind!r}")
+
+
+class SweepSearcher(Searcher):
+    STATE_VERSION = 1
+    CKPT_FILE_TMPL = "sweep-searcher-{}.json"  # JSON, not the base class's pickle name
+
+    def __init__(self, spec: SweepSpec) -> None:
+        super().__init__(metric=spec.metric, mode="max")
+        self.spec = spec
+        self.base = spec.base_trial_settings()
+        self.streams: list[tuple[str, str | None]] = []  # (model, precision or None)
+        self.spaces: list[TrialSpace] = []
+        self.searchers: list[Any] = []
+        for model in spec.models:
+            space = trial_space(model, spec.search_space.get(model))
+            precisions: list[str | None] = [None] if spec.compare else list(spec.precisions)
+            for precision in precisions:
+                index = len(self.streams)
+                self.streams.append((model, precision))
+                self.spaces.append(space)
+                self.searchers.append(
+                    make_param_searcher(spec.search, space, seed=spec.search_seed * 7919 + index)
+                )
+        self.groups_made = [0] * len(self.streams)
+        self.next_stream = 0
+        self.queue: deque[dict[str, Any]] = deque()
+        self.groups: dict[str, _Group] = {}
+        self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (group_id, member key)
+
+    # -- Tune's Searcher interface ---------------------------------------------------------
+    def set_search_properties(
+        self, metric: str | None, mode: str | None, config: dict, **spec: Any
+    ) -> bool:
+        return True  # everything comes from the sweep spec
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if not self.queue and not self._new_group():
+            return Searcher.FINISHED
+        config = self.queue.popleft()
+        self.trial_member[trial_id] = (config["group_id"], config["member"])
+        return config
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict | None = None, error: bool = False
+    ) -> None:
+        located = self.trial_member.get(trial_id)
+        if located is None:
+            return
+        group_id, member = located
+        group = self.groups[group_id]
+        value = None if (error or not result) else result.get(self.spec.metric)
+        group.results[member] = float(value) if isinstance(value, int | float) else None
+        if len(group.results) == len(group.members):
+            finite = [v for v in group.results.values() if v is not None and math.isfinite(v)]
+            self.searchers[group.stream].tell(
+                group_id, sum(finite) / len(finite) if finite else None
+            )
+
+    # -- groups ----------------------------------------------------------------------------
+    def _new_group(self) -> bool:
+        for _ in range(len(self.streams)):
+            index = self.next_stream
+            self.next_stream = (self.next_stream + 1) % len(self.streams)
+            if self.groups_made[index] < self.spec.samples:
+                self._emit(index)
+                return True
+        return False
+
+    def _emit(self, index: int) -> None:
+        model, precision = self.streams[index]
+        number = self.groups_made[index]
+        self.groups_made[index] += 1
+        tag = model if precision is None else f"{model}-{precision}"
+        group_id = f"{tag}-g{number:03d}"
+        params = {**self.spaces[index].fixed, **self.searchers[index].ask(group_id)}
+        precisions = list(self.spec.precisions) if precision is None else [precision]
+        members = []
+        for seed in self.spec.seeds:
+            for p in precisions:
+                member = f"{p}/{seed}"
+                members.append(member)
+                self.queue.append(
+                    {
+                        "model": model,
+                        "precision": p,
+                        "seed": seed,
+                        "group_id": group_id,
+                        "pair_id": f"{group_id}-s{seed}",
+                        "member": member,
+                        "params": params,
+                        "base": self.base,
+                    }
+                )
+        self.groups[group_id] = _Group(stream=index, members=members)
+
+    # -- state -----------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "version": self.STATE_VERSION,
+            "groups_made": self.groups_made,
+            "next_stream": self.next_stream,
+            "queue": list(self.queue),
+            "groups": {
+                k: {"stream": g.stream, "members": g.members, "results": g.results}
+                for k, g in self.groups.items()
+            },
+            "trial_member": self.trial_member,
+            "searchers": [s.state() for s in self.searchers],
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("version") != self.STATE_VERSION:
+            raise ValueError(
+                f"searcher state version {state.get('version')!r}, expected {self.STATE_VERSION}"
+            )
+        self.groups_made = list(state["groups_made"])
+        self.next_stream = int(state["next_stream"])
+        self.queue = deque(state["queue"])
+        self.groups = {
+            k: _Group(stream=g["stream"], members=g["members"], results=g["results"])
+            for k, g in state["groups"].items()
+        }
+        self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
+        for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
+            searcher.load_state(saved)
+
+    def save(self, checkpoint_path: str) -> None:
+        Path(checkpoint_path).write_text(json.dumps(self.get_state()))
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.set_state(json.loads(Path(checkpoint_path).read_text()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles the searcher with the experiment: carry the spec and the JSON state.
+        return {"spec": self.spec.model_dump(), "state": self.get_state()}
+
+    def __setstate__(self, payload: dict[str, Any]) -> None:
+        self.__init__(SweepSpec.model_validate(payload["spec"]))  # type: ignore[misc]
+        self.set_state(payload["state"])
+
+    # -- reporting -------------------------------------------------------------------------
+    def best_per_stream(self) -> list[dict[str, Any]]:
+        rows = []
+        for (model, precision), searcher in zip(self.streams, self.searchers, strict=True):
+            best = searcher.best()
+            rows.append({"model": model, "precision": precision, "best": best})
+        return rows

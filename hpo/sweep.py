@@ -1,0 +1,331 @@
+"""Run, resume and inspect sweeps: the spec becomes a Ray Tune ``Tuner``.
+
+A sweep lives in ``STORAGE/NAME`` (Ray's experiment directory) next to ``hpo-sweep.json``,
+which records the validated spec, the MLflow parent run and the tracking URI, so that
+``hpo resume DIR`` / ``hpo status DIR`` / ``hpo best DIR`` need nothing but the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpo.spec import SweepSpec, parse_spec
+
+SWEEP_FILE = "hpo-sweep.json"
+SUMMARY_FILE = "hpo-summary.json"
+
+
+class SweepError(RuntimeError):
+    """A sweep cannot start or continue (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """What ``hpo-sweep.json`` holds."""
+
+    spec: SweepSpec
+    sweep_dir: Path
+    parent_run_id: str
+    tracking_uri: str
+
+    def write(self) -> None:
+        payload = {
+            "spec": self.spec.model_dump(),
+            "parent_run_id": self.parent_run_id,
+            "tracking_uri": self.tracking_uri,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.sweep_dir / (SWEEP_FILE + ".tmp")
+        tmp.write_text(json.dumps(payload, indent=1))
+        tmp.replace(self.sweep_dir / SWEEP_FILE)
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> SweepRecord:
+        sweep_dir = Path(sweep_dir).resolve()
+        path = sweep_dir / SWEEP_FILE
+        if not path.is_file():
+            raise SweepError(
+                f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
+            )
+        payload = json.loads(path.read_text())
+        spec = parse_spec(payload["spec"], source=str(path))
+        return cls(
+            spec=spec,
+            sweep_dir=sweep_dir,
+            parent_run_id=payload["parent_run_id"],
+            tracking_uri=payload["tracking_uri"],
+        )
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    trial_id: str
+    model: str
+    precision: str
+    seed: int
+    pair_id: str
+    status: str
+    epochs: int
+    val_sharpe: float | None
+    test_sharpe: float | None
+    fell_back_to_f32: bool
+    diverged: bool
+    params: dict[str, Any]
+    checkpoint: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class TrialResources:
+    """Resources of one trial as a function of its config (``tune.with_resources``).
+
+    A class, not a closure, so Tune can pickle it into the experiment state.
+    """
+
+    def __init__(self, spec: SweepSpec) -> None:
+        self.cpu = spec.resources.cpu
+        self.gpu = spec.resources.gpu
+        self.headroom = spec.resources.headroom
+        self.base = spec.base_trial_settings()
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, float]:
+        gpu = self.gpu
+        if gpu == "measured":
+            from cluster.packing import gpu_fraction_for_trial
+
+            gpu = gpu_fraction_for_trial(config, headroom=self.headroom)
+        return {"cpu": float(self.cpu), "gpu": float(gpu)}
+
+
+def _trial_dirname(trial: Any) -> str:
+    config = trial.config
+    return f"{config.get('model', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
+
+
+def _storage_path(storage: str) -> str:
+    if "://" in storage:
+        return storage
+    return str(Path(storage).expanduser().resolve())
+
+
+def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> Any:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from hpo.search.sweep_searcher import SweepSearcher
+    from trainables.trial import run_trial
+
+    scheduler: Any
+    if spec.scheduler == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="epoch",
+            metric=spec.metric,
+            mode="max",
+            max_t=spec.max_epochs,
+            grace_period=spec.grace_epochs,
+            reduction_factor=2,
+        )
+    else:
+        scheduler = FIFOScheduler()
+    trainable = tune.with_resources(run_trial, resources=TrialResources(spec))
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=SweepSearcher(spec),
+            scheduler=scheduler,
+            num_samples=spec.n_trials,
+            max_concurrent_trials=spec.max_concurrent,
+            reuse_actors=True,
+            trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=spec.name,
+            storage_path=str(record.sweep_dir.parent),
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=callbacks,
+            verbose=0,
+        ),
+    )
+
+
+def _callbacks(record: SweepRecord, on_event: Callable[[str], None] | None) -> list[Any]:
+    from hpo.progress import SweepProgress
+    from hpo.tracking import MlflowSweepCallback
+
+    return [
+        MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id),
+        SweepProgress(total=record.spec.n_trials, on_event=on_event),
+    ]
+
+
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    address: str | None = None,
+    on_event: Callable[[str], None] | None = None,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+) -> list[TrialRow]:
+    """Run ``spec`` to completion (or until interrupted) and return every trial's row."""
+    from mlflow.tracking import MlflowClient
+
+    from cluster.connect import ensure_ray
+    from hpo.tracking import start_sweep_run
+
+    storage = _storage_path(spec.storage)
+    if "://" in storage:
+        raise SweepError(
+            "object-store storage URIs need the cluster path (hpo submit); use a shared path here"
+        )
+    sweep_dir = Path(storage) / spec.name
+    if (sweep_dir / SWEEP_FILE).exists():
+        raise SweepError(
+            f"a sweep named {spec.name!r} already exists in {sweep_dir}; continue it with "
+            f"`hpo resume {sweep_dir}` or pick another --name"
+        )
+    ensure_ray(address, num_cpus=num_cpus, num_gpus=num_gpus)
+    client = MlflowClient(spec.tracking_uri)
+    parent = start_sweep_run(
+        client, spec.name, spec.model_dump(exclude={"search_space", "trainer"}), spec.compare
+    )
+    record = SweepRecord(
+        spec=spec, sweep_dir=sweep_dir, parent_run_id=parent, tracking_uri=spec.tracking_uri
+    )
+    record.write()
+    tuner = build_tuner(spec, record, _callbacks(record, on_event))
+    tuner.fit()
+    return finish_sweep(record)
+
+
+def resume_sweep(
+    sweep_dir: Path, *, address: str | None = None, on_event: Callable[[str], None] | None = None
+) -> list[TrialRow]:
+    """Continue an interrupted sweep: unfinished trials from their newest checkpoints,
+    finished ones kept as they are, the search continuing from its saved state."""
+    from ray import tune
+
+    from cluster.connect import ensure_ray
+    from trainables.trial import run_trial
+
+    record = SweepRecord.read(sweep_dir)
+    if not tune.Tuner.can_restore(str(record.sweep_dir)):
+        raise SweepError(f"{record.sweep_dir} has no Ray Tune experiment state to resume yet")
+    ensure_ray(address)
+    trainable = tune.with_resources(run_trial, resources=TrialResources(record.spec))
+    tuner = tune.Tuner.restore(
+        str(record.sweep_dir),
+        trainable=trainable,
+        resume_unfinished=True,
+        resume_errored=True,
+    )
+    _replace_callbacks(tuner, _callbacks(record, on_event))
+    tuner.fit()
+    return finish_sweep(record)
+
+
+def _replace_callbacks(tuner: Any, callbacks: list[Any]) -> None:
+    """Fresh callbacks after a restore (MLflow clients and consoles are not restored);
+    their saved state (child run ids) is loaded by Tune from the experiment checkpoint."""
+    internal = tuner._local_tuner
+    internal._run_config.callbacks = callbacks
+
+
+def trial_rows(sweep_dir: Path) -> list[TrialRow]:
+    """Every trial of a sweep with its status, final metrics and newest checkpoint."""
+    from ray.tune import ExperimentAnalysis
+
+    from trainables.trial import CKPT_SUBDIR
+
+    analysis = ExperimentAnalysis(str(Path(sweep_dir).resolve()))
+    rows = []
+    for trial in analysis.trials:
+        config = trial.config
+        result = trial.last_result or {}
+        checkpoint = trial.checkpoint
+        rows.append(
+            TrialRow(
+                trial_id=trial.trial_id,
+                model=config.get("model", "?"),
+                precision=config.get("precision", "?"),
+                seed=int(config.get("seed", 0)),
+                pair_id=config.get("pair_id", ""),
+                status=str(trial.status),
+                epochs=int(result.get("epoch", 0)),
+                val_sharpe=_finite(result.get("val_sharpe")),
+                test_sharpe=_finite(result.get("test_sharpe")),
+                fell_back_to_f32=bool(result.get("fell_back_to_f32")),
+                diverged=bool(result.get("diverged")),
+                params=dict(config.get("params", {})),
+                checkpoint=str(Path(checkpoint.path) / CKPT_SUBDIR)
+                if checkpoint is not None
+                else None,
+            )
+        )
+    return rows
+
+
+def best_rows(
+    rows: list[TrialRow], model: str | None = None, precision: str | None = None
+) -> list[TrialRow]:
+    """The best trial (final validation Sharpe) per (model, precision)."""
+    best: dict[tuple[str, str], TrialRow] = {}
+    for row in rows:
+        if (
+            (model and row.model != model)
+            or (precision and row.precision != precision)
+            or row.val_sharpe is None
+        ):
+            continue
+        key = (row.model, row.precision)
+        if key not in best or row.val_sharpe > (best[key].val_sharpe or float("-inf")):
+            best[key] = row
+    return [best[k] for k in sorted(best)]
+
+
+def finish_sweep(record: SweepRecord) -> list[TrialRow]:
+    """Summarize into ``hpo-summary.json`` and the MLflow parent run."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    rows = trial_rows(record.sweep_dir)
+    best = best_rows(rows)
+    summary = {
+        "sweep": record.spec.name,
+        "n_trials": len(rows),
+        "status_counts": _count(r.status for r in rows),
+        "best": [r.to_dict() for r in best],
+    }
+    (record.sweep_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str))
+    client = MlflowClient(record.tracking_uri)
+    stamp = int(time.time() * 1000)
+    metrics = [
+        Metric(f"best_val_sharpe.{r.model}.{r.precision}", float(r.val_sharpe or 0.0), stamp, 0)
+        for r in best
+    ]
+    metrics.append(Metric("n_trials", float(len(rows)), stamp, 0))
+    client.log_batch(record.parent_run_id, metrics=metrics)
+    client.log_dict(record.parent_run_id, summary, SUMMARY_FILE)
+    finished = all(r.status == "TERMINATED" for r in rows) and len(rows) == record.spec.n_trials
+    client.set_terminated(record.parent_run_id, status="FINISHED" if finished else "KILLED")
+    return rows
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and value == value and abs(value) != float("inf"):
+        return float(value)
+    return None
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out

@@ -1,0 +1,310 @@
+"""MLflow conventions (the one place they are decided) and the sweep's tracking callback.
+
+* One experiment per sweep name; one parent run per sweep (tag ``hpo.role = sweep``);
+  one nested child run per trial (``mlflow.parentRunId``) with the tags model, precision,
+  seed, pair_id, trial_id, fell_back_to_f32; params = the sampled config; metrics per
+  epoch with ``step = epoch``.
+* All logging happens in the sweep driver, from Tune's results: one writer per tracking
+  store (a SQLite file tolerates one writer far better than dozens of trial processes),
+  and trials on any node reach MLflow without credentials of their own.
+* Resume-safe: a trial's child run is found again by its ``trial_id`` tag under the
+  sweep's parent run (and remembered in the callback state Tune saves with the sweep), so
+  a resumed trial continues its own run; metric points already logged for an epoch are
+  not logged twice.
+* Nothing is lost when the tracking server is briefly away: a failed MLflow call is
+  queued and retried, in order, on every later event and at the end of the sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+log = logging.getLogger("hpo.tracking")
+
+# Tag names: the MLflow UI filters and `hpo compare` read exactly these.
+TAG_ROLE = "hpo.role"
+TAG_SWEEP = "hpo.sweep"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_MODEL = "model"
+TAG_PRECISION = "precision"
+TAG_SEED = "seed"
+TAG_PAIR = "pair_id"
+TAG_GROUP = "group_id"
+TAG_TRIAL = "trial_id"
+TAG_FELL_BACK = "fell_back_to_f32"
+TAG_NODE = "node_id"
+TAG_NODE_IP = "node_ip"
+TAG_STATUS = "trial_status"
+TAG_FAILURE = "failure_reason"
+ROLE_SWEEP, ROLE_TRIAL = "sweep", "trial"
+
+# Keys of a Tune result that are bookkeeping, not metrics.
+_NOT_METRICS = frozenset(
+    {
+        "epoch",
+        "step",
+        "done",
+        "training_iteration",
+        "timestamp",
+        "time_this_iter_s",
+        "time_total_s",
+        "pid",
+        "time_since_restore",
+        "iterations_since_restore",
+        "checkpoint_dir_name",
+        "should_checkpoint",
+    }
+)
+# Keys that could hold credentials never reach MLflow, whatever a config carries.
+_SECRET_HINTS = ("token", "password", "secret", "credential", "api_key", "auth")
+
+
+def experiment_name(sweep_name: str) -> str:
+    return sweep_name
+
+
+def trial_run_name(config: Mapping[str, Any]) -> str:
+    return f"{config['model']}-{config['precision']}-{config['pair_id']}"
+
+
+def trial_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """MLflow params of a trial: the sampled config plus model, precision and seed."""
+    flat = {
+        "model": config["model"],
+        "precision": config["precision"],
+        "seed": config["seed"],
+        **config["params"],
+    }
+    return {k: _param_value(v) for k, v in flat.items() if not is_secret(k)}
+
+
+def is_secret(key: str) -> bool:
+    lowered = key.lower()
+    return any(hint in lowered for hint in _SECRET_HINTS)
+
+
+def _param_value(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 6000 else text[:6000]
+
+
+def ensure_experiment(client: MlflowClient, name: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    return client.create_experiment(name)
+
+
+def start_sweep_run(
+    client: MlflowClient, sweep_name: str, spec_payload: Mapping[str, Any], compare: bool
+) -> str:
+    """The sweep's parent run; its params are the spec's top-level scalars."""
+    experiment_id = ensure_experiment(client, experiment_name(sweep_name))
+    run = client.create_run(
+        experiment_id,
+        run_name=f"sweep-{sweep_name}",
+        tags={TAG_ROLE: ROLE_SWEEP, TAG_SWEEP: sweep_name, "compare": str(compare).lower()},
+    )
+    params = [
+        Param(k, _param_value(v))
+        for k, v in spec_payload.items()
+        if isinstance(v, str | int | float | bool | list) and not is_secret(k)
+    ]
+    if params:
+        client.log_batch(run.info.run_id, params=params)
+    return run.info.run_id
+
+
+class _Outbox:
+    """MLflow calls that failed, retried in order before anything newer is sent."""
+
+    def __init__(self, max_backoff_s: float = 30.0) -> None:
+        self.pending: deque[tuple[str, Callable[[], None]]] = deque()
+        self.max_backoff_s = max_backoff_s
+        self._next_try = 0.0
+        self._backoff = 0.5
+
+    def send(self, what: str, call: Callable[[], None]) -> None:
+        self.pending.append((what, call))
+        self.flush()
+
+    def flush(self, block: bool = False, deadline_s: float = 0.0) -> None:
+        stop_at = time.monotonic() + deadline_s
+        while self.pending:
+            if not block and time.monotonic() < self._next_try:
+                return
+            what, call = self.pending[0]
+            try:
+                call()
+            except Exception as exc:
+                self._next_try = time.monotonic() + self._backoff
+                self._backoff = min(self._backoff * 2, self.max_backoff_s)
+                log.warning(
+                    "MLflow unavailable (%s), %d call(s) buffered: %s", what, len(self.pending), exc
+                )
+                if not block or time.monotonic() >= stop_at:
+                    return
+                time.sleep(min(self._backoff, max(stop_at - time.monotonic(), 0.0)))
+                continue
+            self.pending.popleft()
+            self._backoff = 0.5
+
+
+class MlflowSweepCallback(Callback):
+    """Tune callback: a nested child run per trial, per-epoch metrics, statuses."""
+
+    def __init__(self, tracking_uri: str, sweep_name: str, parent_run_id: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.sweep_name = sweep_name
+        self.parent_run_id = parent_run_id
+        self.run_ids: dict[str, str] = {}  # trial_id -> child run id
+        self.last_epoch: dict[str, int] = {}  # trial_id -> last epoch logged
+        self._connect()
+
+    def _connect(self) -> None:
+        self.client = MlflowClient(self.tracking_uri)
+        self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
+        self.outbox = _Outbox()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks into its experiment state: keep ids, not live clients.
+        return {k: v for k, v in self.__dict__.items() if k not in ("client", "outbox")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._connect()
+
+    # -- Tune hooks ------------------------------------------------------------------------
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._run_for(trial)
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        run_id = self._run_for(trial)
+        epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        if epoch <= self.last_epoch.get(trial.trial_id, 0) and not result.get("diverged"):
+            return  # an epoch re-run after a restore: its points are already in MLflow
+        self.last_epoch[trial.trial_id] = max(epoch, self.last_epoch.get(trial.trial_id, 0))
+        stamp = int(time.time() * 1000)
+        metrics = [
+            Metric(key, float(value), stamp, epoch)
+            for key, value in result.items()
+            if key not in _NOT_METRICS and _is_number(value)
+        ]
+        tags = [RunTag(TAG_FELL_BACK, str(bool(result.get("fell_back_to_f32"))).lower())]
+        if result.get("node_id"):
+            tags += [
+                RunTag(TAG_NODE, str(result["node_id"])),
+                RunTag(TAG_NODE_IP, str(result.get("node_ip", ""))),
+            ]
+        if result.get("failure_reason"):
+            tags.append(RunTag(TAG_FAILURE, str(result["failure_reason"])[:5000]))
+        self.outbox.send(
+            f"metrics of {trial.trial_id} epoch {epoch}",
+            lambda: self.client.log_batch(run_id, metrics=metrics, tags=tags),
+        )
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        diverged = bool(result.get("diverged"))
+        self._finish(
+            trial, "FAILED" if diverged else "FINISHED", "diverged" if diverged else "completed"
+        )
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        reason = ""
+        if getattr(trial, "error_file", None):
+            reason = f"see {trial.error_file}"
+        self._finish(trial, "FAILED", "error", reason)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.outbox.flush(block=True, deadline_s=120.0)
+
+    # -- runs ------------------------------------------------------------------------------
+    def _run_for(self, trial: Any) -> str:
+        trial_id = trial.trial_id
+        if trial_id in self.run_ids:
+            return self.run_ids[trial_id]
+        existing = self._find_child(trial_id)
+        if existing is not None:
+            self.run_ids[trial_id] = existing
+            self.last_epoch.setdefault(trial_id, self._logged_epochs(existing))
+            self.outbox.send(
+                f"reopen {trial_id}", lambda: self.client.update_run(existing, status="RUNNING")
+            )
+            return existing
+        config = trial.config
+        tags = {
+            TAG_PARENT: self.parent_run_id,
+            TAG_ROLE: ROLE_TRIAL,
+            TAG_SWEEP: self.sweep_name,
+            TAG_MODEL: config["model"],
+            TAG_PRECISION: config["precision"],
+            TAG_SEED: str(config["seed"]),
+            TAG_PAIR: config["pair_id"],
+            TAG_GROUP: config["group_id"],
+            TAG_TRIAL: trial_id,
+            TAG_FELL_BACK: "false",
+            TAG_STATUS: "running",
+        }
+        run = self.client.create_run(self.experiment_id, run_name=trial_run_name(config), tags=tags)
+        run_id = run.info.run_id
+        params = [Param(k, v) for k, v in trial_params(config).items()]
+        self.outbox.send(
+            f"params of {trial_id}", lambda: self.client.log_batch(run_id, params=params)
+        )
+        self.run_ids[trial_id] = run_id
+        self.last_epoch[trial_id] = 0
+        return run_id
+
+    def _find_child(self, trial_id: str) -> str | None:
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.{TAG_TRIAL} = '{trial_id}' and tags.`{TAG_PARENT}` = '{self.parent_run_id}'",
+            max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
+
+    def _logged_epochs(self, run_id: str) -> int:
+        history = self.client.get_metric_history(run_id, "val_sharpe")
+        return max((m.step for m in history), default=0)
+
+    def _finish(self, trial: Any, status: str, label: str, reason: str = "") -> None:
+        run_id = self._run_for(trial)
+        tags = [RunTag(TAG_STATUS, label)]
+        if reason:
+            tags.append(RunTag(TAG_FAILURE, reason[:5000]))
+
+        def close() -> None:
+            self.client.log_batch(run_id, tags=tags)
+            self.client.set_terminated(run_id, status=status)
+
+        self.outbox.send(f"close {trial.trial_id}", close)
+
+    # -- state saved with the sweep (Tune experiment checkpoints) ---------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {"run_ids": dict(self.run_ids), "last_epoch": dict(self.last_epoch)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.run_ids.update(state.get("run_ids", {}))
+        self.last_epoch.update(state.get("last_epoch", {}))
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )

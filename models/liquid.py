@@ -1,0 +1,300 @@
+"""Liquid (closed-form continuous-time) recurrent network over irregularly spaced bars.
+
+Hasani, Lechner, Amini, Liebenwein, Ray, Tschaikowski, Teschl & Rus (2022),
+"Closed-form continuous-time neural networks", Nature Machine Intelligence 4, 992-1003.
+
+A CfC cell approximates the closed-form solution of a liquid time-constant ODE, so the
+state moves across an elapsed time ``t`` in one step instead of an ODE solve. With
+``z = backbone([I_k, h_{k-1}])`` (a small MLP over the bar's input and the previous state)
+and three heads on ``z``, the gated cell of the paper's eq. (10) is
+
+    g     = tanh(W_g z)           the branch that holds at t = 0 when the bias b -> -inf
+    h_alt = tanh(W_h z)           the branch the state relaxes to as t grows (where f > 0)
+    f, b  = W_f z, W_b z          the time constant and the gate's bias, per unit
+    h_k   = sigma(-(f t + b)) * g + sigma(f t + b) * h_alt
+
+The bias ``b`` is the authors' ``time_b`` (``torch_cfc.py`` / ``ncps``); the paper's
+equation has ``b = 0``, for which every unit is the midpoint ``(g + h_alt) / 2`` at
+``t = 0`` and moves to ``h_alt`` (``f > 0``) or ``g`` (``f < 0``) as ``t`` grows.
+``mode="no_gate"`` is the authors' variant without the complementary gate,
+``h_k = g + sigma(f t + b) * h_alt`` (their ``no_gate``; ``gated`` is their ``default``).
+
+Here ``t`` is ``batch.gaps``: the time since the previous bar in units of the median bar
+spacing (so 1 on a regular grid, 3 across a weekend of daily bars, large across a data
+hole). Assets are folded into the batch (one sequence per asset window), the recurrence
+runs over the L bars from a zero state, and a linear head on the final state predicts the
+next standardized return. Loss: Huber (f32). Position: ``tanh(position_scale * forecast)``.
+
+Implementation: the backbone's first layer is split into an input part, applied to all L
+bars in one matmul before the loop, and a recurrent part ``W_r h``; the four heads are
+one fused linear layer. Both are the same parameters as the reference's
+``Linear(F + H, U)`` and four ``Linear(U, H)``.
+
+Precision. The backbone and heads run in the parameter dtype (bf16 under ``bf16``). What
+stays f32, and why:
+
+* the time gate and the interpolation. ``t`` arrives f32 (a bf16 gap of 1000 median gaps
+  is only known to +-4). Near a closed gate (``f t + b`` large and negative, the
+  long-memory regime the cell exists for) the complementary weight ``sigma(f t + b)`` is
+  small: in bf16 ``1 - gate`` would be a multiple of 2^-8 and flush a 1e-3 leak to zero,
+  so both weights are computed as sigmoids of opposite-signed f32 arguments, never as
+  ``1 - gate``.
+* the carried state ``h``: the recurrence is an accumulator over the L bars (like a
+  scan), so ``h`` is kept f32 between steps and rounded to the parameter dtype only as
+  the input of the next step's matmul; rounding errors then do not compound along the
+  window.
+* the Huber loss and the position mapping (from the upcast forecast).
+
+Run ``.venv/bin/python -m pytest tests/models/test_liquid.py -q`` to check this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Batch,
+    Choice,
+    DataShape,
+    Family,
+    Float,
+    Int,
+    SearchSpace,
+    check_choices,
+    fold_assets,
+    unfold_assets,
+)
+from trainables.precision import f32, like
+
+__all__ = [
+    "ACTIVATIONS",
+    "FAMILY",
+    "MODES",
+    "SEARCH_SPACE",
+    "CfCCell",
+    "LiquidConfig",
+    "LiquidNet",
+    "build",
+]
+
+MODES = ("gated", "no_gate")
+ACTIVATIONS = ("lecun_tanh", "tanh", "silu", "gelu", "relu")
+CfCMode = Literal["gated", "no_gate"]
+
+
+@dataclass(frozen=True)
+class LiquidConfig:
+    """Size and output mapping of one CfC network. Defaults: 10,977 parameters at F=8
+    (no parameter depends on L or A)."""
+
+    hidden: int = 32
+    """State size H of the CfC cell."""
+
+    backbone_units: int = 64
+    """Width U of the backbone MLP over [bar input, previous state]."""
+
+    backbone_layers: int = 1
+    """Layers of the backbone MLP (>= 1; the reference's default is 1)."""
+
+    backbone_activation: str = "lecun_tanh"
+    """Backbone nonlinearity: lecun_tanh (1.7159 tanh(2x/3), the reference's default),
+    tanh, silu, gelu or relu."""
+
+    backbone_dropout: float = 0.0
+    """Dropout after each backbone activation."""
+
+    mode: CfCMode = "gated"
+    """``gated``: h = sigma(-(f t + b)) g + sigma(f t + b) h_alt (the paper's CfC);
+    ``no_gate``: h = g + sigma(f t + b) h_alt (the authors' ablation without the
+    complementary gate)."""
+
+    position_scale: float = 4.0
+    """Position = tanh(position_scale * forecast), the forecast in standardized-return
+    units (a forecast of 0.25 sigma trades at tanh(1) = 0.76 by default)."""
+
+    huber_delta: float = 1.0
+    """Huber loss threshold in standardized-return units: squared error within it, linear
+    beyond, so fat-tailed bars in the volatile regime do not dominate the gradient."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "backbone_units", "backbone_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_choices("backbone_activation", self.backbone_activation, ACTIVATIONS)
+        check_choices("mode", self.mode, MODES)
+        if not 0.0 <= self.backbone_dropout < 1.0:
+            raise ValueError(f"backbone_dropout must be in [0, 1), got {self.backbone_dropout}")
+        if not self.position_scale > 0:
+            raise ValueError(f"position_scale must be > 0, got {self.position_scale}")
+        if not self.huber_delta > 0:
+            raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
+
+
+class LeCunTanh(nn.Module):
+    """1.7159 tanh(2x/3): unit gain near 0 and f(+-1) = +-1 (LeCun et al. 1998)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 1.7159 * torch.tanh(0.666 * x)
+
+
+def _activation(name: str) -> nn.Module:
+    if name == "lecun_tanh":
+        return LeCunTanh()
+    return {"tanh": nn.Tanh, "silu": nn.SiLU, "gelu": nn.GELU, "relu": nn.ReLU}[name]()
+
+
+class CfCCell(nn.Module):
+    """One CfC step: (projected bar input, previous state, elapsed time) -> new state.
+
+    The bar's share of the first backbone layer, ``W_in I_k + b_in``, is computed outside
+    (for all bars at once, see :meth:`project_inputs`); the cell adds ``W_r h``.
+    """
+
+    def __init__(
+        self,
+        n_inputs: int,
+        hidden: int,
+        units: int,
+        layers: int,
+        activation: str,
+        dropout: float,
+        mode: CfCMode,
+    ) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.mode = mode
+        self.input_proj = nn.Linear(n_inputs, units)  # W_in: the input columns of layer 1
+        self.recurrent_proj = nn.Linear(hidden, units, bias=False)  # W_r: the state columns
+        self.act = _activation(activation)
+        self.drop = nn.Dropout(dropout)
+        self.backbone = nn.ModuleList(nn.Linear(units, units) for _ in range(layers - 1))
+        # Fused heads, in order: g, h_alt, f (time_a), b (time_b).
+        self.heads = nn.Linear(units, 4 * hidden)
+        # The reference initialises every weight matrix Xavier-uniform, biases as nn.Linear.
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.xavier_uniform_(p)
+
+    def project_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, L, F) -> (N, L, U): the input part of the first backbone layer, all bars."""
+        return self.input_proj(x)
+
+    def branches(
+        self, projected: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """projected (N, U), h (N, H) -> g, h_alt, f, b, each (N, H) in the compute dtype."""
+        z = self.drop(self.act(projected + self.recurrent_proj(like(h, projected))))
+        for layer in self.backbone:
+            z = self.drop(self.act(layer(z)))
+        g, h_alt, f, b = self.heads(z).chunk(4, dim=-1)
+        return torch.tanh(g), torch.tanh(h_alt), f, b
+
+    def forward(self, projected: torch.Tensor, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """projected (N, U), h (N, H) f32, t (N, 1) f32 -> new state (N, H) f32."""
+        g, h_alt, f, b = self.branches(projected, h)
+        arg = f32(f) * t + f32(b)  # (N, H), f32 island: see the module docstring
+        leak = torch.sigmoid(arg)  # weight of h_alt; sigmoid(-arg) = 1 - leak, exactly
+        if self.mode == "no_gate":
+            return f32(g) + leak * f32(h_alt)
+        return torch.sigmoid(-arg) * f32(g) + leak * f32(h_alt)
+
+
+class LiquidNet(nn.Module):
+    """CfC recurrence over (B, A, L, F) windows timed by ``gaps``; assets folded."""
+
+    def __init__(self, config: LiquidConfig, shape: DataShape) -> None:
+        super().__init__()
+        self.config = config
+        self.n_assets = shape.n_assets
+        self.n_features = shape.n_features
+        self.cell = CfCCell(
+            shape.n_features,
+            config.hidden,
+            config.backbone_units,
+            config.backbone_layers,
+            config.backbone_activation,
+            config.backbone_dropout,
+            config.mode,
+        )
+        self.head = nn.Linear(config.hidden, 1)
+
+    def final_state(self, x: torch.Tensor, gaps: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F), gaps (B, L) -> (B*A, H) f32 state after the decision bar."""
+        b, a, length, f = x.shape
+        if a != self.n_assets or f != self.n_features:
+            raise ValueError(
+                f"LiquidNet was built for A={self.n_assets} assets and F={self.n_features} "
+                f"features, got x of shape {tuple(x.shape)}"
+            )
+        if gaps.shape != (b, length):
+            raise ValueError(f"gaps must have shape (B, L) = {(b, length)}, got {tuple(gaps.shape)}")
+        projected = self.cell.project_inputs(fold_assets(x))  # (N, L, U)
+        # Every asset of a window shares its bar times: (B, L) -> (N, L, 1), N = B*A.
+        t = f32(gaps).repeat_interleave(a, dim=0).unsqueeze(-1)
+        h = projected.new_zeros(b * a, self.config.hidden, dtype=t.dtype)  # f32 carried state
+        for k in range(length):
+            h = self.cell(projected[:, k], h, t[:, k])
+        return h
+
+    def forward(self, x: torch.Tensor, gaps: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F), gaps (B, L) -> (B, A) forecast of the next standardized return."""
+        h = self.final_state(x, gaps)  # (N, H) f32
+        pred = self.head(like(h, self.head.weight)).squeeze(-1)  # (N,)
+        return unfold_assets(pred, self.n_assets)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 Huber loss of the forecast against the standardized next-bar return."""
+        pred = f32(self(batch.x, batch.gaps))
+        return F.huber_loss(pred, batch.y, delta=self.config.huber_delta)
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
+        return torch.tanh(self.config.position_scale * f32(self(batch.x, batch.gaps)))
+
+
+def build(config: LiquidConfig, shape: DataShape) -> LiquidNet:
+    return LiquidNet(config, shape)
+
+
+# Ranges from the paper's per-task hyperparameters (Supplementary tables: state sizes
+# 64-256, backbone units 64-256, backbone layers 1-3, backbone dropout 0-0.3, activations
+# silu / relu / gelu / lecun_tanh, the gated and the no-gate CfC), widened down to 16 so
+# that small, fast networks are in reach. lr, batch size and weight decay belong to the
+# trainer's space.
+SEARCH_SPACE: SearchSpace = {
+    "hidden": Int(16, 256, log=True),
+    "backbone_units": Int(16, 256, log=True),
+    "backbone_layers": Int(1, 3),
+    "backbone_activation": Choice(ACTIVATIONS),
+    "backbone_dropout": Float(0.0, 0.3),
+    "mode": Choice(MODES),
+    "position_scale": Float(0.5, 32.0, log=True),
+}
+
+FAMILY = Family(
+    name="liquid",
+    kind="forecast",
+    config_cls=LiquidConfig,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Hasani, Lechner, Amini, Liebenwein, Ray, Tschaikowski, Teschl & Rus (2022), "
+        "Closed-form continuous-time neural networks, Nature Machine Intelligence 4"
+    ),
+    keeps_f32=(
+        "the time gate sigma(+-(f t + b)) and the interpolation of the two branches (t is "
+        "an f32 gap; 1 - gate would quantize to 2^-8 in bf16), the recurrent state carried "
+        "across the L bars (an accumulator), the Huber loss and the position mapping"
+    ),
+    summary=(
+        "CfC cells (gated or no-gate) stepped over the L bars with the bar gaps as elapsed "
+        "time; linear head on the final state -> next-bar forecast; position = "
+        "tanh(scale * forecast)"
+    ),
+)

@@ -1,0 +1,457 @@
+"""Mamba-2: a stack of SSD (state space duality) blocks forecasting the next-bar return.
+
+Dao & Gu (2024), "Transformers are SSMs: Generalized Models and Efficient Algorithms
+Through Structured State Space Duality", ICML 2024 (arXiv:2405.21060).
+
+Each asset's window of ``L`` past bars is one sequence (assets are folded into the batch).
+The network is the paper's Mamba-2 architecture (Fig. 6, "parallel" block) at a small size:
+
+    Linear(F -> d_model)
+    n_layers x [ x + Dropout(Mixer(RMSNorm(x))) ]
+    RMSNorm -> Linear(d_model -> 1) on the decision bar (the last one) -> forecast
+
+    Mixer(u):  in_proj(u) -> z, xBC, dt                        one matmul, no bias
+               xBC <- SiLU(causal depthwise conv1d(xBC))       (kernel d_conv)
+               x, B, C <- split(xBC); x into heads (L, H, P)   B, C shared by every head
+               dt <- softplus(dt + dt_bias)                    (L, H), input dependent
+               y  <- SSD(x * dt, A * dt, B, C) + D * x         A = -exp(A_log) < 0
+               y  <- RMSNorm(y * SiLU(z)) * w                  gated RMSNorm
+               out_proj(y)
+
+The SSD layer computes the selective state space recurrence, per head h,
+
+    state_t = exp(dt_t A_h) state_{t-1} + (dt_t x_t) B_t^T        (P, N)
+    y_t     = state_t C_t                                         (P,)
+
+with the paper's chunked algorithm (Listing 1, ``ssd_minimal``): within a chunk of
+``chunk_size`` bars the output is a masked quadratic (attention-like) product whose mask is
+``exp(segsum(dt A))``; between chunks the states are passed on by a short recurrence over
+chunks. ``segsum`` builds the cumulative log-decays ``sum_{j < s <= i} a_s`` by masking and
+a cumulative sum of the segment itself, not as a difference of two long cumulative sums,
+so no large numbers cancel; entries above the diagonal are -inf and become exact zeros
+after ``exp``. A window whose length is not a multiple of ``chunk_size`` is padded at the
+end (zero input, zero log-decay), which leaves every earlier output and the final state
+unchanged. :func:`ssd_sequential` is the plain recurrence, kept as the reference.
+
+Initialization follows the reference implementation (``mamba_ssm``): ``dt_bias`` is the
+inverse softplus of dt drawn log-uniformly in [dt_min, dt_max] (floored at 1e-4), so the
+initial step sizes span that range; ``A_log = log(A)`` with A uniform in [1, 16]; ``D`` is
+ones. ``chunk_size`` does not change the function computed (only the speed), so it is not
+in the search space.
+
+The forecast is trained with an f32 Huber (or MSE) loss against the standardized next-bar
+return, and becomes a position as ``tanh(position_scale * forecast)``.
+
+Precision. Under ``bf16`` the projections, convolution, norms and residual stream run in
+bf16. What stays f32, and why:
+
+* ``A_log``, ``dt_bias`` and ``D`` (named in each mixer's ``keep_f32``). They set the
+  decay ``exp(dt A)`` that the scan multiplies together along the whole window: in bf16
+  ``A_log`` ~ 2.8 has a spacing of 1/64 (A off by up to 1.6 %) and ``dt_bias`` ~ -7 a
+  spacing of 1/32 (dt off by 3 %), errors that compound over the window through the
+  cumulative sum; the optimizer's small updates to these scalars would also fall below one
+  bf16 step. ``D`` is the per-head skip gain, kept with them as ``mamba_ssm`` does.
+* the whole SSD (dt, the decays, ``segsum``, the intra-chunk products, the inter-chunk
+  state recurrence and the ``D`` skip): its inputs are upcast with ``precision.f32`` and
+  the result cast back with ``precision.like``. The cumulative sums and the states are
+  accumulators; the reference Triton kernels likewise accumulate the scan in f32. At the
+  sizes here the SSD is a small share of the FLOPs.
+* the loss and the position mapping (from the upcast forecast).
+
+Under ``bf16-mixed`` autocast runs the SSD's contractions (einsum -> bmm) in bf16 with f32
+accumulation, while its ``cumsum``/``exp``/``softplus`` stay f32 (autocast's f32 list).
+
+Run ``.venv/bin/python -m pytest tests/models/test_mamba2.py -q`` to check this file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Batch,
+    Choice,
+    DataShape,
+    Family,
+    Float,
+    Int,
+    SearchSpace,
+    check_choices,
+    fold_assets,
+    unfold_assets,
+)
+from trainables.precision import f32, like
+
+__all__ = [
+    "FAMILY",
+    "SEARCH_SPACE",
+    "Mamba2",
+    "Mamba2Block",
+    "Mamba2Config",
+    "Mamba2Mixer",
+    "RMSNorm",
+    "build",
+    "regression_loss",
+    "segsum",
+    "ssd_chunked",
+    "ssd_sequential",
+]
+
+LossKind = Literal["huber", "mse"]
+LOSS_KINDS: tuple[str, ...] = ("huber", "mse")
+
+A_INIT_RANGE = (1.0, 16.0)  # A = -exp(A_log), |A| uniform in this range at init
+DT_INIT_FLOOR = 1e-4  # smallest initial dt (mamba_ssm's dt_init_floor)
+NORM_EPS = 1e-5  # explicit: the bf16 default eps of rms_norm would be 2^-7
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """Size and output mapping of one Mamba-2 stack. Defaults: 16,777 parameters at F=8."""
+
+    d_model: int = 32
+    """Width of the residual stream (the paper's D)."""
+
+    n_layers: int = 2
+    """Mamba-2 blocks in the stack."""
+
+    d_state: int = 16
+    """SSM state size N per head (the paper uses 64-256 for language; 16 suits short
+    windows of a few features)."""
+
+    expand: int = 2
+    """Inner width d_inner = expand * d_model (the paper's E = 2)."""
+
+    head_dim: int = 16
+    """Channels P per SSM head; n_heads = d_inner / head_dim (must divide). Each head has its
+    own dt and A; B and C are shared by all heads (the paper's multi-value pattern)."""
+
+    d_conv: int = 4
+    """Kernel width of the causal depthwise convolution over x, B, C."""
+
+    chunk_size: int = 16
+    """Bars per chunk of the SSD algorithm. Changes speed and memory, never the result
+    (windows are padded to a multiple of it)."""
+
+    dt_min: float = 1e-3
+    """Lower end of the log-uniform range of initial step sizes dt."""
+
+    dt_max: float = 0.1
+    """Upper end of the log-uniform range of initial step sizes dt."""
+
+    dropout: float = 0.0
+    """Dropout on each block's output before the residual add."""
+
+    loss: LossKind = "huber"
+    """Training loss on the standardized next-bar return: ``huber`` (robust to the fat
+    tails of returns) or ``mse``."""
+
+    huber_delta: float = 1.0
+    """Huber threshold, in standard deviations of the target (``loss="huber"`` only)."""
+
+    position_scale: float = 4.0
+    """Position = tanh(position_scale * forecast); the forecast is in target std units."""
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "d_state", "expand", "head_dim", "d_conv"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.d_inner % self.head_dim:
+            raise ValueError(
+                f"head_dim must divide d_inner = expand * d_model = {self.d_inner}, "
+                f"got {self.head_dim}"
+            )
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+        if not 0.0 < self.dt_min < self.dt_max:
+            raise ValueError(
+                f"dt_min and dt_max must satisfy 0 < dt_min < dt_max, "
+                f"got dt_min={self.dt_min}, dt_max={self.dt_max}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_choices("loss", self.loss, LOSS_KINDS)
+        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
+            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
+        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
+            raise ValueError(
+                f"position_scale must be positive and finite, got {self.position_scale}"
+            )
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def n_heads(self) -> int:
+        return self.d_inner // self.head_dim
+
+
+# --------------------------------------------------------------------------------------
+# The SSD layer (paper section 7 and Listing 1). Callers pass f32 tensors.
+
+
+def segsum(a: torch.Tensor) -> torch.Tensor:
+    """(..., T) log-decays -> (..., T, T): out[i, j] = sum_{j < s <= i} a[s], -inf for j > i.
+
+    The segment sums are cumulative sums of the masked segment itself (stable: no
+    difference of two large cumulative sums); exp(out) is the lower-triangular decay matrix
+    with ones on the diagonal and exact zeros above it.
+    """
+    t = a.size(-1)
+    strict = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(-1)
+    rows = a.unsqueeze(-1).expand(*a.shape, t)  # (..., T, T): rows[s, j] = a[s]
+    sums = rows.masked_fill(~strict, 0.0).cumsum(dim=-2)  # [i, j] = sum_{j < s <= i} a[s]
+    causal = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(0)
+    return sums.masked_fill(~causal, -math.inf)
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD scan by chunks (the paper's ``ssd_minimal_discrete``).
+
+    x (N, L, H, P) inputs already scaled by dt, a (N, L, H) log-decays dt * A (<= 0),
+    b, c (N, L, H, S), initial_state (N, H, P, S) or None (zeros)
+    -> y (N, L, H, P), final state (N, H, P, S).
+    """
+    n, length, h, p = x.shape
+    pad = (-length) % chunk_size
+    if pad:  # zero input and zero log-decay: earlier outputs and the final state unchanged
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        a = F.pad(a, (0, 0, 0, pad))
+        b = F.pad(b, (0, 0, 0, 0, 0, pad))
+        c = F.pad(c, (0, 0, 0, 0, 0, pad))
+    k = (length + pad) // chunk_size
+    x, b, c = (t.reshape(n, k, chunk_size, h, t.shape[-1]) for t in (x, b, c))  # (N, K, Q, H, .)
+    a = a.reshape(n, k, chunk_size, h).permute(0, 3, 1, 2)  # (N, H, K, Q)
+    a_cumsum = a.cumsum(dim=-1)  # (N, H, K, Q)
+
+    # 1. Within each chunk: the masked quadratic form C_i B_j^T exp(segsum)_{ij} x_j.
+    decay = torch.exp(segsum(a))  # (N, H, K, Q, Q)
+    y_diag = torch.einsum("nklhs,nkjhs,nhklj,nkjhp->nklhp", c, b, decay, x)
+
+    # 2. Each chunk's final state from its own inputs (decayed to the chunk's end).
+    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum)  # (N, H, K, Q)
+    states = torch.einsum("nkjhs,nhkj,nkjhp->nkhps", b, decay_to_end, x)  # (N, K, H, P, S)
+
+    # 3. Pass states between chunks: a recurrence over K chunk boundaries, as one product.
+    if initial_state is None:
+        initial_state = torch.zeros_like(states[:, 0])
+    states = torch.cat([initial_state.unsqueeze(1), states], dim=1)  # (N, K+1, H, P, S)
+    chunk_decay = torch.exp(segsum(F.pad(a_cumsum[..., -1], (1, 0))))  # (N, H, K+1, K+1)
+    states = torch.einsum("nhzk,nkhps->nzhps", chunk_decay, states)  # (N, K+1, H, P, S)
+    states, final_state = states[:, :-1], states[:, -1]  # entering each chunk; after the last
+
+    # 4. The state entering each chunk, read out by C and decayed to each position.
+    y_off = torch.einsum("nklhs,nkhps,nhkl->nklhp", c, states, torch.exp(a_cumsum))
+    y = (y_diag + y_off).reshape(n, k * chunk_size, h, p)
+    return y[:, :length], final_state
+
+
+def ssd_sequential(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same recurrence one bar at a time (the reference for :func:`ssd_chunked`).
+
+    state_t = exp(a_t) state_{t-1} + x_t b_t^T,  y_t = state_t c_t; shapes as there.
+    """
+    n, length, h, p = x.shape
+    state = (
+        initial_state
+        if initial_state is not None
+        else x.new_zeros(n, h, p, b.shape[-1])  # (N, H, P, S)
+    )
+    ys = []
+    for t in range(length):
+        state = torch.exp(a[:, t])[..., None, None] * state + torch.einsum(
+            "nhp,nhs->nhps", x[:, t], b[:, t]
+        )
+        ys.append(torch.einsum("nhps,nhs->nhp", state, c[:, t]))
+    return torch.stack(ys, dim=1), state
+
+
+# --------------------------------------------------------------------------------------
+# Modules
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned gain, optionally gated first: RMSNorm(x * SiLU(gate)) * w.
+
+    The gain multiplies outside ``F.rms_norm`` so that under autocast a bf16 input and the
+    f32 gain meet in a plain product (the fused kernel wants one dtype for both).
+    """
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is not None:
+            x = x * F.silu(gate)
+        return F.rms_norm(x, x.shape[-1:], eps=NORM_EPS) * self.weight
+
+
+class Mamba2Mixer(nn.Module):
+    """The Mamba-2 mixer (SSD layer with its projections, conv and gated norm): (N, L, d)."""
+
+    # Decay parameters stay f32 under every policy (see the module docstring).
+    keep_f32 = ("A_log", "D", "dt_bias")
+
+    def __init__(self, config: Mamba2Config) -> None:
+        super().__init__()
+        d, di, s, h = config.d_model, config.d_inner, config.d_state, config.n_heads
+        self.d_inner, self.d_state, self.n_heads = di, s, h
+        self.head_dim, self.chunk_size = config.head_dim, config.chunk_size
+        conv_dim = di + 2 * s  # x, B, C go through the conv together
+        self.in_proj = nn.Linear(d, 2 * di + 2 * s + h, bias=False)  # [z | x B C | dt]
+        self.conv1d = nn.Conv1d(
+            conv_dim, conv_dim, config.d_conv, groups=conv_dim, padding=config.d_conv - 1
+        )
+        log_lo, log_hi = math.log(config.dt_min), math.log(config.dt_max)
+        dt = torch.exp(torch.rand(h) * (log_hi - log_lo) + log_lo).clamp(min=DT_INIT_FLOOR)
+        self.dt_bias = nn.Parameter(f32(dt + torch.log(-torch.expm1(-dt))))  # softplus^-1
+        self.A_log = nn.Parameter(f32(torch.empty(h).uniform_(*A_INIT_RANGE).log()))
+        self.D = nn.Parameter(f32(torch.ones(h)))
+        self.norm = RMSNorm(di)  # gated: normalizes y * SiLU(z)
+        self.out_proj = nn.Linear(di, d, bias=False)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u (N, L, d) -> (N, L, d) in u's dtype."""
+        n, length, _ = u.shape
+        di, s, h, p = self.d_inner, self.d_state, self.n_heads, self.head_dim
+        z, xbc, dt = self.in_proj(u).split([di, di + 2 * s, h], dim=-1)
+        xbc = self.conv1d(xbc.transpose(1, 2))[..., :length].transpose(1, 2)  # causal
+        x, b, c = F.silu(xbc).split([di, s, s], dim=-1)  # (N, L, di), (N, L, S) x2
+
+        dt32 = F.softplus(f32(dt) + self.dt_bias)  # (N, L, H)
+        a = -torch.exp(self.A_log)  # (H,) f32, in [-16, -1] at init
+        x32 = f32(x).reshape(n, length, h, p)  # (N, L, H, P)
+        b32 = f32(b).unsqueeze(2).expand(n, length, h, s)  # (N, L, H, S), shared by heads
+        c32 = f32(c).unsqueeze(2).expand(n, length, h, s)
+        y, _ = ssd_chunked(x32 * dt32.unsqueeze(-1), a * dt32, b32, c32, self.chunk_size)
+        y = y + self.D[:, None] * x32  # (N, L, H, P)
+        y = like(y.reshape(n, length, di), u)
+        return self.out_proj(self.norm(y, gate=z))
+
+
+class Mamba2Block(nn.Module):
+    """Pre-norm residual block: x + Dropout(Mixer(RMSNorm(x)))."""
+
+    def __init__(self, config: Mamba2Config) -> None:
+        super().__init__()
+        self.norm = RMSNorm(config.d_model)
+        self.mixer = Mamba2Mixer(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.mixer(self.norm(x)))
+
+
+def regression_loss(
+    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float
+) -> torch.Tensor:
+    """f32 Huber or MSE loss of forecasts (any dtype) against f32 targets, averaged."""
+    pred = f32(forecast)
+    if kind == "mse":
+        return F.mse_loss(pred, target)
+    return F.huber_loss(pred, target, delta=delta)
+
+
+class Mamba2(nn.Module):
+    """Stack of Mamba-2 blocks over (B, A, L, F) windows; assets folded into the batch."""
+
+    def __init__(self, config: Mamba2Config, shape: DataShape) -> None:
+        super().__init__()
+        self.config = config
+        self.n_assets = shape.n_assets
+        self.n_features = shape.n_features
+        self.embed = nn.Linear(shape.n_features, config.d_model)
+        self.blocks = nn.ModuleList(Mamba2Block(config) for _ in range(config.n_layers))
+        self.norm_f = RMSNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F) -> (B, A) forecast of the next standardized return, in x's dtype."""
+        _, a, _, f = x.shape
+        if a != self.n_assets or f != self.n_features:
+            raise ValueError(
+                f"Mamba2 was built for A={self.n_assets} assets and F={self.n_features} "
+                f"features, got x of shape {tuple(x.shape)}"
+            )
+        hidden = self.embed(fold_assets(x))  # (N, L, d)
+        for block in self.blocks:
+            hidden = block(hidden)
+        forecast = self.head(self.norm_f(hidden[:, -1]))  # (N, 1), from the decision bar
+        return unfold_assets(forecast.squeeze(-1), self.n_assets)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 Huber/MSE loss of the forecast against the standardized next-bar return."""
+        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
+        return torch.tanh(self.config.position_scale * f32(self(batch.x)))
+
+
+def build(config: Mamba2Config, shape: DataShape) -> Mamba2:
+    return Mamba2(config, shape)
+
+
+# Ranges from the paper and mamba_ssm's defaults scaled to short windows: expand 2
+# (the paper's fixed E), head dims 8-64 (the paper's 64 at large width), state size
+# 8-64 (the paper sweeps 16-256), conv 2-4 (mamba_ssm uses 4), dt range around the
+# default [1e-3, 1e-1]. d_model is a Choice of multiples of 16 so that every sampled
+# head_dim divides d_inner = 2 * d_model. chunk_size changes no result and is left out;
+# lr, batch size and weight decay belong to the trainer's space.
+SEARCH_SPACE: SearchSpace = {
+    "d_model": Choice((16, 32, 48, 64, 96, 128)),
+    "n_layers": Int(1, 4),
+    "d_state": Choice((8, 16, 32, 64)),
+    "head_dim": Choice((8, 16, 32)),
+    "d_conv": Int(2, 4),
+    "dt_min": Float(1e-4, 1e-2, log=True),
+    "dt_max": Float(0.05, 0.5, log=True),
+    "dropout": Float(0.0, 0.3),
+    "loss": Choice(LOSS_KINDS),
+    "position_scale": Float(0.5, 32.0, log=True),
+}
+
+FAMILY = Family(
+    name="mamba2",
+    kind="forecast",
+    config_cls=Mamba2Config,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Dao & Gu (2024), Transformers are SSMs: Generalized Models and Efficient "
+        "Algorithms Through Structured State Space Duality, ICML"
+    ),
+    keeps_f32=(
+        "A_log, dt_bias and D (they set the decay exp(dt*A) multiplied along the window; "
+        "bf16 would put A off by 1.6% and dt by 3%), the whole SSD scan (dt, segsum "
+        "cumulative sums, decays, chunk states: accumulators), the loss and the position "
+        "mapping"
+    ),
+    summary=(
+        "Mamba-2 blocks (in_proj, causal conv, input-dependent dt, chunked SSD scan, gated "
+        "RMSNorm) with residual RMSNorm -> next-bar forecast; position = tanh(scale * forecast)"
+    ),
+)

@@ -1,0 +1,437 @@
+"""Temporal graph network over assets: a learned graph, graph propagation, a temporal module.
+
+Wu, Pan, Long, Jiang & Zhang (2019), "Graph WaveNet for Deep Spatial-Temporal Graph
+Modeling", IJCAI; and Wu, Pan, Long, Jiang, Chang & Zhang (2020), "Connecting the Dots:
+Multivariate Time Series Forecasting with Graph Neural Networks" (MTGNN), KDD.
+
+Unlike the single-asset families, TGGN reads the asset axis ``A`` of ``x (B, A, L, F)``
+jointly: the A assets are the nodes of a graph whose adjacency is learned, so asset i's
+forecast can use asset j's past bars (a lead-lag link, such as the one the synthetic data
+plants: asset k's next return loads on asset k-1's current one). The network:
+
+    input projection F -> C per (asset, bar)
+    n_layers x temporal layer, each followed by graph propagation (TCN) or with graph
+        propagation inside its gates (GRU); residual + LayerNorm
+    skip connections from every layer at the decision bar -> ReLU -> MLP -> one forecast
+    of the next standardized return per asset -> position = tanh(position_scale * forecast)
+
+* Learned adjacency (Graph WaveNet eq. 5, MTGNN's top-k sparsification): two node
+  embeddings E1, E2 (A, node_dim); logits relu(E1 E2^T); each row keeps its ``top_k``
+  largest logits and the softmax runs over those only, so row i has exactly top_k
+  nonzeros summing to 1. ``adj[i, j] > 0`` means node i reads node j.
+* Graph propagation over ``depth`` hops, then information selection (a linear map of the
+  concatenated hops, MTGNN eq. 7):
+  ``mixhop`` (MTGNN eq. 6):  H_0 = X, H_k = beta X + (1 - beta) adj H_{k-1};
+  ``diffusion`` (Graph WaveNet eq. 6 with the adaptive matrix): H_k = adj^k X.
+* Temporal module:
+  ``tcn``: gated dilated causal convolution tanh(W_f * X) . sigmoid(W_g * X) (WaveNet),
+  dilation 2^i in layer i, followed by graph propagation (Graph WaveNet's block);
+  ``gru``: a graph GRU whose gates and candidate are graph propagations of
+  [x_t, h_{t-1}] (DCRNN / AGCRN style), one layer per ``n_layers``, stepped over L bars.
+
+Deviations: the convolution is causal with left zero-padding (the paper's valid
+convolution shrinks the window; here every layer keeps L bars and the skip connections
+read the decision bar only); LayerNorm over channels replaces BatchNorm (no statistics
+shared across windows); one learned adjacency direction (MTGNN also propagates along
+adj^T); the embeddings start at std node_dim^(-1/4) so that the initial logits are O(1)
+and the softmax is not saturated at the start.
+
+Precision. Under ``bf16`` every weight and activation is bf16. What stays f32, and why:
+
+* the adjacency (logits, top-k and row softmax), computed from the upcast embeddings: it
+  is an A x A matrix (cheap), a bf16 logit has 3 significant digits, so near-ties would
+  flip the top-k selection, and a bf16 softmax row does not sum to 1 to better than 2^-8.
+  It is cast to the activation dtype for the propagation matmuls.
+* the graph-GRU hidden state: it is carried across the L bars like a scan accumulator
+  (h = z h + (1 - z) c in f32); its matmuls take the state cast to the activation dtype.
+* the loss and the position mapping, taken from the upcast forecast.
+
+Run ``.venv/bin/python -m pytest tests/models/test_tggn.py -q`` to check this file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Batch,
+    Choice,
+    DataShape,
+    Family,
+    Float,
+    Int,
+    SearchSpace,
+    check_choices,
+)
+from trainables.precision import f32, like
+
+__all__ = [
+    "FAMILY",
+    "SEARCH_SPACE",
+    "TGGN",
+    "GatedTemporalConv",
+    "GraphGRULayer",
+    "GraphLearner",
+    "GraphPropagation",
+    "TGGNConfig",
+    "build",
+    "forecast_positions",
+    "regression_loss",
+]
+
+TEMPORAL_MODULES = ("tcn", "gru")
+PROPAGATIONS = ("mixhop", "diffusion")
+LOSSES = ("mse", "huber")
+
+
+@dataclass(frozen=True)
+class TGGNConfig:
+    """Size and output mapping of one TGGN. Defaults: 6,098 parameters at F=8, L=32, A=4
+    (``temporal="gru"``: 4,850)."""
+
+    channels: int = 16
+    """Residual channels C carried by every temporal layer and graph propagation."""
+
+    skip_channels: int = 32
+    """Channels of the skip connections summed over layers at the decision bar."""
+
+    end_channels: int = 32
+    """Hidden width of the output MLP (skip -> end -> forecast)."""
+
+    node_dim: int = 8
+    """Dimension of the two node embeddings E1, E2 the adjacency is learned from."""
+
+    top_k: int = 3
+    """Neighbours each asset keeps (nonzeros per adjacency row, self included); values
+    above the number of assets A mean A (a dense graph)."""
+
+    temporal: Literal["tcn", "gru"] = "tcn"
+    """``tcn``: gated dilated causal convolutions + graph propagation (Graph WaveNet,
+    MTGNN); ``gru``: a graph GRU stepped over the window (DCRNN / AGCRN style)."""
+
+    n_layers: int = 3
+    """Temporal layers: TCN layer i has dilation 2^i (receptive field
+    1 + (kernel_size - 1)(2^n_layers - 1) bars); or stacked graph-GRU layers."""
+
+    kernel_size: int = 2
+    """Taps of each dilated causal convolution (``tcn`` only; the papers use 2)."""
+
+    propagation: Literal["mixhop", "diffusion"] = "mixhop"
+    """Graph propagation: MTGNN mix-hop (keeps beta of the input at every hop) or Graph
+    WaveNet diffusion (powers of the adjacency)."""
+
+    depth: int = 2
+    """Hops K of each graph propagation."""
+
+    beta: float = 0.05
+    """Mix-hop retain ratio: share of the layer input kept at every hop (MTGNN's alpha)."""
+
+    dropout: float = 0.1
+    """Dropout on the output of every graph propagation."""
+
+    loss: Literal["mse", "huber"] = "huber"
+    """Regression loss on the standardized next-bar return: MSE, or Huber with
+    ``huber_delta`` (robust to the volatile regime's large standardized returns)."""
+
+    huber_delta: float = 1.0
+    """Huber threshold in units of the target's training standard deviation."""
+
+    position_scale: float = 4.0
+    """Position = tanh(position_scale * forecast), forecast in target std units."""
+
+    def __post_init__(self) -> None:
+        for name in ("channels", "skip_channels", "end_channels", "node_dim", "top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_choices("temporal", self.temporal, TEMPORAL_MODULES)
+        check_choices("propagation", self.propagation, PROPAGATIONS)
+        check_choices("loss", self.loss, LOSSES)
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+        if self.kernel_size < 2:
+            raise ValueError(f"kernel_size must be >= 2, got {self.kernel_size}")
+        if self.depth < 1:
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if not 0.0 <= self.beta < 1.0:
+            raise ValueError(f"beta must be in [0, 1), got {self.beta}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
+            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
+        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
+            raise ValueError(
+                f"position_scale must be positive and finite, got {self.position_scale}"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Loss and position mapping (both f32)
+
+
+def regression_loss(
+    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float = 1.0
+) -> torch.Tensor:
+    """Mean MSE or Huber loss of ``forecast`` (any dtype) against ``target`` (f32) -> f32.
+
+    Huber: 0.5 e^2 where |e| <= delta, delta (|e| - 0.5 delta) beyond, e = forecast - target.
+    """
+    err = f32(forecast) - target
+    if kind == "mse":
+        return err.square().mean()
+    size = err.abs()
+    return torch.where(size <= delta, 0.5 * err.square(), delta * (size - 0.5 * delta)).mean()
+
+
+def forecast_positions(forecast: torch.Tensor, scale: float) -> torch.Tensor:
+    """(...) forecasts in target std units -> (...) f32 positions tanh(scale * forecast)."""
+    return torch.tanh(scale * f32(forecast))
+
+
+# --------------------------------------------------------------------------------------
+# Graph: learned adjacency and propagation
+
+
+class GraphLearner(nn.Module):
+    """Row-stochastic, top-k sparse adjacency softmax(topk(relu(E1 E2^T))) over A nodes."""
+
+    def __init__(self, n_nodes: int, node_dim: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k = min(top_k, n_nodes)
+        std = node_dim**-0.25  # Var(E1 E2^T) = node_dim * std^4 = 1 at init
+        self.source = nn.Parameter(torch.randn(n_nodes, node_dim) * std)  # E1
+        self.target = nn.Parameter(torch.randn(n_nodes, node_dim) * std)  # E2
+
+    def logits(self) -> torch.Tensor:
+        """(A, A) f32 relu(E1 E2^T) before sparsification."""
+        return F.relu(f32(self.source) @ f32(self.target).T)
+
+    def forward(self) -> torch.Tensor:
+        """(A, A) f32 adjacency: row i has top_k nonzeros (i's neighbours) summing to 1."""
+        logits = self.logits()
+        kept, index = logits.topk(self.top_k, dim=-1)  # (A, k)
+        masked = torch.full_like(logits, float("-inf")).scatter(-1, index, kept)
+        return torch.softmax(masked, dim=-1)
+
+
+def propagate(adj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """One hop: node v gathers sum_w adj[v, w] h[:, w]. adj (A, A), h (B, A, ...)."""
+    return torch.einsum("vw,bw...->bv...", adj, h)
+
+
+class GraphPropagation(nn.Module):
+    """``depth`` hops of mix-hop or diffusion propagation + information selection.
+
+    (B, A, ..., d_in) -> (B, A, ..., d_out): a linear map of [H_0, H_1, ..., H_K].
+    """
+
+    def __init__(
+        self, d_in: int, d_out: int, depth: int, mode: str, beta: float, dropout: float
+    ) -> None:
+        super().__init__()
+        check_choices("propagation", mode, PROPAGATIONS)
+        self.depth, self.mode, self.beta = depth, mode, beta
+        self.select = nn.Linear((depth + 1) * d_in, d_out)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        """x (B, A, ..., d_in), adj (A, A) in x's dtype -> (B, A, ..., d_out)."""
+        hops = [x]
+        h = x
+        for _ in range(self.depth):
+            h = propagate(adj, h)
+            if self.mode == "mixhop":
+                h = self.beta * x + (1.0 - self.beta) * h
+            hops.append(h)
+        return self.dropout(self.select(torch.cat(hops, dim=-1)))
+
+
+# --------------------------------------------------------------------------------------
+# Temporal modules
+
+
+class GatedTemporalConv(nn.Module):
+    """Causal dilated convolution with a tanh filter and a sigmoid gate (WaveNet).
+
+    Tap j of output bar t reads input bar t - j * dilation (zero before the window); the
+    filter and gate weights sit in one linear map over the concatenated taps.
+    """
+
+    def __init__(self, channels: int, kernel_size: int, dilation: int) -> None:
+        super().__init__()
+        self.kernel_size, self.dilation = kernel_size, dilation
+        self.proj = nn.Linear(kernel_size * channels, 2 * channels)  # [filter | gate]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, C) -> (B, A, L, C)."""
+        length = x.shape[2]
+        reach = (self.kernel_size - 1) * self.dilation
+        padded = F.pad(x, (0, 0, reach, 0))  # (B, A, reach + L, C), zeros before bar 0
+        taps = [
+            padded[:, :, reach - j * self.dilation : reach - j * self.dilation + length]
+            for j in range(self.kernel_size)
+        ]
+        filt, gate = self.proj(torch.cat(taps, dim=-1)).chunk(2, dim=-1)
+        return torch.tanh(filt) * torch.sigmoid(gate)
+
+
+class TCNLayer(nn.Module):
+    """Graph WaveNet block: gated temporal conv -> graph propagation -> + residual -> norm."""
+
+    def __init__(self, config: TGGNConfig, dilation: int) -> None:
+        super().__init__()
+        c = config.channels
+        self.conv = GatedTemporalConv(c, config.kernel_size, dilation)
+        self.graph = GraphPropagation(
+            c, c, config.depth, config.propagation, config.beta, config.dropout
+        )
+        self.skip = nn.Linear(c, config.skip_channels)
+        self.norm = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, A, L, C) -> next layer's input (B, A, L, C), skip (B, A, S) at the last bar."""
+        gated = self.conv(x)  # (B, A, L, C)
+        skip = self.skip(gated[:, :, -1])  # (B, A, S)
+        return self.norm(x + self.graph(gated, adj)), skip
+
+
+class GraphGRULayer(nn.Module):
+    """GRU whose gate and candidate maps are graph propagations of [x_t, h_{t-1}]."""
+
+    def __init__(self, config: TGGNConfig) -> None:
+        super().__init__()
+        c = config.channels
+        args = (config.depth, config.propagation, config.beta, config.dropout)
+        self.gates = GraphPropagation(2 * c, 2 * c, *args)  # [update z | reset r]
+        self.candidate = GraphPropagation(2 * c, c, *args)
+        self.skip = nn.Linear(c, config.skip_channels)
+        self.norm = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, A, L, C) -> hidden states (B, A, L, C), skip (B, A, S) at the last bar."""
+        b, a, length, c = x.shape
+        h = f32(x.new_zeros(b, a, c))  # (B, A, C) f32 state, carried across bars
+        outputs = []
+        for t in range(length):
+            xt = x[:, :, t]  # (B, A, C)
+            z, r = torch.sigmoid(self.gates(torch.cat([xt, like(h, xt)], -1), adj)).chunk(2, -1)
+            c_t = torch.tanh(self.candidate(torch.cat([xt, r * like(h, xt)], -1), adj))
+            z32 = f32(z)
+            h = z32 * h + (1.0 - z32) * f32(c_t)
+            outputs.append(like(h, x))
+        states = torch.stack(outputs, dim=2)  # (B, A, L, C)
+        return self.norm(x + states), self.skip(states[:, :, -1])
+
+
+# --------------------------------------------------------------------------------------
+# The model
+
+
+class TGGN(nn.Module):
+    """Temporal graph network over the A assets of (B, A, L, F) windows."""
+
+    def __init__(self, config: TGGNConfig, shape: DataShape) -> None:
+        super().__init__()
+        self.config = config
+        self.n_assets = shape.n_assets
+        self.n_features = shape.n_features
+        c = config.channels
+        self.graph = GraphLearner(shape.n_assets, config.node_dim, config.top_k)
+        self.input = nn.Linear(shape.n_features, c)
+        layers: list[nn.Module]
+        if config.temporal == "tcn":
+            layers = [TCNLayer(config, dilation=2**i) for i in range(config.n_layers)]
+        else:
+            layers = [GraphGRULayer(config) for _ in range(config.n_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.head = nn.Sequential(
+            nn.ReLU(),
+            nn.Linear(config.skip_channels, config.end_channels),
+            nn.ReLU(),
+            nn.Linear(config.end_channels, 1),
+        )
+
+    def adjacency(self) -> torch.Tensor:
+        """(A, A) f32 learned adjacency; ``adj[i, j] > 0``: asset i reads asset j."""
+        return self.graph()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F) -> (B, A) forecast of the next standardized return (x's dtype)."""
+        _, a, _, f = x.shape
+        if a != self.n_assets or f != self.n_features:
+            raise ValueError(
+                f"TGGN was built for A={self.n_assets} assets and F={self.n_features} "
+                f"features, got x of shape {tuple(x.shape)}"
+            )
+        h = self.input(x)  # (B, A, L, C)
+        adj = like(self.adjacency(), h)  # (A, A)
+        skip = None
+        for layer in self.layers:
+            h, s = layer(h, adj)  # (B, A, L, C), (B, A, S)
+            skip = s if skip is None else skip + s
+        assert skip is not None
+        return self.head(skip).squeeze(-1)  # (B, A)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 MSE or Huber loss of the forecasts over batch and assets."""
+        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast)."""
+        return forecast_positions(self(batch.x), self.config.position_scale)
+
+
+def build(config: TGGNConfig, shape: DataShape) -> TGGN:
+    return TGGN(config, shape)
+
+
+# Ranges from the papers' settings and ablations: Graph WaveNet (32 residual / 256 skip /
+# 512 end channels, node embedding 10, 8 layers of kernel 2, diffusion K=2, dropout 0.3),
+# MTGNN (32 residual / 64 skip / 128 end channels, node dim 40, subgraph k 20, depth 2,
+# retain ratio 0.05, 3-5 layers, dropout 0.3), scaled down to the handful of assets a
+# trading universe has here. lr, batch size and weight decay belong to the trainer's space.
+SEARCH_SPACE: SearchSpace = {
+    "channels": Choice((8, 16, 32, 64)),
+    "skip_channels": Choice((16, 32, 64, 128, 256)),
+    "end_channels": Choice((16, 32, 64, 128, 256)),
+    "node_dim": Int(4, 40, log=True),
+    "top_k": Int(1, 20),
+    "temporal": Choice(TEMPORAL_MODULES),
+    "n_layers": Int(1, 5),
+    "kernel_size": Choice((2, 3)),
+    "propagation": Choice(PROPAGATIONS),
+    "depth": Int(1, 3),
+    "beta": Float(0.0, 0.5),
+    "dropout": Float(0.0, 0.3),
+    "loss": Choice(LOSSES),
+    "position_scale": Float(0.5, 32.0, log=True),
+}
+
+FAMILY = Family(
+    name="tggn",
+    kind="forecast",
+    config_cls=TGGNConfig,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Wu, Pan, Long, Jiang & Zhang (2019), Graph WaveNet for Deep Spatial-Temporal Graph "
+        "Modeling, IJCAI; Wu, Pan, Long, Jiang, Chang & Zhang (2020), Connecting the Dots: "
+        "Multivariate Time Series Forecasting with Graph Neural Networks (MTGNN), KDD"
+    ),
+    keeps_f32=(
+        "the learned adjacency (logits, top-k selection and row softmax: bf16 near-ties "
+        "would flip the top-k), the graph-GRU hidden state (carried across bars like a scan "
+        "accumulator), the loss and the position mapping"
+    ),
+    summary=(
+        "learned top-k asset graph, gated dilated TCN or graph GRU with mix-hop / diffusion "
+        "propagation, skip connections -> next-bar forecast per asset; position = "
+        "tanh(scale * forecast)"
+    ),
+)

@@ -1,0 +1,106 @@
+"""The Ray Tune trainable: a thin function around the shared :class:`Trainer`.
+
+Config in (built by :class:`hpo.search.sweep_searcher.SweepSearcher`)::
+
+    {"model", "precision", "seed", "pair_id", "group_id", "params": {...}, "base": {...}}
+
+Each epoch it reports the trainer's metrics together with a checkpoint directory
+(``tune.report(metrics, checkpoint=...)``); a restarted trial (FailureConfig retry, or
+``hpo resume``) continues from ``tune.get_checkpoint()``, falling back to the trial's
+previous checkpoint when the newest one is corrupt. A trial that diverges even after the
+bf16 -> f32 fallback reports ``diverged = 1`` with the reason and ends, instead of
+raising: retrying a deterministic divergence would only repeat it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray import tune
+
+from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from trainables.config import DataConfig, TrainConfig, build_train_config
+from trainables.trainer import Trainer, TrialDiverged
+
+log = logging.getLogger("trainables.trial")
+
+CKPT_SUBDIR = "state"  # inside each reported Tune checkpoint directory
+
+
+def trial_train_config(config: dict[str, Any]) -> TrainConfig:
+    base = config["base"]
+    return build_train_config(
+        config["model"],
+        config["params"],
+        data=DataConfig(**base["data"]),
+        precision=config["precision"],
+        seed=int(config["seed"]),
+        epochs=int(base["epochs"]),
+        **base["trainer"],
+    )
+
+
+def run_trial(config: dict[str, Any]) -> None:
+    """Ray Tune function trainable."""
+    resources = tune.get_context().get_trial_resources()
+    cpus = resources.required_resources.get("CPU", 1) if resources is not None else 1
+    torch.set_num_threads(max(1, int(cpus)))
+    train_config = trial_train_config(config)
+    checkpoint = _restore_checkpoint()
+    trainer = Trainer(train_config, checkpoint=checkpoint)
+    node = _node()
+    while trainer.epoch < train_config.epochs:
+        try:
+            metrics = trainer.train_epoch()
+        except TrialDiverged as exc:
+            last = dict(trainer.history[-1]) if trainer.history else {"epoch": trainer.epoch}
+            last.update(val_sharpe=math.nan, diverged=1, failure_reason=str(exc), **node)
+            tune.report(last)
+            return
+        _report(trainer, {**metrics, "diverged": 0, **node})
+
+
+def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory(prefix="hpo-ckpt-") as tmp:
+        trainer.save(Path(tmp) / CKPT_SUBDIR)
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _restore_checkpoint() -> Checkpoint | None:
+    """The newest good checkpoint of this trial, or None for a fresh start."""
+    reported = tune.get_checkpoint()
+    if reported is None:
+        return None
+    with reported.as_directory() as directory:
+        try:
+            return load_checkpoint(Path(directory) / CKPT_SUBDIR)
+        except CheckpointError as exc:
+            log.warning("newest checkpoint unusable, trying older ones: %s", exc)
+            newest = Path(reported.path)
+    # Tune keeps the previous checkpoints beside the newest (CheckpointConfig.num_to_keep).
+    for candidate in sorted(newest.parent.glob("checkpoint_*"), reverse=True):
+        if candidate == newest:
+            continue
+        try:
+            found = load_checkpoint(candidate / CKPT_SUBDIR)
+        except CheckpointError as exc:
+            log.warning("skipping %s", exc)
+            continue
+        log.warning("resuming from the previous checkpoint %s", candidate)
+        return found
+    raise CheckpointError(newest, "no usable checkpoint for this trial")
+
+
+def _node() -> dict[str, str]:
+    import ray
+
+    try:
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+    except Exception:
+        return {}
