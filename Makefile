@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/hpo train --model tft --precision bf16 --epochs 3 --set d_model=16 --set max_steps_per_epoch=30 --out runs/demo-tft-bf16
+	$(BIN)/hpo sweep examples/quick.toml --name quick-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -219,6 +219,9 @@ def resume_sweep(
     if not tune.Tuner.can_restore(str(record.sweep_dir)):
         raise SweepError(f"{record.sweep_dir} has no Ray Tune experiment state to resume yet")
     ensure_ray(address)
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(record.tracking_uri).update_run(record.parent_run_id, status="RUNNING")
     trainable = tune.with_resources(run_trial, resources=TrialResources(record.spec))
     tuner = tune.Tuner.restore(
         str(record.sweep_dir),

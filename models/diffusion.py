@@ -137,6 +137,10 @@ class DiffusionConfig:
     "linear" (Ho et al. 2020, beta from 1e-4 to 0.02 at T = 1000, both scaled by 1000/T
     so that any T ends at the same near-pure noise)."""
 
+    noise_draws: int = 1
+    """K, (timestep, noise) pairs drawn per window in each training step; the encoder runs
+    once per window and the loss averages over the K draws (less gradient noise)."""
+
     sampling_steps: int = 10
     """DDIM steps at inference (evenly spaced over the T training steps, the noisiest and
     the cleanest included); at most ``n_steps``."""
@@ -153,7 +157,7 @@ class DiffusionConfig:
     so validation positions are reproducible."""
 
     def __post_init__(self) -> None:
-        for name, low in (("hidden", 2), ("denoiser_layers", 1), ("n_steps", 2)):
+        for name, low in (("hidden", 2), ("denoiser_layers", 1), ("n_steps", 2), ("noise_draws", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -316,7 +320,13 @@ def samples_to_positions(samples: torch.Tensor, scale: float) -> torch.Tensor:
 
     Mean over samples of the next return in units of its std across samples, squashed.
     """
-    std, mean = torch.std_mean(f32(samples[..., 0]), dim=-1)
+    nxt = f32(samples[..., 0])  # (..., S)
+    half = nxt.shape[-1] // 2
+    # Pairwise sums first: the two halves are antithetic partners, and a sampler that is
+    # odd in its initial noise (an untrained model) then has a mean of exactly 0, not a
+    # rounding residue whose sign would trade as a constant long/short position.
+    mean = (nxt[..., :half] + nxt[..., half:]).mean(dim=-1) / 2
+    std = nxt.std(dim=-1)
     return torch.tanh(scale * mean / (std + STD_EPS))
 
 
@@ -398,6 +408,10 @@ class Denoiser(nn.Module):
         self.cond = nn.Linear(hidden, hidden)
         self.blocks = nn.ModuleList(DenoiserBlock(hidden) for _ in range(layers))
         self.out = nn.Linear(hidden, horizon)
+        # Zero output (as ADM's zero_module): an untrained model predicts F = 0, i.e. the
+        # exact noise of the standard normal prior; its samples are then symmetric, mean 0.
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         ctx = F.silu(self.time(t, c) + self.cond(c))  # (..., d)
@@ -445,11 +459,24 @@ class ConditionalDiffusion(nn.Module):
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """f32 MSE between the true and the predicted noise at uniform random timesteps."""
-        c = self.condition(batch.x)  # (N, d)
-        x0 = f32(batch.y).reshape(-1, self.horizon)  # (N, H)
-        t = torch.randint(0, self.schedule.n_steps, (x0.shape[0],), device=x0.device)  # (N,)
-        noise = torch.randn_like(x0)
-        x_t = self.schedule.q_sample(x0, t, noise)  # (N, H) f32
+        k = self.config.noise_draws
+        c = self.condition(batch.x).unsqueeze(1)  # (N, 1, d)
+        x0 = f32(batch.y).reshape(-1, 1, self.horizon).expand(-1, k, -1)  # (N, K, H)
+        import os
+        n, T = x0.shape[0], self.schedule.n_steps
+        if os.environ.get("STRAT"):
+            u = torch.rand((), device=x0.device)
+            grid = (u + torch.arange(n * k, device=x0.device) / (n * k)) % 1.0
+            t = (grid * T).long().clamp(max=T - 1).reshape(n, k)
+        else:
+            t = torch.randint(0, T, x0.shape[:2], device=x0.device)  # (N, K)
+        if os.environ.get("ANTI"):
+            half = torch.randn(n, k // 2, self.horizon, device=x0.device)
+            noise = torch.cat([half, -half], dim=1)
+            t = torch.cat([t[:, : k // 2], t[:, : k // 2]], dim=1)
+        else:
+            noise = torch.randn_like(x0)
+        x_t = self.schedule.q_sample(x0, t, noise)  # (N, K, H) f32
         return F.mse_loss(self.epsilon(x_t, t, c), noise)
 
     def epsilon(self, x_t: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -68,10 +68,17 @@ class DQNConfig:
     (one linear layer over the flattened L x F window). See :class:`WindowEncoder`."""
     layers: int = 1
     """Hidden layers of the torso over [encoded window, position] (>= 1)."""
-    gamma: float = 0.99
-    """Discount per bar."""
-    n_step: int = 3
-    """Steps in the n-step return (1 = one-step Q-learning)."""
+    gamma: float = 0.5
+    """Discount per bar. Low on purpose: in this environment an action moves the future only
+    through the next trade's cost (the position is part of the state; returns do not depend
+    on it), so the value of a position is mostly its next-bar reward, and a long horizon
+    only adds the noise of many future returns to every target. Trading DQNs use 0.3
+    (Zhang, Zohren & Roberts 2020, "Deep RL for Trading") and 0.4 (Théate & Ernst 2021,
+    "An application of deep RL to algorithmic trading"); 0.99 is the Atari value."""
+    n_step: int = 1
+    """Steps in the n-step return (1 = one-step Q-learning). One step by default: the reward
+    of an action arrives on the next bar, and the later rewards of an uncorrected n-step
+    return belong to later (exploratory) actions, so they add variance, not signal."""
     buffer_capacity: int = 50_000
     """Replay capacity in transitions (stored on the device in the data dtype)."""
     replay_batch_size: int = 64
@@ -82,8 +89,10 @@ class DQNConfig:
     """Vectorized environment steps per ``collect`` call (each adds num_envs transitions)."""
     gradient_steps: int = 1
     """Gradient steps per ``collect`` call once learning has started."""
-    target_update_period: int = 500
-    """Gradient steps between target-network updates."""
+    target_update_period: int = 100
+    """Gradient steps between target-network updates. With gamma 0.5 the bootstrap term is
+    a small part of each target, so a short period costs little stability and lets short
+    trials (a few hundred gradient steps, as under ASHA) bootstrap from a trained net."""
     tau: float = 1.0
     """Target update rate: 1.0 copies the online net (hard update), < 1 is Polyak averaging.
     Under bf16 prefer 1.0: a soft step smaller than bf16's rounding is lost."""
@@ -158,16 +167,18 @@ class DQNConfig:
             raise ValueError(f"dqn.v_min ({self.v_min}) must be below dqn.v_max ({self.v_max})")
 
 
-# Ranges from the literature: gamma and n_step around Rainbow's (0.99, 3); target period
-# from cleanrl's 500-1000 updates to Nature DQN's 10k frames (2.5k updates); PER alpha 0
-# (uniform) to Schaul's proportional 0.6-0.7, beta0 around Schaul's 0.4-0.5; exploration
-# decay over 10-50% of training.
+# Ranges from the literature: gamma from the trading DQNs' 0.3-0.4 (Zhang et al. 2020,
+# Théate & Ernst 2021) to Rainbow's 0.99; n_step 1 to a little above Rainbow's 3; target
+# period from 50 updates (short trials) over cleanrl's 500-1000 to Nature DQN's 10k frames
+# (2.5k updates); PER alpha 0 (uniform) to Schaul's proportional 0.6-0.7, beta0 around
+# Schaul's 0.4-0.5; exploration decay over 10-50% of training; both window encoders.
 SEARCH_SPACE: SearchSpace = {
     "hidden": Choice((32, 64, 128, 256)),
     "layers": Int(1, 3),
-    "gamma": Float(0.9, 0.999),
+    "encoder": Choice(ENCODERS),
+    "gamma": Float(0.3, 0.99),
     "n_step": Int(1, 5),
-    "target_update_period": Int(100, 5_000, log=True),
+    "target_update_period": Int(50, 5_000, log=True),
     "eps_end": Float(0.01, 0.1, log=True),
     "eps_decay": Float(0.1, 0.5),
     "per_alpha": Float(0.0, 0.8),
@@ -542,6 +553,7 @@ __all__ = [
     "DQNConfig",
     "DQNLearner",
     "QNetwork",
+    "WindowEncoder",
     "build",
     "categorical_projection",
 ]

@@ -224,8 +224,8 @@ def ssd_chunked(
     """The SSD scan by chunks (the paper's ``ssd_minimal_discrete``).
 
     x (N, L, H, P) inputs already scaled by dt, a (N, L, H) log-decays dt * A (<= 0),
-    b, c (N, L, H, S), initial_state (N, H, P, S) or None (zeros)
-    -> y (N, L, H, P), final state (N, H, P, S).
+    b, c (N, L, H or 1, S) (a head dim of 1 is shared by every head),
+    initial_state (N, H, P, S) or None (zeros) -> y (N, L, H, P), final state (N, H, P, S).
     """
     n, length, h, p = x.shape
     pad = (-length) % chunk_size
@@ -234,30 +234,34 @@ def ssd_chunked(
         a = F.pad(a, (0, 0, 0, pad))
         b = F.pad(b, (0, 0, 0, 0, 0, pad))
         c = F.pad(c, (0, 0, 0, 0, 0, pad))
-    k = (length + pad) // chunk_size
-    x, b, c = (t.reshape(n, k, chunk_size, h, t.shape[-1]) for t in (x, b, c))  # (N, K, Q, H, .)
-    a = a.reshape(n, k, chunk_size, h).permute(0, 3, 1, 2)  # (N, H, K, Q)
-    a_cumsum = a.cumsum(dim=-1)  # (N, H, K, Q)
+    k, q = (length + pad) // chunk_size, chunk_size
 
-    # 1. Within each chunk: the masked quadratic form C_i B_j^T exp(segsum)_{ij} x_j.
-    decay = torch.exp(segsum(a))  # (N, H, K, Q, Q)
-    y_diag = torch.einsum("nklhs,nkjhs,nhklj,nkjhp->nklhp", c, b, decay, x)
+    def chunked(t: torch.Tensor) -> torch.Tensor:  # (N, K*Q, H, D) -> (N, H, K, Q, D)
+        return t.reshape(n, k, q, t.shape[2], t.shape[3]).permute(0, 3, 1, 2, 4)
 
-    # 2. Each chunk's final state from its own inputs (decayed to the chunk's end).
-    decay_to_end = torch.exp(a_cumsum[..., -1:] - a_cumsum)  # (N, H, K, Q)
-    states = torch.einsum("nkjhs,nhkj,nkjhp->nkhps", b, decay_to_end, x)  # (N, K, H, P, S)
+    x, b, c = chunked(x), chunked(b), chunked(c)
+    a_cumsum = a.reshape(n, k, q, h).permute(0, 3, 1, 2).cumsum(dim=-1)  # (N, H, K, Q)
+    a_chunk = a_cumsum[..., -1]  # (N, H, K): log-decay across each whole chunk
 
-    # 3. Pass states between chunks: a recurrence over K chunk boundaries, as one product.
+    # 1. Within each chunk: the masked quadratic form (C_i . B_j) exp(segsum)_ij x_j.
+    decay = torch.exp(segsum(a.reshape(n, k, q, h).permute(0, 3, 1, 2)))  # (N, H, K, Q, Q)
+    y_diag = ((c @ b.transpose(-1, -2)) * decay) @ x  # (N, H, K, Q, P)
+
+    # 2. Each chunk's final state from its own inputs, decayed to the chunk's end.
+    decay_to_end = torch.exp(a_chunk.unsqueeze(-1) - a_cumsum)  # (N, H, K, Q)
+    states = (x * decay_to_end.unsqueeze(-1)).transpose(-1, -2) @ b  # (N, H, K, P, S)
+
+    # 3. Pass states between chunks: the recurrence over K chunk boundaries, as one product.
     if initial_state is None:
-        initial_state = torch.zeros_like(states[:, 0])
-    states = torch.cat([initial_state.unsqueeze(1), states], dim=1)  # (N, K+1, H, P, S)
-    chunk_decay = torch.exp(segsum(F.pad(a_cumsum[..., -1], (1, 0))))  # (N, H, K+1, K+1)
-    states = torch.einsum("nhzk,nkhps->nzhps", chunk_decay, states)  # (N, K+1, H, P, S)
-    states, final_state = states[:, :-1], states[:, -1]  # entering each chunk; after the last
+        initial_state = x.new_zeros(n, h, p, b.shape[-1])
+    states = torch.cat([initial_state.unsqueeze(2), states], dim=2)  # (N, H, K+1, P, S)
+    chunk_decay = torch.exp(segsum(F.pad(a_chunk, (1, 0))))  # (N, H, K+1, K+1)
+    states = (chunk_decay @ states.flatten(-2)).unflatten(-1, (p, -1))  # (N, H, K+1, P, S)
+    states, final_state = states[:, :, :-1], states[:, :, -1]  # entering each chunk; final
 
     # 4. The state entering each chunk, read out by C and decayed to each position.
-    y_off = torch.einsum("nklhs,nkhps,nhkl->nklhp", c, states, torch.exp(a_cumsum))
-    y = (y_diag + y_off).reshape(n, k * chunk_size, h, p)
+    y_off = (c @ states.transpose(-1, -2)) * torch.exp(a_cumsum).unsqueeze(-1)  # (N, H, K, Q, P)
+    y = (y_diag + y_off).permute(0, 2, 3, 1, 4).reshape(n, k * q, h, p)
     return y[:, :length], final_state
 
 
@@ -280,10 +284,9 @@ def ssd_sequential(
     )
     ys = []
     for t in range(length):
-        state = torch.exp(a[:, t])[..., None, None] * state + torch.einsum(
-            "nhp,nhs->nhps", x[:, t], b[:, t]
-        )
-        ys.append(torch.einsum("nhps,nhs->nhp", state, c[:, t]))
+        decay = torch.exp(a[:, t])[..., None, None]  # (N, H, 1, 1)
+        state = decay * state + x[:, t, :, :, None] * b[:, t, :, None, :]  # (N, H, P, S)
+        ys.append((state * c[:, t, :, None, :]).sum(-1))  # (N, H, P)
     return torch.stack(ys, dim=1), state
 
 
@@ -343,8 +346,8 @@ class Mamba2Mixer(nn.Module):
         dt32 = F.softplus(f32(dt) + self.dt_bias)  # (N, L, H)
         a = -torch.exp(self.A_log)  # (H,) f32, in [-16, -1] at init
         x32 = f32(x).reshape(n, length, h, p)  # (N, L, H, P)
-        b32 = f32(b).unsqueeze(2).expand(n, length, h, s)  # (N, L, H, S), shared by heads
-        c32 = f32(c).unsqueeze(2).expand(n, length, h, s)
+        b32 = f32(b).unsqueeze(2)  # (N, L, 1, S): shared by every head
+        c32 = f32(c).unsqueeze(2)
         y, _ = ssd_chunked(x32 * dt32.unsqueeze(-1), a * dt32, b32, c32, self.chunk_size)
         y = y + self.D[:, None] * x32  # (N, L, H, P)
         y = like(y.reshape(n, length, di), u)

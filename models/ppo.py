@@ -219,17 +219,13 @@ class ActorCritic(nn.Module):
         return self.torso(z)
 
     def core(
-        self, z: torch.Tensor, state: LSTMState | None, start: torch.Tensor | None = None
+        self, z: torch.Tensor, state: LSTMState | None
     ) -> tuple[torch.Tensor, LSTMState | None]:
-        """One recurrent step on (B, H) features; the state is zeroed where ``start`` (B,)."""
+        """One recurrent step on (B, H) features (identity when not recurrent)."""
         if self.lstm is None:
             return z, None
         assert state is not None
-        h, c = state
-        if start is not None:
-            keep = ~start[:, None]
-            h, c = torch.where(keep, h, 0.0), torch.where(keep, c, 0.0)
-        h, c = self.lstm(z, (h, c))
+        h, c = self.lstm(z, state)
         return h, (h, c)
 
     def heads(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,6 +303,18 @@ def value_loss(
         clipped = old_value + (value - old_value).clamp(-value_clip, value_clip)
         squared = torch.maximum(squared, (clipped - returns).square())
     return 0.5 * squared.mean()
+
+
+def _reset(state: LSTMState | None, start: torch.Tensor) -> LSTMState | None:
+    """Zero the LSTM state (B, H) of the rows where ``start`` (B,): a new episode begins."""
+    if state is None:
+        return None
+    keep = ~start[:, None]
+    return torch.where(keep, state[0], 0.0), torch.where(keep, state[1], 0.0)
+
+
+def _cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.cat([a, b.to(a.dtype)])
 
 
 def normalize(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -448,7 +456,11 @@ class PPOLearner(nn.Module):
     @torch.no_grad()
     def collect(self, env: TradingEnvLike, progress: float) -> None:
         """``n_steps`` sampled vectorized steps into the rollout, then GAE. ``progress`` is
-        unused: PPO here has no schedule of its own (lr annealing is the trainer's)."""
+        unused: PPO here has no schedule of its own (lr annealing is the trainer's).
+
+        One network pass per step: where the environment hands ``final_obs`` (a time
+        limit), the pass runs on [final_obs; next_obs] (2N rows), giving the bootstrap
+        value of the pre-reset state and the next step's policy at once."""
         del progress
         cfg = self.config
         if env.num_envs != cfg.num_envs or env.n_actions != self.n_actions:
@@ -457,21 +469,20 @@ class PPOLearner(nn.Module):
                 f"was built for num_envs={cfg.num_envs}, n_actions={self.n_actions}"
             )
         obs = env.observe()
-        window = obs[0]  # (N, L, F)
-        self._ensure_storage(window.dtype, window.device)
-        ro, net = self.rollout, self.net
+        self._ensure_storage(obs[0].dtype, obs[0].device)
+        ro, n = self.rollout, cfg.num_envs
         assert ro is not None and self._start is not None
-        start, state = self._start, self._state
+        start, state = self._start, self._state  # state: already zeroed where start
+        logits, value, next_state = self._forward(obs, state)
+        time_limits = False  # the environment hands final_obs: episode ends are truncations
         for t in range(cfg.n_steps):
             ro.window[t].copy_(obs[0])
             ro.position[t].copy_(obs[1])
             ro.start[t].copy_(start)
             if state is not None:
                 assert ro.h is not None and ro.c is not None
-                ro.h[t].copy_(torch.where(start[:, None], 0.0, state[0]))
-                ro.c[t].copy_(torch.where(start[:, None], 0.0, state[1]))
-            z, state = net.core(net.features(obs), state, start)
-            logits, value = net.heads(z)
+                ro.h[t].copy_(state[0])
+                ro.c[t].copy_(state[1])
             logp = F.log_softmax(f32(logits), dim=-1)  # (N, A)
             action = self._sample(logp)
             ro.action[t].copy_(action)
@@ -480,33 +491,51 @@ class PPOLearner(nn.Module):
             transition = env.step(action)
             ro.reward[t].copy_(transition.reward)
             ro.done[t].copy_(transition.done)
-            if transition.final_obs is not None:
-                # Time limit: the value of the state before the reset, from the LSTM state
-                # this step produced (computed for every env; used only where done).
-                zf, _ = net.core(net.features(transition.final_obs), state)
-                ro.final_value[t].copy_(net.heads(zf)[1])
-            start = transition.done
-            # Nothing else steps the env inside one collect: its next_obs is what observe()
-            # would return, so reuse it instead of gathering the windows twice.
-            obs = transition.next_obs
-            if state is not None:
-                state = (like(state[0], ro.window), like(state[1], ro.window))
-        z, _ = net.core(net.features(obs), state, start)
-        last_value = net.heads(z)[1]
+            start, obs = transition.done, transition.next_obs
+            state = _reset(next_state, start)
+            if transition.final_obs is None:  # every end is terminal: nothing to bootstrap
+                logits, value, next_state = self._forward(obs, state)
+                continue
+            time_limits = True
+            # The pre-reset state continues the LSTM state this step produced.
+            both_obs = (
+                _cat(transition.final_obs[0], obs[0]),
+                _cat(transition.final_obs[1], obs[1]),
+            )
+            both_state = (
+                None
+                if state is None
+                else (_cat(next_state[0], state[0]), _cat(next_state[1], state[1]))
+            )
+            logits, value, both_next = self._forward(both_obs, both_state)
+            ro.final_value[t].copy_(value[:n])
+            logits, value = logits[n:], value[n:]
+            next_state = None if both_next is None else (both_next[0][n:], both_next[1][n:])
         advantage, returns = gae(
             ro.reward,
             ro.value,
             ro.done,
-            f32(last_value),
+            f32(value),
             cfg.gamma,
             cfg.gae_lambda,
-            ro.final_value,
+            ro.final_value if time_limits else None,
         )
         ro.advantage.copy_(advantage)
         ro.returns.copy_(returns)
-        self._start, self._state = start.clone(), state
+        self._start = start.clone()
+        self._state = (
+            None if state is None else (like(state[0], ro.window), like(state[1], ro.window))
+        )
         self.env_steps += cfg.n_steps
         self.pending = True
+
+    def _forward(
+        self, obs: Obs, state: LSTMState | None
+    ) -> tuple[torch.Tensor, torch.Tensor, LSTMState | None]:
+        """Logits (B, A), value (B,) and the next LSTM state of one step from ``state``."""
+        z, state = self.net.core(self.net.features(obs), state)
+        logits, value = self.net.heads(z)
+        return logits, value, state
 
     def _sample(self, logp: torch.Tensor) -> torch.Tensor:
         """(N,) actions drawn from the categorical ``logp`` (N, A) f32 by Gumbel-max."""
@@ -556,7 +585,7 @@ class PPOLearner(nn.Module):
             starts = ro.start[t, e]  # (S, M)
             outs = []
             for j, zj in enumerate(z.view(seq, m, -1)):
-                out, state = self.net.core(zj, state, starts[j])
+                out, state = self.net.core(zj, _reset(state, starts[j]))
                 outs.append(out)
             z = torch.cat(outs)
         logits, value = self.net.heads(z)

@@ -15,3 +15,16 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def ray_session():  # type: ignore[no-untyped-def]
+    """One local Ray for the whole test session (start-up costs ~10 s): 2 CPUs and 4
+    logical GPUs, so CPU-only tests can check fractional-GPU packing."""
+    import ray
+
+    from cluster.connect import ensure_ray
+
+    info = ensure_ray(num_cpus=2, num_gpus=4)
+    yield info
+    ray.shutdown()

@@ -85,13 +85,13 @@ def decode(dim: Dim, u: float) -> Any:
     u = min(max(float(u), 0.0), 1.0)
     if isinstance(dim, Choice):
         n = len(dim.options)
-        return dim.options[min(int(math.floor(u * n)), n - 1)]
+        return dim.options[min(math.floor(u * n), n - 1)]
     a, b = _span(dim)
     x = a + u * (b - a)
     if dim.log:
         x = math.exp(x)
     if isinstance(dim, Int):
-        return min(max(int(math.floor(x + 0.5)), dim.low), dim.high)
+        return min(max(math.floor(x + 0.5), dim.low), dim.high)
     return min(max(x, float(dim.low)), float(dim.high))
 
 

@@ -14,7 +14,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from models.base import DataShape, RLLearner, count_parameters
-from models.dqn import FAMILY, DQNConfig, DQNLearner, build, categorical_projection
+from models.dqn import (
+    FAMILY,
+    DQNConfig,
+    DQNLearner,
+    WindowEncoder,
+    build,
+    categorical_projection,
+)
 from trainables.env import TradingEnv
 from trainables.precision import StepGuard, floating_dtypes, get_policy
 from trainables.replay import ReplaySample
@@ -22,6 +29,8 @@ from trainables.replay import ReplaySample
 SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
 SMALL = DQNConfig(
     hidden=16,
+    gamma=0.99,
+    n_step=3,
     num_envs=4,
     episode_len=8,
     buffer_capacity=256,
@@ -73,7 +82,14 @@ def _learner(config: DQNConfig, policy: str = "f32", seed: int = 0) -> DQNLearne
 
 def test_family_record_and_defaults() -> None:
     cfg = DQNConfig()
-    assert (cfg.hidden, cfg.gamma, cfg.n_step, cfg.distributional) == (64, 0.99, 3, False)
+    assert (cfg.hidden, cfg.encoder, cfg.gamma, cfg.n_step, cfg.distributional) == (
+        64,
+        "factorized",
+        0.5,
+        1,
+        False,
+    )
+    assert cfg.target_update_period == 100
     fields = set(FAMILY.config_fields())
     for name, dim in FAMILY.search_space.items():
         assert name in fields, name
@@ -81,9 +97,11 @@ def test_family_record_and_defaults() -> None:
     assert not {"lr", "batch_size", "weight_decay"} & set(FAMILY.search_space)
     learner = build(cfg, DataShape(n_features=8, lookback=32, n_assets=1))
     assert isinstance(learner, RLLearner)
-    # encoder 256*64+64, torso 65*64+64, value 64+1, advantage 3*64+3
-    assert count_parameters(learner.online) == 16448 + 4224 + 65 + 195 == 20932
-    assert sum(p.numel() for p in learner.trainable_parameters()) == 20932
+    # encoder 8*64 + 64*32 + 64, torso 65*64+64, value 64+1, advantage 3*64+3
+    assert count_parameters(learner.online) == 2624 + 4224 + 65 + 195 == 7108
+    assert sum(p.numel() for p in learner.trainable_parameters()) == 7108
+    flat = build(dataclasses.replace(cfg, encoder="flat"), learner.shape)
+    assert count_parameters(flat.online) == 16448 + 4224 + 65 + 195  # encoder 256*64+64
 
 
 @pytest.mark.parametrize(
@@ -95,6 +113,7 @@ def test_family_record_and_defaults() -> None:
         ("tau", 0.0, "dqn.tau must be in"),
         ("v_min", 20.0, "dqn.v_min"),
         ("buffer_capacity", 8, "dqn.buffer_capacity"),
+        ("encoder", "lstm", "dqn.encoder must be one of"),
     ],
 )
 def test_config_validation_names_the_field(field: str, value: object, message: str) -> None:
@@ -124,6 +143,20 @@ def test_dueling_advantage_is_zero_centred(distributional: bool) -> None:
     out = learner.online(obs)
     torch.testing.assert_close(out, value + adv)
     torch.testing.assert_close(out.mean(dim=1, keepdim=True), value, atol=1e-6, rtol=1e-6)
+
+
+def test_window_encoder_is_a_factorized_linear_layer_starting_at_the_last_bar() -> None:
+    torch.manual_seed(0)
+    enc = WindowEncoder(lookback=5, n_features=3, hidden=4)
+    x = torch.randn(6, 5, 3)
+    # At init only the decision bar counts: relu(W x_L + b).
+    torch.testing.assert_close(enc(x), torch.relu(enc.bar(x[:, -1]) + enc.bias))
+    with torch.no_grad():
+        enc.lag.normal_()
+        enc.bias.normal_()
+    # Same map as one flat linear layer whose weight is lag[h, l] * W[h, f].
+    weight = (enc.lag[:, :, None] * enc.bar.weight[:, None, :]).reshape(4, 15)
+    torch.testing.assert_close(enc(x), torch.relu(x.reshape(6, 15) @ weight.T + enc.bias))
 
 
 def _constant_net(net: torch.nn.Module, value: float, advantage: list[float]) -> None:
@@ -289,6 +322,27 @@ def _train(
                 learner.after_step()
     assert step_guard.skipped.item() == 0
     return losses
+
+
+def test_time_limit_bootstraps_from_the_state_before_the_reset() -> None:
+    """Episodes end by a time limit only: the env hands the state before its reset as
+    ``final_obs`` and the stored transition bootstraps from it (done False)."""
+    config = dataclasses.replace(SMALL, n_step=1, episode_len=2)
+    env, learner = _env(config), _learner(config)
+    env.step(torch.full((config.num_envs,), 2))  # long
+    t, asset = env.t.clone(), env.asset.clone()
+    last = env.step(torch.zeros(config.num_envs, dtype=torch.int64))  # short; episodes end
+    assert last.done.all() and last.final_obs is not None
+    window = env.windows[t + 1 - (SHAPE.lookback - 1), asset].transpose(1, 2)
+    torch.testing.assert_close(last.final_obs[0], window)  # the same asset, one bar on
+    torch.testing.assert_close(last.final_obs[1], torch.full((config.num_envs,), -1.0))
+    torch.testing.assert_close(last.next_obs[1], torch.zeros(config.num_envs))  # reset
+    learner._ensure_storage(torch.float32, torch.device("cpu"))
+    assert learner.nstep is not None
+    out = learner.nstep.push(last)
+    assert out is not None and not out.done.any()
+    torch.testing.assert_close(out.bootstrap, torch.full((config.num_envs,), config.gamma))
+    torch.testing.assert_close(out.next_obs[0], window)
 
 
 @pytest.mark.parametrize("policy", ["f32", "bf16"])

@@ -48,8 +48,12 @@ def _replay(capacity: int, alpha: float, seed: int = 0, dtype=torch.float32) -> 
 # n-step accumulator
 
 
+@pytest.mark.parametrize("time_limit", [False, True])
 @pytest.mark.parametrize("n", [1, 3, 4])
-def test_nstep_matches_reference_loop(n: int) -> None:
+def test_nstep_matches_reference_loop(n: int, time_limit: bool) -> None:
+    """``time_limit``: the environment hands ``final_obs`` (the state before its reset), so
+    episode ends are truncations: the return still stops there, but it bootstraps from
+    ``final_obs`` (done False). Without it every episode end is terminal."""
     steps, envs, gamma = 40, 5, 0.9
     gen = torch.Generator().manual_seed(n)
     rewards = torch.randn(steps, envs, generator=gen)
@@ -61,6 +65,8 @@ def test_nstep_matches_reference_loop(n: int) -> None:
     ids = torch.arange(steps)[:, None] * 100.0 + torch.arange(envs)[None, :]  # (T, N)
     windows = ids[:, :, None, None].expand(steps, envs, 2, 1)
     next_windows = windows + 0.5
+    final_windows = windows + 0.25  # differs from next_windows: where done, next_obs is reset
+    final_positions = next_positions + 3.0
 
     acc = NStepAccumulator(n, gamma, envs, (2, 1), torch.float32, "cpu")
     emitted: list[dict[str, torch.Tensor]] = []
@@ -72,6 +78,7 @@ def test_nstep_matches_reference_loop(n: int) -> None:
                 reward=rewards[t],
                 done=dones[t],
                 next_obs=(next_windows[t], next_positions[t]),
+                final_obs=(final_windows[t], final_positions[t]) if time_limit else None,
             )
         )
         assert (out is None) == (t < n - 1)
@@ -101,13 +108,15 @@ def test_nstep_matches_reference_loop(n: int) -> None:
                     break
             last = t + k - 1
             assert got["reward"][e].item() == pytest.approx(ret, abs=1e-5)
-            assert got["done"][e].item() == bool(d[last, e])
+            assert got["done"][e].item() == (bool(d[last, e]) and not time_limit)
             assert got["discount"][e].item() == pytest.approx(gamma**k, rel=1e-6)
             assert got["window"][e, 0, 0].item() == ids[t, e].item()
             assert got["position"][e].item() == positions[t, e].item()
             assert got["action"][e].item() == actions[t, e].item()
-            assert got["next_window"][e, 0, 0].item() == ids[last, e].item() + 0.5
-            assert got["next_position"][e].item() == next_positions[last, e].item()
+            successor = final_positions if time_limit else next_positions
+            offset = 0.25 if time_limit else 0.5
+            assert got["next_window"][e, 0, 0].item() == ids[last, e].item() + offset
+            assert got["next_position"][e].item() == successor[last, e].item()
 
 
 def test_nstep_state_round_trip_continues_identically() -> None:

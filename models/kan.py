@@ -1,0 +1,404 @@
+"""Kolmogorov-Arnold Network over the last bars of each window.
+
+Liu, Wang, Vaidya, Ruehle, Halverson, Soljačić, Hou & Tegmark (2024), "KAN:
+Kolmogorov-Arnold Networks", arXiv:2404.19756 (ICLR 2025).
+
+A KAN layer puts a learnable univariate function on every edge and sums at the nodes:
+``y_j = sum_i phi_ji(x_i) + bias_j`` with (the paper's eq. 2.10)
+
+    phi_ji(x) = w_b[j, i] * silu(x) + w_s[j, i] * sum_c c[j, i, c] B_c(x)
+
+where ``B_c`` are the ``G + k`` B-splines of order ``k`` on a grid of ``G`` intervals
+extended by ``k`` knots on each side (Cox-de Boor recursion), ``w_b`` is the base
+branch's weight, ``w_s`` the spline scale. Initialisation follows pykan: ``w_b`` uniform
+in +-1/sqrt(n_in), ``w_s = 1/sqrt(n_in)``, coefficients small noise, node biases 0.
+
+Each input dimension has its own grid. :meth:`KANLayer.update_grid` is the paper's grid
+update (its Sec. 2.5 / pykan's ``update_grid_from_samples``): the interior knots move to
+the quantiles of a sample of the layer's inputs (blended with a uniform grid by
+``grid_eps``), and the coefficients are re-solved by least squares so that each edge's
+spline takes the same values on that sample as before. :meth:`KAN.on_epoch_start` does it
+for every layer (inputs of layer l+1 come from the updated layer l) during the first
+``grid_update_epochs`` epochs; the counter is a buffer, so a resumed trial does not repeat
+updates. Unlike efficient-kan, the refit is of the unscaled spline, so ``w_s`` keeps its
+meaning and the function is preserved with it.
+
+Regularization (the paper's Sec. 2.5.1, eq. 2.20): the L1 norm of an edge is its mean
+absolute activation over the batch, ``|phi|_1 = mean_s |phi(x_s)|``; a layer's L1 is the
+sum over its edges and its entropy is ``-sum p log p`` with ``p = |phi|_1 / |Phi|_1``. The
+loss adds ``reg_lambda * sum_l (|Phi_l|_1 + reg_entropy * S(Phi_l))``. It needs every
+edge's activation, ``(N, n_out, n_in)``, so training with ``reg_lambda > 0`` evaluates the
+layers edge-wise; without it (and for positions) the layers run as two matmuls.
+
+Input: the last ``window`` bars of each asset's window, flattened (``window * F`` inputs;
+assets folded into the batch). Output: the next standardized return. Loss: Huber (f32)
+plus the regularization. Position: ``tanh(position_scale * forecast)``.
+
+Precision. The matmuls over base weights and spline coefficients run in the parameter
+dtype. What stays f32, and why:
+
+* the knot grid (``grid`` in ``keep_f32``). After a grid update the knots are sample
+  quantiles that can lie closer together than a bf16 ulp (2^-8 relative); rounded, two
+  knots coincide and the recursion divides by zero, or basis functions lose their support.
+* the B-spline bases: the recursion divides differences of nearby knots and inputs;
+  computed in f32 from the upcast input, then cast to the input's dtype for the matmul
+  (values in [0, 1] summing to 1, which bf16 holds to 2^-9).
+* the grid update: quantiles, the old spline values and the least-squares solve
+  (autocast off), the new coefficients rounded once to the parameter dtype at the end.
+* the regularization (means over the batch, an entropy of ratios), the Huber loss and the
+  position mapping.
+
+Run ``.venv/bin/python -m pytest tests/models/test_kan.py -q`` to check this file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Batch,
+    DataShape,
+    Family,
+    Float,
+    Int,
+    SearchSpace,
+    fold_assets,
+    unfold_assets,
+)
+from trainables.precision import f32, like
+
+__all__ = [
+    "FAMILY",
+    "KAN",
+    "SEARCH_SPACE",
+    "KANConfig",
+    "KANLayer",
+    "build",
+    "edge_regularization",
+]
+
+# Initial spline coefficients: uniform noise of this total width (pykan's noise_scale/2).
+SPLINE_INIT_NOISE = 0.1
+# The refit grid reaches this share of the sample's range (plus the same absolute amount)
+# beyond the smallest and largest sample, so every sample is strictly inside the grid.
+GRID_MARGIN = 0.01
+# Adjacent knots are kept at least this share of a uniform interval apart: ties in the
+# sample (clipped or constant features) would otherwise collapse intervals.
+MIN_KNOT_GAP = 0.01
+# Ridge per sample in the coefficient refit: keeps the least-squares system full rank
+# (CUDA's lstsq driver needs it) when a basis function sees few samples; its bias on the
+# refit is ~1e-6 of the coefficients.
+REFIT_RIDGE = 1e-6
+
+
+@dataclass(frozen=True)
+class KANConfig:
+    """Shape, grid and regularization of one KAN. Defaults: 2,649 parameters at F=8
+    (no parameter depends on L or A)."""
+
+    window: int = 4
+    """Last bars of the window fed to the network, flattened: window * F inputs
+    (at most the trainer's lookback)."""
+
+    width: int = 8
+    """Nodes in each hidden KAN layer."""
+
+    depth: int = 1
+    """Hidden KAN layers: the shape is [window * F, width x depth, 1] (0: one layer)."""
+
+    grid_size: int = 5
+    """Grid intervals G per input dimension (G + spline_order coefficients per edge)."""
+
+    spline_order: int = 3
+    """B-spline order k (3: cubic, the paper's choice)."""
+
+    grid_range: float = 2.0
+    """The initial grid is uniform on [-grid_range, grid_range] (inputs are z-scores);
+    grid updates then fit it to the data."""
+
+    grid_eps: float = 0.02
+    """Grid update: knots = grid_eps * uniform + (1 - grid_eps) * sample quantiles
+    (pykan's default; 1 keeps the grid uniform over the sample's range)."""
+
+    grid_update_epochs: int = 3
+    """Epochs at whose start ``on_epoch_start`` refits the grids (0: never)."""
+
+    reg_lambda: float = 1e-4
+    """Weight lambda of the paper's regularization in the loss (0: none)."""
+
+    reg_entropy: float = 1.0
+    """mu_2 / mu_1: weight of the edge entropy relative to the L1 term (the paper's 1)."""
+
+    position_scale: float = 4.0
+    """Position = tanh(position_scale * forecast), the forecast in standardized-return
+    units (a forecast of 0.25 sigma trades at tanh(1) = 0.76 by default)."""
+
+    huber_delta: float = 1.0
+    """Huber loss threshold in standardized-return units: squared error within it, linear
+    beyond, so fat-tailed bars in the volatile regime do not dominate the gradient."""
+
+    def __post_init__(self) -> None:
+        for name in ("window", "width", "grid_size", "spline_order"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("depth", "grid_update_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.grid_range > 0:
+            raise ValueError(f"grid_range must be > 0, got {self.grid_range}")
+        if not 0.0 <= self.grid_eps <= 1.0:
+            raise ValueError(f"grid_eps must be in [0, 1], got {self.grid_eps}")
+        for name in ("reg_lambda", "reg_entropy"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.position_scale > 0:
+            raise ValueError(f"position_scale must be > 0, got {self.position_scale}")
+        if not self.huber_delta > 0:
+            raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
+
+
+def uniform_grid(
+    n_in: int, grid_size: int, spline_order: int, lo: float, hi: float
+) -> torch.Tensor:
+    """(n_in, G + 2k + 1) f32 knots: G uniform intervals on [lo, hi], k more each side."""
+    h = (hi - lo) / grid_size
+    knots = torch.arange(-spline_order, grid_size + spline_order + 1) * h + lo
+    return f32(knots).expand(n_in, -1).contiguous()
+
+
+class KANLayer(nn.Module):
+    """n_in -> n_out KAN layer: a base + B-spline function on every edge, summed at nodes."""
+
+    # The knots stay f32 under every policy (see the module docstring).
+    keep_f32 = ("grid",)
+    grid: torch.Tensor  # (n_in, G + 2k + 1) f32
+
+    def __init__(
+        self, n_in: int, n_out: int, grid_size: int, spline_order: int, grid_range: float
+    ) -> None:
+        super().__init__()
+        self.n_in, self.n_out = n_in, n_out
+        self.grid_size, self.spline_order = grid_size, spline_order
+        n_coef = grid_size + spline_order
+        self.register_buffer(
+            "grid", uniform_grid(n_in, grid_size, spline_order, -grid_range, grid_range)
+        )
+        bound = 1.0 / math.sqrt(n_in)
+        self.base_weight = nn.Parameter(torch.empty(n_out, n_in).uniform_(-bound, bound))
+        self.spline_weight = nn.Parameter(
+            (torch.rand(n_out, n_in, n_coef) - 0.5) * SPLINE_INIT_NOISE
+        )
+        self.spline_scale = nn.Parameter(torch.full((n_out, n_in), bound))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def b_splines(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, n_in) -> (N, n_in, G + k) f32 B-spline bases (Cox-de Boor recursion).
+
+        On [knot k, knot G+k) of each input the bases are >= 0 and sum to 1; outside the
+        extended grid they are 0 (only the base branch speaks there).
+        """
+        x = f32(x).unsqueeze(-1)  # (N, n_in, 1)
+        t = self.grid  # (n_in, K), K = G + 2k + 1 strictly increasing knots
+        bases = f32((x >= t[:, :-1]) & (x < t[:, 1:]))  # (N, n_in, K - 1): order 0
+        for p in range(1, self.spline_order + 1):
+            left = (x - t[:, : -(p + 1)]) / (t[:, p:-1] - t[:, : -(p + 1)])
+            right = (t[:, p + 1 :] - x) / (t[:, p + 1 :] - t[:, 1:-p])
+            bases = left * bases[..., :-1] + right * bases[..., 1:]  # (N, n_in, K - 1 - p)
+        return bases
+
+    def scaled_spline_weight(self) -> torch.Tensor:
+        """(n_out, n_in, G + k) coefficients times the spline scale w_s."""
+        return self.spline_weight * self.spline_scale.unsqueeze(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, n_in) -> (N, n_out): the node sums, as two matmuls."""
+        bases = like(self.b_splines(x), x).flatten(1)  # (N, n_in * (G + k))
+        spline = F.linear(bases, self.scaled_spline_weight().flatten(1))
+        return F.linear(F.silu(x), self.base_weight) + spline + self.bias
+
+    def edge_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, n_in) -> (N, n_out, n_in): phi_ji(x_i) for every edge (no node bias)."""
+        bases = like(self.b_splines(x), x)  # (N, n_in, G + k)
+        spline = torch.einsum("nic,oic->noi", bases, self.spline_weight) * self.spline_scale
+        return F.silu(x).unsqueeze(1) * self.base_weight + spline
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor, grid_eps: float = 0.02) -> None:
+        """Refit the knots to the quantiles of ``x`` (N, n_in) and re-solve the spline
+        coefficients so that every edge's spline keeps its values on ``x``."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x32 = f32(x)
+            # Unscaled spline of every edge on the sample, by input: (n_in, N, n_out).
+            old = torch.einsum("nic,oic->ino", self.b_splines(x32), f32(self.spline_weight))
+            self.grid.copy_(self._grid_from_samples(x32, grid_eps))
+            coef = self._least_squares(self.b_splines(x32).transpose(0, 1), old)  # (n_in, C, n_out)
+            self.spline_weight.copy_(like(coef.permute(2, 0, 1), self.spline_weight))
+
+    def _grid_from_samples(self, x: torch.Tensor, grid_eps: float) -> torch.Tensor:
+        """x (N, n_in) f32 -> (n_in, G + 2k + 1) knots: quantiles blended with uniform."""
+        g, k = self.grid_size, self.spline_order
+        xs = x.sort(dim=0).values  # (N, n_in)
+        n = xs.shape[0]
+        quantiles = xs[[round(i * (n - 1) / g) for i in range(g + 1)]]  # (G + 1, n_in)
+        margin = GRID_MARGIN * (xs[-1] - xs[0]) + GRID_MARGIN  # (n_in,)
+        lo, hi = xs[0] - margin, xs[-1] + margin
+        h = (hi - lo) / g  # (n_in,) uniform interval
+        steps = torch.arange(g + 1, device=x.device).unsqueeze(1)  # (G + 1, 1)
+        uniform = lo + h * steps
+        interior = grid_eps * uniform + (1.0 - grid_eps) * quantiles
+        interior[0], interior[-1] = lo, hi  # every sample strictly inside
+        widths = torch.maximum(interior.diff(dim=0), MIN_KNOT_GAP * h)  # (G, n_in)
+        interior = torch.cat([interior[:1], interior[:1] + widths.cumsum(dim=0)])
+        ext = torch.arange(1, k + 1, device=x.device).unsqueeze(1) * h  # (k, n_in)
+        knots = torch.cat([interior[:1] - ext.flip(0), interior, interior[-1:] + ext])
+        return knots.T.contiguous()
+
+    @staticmethod
+    def _least_squares(design: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """design (n_in, N, C), target (n_in, N, n_out) -> (n_in, C, n_out), ridge-augmented."""
+        n_in, n, c = design.shape
+        ridge = math.sqrt(REFIT_RIDGE * n) * torch.eye(c, device=design.device)
+        design = torch.cat([design, ridge.expand(n_in, c, c)], dim=1)
+        target = torch.cat([target, target.new_zeros(n_in, c, target.shape[-1])], dim=1)
+        return torch.linalg.lstsq(design, target).solution
+
+
+def edge_regularization(phi: torch.Tensor, entropy_weight: float) -> torch.Tensor:
+    """The paper's eq. 2.20 for one layer: |Phi|_1 + entropy_weight * S(Phi), f32.
+
+    phi (N, n_out, n_in) edge activations over a batch; |phi|_1 = mean_s |phi(x_s)|.
+    """
+    l1 = f32(phi).abs().mean(dim=0)  # (n_out, n_in)
+    total = l1.sum()
+    p = l1 / (total + 1e-12)
+    entropy = -torch.special.xlogy(p, p).sum()
+    return total + entropy_weight * entropy
+
+
+class KAN(nn.Module):
+    """KAN over the last ``window`` bars of (B, A, L, F) windows; assets folded."""
+
+    grid_updates: torch.Tensor  # () int64: grid updates done (saved with checkpoints)
+
+    def __init__(self, config: KANConfig, shape: DataShape) -> None:
+        super().__init__()
+        if config.window > shape.lookback:
+            raise ValueError(
+                f"window must be <= the lookback L={shape.lookback}, got {config.window}"
+            )
+        self.config = config
+        self.n_assets = shape.n_assets
+        self.n_features = shape.n_features
+        widths = [config.window * shape.n_features, *[config.width] * config.depth, 1]
+        self.layers = nn.ModuleList(
+            KANLayer(n_in, n_out, config.grid_size, config.spline_order, config.grid_range)
+            for n_in, n_out in itertools.pairwise(widths)
+        )
+        self.register_buffer("grid_updates", torch.tensor(0))
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F) -> (B*A, window*F): each asset's last bars, flattened."""
+        _, a, length, f = x.shape
+        if a != self.n_assets or f != self.n_features or length < self.config.window:
+            raise ValueError(
+                f"KAN was built for A={self.n_assets} assets, F={self.n_features} features "
+                f"and windows of >= {self.config.window} bars, got x of shape {tuple(x.shape)}"
+            )
+        return fold_assets(x)[:, -self.config.window :].flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F) -> (B, A) forecast of the next standardized return."""
+        h = self.inputs(x)
+        for layer in self.layers:
+            h = layer(h)
+        return unfold_assets(h.squeeze(-1), self.n_assets)
+
+    def forward_regularized(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, A, L, F) -> forecast (B, A) and the f32 sum of the layers' regularization,
+        evaluating every edge (the same forecast as :meth:`forward`)."""
+        h = self.inputs(x)
+        reg = f32(torch.zeros((), device=x.device))
+        for layer in self.layers:
+            phi = layer.edge_activations(h)  # (N, n_out, n_in)
+            reg = reg + edge_regularization(phi, self.config.reg_entropy)
+            h = phi.sum(dim=-1) + layer.bias
+        return unfold_assets(h.squeeze(-1), self.n_assets), reg
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 Huber loss of the forecast + reg_lambda * the paper's regularization."""
+        if self.config.reg_lambda == 0:
+            return F.huber_loss(f32(self(batch.x)), batch.y, delta=self.config.huber_delta)
+        pred, reg = self.forward_regularized(batch.x)
+        fit = F.huber_loss(f32(pred), batch.y, delta=self.config.huber_delta)
+        return fit + self.config.reg_lambda * reg
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
+        return torch.tanh(self.config.position_scale * f32(self(batch.x)))
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor) -> None:
+        """Refit every layer's grid to the activations ``x`` (B, A, L, F) produces there."""
+        h = self.inputs(x)
+        for layer in self.layers:
+            layer.update_grid(h, self.config.grid_eps)
+            h = layer(h)
+
+    @torch.no_grad()
+    def on_epoch_start(self, batch: Batch) -> None:
+        """Trainer hook: refit the grids to ``batch`` during the first grid_update_epochs."""
+        if int(self.grid_updates) < self.config.grid_update_epochs:
+            self.update_grid(batch.x)
+            self.grid_updates += 1
+
+
+def build(config: KANConfig, shape: DataShape) -> KAN:
+    return KAN(config, shape)
+
+
+# Ranges from the paper and pykan: cubic splines (k = 3; 1-3 tried), grids of 3-20
+# intervals before extension, narrow shallow networks ([n, 2n+1, 1] and smaller), grid
+# updates during the first few dozen steps (pykan stops at step 50), lambda 1e-4 to 1e-2
+# with mu_2 / mu_1 of 1-2 (pykan's default 2). The window is this adapter's own choice
+# (inputs = window * F). lr, batch size and weight decay belong to the trainer's space.
+SEARCH_SPACE: SearchSpace = {
+    "window": Int(1, 8),
+    "width": Int(2, 32, log=True),
+    "depth": Int(1, 3),
+    "grid_size": Int(3, 20),
+    "spline_order": Int(1, 3),
+    "grid_eps": Float(0.0, 1.0),
+    "grid_update_epochs": Int(0, 5),
+    "reg_lambda": Float(1e-5, 1e-2, log=True),
+    "reg_entropy": Float(0.0, 2.0),
+    "position_scale": Float(0.5, 32.0, log=True),
+}
+
+FAMILY = Family(
+    name="kan",
+    kind="forecast",
+    config_cls=KANConfig,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Liu, Wang, Vaidya, Ruehle, Halverson, Soljacic, Hou & Tegmark (2024), KAN: "
+        "Kolmogorov-Arnold Networks, arXiv:2404.19756"
+    ),
+    keeps_f32=(
+        "the spline knot grids (refit quantiles can be closer than a bf16 ulp), the "
+        "Cox-de Boor bases, the grid update and its least-squares refit, the L1 + entropy "
+        "regularization, the Huber loss and the position mapping"
+    ),
+    summary=(
+        "last `window` bars flattened -> KAN layers (SiLU base + B-spline per edge, grids "
+        "refit to quantiles in the first epochs) -> next-bar forecast; position = "
+        "tanh(scale * forecast)"
+    ),
+)

@@ -1,0 +1,521 @@
+"""xLSTM: a stack of mLSTM and sLSTM blocks forecasting the next-bar return.
+
+Beck, Pöppel, Spanring, Auer, Prudnikova, Kopp, Klambauer, Brandstetter & Hochreiter
+(2024), "xLSTM: Extended Long Short-Term Memory", NeurIPS 2024 (arXiv:2405.04517).
+
+Each asset's window of ``L`` past bars is one sequence (assets are folded into the batch).
+``blocks`` spells the stack, one letter per residual block ("ms": an mLSTM block, then an
+sLSTM block; the paper's xLSTM[a:b] ratios are strings like "mmms"):
+
+    Linear(F -> d_model) -> blocks -> LayerNorm -> Linear(d_model -> 1) on the decision bar
+
+mLSTM block (paper Fig. 11, pre up-projection), on x (N, L, d):
+
+    x_m, z   <- up-projection of LayerNorm(x) to 2 x inner (inner = proj_factor * d)
+    x_c      <- SiLU(causal conv1d(x_m))
+    q, k     <- block-diagonal linear maps of x_c;  v <- block-diagonal map of x_m
+    i~, f~   <- Linear([q, k, v]) per head (input / forget gate pre-activations)
+    h        <- mLSTM cell (below), per-head LayerNorm, + learnable skip * x_c
+    x + Dropout(down-projection(h * SiLU(z)))
+
+mLSTM cell: a matrix memory C (d_v x d_k) and normalizer n per head with exponential input
+gate and sigmoid forget gate, k scaled by 1/sqrt(d_k). Stabilized (paper eqs. 15-17 and
+appendix A.3), with log f = logsigmoid(f~):
+
+    m_t = max(log f_t + m_{t-1}, i~_t)                      m_0 = -inf
+    i'_t = exp(i~_t - m_t),  f'_t = exp(log f_t + m_{t-1} - m_t)
+    C_t = f'_t C_{t-1} + i'_t v_t k_t^T,   n_t = f'_t n_{t-1} + i'_t k_t
+    h_t = C_t q_t / (max(|n_t . q_t|, exp(-m_t)) + eps)
+
+:func:`mlstm_parallel` computes all t at once, as the paper's parallel form: the log gate
+matrix log D_tj = sum_{j < s <= t} log f_s + i~_j (a ``segsum`` of the log forget gates:
+cumulative sums of each masked segment, -inf above the diagonal), its row max as the
+stabilizer m_t, D' = exp(log D - m), then h = (Q K^T / sqrt(d) * D') V divided row-wise by
+max(|row sum|, exp(-m)) + eps. With m_0 = -inf the recurrence's m_t is exactly that row
+max, so :func:`mlstm_recurrent` (kept as the reference, and for step-by-step inference)
+gives the same h. (The authors' code starts the recurrence at m_0 = 0, which changes the
+normalizer's clamp in the first few steps; the parallel form is the one trained.)
+
+sLSTM block (paper Fig. 10, post up-projection):
+
+    x_c      <- SiLU(causal conv1d(LayerNorm(x)))
+    i~, f~   <- block-diagonal (per head) maps of x_c;  z~, o~ <- same of LayerNorm(x)
+    h        <- sLSTM cell, with recurrent weights R block-diagonal by heads
+    x        <- x + Dropout(GroupNorm by heads(h))
+    x + Dropout(gated feed-forward(LayerNorm(x)))     GeLU gate, width ffn_factor * d
+
+sLSTM cell, per unit, with the exponential input gate stabilized by a state m:
+
+    [i~, f~, z~, o~]_t = W x_t + R h_{t-1} + b
+    m_t = max(log sigmoid(f~_t) + m_{t-1}, i~_t)             (m_1 = i~_1)
+    i'_t = exp(i~_t - m_t),  f'_t = exp(log sigmoid(f~_t) + m_{t-1} - m_t)
+    c_t = f'_t c_{t-1} + i'_t tanh(z~_t),  n_t = f'_t n_{t-1} + i'_t
+    h_t = sigmoid(o~_t) c_t / n_t                             (n_t >= 1 by construction)
+
+Initialization follows the authors' code: gate weights of the mLSTM zero, forget-gate
+biases linspace(3, 6) (long memory at the start), input-gate biases N(0, 0.1); sLSTM
+recurrent weights zero and forget-gate biases linspace(3, 6) within each head (the
+authors' power-law block-dependent init is simplified to this range).
+
+The forecast is trained with an f32 Huber (or MSE) loss against the standardized next-bar
+return, and becomes a position as ``tanh(position_scale * forecast)``.
+
+Precision. Under ``bf16`` the projections, convolutions, norms, feed-forward and
+residual stream run in bf16, and so does the sLSTM's recurrent product R h. What stays
+f32, and why:
+
+* the mLSTM cell: q, k, v and the gate pre-activations are upcast with ``precision.f32``,
+  and the log forget-gate cumulative sums, the stabilizer max, exp(log D - m), the
+  products with it and the normalizer run in f32, then the per-head LayerNorm; the result
+  returns to bf16 with ``precision.like``. The exponential input gate is only safe as
+  exp(i~ - m) with m exact: in bf16 a log-gate sum of 8 is resolved to 1/32, a 3 % error
+  in every exponentiated weight.
+* the sLSTM cell's state: gate pre-activations upcast, c, n and the stabilizer m are f32
+  accumulators over the window, so is h until it is cast back for R h and the output.
+* the loss and the position mapping (from the upcast forecast).
+
+No parameter needs ``keep_f32``: every gate parameter enters through a pre-activation that
+is upcast before it is exponentiated.
+
+Run ``.venv/bin/python -m pytest tests/models/test_xlstm.py -q`` to check this file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Batch,
+    Choice,
+    DataShape,
+    Family,
+    Float,
+    SearchSpace,
+    check_choices,
+    fold_assets,
+    unfold_assets,
+)
+from trainables.precision import f32, like
+
+__all__ = [
+    "FAMILY",
+    "SEARCH_SPACE",
+    "BlockDiagonalLinear",
+    "CausalConv1d",
+    "MLSTMBlock",
+    "SLSTMBlock",
+    "XLSTM",
+    "XLSTMConfig",
+    "build",
+    "mlstm_parallel",
+    "mlstm_recurrent",
+    "regression_loss",
+    "segsum",
+    "slstm_scan",
+]
+
+LossKind = Literal["huber", "mse"]
+LOSS_KINDS: tuple[str, ...] = ("huber", "mse")
+BLOCK_KINDS = "ms"
+
+FORGET_BIAS_RANGE = (3.0, 6.0)  # sigmoid(3..6) = 0.95..0.998: memory of ~20-400 bars
+CELL_EPS = 1e-6  # added to the mLSTM normalizer, as in the authors' code
+
+
+@dataclass(frozen=True)
+class XLSTMConfig:
+    """Size and output mapping of one xLSTM stack. Defaults: 17,489 parameters at F=8."""
+
+    d_model: int = 32
+    """Width of the residual stream (the paper's embedding dimension)."""
+
+    blocks: str = "ms"
+    """The stack, one letter per residual block: 'm' mLSTM, 's' sLSTM (e.g. "mmms" is the
+    paper's xLSTM[3:1] pattern, "m" its xLSTM[1:0])."""
+
+    n_heads: int = 4
+    """Heads of every mLSTM cell (dividing its inner width) and every sLSTM cell
+    (dividing d_model); each head has its own gates and memory."""
+
+    proj_factor: float = 2.0
+    """mLSTM up-projection: inner width = proj_factor * d_model (the paper's 2)."""
+
+    qkv_block_size: int = 4
+    """Size of the diagonal blocks of the mLSTM's q, k, v maps (the paper's 4); must
+    divide the inner width."""
+
+    ffn_factor: float = 4.0 / 3.0
+    """sLSTM feed-forward width = ffn_factor * d_model, rounded up to a multiple of 8
+    (the paper's 4/3)."""
+
+    conv_kernel: int = 4
+    """Width of the causal depthwise convolutions in both block kinds (the paper's 4)."""
+
+    dropout: float = 0.0
+    """Dropout on each residual branch's output."""
+
+    loss: LossKind = "huber"
+    """Training loss on the standardized next-bar return: ``huber`` (robust to the fat
+    tails of returns) or ``mse``."""
+
+    huber_delta: float = 1.0
+    """Huber threshold, in standard deviations of the target (``loss="huber"`` only)."""
+
+    position_scale: float = 4.0
+    """Position = tanh(position_scale * forecast); the forecast is in target std units."""
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "qkv_block_size", "conv_kernel"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.blocks or any(ch not in BLOCK_KINDS for ch in self.blocks):
+            raise ValueError(
+                f"blocks must be a non-empty string of 'm' (mLSTM) and 's' (sLSTM), "
+                f"got {self.blocks!r}"
+            )
+        if not (self.proj_factor >= 1.0 and math.isfinite(self.proj_factor)):
+            raise ValueError(f"proj_factor must be a finite number >= 1, got {self.proj_factor}")
+        if not (self.ffn_factor > 0 and math.isfinite(self.ffn_factor)):
+            raise ValueError(f"ffn_factor must be positive and finite, got {self.ffn_factor}")
+        if "s" in self.blocks and self.d_model % self.n_heads:
+            raise ValueError(
+                f"n_heads must divide d_model={self.d_model} for sLSTM blocks, "
+                f"got {self.n_heads}"
+            )
+        if "m" in self.blocks:
+            inner = self.inner
+            if inner % self.n_heads:
+                raise ValueError(
+                    f"n_heads must divide the mLSTM inner width proj_factor * d_model = "
+                    f"{inner}, got {self.n_heads}"
+                )
+            if inner % self.qkv_block_size:
+                raise ValueError(
+                    f"qkv_block_size must divide the mLSTM inner width proj_factor * "
+                    f"d_model = {inner}, got {self.qkv_block_size}"
+                )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_choices("loss", self.loss, LOSS_KINDS)
+        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
+            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
+        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
+            raise ValueError(
+                f"position_scale must be positive and finite, got {self.position_scale}"
+            )
+
+    @property
+    def inner(self) -> int:
+        """mLSTM inner width."""
+        return round(self.proj_factor * self.d_model)
+
+    @property
+    def ffn_width(self) -> int:
+        """sLSTM feed-forward width."""
+        return 8 * math.ceil(self.ffn_factor * self.d_model / 8)
+
+
+# --------------------------------------------------------------------------------------
+# mLSTM cell: parallel form and its recurrent reference. Callers pass f32 tensors.
+
+
+def segsum(a: torch.Tensor) -> torch.Tensor:
+    """(..., T) -> (..., T, T): out[t, j] = sum_{j < s <= t} a[s], -inf for j > t.
+
+    Cumulative sums of the masked segment itself (no difference of two long cumulative
+    sums, so nothing large cancels); exp(out) is lower triangular with ones on the diagonal.
+    """
+    t = a.size(-1)
+    strict = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(-1)
+    rows = a.unsqueeze(-1).expand(*a.shape, t)  # (..., T, T): rows[s, j] = a[s]
+    sums = rows.masked_fill(~strict, 0.0).cumsum(dim=-2)  # [t, j] = sum_{j < s <= t} a[s]
+    causal = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(0)
+    return sums.masked_fill(~causal, -math.inf)
+
+
+def mlstm_parallel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    i_pre: torch.Tensor,
+    f_pre: torch.Tensor,
+    eps: float = CELL_EPS,
+) -> torch.Tensor:
+    """Stabilized parallel mLSTM. q, k, v (N, H, L, D); i_pre, f_pre (N, H, L) -> h (N, H, L, D)."""
+    log_d = segsum(F.logsigmoid(f_pre)) + i_pre.unsqueeze(-2)  # (N, H, L, L): [t, j]
+    m = log_d.amax(dim=-1, keepdim=True)  # (N, H, L, 1): finite (the diagonal is)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(k.shape[-1]) * torch.exp(log_d - m)
+    normalizer = torch.maximum(scores.sum(dim=-1, keepdim=True).abs(), torch.exp(-m))
+    return (scores / (normalizer + eps)) @ v
+
+
+def mlstm_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    i_pre: torch.Tensor,
+    f_pre: torch.Tensor,
+    eps: float = CELL_EPS,
+) -> torch.Tensor:
+    """The same cell one step at a time (matrix memory C, normalizer n, stabilizer m)."""
+    n, h, length, d = q.shape
+    c_state = q.new_zeros(n, h, v.shape[-1], d)  # (N, H, Dv, Dk)
+    n_state = q.new_zeros(n, h, d)  # (N, H, Dk)
+    m_state = q.new_full((n, h), -math.inf)  # (N, H)
+    out = []
+    for t in range(length):
+        log_f = F.logsigmoid(f_pre[..., t])
+        m_new = torch.maximum(log_f + m_state, i_pre[..., t])
+        f_act = torch.exp(log_f + m_state - m_new)[..., None]  # (N, H, 1)
+        i_act = torch.exp(i_pre[..., t] - m_new)[..., None]
+        k_t = k[:, :, t] / math.sqrt(d)
+        c_state = f_act[..., None] * c_state + i_act[..., None] * (
+            v[:, :, t, :, None] * k_t[:, :, None, :]
+        )
+        n_state = f_act * n_state + i_act * k_t
+        q_t = q[:, :, t]
+        numerator = (c_state @ q_t.unsqueeze(-1)).squeeze(-1)  # (N, H, Dv)
+        qn = (n_state * q_t).sum(-1, keepdim=True).abs()  # (N, H, 1)
+        out.append(numerator / (torch.maximum(qn, torch.exp(-m_new)[..., None]) + eps))
+        m_state = m_new
+    return torch.stack(out, dim=2)
+
+
+def slstm_scan(pre: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
+    """Stabilized sLSTM over a window.
+
+    pre (L, H, N, 4 * D) f32 input pre-activations W x + b, gates ordered [i, f, z, o];
+    recurrent (H, D, 4 * D) block-diagonal R (any dtype; h is cast to it for R h)
+    -> h (L, H, N, D) f32.
+    """
+    length = pre.shape[0]
+    out = []
+    for t in range(length):
+        raw = pre[t]  # (H, N, 4D)
+        if t:  # + R h_{t-1} (h_0 = 0)
+            raw = raw + f32(torch.bmm(like(h_state, recurrent), recurrent))
+        i_raw, f_raw, z_raw, o_raw = raw.chunk(4, dim=-1)  # each (H, N, D)
+        if t:
+            log_f_m = F.logsigmoid(f_raw) + m_state
+            m_state = torch.maximum(log_f_m, i_raw)
+            f_act = torch.exp(log_f_m - m_state)
+            i_act = torch.exp(i_raw - m_state)
+            c_state = f_act * c_state + i_act * torch.tanh(z_raw)
+            n_state = f_act * n_state + i_act
+            h_state = torch.sigmoid(o_raw) * c_state / n_state
+        else:  # empty memory: m_1 = i~_1, so i'_1 = 1 and n_1 = 1
+            m_state = i_raw
+            c_state = torch.tanh(z_raw)
+            n_state = torch.ones_like(c_state)
+            h_state = torch.sigmoid(o_raw) * c_state
+        out.append(h_state)
+    return torch.stack(out)
+
+
+# --------------------------------------------------------------------------------------
+# Modules
+
+
+class BlockDiagonalLinear(nn.Module):
+    """``n_blocks`` independent maps of equal blocks: (..., n_blocks * d_in) -> (..., n_blocks * d_out)."""
+
+    def __init__(self, n_blocks: int, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.n_blocks = n_blocks
+        bound = 1.0 / math.sqrt(d_in)  # nn.Linear's default init, per block
+        self.weight = nn.Parameter(torch.empty(n_blocks, d_in, d_out).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = x.unflatten(-1, (self.n_blocks, -1))  # (..., G, d_in)
+        return torch.einsum("...gi,gio->...go", blocks, self.weight).flatten(-2)
+
+
+class CausalConv1d(nn.Module):
+    """Depthwise convolution over time that sees bars <= t only: (N, L, C) -> (N, L, C)."""
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(channels, channels, kernel, groups=channels, padding=kernel - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+
+class MLSTMBlock(nn.Module):
+    """Pre-up-projection residual block around the mLSTM cell (parallel form)."""
+
+    def __init__(self, config: XLSTMConfig) -> None:
+        super().__init__()
+        d, inner, h = config.d_model, config.inner, config.n_heads
+        self.n_heads = h
+        self.norm = nn.LayerNorm(d, bias=False)
+        self.up = nn.Linear(d, 2 * inner, bias=False)  # [x_m | z]
+        self.conv = CausalConv1d(inner, config.conv_kernel)
+        qkv_blocks = inner // config.qkv_block_size
+        bs = config.qkv_block_size
+        self.q = BlockDiagonalLinear(qkv_blocks, bs, bs)
+        self.k = BlockDiagonalLinear(qkv_blocks, bs, bs)
+        self.v = BlockDiagonalLinear(qkv_blocks, bs, bs)
+        self.gates = nn.Linear(3 * inner, 2 * h)  # [i~ | f~] per head
+        with torch.no_grad():
+            self.gates.weight.zero_()
+            self.gates.bias[:h].normal_(0.0, 0.1)
+            self.gates.bias[h:] = torch.linspace(*FORGET_BIAS_RANGE, h)
+        self.out_norm = nn.Parameter(torch.ones(inner))  # per-head LayerNorm gain
+        self.skip = nn.Parameter(torch.ones(inner))
+        self.down = nn.Linear(inner, d, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, L, d) -> (N, L, d) in x's dtype."""
+        n, length, _ = x.shape
+        x_m, z = self.up(self.norm(x)).chunk(2, dim=-1)  # (N, L, inner) each
+        x_c = F.silu(self.conv(x_m))
+        q, k, v = self.q(x_c), self.k(x_c), self.v(x_m)
+        gates = f32(self.gates(torch.cat([q, k, v], dim=-1))).transpose(1, 2)  # (N, 2H, L)
+        i_pre, f_pre = gates.chunk(2, dim=1)  # (N, H, L) each
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (N, L, inner) -> (N, H, L, D) f32
+            return f32(t).unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
+
+        cell = mlstm_parallel(heads(q), heads(k), heads(v), i_pre, f_pre)  # (N, H, L, D)
+        cell = F.layer_norm(cell, cell.shape[-1:])  # per head
+        hidden = like(cell.transpose(1, 2).flatten(-2), x) * self.out_norm  # (N, L, inner)
+        hidden = (hidden + self.skip * x_c) * F.silu(z)
+        return x + self.dropout(self.down(hidden))
+
+
+class SLSTMBlock(nn.Module):
+    """Post-up-projection residual block: sLSTM cell, then a gated feed-forward."""
+
+    def __init__(self, config: XLSTMConfig) -> None:
+        super().__init__()
+        d, h = config.d_model, config.n_heads
+        hd = d // h
+        self.n_heads = h
+        self.norm = nn.LayerNorm(d, bias=False)
+        self.conv = CausalConv1d(d, config.conv_kernel)
+        self.w_if = BlockDiagonalLinear(h, hd, 2 * hd)  # from the conv path
+        self.w_zo = BlockDiagonalLinear(h, hd, 2 * hd)  # from the normed input
+        self.recurrent = nn.Parameter(torch.zeros(h, hd, 4 * hd))  # R, block-diagonal
+        bias = torch.zeros(h, 1, 4, hd)
+        bias[..., 1, :] = torch.linspace(*FORGET_BIAS_RANGE, hd)
+        self.bias = nn.Parameter(bias.flatten(-2))  # (H, 1, 4D): [i | f | z | o] per head
+        self.out_norm = nn.Parameter(torch.ones(d))  # GroupNorm-by-heads gain
+        self.ffn_norm = nn.LayerNorm(d, bias=False)
+        self.ffn_up = nn.Linear(d, 2 * config.ffn_width, bias=False)  # [gate | value]
+        self.ffn_down = nn.Linear(config.ffn_width, d, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, L, d) -> (N, L, d) in x's dtype."""
+        h = self.n_heads
+        normed = self.norm(x)
+        x_c = F.silu(self.conv(normed))
+        i_f = self.w_if(x_c).unflatten(-1, (h, -1))  # (N, L, H, 2D)
+        z_o = self.w_zo(normed).unflatten(-1, (h, -1))
+        pre = f32(torch.cat([i_f, z_o], dim=-1)).permute(1, 2, 0, 3) + self.bias  # (L, H, N, 4D)
+        cell = slstm_scan(pre, self.recurrent)  # (L, H, N, D) f32
+        cell = F.layer_norm(cell, cell.shape[-1:])  # GroupNorm with one group per head
+        cell = cell.permute(2, 0, 1, 3).flatten(-2)  # (N, L, d)
+        x = x + self.dropout(like(cell, x) * self.out_norm)
+        gate, value = self.ffn_up(self.ffn_norm(x)).chunk(2, dim=-1)
+        return x + self.dropout(self.ffn_down(F.gelu(gate) * value))
+
+
+def regression_loss(
+    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float
+) -> torch.Tensor:
+    """f32 Huber or MSE loss of forecasts (any dtype) against f32 targets, averaged."""
+    pred = f32(forecast)
+    if kind == "mse":
+        return F.mse_loss(pred, target)
+    return F.huber_loss(pred, target, delta=delta)
+
+
+class XLSTM(nn.Module):
+    """Stack of mLSTM/sLSTM blocks over (B, A, L, F) windows; assets folded into the batch."""
+
+    def __init__(self, config: XLSTMConfig, shape: DataShape) -> None:
+        super().__init__()
+        self.config = config
+        self.n_assets = shape.n_assets
+        self.n_features = shape.n_features
+        self.embed = nn.Linear(shape.n_features, config.d_model)
+        self.blocks = nn.ModuleList(
+            MLSTMBlock(config) if kind == "m" else SLSTMBlock(config) for kind in config.blocks
+        )
+        self.norm_f = nn.LayerNorm(config.d_model, bias=False)
+        self.head = nn.Linear(config.d_model, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F) -> (B, A) forecast of the next standardized return, in x's dtype."""
+        _, a, _, f = x.shape
+        if a != self.n_assets or f != self.n_features:
+            raise ValueError(
+                f"XLSTM was built for A={self.n_assets} assets and F={self.n_features} "
+                f"features, got x of shape {tuple(x.shape)}"
+            )
+        hidden = self.embed(fold_assets(x))  # (N, L, d)
+        for block in self.blocks:
+            hidden = block(hidden)
+        forecast = self.head(self.norm_f(hidden[:, -1]))  # (N, 1), from the decision bar
+        return unfold_assets(forecast.squeeze(-1), self.n_assets)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 Huber/MSE loss of the forecast against the standardized next-bar return."""
+        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
+        return torch.tanh(self.config.position_scale * f32(self(batch.x)))
+
+
+def build(config: XLSTMConfig, shape: DataShape) -> XLSTM:
+    return XLSTM(config, shape)
+
+
+# Ranges from the paper (mLSTM proj factor 2, sLSTM FFN factor 4/3, conv 4, block size 4,
+# 4 heads; stacks xLSTM[1:0], [1:1], [3:1], [7:1]) scaled to short windows and small
+# widths. d_model is a Choice of multiples of 16 so every sampled n_heads divides both
+# d_model and 2 * d_model and block size 4 divides the inner width. lr, batch size and
+# weight decay belong to the trainer's space.
+SEARCH_SPACE: SearchSpace = {
+    "d_model": Choice((16, 32, 48, 64, 96, 128)),
+    "blocks": Choice(("m", "mm", "ms", "sm", "mmm", "mms", "msm", "mmms")),
+    "n_heads": Choice((1, 2, 4)),
+    "conv_kernel": Choice((2, 4)),
+    "dropout": Float(0.0, 0.3),
+    "loss": Choice(LOSS_KINDS),
+    "position_scale": Float(0.5, 32.0, log=True),
+}
+
+FAMILY = Family(
+    name="xlstm",
+    kind="forecast",
+    config_cls=XLSTMConfig,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Beck, Pöppel, Spanring, Auer, Prudnikova, Kopp, Klambauer, Brandstetter & "
+        "Hochreiter (2024), xLSTM: Extended Long Short-Term Memory, NeurIPS"
+    ),
+    keeps_f32=(
+        "the mLSTM cell (log forget-gate cumulative sums, stabilizer max, exponential gate "
+        "matrix, normalizer) and the sLSTM cell state (c, n, stabilizer m): exponential "
+        "gates are exact only as exp(x - m) with m exact; the loss and the position mapping"
+    ),
+    summary=(
+        "xLSTM stack of mLSTM (matrix memory, parallel stabilized form) and sLSTM "
+        "(scalar memory, block-diagonal recurrence) blocks -> next-bar forecast; "
+        "position = tanh(scale * forecast)"
+    ),
+)

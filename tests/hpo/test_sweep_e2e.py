@@ -1,0 +1,93 @@
+"""A small sweep end to end on the session's local Ray: MLflow holds one nested child run
+per trial with tags, params and per-epoch metrics; checkpoints are safetensors in the
+trial's dtype; `hpo status` / `hpo best` read the sweep; a best checkpoint continues alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from hpo.cli import app
+from hpo.sweep import SweepRecord, run_sweep, trial_rows
+from hpo.tracking import TAG_PARENT, TAG_ROLE
+from tests.hpo.sweep_helpers import tiny_spec
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+EXPECTED_DTYPE = {"f32": "F32", "bf16": "BF16"}
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
+    tmp = tmp_path_factory.mktemp("sweep")
+    spec = tiny_spec(tmp)
+    rows = run_sweep(spec)
+    return spec, rows, Path(spec.storage) / spec.name
+
+
+def test_every_trial_is_a_nested_child_run(finished_sweep) -> None:  # type: ignore[no-untyped-def]
+    spec, rows, sweep_dir = finished_sweep
+    assert len(rows) == spec.n_trials == 4
+    assert all(r.status == "TERMINATED" for r in rows)
+    client = MlflowClient(spec.tracking_uri)
+    experiment = client.get_experiment_by_name(spec.name)
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get(TAG_ROLE) == "sweep"]
+    children = [r for r in runs if r.data.tags.get(TAG_ROLE) == "trial"]
+    assert len(parents) == 1
+    parent_id = parents[0].info.run_id
+    assert SweepRecord.read(sweep_dir).parent_run_id == parent_id
+    assert parents[0].info.status == "FINISHED"
+    assert len(children) == 4
+    assert sorted(r.data.tags["trial_id"] for r in children) == sorted(r.trial_id for r in rows)
+    combos = set()
+    for child in children:
+        tags = child.data.tags
+        assert tags[TAG_PARENT] == parent_id
+        assert {"model", "precision", "seed", "pair_id", "trial_id", "fell_back_to_f32"} <= set(tags)
+        combos.add((tags["model"], tags["precision"]))
+        assert child.info.status == "FINISHED"
+        assert child.data.params["model"] == tags["model"] and "lr" in child.data.params
+        history = client.get_metric_history(child.info.run_id, "val_sharpe")
+        assert sorted(m.step for m in history) == [1, 2]
+        for key in ("train_loss", "skipped_steps", "steps_per_s", "peak_mem_mb", "test_sharpe"):
+            assert len(client.get_metric_history(child.info.run_id, key)) == 2, key
+    assert combos == {("tft", "f32"), ("tft", "bf16"), ("dqn", "f32"), ("dqn", "bf16")}
+    assert "best_val_sharpe.tft.bf16" in parents[0].data.metrics
+
+
+def test_newest_checkpoint_is_safetensors_in_the_trial_dtype(finished_sweep) -> None:  # type: ignore[no-untyped-def]
+    _, _, sweep_dir = finished_sweep
+    for row in trial_rows(sweep_dir):
+        assert row.checkpoint is not None and row.checkpoint.endswith("checkpoint_000001/state")
+        with safe_open(str(Path(row.checkpoint) / "model.safetensors"), "pt") as f:
+            dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+        # Only keep_f32 tensors (TFT quantile levels, DQN nothing) may differ from the policy.
+        assert EXPECTED_DTYPE[row.precision] in dtypes
+        if row.precision == "bf16":
+            assert dtypes <= {"BF16", "F32"}
+        else:
+            assert dtypes == {"F32"}
+
+
+def test_status_and_best_then_continue_the_best_bf16_trial_in_f32(finished_sweep, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, rows, sweep_dir = finished_sweep
+    runner = CliRunner()
+    status = runner.invoke(app, ["status", str(sweep_dir), "--json"])
+    assert status.exit_code == 0, status.output
+    assert '"planned": 4' in status.output
+    best = runner.invoke(app, ["best", str(sweep_dir), "--model", "tft", "--precision", "bf16", "--json"])
+    assert best.exit_code == 0, best.output
+    bf16 = [r for r in rows if r.model == "tft" and r.precision == "bf16"][0]
+    assert bf16.checkpoint is not None and bf16.checkpoint in best.output.replace("\n", "")
+    out = tmp_path / "longer"
+    result = runner.invoke(
+        app, ["train", "--resume", bf16.checkpoint, "--out", str(out), "--precision", "f32", "--epochs", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "resuming at epoch 2" in result.output
+    assert (out / "checkpoints" / "epoch_0003" / "meta.json").exists()
