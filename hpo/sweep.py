@@ -7,9 +7,13 @@ which records the validated spec, the MLflow parent run and the tracking URI, so
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +106,25 @@ class TrialResources:
 
             gpu = gpu_fraction_for_trial(config, headroom=self.headroom)
         return {"cpu": float(self.cpu), "gpu": float(gpu)}
+
+
+@contextlib.contextmanager
+def _sigterm_stops_gracefully() -> Iterator[None]:
+    """Treat SIGTERM (``kill``, a job stop, a scheduler's preemption) like Ctrl+C.
+
+    Tune stops gracefully on SIGINT/SIGUSR1: trials stop, the experiment state and the
+    searcher state are saved, and ``hpo resume`` continues from there. Forwarding SIGTERM
+    to SIGUSR1 gives it the same path; outside the main thread signals cannot be handled.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGUSR1))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -201,7 +224,8 @@ def run_sweep(
     )
     record.write()
     tuner = build_tuner(spec, record, _callbacks(record, on_event))
-    tuner.fit()
+    with _sigterm_stops_gracefully():
+        tuner.fit()
     return finish_sweep(record)
 
 
@@ -230,7 +254,8 @@ def resume_sweep(
         resume_errored=True,
     )
     _replace_callbacks(tuner, _callbacks(record, on_event))
-    tuner.fit()
+    with _sigterm_stops_gracefully():
+        tuner.fit()
     return finish_sweep(record)
 
 

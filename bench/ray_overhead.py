@@ -1,0 +1,100 @@
+"""Wall time of the same 16 short trials through hpo's Ray Tune path and through an
+in-process Optuna loop at the same concurrency; prints both and their ratio.
+
+    .venv/bin/python bench/ray_overhead.py            # 16 trials, concurrency 2 (~2-4 min)
+    .venv/bin/python bench/ray_overhead.py --smoke    # 4 trials, for a quick look
+
+Both sides train identical TrainConfigs (TFT, f32, tiny shapes, 3 epochs, random search
+over the same space with the same seed). The Ray side includes everything a user waits
+for: Ray start-up, actor start-up, per-epoch checkpoints and MLflow logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
+import torch  # noqa: E402
+
+from hpo.search.optuna_searcher import to_optuna  # noqa: E402
+from hpo.search.space import trial_space  # noqa: E402
+from hpo.spec import parse_spec  # noqa: E402
+from trainables.config import DataConfig, build_train_config  # noqa: E402
+from trainables.trainer import Trainer  # noqa: E402
+
+TRAINER = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 20, "n_folds": 1}
+DATA = {"n_assets": 2, "n_bars": 600}
+OVERRIDES = {"d_model": 8, "n_heads": 1, "lstm_layers": 1}
+
+
+def spec_payload(n_trials: int, concurrency: int, tmp: Path) -> dict:
+    return {
+        "name": "ray-overhead",
+        "models": ["tft"],
+        "precisions": ["f32"],
+        "samples": n_trials,
+        "search": "random",
+        "scheduler": "fifo",
+        "max_epochs": 3,
+        "max_concurrent": concurrency,
+        "storage": str(tmp / "results"),
+        "tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}",
+        "data": DATA,
+        "walk_forward": {"n_folds": 1},
+        "trainer": {k: v for k, v in TRAINER.items() if k != "n_folds"},
+        "search_space": {"tft": OVERRIDES},
+    }
+
+
+def run_optuna(n_trials: int, concurrency: int) -> float:
+    space = trial_space("tft", OVERRIDES)
+    distributions = {k: to_optuna(d) for k, d in space.dims.items()}
+
+    def objective(trial: optuna.Trial) -> float:
+        torch.set_num_threads(1)
+        params = {k: trial._suggest(k, d) for k, d in distributions.items()}
+        config = build_train_config(
+            "tft", {**space.fixed, **params}, data=DataConfig(**DATA), epochs=3, device="cpu", **TRAINER
+        )
+        return float(Trainer(config).fit()[-1]["val_sharpe"])
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    start = time.perf_counter()
+    study.optimize(objective, n_trials=n_trials, n_jobs=concurrency)
+    return time.perf_counter() - start
+
+
+def run_ray(n_trials: int, concurrency: int) -> float:
+    from hpo.sweep import run_sweep
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = parse_spec(spec_payload(n_trials, concurrency, Path(tmp)))
+        start = time.perf_counter()
+        run_sweep(spec, num_cpus=concurrency, on_event=lambda line: None)
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="4 trials")
+    args = parser.parse_args()
+    n = 4 if args.smoke else args.trials
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    in_process = run_optuna(n, args.concurrency)
+    ray_path = run_ray(n, args.concurrency)
+    print(f"{n} trials, concurrency {args.concurrency}")
+    print(f"in-process Optuna loop : {in_process:7.1f} s")
+    print(f"hpo Ray Tune path      : {ray_path:7.1f} s")
+    print(f"ratio (Ray / in-process): {ray_path / in_process:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

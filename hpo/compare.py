@@ -1,0 +1,868 @@
+"""The paired precision comparison of a sweep, recomputed from MLflow alone.
+
+    hpo compare --experiment NAME [--tracking-uri URI] [--json FILE] [--html FILE] [--log]
+
+:func:`comparison_from_mlflow` reads the sweep's parent run and its child (trial) runs,
+nothing else: no Ray state, no sweep directory, so it works on any sweep, finished or not,
+from any machine that reaches the tracking store. :func:`log_comparison` writes the result
+back onto the parent run (metrics ``cmp.*``, tags, and the JSON + HTML report artifacts).
+
+How trials become statistics (the decisions, in one place):
+
+* A trial's Sharpe ratios are its *final* ones (last logged epoch). Validation Sharpe is
+  what selection uses; the held-out test Sharpe is compared separately and only reported.
+* Trials are paired by ``(model, pair_id)``; with more than two precisions every precision
+  is compared with the first one (the reference, normally f32): contrast ``bf16_vs_f32``
+  is ``bf16 - f32``.
+* Trial states: ``completed``; ``diverged`` (non-finite Sharpe even after the bf16 -> f32
+  fallback: the ``diverged`` metric, the ``trial_status = diverged`` tag, or a finished run
+  without a finite final ``val_sharpe``); ``error`` (the trial process failed); and
+  ``unfinished`` (still running, or interrupted and not resumed).
+* A pair enters the statistics when all of its members are ``completed`` or ``diverged``.
+  A diverged member makes the pair's Sharpe NaN: :func:`hpo.stats.compare_paired` excludes
+  and counts it (``n_excluded_nonfinite``), because a precision that diverges more often is
+  itself a finding. Pairs with a missing, unfinished or errored member are not compared
+  yet; they are listed with the reason in ``Contrast.incomplete``. Nothing is dropped
+  silently.
+* A bf16 trial that fell back to f32 stays in the comparison (it is what the bf16 policy
+  delivers, fallback included) and is counted per precision.
+* Pairs are ordered by ``(model, pair_id)`` before the bootstrap, so a report is
+  reproducible and equals :func:`hpo.stats.compare_paired` called on the same lists.
+* Selection bias, per scope (a model family, or ``overall``) and per precision (and
+  ``all`` precisions pooled): the PSR of every completed trial against a zero benchmark,
+  and the DSR of the best trial by final validation Sharpe with ``n_trials`` = every trial
+  tried in that scope (diverged and unfinished included: they were tried) and
+  ``sr_variance`` = sample variance (ddof = 1) of the per-period validation Sharpe of the
+  completed trials. Members of a pair and seeds of one configuration are correlated, so
+  ``n_trials`` overstates the number of independent trials and this DSR is conservative;
+  ``dsr_by_configs`` uses the number of distinct sampled configurations instead.
+* Across model families the Wilcoxon p-values of one contrast and split are also given
+  Benjamini-Hochberg adjusted (``scipy.stats.false_discovery_control``): with ten
+  families, one p < 0.05 in twenty tests is what chance produces.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from scipy import stats
+
+from hpo.stats import (
+    PairedComparison,
+    compare_paired,
+    deflated_sharpe_ratio,
+    expected_max_sharpe,
+    probabilistic_sharpe_ratio,
+)
+from hpo.tracking import (
+    ROLE_SWEEP,
+    ROLE_TRIAL,
+    TAG_FAILURE,
+    TAG_FELL_BACK,
+    TAG_GROUP,
+    TAG_MODEL,
+    TAG_PAIR,
+    TAG_PARENT,
+    TAG_PRECISION,
+    TAG_ROLE,
+    TAG_SEED,
+    TAG_STATUS,
+    TAG_TRIAL,
+)
+
+__all__ = [
+    "OVERALL",
+    "Comparison",
+    "ComparisonError",
+    "Contrast",
+    "ScopeComparison",
+    "Selection",
+    "TrialRecord",
+    "comparison_from_mlflow",
+    "contrast_key",
+    "format_p",
+    "log_comparison",
+    "rich_tables",
+]
+
+OVERALL = "overall"
+"""Scope name of the statistics pooled over every model family."""
+ALL_PRECISIONS = "all"
+"""Selection key of the DSR computed over the trials of every precision together."""
+ARTIFACT_DIR = "comparison"
+JSON_ARTIFACT = "comparison.json"
+HTML_ARTIFACT = "report.html"
+SPLITS = ("val", "test")
+"""Validation Sharpe (what selection uses) and held-out test Sharpe (reported only)."""
+
+TrialState = Literal["completed", "diverged", "error", "unfinished"]
+_TERMINAL: frozenset[str] = frozenset({"completed", "diverged"})
+
+
+class ComparisonError(RuntimeError):
+    """The comparison cannot be computed (the message says what is missing)."""
+
+
+def contrast_key(other: str, reference: str) -> str:
+    """Name of the contrast ``other - reference``, e.g. ``bf16_vs_f32``."""
+    return f"{other}_vs_{reference}"
+
+
+# ---------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class TrialRecord:
+    """One child run, as the comparison sees it."""
+
+    run_id: str
+    trial_id: str
+    model: str
+    precision: str
+    seed: str
+    pair_id: str
+    group_id: str
+    state: TrialState
+    epochs: int
+    """Last epoch with a logged validation Sharpe (0 when the curves were not read)."""
+    val_sharpe: float
+    """Final validation Sharpe (annualised, mean over folds); NaN unless completed."""
+    test_sharpe: float
+    """Final held-out test Sharpe; NaN unless completed."""
+    sharpe_per_period: float
+    """Final per-period Sharpe of the concatenated validation returns (PSR/DSR input)."""
+    skew: float
+    kurtosis: float
+    """Raw (non-excess) kurtosis of the validation returns."""
+    n_obs: int
+    psr: float
+    """P(true per-period Sharpe > 0); NaN when not computable (see the scope's notes)."""
+    fell_back_to_f32: bool
+    peak_mem_mb: float
+    """Allocator peak on CUDA, process peak RSS on CPU; NaN when not recorded."""
+    steps_per_s: float
+    failure_reason: str | None
+    val_curve: list[tuple[int, float]] = field(default_factory=list)
+    """Validation Sharpe per epoch, ``(epoch, value)``."""
+
+
+@dataclass
+class Contrast:
+    """One precision against the reference, paired, on both splits."""
+
+    reference: str
+    other: str
+    pair_ids: list[str]
+    """Pairs passed to :func:`compare_paired`, in that order (``excluded_indices`` index it)."""
+    incomplete: dict[str, str]
+    """Pairs not compared (yet): pair_id -> why (missing, unfinished or errored member)."""
+    val: PairedComparison
+    test: PairedComparison
+    val_wilcoxon_p_bh: float = math.nan
+    """Wilcoxon p-value BH-adjusted across the model families (NaN for ``overall``)."""
+    test_wilcoxon_p_bh: float = math.nan
+
+    @property
+    def key(self) -> str:
+        return contrast_key(self.other, self.reference)
+
+    def split(self, name: str) -> PairedComparison:
+        return self.val if name == "val" else self.test
+
+    def excluded_pair_ids(self, split: str = "val") -> list[str]:
+        return [self.pair_ids[i] for i in self.split(split).excluded_indices]
+
+
+@dataclass
+class Selection:
+    """Deflated Sharpe of the best trial (by final validation Sharpe) of one scope."""
+
+    precision: str
+    """A precision, or ``all`` for every precision together."""
+    n_trials: int
+    """Trials tried (every state): the ``N`` of the DSR."""
+    n_configs: int
+    """Distinct sampled configurations among them."""
+    n_candidates: int
+    """Completed trials with a usable per-period Sharpe."""
+    sr_variance: float
+    """Sample variance (ddof=1) of the candidates' per-period Sharpe ratios."""
+    expected_max_sharpe: float
+    """Per-period Sharpe the best of ``n_trials`` unskilled trials reaches on average."""
+    best_trial_id: str | None = None
+    best_run_id: str | None = None
+    best_val_sharpe: float = math.nan
+    best_sharpe_per_period: float = math.nan
+    best_psr: float = math.nan
+    dsr: float = math.nan
+    dsr_by_configs: float = math.nan
+    note: str | None = None
+
+
+@dataclass
+class ScopeComparison:
+    """Everything about one model family, or all of them pooled (``overall``)."""
+
+    scope: str
+    models: list[str]
+    counts: dict[str, dict[str, int]]
+    """precision -> trials, completed, diverged, error, unfinished, fell_back."""
+    contrasts: dict[str, Contrast]
+    selection: dict[str, Selection]
+    resources: dict[str, dict[str, float]]
+    """precision -> median peak_mem_mb / steps_per_s over trials that recorded them, n."""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    """The paired comparison of one sweep; :meth:`to_dict` is JSON-safe."""
+
+    experiment: str
+    experiment_id: str
+    tracking_uri: str
+    """Without credentials (user/password are removed)."""
+    parent_run_id: str | None
+    reference: str
+    precisions: list[str]
+    computed_at: str
+    n_resamples: int
+    confidence: float
+    seed: int
+    families: dict[str, ScopeComparison]
+    overall: ScopeComparison
+    trials: list[TrialRecord]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def scopes(self) -> list[ScopeComparison]:
+        """Model families (sorted), then ``overall``."""
+        return [*self.families.values(), self.overall]
+
+    @property
+    def contrast_keys(self) -> list[str]:
+        return [contrast_key(p, self.reference) for p in self.precisions[1:]]
+
+    def trials_of(self, scope: str) -> list[TrialRecord]:
+        return [t for t in self.trials if scope in (OVERALL, t.model)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (``json.dumps(..., allow_nan=False)`` works): NaN/inf -> None."""
+        return _json_safe(self)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, PairedComparison):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Contrast):
+            out["key"] = value.key
+            out["val_excluded_pair_ids"] = value.excluded_pair_ids("val")
+            out["test_excluded_pair_ids"] = value.excluded_pair_ids("test")
+        return out
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Reading MLflow
+
+
+def comparison_from_mlflow(
+    experiment: str,
+    tracking_uri: str,
+    precisions: Sequence[str] | None = ("f32", "bf16"),
+    *,
+    parent_run_id: str | None = None,
+    n_resamples: int = 9999,
+    confidence: float = 0.95,
+    seed: int = 0,
+    with_curves: bool = True,
+) -> Comparison:
+    """Recompute the paired comparison of a sweep from its MLflow runs alone.
+
+    Args:
+        experiment: MLflow experiment name (= the sweep name).
+        tracking_uri: MLflow tracking URI (``sqlite:///mlflow.db``, ``http://host:5000``).
+        precisions: Precisions to compare, reference first; ``None`` takes the sweep's own
+            list (the parent run's ``precisions`` param, else the child runs' tags with
+            f32 first). Trials of other precisions are left out (and say so in ``notes``).
+        parent_run_id: The sweep's parent run; default the newest one in the experiment.
+        n_resamples, confidence, seed: Of the BCa bootstrap CI (see :func:`compare_paired`).
+        with_curves: Also read every trial's validation-Sharpe history (for the report).
+
+    Raises:
+        ComparisonError: no such experiment or parent run, or fewer than two precisions.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ComparisonError(
+            f"no MLflow experiment named {experiment!r} at {_redact_uri(tracking_uri)}; "
+            f"experiments there: {names}"
+        )
+    experiment_id = found.experiment_id
+    notes: list[str] = []
+    parent = _parent_run(client, experiment_id, parent_run_id, notes)
+    children = _search_all(
+        client,
+        experiment_id,
+        f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_PARENT}` = '{parent.info.run_id}'",
+    )
+    chosen = _resolve_precisions(precisions, parent, children)
+    trials: list[TrialRecord] = []
+    ignored: dict[str, int] = {}
+    for run in children:
+        precision = run.data.tags.get(TAG_PRECISION, "?")
+        if precision not in chosen:
+            ignored[precision] = ignored.get(precision, 0) + 1
+            continue
+        trials.append(_trial_record(client, run, with_curves))
+    if ignored:
+        notes.append(f"left out trials of precisions not compared: {ignored}")
+    if not trials:
+        notes.append("no trial runs of the compared precisions yet")
+    trials.sort(key=lambda t: (t.model, t.pair_id, chosen.index(t.precision), t.trial_id))
+
+    families = {
+        model: _scope(
+            model, [t for t in trials if t.model == model], chosen, n_resamples, confidence, seed
+        )
+        for model in sorted({t.model for t in trials})
+    }
+    overall = _scope(OVERALL, trials, chosen, n_resamples, confidence, seed)
+    _adjust_across_families(list(families.values()))
+    return Comparison(
+        experiment=experiment,
+        experiment_id=experiment_id,
+        tracking_uri=_redact_uri(tracking_uri),
+        parent_run_id=parent.info.run_id,
+        reference=chosen[0],
+        precisions=list(chosen),
+        computed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        n_resamples=n_resamples,
+        confidence=confidence,
+        seed=seed,
+        families=families,
+        overall=overall,
+        trials=trials,
+        notes=notes,
+    )
+
+
+def _search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs(
+            [experiment_id], filter_string=filter_string, max_results=1000, page_token=token
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _parent_run(client: Any, experiment_id: str, run_id: str | None, notes: list[str]) -> Any:
+    if run_id is not None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            raise ComparisonError(f"no MLflow run {run_id!r}") from None
+        if run.info.experiment_id != experiment_id:
+            raise ComparisonError(f"run {run_id!r} is not in this experiment")
+        return run
+    parents = _search_all(client, experiment_id, f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}'")
+    if not parents:
+        raise ComparisonError(
+            "the experiment has no sweep parent run (tag hpo.role = sweep); was it made by "
+            "`hpo sweep`?"
+        )
+    parents.sort(key=lambda r: r.info.start_time or 0, reverse=True)
+    if len(parents) > 1:
+        notes.append(
+            f"{len(parents)} sweep parent runs in this experiment; compared the newest, "
+            f"{parents[0].info.run_id} (choose another with --parent-run-id)"
+        )
+    return parents[0]
+
+
+def _resolve_precisions(
+    precisions: Sequence[str] | None, parent: Any, children: list[Any]
+) -> list[str]:
+    if precisions is None:
+        chosen: list[str] = []
+        raw = parent.data.params.get("precisions")
+        if raw:
+            try:
+                parsed = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                parsed = None
+            if isinstance(parsed, list) and all(isinstance(p, str) for p in parsed):
+                chosen = parsed
+        if not chosen:
+            seen = sorted({r.data.tags.get(TAG_PRECISION, "?") for r in children})
+            chosen = sorted(seen, key=lambda p: (p != "f32", p))
+    else:
+        chosen = list(precisions)
+    if len(chosen) < 2 or len(set(chosen)) != len(chosen):
+        raise ComparisonError(
+            f"a comparison needs at least two distinct precisions (reference first), got {chosen}"
+        )
+    return chosen
+
+
+def _final(metrics: Mapping[str, float], key: str) -> float:
+    value = metrics.get(key)
+    return float(value) if value is not None else math.nan
+
+
+def _trial_record(client: Any, run: Any, with_curves: bool) -> TrialRecord:
+    tags, metrics = run.data.tags, run.data.metrics
+    status_tag = tags.get(TAG_STATUS)
+    val = _final(metrics, "val_sharpe")
+    state: TrialState
+    if _final(metrics, "diverged") >= 0.5 or status_tag == "diverged":
+        state = "diverged"
+    elif status_tag == "error" or (status_tag is None and run.info.status == "FAILED"):
+        state = "error"
+    elif status_tag == "completed" or (status_tag is None and run.info.status == "FINISHED"):
+        state = "completed" if math.isfinite(val) else "diverged"
+    else:
+        state = "unfinished"
+    curve: list[tuple[int, float]] = []
+    if with_curves:
+        history = client.get_metric_history(run.info.run_id, "val_sharpe")
+        curve = sorted((int(m.step), float(m.value)) for m in history)
+    completed = state == "completed"
+    sr = _final(metrics, "val_sharpe_per_period")
+    skew = _final(metrics, "val_skew")
+    kurtosis = _final(metrics, "val_kurtosis")
+    n_obs_raw = _final(metrics, "val_n_obs")
+    n_obs = int(n_obs_raw) if math.isfinite(n_obs_raw) else 0
+    psr = math.nan
+    if completed:
+        try:
+            psr = probabilistic_sharpe_ratio(sr, 0.0, n_obs, skew, kurtosis)
+        except ValueError:
+            psr = math.nan  # moments not logged or inconsistent: the scope notes count it
+    fell_back = tags.get(TAG_FELL_BACK) == "true" or _final(metrics, "fell_back_to_f32") >= 0.5
+    return TrialRecord(
+        run_id=run.info.run_id,
+        trial_id=tags.get(TAG_TRIAL, run.info.run_id),
+        model=tags.get(TAG_MODEL, "?"),
+        precision=tags.get(TAG_PRECISION, "?"),
+        seed=tags.get(TAG_SEED, ""),
+        pair_id=tags.get(TAG_PAIR, run.info.run_id),
+        group_id=tags.get(TAG_GROUP, tags.get(TAG_PAIR, run.info.run_id)),
+        state=state,
+        epochs=curve[-1][0] if curve else 0,
+        val_sharpe=val if completed else math.nan,
+        test_sharpe=_final(metrics, "test_sharpe") if completed else math.nan,
+        sharpe_per_period=sr,
+        skew=skew,
+        kurtosis=kurtosis,
+        n_obs=n_obs,
+        psr=psr,
+        fell_back_to_f32=fell_back,
+        peak_mem_mb=_positive(_final(metrics, "peak_mem_mb")),
+        steps_per_s=_positive(_final(metrics, "steps_per_s")),
+        failure_reason=tags.get(TAG_FAILURE),
+        val_curve=curve,
+    )
+
+
+def _positive(value: float) -> float:
+    return value if math.isfinite(value) and value > 0 else math.nan
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics of one scope
+
+
+def _scope(
+    scope: str,
+    trials: list[TrialRecord],
+    precisions: list[str],
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> ScopeComparison:
+    notes: list[str] = []
+    counts = {p: _counts([t for t in trials if t.precision == p]) for p in precisions}
+    reference = precisions[0]
+    by_pair: dict[tuple[str, str], dict[str, TrialRecord]] = {}
+    for t in trials:
+        members = by_pair.setdefault((t.model, t.pair_id), {})
+        if t.precision in members:
+            notes.append(
+                f"pair {t.pair_id} has two {t.precision} trials "
+                f"({members[t.precision].trial_id}, {t.trial_id}); kept the first"
+            )
+            continue
+        members[t.precision] = t
+    contrasts = {}
+    for other in precisions[1:]:
+        contrast = _contrast(by_pair, reference, other, n_resamples, confidence, seed)
+        contrasts[contrast.key] = contrast
+    missing_moments = sum(t.state == "completed" and not math.isfinite(t.psr) for t in trials)
+    if missing_moments:
+        notes.append(
+            f"PSR not computable for {missing_moments} completed trial(s): per-period Sharpe, "
+            "skew, kurtosis or n_obs not logged or inconsistent"
+        )
+    selection = {p: _selection(p, [t for t in trials if t.precision == p]) for p in precisions}
+    selection[ALL_PRECISIONS] = _selection(ALL_PRECISIONS, trials)
+    return ScopeComparison(
+        scope=scope,
+        models=sorted({t.model for t in trials}),
+        counts=counts,
+        contrasts=contrasts,
+        selection=selection,
+        resources={p: _resources([t for t in trials if t.precision == p]) for p in precisions},
+        notes=notes,
+    )
+
+
+def _counts(trials: list[TrialRecord]) -> dict[str, int]:
+    out = {"trials": len(trials), "completed": 0, "diverged": 0, "error": 0, "unfinished": 0}
+    for t in trials:
+        out[t.state] += 1
+    out["fell_back"] = sum(t.fell_back_to_f32 for t in trials)
+    return out
+
+
+def _contrast(
+    by_pair: dict[tuple[str, str], dict[str, TrialRecord]],
+    reference: str,
+    other: str,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> Contrast:
+    pair_ids: list[str] = []
+    incomplete: dict[str, str] = {}
+    ref_val: list[float] = []
+    oth_val: list[float] = []
+    ref_test: list[float] = []
+    oth_test: list[float] = []
+    for (_, pair_id), members in sorted(by_pair.items()):
+        a, b = members.get(reference), members.get(other)
+        if a is None and b is None:
+            continue  # a pair of other precisions only
+        why = [_not_ready(p, members.get(p)) for p in (reference, other)]
+        reasons = [w for w in why if w]
+        if reasons:
+            incomplete[pair_id] = "; ".join(reasons)
+            continue
+        assert a is not None and b is not None
+        pair_ids.append(pair_id)
+        ref_val.append(a.val_sharpe)
+        oth_val.append(b.val_sharpe)
+        ref_test.append(a.test_sharpe)
+        oth_test.append(b.test_sharpe)
+    labels = (reference, other)
+    kwargs: dict[str, Any] = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
+    return Contrast(
+        reference=reference,
+        other=other,
+        pair_ids=pair_ids,
+        incomplete=incomplete,
+        val=compare_paired(ref_val, oth_val, labels=labels, **kwargs),
+        test=compare_paired(ref_test, oth_test, labels=labels, **kwargs),
+    )
+
+
+def _not_ready(precision: str, trial: TrialRecord | None) -> str:
+    if trial is None:
+        return f"no {precision} trial yet"
+    if trial.state not in _TERMINAL:
+        return f"{precision} trial {trial.trial_id} {trial.state}"
+    return ""
+
+
+def _selection(precision: str, trials: list[TrialRecord]) -> Selection:
+    candidates = [
+        t
+        for t in trials
+        if t.state == "completed" and math.isfinite(t.val_sharpe) and math.isfinite(t.psr)
+    ]
+    n_trials = len(trials)
+    n_configs = len({(t.model, t.group_id) for t in trials})
+    srs = np.array([t.sharpe_per_period for t in candidates], dtype=np.float64)
+    variance = float(np.var(srs, ddof=1)) if srs.size >= 2 else 0.0
+    selection = Selection(
+        precision=precision,
+        n_trials=n_trials,
+        n_configs=n_configs,
+        n_candidates=len(candidates),
+        sr_variance=variance,
+        expected_max_sharpe=expected_max_sharpe(variance, max(n_trials, 1)),
+    )
+    if not candidates:
+        selection.note = "no completed trial with a per-period Sharpe and its moments"
+        return selection
+    best = max(candidates, key=lambda t: (t.val_sharpe, t.trial_id))
+    selection.best_trial_id = best.trial_id
+    selection.best_run_id = best.run_id
+    selection.best_val_sharpe = best.val_sharpe
+    selection.best_sharpe_per_period = best.sharpe_per_period
+    selection.best_psr = best.psr
+    args = (best.n_obs, best.skew, best.kurtosis)
+    selection.dsr = deflated_sharpe_ratio(best.sharpe_per_period, variance, n_trials, *args)
+    selection.dsr_by_configs = deflated_sharpe_ratio(
+        best.sharpe_per_period, variance, max(n_configs, 1), *args
+    )
+    if len(candidates) < 2:
+        selection.note = "one usable trial: no variance across trials, the DSR equals the PSR"
+    return selection
+
+
+def _resources(trials: list[TrialRecord]) -> dict[str, float]:
+    mem = [t.peak_mem_mb for t in trials if math.isfinite(t.peak_mem_mb)]
+    speed = [t.steps_per_s for t in trials if math.isfinite(t.steps_per_s)]
+    return {
+        "peak_mem_mb": float(np.median(mem)) if mem else math.nan,
+        "steps_per_s": float(np.median(speed)) if speed else math.nan,
+        "n_peak_mem_mb": len(mem),
+        "n_steps_per_s": len(speed),
+    }
+
+
+def _adjust_across_families(families: list[ScopeComparison]) -> None:
+    """Benjamini-Hochberg across families, per contrast and split (finite p-values only)."""
+    keys = {key for scope in families for key in scope.contrasts}
+    for key in keys:
+        for split in SPLITS:
+            cells = [
+                scope.contrasts[key]
+                for scope in families
+                if key in scope.contrasts
+                and math.isfinite(scope.contrasts[key].split(split).wilcoxon_pvalue)
+            ]
+            if not cells:
+                continue
+            raw = np.array([c.split(split).wilcoxon_pvalue for c in cells])
+            adjusted = stats.false_discovery_control(raw, method="bh")
+            for contrast, q in zip(cells, adjusted, strict=True):
+                setattr(contrast, f"{split}_wilcoxon_p_bh", float(q))
+
+
+def _redact_uri(uri: str) -> str:
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+# ---------------------------------------------------------------------------------------
+# Writing back to the parent run
+
+
+def comparison_metrics(comparison: Comparison) -> dict[str, float]:
+    """The ``cmp.*`` metrics of the parent run (finite values only; a missing metric means
+    "not computable", with the reason in the JSON artifact's notes).
+
+    Names: ``cmp.<scope>.<other>_vs_<ref>.<val|test>.<stat>`` for the paired statistics,
+    ``cmp.<scope>.<precision>.<count or selection stat>`` and ``cmp.<scope>.dsr_best`` /
+    ``cmp.<scope>.n_trials`` for all precisions together.
+    """
+    out: dict[str, float] = {}
+    for scope in comparison.scopes:
+        prefix = f"cmp.{scope.scope}"
+        for key, contrast in scope.contrasts.items():
+            for split in SPLITS:
+                r = contrast.split(split)
+                values = {
+                    "n_pairs": r.n_pairs_used,
+                    "n_excluded": r.n_excluded_nonfinite,
+                    "n_incomplete": len(contrast.incomplete),
+                    f"median_{contrast.reference}": r.median_a,
+                    f"median_{contrast.other}": r.median_b,
+                    "median_diff": r.median_difference,
+                    "mean_diff": r.mean_difference,
+                    "ci_low": r.ci_low,
+                    "ci_high": r.ci_high,
+                    "wilcoxon_p": r.wilcoxon_pvalue,
+                    "wilcoxon_p_bh": getattr(contrast, f"{split}_wilcoxon_p_bh"),
+                    "mannwhitney_p": r.mannwhitney_pvalue,
+                    "ks_p": r.ks_pvalue,
+                }
+                for stat, value in values.items():
+                    out[f"{prefix}.{key}.{split}.{stat}"] = float(value)
+        for precision, counts in scope.counts.items():
+            for name, value in counts.items():
+                out[f"{prefix}.{precision}.n_{name}"] = float(value)
+            sel = scope.selection[precision]
+            out[f"{prefix}.{precision}.dsr_best"] = sel.dsr
+            out[f"{prefix}.{precision}.psr_best"] = sel.best_psr
+            out[f"{prefix}.{precision}.best_val_sharpe"] = sel.best_val_sharpe
+            res = scope.resources[precision]
+            out[f"{prefix}.{precision}.peak_mem_mb"] = res["peak_mem_mb"]
+            out[f"{prefix}.{precision}.steps_per_s"] = res["steps_per_s"]
+        pooled = scope.selection[ALL_PRECISIONS]
+        out[f"{prefix}.dsr_best"] = pooled.dsr
+        out[f"{prefix}.dsr_best_by_configs"] = pooled.dsr_by_configs
+        out[f"{prefix}.n_trials"] = float(pooled.n_trials)
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def log_comparison(
+    comparison: Comparison,
+    tracking_uri: str,
+    parent_run_id: str | None = None,
+    *,
+    html: str | None = None,
+) -> dict[str, float]:
+    """Write the comparison onto the sweep's parent run; returns the metrics logged.
+
+    Statistics go in as metrics (:func:`comparison_metrics`, step 0, so the newest
+    computation is the one the MLflow UI shows); the settings go in as tags, not params,
+    because MLflow params are immutable and a running sweep is compared again as it
+    progresses. Artifacts: ``comparison/comparison.json`` and ``comparison/report.html``
+    (rendered by :func:`dashboards.report.render_report` unless ``html`` is given).
+    """
+    import json
+
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    run_id = parent_run_id or comparison.parent_run_id
+    if run_id is None:
+        raise ComparisonError("no parent run to log the comparison on")
+    if html is None:
+        from dashboards.report import render_report
+
+        html = render_report(comparison)
+    client = MlflowClient(tracking_uri)
+    stamp = int(time.time() * 1000)
+    metrics = comparison_metrics(comparison)
+    tags = {
+        "cmp.reference": comparison.reference,
+        "cmp.precisions": ",".join(comparison.precisions),
+        "cmp.computed_at": comparison.computed_at,
+        "cmp.n_resamples": str(comparison.n_resamples),
+        "cmp.confidence": str(comparison.confidence),
+        "cmp.selection_metric": "val_sharpe",
+    }
+    for scope in comparison.scopes:
+        best = scope.selection[ALL_PRECISIONS].best_trial_id
+        if best:
+            tags[f"cmp.{scope.scope}.best_trial"] = best
+    items = [Metric(k, v, stamp, 0) for k, v in metrics.items()]
+    # log_batch takes at most 1000 metrics per call.
+    for start in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[start : start + 1000])
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    payload = json.dumps(comparison.to_dict(), indent=1, allow_nan=False)
+    client.log_text(run_id, payload, f"{ARTIFACT_DIR}/{JSON_ARTIFACT}")
+    client.log_text(run_id, html, f"{ARTIFACT_DIR}/{HTML_ARTIFACT}")
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------
+# Formatting (shared by the CLI tables and the HTML report)
+
+
+def format_p(value: float) -> str:
+    if not math.isfinite(value):
+        return "—"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def format_num(value: float, signed: bool = False) -> str:
+    if not math.isfinite(value):
+        return "—"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def format_ci(result: PairedComparison) -> str:
+    diff = format_num(result.median_difference, signed=True)
+    if not (math.isfinite(result.ci_low) and math.isfinite(result.ci_high)):
+        return f"{diff} [—]"
+    return f"{diff} [{result.ci_low:+.3f}, {result.ci_high:+.3f}]"
+
+
+def rich_tables(comparison: Comparison) -> Iterable[Any]:
+    """One ``rich`` table per scope (model families, then overall), for ``hpo compare``."""
+    from rich.table import Table
+
+    level = f"{comparison.confidence:.0%}"
+    for scope in comparison.scopes:
+        n_trials = sum(c["trials"] for c in scope.counts.values())
+        table = Table(title=f"{scope.scope}: {n_trials} trials", title_justify="left")
+        for column, justify in (
+            ("contrast", "left"),
+            ("Sharpe", "left"),
+            ("pairs used", "right"),
+            ("excluded", "right"),
+            ("incomplete", "right"),
+            ("median ref", "right"),
+            ("median other", "right"),
+            (f"median diff [{level} BCa CI]", "right"),
+            ("Wilcoxon p (BH q)", "right"),
+            ("MWU p", "right"),
+            ("KS p", "right"),
+            ("fallbacks", "right"),
+            ("diverged ref/other", "right"),
+            ("DSR best ref/other", "right"),
+        ):
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for contrast in scope.contrasts.values():
+            ref, other = contrast.reference, contrast.other
+            for split in SPLITS:
+                r = contrast.split(split)
+                q = getattr(contrast, f"{split}_wilcoxon_p_bh")
+                p_text = format_p(r.wilcoxon_pvalue)
+                if math.isfinite(q):
+                    p_text += f" ({format_p(q)})"
+                on_val = split == "val"
+                table.add_row(
+                    f"{other} vs {ref}" if on_val else "",
+                    "val (selection)" if on_val else "test (reported)",
+                    str(r.n_pairs_used),
+                    str(r.n_excluded_nonfinite),
+                    str(len(contrast.incomplete)),
+                    f"{ref} {format_num(r.median_a)}",
+                    f"{other} {format_num(r.median_b)}",
+                    format_ci(r),
+                    p_text,
+                    format_p(r.mannwhitney_pvalue),
+                    format_p(r.ks_pvalue),
+                    str(scope.counts[other]["fell_back"]) if on_val else "",
+                    f"{scope.counts[ref]['diverged']}/{scope.counts[other]['diverged']}"
+                    if on_val
+                    else "",
+                    f"{format_num(scope.selection[ref].dsr)}/"
+                    f"{format_num(scope.selection[other].dsr)}"
+                    if on_val
+                    else "",
+                )
+        yield table

@@ -1,0 +1,201 @@
+"""A synthetic comparison sweep in MLflow, written by the real tracking callback.
+
+The store is made by :class:`hpo.tracking.MlflowSweepCallback` fed with fake Tune trials
+(no Ray cluster), so it has exactly the runs, tags and per-epoch metrics a sweep writes,
+and a change of tracking conventions breaks the comparison tests instead of hiding.
+
+Known final values (3 epochs, the final one is the value below):
+
+* tft, 6 pairs: the bf16 member of g002 diverges in epoch 3 (its NaN Sharpe is not logged,
+  so MLflow still holds the finite epoch-2 value); the bf16 member of g004 falls back to
+  f32 and completes.
+* dqn, 6 pairs: the bf16 member of g005 is still running (2 of 3 epochs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpo.tracking import MlflowSweepCallback, start_sweep_run
+
+EPOCHS = 3
+PERIODS_PER_YEAR = 252
+NAN = math.nan
+
+# model -> precision -> final Sharpe per pair g000..g005 (NAN = diverged / unfinished)
+VAL = {
+    "tft": {
+        "f32": [0.80, 1.10, 0.30, -0.20, 0.50, 0.90],
+        "bf16": [0.70, 1.30, NAN, -0.10, 0.40, 0.95],
+    },
+    "dqn": {
+        "f32": [0.20, 0.40, -0.50, 0.10, 0.60, 0.30],
+        "bf16": [0.25, 0.35, -0.45, 0.05, 0.70, NAN],
+    },
+}
+TEST = {
+    "tft": {
+        "f32": [0.40, 0.60, 0.10, -0.30, 0.20, 0.50],
+        "bf16": [0.35, 0.70, NAN, -0.25, 0.10, 0.55],
+    },
+    "dqn": {
+        "f32": [0.10, 0.30, -0.40, 0.00, 0.50, 0.20],
+        "bf16": [0.15, 0.20, -0.35, 0.05, 0.45, NAN],
+    },
+}
+DIVERGED = {("tft", "bf16", 2)}
+FELL_BACK = {("tft", "bf16", 4)}
+UNFINISHED = {("dqn", "bf16", 5)}
+
+
+def pair_id(model: str, index: int, seed: int = 0) -> str:
+    return f"{model}-g{index:03d}-s{seed}"
+
+
+def _value(table: dict[str, dict[str, list[float]]], model: str, precision: str, i: int) -> float:
+    """The final value, or for a diverged / unfinished trial the finite value its logged
+    epochs are built from (so MLflow holds finite Sharpe ratios for it)."""
+    value = table[model][precision][i]
+    return 0.6 if math.isnan(value) else value
+
+
+def moments(model: str, precision: str, index: int) -> dict[str, float]:
+    """Per-period Sharpe and moments of a trial's validation returns (final epoch)."""
+    final = _value(VAL, model, precision, index)
+    offset = 0.01 * index + (0.0 if precision == "f32" else 0.02)
+    return {
+        "val_sharpe_per_period": final / math.sqrt(PERIODS_PER_YEAR),
+        "val_skew": -0.2 + offset,
+        "val_kurtosis": 4.0 + 3 * offset,
+        "val_n_obs": 300 + 10 * index,
+    }
+
+
+@dataclass
+class FakeTrial:
+    """What the callback reads from a Tune ``Trial``."""
+
+    trial_id: str
+    config: dict[str, Any]
+    last_result: dict[str, Any] = field(default_factory=dict)
+    error_file: str | None = None
+
+
+@dataclass
+class SyntheticSweep:
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+    run_ids: dict[tuple[str, str, int], str]
+    """(model, precision, pair index) -> child run id."""
+
+
+def _epoch_result(model: str, precision: str, index: int, epoch: int) -> dict[str, Any]:
+    final_val = _value(VAL, model, precision, index)
+    final_test = _value(TEST, model, precision, index)
+    # Earlier epochs differ from the final one, so reading a non-final step shows.
+    scale = epoch / EPOCHS
+    fell_back = (model, precision, index) in FELL_BACK and epoch >= 2
+    return {
+        "epoch": epoch,
+        "training_iteration": epoch,
+        "train_loss": 1.0 / epoch,
+        "val_sharpe": final_val * scale + (0.0 if epoch == EPOCHS else 0.05),
+        "test_sharpe": final_test * scale + (0.0 if epoch == EPOCHS else 0.05),
+        **moments(model, precision, index),
+        "skipped_steps": 3 if fell_back else 0,
+        "steps_per_s": (50.0 if precision == "f32" else 80.0) + index,
+        "peak_mem_mb": (100.0 if precision == "f32" else 60.0) + index,
+        "fell_back_to_f32": int(fell_back),
+        "diverged": 0,
+    }
+
+
+def build_sweep(
+    tmp_path: Path, name: str = "cmp-synthetic", precisions: tuple[str, ...] = ("f32", "bf16")
+) -> SyntheticSweep:
+    """Write the synthetic comparison sweep into ``tmp_path/mlflow.db``.
+
+    Precisions beyond f32/bf16 reuse the bf16 values shifted by -0.05 and always complete.
+    """
+    from mlflow.tracking import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri)
+    spec_payload = {"name": name, "precisions": list(precisions), "compare": True}
+    parent = start_sweep_run(client, name, spec_payload, compare=True)
+    callback = MlflowSweepCallback(tracking_uri, name, parent)
+    run_ids: dict[tuple[str, str, int], str] = {}
+    number = 0
+    for model in VAL:
+        for index in range(6):
+            for precision in precisions:
+                number += 1
+                source = precision if precision in VAL[model] else "bf16"
+                trial = FakeTrial(
+                    trial_id=f"t{number:04d}",
+                    config={
+                        "model": model,
+                        "precision": precision,
+                        "seed": 0,
+                        "group_id": f"{model}-g{index:03d}",
+                        "pair_id": pair_id(model, index),
+                        "params": {"lr": 1e-3 * (index + 1)},
+                    },
+                )
+                _play(callback, trial, model, source, index, shift=source != precision)
+                run_ids[(model, precision, index)] = callback.run_ids[trial.trial_id]
+    return SyntheticSweep(tracking_uri, name, parent, run_ids)
+
+
+def _play(
+    callback: MlflowSweepCallback,
+    trial: FakeTrial,
+    model: str,
+    precision: str,
+    index: int,
+    shift: bool,
+) -> None:
+    key = (model, precision, index)
+    diverged = key in DIVERGED and not shift
+    unfinished = key in UNFINISHED and not shift
+    callback.on_trial_start(0, [], trial)
+    last_epoch = EPOCHS - 1 if (diverged or unfinished) else EPOCHS
+    for epoch in range(1, last_epoch + 1):
+        result = _epoch_result(model, precision, index, epoch)
+        if shift:
+            result["val_sharpe"] -= 0.05
+            result["test_sharpe"] -= 0.05
+            result["val_sharpe_per_period"] -= 0.05 / math.sqrt(PERIODS_PER_YEAR)
+            result["fell_back_to_f32"] = 0
+        trial.last_result = result
+        callback.on_trial_result(0, [], trial, result)
+    if unfinished:
+        return
+    if diverged:
+        # What trainables.trial reports: the last good epoch's metrics, a NaN Sharpe.
+        result = {
+            **trial.last_result,
+            "val_sharpe": NAN,
+            "diverged": 1,
+            "failure_reason": "tft diverged under f32: 8 consecutive non-finite steps",
+        }
+        trial.last_result = result
+        callback.on_trial_result(0, [], trial, result)
+    callback.on_trial_complete(0, [], trial)
+
+
+def finite_pairs(model: str, split: str = "val") -> tuple[list[float], list[float]]:
+    """Reference (f32) and bf16 values of the pairs that the comparison must use, in
+    pair order; unfinished pairs left out, diverged ones as NaN."""
+    table = VAL if split == "val" else TEST
+    a, b = [], []
+    for index in range(6):
+        if (model, "bf16", index) in UNFINISHED:
+            continue
+        a.append(table[model]["f32"][index])
+        b.append(table[model]["bf16"][index])
+    return a, b

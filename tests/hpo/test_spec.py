@@ -1,0 +1,105 @@
+"""Sweep specs: the shipped examples load; every invalid spec fails before Ray starts,
+naming the field and the allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpo.spec import SpecError, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+VALID: dict[str, Any] = {"name": "ok", "models": ["tft"]}
+
+
+def _problems(**changes: Any) -> str:
+    with pytest.raises(SpecError) as info:
+        parse_spec({**VALID, **changes})
+    return "\n".join(info.value.problems)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")))
+def test_shipped_examples_load(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.n_trials >= 1
+
+
+def test_quick_example_is_the_cpu_demo() -> None:
+    spec = load_spec(ROOT / "examples" / "quick.toml")
+    assert spec.models == ["tft", "dqn"] and spec.precisions == ["f32", "bf16"]
+    assert spec.resources.gpu == 0 and spec.data.source == "synthetic"
+    assert spec.n_trials == 8
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"models": ["tft", "gpt"]}, "models: Value error, unknown model(s) ['gpt']; allowed: ['dqn'"),
+        ({"precisions": ["f32", "fp8"]}, "precisions: Value error, unknown precision(s) ['fp8']; allowed: ['f32', 'bf16', 'bf16-mixed', 'fp16-mixed', 'auto']"),
+        ({"samples": -1}, "samples: Input should be greater than or equal to 1"),
+        ({"search": "grid"}, "search: Input should be 'tpe', 'random' or 'pso'"),
+        ({"scheduler": "pbt"}, "scheduler: Input should be 'asha' or 'fifo'"),
+        ({"resources": {"gpu": 1.5}}, "resources.gpu"),
+        ({"resources": {"gpu": -0.25}}, "resources.gpu"),
+        ({"resources": {"gpu": "half"}}, "resources.gpu"),
+        ({"data": {"source": "nowhere/bars.csv"}}, "data.source: 'nowhere/bars.csv' does not exist"),
+        ({"search_space": {"tft": {"hiddden": 3}}}, "search_space.tft.hiddden: unknown setting for tft"),
+        ({"search_space": {"tft": {"dropout": {"low": 0.3, "high": 0.1}}}}, "search_space.tft.dropout: Float needs low < high"),
+        ({"search_space": {"tft": {"dropout": {"min": 0.1}}}}, "search_space.tft.dropout must be a constant, {low, high[, log]} or {choices = [...]}"),
+        ({"search_space": {"dqn": {"gamma": 0.9}}}, "search_space.dqn: not one of this sweep's models"),
+        ({"trainer": {"lokback": 8}}, "trainer: Value error, unknown or sweep-level key(s) ['lokback']"),
+        ({"colour": "blue"}, "colour: unknown field; allowed: ["),
+        ({"walk_forward": {"n_fold": 3}}, "walk_forward.n_fold: unknown field; allowed: ['embargo', 'n_folds'"),
+        ({"compare": True, "scheduler": "asha"}, "compare = true needs scheduler = 'fifo'"),
+        ({"name": "bad name!"}, "name: Value error, must start with a letter or digit"),
+        ({"max_epochs": 0}, "max_epochs: Input should be greater than or equal to 1"),
+    ],
+)
+def test_invalid_spec_names_the_field(changes: dict[str, Any], expected: str) -> None:
+    assert expected in _problems(**changes)
+
+
+def test_all_problems_reported_at_once() -> None:
+    problems = _problems(models=["nope"], samples=0, search="grid")
+    assert "models" in problems and "samples" in problems and "search" in problems
+
+
+def test_yaml_and_cli_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**VALID, "samples": 2}))
+    spec = load_spec(path, {"name": "renamed", "storage": None})
+    assert spec.name == "renamed" and spec.samples == 2 and spec.storage == "hpo-results"
+
+
+def test_broken_toml_and_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('name = "x"\nmodels = [tft\n')
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(path)
+    with pytest.raises(SpecError, match="file not found"):
+        load_spec(tmp_path / "missing.toml")
+
+
+def test_data_path_resolved_beside_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "bars.csv").write_text("timestamp,open,high,low,close,volume\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**VALID, "data": {"source": "bars.csv"}}))
+    assert load_spec(path).data.source == str(tmp_path / "bars.csv")
+
+
+def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
+    """The CLI stops on the spec error: no Ray, no MLflow store, no results folder."""
+    from typer.testing import CliRunner
+
+    from hpo.cli import app
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**VALID, "models": ["nope"], "storage": str(tmp_path / "results"),
+                                    "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    result = CliRunner().invoke(app, ["sweep", str(path)])
+    assert result.exit_code != 0
+    assert "unknown model(s) ['nope']" in str(result.exception)
+    assert not (tmp_path / "results").exists() and not (tmp_path / "mlflow.db").exists()
