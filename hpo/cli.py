@@ -351,6 +351,238 @@ def best_cmd(
     )
 
 
+@app.command("compare")
+def compare_cmd(
+    experiment: Annotated[str, typer.Option(help="MLflow experiment (= the sweep name).")],
+    tracking_uri: Annotated[
+        str, typer.Option(help="MLflow tracking URI of the sweep.")
+    ] = "sqlite:///mlflow.db",
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the full comparison as JSON.")
+    ] = None,
+    html_path: Annotated[
+        Path | None, typer.Option("--html", help="Also write the HTML report (self-contained).")
+    ] = None,
+    log: Annotated[
+        bool,
+        typer.Option(
+            "--log/--no-log", help="Write the statistics and report onto the sweep's parent run."
+        ),
+    ] = False,
+    precision: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--precision",
+            help="Precisions to compare, reference first (repeat; default: the sweep's own).",
+        ),
+    ] = None,
+    parent_run_id: Annotated[
+        str | None, typer.Option(help="The sweep's parent run (default: the newest).")
+    ] = None,
+    resamples: Annotated[int, typer.Option(min=1, help="Bootstrap resamples of the CI.")] = 9999,
+) -> None:
+    """Paired precision comparison of a sweep, recomputed from MLflow alone (finished or not):
+    Wilcoxon, BCa CI of the median Sharpe difference, MWU/KS, diverged/fallback counts, DSR."""
+    from hpo.compare import ComparisonError, comparison_from_mlflow, log_comparison, rich_tables
+
+    try:
+        comparison = comparison_from_mlflow(
+            experiment,
+            tracking_uri,
+            precisions=precision or None,
+            parent_run_id=parent_run_id,
+            n_resamples=resamples,
+        )
+    except ComparisonError as exc:
+        _fail(str(exc))
+        return
+    for table in rich_tables(comparison):
+        console.print(table)
+    for note in comparison.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    html = None
+    if html_path is not None or log:
+        from dashboards.report import render_report
+
+        html = render_report(comparison)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(comparison.to_dict(), indent=1, allow_nan=False))
+        console.print(f"JSON: {json_path}")
+    if html_path is not None and html is not None:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(html, encoding="utf-8")
+        console.print(f"report: {html_path}")
+    if log:
+        logged = log_comparison(comparison, tracking_uri, comparison.parent_run_id, html=html)
+        console.print(
+            f"logged {len(logged)} cmp.* metrics and comparison/report.html on parent run "
+            f"{comparison.parent_run_id}"
+        )
+
+
+@app.command("profile")
+def profile_cmd(
+    model: Annotated[str | None, typer.Option(help="Model family (see `hpo models`).")] = None,
+    precision: Annotated[
+        str, typer.Option(help="f32, bf16, bf16-mixed, fp16-mixed or auto.")
+    ] = "f32",
+    batch_size: Annotated[
+        int | None, typer.Option(help="Trainer minibatch size (default: the trainer's).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
+    ] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every family in f32 and bf16, with bf16/f32 ratios.")
+    ] = False,
+    headroom: Annotated[
+        float, typer.Option(help="Share of the peak kept free (the spec's resources.headroom).")
+    ] = 0.15,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Estimate from tensor bytes even where CUDA is.")
+    ] = False,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Profile again instead of reading the VRAM table.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A trial's GPU memory by component (measured on CUDA, estimated without), the GPU
+    fraction it packs at and the trials per GPU that implies."""
+    from rich.markup import escape
+
+    from cluster.packing import plan, profile_for_config
+    from models import family_names, get_family
+    from trainables.config import build_train_config, parse_assignments
+
+    if all_ == (model is not None):
+        _fail("hpo profile needs --model NAME or --all")
+    mode = "estimate" if estimate else None
+    base: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
+    try:
+        overrides = parse_assignments(set_ or [])
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+
+    def measure(name: str, prec: str) -> tuple[Any, Any]:
+        config = build_train_config(name, overrides, precision=prec, **base)
+        _, profile = profile_for_config(config, mode=mode, refresh=refresh)
+        return profile, plan(profile, headroom)
+
+    def mib(n: float | None) -> str:
+        return "—" if n is None else f"{n / 2**20:,.1f}"
+
+    if not all_:
+        assert model is not None
+        try:
+            profile, packing = measure(model, precision)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            _fail(str(exc))
+            return
+        if as_json:
+            payload = {"profile": profile.to_dict(), "packing": packing.to_dict()}
+            console.print_json(json.dumps(payload))
+            return
+        how = (
+            f"measured on {profile.device_name}"
+            if profile.method == "measured"
+            else f"estimated from tensor bytes ({profile.device_name})"
+        )
+        table = Table(
+            title=f"{profile.model} / {profile.precision}: {how}; {profile.n_params:,} "
+            f"parameters per fold, {profile.n_folds} fold(s)",
+            title_justify="left",
+        )
+        table.add_column("component")
+        table.add_column("MiB", justify="right")
+        for name, value in profile.components().items():
+            table.add_row(name, mib(value))
+        table.add_row("estimated peak (no context)", mib(profile.estimated_peak_bytes))
+        if profile.measured_allocated_bytes is not None:
+            table.add_row("measured max allocated", mib(profile.measured_allocated_bytes))
+            table.add_row("measured max reserved", mib(profile.measured_reserved_bytes))
+        console.print(table)
+        error = profile.estimate_error
+        if error is not None:
+            console.print(f"estimate vs measured allocated: {error:+.1%}")
+        console.print(
+            f"peak {mib(profile.peak_bytes)} MiB x (1 + {headroom:g}) + context "
+            f"{mib(profile.context_bytes)} MiB of {packing.device_total_bytes / 2**30:.1f} GiB "
+            f"= {packing.raw_fraction:.4f} -> GPU fraction [bold]{packing.fraction:g}[/] "
+            f"(grid 1/{packing.grid}): [bold]{packing.trials_per_gpu}[/] trials per GPU "
+            f"({packing.trials_per_gpu_unrounded} by memory alone)"
+        )
+        return
+
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for name in family_names():
+        try:
+            get_family(name)
+        except Exception as exc:  # a family module being written, or missing
+            skipped.append(f"{name}: cannot import ({type(exc).__name__}: {exc})")
+            continue
+        row: dict[str, Any] = {"model": name}
+        try:
+            for prec in ("f32", "bf16"):
+                profile, packing = measure(name, prec)
+                row[prec] = {"profile": profile.to_dict(), "packing": packing.to_dict()}
+        except Exception as exc:
+            skipped.append(f"{name}: profiling failed ({type(exc).__name__}: {exc})")
+            continue
+        row["bf16_over_f32_peak"] = (
+            row["bf16"]["profile"]["peak_bytes"] / row["f32"]["profile"]["peak_bytes"]
+        )
+        row["bf16_over_f32_trials"] = (
+            row["bf16"]["packing"]["trials_per_gpu"] / row["f32"]["packing"]["trials_per_gpu"]
+        )
+        rows.append(row)
+    if as_json:
+        console.print_json(json.dumps({"rows": rows, "skipped": skipped}))
+        return
+    first = rows[0]["f32"]["profile"] if rows else None
+    where = f"{first['method']}, {first['device_name']}" if first else "no family profiled"
+    table = Table(
+        title=f"GPU memory per trial, f32 vs bf16 ({where}; headroom {headroom:g}); MiB",
+        title_justify="left",
+    )
+    for column in (
+        "model",
+        "params",
+        "f32 peak",
+        "bf16 peak",
+        "bf16/f32",
+        "context",
+        "f32 frac",
+        "bf16 frac",
+        "trials/GPU f32",
+        "bf16",
+        "by memory f32",
+        "bf16",
+    ):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for row in rows:
+        f, b = row["f32"], row["bf16"]
+        table.add_row(
+            row["model"],
+            f"{f['profile']['n_params']:,}",
+            mib(f["profile"]["peak_bytes"]),
+            mib(b["profile"]["peak_bytes"]),
+            f"{row['bf16_over_f32_peak']:.2f}",
+            mib(f["profile"]["context_bytes"]),
+            f"{f['packing']['fraction']:g}",
+            f"{b['packing']['fraction']:g}",
+            str(f["packing"]["trials_per_gpu"]),
+            str(b["packing"]["trials_per_gpu"]),
+            str(f["packing"]["trials_per_gpu_unrounded"]),
+            str(b["packing"]["trials_per_gpu_unrounded"]),
+        )
+    console.print(table)
+    for line in skipped:
+        console.print(f"[yellow]skipped[/] {escape(line)}")
+
+
 def _sweep_dir(storage: str, name: str) -> Path:
     return Path(storage).expanduser().resolve() / name
 

@@ -47,6 +47,7 @@ import ast
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -585,16 +586,36 @@ def _contrast(
         oth_val.append(b.val_sharpe)
         ref_test.append(a.test_sharpe)
         oth_test.append(b.test_sharpe)
-    labels = (reference, other)
-    kwargs: dict[str, Any] = {"n_resamples": n_resamples, "confidence": confidence, "seed": seed}
+    kwargs: dict[str, Any] = {
+        "labels": (reference, other),
+        "n_resamples": n_resamples,
+        "confidence": confidence,
+        "seed": seed,
+    }
     return Contrast(
         reference=reference,
         other=other,
         pair_ids=pair_ids,
         incomplete=incomplete,
-        val=compare_paired(ref_val, oth_val, labels=labels, **kwargs),
-        test=compare_paired(ref_test, oth_test, labels=labels, **kwargs),
+        val=_compare(ref_val, oth_val, kwargs),
+        test=_compare(ref_test, oth_test, kwargs),
     )
+
+
+def _compare(a: list[float], b: list[float], kwargs: dict[str, Any]) -> PairedComparison:
+    """:func:`compare_paired`, with scipy's RuntimeWarnings (e.g. ks_2samp switching to
+    the asymptotic p-value on ties) kept in the result's notes instead of on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        result = compare_paired(a, b, **kwargs)
+    for w in caught:
+        if issubclass(w.category, RuntimeWarning):
+            message = f"scipy: {w.message}"
+            if message not in result.notes:
+                result.notes.append(message)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return result
 
 
 def _not_ready(precision: str, trial: TrialRecord | None) -> str:
@@ -812,31 +833,49 @@ def format_ci(result: PairedComparison) -> str:
 
 def rich_tables(comparison: Comparison) -> Iterable[Any]:
     """One ``rich`` table per scope (model families, then overall), for ``hpo compare``."""
+    from rich import box
     from rich.table import Table
 
-    level = f"{comparison.confidence:.0%}"
+    ref = comparison.reference
+    others = comparison.precisions[1:]
+    single = len(others) == 1
+    caption = (
+        f"val: validation Sharpe (selection); test: held-out (reported); diff = other - {ref}\n"
+        "excl.: pairs with a diverged member; pend.: pairs not finished; q: Wilcoxon p "
+        "BH-adjusted across families; diverged, DSR best: ref/other"
+    )
     for scope in comparison.scopes:
         n_trials = sum(c["trials"] for c in scope.counts.values())
-        table = Table(title=f"{scope.scope}: {n_trials} trials", title_justify="left")
-        for column, justify in (
-            ("contrast", "left"),
-            ("Sharpe", "left"),
-            ("pairs used", "right"),
-            ("excluded", "right"),
-            ("incomplete", "right"),
-            ("median ref", "right"),
-            ("median other", "right"),
-            (f"median diff [{level} BCa CI]", "right"),
-            ("Wilcoxon p (BH q)", "right"),
-            ("MWU p", "right"),
-            ("KS p", "right"),
-            ("fallbacks", "right"),
-            ("diverged ref/other", "right"),
-            ("DSR best ref/other", "right"),
-        ):
-            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        table = Table(
+            title=f"{scope.scope}: {n_trials} trials",
+            title_justify="left",
+            caption=caption,
+            caption_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            collapse_padding=True,
+            pad_edge=False,
+        )
+        columns = (
+            "Sharpe diff",
+            "pairs",
+            "excl.",
+            "pend.",
+            f"median {ref}",
+            f"median {others[0]}" if single else "median other",
+            f"median diff [{comparison.confidence:.0%} BCa CI]",
+            "Wilcoxon p (q)",
+            "MWU p",
+            "KS p",
+            "fallbacks",
+            "diverged",
+            "DSR best",
+        )
+        for i, column in enumerate(columns):
+            # The CI may fold on a narrow terminal; the short cells never do.
+            table.add_column(column, justify="right" if i else "left", no_wrap=i != 6)
         for contrast in scope.contrasts.values():
-            ref, other = contrast.reference, contrast.other
+            other = contrast.other
             for split in SPLITS:
                 r = contrast.split(split)
                 q = getattr(contrast, f"{split}_wilcoxon_p_bh")
@@ -844,14 +883,14 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
                 if math.isfinite(q):
                     p_text += f" ({format_p(q)})"
                 on_val = split == "val"
+                median_b = format_num(r.median_b)
                 table.add_row(
-                    f"{other} vs {ref}" if on_val else "",
-                    "val (selection)" if on_val else "test (reported)",
+                    f"{other} - {ref} {split}",
                     str(r.n_pairs_used),
                     str(r.n_excluded_nonfinite),
                     str(len(contrast.incomplete)),
-                    f"{ref} {format_num(r.median_a)}",
-                    f"{other} {format_num(r.median_b)}",
+                    format_num(r.median_a),
+                    median_b if single else f"{other} {median_b}",
                     format_ci(r),
                     p_text,
                     format_p(r.mannwhitney_pvalue),

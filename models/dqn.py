@@ -15,7 +15,10 @@ Papers, and the piece each contributes:
   a categorical return distribution on a fixed support, trained by cross-entropy against
   the projected target distribution.
 
-Observation: the ``(N, L, F)`` window of one asset and the current position ``(N,)``.
+Observation: the ``(N, L, F)`` window of one asset and the current position ``(N,)``. The
+window goes through a factorized encoder (a per-bar map shared across bars and learned
+per-channel lag weights, :class:`WindowEncoder`) rather than one linear layer over the
+flattened window, which memorizes the fixed training history (see the class docstring).
 Actions index ``n_actions`` positions evenly spaced over [-1, 1]
 (:func:`models.base.action_to_position`), so the greedy action is the position.
 
@@ -543,7 +546,8 @@ FAMILY = Family(
     ),
     summary=(
         "Double DQN with a dueling head, n-step returns and prioritized replay on the device; "
-        "optional C51 distributional head. Actions are evenly spaced positions in [-1, 1]."
+        "optional C51 distributional head; a factorized (bar x lag) window encoder. Actions "
+        "are evenly spaced positions in [-1, 1]."
     ),
 )
 

@@ -6,18 +6,21 @@ Hasani, Lechner, Amini, Liebenwein, Ray, Tschaikowski, Teschl & Rus (2022),
 A CfC cell approximates the closed-form solution of a liquid time-constant ODE, so the
 state moves across an elapsed time ``t`` in one step instead of an ODE solve. With
 ``z = backbone([I_k, h_{k-1}])`` (a small MLP over the bar's input and the previous state)
-and three heads on ``z``, the gated cell of the paper's eq. (10) is
+and four heads on ``z``, the gated CfC is
 
-    g     = tanh(W_g z)           the branch that holds at t = 0 when the bias b -> -inf
+    g     = tanh(W_g z)           the branch the closed gate holds
     h_alt = tanh(W_h z)           the branch the state relaxes to as t grows (where f > 0)
     f, b  = W_f z, W_b z          the time constant and the gate's bias, per unit
     h_k   = sigma(-(f t + b)) * g + sigma(f t + b) * h_alt
 
-The bias ``b`` is the authors' ``time_b`` (``torch_cfc.py`` / ``ncps``); the paper's
-equation has ``b = 0``, for which every unit is the midpoint ``(g + h_alt) / 2`` at
-``t = 0`` and moves to ``h_alt`` (``f > 0``) or ``g`` (``f < 0``) as ``t`` grows.
-``mode="no_gate"`` is the authors' variant without the complementary gate,
-``h_k = g + sigma(f t + b) * h_alt`` (their ``no_gate``; ``gated`` is their ``default``).
+The bias ``b`` is the authors' ``time_b`` (their ``torch_cfc.py`` and ``ncps``); the
+paper writes the gate as ``sigma(-f t)``, i.e. ``b = 0``, for which every unit is the
+midpoint ``(g + h_alt) / 2`` at ``t = 0`` and moves to ``h_alt`` (``f > 0``) or ``g``
+(``f < 0``) as ``t`` grows. With ``b << 0`` the gate starts closed (``h_k = g`` at
+``t -> 0``) and opens onto ``h_alt`` around ``t = -b / f``. ``mode="no_gate"`` is the
+authors' variant without the complementary gate, ``h_k = g + sigma(f t + b) * h_alt``
+(their ``no_gate``; ``gated`` is their ``default``). Their ``pure`` mode (the direct
+exponential solution) and mixed-memory (LSTM-augmented) cells are not implemented.
 
 Here ``t`` is ``batch.gaps``: the time since the previous bar in units of the median bar
 spacing (so 1 on a regular grid, 3 across a weekend of daily bars, large across a data
@@ -33,8 +36,8 @@ one fused linear layer. Both are the same parameters as the reference's
 Precision. The backbone and heads run in the parameter dtype (bf16 under ``bf16``). What
 stays f32, and why:
 
-* the time gate and the interpolation. ``t`` arrives f32 (a bf16 gap of 1000 median gaps
-  is only known to +-4). Near a closed gate (``f t + b`` large and negative, the
+* the time gate and the interpolation. ``t`` arrives f32 (in bf16 a gap near 1000 median
+  gaps is only known to a step of 4). Near a closed gate (``f t + b`` large and negative, the
   long-memory regime the cell exists for) the complementary weight ``sigma(f t + b)`` is
   small: in bf16 ``1 - gate`` would be a multiple of 2^-8 and flush a 1e-3 leak to zero,
   so both weights are computed as sigmoids of opposite-signed f32 arguments, never as
@@ -77,6 +80,7 @@ __all__ = [
     "MODES",
     "SEARCH_SPACE",
     "CfCCell",
+    "CfCMode",
     "LiquidConfig",
     "LiquidNet",
     "build",
@@ -171,7 +175,7 @@ class CfCCell(nn.Module):
         self.input_proj = nn.Linear(n_inputs, units)  # W_in: the input columns of layer 1
         self.recurrent_proj = nn.Linear(hidden, units, bias=False)  # W_r: the state columns
         self.act = _activation(activation)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.backbone = nn.ModuleList(nn.Linear(units, units) for _ in range(layers - 1))
         # Fused heads, in order: g, h_alt, f (time_a), b (time_b).
         self.heads = nn.Linear(units, 4 * hidden)
@@ -191,8 +195,10 @@ class CfCCell(nn.Module):
         z = self.drop(self.act(projected + self.recurrent_proj(like(h, projected))))
         for layer in self.backbone:
             z = self.drop(self.act(layer(z)))
-        g, h_alt, f, b = self.heads(z).chunk(4, dim=-1)
-        return torch.tanh(g), torch.tanh(h_alt), f, b
+        heads = self.heads(z)  # (N, 4H)
+        g, h_alt = torch.tanh(heads[:, : 2 * self.hidden]).chunk(2, dim=-1)
+        f, b = heads[:, 2 * self.hidden :].chunk(2, dim=-1)
+        return g, h_alt, f, b
 
     def forward(self, projected: torch.Tensor, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """projected (N, U), h (N, H) f32, t (N, 1) f32 -> new state (N, H) f32."""
@@ -232,7 +238,9 @@ class LiquidNet(nn.Module):
                 f"features, got x of shape {tuple(x.shape)}"
             )
         if gaps.shape != (b, length):
-            raise ValueError(f"gaps must have shape (B, L) = {(b, length)}, got {tuple(gaps.shape)}")
+            raise ValueError(
+                f"gaps must have shape (B, L) = {(b, length)}, got {tuple(gaps.shape)}"
+            )
         projected = self.cell.project_inputs(fold_assets(x))  # (N, L, U)
         # Every asset of a window shares its bar times: (B, L) -> (N, L, 1), N = B*A.
         t = f32(gaps).repeat_interleave(a, dim=0).unsqueeze(-1)

@@ -13,9 +13,9 @@ Papers, and the piece each contributes:
 * Pardo et al. 2018, "Time Limits in Reinforcement Learning": the environment's episodes
   end by a time limit (it hands ``final_obs``), so GAE bootstraps from the value of the state
   before the reset instead of treating the end as terminal.
-* Hochreiter & Schmidhuber 1997 (LSTM), optional (``recurrent``): a recurrent core between
-  the torso and the heads, trained on truncated sequences that start from the stored
-  hidden state (the "stored state" strategy of Kapturowski et al. 2019, R2D2).
+* Hochreiter & Schmidhuber 1997 (LSTM), optional (``recurrent``): a residual recurrent
+  core between the torso and the heads, trained on truncated sequences that start from the
+  stored hidden state (the "stored state" strategy of Kapturowski et al. 2019, R2D2).
 
 Observation: the ``(N, L, F)`` window of one asset and the current position ``(N,)``.
 Actions index ``n_actions`` positions evenly spaced over [-1, 1]
@@ -35,7 +35,7 @@ Evaluation state of the LSTM: :meth:`PPOLearner.act` is called once per bar, in 
 by ``trainables.env.greedy_positions``; it carries an eval-time state from call to call and
 resets it to zero (a) on every ``train()``/``eval()`` call (the trainer and ``predict`` call
 ``model.eval()`` before each evaluation span, so each span starts from zero and validation
-is deterministic), (b) when the batch size, device or dtype changes, and (c) on
+is deterministic), (b) when the batch size or device changes, and (c) on
 :meth:`PPOLearner.reset_eval_state`.
 
 Precision: the networks compute in their parameter dtype (bf16 under the ``bf16`` policy;
@@ -83,10 +83,12 @@ class PPOConfig:
     """Hidden layers of the torso over [encoded window, position] (>= 1)."""
     recurrent: bool = False
     """An LSTM core between the torso and the heads (state carried per environment)."""
-    bptt: int = 16
+    bptt: int = 8
     """Recurrent only: steps per training sequence (truncated BPTT); divides ``n_steps``."""
-    gamma: float = 0.99
-    """Discount per bar."""
+    gamma: float = 0.9
+    """Discount per bar. An action moves later rewards only through the position it leaves
+    (trading costs), so horizons shorter than the games' 0.99 learn faster here (measured
+    on the synthetic data at the other defaults: val Sharpe ~2.5-3 at 0.9, ~1.5 at 0.99)."""
     gae_lambda: float = 0.95
     """GAE lambda: 0 is the one-step TD advantage, 1 the Monte-Carlo return minus V."""
     clip_coef: float = 0.2
@@ -100,14 +102,14 @@ class PPOConfig:
     """Weight of the entropy bonus."""
     norm_adv: bool = True
     """Normalize advantages to zero mean, unit std within each minibatch."""
-    n_steps: int = 32
+    n_steps: int = 16
     """Vectorized environment steps per rollout (each ``collect``): num_envs * n_steps
     transitions per PPO update."""
     minibatches: int = 4
     """Minibatches each rollout is split into per PPO epoch (whole sequences if recurrent)."""
     ppo_epochs: int = 4
     """Passes over each rollout; ``losses()`` yields ppo_epochs * minibatches losses."""
-    num_envs: int = 16
+    num_envs: int = 32
     """Environments stepped in parallel by ``collect``."""
     episode_len: int = 128
     """Bars per training episode (a time limit: the value bootstraps across it)."""
@@ -158,18 +160,19 @@ class PPOConfig:
 
 # Ranges from the literature: clip 0.1-0.3 and lambda 0.9-0.99 (Schulman et al. 2017 and
 # 2016; Andrychowicz et al. 2021, "What Matters in On-Policy RL"), entropy 1e-4-1e-1 (log;
-# 0.01 for Atari), 3-10 epochs over 1-32 minibatches (cleanrl/baselines: 4 x 4 Atari, 10 x
-# 32 MuJoCo), rollouts of 16-256 steps per environment.
+# 0.01 for Atari), 1-10 epochs over 1-16 minibatches (cleanrl/baselines: 4 x 4 Atari, 10 x
+# 32 MuJoCo), rollouts of 8-128 steps per environment (multiples of the default bptt).
+# gamma reaches down to 0.5: per-bar P&L rewards need short horizons (see PPOConfig.gamma).
 SEARCH_SPACE: SearchSpace = {
     "hidden": Choice((32, 64, 128, 256)),
     "layers": Int(1, 3),
     "recurrent": Choice((False, True)),
-    "gamma": Float(0.9, 0.999),
+    "gamma": Float(0.5, 0.999),
     "gae_lambda": Float(0.9, 0.99),
     "clip_coef": Float(0.1, 0.3),
     "vf_coef": Float(0.25, 1.0),
     "ent_coef": Float(1e-4, 1e-1, log=True),
-    "n_steps": Choice((16, 32, 64, 128, 256)),
+    "n_steps": Choice((8, 16, 32, 64, 128)),
     "minibatches": Choice((1, 2, 4, 8, 16)),
     "ppo_epochs": Int(1, 10),
 }
@@ -193,6 +196,11 @@ class ActorCritic(nn.Module):
     One torso feeds both heads (the Atari PPO layout): one encoder pass per step, and the
     value loss shapes the features the policy reads. Orthogonal init, gain sqrt(2) in the
     body, 0.01 on the policy head (a near-uniform initial policy), 1 on the value head.
+
+    The LSTM is residual: the heads read ``z + h``, torso features plus LSTM output. The
+    window already holds L bars, so the LSTM adds longer memory instead of being the only
+    path from the inputs; through its gates alone the recurrent policy learned the planted
+    signal far slower (measured at the test's budget: val Sharpe ~0.5 vs ~2.3 residual).
     """
 
     def __init__(self, config: PPOConfig, shape: DataShape) -> None:
@@ -221,12 +229,13 @@ class ActorCritic(nn.Module):
     def core(
         self, z: torch.Tensor, state: LSTMState | None
     ) -> tuple[torch.Tensor, LSTMState | None]:
-        """One recurrent step on (B, H) features (identity when not recurrent)."""
+        """One recurrent step on (B, H) features: ``z + h`` and the new state (identity
+        when not recurrent)."""
         if self.lstm is None:
             return z, None
         assert state is not None
         h, c = self.lstm(z, state)
-        return h, (h, c)
+        return z + h, (h, c)
 
     def heads(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, A) and value (B,) in the parameter dtype."""
@@ -317,6 +326,13 @@ def _cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([a, b.to(a.dtype)])
 
 
+def _cat_states(a: LSTMState | None, b: LSTMState | None) -> LSTMState | None:
+    """Row-wise concatenation of two LSTM states (None when not recurrent)."""
+    if a is None or b is None:
+        return None
+    return _cat(a[0], b[0]), _cat(a[1], b[1])
+
+
 def normalize(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     x = f32(x)
     return (x - x.mean()) / (x.std() + eps)
@@ -381,6 +397,8 @@ class Rollout:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for name, mine in self.state_dict().items():
+            if name not in state:
+                raise ValueError(f"ppo rollout state has no {name!r} (recurrent changed?)")
             if state[name].shape != mine.shape:
                 raise ValueError(
                     f"ppo rollout {name!r} has shape {tuple(state[name].shape)}, expected "
@@ -502,12 +520,7 @@ class PPOLearner(nn.Module):
                 _cat(transition.final_obs[0], obs[0]),
                 _cat(transition.final_obs[1], obs[1]),
             )
-            both_state = (
-                None
-                if state is None
-                else (_cat(next_state[0], state[0]), _cat(next_state[1], state[1]))
-            )
-            logits, value, both_next = self._forward(both_obs, both_state)
+            logits, value, both_next = self._forward(both_obs, _cat_states(next_state, state))
             ro.final_value[t].copy_(value[:n])
             logits, value = logits[n:], value[n:]
             next_state = None if both_next is None else (both_next[0][n:], both_next[1][n:])
@@ -571,10 +584,14 @@ class PPOLearner(nn.Module):
         steps = torch.arange(cfg.bptt, device=batch.device)[:, None]  # (S, 1)
         return (batch // n)[None] * cfg.bptt + steps, (batch % n)[None].expand(cfg.bptt, -1)
 
-    def loss(self, batch: torch.Tensor) -> torch.Tensor:
-        """The PPO loss (f32 scalar) of minibatch ``batch`` (indices of transitions or
-        sequences): clipped surrogate + vf_coef * value loss - ent_coef * entropy."""
-        cfg, ro = self.config, self.rollout
+    def evaluate(
+        self, batch: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Re-run the current networks on minibatch ``batch`` of the rollout: its (time,
+        env) indices t, e (S, M), the f32 log-probabilities of every action (S*M, A) and the
+        values (S*M,), rows in (step, sequence) order. Recurrent: each sequence replays from
+        its stored state, zeroed at episode starts inside it."""
+        ro = self.rollout
         assert ro is not None
         t, e = self._gather(batch)  # (S, M) each
         obs = (ro.window[t, e].flatten(0, 1), ro.position[t, e].flatten(0, 1))  # (S*M, ...)
@@ -589,7 +606,14 @@ class PPOLearner(nn.Module):
                 outs.append(out)
             z = torch.cat(outs)
         logits, value = self.net.heads(z)
-        logp_all = F.log_softmax(f32(logits), dim=-1)  # (B, A)
+        return t, e, F.log_softmax(f32(logits), dim=-1), value
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """The PPO loss (f32 scalar) of minibatch ``batch`` (indices of transitions or
+        sequences): clipped surrogate + vf_coef * value loss - ent_coef * entropy."""
+        cfg, ro = self.config, self.rollout
+        assert ro is not None
+        t, e, logp_all, value = self.evaluate(batch)
         action = ro.action[t, e].flatten()
         new_logp = logp_all.gather(1, action[:, None]).squeeze(1)
         old_logp = ro.logprob[t, e].flatten()
@@ -636,7 +660,7 @@ class PPOLearner(nn.Module):
             if state is None or state[0].shape != z.shape or state[0].device != z.device:
                 state = self.net.zero_state(z.shape[0], z)
             z, self._eval_state = self.net.core(z, state)
-        return self.net.heads(z)[0].argmax(-1)
+        return self.net.policy(z).argmax(-1)  # the value head is not needed to act
 
     @torch.no_grad()
     def positions(self, obs: Obs) -> torch.Tensor:
@@ -726,6 +750,7 @@ __all__ = [
     "ActorCritic",
     "PPOConfig",
     "PPOLearner",
+    "Rollout",
     "build",
     "clipped_surrogate",
     "gae",

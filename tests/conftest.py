@@ -28,3 +28,23 @@ def ray_session():  # type: ignore[no-untyped-def]
     info = ensure_ray(num_cpus=2, num_gpus=4)
     yield info
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """An MLflow SQLite store with its schema migrated once (migrations take ~10 s)."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, _mlflow_template) -> str:  # type: ignore[no-untyped-def]
+    """A fresh, already-migrated MLflow SQLite store for one test."""
+    import shutil
+
+    target = tmp_path / "mlflow.db"
+    shutil.copyfile(_mlflow_template, target)
+    return f"sqlite:///{target}"

@@ -52,6 +52,7 @@ from trainables.precision import (
 )
 
 EVAL_CHUNK = 512  # decision bars per validation forward pass
+EPOCH_START_SAMPLE = 512  # windows shown to on_epoch_start hooks
 EpochCallback = Callable[["Trainer", dict[str, Any]], None]
 
 
@@ -186,6 +187,12 @@ class Trainer:
         n_batches = order.numel() // batch_size
         if cfg.max_steps_per_epoch is not None:
             n_batches = min(n_batches, cfg.max_steps_per_epoch)
+        # A family that refits data-dependent state between epochs (KAN's grid update)
+        # sees a sample of this epoch's windows first. It draws no random numbers, so the
+        # other families' streams are untouched.
+        on_epoch_start = getattr(run.model, "on_epoch_start", None)
+        if on_epoch_start is not None and n_batches > 0:
+            on_epoch_start(run.data.batch(order[: max(batch_size, EPOCH_START_SAMPLE)]))
         loss_sum = torch.zeros((), dtype=F32, device=self.device)
         n_ok = torch.zeros((), dtype=F32, device=self.device)
         for i in range(n_batches):

@@ -15,9 +15,12 @@ Known final values (3 epochs, the final one is the value below):
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from hpo.tracking import MlflowSweepCallback, start_sweep_run
 
@@ -125,6 +128,8 @@ def build_sweep(
 
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri)
+    # Artifacts under tmp_path too (MLflow's default root is ./mlruns in the cwd).
+    client.create_experiment(name, artifact_location=(tmp_path / "artifacts").as_uri())
     spec_payload = {"name": name, "precisions": list(precisions), "compare": True}
     parent = start_sweep_run(client, name, spec_payload, compare=True)
     callback = MlflowSweepCallback(tracking_uri, name, parent)
@@ -199,3 +204,36 @@ def finite_pairs(model: str, split: str = "val") -> tuple[list[float], list[floa
         a.append(table[model]["f32"][index])
         b.append(table[model]["bf16"][index])
     return a, b
+
+
+_BUILT: dict[tuple[str, ...], SyntheticSweep] = {}
+
+
+SHARED_PRECISIONS = ("f32", "bf16", "bf16-mixed")
+
+
+def shared_sweep(
+    tmp_path_factory: pytest.TempPathFactory, precisions: tuple[str, ...] = SHARED_PRECISIONS
+) -> SyntheticSweep:
+    """The synthetic sweep (f32, bf16 and bf16-mixed), built once per test session: a
+    fresh SQLite store costs ~10 s of migrations on a slow disk, and 36 trials as many
+    again. Read it only; :func:`copy_sweep` before writing."""
+    if precisions not in _BUILT:
+        _BUILT[precisions] = build_sweep(
+            tmp_path_factory.mktemp("cmp-store"), precisions=precisions
+        )
+    return _BUILT[precisions]
+
+
+def copy_sweep(sweep: SyntheticSweep, dest: Path) -> SyntheticSweep:
+    """A private copy of ``sweep``'s store under ``dest`` (same run ids), safe to write to.
+
+    Artifacts of the copy still go to the original experiment's artifact location, so a
+    test that logs artifacts reads them back through MLflow, never from a path it guesses.
+    """
+    source = Path(sweep.tracking_uri.removeprefix("sqlite:///"))
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, dest / source.name)
+    return SyntheticSweep(
+        f"sqlite:///{dest / source.name}", sweep.experiment, sweep.parent_run_id, sweep.run_ids
+    )

@@ -8,7 +8,7 @@ from typing import Any
 from hpo.spec import SweepSpec, parse_spec
 
 
-def tiny_spec(tmp_path: Path, **overrides: Any) -> SweepSpec:
+def tiny_spec(tmp_path: Path, tracking_uri: str | None = None, **overrides: Any) -> SweepSpec:
     payload: dict[str, Any] = {
         "name": "e2e",
         "models": ["tft", "dqn"],
@@ -19,7 +19,7 @@ def tiny_spec(tmp_path: Path, **overrides: Any) -> SweepSpec:
         "max_epochs": 2,
         "max_concurrent": 2,
         "storage": str(tmp_path / "results"),
-        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "tracking_uri": tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}",
         "data": {"n_assets": 2, "n_bars": 600},
         "walk_forward": {"n_folds": 1},
         "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 6, "rl_iterations": 10},

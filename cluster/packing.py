@@ -1,0 +1,374 @@
+"""Fractional-GPU packing from measured trial memory.
+
+A trial's GPU share is
+
+    fraction = (peak * (1 + headroom) + context) / device_total
+
+rounded UP to a multiple of 1/k and capped at 1.0, where ``peak`` and ``context`` come from
+the trial shape's :class:`~cluster.profiler.MemoryProfile` (measured on CUDA, estimated
+from tensor bytes without; cached in :mod:`cluster.vram_table`). The headroom multiplies
+the peak only: the context is a fixed per-process cost.
+
+Choices, with their reasons:
+
+* ``k = DEFAULT_GRID = 20``: shares are multiples of 0.05 GPU (4 GiB of an 80 GiB H100), so
+  at most 20 trials share a GPU. A coarse grid keeps Ray's per-GPU bin packing from
+  fragmenting into slivers no trial fits, and 20 processes already time-slice one GPU
+  (and spend 20 CUDA contexts, ~10 GiB) -- past that, more trials rarely finish sooner.
+* The device total: the profiled GPU's when the profile was measured; otherwise
+  ``HPO_GPU_TOTAL_GB`` (in GiB) or ``DEFAULT_DEVICE_TOTAL_BYTES`` = 80 GiB, an H100 80GB.
+* Where profiles come from (``HPO_VRAM_MODE``): ``auto`` measures when the process asking
+  (the Tune driver) has CUDA and estimates otherwise; ``measure`` insists on CUDA;
+  ``estimate`` never touches a GPU (use it when the driver's GPUs are busy with trials).
+
+Ray does not enforce fractions, so every trial caps its own allocator with
+:func:`apply_memory_cap`. A trial that still runs out of memory calls
+:func:`retry_fraction_after_oom`: it marks the shape's profile as too small, re-measures,
+and returns a larger fraction (headroom doubled per OOM of that shape, and at least one
+grid step more than before), which the retried trial carries in its config under
+``RETRY_FLOOR_KEY`` -- :func:`gpu_fraction_for_trial` never returns less than that floor.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from cluster.profiler import (
+    ESTIMATE_DEVICE_NAME,
+    GiB,
+    MemoryProfile,
+    context_allowance,
+    cuda_device,
+    profile_trial,
+)
+from cluster.vram_table import VramTable, profile_key, table_at
+from trainables.config import TrainConfig
+
+log = logging.getLogger("cluster.packing")
+
+DEFAULT_GRID = 20
+DEFAULT_HEADROOM = 0.15  # the sweep spec's default ([resources] headroom)
+DEFAULT_DEVICE_TOTAL_BYTES = 80 * GiB  # H100 80GB, when no GPU is visible to ask
+GPU_TOTAL_ENV = "HPO_GPU_TOTAL_GB"
+MODE_ENV = "HPO_VRAM_MODE"
+MODES = ("auto", "measure", "estimate")
+RETRY_FLOOR_KEY = "gpu_fraction_floor"  # trial-config key: the least fraction after an OOM
+_EPS = 1e-9
+
+_applied_cap: float | None = None  # this process's allocator cap, restored after a re-measure
+
+
+class TrialDoesNotFit(RuntimeError):
+    """A trial shape needs more than one whole GPU (or ran out of memory on one)."""
+
+
+# ----------------------------------------------------------------------------------------
+# the arithmetic
+
+
+def gpu_fraction(
+    peak_bytes: int,
+    context_bytes: int,
+    device_total_bytes: int,
+    headroom: float = DEFAULT_HEADROOM,
+    grid: int = DEFAULT_GRID,
+) -> float:
+    """(peak * (1 + headroom) + context) / total, rounded up to the 1/grid grid, in
+    [1/grid, 1.0]."""
+    if device_total_bytes <= 0:
+        raise ValueError(f"device_total_bytes must be > 0, got {device_total_bytes}")
+    if grid < 1:
+        raise ValueError(f"grid must be an integer >= 1, got {grid}")
+    if headroom < 0:
+        raise ValueError(f"headroom must be >= 0, got {headroom}")
+    raw = (peak_bytes * (1.0 + headroom) + context_bytes) / device_total_bytes
+    steps = max(1, math.ceil(raw * grid - _EPS))  # the epsilon: 0.15 * 20 = 3.0000000000000004
+    return round(min(steps, grid) / grid, 9)
+
+
+def trials_per_gpu(fraction: float) -> int:
+    """Trials of this fraction one GPU holds."""
+    return math.floor(1.0 / fraction + _EPS) if fraction > 0 else 0
+
+
+def device_total_bytes(profile: MemoryProfile | None = None) -> int:
+    """The GPU size a fraction is taken of: the profiled device's when measured, else
+    ``HPO_GPU_TOTAL_GB`` GiB, else 80 GiB (H100)."""
+    if profile is not None and profile.device_total_bytes:
+        return int(profile.device_total_bytes)
+    raw = os.environ.get(GPU_TOTAL_ENV)
+    if raw:
+        try:
+            return int(float(raw) * GiB)
+        except ValueError:
+            raise ValueError(f"{GPU_TOTAL_ENV} must be a number of GiB, got {raw!r}") from None
+    return DEFAULT_DEVICE_TOTAL_BYTES
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What a profile implies for one GPU."""
+
+    fraction: float  # on the grid: what Ray is asked for
+    raw_fraction: float  # before rounding and capping
+    trials_per_gpu: int  # at ``fraction``
+    trials_per_gpu_unrounded: int  # what memory alone would allow (no grid)
+    device_total_bytes: int
+    headroom: float
+    grid: int
+
+    @property
+    def fits(self) -> bool:
+        return self.raw_fraction <= 1.0 + _EPS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fits": self.fits}
+
+
+def plan(
+    profile: MemoryProfile,
+    headroom: float = DEFAULT_HEADROOM,
+    grid: int = DEFAULT_GRID,
+    device_total: int | None = None,
+) -> Packing:
+    total = device_total or device_total_bytes(profile)
+    need = profile.peak_bytes * (1.0 + headroom) + profile.context_bytes
+    fraction = gpu_fraction(profile.peak_bytes, profile.context_bytes, total, headroom, grid)
+    return Packing(
+        fraction=fraction,
+        raw_fraction=need / total,
+        trials_per_gpu=trials_per_gpu(fraction),
+        trials_per_gpu_unrounded=math.floor(total / need + _EPS),
+        device_total_bytes=total,
+        headroom=headroom,
+        grid=grid,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# profiles of trial configs
+
+
+def _mode(mode: str | None) -> str:
+    mode = mode or os.environ.get(MODE_ENV, "auto")
+    if mode not in MODES:
+        raise ValueError(f"{MODE_ENV} must be one of {list(MODES)}, got {mode!r}")
+    return mode
+
+
+def _target(mode: str | None) -> tuple[torch.device, str]:
+    """Where this process profiles (CUDA measures; CPU estimates) and that device's name."""
+    mode = _mode(mode)
+    if mode != "estimate" and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+        return device, cuda_device(device).name
+    if mode == "measure":
+        raise RuntimeError(f"{MODE_ENV}=measure but this process sees no CUDA device")
+    return torch.device("cpu"), ESTIMATE_DEVICE_NAME
+
+
+def profile_for_config(
+    config: TrainConfig,
+    *,
+    table: VramTable | None = None,
+    mode: str | None = None,
+    refresh: bool = False,
+) -> tuple[dict[str, Any], MemoryProfile]:
+    """(shape key, profile) of ``config``: from the table, else profiled and stored."""
+    table = table if table is not None else table_at()
+    device, name = _target(mode)
+    key = profile_key(config, device, name)
+
+    def measure() -> MemoryProfile:
+        return profile_trial(config, device=device, measure=device.type == "cuda")
+
+    if refresh:
+        profile = measure()
+        table.measurements += 1
+        table.put(key, profile)
+        return key, profile
+    return key, table.get_or_measure(key, measure)
+
+
+def _boosted(headroom: float, oom_count: int) -> float:
+    if oom_count <= 0:
+        return headroom
+    return (headroom if headroom > 0 else DEFAULT_HEADROOM) * 2**oom_count
+
+
+def gpu_fraction_for_trial(
+    config: dict[str, Any],
+    headroom: float = DEFAULT_HEADROOM,
+    *,
+    grid: int = DEFAULT_GRID,
+    table: VramTable | None = None,
+    mode: str | None = None,
+) -> float:
+    """The GPU fraction of a sweep trial config (``{"model", "precision", "seed",
+    "params", "base", ...}``): its shape's profile through the table, the headroom doubled
+    for each OOM recorded against the shape, and never below ``config[RETRY_FLOOR_KEY]``."""
+    from trainables.trial import trial_train_config
+
+    table = table if table is not None else table_at()
+    key, profile = profile_for_config(trial_train_config(config), table=table, mode=mode)
+    packing = plan(profile, _boosted(headroom, table.oom_count(key)), grid)
+    if not packing.fits:
+        log.warning(
+            "%s/%s needs %.2f of a %.0f GiB GPU; asking for the whole GPU (it may not fit)",
+            profile.model,
+            profile.precision,
+            packing.raw_fraction,
+            packing.device_total_bytes / GiB,
+        )
+    floor = float(config.get(RETRY_FLOOR_KEY) or 0.0)
+    return max(packing.fraction, min(1.0, floor))
+
+
+# ----------------------------------------------------------------------------------------
+# inside the trial
+
+
+def apply_memory_cap(fraction: float | None, *, context_bytes: int | None = None) -> float | None:
+    """Cap this process's CUDA allocator to its share of the GPU; returns the cap set.
+
+    ``fraction`` is the trial's GPU resource (Ray's ``required_resources["GPU"]``). The
+    share covers the CUDA context too, which lives outside the allocator, so the cap is
+    ``fraction - context / total`` (never below half the share). No-op (None) without
+    CUDA, for 0 / no GPU, and for whole GPUs.
+    """
+    global _applied_cap
+    if not fraction or fraction <= 0 or fraction >= 1.0 or not torch.cuda.is_available():
+        return None
+    device = torch.cuda.current_device()  # Ray's CUDA_VISIBLE_DEVICES makes it the trial's GPU
+    total = torch.cuda.get_device_properties(device).total_memory
+    context = context_allowance() if context_bytes is None else context_bytes
+    cap = min(1.0, max(fraction - context / total, fraction / 2))
+    torch.cuda.set_per_process_memory_fraction(cap, device)
+    _applied_cap = cap
+    return cap
+
+
+def retry_fraction_after_oom(
+    config: dict[str, Any],
+    previous_fraction: float,
+    headroom: float = DEFAULT_HEADROOM,
+    *,
+    grid: int = DEFAULT_GRID,
+    table: VramTable | None = None,
+    mode: str | None = None,
+) -> float:
+    """After a CUDA OOM at ``previous_fraction``: a larger fraction to retry the trial with.
+
+    Records the OOM against the trial's shape (later trials of that shape get the doubled
+    headroom too), re-measures the shape with the allocator cap lifted (falling back to
+    the estimate when the crowded GPU cannot hold even the measurement), and returns
+    ``max(fraction at headroom x 2**ooms, previous + 1/grid)`` capped at 1.0. Raises
+    :class:`TrialDoesNotFit` when ``previous_fraction`` was already a whole GPU. Free the
+    failed trainer first (``del trainer; gc.collect(); torch.cuda.empty_cache()``).
+    """
+    from trainables.trial import trial_train_config
+
+    if previous_fraction >= 1.0 - _EPS:
+        raise TrialDoesNotFit(
+            f"{config.get('model')}/{config.get('precision')} ran out of memory on a whole GPU; "
+            "shrink it (batch size, model size, replay capacity) or use a larger GPU"
+        )
+    table = table if table is not None else table_at()
+    train_config = trial_train_config(config)
+    device, name = _target(mode)
+    key = profile_key(train_config, device, name)
+    ooms = table.record_oom(key)
+    profile = _remeasure(train_config, device)
+    if profile.device_name == name:  # a fallback estimate is not stored under a GPU's key
+        table.put(key, profile)
+    fraction = plan(profile, _boosted(headroom, ooms), grid).fraction
+    step_up = math.ceil((previous_fraction + 1.0 / grid) * grid - _EPS) / grid
+    new = round(min(1.0, max(fraction, step_up)), 9)
+    log.warning(
+        "%s/%s ran out of memory at GPU fraction %.2f (OOM %d of this shape); retry at %.2f",
+        config.get("model"),
+        config.get("precision"),
+        previous_fraction,
+        ooms,
+        new,
+    )
+    return new
+
+
+def _remeasure(config: TrainConfig, device: torch.device) -> MemoryProfile:
+    if device.type != "cuda":
+        return profile_trial(config, device=device, measure=False)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(1.0, device)
+    try:
+        return profile_trial(config, device=device, measure=True)
+    except torch.cuda.OutOfMemoryError:
+        log.warning("re-measuring after an OOM ran out of memory too; using the estimate")
+        gc.collect()
+        torch.cuda.empty_cache()
+        return profile_trial(config, device=torch.device("cpu"), measure=False)
+    finally:
+        if _applied_cap is not None:
+            torch.cuda.set_per_process_memory_fraction(_applied_cap, device)
+
+
+def trial_memory_metrics(
+    config: dict[str, Any],
+    fraction: float,
+    *,
+    table: VramTable | None = None,
+    mode: str | None = None,
+) -> dict[str, float]:
+    """Numbers a trial reports (and so logs to its MLflow run): its GPU fraction and its
+    shape's predicted peak from the table. Looks up only: never profiles. The measured
+    peak on CUDA is the trainer's own ``peak_mem_mb``."""
+    from trainables.trial import trial_train_config
+
+    metrics: dict[str, float] = {"vram_gpu_fraction": float(fraction)}
+    table = table if table is not None else table_at()
+    try:
+        device, name = _target(mode)
+        train_config = trial_train_config(config)
+        profile = table.get(profile_key(train_config, device, name))
+        if profile is None and name != ESTIMATE_DEVICE_NAME:
+            profile = table.get(
+                profile_key(train_config, torch.device("cpu"), ESTIMATE_DEVICE_NAME)
+            )
+    except (RuntimeError, ValueError, KeyError):
+        profile = None
+    if profile is not None:
+        metrics.update(
+            vram_predicted_peak_mb=profile.peak_bytes / 2**20,
+            vram_predicted_total_mb=profile.total_bytes / 2**20,
+            vram_profile_measured=float(profile.method == "measured"),
+        )
+    return metrics
+
+
+__all__ = [
+    "DEFAULT_DEVICE_TOTAL_BYTES",
+    "DEFAULT_GRID",
+    "DEFAULT_HEADROOM",
+    "GPU_TOTAL_ENV",
+    "MODE_ENV",
+    "RETRY_FLOOR_KEY",
+    "Packing",
+    "TrialDoesNotFit",
+    "apply_memory_cap",
+    "device_total_bytes",
+    "gpu_fraction",
+    "gpu_fraction_for_trial",
+    "plan",
+    "profile_for_config",
+    "retry_fraction_after_oom",
+    "trial_memory_metrics",
+    "trials_per_gpu",
+]

@@ -1,0 +1,417 @@
+"""Device memory of one trial shape: measured on CUDA, estimated from tensor bytes without.
+
+The trial is built by the shared :class:`~trainables.trainer.Trainer` itself (every
+walk-forward fold: model, ``GuardedAdamW``, dataset tensors, environment and replay), so
+the profile sees exactly what a trial allocates. Then:
+
+1. warm-up: one optimizer step per fold, through the trainer's own step
+   (``_train_forecast`` capped at one minibatch; for rl families ``_train_rl`` with one
+   collect-and-learn cycle, repeated until the learner yields a loss, with
+   ``learning_starts`` lowered so the replay is "filled enough" after a few collects).
+   Gradients, optimizer state, replay/rollout storage and the cuBLAS workspace now exist;
+2. estimate, on any device: parameters + gradients + optimizer state (exact, from the
+   tensors) + data (dataset tensors, replay buffers, environment state; they live on the
+   training device in this design) + activations saved for backward in one step
+   (``saved_tensors_hooks``, by storage) + temporaries (what else is alive at the busiest
+   moment of a step or of the validation forward, followed op by op) + 512-byte allocator
+   rounding + the cuBLAS workspace + the CUDA context allowance;
+3. on CUDA also measure: ``reset_peak_memory_stats``, then a step and a validation
+   forward on every fold, and ``max_memory_allocated`` / ``max_memory_reserved`` above the
+   process's baseline; the device's name and total memory come from pynvml (nvidia-ml-py),
+   from torch when NVML cannot answer; the context is what NVML sees the process use
+   beyond the allocator's reservation.
+
+The peak a packing uses is the measured reservation on CUDA, the estimate elsewhere; the
+context is kept apart because the fraction adds it outside the headroom.
+
+Allowances (documented constants, overridable by environment):
+
+* ``HPO_CUDA_CONTEXT_MB`` (default 512): per-process CUDA context, cuBLAS/cuDNN handles and
+  loaded kernels, outside the caching allocator. Typical for torch 2.x on Hopper with lazy
+  module loading: 300-600 MiB.
+* ``CUBLAS_WORKSPACE_CONFIG`` (torch's own variable): the cuBLAS workspace (one per handle
+  and stream, allocated through the caching allocator; unified with cuBLASLt's in torch
+  2.13). Default when unset: 32 MiB on compute capability >= 9 (Hopper, Blackwell), else
+  8 MiB + 128 KiB -- the values torch picks. An estimate made without a GPU assumes the
+  H100 the packing assumes (see :mod:`cluster.packing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from cluster.tensor_bytes import (
+    LiveTensors,
+    SavedTensors,
+    reachable_bytes,
+    state_bytes,
+)
+from models import get_family
+from trainables.config import TrainConfig
+from trainables.precision import default_device, resolve_policy_name
+
+MiB = 2**20
+GiB = 2**30
+CONTEXT_ENV = "HPO_CUDA_CONTEXT_MB"
+DEFAULT_CONTEXT_BYTES = 512 * MiB
+ASSUMED_CAPABILITY = (9, 0)  # an estimate without CUDA targets an H100
+ESTIMATE_DEVICE_NAME = "estimate"
+MAX_COLLECT_CYCLES = 512  # rl warm-up: collect-and-learn cycles allowed before a first loss
+
+
+class ProfileError(RuntimeError):
+    """The trial could not be profiled (the message says why)."""
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Device memory of one trial shape, by component, in bytes.
+
+    The persistent components sum over every walk-forward fold of the trial (the trainer
+    keeps them all on the device); the transient ones are those of the busiest single step
+    or validation forward (folds run one after another).
+    """
+
+    model: str
+    precision: str  # the policy that ran (``auto`` resolved)
+    batch_size: int
+    n_folds: int
+    n_params: int  # trained parameters of one fold's model
+    method: str  # "measured" (CUDA) or "estimated" (tensor bytes only)
+    device_name: str
+    device_total_bytes: int | None  # None for an estimate made without a GPU
+    torch_version: str
+    params_bytes: int  # weights and buffers, target networks included
+    grads_bytes: int  # kept between steps (the trainer zeroes them in place)
+    optimizer_bytes: int  # f32 moments + step counts (+ bf16 Kahan compensation)
+    data_bytes: int  # dataset tensors, replay/rollout buffers, environment, counters
+    activations_bytes: int  # saved for backward by the largest step
+    temporaries_bytes: int  # alive beyond the saved activations at the busiest moment
+    allocator_bytes: int  # 512-byte block rounding of the persistent tensors
+    workspace_bytes: int  # cuBLAS workspace
+    context_bytes: int  # CUDA context (outside the allocator)
+    measured_allocated_bytes: int | None = None  # CUDA: max_memory_allocated above baseline
+    measured_reserved_bytes: int | None = None  # CUDA: max_memory_reserved above baseline
+
+    @property
+    def estimated_peak_bytes(self) -> int:
+        """The estimate of ``max_memory_allocated``: every component but the context."""
+        return (
+            self.params_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.data_bytes
+            + self.activations_bytes
+            + self.temporaries_bytes
+            + self.allocator_bytes
+            + self.workspace_bytes
+        )
+
+    @property
+    def peak_bytes(self) -> int:
+        """What a packing reserves besides the context: the measured reservation on CUDA
+        (allocator caching included), the estimate otherwise."""
+        if self.measured_reserved_bytes is not None:
+            return self.measured_reserved_bytes
+        return self.estimated_peak_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.peak_bytes + self.context_bytes
+
+    @property
+    def estimate_error(self) -> float | None:
+        """(estimate - measured allocated) / measured allocated, on CUDA."""
+        if not self.measured_allocated_bytes:
+            return None
+        return self.estimated_peak_bytes / self.measured_allocated_bytes - 1.0
+
+    def components(self) -> dict[str, int]:
+        return {
+            "params": self.params_bytes,
+            "grads": self.grads_bytes,
+            "optimizer": self.optimizer_bytes,
+            "data": self.data_bytes,
+            "activations": self.activations_bytes,
+            "temporaries": self.temporaries_bytes,
+            "allocator": self.allocator_bytes,
+            "workspace": self.workspace_bytes,
+            "context": self.context_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            estimated_peak_bytes=self.estimated_peak_bytes,
+            peak_bytes=self.peak_bytes,
+            total_bytes=self.total_bytes,
+            estimate_error=self.estimate_error,
+        )
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> MemoryProfile:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+# ----------------------------------------------------------------------------------------
+# allowances and device facts
+
+
+def context_allowance() -> int:
+    """Bytes of CUDA context per process: ``HPO_CUDA_CONTEXT_MB`` or the 512 MiB default."""
+    raw = os.environ.get(CONTEXT_ENV)
+    if raw is None:
+        return DEFAULT_CONTEXT_BYTES
+    try:
+        return int(float(raw) * MiB)
+    except ValueError:
+        raise ValueError(f"{CONTEXT_ENV} must be a number of MiB, got {raw!r}") from None
+
+
+def cublas_workspace_bytes(capability: tuple[int, int] = ASSUMED_CAPABILITY) -> int:
+    """torch's cuBLAS workspace per handle and stream (``CUBLAS_WORKSPACE_CONFIG`` or the
+    default torch picks for ``capability``)."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        segments = re.findall(r":([0-9]+):([0-9]+)", config)
+        if segments:
+            return sum(int(size) * int(count) for size, count in segments) * 1024
+    if capability[0] >= 9:
+        return 4096 * 8 * 1024
+    return 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    name: str
+    total_bytes: int
+    capability: tuple[int, int]
+    nvml_index: int | None
+
+
+def cuda_device(device: torch.device) -> CudaDevice:
+    """Name and total memory from NVML (the device torch calls ``device``), torch's own
+    figures when NVML cannot answer (no library, containers, MIG)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    name, total, nvml_index = props.name, int(props.total_memory), None
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            nvml_index = int(torch.cuda._get_nvml_device_index(index))  # CUDA_VISIBLE_DEVICES
+        except Exception:
+            nvml_index = index
+        handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+        raw = pynvml.nvmlDeviceGetName(handle)
+        name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    return CudaDevice(
+        name=name,
+        total_bytes=total,
+        capability=(props.major, props.minor),
+        nvml_index=nvml_index,
+    )
+
+
+def measured_context_bytes(device: torch.device, info: CudaDevice) -> int | None:
+    """What NVML sees this process hold on the device beyond torch's reservation."""
+    if info.nvml_index is None:
+        return None
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        handle = pynvml.nvmlDeviceGetHandleByIndex(info.nvml_index)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = getattr(proc, "usedGpuMemory", None)
+            if proc.pid == os.getpid() and used:
+                return max(0, int(used) - torch.cuda.memory_reserved(device))
+    return None  # not visible (another PID namespace, MIG): the allowance applies
+
+
+# ----------------------------------------------------------------------------------------
+# the trial as the trainer builds it
+
+
+def target_precision(name: str, device: torch.device) -> str:
+    """The policy a trial runs. ``auto`` resolves for ``device`` on CUDA; an estimate made
+    without CUDA targets a bf16-capable GPU (the H100 the packing assumes), so ``bf16``."""
+    if name == "auto" and device.type != "cuda":
+        return "bf16"
+    return resolve_policy_name(name, device)
+
+
+def profiling_config(config: TrainConfig, device: torch.device) -> TrainConfig:
+    """``config`` with only what does not change memory cut short: one minibatch per
+    forecast step call, one collect-and-learn cycle per rl call, ``learning_starts``
+    lowered to one replay batch, on ``device``."""
+    family = get_family(config.model)
+    changes: dict[str, Any] = {
+        "device": str(device),
+        "precision": target_precision(config.precision, device),
+        "epochs": 1,
+        "max_steps_per_epoch": 1,
+        "rl_iterations": 1,
+    }
+    if family.kind == "rl" and "learning_starts" in family.config_fields():
+        model_config = family.make_config(config.model_config)
+        lowered = min(model_config.learning_starts, getattr(model_config, "replay_batch_size", 1))
+        changes["model_config"] = {**config.model_config, "learning_starts": max(1, lowered)}
+    return config.replace(**changes)
+
+
+def _train_step(trainer: Any, run: Any) -> None:
+    """At least one optimizer step on ``run`` through the trainer's own step code."""
+    before = trainer.global_step
+    for _ in range(MAX_COLLECT_CYCLES if trainer.is_rl else 1):
+        if trainer.is_rl:
+            trainer._train_rl(run)
+        else:
+            trainer._train_forecast(run)
+        if trainer.global_step > before:
+            return
+    raise ProfileError(
+        f"{trainer.family.name} took no optimizer step in {MAX_COLLECT_CYCLES} "
+        "collect-and-learn cycles (does its learner start learning that late?)"
+    )
+
+
+def _eval_forwards(trainer: Any) -> None:
+    """The forwards ``Trainer.train_epoch`` validates and tests with, one of each size:
+    the longest validation window (folds' windows differ by a bar or two at most) and
+    the last fold's test window. Results are dropped at once."""
+    longest = max(trainer.folds, key=lambda run: run.data.val[1] - run.data.val[0])
+    trainer.positions(longest, longest.data.val)
+    last = trainer.folds[-1]
+    trainer.positions(last, last.data.test)
+
+
+def _fold_parts(trainer: Any) -> tuple[list[Any], list[Any]]:
+    return [run.model for run in trainer.folds], [run.optimizer for run in trainer.folds]
+
+
+def _cuda_baseline(device: torch.device) -> tuple[int, int]:
+    gc.collect()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()  # so the workspace is booked to this trial, not to an earlier one
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+
+def profile_trial(
+    config: TrainConfig,
+    *,
+    device: torch.device | str | None = None,
+    measure: bool | None = None,
+) -> MemoryProfile:
+    """Profile the trial ``config`` describes on ``device`` (default: CUDA when present).
+
+    ``measure`` (default: on CUDA) adds the allocator's measured peaks; without CUDA only
+    the estimate exists. Persistent components cover all folds; transients one step.
+    """
+    from trainables.trainer import Trainer
+
+    device = torch.device(device) if device is not None else default_device()
+    measure = device.type == "cuda" if measure is None else measure
+    if measure and device.type != "cuda":
+        raise ValueError(f"measuring needs a CUDA device, got {device}")
+    cfg = profiling_config(config, device)
+    info = cuda_device(device) if device.type == "cuda" else None
+    baseline = _cuda_baseline(device) if measure else (0, 0)
+
+    trainer = Trainer(cfg, device=device)
+    try:
+        for run in trainer.folds:  # warm: grads, optimizer state, replay storage, workspace
+            _train_step(trainer, run)
+        modules, optimizers = _fold_parts(trainer)
+        state = state_bytes(modules, optimizers, device)
+        data = reachable_bytes(trainer.folds, device, exclude=state.keys)
+
+        run = trainer.folds[0]  # every fold has the same shapes
+        with SavedTensors(exclude=state.keys | data.keys) as saved, LiveTensors(device) as live:
+            hook = run.optimizer.register_step_post_hook(lambda *_: saved.end_step())
+            try:
+                _train_step(trainer, run)
+            finally:
+                hook.remove()
+        step_peak = live.peak
+        with LiveTensors(device) as live_eval:
+            _eval_forwards(trainer)
+        transient = max(step_peak, live_eval.peak)
+
+        allocated = reserved = None
+        if measure:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            for fold in trainer.folds:
+                _train_step(trainer, fold)
+            _eval_forwards(trainer)
+            torch.cuda.synchronize(device)
+            allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
+            reserved = torch.cuda.max_memory_reserved(device) - baseline[1]
+        context = None
+        if info is not None and measure:
+            context = measured_context_bytes(device, info)
+        precision = trainer.policy.name
+    finally:
+        del trainer
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    return MemoryProfile(
+        model=config.model,
+        precision=precision,
+        batch_size=config.batch_size,
+        n_folds=len(modules),
+        n_params=state.n_params // max(1, len(modules)),
+        method="measured" if measure else "estimated",
+        device_name=info.name if info is not None else ESTIMATE_DEVICE_NAME,
+        device_total_bytes=info.total_bytes if info is not None else None,
+        torch_version=torch.__version__,
+        params_bytes=state.params,
+        grads_bytes=state.grads,
+        optimizer_bytes=state.optimizer,
+        data_bytes=data.nbytes,
+        activations_bytes=saved.peak,
+        temporaries_bytes=max(0, transient - saved.peak),
+        allocator_bytes=state.rounding + data.rounding,
+        workspace_bytes=cublas_workspace_bytes(
+            info.capability if info is not None else ASSUMED_CAPABILITY
+        ),
+        context_bytes=context if context is not None else context_allowance(),
+        measured_allocated_bytes=allocated,
+        measured_reserved_bytes=reserved,
+    )
+
+
+__all__ = [
+    "ASSUMED_CAPABILITY",
+    "CONTEXT_ENV",
+    "DEFAULT_CONTEXT_BYTES",
+    "CudaDevice",
+    "MemoryProfile",
+    "ProfileError",
+    "context_allowance",
+    "cublas_workspace_bytes",
+    "cuda_device",
+    "profile_trial",
+    "profiling_config",
+    "target_precision",
+]

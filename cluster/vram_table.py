@@ -1,0 +1,255 @@
+"""The on-disk table of memory profiles, so a sweep profiles each trial shape once.
+
+One JSON file (``HPO_VRAM_CACHE``, default ``~/.cache/foxhunt-hpo/vram.json``) maps a
+shape key to a :class:`~cluster.profiler.MemoryProfile`. The key holds what sets a trial's
+memory and nothing else:
+
+* family, precision (``auto`` resolved), trainer batch size;
+* the model's size settings: every field of the family's config, where an int, bool or
+  string counts by value and a float only by whether it is zero (a learning rate, discount
+  or clip never sizes a tensor; a dropout of 0 vs > 0 can), so continuous hyperparameters
+  that a searcher draws fresh for every trial do not force a new profile;
+* the data's shape: lookback, folds, validation/test shares, data source, assets, bars;
+* the device name (``estimate`` for estimates, which also record their allowances) and
+  the torch version; and a schema version, bumped when the estimator changes.
+
+Writes are atomic (a temporary file renamed over the table) and serialized between
+processes with an ``flock`` on ``vram.json.lock``, merging with what others wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cluster.profiler import (
+    ESTIMATE_DEVICE_NAME,
+    MemoryProfile,
+    context_allowance,
+    cublas_workspace_bytes,
+    target_precision,
+)
+from models import get_family
+from trainables.config import TrainConfig
+
+log = logging.getLogger("cluster.vram_table")
+
+CACHE_ENV = "HPO_VRAM_CACHE"
+SCHEMA_VERSION = 1
+
+
+def default_cache_path() -> Path:
+    raw = os.environ.get(CACHE_ENV)
+    if raw:
+        return Path(raw).expanduser()
+    return Path.home() / ".cache" / "foxhunt-hpo" / "vram.json"
+
+
+def _size_value(value: Any) -> Any:
+    """How a model setting enters the key: floats only by being zero or not."""
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return "0" if value == 0.0 else "+"
+    if isinstance(value, list | tuple):
+        return [_size_value(v) for v in value]
+    return repr(value)
+
+
+def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> dict[str, Any]:
+    """The shape key of ``config`` profiled on ``device`` (named ``device_name``)."""
+    family = get_family(config.model)
+    model_config = dataclasses.asdict(family.make_config(config.model_config))
+    key: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "family": config.model,
+        "precision": target_precision(config.precision, device),
+        "batch_size": config.batch_size,
+        "size": {name: _size_value(value) for name, value in sorted(model_config.items())},
+        "data": {
+            "lookback": config.lookback,
+            "n_folds": config.n_folds,
+            "val_fraction": config.val_fraction,
+            "test_fraction": config.test_fraction,
+            "source": config.data.source,
+            "n_assets": config.data.n_assets,
+            "n_bars": config.data.n_bars,
+        },
+        "device": device_name,
+        "torch": torch.__version__,
+    }
+    if device_name == ESTIMATE_DEVICE_NAME:
+        key["allowances"] = {
+            "context": context_allowance(),
+            "workspace": cublas_workspace_bytes(),
+        }
+    return key
+
+
+def key_string(key: dict[str, Any]) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+
+class VramTable:
+    """Memory profiles by shape key, in memory and in one JSON file.
+
+    ``measurements`` counts the profiles this object computed (not found in the table).
+    """
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path).expanduser() if path is not None else default_cache_path()
+        self.measurements = 0
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._loaded_mtime: float | None = None
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read_file(self) -> dict[str, dict[str, Any]]:
+        try:
+            payload = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, json.JSONDecodeError) as exc:
+            log.warning(
+                "ignoring unreadable VRAM table %s (%s); it will be rewritten", self.path, exc
+            )
+            return {}
+        if not isinstance(payload, dict) or payload.get("schema") != SCHEMA_VERSION:
+            return {}
+        entries = payload.get("entries", {})
+        return entries if isinstance(entries, dict) else {}
+
+    def _refresh(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime != self._loaded_mtime:
+            self._entries.update(self._read_file())
+            self._loaded_mtime = mtime
+
+    def entry(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        text = key_string(key)
+        if text not in self._entries:
+            self._refresh()
+        return self._entries.get(text)
+
+    def get(self, key: dict[str, Any]) -> MemoryProfile | None:
+        found = self.entry(key)
+        if not found or "profile" not in found:  # an OOM mark may precede the re-measurement
+            return None
+        return MemoryProfile.from_dict(found["profile"])
+
+    def oom_count(self, key: dict[str, Any]) -> int:
+        """How many times trials of this shape ran out of memory at the packed fraction."""
+        found = self.entry(key)
+        return int(found.get("oom_count", 0)) if found else 0
+
+    def entries(self) -> list[dict[str, Any]]:
+        self._refresh()
+        return list(self._entries.values())
+
+    # -- writing ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _update(self, text: str, change: Callable[[dict[str, Any] | None], dict[str, Any]]) -> None:
+        with self._locked():
+            entries = self._read_file()  # merge what other processes wrote meanwhile
+            entries[text] = change(entries.get(text))
+            payload = {"schema": SCHEMA_VERSION, "entries": entries}
+            fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w") as handle:
+                    json.dump(payload, handle, indent=1, sort_keys=True)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            self._entries = entries
+            self._loaded_mtime = self.path.stat().st_mtime
+
+    def put(self, key: dict[str, Any], profile: MemoryProfile) -> None:
+        def change(old: dict[str, Any] | None) -> dict[str, Any]:
+            return {
+                "key": key,
+                "profile": profile.to_dict(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "oom_count": int(old.get("oom_count", 0)) if old else 0,
+            }
+
+        self._update(key_string(key), change)
+
+    def record_oom(self, key: dict[str, Any]) -> int:
+        """Mark this shape's profile as too small; returns the new OOM count."""
+        counted: list[int] = []
+
+        def change(old: dict[str, Any] | None) -> dict[str, Any]:
+            new = dict(old or {"key": key})
+            new["oom_count"] = int(new.get("oom_count", 0)) + 1
+            counted.append(new["oom_count"])
+            return new
+
+        self._update(key_string(key), change)
+        return counted[0]
+
+    def get_or_measure(
+        self, key: dict[str, Any], measure: Callable[[], MemoryProfile]
+    ) -> MemoryProfile:
+        """The stored profile for ``key``, or ``measure()`` stored under it."""
+        found = self.get(key)
+        if found is not None:
+            return found
+        with self._locked():  # another process may be measuring the same shape right now
+            self._loaded_mtime = None
+            self._refresh()
+            found = self.get(key)
+            if found is None:
+                profile = measure()
+                self.measurements += 1
+        if found is not None:
+            return found
+        self.put(key, profile)
+        return profile
+
+
+_TABLES: dict[Path, VramTable] = {}
+
+
+def table_at(path: Path | str | None = None) -> VramTable:
+    """One :class:`VramTable` per file per process (``None``: the default path)."""
+    resolved = (Path(path).expanduser() if path is not None else default_cache_path()).resolve()
+    if resolved not in _TABLES:
+        _TABLES[resolved] = VramTable(resolved)
+    return _TABLES[resolved]
+
+
+__all__ = [
+    "CACHE_ENV",
+    "SCHEMA_VERSION",
+    "VramTable",
+    "default_cache_path",
+    "key_string",
+    "profile_key",
+    "table_at",
+]

@@ -1,0 +1,391 @@
+"""TLOB: a transformer with dual attention (over time, then over features) for price trends.
+
+Berti & Kasneci (2025), "TLOB: A Novel Transformer Model with Dual Attention for Stock
+Price Trend Prediction with Limit Order Book Data", arXiv:2502.15757. Input normalization:
+Tran, Kanniainen, Gabbouj & Iosifidis (2021), "Data Normalization for Bilinear Structures
+in High-Frequency Financial Time-series", ICPR (BiN).
+
+TLOB reads one window of L bars x F features per sample; any (L, F) window works: the
+OHLCV-derived features of :mod:`trainables.data.features` (F = 8), or an order-book
+snapshot per bar (F = 4 * levels: ask price, ask size, bid price, bid size per level,
+F = 40 for the paper's 10 levels). Assets are folded into the batch (one forecast per
+asset). The network, as in the paper's Fig. 1 and reference code:
+
+    BiN over the (L, F) window -> linear embedding F -> d per bar -> + positional embedding
+    n_layers x [ time attention:    tokens are the L bars, each a d-vector   (L x L maps)
+                 feature attention: tokens are the d features, each an L-vector (d x d) ]
+    the last pair shrinks d -> d // 4 and L -> L // 4 (its MLPs project down)
+    flatten (L // 4) * (d // 4) -> MLP head (/4 per layer down to <= 128) -> 1 forecast
+    position = tanh(position_scale * forecast)
+
+Each attention layer is the paper's: multi-head self-attention whose every head has the
+full width (q, k, v: dim -> n_heads * dim, then W0: n_heads * dim -> dim), residual +
+LayerNorm, then an MLP dim -> 4 dim -> out_dim with GELU, a residual when out_dim == dim,
+GELU and LayerNorm, and a second residual from the layer input when the width is kept.
+
+BiN, for a window x (L, F) with unbiased standard deviations:
+
+    temporal:  Z_t[l, f] = (x[l, f] - mean_l x[:, f]) / std_l x[:, f]    (each feature over time)
+               T = time_scale[f] * Z_t + time_bias[f]
+    feature:   Z_f[l, f] = (x[l, f] - mean_f x[l, :]) / std_f x[l, :]    (each bar over features)
+               G = feature_scale[l] * Z_f + feature_bias[l]
+    BiN(x) = w_feature * G + w_time * T,   (w_feature, w_time) = softplus(mix) >= 0
+
+A standard deviation below 1e-4 is replaced by 1 (a constant slice passes through
+centred), as the reference code does for the temporal one.
+
+Deviations from the reference code: the regression head has one output (the next
+standardized return) instead of three trend classes; BiN's mixing weights are kept
+non-negative by a softplus (starting at 0.5 each, the paper's start) rather than by
+resetting negative values to 0.01 during the forward pass; BiN's scales start at 1
+(the identity normalization) rather than a Xavier draw with random signs; q, k, v are
+projected once (the reference projects them and then again inside
+``nn.MultiheadAttention``); optional dropout on the attention weights (0 by default, as in
+the paper).
+
+Precision. Under ``bf16`` every weight and activation is bf16. What stays f32, and why:
+
+* BiN's statistics and normalization: means and standard deviations over L or F entries
+  are sums that lose digits in bf16, and order-book inputs (prices ~1e2 next to sizes
+  ~1e3, a spread of a few ticks) would be normalized to 3 significant digits; the
+  normalized window is cast back to the activation dtype.
+* the softmax of every attention map (time and feature attention), from upcast scores.
+* the loss and the position mapping, taken from the upcast forecast.
+
+Run ``.venv/bin/python -m pytest tests/models/test_tlob.py -q`` to check this file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import (
+    Batch,
+    Choice,
+    DataShape,
+    Family,
+    Float,
+    Int,
+    SearchSpace,
+    check_choices,
+    fold_assets,
+    inverse_softplus,
+    unfold_assets,
+)
+from trainables.precision import f32, like
+
+__all__ = [
+    "FAMILY",
+    "SEARCH_SPACE",
+    "TLOB",
+    "BiN",
+    "DualAttentionLayer",
+    "TLOBConfig",
+    "TLOBExplanation",
+    "build",
+    "forecast_positions",
+    "regression_loss",
+    "sinusoidal_embedding",
+]
+
+LOSSES = ("mse", "huber")
+# A standard deviation below this is replaced by 1 in BiN (the reference code's guard).
+BIN_MIN_STD = 1e-4
+
+
+@dataclass(frozen=True)
+class TLOBConfig:
+    """Size and output mapping of one TLOB. Defaults: 28,279 parameters at F=8, L=32, A=4
+    (the feature-attention layers and BiN's per-bar weights grow with the lookback L)."""
+
+    hidden_dim: int = 16
+    """Width d of each bar's embedding (the paper uses 40 to 46 on order books); the last
+    layer pair shrinks it to d // 4, so d >= 4."""
+
+    n_layers: int = 2
+    """Pairs of (time attention, feature attention) layers (the paper uses 4)."""
+
+    n_heads: int = 1
+    """Attention heads; each head has the full layer width, as in the paper (which uses 1)."""
+
+    sinusoidal: bool = True
+    """Sinusoidal positional embedding of the bars (the paper's default); False: learned."""
+
+    dropout: float = 0.0
+    """Dropout on the attention weights (the paper uses none)."""
+
+    loss: Literal["mse", "huber"] = "huber"
+    """Regression loss on the standardized next-bar return: MSE, or Huber with
+    ``huber_delta`` (robust to the volatile regime's large standardized returns)."""
+
+    huber_delta: float = 1.0
+    """Huber threshold in units of the target's training standard deviation."""
+
+    position_scale: float = 4.0
+    """Position = tanh(position_scale * forecast), forecast in target std units."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_dim < 4:
+            raise ValueError(f"hidden_dim must be >= 4 (the last layers use d // 4), got {self.hidden_dim}")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+        if self.n_heads < 1:
+            raise ValueError(f"n_heads must be >= 1, got {self.n_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_choices("loss", self.loss, LOSSES)
+        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
+            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
+        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
+            raise ValueError(
+                f"position_scale must be positive and finite, got {self.position_scale}"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Loss and position mapping (both f32)
+
+
+def regression_loss(
+    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float = 1.0
+) -> torch.Tensor:
+    """Mean MSE or Huber loss of ``forecast`` (any dtype) against ``target`` (f32) -> f32.
+
+    Huber: 0.5 e^2 where |e| <= delta, delta (|e| - 0.5 delta) beyond, e = forecast - target.
+    """
+    err = f32(forecast) - target
+    if kind == "mse":
+        return err.square().mean()
+    size = err.abs()
+    return torch.where(size <= delta, 0.5 * err.square(), delta * (size - 0.5 * delta)).mean()
+
+
+def forecast_positions(forecast: torch.Tensor, scale: float) -> torch.Tensor:
+    """(...) forecasts in target std units -> (...) f32 positions tanh(scale * forecast)."""
+    return torch.tanh(scale * f32(forecast))
+
+
+# --------------------------------------------------------------------------------------
+# Building blocks
+
+
+class BiN(nn.Module):
+    """Bilinear normalization of (N, L, F) windows (formulas in the module docstring)."""
+
+    def __init__(self, lookback: int, n_features: int) -> None:
+        super().__init__()
+        self.time_scale = nn.Parameter(torch.ones(n_features))  # per feature
+        self.time_bias = nn.Parameter(torch.zeros(n_features))
+        self.feature_scale = nn.Parameter(torch.ones(lookback, 1))  # per bar
+        self.feature_bias = nn.Parameter(torch.zeros(lookback, 1))
+        self.mix = nn.Parameter(torch.full((2,), inverse_softplus(0.5)))  # [feature, time]
+
+    @staticmethod
+    def standardize(x: torch.Tensor, dim: int) -> torch.Tensor:
+        """(x - mean) / std along ``dim`` (unbiased std; below 1e-4 it counts as 1)."""
+        std = x.std(dim=dim, keepdim=True)
+        std = torch.where(std < BIN_MIN_STD, torch.ones_like(std), std)
+        return (x - x.mean(dim=dim, keepdim=True)) / std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, L, F) -> (N, L, F) in x's dtype; statistics and mixing in f32."""
+        x32 = f32(x)
+        temporal = f32(self.time_scale) * self.standardize(x32, dim=1) + f32(self.time_bias)
+        featural = f32(self.feature_scale) * self.standardize(x32, dim=2) + f32(
+            self.feature_bias
+        )
+        w_feature, w_time = F.softplus(f32(self.mix)).unbind()
+        return like(w_feature * featural + w_time * temporal, x)
+
+
+def sinusoidal_embedding(length: int, dim: int) -> torch.Tensor:
+    """(length, dim) f32 Vaswani et al. positional embedding: sin on even, cos on odd dims."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table
+
+
+class DualAttentionLayer(nn.Module):
+    """One TLOB transformer layer: self-attention among the T tokens of (N, T, dim).
+
+    Used as time attention on (N, L, d) (tokens = bars) and as feature attention on
+    (N, d, L) (tokens = embedded features); ``out_dim`` < dim shrinks the token width.
+    """
+
+    def __init__(self, dim: int, out_dim: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.dim, self.out_dim, self.n_heads = dim, out_dim, n_heads
+        self.qkv = nn.Linear(dim, 3 * n_heads * dim)
+        self.w0 = nn.Linear(n_heads * dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, out_dim)
+        self.mlp_norm = nn.LayerNorm(out_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (N, T, dim) -> (N, T, out_dim), attention (N, H, T, T) rows summing to 1."""
+        n, t, _ = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, self.n_heads, self.dim).unbind(2)  # (N, T, H, dim)
+        scores = torch.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(self.dim)  # (N, H, T, T)
+        attn = like(torch.softmax(f32(scores), dim=-1), scores)
+        heads = torch.einsum("nhqk,nkhd->nqhd", self.dropout(attn), v)  # (N, T, H, dim)
+        h = self.norm(self.w0(heads.reshape(n, t, -1)) + x)  # (N, T, dim)
+        out = self.fc2(F.gelu(self.fc(h)))  # (N, T, out_dim)
+        if self.out_dim == self.dim:
+            out = out + h
+        out = self.mlp_norm(F.gelu(out))
+        if self.out_dim == self.dim:
+            out = out + x
+        return out, attn
+
+
+# --------------------------------------------------------------------------------------
+# The model
+
+
+@dataclass(frozen=True)
+class TLOBExplanation:
+    """Attention maps of every layer pair, per asset (head dimension kept)."""
+
+    forecast: torch.Tensor  # (B, A)
+    time_attention: list[torch.Tensor]  # per pair (B, A, H, L, L): bar attends to bar
+    feature_attention: list[torch.Tensor]  # per pair (B, A, H, d_i, d_i): feature to feature
+
+
+class TLOB(nn.Module):
+    """TLOB over (B, A, L, F) windows; assets folded into the batch."""
+
+    pos_embedding: torch.Tensor  # (L, d) buffer when sinusoidal
+
+    def __init__(self, config: TLOBConfig, shape: DataShape) -> None:
+        super().__init__()
+        length, d = shape.lookback, config.hidden_dim
+        if length < 4:
+            raise ValueError(f"TLOB needs a lookback of >= 4 bars (the last layers use L // 4), got {length}")
+        if shape.n_features < 2:
+            raise ValueError(
+                f"TLOB needs >= 2 features (BiN standardizes each bar over its features), "
+                f"got {shape.n_features}"
+            )
+        self.config = config
+        self.n_assets, self.n_features, self.lookback = shape.n_assets, shape.n_features, length
+        self.bin = BiN(length, shape.n_features)
+        self.embed = nn.Linear(shape.n_features, d)
+        if config.sinusoidal:
+            # Derived from the shape, so not saved in checkpoints.
+            self.register_buffer("pos_embedding", sinusoidal_embedding(length, d), persistent=False)
+        else:
+            self.pos_embedding = nn.Parameter(torch.randn(length, d))
+        self.time_layers = nn.ModuleList()
+        self.feature_layers = nn.ModuleList()
+        for i in range(config.n_layers):
+            shrink = 4 if i == config.n_layers - 1 else 1
+            self.time_layers.append(
+                DualAttentionLayer(d, d // shrink, config.n_heads, config.dropout)
+            )
+            self.feature_layers.append(
+                DualAttentionLayer(length, length // shrink, config.n_heads, config.dropout)
+            )
+        width = (d // 4) * (length // 4)
+        head: list[nn.Module] = []
+        while width > 128:
+            head += [nn.Linear(width, width // 4), nn.GELU()]
+            width //= 4
+        head.append(nn.Linear(width, 1))
+        self.head = nn.Sequential(*head)
+
+    def _run(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """x (B, A, L, F) -> forecast (N,), time maps (N, H, L, L), feature maps (N, H, d, d)."""
+        _, a, length, f = x.shape
+        if (a, length, f) != (self.n_assets, self.lookback, self.n_features):
+            raise ValueError(
+                f"TLOB was built for A={self.n_assets} assets, L={self.lookback} bars and "
+                f"F={self.n_features} features, got x of shape {tuple(x.shape)}"
+            )
+        flat = fold_assets(x)  # (N, L, F)
+        h = self.embed(self.bin(flat))  # (N, L, d)
+        h = h + like(self.pos_embedding, h)
+        time_maps, feature_maps = [], []
+        for time_layer, feature_layer in zip(self.time_layers, self.feature_layers, strict=True):
+            h, a_time = time_layer(h)  # (N, L, d'): bars attend to bars
+            h, a_feature = feature_layer(h.transpose(1, 2))  # (N, d', L'): features to features
+            h = h.transpose(1, 2)  # (N, L', d')
+            time_maps.append(a_time)
+            feature_maps.append(a_feature)
+        return self.head(h.flatten(1)).squeeze(-1), time_maps, feature_maps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, A, L, F) -> (B, A) forecast of the next standardized return (x's dtype)."""
+        forecast, _, _ = self._run(x)
+        return unfold_assets(forecast, self.n_assets)
+
+    def explain(self, x: torch.Tensor) -> TLOBExplanation:
+        forecast, time_maps, feature_maps = self._run(x)
+        a = self.n_assets
+        return TLOBExplanation(
+            forecast=unfold_assets(forecast, a),
+            time_attention=[unfold_assets(m, a) for m in time_maps],
+            feature_attention=[unfold_assets(m, a) for m in feature_maps],
+        )
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 MSE or Huber loss of the forecasts over batch and assets."""
+        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast)."""
+        return forecast_positions(self(batch.x), self.config.position_scale)
+
+
+def build(config: TLOBConfig, shape: DataShape) -> TLOB:
+    return TLOB(config, shape)
+
+
+# Ranges around the paper's settings (hidden 40-46, 4 layer pairs, 1 head, sinusoidal
+# embedding, no dropout) and the transformer-for-LOB literature it compares against
+# (widths 32-128, 2-6 layers, 1-4 heads); hidden_dim is a multiple of 4 so that the last
+# pair's d // 4 wastes nothing. lr, batch size and weight decay belong to the trainer.
+SEARCH_SPACE: SearchSpace = {
+    "hidden_dim": Choice((16, 32, 40, 48, 64, 128)),
+    "n_layers": Int(1, 6),
+    "n_heads": Choice((1, 2, 4)),
+    "sinusoidal": Choice((True, False)),
+    "dropout": Float(0.0, 0.3),
+    "loss": Choice(LOSSES),
+    "position_scale": Float(0.5, 32.0, log=True),
+}
+
+FAMILY = Family(
+    name="tlob",
+    kind="forecast",
+    config_cls=TLOBConfig,
+    build=build,
+    search_space=SEARCH_SPACE,
+    paper=(
+        "Berti & Kasneci (2025), TLOB: A Novel Transformer Model with Dual Attention for "
+        "Stock Price Trend Prediction with Limit Order Book Data, arXiv:2502.15757"
+    ),
+    keeps_f32=(
+        "BiN's means, standard deviations and normalized window (sums over L or F; "
+        "order-book prices and sizes would keep 3 digits), the softmax of every time and "
+        "feature attention map, the loss and the position mapping"
+    ),
+    summary=(
+        "BiN input normalization, alternating self-attention over bars and over embedded "
+        "features, MLP head on the flattened map -> next-bar forecast per asset; position "
+        "= tanh(scale * forecast)"
+    ),
+)

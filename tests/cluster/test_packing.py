@@ -1,0 +1,199 @@
+"""GPU fractions: the rounding grid by hand, trial configs through the table, the per-trial
+memory cap, the retry after an OOM, and the benchmark's smoke mode."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from cluster import packing
+from cluster.packing import (
+    RETRY_FLOOR_KEY,
+    TrialDoesNotFit,
+    apply_memory_cap,
+    gpu_fraction,
+    gpu_fraction_for_trial,
+    plan,
+    retry_fraction_after_oom,
+    trial_memory_metrics,
+    trials_per_gpu,
+)
+from cluster.vram_table import VramTable, profile_key
+from tests.cluster.test_vram_table import fake_profile
+
+GiB = 2**30
+MiB = 2**20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("peak", "context", "total", "headroom", "grid", "expected"),
+    [
+        # (10 * 1.15 + 0.5) / 80 = 0.15 exactly: 3 steps of 0.05, not 4 (0.15 * 20 > 3 in floats)
+        (10 * GiB, GiB // 2, 80 * GiB, 0.15, 20, 0.15),
+        # a MiB more tips it into the next step
+        (10 * GiB + MiB, GiB // 2, 80 * GiB, 0.15, 20, 0.20),
+        # (6 * 1.0 + 2) / 80 = 0.1 on the 1/20 grid; 0.1 -> 0.1 on a 1/10 grid too
+        (6 * GiB, 2 * GiB, 80 * GiB, 0.0, 20, 0.10),
+        (6 * GiB, 2 * GiB, 80 * GiB, 0.0, 10, 0.10),
+        # (3 * 1.5 + 0.5) / 40 = 0.125 -> 0.15 (grid 20), 0.2 (grid 10), 0.125 (grid 8)
+        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 20, 0.15),
+        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 10, 0.2),
+        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 8, 0.125),
+        # a tiny trial still takes one grid step; a huge one is capped at the whole GPU
+        (1 * MiB, 0, 80 * GiB, 0.15, 20, 0.05),
+        (200 * GiB, GiB // 2, 80 * GiB, 0.15, 20, 1.0),
+    ],
+)
+def test_fraction_rounds_up_on_the_grid(
+    peak: int, context: int, total: int, headroom: float, grid: int, expected: float
+) -> None:
+    assert gpu_fraction(peak, context, total, headroom, grid) == expected
+
+
+def test_trials_per_gpu() -> None:
+    assert [trials_per_gpu(f) for f in (0.05, 0.1, 0.15, 0.25, 0.3, 0.5, 1.0)] == [
+        20,
+        10,
+        6,
+        4,
+        3,
+        2,
+        1,
+    ]
+
+
+def test_plan_uses_the_gpu_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = fake_profile(peak_mib=10 * 1024)  # 10 GiB peak, 0.5 GiB context
+    monkeypatch.delenv("HPO_GPU_TOTAL_GB", raising=False)
+    at_80 = plan(profile, headroom=0.15)
+    assert (at_80.device_total_bytes, at_80.fraction, at_80.trials_per_gpu) == (80 * GiB, 0.15, 6)
+    assert at_80.trials_per_gpu_unrounded == 6  # 80 / 12
+    monkeypatch.setenv("HPO_GPU_TOTAL_GB", "40")
+    at_40 = plan(profile, headroom=0.15)
+    assert (at_40.device_total_bytes, at_40.fraction, at_40.trials_per_gpu) == (40 * GiB, 0.3, 3)
+    measured = fake_profile(
+        peak_mib=10 * 1024,
+        method="measured",
+        device_total_bytes=120 * GiB,
+        measured_allocated_bytes=9 * GiB,
+        measured_reserved_bytes=11 * GiB,
+    )
+    # A measured profile packs its reserved peak against its own GPU: (11*1.15+0.5)/120.
+    assert plan(measured, headroom=0.15).fraction == 0.15
+
+
+def trial_config(**extra: Any) -> dict[str, Any]:
+    """A sweep trial config as SweepSearcher builds it (tiny shapes)."""
+    return {
+        "model": "tft",
+        "precision": "bf16",
+        "seed": 0,
+        "params": {"d_model": 8, "n_heads": 1, "lr": 1e-3},
+        "base": {
+            "epochs": 1,
+            "trainer": {"n_folds": 1, "lookback": 16, "batch_size": 32},
+            "data": {"n_assets": 2, "n_bars": 600},
+        },
+        **extra,
+    }
+
+
+def _seeded_table(tmp_path: Path, peak_mib: int) -> tuple[VramTable, dict[str, Any]]:
+    from trainables.trial import trial_train_config
+
+    table = VramTable(tmp_path / "vram.json")
+    key = profile_key(trial_train_config(trial_config()), torch.device("cpu"), "estimate")
+    table.put(key, fake_profile(peak_mib=peak_mib))
+    return table, key
+
+
+def test_trial_fraction_from_the_table_with_oom_boost_and_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPO_GPU_TOTAL_GB", "80")
+    table, key = _seeded_table(tmp_path, peak_mib=10 * 1024)
+
+    def fraction(**extra: Any) -> float:
+        return gpu_fraction_for_trial(
+            trial_config(**extra), headroom=0.15, table=table, mode="estimate"
+        )
+
+    assert fraction() == 0.15  # (10 * 1.15 + 0.5) / 80
+    assert fraction(seed=7, params={"d_model": 8, "n_heads": 1, "lr": 3e-4}) == 0.15
+    assert table.measurements == 0  # found in the table: nothing profiled
+    table.record_oom(key)  # headroom doubles: (10 * 1.3 + 0.5) / 80 = 0.16875 -> 0.2
+    assert fraction() == 0.2
+    assert fraction(**{RETRY_FLOOR_KEY: 0.35}) == 0.35
+    metrics = trial_memory_metrics(trial_config(), 0.2, table=table, mode="estimate")
+    assert metrics["vram_gpu_fraction"] == 0.2
+    assert metrics["vram_predicted_peak_mb"] == 10 * 1024
+    assert metrics["vram_predicted_total_mb"] == 10 * 1024 + 512
+
+
+def test_retry_after_oom_grows_the_fraction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPO_GPU_TOTAL_GB", "80")
+    table = VramTable(tmp_path / "vram.json")
+    config = trial_config()
+    first = gpu_fraction_for_trial(config, table=table, mode="estimate")
+    assert first == 0.05 and table.measurements == 1  # a tiny TFT: one grid step
+    retry = retry_fraction_after_oom(config, first, table=table, mode="estimate")
+    assert retry == 0.1  # at least one grid step more
+    from trainables.trial import trial_train_config
+
+    key = profile_key(trial_train_config(config), torch.device("cpu"), "estimate")
+    assert table.oom_count(key) == 1
+    with pytest.raises(TrialDoesNotFit, match="whole GPU"):
+        retry_fraction_after_oom(config, 1.0, table=table, mode="estimate")
+
+
+def test_memory_cap_leaves_the_context_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packing, "_applied_cap", None)  # restored after the test
+    monkeypatch.setattr(packing.torch, "cuda", SimpleNamespace(is_available=lambda: False))
+    assert apply_memory_cap(0.25) is None  # no CUDA: nothing to cap
+    calls: list[tuple[float, int]] = []
+    fake_cuda = SimpleNamespace(
+        is_available=lambda: True,
+        current_device=lambda: 0,
+        get_device_properties=lambda _: SimpleNamespace(total_memory=80 * GiB),
+        set_per_process_memory_fraction=lambda f, d: calls.append((f, d)),
+    )
+    monkeypatch.setattr(packing.torch, "cuda", fake_cuda)
+    assert apply_memory_cap(0.25, context_bytes=GiB // 2) == pytest.approx(0.25 - 0.5 / 80)
+    assert calls == [(pytest.approx(0.24375), 0)]
+    assert apply_memory_cap(0.0) is None and apply_memory_cap(1.0) is None
+    assert apply_memory_cap(None) is None and len(calls) == 1
+    # a share smaller than the context keeps half of itself for the allocator
+    assert apply_memory_cap(0.004, context_bytes=GiB // 2) == pytest.approx(0.002)
+
+
+def test_benchmark_smoke_writes_json_and_markdown(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("gpu_packing", ROOT / "bench" / "gpu_packing.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    report = bench.main(["--smoke", "--seconds", "0.05", "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "gpu_packing.json").read_text())
+    assert stored["rows"] == report["rows"] and not stored["measured"]
+    assert [(r["family"], r["precision"]) for r in stored["rows"]] == [
+        ("dqn", "f32"),
+        ("dqn", "bf16"),
+        ("tft", "f32"),
+        ("tft", "bf16"),
+    ]
+    for row in stored["rows"]:
+        assert row["estimate_mib"] > 32  # at least the cuBLAS workspace
+        assert row["fraction"] == 0.05 and row["trials_per_gpu"] == 20
+        assert row["steps_per_s"] > 0
+    assert set(stored["ratios"]) == {"dqn", "tft"}
+    assert stored["ratios"]["dqn"]["peak"] < 1.0
+    text = (tmp_path / "gpu_packing.md").read_text()
+    assert "NOT MEASURED ON A GPU" in text and "| dqn | bf16 |" in text

@@ -1,0 +1,192 @@
+"""The memory estimator: exact state bytes, saved-activation bytes, whole-trial profiles;
+and, on CUDA, the estimate against the allocator's measurement."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from cluster.profiler import (
+    DEFAULT_CONTEXT_BYTES,
+    MemoryProfile,
+    context_allowance,
+    cublas_workspace_bytes,
+    profile_trial,
+    profiling_config,
+)
+from cluster.tensor_bytes import LiveTensors, SavedTensors, state_bytes, storage_key
+from tests.trainables.helpers import tiny_config
+from trainables.precision import StepGuard, get_policy
+
+CPU = torch.device("cpu")
+ELEMENT = {"f32": 4, "bf16": 2}
+TINY_DQN = {"hidden": 16, "buffer_capacity": 512, "learning_starts": 64, "replay_batch_size": 32}
+
+
+def linear_stack(precision: str, widths: tuple[int, ...]) -> tuple[nn.Module, object]:
+    policy = get_policy(precision)
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(widths):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    module = policy.convert_module(nn.Sequential(*layers[:-1]))
+    return module, policy
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_state_bytes_are_exact_for_a_linear_stack(precision: str) -> None:
+    model, policy = linear_stack(precision, (16, 32, 8))
+    optimizer = policy.make_optimizer(model.parameters(), lr=1e-3)
+    x = policy.convert_input(torch.randn(64, 16))
+    policy.backward_and_step(model(x).float().pow(2).mean(), optimizer, StepGuard(CPU), 1.0)
+
+    counted = state_bytes([model], [optimizer], CPU)
+    n = 16 * 32 + 32 + 32 * 8 + 8  # 808 weights and biases, in 4 tensors
+    e = ELEMENT[precision]
+    assert counted.n_params == n
+    assert counted.params == n * e
+    assert counted.grads == n * e  # gradients in the parameters' dtype
+    # exp_avg + exp_avg_sq in f32 per element, an f32 step count per tensor, and under
+    # bf16 the Kahan compensation buffer in the weights' dtype.
+    assert counted.optimizer == n * 8 + 4 * 4 + (n * 2 if precision == "bf16" else 0)
+    assert counted.rounding > 0  # every storage takes whole 512-byte allocator blocks
+
+
+def _saved_bytes(precision: str) -> int:
+    torch.manual_seed(0)
+    model, policy = linear_stack(precision, (64, 128, 128, 16))
+    x = policy.convert_input(torch.randn(32, 64))
+    exclude = frozenset({storage_key(p) for p in model.parameters()} | {storage_key(x)})
+    with SavedTensors(exclude=exclude) as saved:
+        loss = model(x).pow(2).mean()
+    del loss
+    return saved.peak
+
+
+def test_bf16_activations_are_half_of_f32_for_a_linear_stack() -> None:
+    f32, bf16 = _saved_bytes("f32"), _saved_bytes("bf16")
+    # Saved: two ReLU outputs (each also the next Linear's input: one storage) and the
+    # output the square saves; the input and weights are not activations.
+    assert f32 == 4 * (32 * 128 * 2 + 32 * 16)
+    assert abs(2 * bf16 - f32) <= 8
+
+
+def test_saved_tensors_keep_the_largest_step_not_the_sum() -> None:
+    model, _ = linear_stack("f32", (8, 256, 8))
+    counter = SavedTensors(exclude=frozenset(storage_key(p) for p in model.parameters()))
+    with counter:
+        for batch in (4, 64, 16):
+            model(torch.randn(batch, 8)).sum().backward()
+            counter.end_step()
+    assert counter.peak == 64 * (8 + 256) * 4  # input and ReLU output of the 64-row step
+
+
+def test_live_tensors_follow_a_no_grad_forward() -> None:
+    width, batch = 256, 64
+    model, _ = linear_stack("f32", (width,) * 5)
+    x = torch.randn(batch, width)
+    act = batch * width * 4  # one (64, 256) f32 activation: 64 KiB, a whole number of blocks
+    with torch.no_grad(), LiveTensors(CPU) as live:
+        y = model(x)
+        assert live.live == act  # only the output is still alive
+    del y
+    assert live.live == 0
+    # A layer's input and output, plus the fused ReLU's, never more than three at once.
+    assert 2 * act <= live.peak <= 3 * act + 4 * 512
+
+
+def test_allowances_default_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPO_CUDA_CONTEXT_MB", raising=False)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert context_allowance() == DEFAULT_CONTEXT_BYTES == 512 * 2**20
+    assert cublas_workspace_bytes((9, 0)) == 32 * 2**20  # Hopper: torch's 32 MiB
+    assert cublas_workspace_bytes((8, 0)) == (4096 * 2 + 16 * 8) * 1024
+    monkeypatch.setenv("HPO_CUDA_CONTEXT_MB", "300")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:1")
+    assert context_allowance() == 300 * 2**20
+    assert cublas_workspace_bytes((9, 0)) == 4096 * 1024
+
+
+def test_profiling_config_lowers_learning_starts_only_for_rl() -> None:
+    dqn = profiling_config(tiny_config("dqn", model_config=TINY_DQN), CPU)
+    assert dqn.model_config["learning_starts"] == 32  # one replay batch
+    assert (dqn.max_steps_per_epoch, dqn.rl_iterations, dqn.device) == (1, 1, "cpu")
+    assert profiling_config(tiny_config("tft", precision="auto"), CPU).precision == "bf16"
+
+
+@pytest.fixture(scope="module")
+def dqn_profiles() -> dict[str, MemoryProfile]:
+    return {
+        p: profile_trial(tiny_config("dqn", p, n_folds=2, model_config=TINY_DQN), device=CPU)
+        for p in ("f32", "bf16")
+    }
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_dqn_profile_counts_both_networks_and_the_replay(
+    dqn_profiles: dict[str, MemoryProfile], precision: str
+) -> None:
+    from models import get_family
+    from models.base import DataShape
+
+    profile = dqn_profiles[precision]
+    e = ELEMENT[precision]
+    family = get_family("dqn")
+    shape = DataShape(n_features=8, lookback=16, n_assets=2)
+    learner = family.build(family.make_config(TINY_DQN), shape)
+    n_online = sum(p.numel() for p in learner.trainable_parameters())
+    n_all = sum(p.numel() for p in learner.parameters())  # online + target network
+    n_tensors = len(list(learner.trainable_parameters()))
+    compensation = 2 if precision == "bf16" else 0
+
+    assert profile.method == "estimated" and profile.n_folds == 2
+    assert profile.n_params == n_online
+    assert profile.params_bytes == 2 * n_all * e  # two folds
+    assert profile.grads_bytes == 2 * n_online * e
+    assert profile.optimizer_bytes == 2 * (n_online * (8 + compensation) + 4 * n_tensors)
+    # Two (capacity, L, F) window buffers per fold's replay, in the data dtype.
+    assert profile.data_bytes > 2 * 2 * 512 * 16 * 8 * e
+    assert profile.activations_bytes > 0
+    parts = profile.components()
+    assert profile.total_bytes == sum(parts.values())
+    assert (
+        profile.peak_bytes == profile.estimated_peak_bytes == profile.total_bytes - parts["context"]
+    )
+
+
+def test_dqn_bf16_halves_the_replay_windows(dqn_profiles: dict[str, MemoryProfile]) -> None:
+    f32, bf16 = dqn_profiles["f32"], dqn_profiles["bf16"]
+    window_bytes_f32 = 2 * 2 * 512 * 16 * 8 * 4  # folds x (window, next_window) x C x L x F
+    assert f32.data_bytes - bf16.data_bytes >= window_bytes_f32 // 2
+    assert bf16.activations_bytes < 0.75 * f32.activations_bytes
+
+
+def test_forecast_profile_is_smaller_in_bf16() -> None:
+    f32 = profile_trial(tiny_config("tft", "f32"), device=CPU)
+    bf16 = profile_trial(tiny_config("tft", "bf16"), device=CPU)
+    assert abs(2 * bf16.params_bytes - f32.params_bytes) <= 64  # TFT keeps its quantiles f32
+    assert bf16.activations_bytes < f32.activations_bytes
+    assert bf16.estimated_peak_bytes - bf16.workspace_bytes < (
+        f32.estimated_peak_bytes - f32.workspace_bytes
+    )
+    restored = MemoryProfile.from_dict(f32.to_dict())
+    assert restored == f32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["dqn", "tft"])
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_estimate_within_ten_percent_of_cuda_measurement(model: str, precision: str) -> None:
+    from trainables.config import build_train_config
+
+    config = build_train_config(model, {}, precision=precision)  # default trial sizes
+    measured = profile_trial(config, device="cuda", measure=True)
+    cpu_estimate = profile_trial(config, device="cpu", measure=False)
+    allocated = measured.measured_allocated_bytes
+    assert allocated
+    assert measured.measured_reserved_bytes >= allocated
+    assert abs(measured.estimated_peak_bytes / allocated - 1) <= 0.10, measured.to_dict()
+    assert abs(cpu_estimate.estimated_peak_bytes / allocated - 1) <= 0.10, cpu_estimate.to_dict()

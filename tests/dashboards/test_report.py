@@ -1,0 +1,227 @@
+"""The HTML comparison report: self-contained, every plot and table findable by id, and it
+opens in headless Chromium without console errors (screenshot kept in test-artifacts/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from dashboards.report import CSP, dom_id, render_report, write_report
+from hpo.compare import Comparison, comparison_from_mlflow
+from tests.hpo.compare_helpers import SyntheticSweep, pair_id, shared_sweep
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CONTRAST = "bf16_vs_f32"
+
+
+class _Elements(HTMLParser):
+    """Every start tag with its attributes, and the element ids in document order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.ids: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {k: v or "" for k, v in attrs}
+        self.tags.append((tag, attributes))
+        if "id" in attributes:
+            assert attributes["id"] not in self.ids, f"duplicate id {attributes['id']}"
+            self.ids[attributes["id"]] = tag
+
+
+def _count_inside(parsed: _Elements, tag: str, cls: str, svg_id: str) -> int:
+    """Elements ``<tag class="... cls ...">`` inside ``<svg id="svg_id">``."""
+    inside, count = False, 0
+    for t, a in parsed.tags:
+        if t == "svg":
+            inside = a.get("id") == svg_id
+        elif inside and t == tag and cls in a.get("class", "").split():
+            count += 1
+    return count
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> SyntheticSweep:
+    return shared_sweep(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def comparison(sweep: SyntheticSweep) -> Comparison:
+    return comparison_from_mlflow(
+        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), n_resamples=999
+    )
+
+
+@pytest.fixture(scope="module")
+def html(comparison: Comparison) -> str:
+    return render_report(comparison)
+
+
+@pytest.fixture(scope="module")
+def parsed(html: str) -> _Elements:
+    parser = _Elements()
+    parser.feed(html)
+    return parser
+
+
+@pytest.mark.parametrize("scope", ["tft", "dqn", "overall"])
+def test_every_scope_has_its_plots_and_tables(parsed: _Elements, scope: str) -> None:
+    assert parsed.ids[dom_id("family", scope)] == "section"
+    assert parsed.ids[dom_id("stats", scope)] == "table"
+    assert parsed.ids[dom_id("counts", scope)] == "table"
+    assert parsed.ids[dom_id("selection", scope)] == "table"
+    for split in ("val", "test"):
+        assert parsed.ids[dom_id("dist", scope, CONTRAST, split)] == "svg"
+        assert parsed.ids[dom_id("diff", scope, CONTRAST, split)] == "svg"
+    if scope != "overall":
+        assert parsed.ids[dom_id("curves", scope, CONTRAST)] == "svg"
+        assert parsed.ids[dom_id("resources", scope)] == "svg"
+
+
+@pytest.mark.parametrize("scope", ["tft", "dqn", "overall"])
+def test_plots_draw_exactly_the_pairs_the_statistics_use(
+    parsed: _Elements, comparison: Comparison, scope: str
+) -> None:
+    owner = comparison.overall if scope == "overall" else comparison.families[scope]
+    for split in ("val", "test"):
+        used = owner.contrasts[CONTRAST].split(split).n_pairs_used
+        diff_id = dom_id("diff", scope, CONTRAST, split)
+        assert _count_inside(parsed, "circle", "point", diff_id) == used
+        assert _count_inside(parsed, "line", "zero-line", diff_id) == 1
+        assert _count_inside(parsed, "line", "median", diff_id) == 1
+        dist_id = dom_id("dist", scope, CONTRAST, split)
+        assert _count_inside(parsed, "circle", "point", dist_id) == 2 * used
+        assert _count_inside(parsed, "polygon", "violin", dist_id) == 2
+
+
+def test_curves_overlay_both_members_of_every_pair(parsed: _Elements) -> None:
+    curves = dom_id("curves", "tft", CONTRAST)
+    assert _count_inside(parsed, "g", "pair-panel", curves) == 6
+    # 6 pairs x 2 members; the diverged member's curve stops at its last good epoch.
+    assert _count_inside(parsed, "polyline", "curve", curves) == 12
+    assert _count_inside(parsed, "rect", "bar", dom_id("resources", "tft")) == 4
+
+
+def test_stats_table_shows_the_computed_numbers(html: str, comparison: Comparison) -> None:
+    val = comparison.families["tft"].contrasts[CONTRAST].val
+    table = re.search(r'<table id="stats-tft".*?</table>', html, re.S)
+    assert table is not None
+    row = re.search(r'<tr data-contrast="bf16_vs_f32" data-split="val">.*?</tr>', table.group(0))
+    assert row is not None
+    cells = row.group(0)
+    assert f'<td class="n-pairs">{val.n_pairs_used}</td>' in cells
+    assert '<td class="n-excluded">1</td>' in cells
+    assert f'<td class="median-diff">{val.median_difference:+.3f}</td>' in cells
+    assert f"[{val.ci_low:+.3f}, {val.ci_high:+.3f}]" in cells
+    assert f"{val.wilcoxon_pvalue:.3f}" in cells
+    assert pair_id("tft", 2) in html  # the excluded pair is named in the notes
+
+
+def test_report_is_self_contained(html: str, parsed: _Elements) -> None:
+    assert f'content="{CSP}"' in html
+    assert not any(t == "script" for t, _ in parsed.tags)
+    for tag, attributes in parsed.tags:
+        for name in ("src", "href", "xlink:href", "action", "data"):
+            value = attributes.get(name)
+            if value is not None:
+                assert value.startswith(("#", "data:")), f"<{tag} {name}={value!r}>"
+    assert "url(" not in html and "@import" not in html
+    assert "reading-notes" in parsed.ids
+
+
+def test_write_report_writes_the_rendered_html(comparison: Comparison, tmp_path: Path) -> None:
+    path = write_report(comparison, tmp_path / "sub" / "report.html")
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and 'id="summary-table"' in text
+    assert not list(path.parent.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------------------------------
+# Headless Chromium (Debian's `chromium` package; the test set-up installs it).
+
+needs_chromium = pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
+    reason=f"{CHROMIUM} not installed (Debian: apt-get install -y chromium)",
+)
+
+
+def _chromium(page: Path, profile: Path, *mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            *mode,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _console_messages(stderr: str) -> list[str]:
+    # Chromium logs every console message (errors, warnings, CSP violations, failed
+    # loads) as "...:INFO:CONSOLE:<line>] "<message>", source: <url> (<line>)".
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@needs_chromium
+def test_the_console_check_sees_errors(tmp_path: Path) -> None:
+    """The harness itself: a console error on a page is seen, so an empty list means
+    something."""
+    page = tmp_path / "canary.html"
+    page.write_text(
+        '<!DOCTYPE html><html><body><script>console.error("canary-42")</script></body></html>'
+    )
+    run = _chromium(page, tmp_path / "profile", "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert any('"canary-42"' in m for m in _console_messages(run.stderr))
+
+
+@needs_chromium
+def test_report_opens_in_headless_chromium_without_console_errors(
+    comparison: Comparison, tmp_path: Path
+) -> None:
+    page = write_report(comparison, tmp_path / "report.html")
+    dom = _chromium(page, tmp_path / "profile-dom", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert _console_messages(dom.stderr) == []
+    parsed = _Elements()
+    parsed.feed(dom.stdout)  # the DOM the browser built, not our string
+    for scope in ("tft", "dqn", "overall"):
+        assert parsed.ids[dom_id("stats", scope)] == "table"
+        assert parsed.ids[dom_id("dist", scope, CONTRAST, "val")] == "svg"
+        assert parsed.ids[dom_id("diff", scope, CONTRAST, "val")] == "svg"
+    assert parsed.ids["summary-table"] == "table"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "comparison-report.png"
+    shot.unlink(missing_ok=True)
+    run = _chromium(
+        page, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1400,6000"
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert _console_messages(run.stderr) == []
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000
+    shutil.copy2(page, ARTIFACTS / "comparison-report.html")

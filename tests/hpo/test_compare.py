@@ -1,0 +1,322 @@
+"""hpo.compare against hpo.stats on a synthetic sweep written by the real tracking callback:
+the numbers read back from MLflow equal compare_paired / PSR / DSR on the known values,
+a diverged pair is excluded and counted, fallbacks are counted, an unfinished pair is
+pending, and `hpo compare --json` writes the same numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from hpo.cli import app
+from hpo.compare import (
+    ALL_PRECISIONS,
+    OVERALL,
+    Comparison,
+    ComparisonError,
+    comparison_from_mlflow,
+    log_comparison,
+)
+from hpo.stats import (
+    compare_paired,
+    deflated_sharpe_ratio,
+    expected_max_sharpe,
+    probabilistic_sharpe_ratio,
+)
+from tests.hpo.compare_helpers import (
+    EPOCHS,
+    VAL,
+    SyntheticSweep,
+    copy_sweep,
+    finite_pairs,
+    moments,
+    pair_id,
+    shared_sweep,
+)
+
+CONTRAST = "bf16_vs_f32"
+RESAMPLES = 999  # a fast bootstrap; the equality checks hold for any count
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> SyntheticSweep:
+    return shared_sweep(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def comparison(sweep: SyntheticSweep) -> Comparison:
+    # The store also holds bf16-mixed trials: asking for f32 and bf16 leaves them out.
+    return comparison_from_mlflow(
+        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), n_resamples=RESAMPLES
+    )
+
+
+def _expected(a: list[float], b: list[float]) -> dict:
+    return compare_paired(a, b, labels=("f32", "bf16"), n_resamples=RESAMPLES).to_dict()
+
+
+def _without_scipy_notes(result: dict) -> dict:
+    # hpo.compare moves scipy's RuntimeWarnings (KS on ties) into the notes.
+    return {**result, "notes": [n for n in result["notes"] if not n.startswith("scipy:")]}
+
+
+@pytest.mark.parametrize("model", ["tft", "dqn"])
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_family_statistics_equal_compare_paired_on_the_known_values(
+    comparison: Comparison, model: str, split: str
+) -> None:
+    a, b = finite_pairs(model, split)
+    contrast = comparison.families[model].contrasts[CONTRAST]
+    got = contrast.split(split).to_dict()
+    assert _without_scipy_notes(got) == _expected(a, b)
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_overall_pools_the_pairs_of_every_family_in_model_then_pair_order(
+    comparison: Comparison, split: str
+) -> None:
+    a_dqn, b_dqn = finite_pairs("dqn", split)
+    a_tft, b_tft = finite_pairs("tft", split)
+    got = comparison.overall.contrasts[CONTRAST].split(split).to_dict()
+    assert _without_scipy_notes(got) == _expected(a_dqn + a_tft, b_dqn + b_tft)
+
+
+def test_the_final_epoch_is_used_not_an_earlier_one(comparison: Comparison) -> None:
+    tft = comparison.families["tft"].contrasts[CONTRAST].val
+    assert tft.median_a == pytest.approx(np.median([0.80, 1.10, -0.20, 0.50, 0.90]))
+    by_run = {t.run_id: t for t in comparison.trials}
+    assert all(t.epochs == EPOCHS for t in by_run.values() if t.state == "completed")
+
+
+def test_a_diverged_trial_is_excluded_with_its_pair_and_counted(
+    comparison: Comparison, sweep: SyntheticSweep
+) -> None:
+    # MLflow still holds the diverged trial's finite epoch-2 Sharpe: it must not be used.
+    client = MlflowClient(sweep.tracking_uri)
+    run = client.get_run(sweep.run_ids[("tft", "bf16", 2)])
+    assert math.isfinite(run.data.metrics["val_sharpe"])
+    tft = comparison.families["tft"]
+    contrast = tft.contrasts[CONTRAST]
+    for split in ("val", "test"):
+        result = contrast.split(split)
+        assert result.n_pairs_total == 6 and result.n_pairs_used == 5
+        assert result.n_excluded_nonfinite == 1
+        assert contrast.excluded_pair_ids(split) == [pair_id("tft", 2)]
+    assert tft.counts["bf16"]["diverged"] == 1 and tft.counts["f32"]["diverged"] == 0
+    assert comparison.overall.counts["bf16"]["diverged"] == 1
+    diverged = next(t for t in comparison.trials if t.run_id == run.info.run_id)
+    assert diverged.state == "diverged" and math.isnan(diverged.val_sharpe)
+    assert "diverged" in (diverged.failure_reason or "")
+
+
+def test_fallbacks_are_counted_and_kept_in_the_comparison(comparison: Comparison) -> None:
+    tft = comparison.families["tft"]
+    assert tft.counts["bf16"]["fell_back"] == 1 and tft.counts["f32"]["fell_back"] == 0
+    assert comparison.families["dqn"].counts["bf16"]["fell_back"] == 0
+    assert pair_id("tft", 4) in tft.contrasts[CONTRAST].pair_ids
+
+
+def test_an_unfinished_pair_is_pending_not_compared(
+    comparison: Comparison, sweep: SyntheticSweep
+) -> None:
+    dqn = comparison.families["dqn"]
+    contrast = dqn.contrasts[CONTRAST]
+    running = next(t for t in comparison.trials if t.run_id == sweep.run_ids[("dqn", "bf16", 5)])
+    assert running.state == "unfinished" and running.epochs == EPOCHS - 1
+    assert contrast.incomplete == {pair_id("dqn", 5): f"bf16 trial {running.trial_id} unfinished"}
+    assert pair_id("dqn", 5) not in contrast.pair_ids
+    assert dqn.counts["bf16"]["unfinished"] == 1
+    assert comparison.overall.contrasts[CONTRAST].incomplete == contrast.incomplete
+
+
+def test_psr_of_every_completed_trial_from_its_logged_moments(comparison: Comparison) -> None:
+    completed = [t for t in comparison.trials if t.state == "completed"]
+    assert len(completed) == 24 - 2
+    for t in completed:
+        index = int(t.pair_id.split("-g")[1][:3])
+        m = moments(t.model, t.precision, index)
+        expected = probabilistic_sharpe_ratio(
+            m["val_sharpe_per_period"], 0.0, int(m["val_n_obs"]), m["val_skew"], m["val_kurtosis"]
+        )
+        assert t.psr == pytest.approx(expected, rel=1e-12)
+    assert all(math.isnan(t.psr) for t in comparison.trials if t.state != "completed")
+
+
+@pytest.mark.parametrize("scope", ["tft", "dqn", OVERALL])
+@pytest.mark.parametrize("precision", ["f32", "bf16", ALL_PRECISIONS])
+def test_dsr_of_the_best_trial_given_every_trial_tried(
+    comparison: Comparison, scope: str, precision: str
+) -> None:
+    trials = [
+        t
+        for t in comparison.trials
+        if scope in (OVERALL, t.model) and precision in (ALL_PRECISIONS, t.precision)
+    ]
+    finished = [t for t in trials if t.state == "completed"]
+    best = max(finished, key=lambda t: t.val_sharpe)
+    index = int(best.pair_id.split("-g")[1][:3])
+    assert best.val_sharpe == VAL[best.model][best.precision][index]
+    m = moments(best.model, best.precision, index)
+    variance = float(np.var([t.sharpe_per_period for t in finished], ddof=1))
+    owner = comparison.overall if scope == OVERALL else comparison.families[scope]
+    selection = owner.selection[precision]
+    assert selection.n_trials == len(trials)  # diverged and unfinished trials were tried
+    assert selection.best_trial_id == best.trial_id
+    assert selection.sr_variance == pytest.approx(variance, rel=1e-12)
+    assert selection.expected_max_sharpe == pytest.approx(
+        expected_max_sharpe(variance, len(trials)), rel=1e-12
+    )
+    args = (int(m["val_n_obs"]), m["val_skew"], m["val_kurtosis"])
+    assert selection.dsr == pytest.approx(
+        deflated_sharpe_ratio(m["val_sharpe_per_period"], variance, len(trials), *args), rel=1e-12
+    )
+    n_configs = len({(t.model, t.group_id) for t in trials})
+    assert selection.dsr_by_configs == pytest.approx(
+        deflated_sharpe_ratio(m["val_sharpe_per_period"], variance, n_configs, *args), rel=1e-12
+    )
+    assert selection.dsr <= selection.dsr_by_configs  # more trials, more deflation
+
+
+def test_resources_are_medians_per_precision(comparison: Comparison) -> None:
+    tft = comparison.families["tft"].resources
+    # peak_mem_mb = base + pair index over the six trials of each precision.
+    assert tft["f32"]["peak_mem_mb"] == pytest.approx(102.5)
+    assert tft["bf16"]["peak_mem_mb"] == pytest.approx(62.5)
+    assert tft["bf16"]["steps_per_s"] == pytest.approx(82.5)
+
+
+def test_curves_hold_the_validation_sharpe_of_every_epoch(comparison: Comparison) -> None:
+    t = next(t for t in comparison.trials if t.model == "tft" and t.pair_id == pair_id("tft", 1))
+    steps = [s for s, _ in t.val_curve]
+    assert steps == list(range(1, EPOCHS + 1))
+    assert t.val_curve[-1][1] == pytest.approx(t.val_sharpe)
+
+
+def test_trials_of_precisions_not_compared_are_left_out_and_noted(
+    comparison: Comparison,
+) -> None:
+    assert {t.precision for t in comparison.trials} == {"f32", "bf16"}
+    assert comparison.notes == ["left out trials of precisions not compared: {'bf16-mixed': 12}"]
+
+
+def test_to_dict_is_json_safe_and_names_excluded_pairs(comparison: Comparison) -> None:
+    payload = comparison.to_dict()
+    json.dumps(payload, allow_nan=False)
+    contrast = payload["families"]["tft"]["contrasts"][CONTRAST]
+    assert contrast["val_excluded_pair_ids"] == [pair_id("tft", 2)]
+    assert payload["reference"] == "f32" and payload["precisions"] == ["f32", "bf16"]
+    diverged = [t for t in payload["trials"] if t["state"] == "diverged"]
+    assert len(diverged) == 1 and diverged[0]["val_sharpe"] is None
+
+
+def test_cli_json_reproduces_the_comparison(
+    comparison: Comparison, sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    out = tmp_path / "cmp.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--experiment",
+            sweep.experiment,
+            "--tracking-uri",
+            sweep.tracking_uri,
+            "--json",
+            str(out),
+            "--resamples",
+            str(RESAMPLES),
+            "--precision",
+            "f32",
+            "--precision",
+            "bf16",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    for text in ("tft: 12 trials", "dqn: 12 trials", "overall: 24 trials", "bf16 - f32 val"):
+        assert text in result.output
+    written = json.loads(out.read_text())
+    expected = comparison.to_dict()
+    for payload in (written, expected):
+        payload.pop("computed_at")
+    assert written == expected
+
+
+def test_cli_names_a_missing_experiment(sweep: SyntheticSweep) -> None:
+    result = CliRunner().invoke(
+        app, ["compare", "--experiment", "nope", "--tracking-uri", sweep.tracking_uri]
+    )
+    assert result.exit_code != 0
+    assert isinstance(result.exception, Exception)
+    assert "no MLflow experiment named 'nope'" in str(result.exception)
+    assert sweep.experiment in str(result.exception)
+
+
+def test_precisions_default_to_the_sweeps_and_need_two(sweep: SyntheticSweep) -> None:
+    inferred = comparison_from_mlflow(
+        sweep.experiment,
+        sweep.tracking_uri,
+        precisions=None,
+        n_resamples=RESAMPLES,
+        with_curves=False,
+    )
+    assert inferred.precisions == ["f32", "bf16", "bf16-mixed"]  # the parent run's param
+    with pytest.raises(ComparisonError, match="at least two distinct precisions"):
+        comparison_from_mlflow(sweep.experiment, sweep.tracking_uri, precisions=("f32",))
+
+
+def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
+    comparison: Comparison, sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    private = copy_sweep(sweep, tmp_path / "store")
+    logged = log_comparison(comparison, private.tracking_uri, private.parent_run_id)
+    client = MlflowClient(private.tracking_uri)
+    parent = client.get_run(private.parent_run_id)
+    metrics = parent.data.metrics
+    val = comparison.families["tft"].contrasts[CONTRAST].val
+    assert metrics["cmp.tft.bf16_vs_f32.val.median_diff"] == pytest.approx(val.median_difference)
+    assert metrics["cmp.tft.bf16_vs_f32.val.wilcoxon_p"] == pytest.approx(val.wilcoxon_pvalue)
+    assert metrics["cmp.tft.bf16_vs_f32.val.ci_low"] == pytest.approx(val.ci_low)
+    assert metrics["cmp.tft.bf16_vs_f32.val.n_excluded"] == 1.0
+    assert metrics["cmp.tft.bf16.n_diverged"] == 1.0
+    assert metrics["cmp.tft.bf16.n_fell_back"] == 1.0
+    assert metrics["cmp.dqn.bf16_vs_f32.val.n_incomplete"] == 1.0
+    assert metrics["cmp.overall.dsr_best"] == pytest.approx(
+        comparison.overall.selection[ALL_PRECISIONS].dsr
+    )
+    assert set(logged) <= set(metrics)
+    assert parent.data.tags["cmp.reference"] == "f32"
+    artifacts = {a.path for a in client.list_artifacts(private.parent_run_id, "comparison")}
+    assert artifacts == {"comparison/comparison.json", "comparison/report.html"}
+    local = Path(client.download_artifacts(private.parent_run_id, "comparison", str(tmp_path)))
+    payload = json.loads((local / "comparison.json").read_text())
+    assert payload["families"]["tft"]["contrasts"][CONTRAST]["val"] == val.to_dict()
+    assert 'id="stats-tft"' in (local / "report.html").read_text()
+
+
+def test_more_than_two_precisions_are_each_compared_with_the_first(
+    sweep: SyntheticSweep,
+) -> None:
+    result = comparison_from_mlflow(
+        sweep.experiment,
+        sweep.tracking_uri,
+        precisions=("f32", "bf16", "bf16-mixed"),
+        n_resamples=RESAMPLES,
+        with_curves=False,
+    )
+    tft = result.families["tft"]
+    assert set(tft.contrasts) == {"bf16_vs_f32", "bf16-mixed_vs_f32"}
+    # bf16-mixed is bf16 shifted by -0.05 and completes everywhere (no diverged member).
+    a = VAL["tft"]["f32"]
+    b = [v - 0.05 if math.isfinite(v) else 0.6 - 0.05 for v in VAL["tft"]["bf16"]]
+    got = tft.contrasts["bf16-mixed_vs_f32"].val.to_dict()
+    assert (
+        _without_scipy_notes(got)
+        == compare_paired(a, b, labels=("f32", "bf16-mixed"), n_resamples=RESAMPLES).to_dict()
+    )
+    assert tft.contrasts["bf16_vs_f32"].val.n_excluded_nonfinite == 1

@@ -1,0 +1,77 @@
+"""The MLflow tracking callback without Ray: child runs, epochs logged once, buffered
+retries while the store is away, no secrets in params."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from hpo.tracking import MlflowSweepCallback, start_sweep_run, trial_params
+
+
+def _trial(trial_id: str, **params: Any) -> SimpleNamespace:
+    config = {
+        "model": "tft", "precision": "bf16", "seed": 0, "pair_id": "tft-g000-s0", "group_id": "tft-g000",
+        "params": {"lr": 1e-3, **params}, "base": {},
+    }
+    return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
+
+
+def _setup(uri: str) -> tuple[MlflowSweepCallback, MlflowClient, str]:
+    client = MlflowClient(uri)
+    parent = start_sweep_run(client, "track", {"name": "track", "api_token": "s3cr3t"}, compare=False)
+    return MlflowSweepCallback(uri, "track", parent), client, parent
+
+
+def test_epochs_logged_once_and_run_reused_after_restart(mlflow_uri: str) -> None:
+    callback, client, parent = _setup(mlflow_uri)
+    trial = _trial("t1")
+    callback.on_trial_start(0, [], trial)
+    for epoch in (1, 2):
+        callback.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0})
+    # A new driver after a crash: fresh callback, the same trial re-reports epoch 2 then 3.
+    again = MlflowSweepCallback(callback.tracking_uri, "track", parent)
+    for epoch in (2, 3):
+        again.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0})
+    trial.last_result = {"epoch": 3}
+    again.on_trial_complete(0, [], trial)
+    runs = client.search_runs([callback.experiment_id], filter_string="tags.trial_id = 't1'")
+    assert len(runs) == 1
+    run_id = runs[0].info.run_id
+    assert runs[0].data.tags["mlflow.parentRunId"] == parent
+    assert [m.step for m in client.get_metric_history(run_id, "val_sharpe")] == [1, 2, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_metrics_buffered_while_the_store_is_away(mlflow_uri: str) -> None:
+    callback, client, _ = _setup(mlflow_uri)
+    trial = _trial("t2")
+    callback.on_trial_start(0, [], trial)
+    real = callback.client.log_batch
+    outage = {"on": True}
+
+    def flaky(*args: Any, **kwargs: Any) -> None:
+        if outage["on"]:
+            raise ConnectionError("tracking server down")
+        real(*args, **kwargs)
+
+    callback.client.log_batch = flaky  # type: ignore[method-assign]
+    for epoch in (1, 2, 3):
+        callback.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": float(epoch)})
+    assert len(callback.outbox.pending) == 3
+    outage["on"] = False
+    callback.on_experiment_end([])
+    assert not callback.outbox.pending
+    run_id = callback.run_ids["t2"]
+    assert [m.step for m in client.get_metric_history(run_id, "val_sharpe")] == [1, 2, 3]
+
+
+def test_no_credentials_in_params(mlflow_uri: str) -> None:
+    params = trial_params(_trial("t3", auth_token="abc", aws_secret_access_key="k", hidden=8).config)
+    assert "hidden" in params and "lr" in params
+    assert not any("token" in k or "secret" in k for k in params)
+    _, client, parent = _setup(mlflow_uri)
+    assert "api_token" not in client.get_run(parent).data.params
