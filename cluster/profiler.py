@@ -51,6 +51,8 @@ import torch
 from cluster.tensor_bytes import (
     LiveTensors,
     SavedTensors,
+    StateBytes,
+    StorageSet,
     reachable_bytes,
     state_bytes,
 )
@@ -300,10 +302,6 @@ def _eval_forwards(trainer: Any) -> None:
     trainer.positions(last, last.data.test)
 
 
-def _fold_parts(trainer: Any) -> tuple[list[Any], list[Any]]:
-    return [run.model for run in trainer.folds], [run.optimizer for run in trainer.folds]
-
-
 def _cuda_baseline(device: torch.device) -> tuple[int, int]:
     gc.collect()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
@@ -312,6 +310,60 @@ def _cuda_baseline(device: torch.device) -> tuple[int, int]:
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+
+@dataclass(frozen=True)
+class _Counts:
+    n_folds: int
+    precision: str
+    state: StateBytes
+    data: StorageSet
+    saved: int
+    transient: int
+    allocated: int | None
+    reserved: int | None
+    context: int | None
+
+
+def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[int, int]) -> _Counts:
+    for run in trainer.folds:  # warm: grads, optimizer state, replay storage, workspace
+        _train_step(trainer, run)
+    models = [run.model for run in trainer.folds]
+    state = state_bytes(models, [run.optimizer for run in trainer.folds], device)
+    data = reachable_bytes(trainer.folds, device, exclude=state.keys)
+
+    first = trainer.folds[0]  # every fold has the same shapes
+    with SavedTensors(exclude=state.keys | data.keys) as saved, LiveTensors(device) as live:
+        hook = first.optimizer.register_step_post_hook(lambda *_: saved.end_step())
+        try:
+            _train_step(trainer, first)
+        finally:
+            hook.remove()
+    with LiveTensors(device) as live_eval:
+        _eval_forwards(trainer)
+
+    allocated = reserved = context = None
+    if measure:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        for run in trainer.folds:
+            _train_step(trainer, run)
+        _eval_forwards(trainer)
+        torch.cuda.synchronize(device)
+        allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
+        reserved = torch.cuda.max_memory_reserved(device) - baseline[1]
+        context = measured_context_bytes(device, cuda_device(device))
+    return _Counts(
+        n_folds=len(trainer.folds),
+        precision=trainer.policy.name,
+        state=state,
+        data=data,
+        saved=saved.peak,
+        transient=max(live.peak, live_eval.peak),
+        allocated=allocated,
+        reserved=reserved,
+        context=context,
+    )
 
 
 def profile_trial(
@@ -334,41 +386,9 @@ def profile_trial(
     cfg = profiling_config(config, device)
     info = cuda_device(device) if device.type == "cuda" else None
     baseline = _cuda_baseline(device) if measure else (0, 0)
-
     trainer = Trainer(cfg, device=device)
     try:
-        for run in trainer.folds:  # warm: grads, optimizer state, replay storage, workspace
-            _train_step(trainer, run)
-        modules, optimizers = _fold_parts(trainer)
-        state = state_bytes(modules, optimizers, device)
-        data = reachable_bytes(trainer.folds, device, exclude=state.keys)
-
-        run = trainer.folds[0]  # every fold has the same shapes
-        with SavedTensors(exclude=state.keys | data.keys) as saved, LiveTensors(device) as live:
-            hook = run.optimizer.register_step_post_hook(lambda *_: saved.end_step())
-            try:
-                _train_step(trainer, run)
-            finally:
-                hook.remove()
-        step_peak = live.peak
-        with LiveTensors(device) as live_eval:
-            _eval_forwards(trainer)
-        transient = max(step_peak, live_eval.peak)
-
-        allocated = reserved = None
-        if measure:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            for fold in trainer.folds:
-                _train_step(trainer, fold)
-            _eval_forwards(trainer)
-            torch.cuda.synchronize(device)
-            allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
-            reserved = torch.cuda.max_memory_reserved(device) - baseline[1]
-        context = None
-        if info is not None and measure:
-            context = measured_context_bytes(device, info)
-        precision = trainer.policy.name
+        counts = _count(trainer, device, measure, baseline)
     finally:
         del trainer
         gc.collect()
@@ -377,27 +397,27 @@ def profile_trial(
 
     return MemoryProfile(
         model=config.model,
-        precision=precision,
+        precision=counts.precision,
         batch_size=config.batch_size,
-        n_folds=len(modules),
-        n_params=state.n_params // max(1, len(modules)),
+        n_folds=counts.n_folds,
+        n_params=counts.state.n_params // counts.n_folds,
         method="measured" if measure else "estimated",
         device_name=info.name if info is not None else ESTIMATE_DEVICE_NAME,
         device_total_bytes=info.total_bytes if info is not None else None,
         torch_version=torch.__version__,
-        params_bytes=state.params,
-        grads_bytes=state.grads,
-        optimizer_bytes=state.optimizer,
-        data_bytes=data.nbytes,
-        activations_bytes=saved.peak,
-        temporaries_bytes=max(0, transient - saved.peak),
-        allocator_bytes=state.rounding + data.rounding,
+        params_bytes=counts.state.params,
+        grads_bytes=counts.state.grads,
+        optimizer_bytes=counts.state.optimizer,
+        data_bytes=counts.data.nbytes,
+        activations_bytes=counts.saved,
+        temporaries_bytes=max(0, counts.transient - counts.saved),
+        allocator_bytes=counts.state.rounding + counts.data.rounding,
         workspace_bytes=cublas_workspace_bytes(
             info.capability if info is not None else ASSUMED_CAPABILITY
         ),
-        context_bytes=context if context is not None else context_allowance(),
-        measured_allocated_bytes=allocated,
-        measured_reserved_bytes=reserved,
+        context_bytes=counts.context if counts.context is not None else context_allowance(),
+        measured_allocated_bytes=counts.allocated,
+        measured_reserved_bytes=counts.reserved,
     )
 
 

@@ -96,13 +96,13 @@ class SweepSpec(_Strict):
     """Retries of a trial whose process died (from its newest checkpoint)."""
     search_seed: int = 0
     metric: Literal["val_sharpe"] = "val_sharpe"
-    data: DataSpec = Field(default_factory=DataSpec)
-    walk_forward: WalkForwardSpec = Field(default_factory=WalkForwardSpec)
+    data: DataSpec = DataSpec()
+    walk_forward: WalkForwardSpec = WalkForwardSpec()
     trainer: dict[str, Any] = Field(default_factory=dict)
     """Trainer settings fixed for every trial (lookback, batch_size, cost, ...)."""
     search_space: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-model overrides: key = constant | {low, high[, log]} | {choices = [...]}."""
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    resources: ResourcesSpec = ResourcesSpec()
     storage: str = "hpo-results"
     """Where Ray keeps results and checkpoints (a path or an object-store URI)."""
     tracking_uri: str = "sqlite:///mlflow.db"

@@ -99,13 +99,18 @@ class TrialResources:
         self.headroom = spec.resources.headroom
         self.base = spec.base_trial_settings()
 
-    def __call__(self, config: dict[str, Any]) -> dict[str, float]:
+    def __call__(self, config: dict[str, Any]) -> Any:
+        from ray.tune import PlacementGroupFactory
+
         gpu = self.gpu
         if gpu == "measured":
             from cluster.packing import gpu_fraction_for_trial
 
             gpu = gpu_fraction_for_trial(config, headroom=self.headroom)
-        return {"cpu": float(self.cpu), "gpu": float(gpu)}
+        bundle = {"CPU": float(self.cpu)}
+        if float(gpu) > 0:
+            bundle["GPU"] = float(gpu)
+        return PlacementGroupFactory([bundle])
 
 
 @contextlib.contextmanager

@@ -130,12 +130,12 @@ class _Outbox:
     """MLflow calls that failed, retried in order before anything newer is sent."""
 
     def __init__(self, max_backoff_s: float = 30.0) -> None:
-        self.pending: deque[tuple[str, Callable[[], None]]] = deque()
+        self.pending: deque[tuple[str, Callable[[], object]]] = deque()
         self.max_backoff_s = max_backoff_s
         self._next_try = 0.0
         self._backoff = 0.5
 
-    def send(self, what: str, call: Callable[[], None]) -> None:
+    def send(self, what: str, call: Callable[[], object]) -> None:
         self.pending.append((what, call))
         self.flush()
 

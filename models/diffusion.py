@@ -441,6 +441,8 @@ class ConditionalDiffusion(nn.Module):
             config.encoder, shape.n_features, shape.lookback, config.hidden
         )
         self.denoiser = Denoiser(self.horizon, config.hidden, config.denoiser_layers)
+        self.prior = nn.Linear(config.hidden, 2 * self.horizon)
+        nn.init.zeros_(self.prior.weight); nn.init.zeros_(self.prior.bias)
         self.register_buffer(
             "sampling_timesteps",
             ddim_timesteps(config.n_steps, config.sampling_steps),
@@ -483,6 +485,16 @@ class ConditionalDiffusion(nn.Module):
         """f32 predicted noise eps_theta = sqrt(1 - abar_t) x_t + sqrt(abar_t) F(x_t, t, c)."""
         skip = self.schedule.sqrt_one_minus_alphas_cumprod[t].unsqueeze(-1)
         out = self.schedule.sqrt_alphas_cumprod[t].unsqueeze(-1)
+        import os
+        mode = os.environ.get("PRIOR")
+        if mode:
+            mu, log_s = f32(self.prior(c)).chunk(2, dim=-1)
+            if mode == "mu":
+                log_s = torch.zeros_like(log_s)
+            ab = out * out
+            var = ab * torch.exp(2 * log_s) + skip * skip
+            eps_prior = skip * (f32(x_t) - out * mu) / var
+            return eps_prior + out * f32(self.denoiser(x_t, t, c))
         return skip * f32(x_t) + out * f32(self.denoiser(x_t, t, c))
 
     @torch.no_grad()

@@ -296,10 +296,8 @@ def slstm_scan(pre: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
     recurrent (H, D, 4 * D) block-diagonal R (any dtype; h is cast to it for R h)
     -> h (L, H, N, D) f32.
     """
-    length = pre.shape[0]
     out = []
-    for t in range(length):
-        raw = pre[t]  # (H, N, 4D)
+    for t, raw in enumerate(pre.unbind(0)):  # raw (H, N, 4D); unbind: one backward stack
         if t:  # + R h_{t-1} (h_0 = 0)
             raw = raw + f32(torch.bmm(like(h_state, recurrent), recurrent))
         i_raw, f_raw, z_raw, o_raw = raw.chunk(4, dim=-1)  # each (H, N, D)

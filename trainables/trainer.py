@@ -430,9 +430,9 @@ class Trainer:
                 if not opt_state:
                     continue
                 for key, slot in opt_state.items():
-                    saved = ckpt.optim.get(f"{prefix}{name}.{key}")
-                    if saved is not None:
-                        slot.copy_(saved.to(slot.dtype))
+                    stored = ckpt.optim.get(f"{prefix}{name}.{key}")
+                    if stored is not None:
+                        slot.copy_(stored.to(slot.dtype))
                     elif key == "compensation":
                         slot.zero_()
             run.guard.load_state_dict(

@@ -58,8 +58,8 @@ def run_trial(config: dict[str, Any]) -> None:
         try:
             metrics = trainer.train_epoch()
         except TrialDiverged as exc:
-            last = dict(trainer.history[-1]) if trainer.history else {"epoch": trainer.epoch}
-            last.update(val_sharpe=math.nan, diverged=1, failure_reason=str(exc), **node)
+            last: dict[str, Any] = dict(trainer.history[-1]) if trainer.history else {"epoch": trainer.epoch}
+            last.update({"val_sharpe": math.nan, "diverged": 1, "failure_reason": str(exc), **node})
             tune.report(last)
             return
         _report(trainer, {**metrics, "diverged": 0, **node})

@@ -152,10 +152,10 @@ def _sampler_rngs(sampler: optuna.samplers.BaseSampler) -> list[np.random.Random
 
 
 def _rng_state(rng: np.random.RandomState) -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached = rng.get_state()  # type: ignore[misc]
+    name, keys, pos, has_gauss, cached = rng.get_state(legacy=True)
     return {
         "name": name,
-        "keys": keys.tolist(),
+        "keys": np.asarray(keys).tolist(),
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached": float(cached),

@@ -81,7 +81,7 @@ class SweepSearcher(Searcher):
     ) -> bool:
         return True  # everything comes from the sweep spec
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         if not self.queue and not self._new_group():
             return Searcher.FINISHED
         config = self.queue.popleft()
