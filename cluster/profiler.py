@@ -330,7 +330,7 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
         _train_step(trainer, run)
     models = [run.model for run in trainer.folds]
     state = state_bytes(models, [run.optimizer for run in trainer.folds], device)
-    data = reachable_bytes(trainer.folds, device, exclude=state.keys)
+    data = reachable_bytes(trainer, device, exclude=state.keys)
 
     first = trainer.folds[0]  # every fold has the same shapes
     with SavedTensors(exclude=state.keys | data.keys) as saved, LiveTensors(device) as live:

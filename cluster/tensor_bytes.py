@@ -137,7 +137,7 @@ def state_bytes(
 
 
 def reachable_bytes(
-    root: Any, device: torch.device, exclude: frozenset[int], max_depth: int = 8
+    root: Any, device: torch.device, exclude: frozenset[int], max_depth: int = 12
 ) -> StorageSet:
     """Device tensors reachable from ``root`` through containers, dataclasses, this
     project's objects and the non-parameter attributes of modules, except ``exclude``."""
@@ -242,7 +242,7 @@ class LiveTensors(TorchDispatchMode):
         del self._refs[key]
         self.live -= self._sizes.pop(key)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         inputs = {

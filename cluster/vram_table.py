@@ -8,7 +8,9 @@ memory and nothing else:
 * the model's size settings: every field of the family's config, where an int, bool or
   string counts by value and a float only by whether it is zero (a learning rate, discount
   or clip never sizes a tensor; a dropout of 0 vs > 0 can), so continuous hyperparameters
-  that a searcher draws fresh for every trial do not force a new profile;
+  that a searcher draws fresh for every trial do not force a new profile. A family module
+  may list integer settings that never change memory (schedules, periods) in an optional
+  ``MEMORY_NEUTRAL`` tuple; those are left out of the key too;
 * the data's shape: lookback, folds, validation/test shares, data source, assets, bars;
 * the device name (``estimate`` for estimates, which also record their allowances) and
   the torch version; and a schema version, bumped when the estimator changes.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import importlib
 import json
 import logging
 import os
@@ -40,7 +43,7 @@ from cluster.profiler import (
     cublas_workspace_bytes,
     target_precision,
 )
-from models import get_family
+from models import FAMILY_MODULES, get_family
 from trainables.config import TrainConfig
 
 log = logging.getLogger("cluster.vram_table")
@@ -67,10 +70,21 @@ def _size_value(value: Any) -> Any:
     return repr(value)
 
 
+def memory_neutral(model: str) -> frozenset[str]:
+    """Config fields family ``model`` declares memory-neutral (``MEMORY_NEUTRAL``)."""
+    module = importlib.import_module(FAMILY_MODULES[model])
+    return frozenset(getattr(module, "MEMORY_NEUTRAL", ()))
+
+
 def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> dict[str, Any]:
     """The shape key of ``config`` profiled on ``device`` (named ``device_name``)."""
     family = get_family(config.model)
-    model_config = dataclasses.asdict(family.make_config(config.model_config))
+    neutral = memory_neutral(config.model)
+    model_config = {
+        name: value
+        for name, value in dataclasses.asdict(family.make_config(config.model_config)).items()
+        if name not in neutral
+    }
     key: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "family": config.model,
@@ -250,6 +264,7 @@ __all__ = [
     "VramTable",
     "default_cache_path",
     "key_string",
+    "memory_neutral",
     "profile_key",
     "table_at",
 ]

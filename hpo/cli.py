@@ -583,6 +583,209 @@ def profile_cmd(
         console.print(f"[yellow]skipped[/] {escape(line)}")
 
 
+@app.command("submit")
+def submit_cmd(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")],
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or "
+            "http://127.0.0.1:8265)."
+        ),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Stream the job's logs; exit with its status.")
+    ] = False,
+    name: Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")] = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(help="MLflow tracking URI, as seen from the head (e.g. http://mlflow:5000)."),
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="Results and checkpoints root every node sees (overrides the spec)."),
+    ] = None,
+    shared_storage: Annotated[
+        bool,
+        typer.Option(
+            "--shared-storage",
+            help="Declare --storage shared by every node when its mount does not show it "
+            "(sets HPO_SHARED_STORAGE=1 for the job).",
+        ),
+    ] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Paired precision comparison mode.")
+    ] = False,
+    working_dir: Annotated[
+        Path, typer.Option(help="Project directory uploaded with the job.")
+    ] = Path("."),
+    python: Annotated[
+        str, typer.Option(help="Python on the cluster that runs `-m hpo.cli sweep`.")
+    ] = "python",
+    check_resources: Annotated[
+        bool,
+        typer.Option(
+            "--check-resources/--no-check-resources",
+            help="Refuse a spec no current node can run (turn off for autoscaling clusters "
+            "whose GPU workers are scaled to zero; the sweep still checks on the cluster).",
+        ),
+    ] = True,
+) -> None:
+    """Submit a sweep to a Ray cluster through the Jobs API (the working directory and
+    the spec travel with it); prints the job id, with --follow streams its logs."""
+    from cluster.connect import ClusterError
+    from cluster.submit import follow_job, job_client, jobs_address, resolve_token, submit_sweep
+    from hpo.spec import SpecError, load_spec
+
+    overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
+    if compare:
+        overrides.update(compare=True, scheduler="fifo")
+    try:
+        spec = load_spec(spec_path, overrides)
+    except SpecError as exc:
+        _fail(str(exc))
+        return
+    token = resolve_token()
+    try:
+        url = jobs_address(address)
+        client = job_client(url, token)
+        submission = submit_sweep(
+            spec,
+            url,
+            working_dir=working_dir,
+            shared_storage=shared_storage,
+            python=python,
+            check_resources=check_resources,
+            token=token,
+            client=client,
+        )
+    except ClusterError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"submitted job: {submission.job_id}", soft_wrap=True, highlight=False)
+    console.print(
+        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials -> {submission.sweep_dir}; "
+        f"MLflow at {submission.tracking_uri}",
+        soft_wrap=True,
+    )
+    if not follow:
+        console.print(
+            f"follow: ray job logs -f {submission.job_id} --address {url}   "
+            f"list: hpo jobs --address {url}   stop: ray job stop {submission.job_id} --address {url}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return
+    try:
+        status = follow_job(
+            client, submission.job_id, lambda text: print(text, end="", flush=True), [token or ""]
+        )
+    except KeyboardInterrupt:
+        err_console.print(
+            f"stopped following; job {submission.job_id} keeps running "
+            f"(ray job stop {submission.job_id} --address {url} ends it)"
+        )
+        raise typer.Exit(130) from None
+    console.print(f"job {submission.job_id}: {status}", highlight=False)
+    raise typer.Exit(0 if status == "SUCCEEDED" else 1)
+
+
+@app.command("jobs")
+def jobs_cmd(
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or "
+            "http://127.0.0.1:8265)."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the cluster's jobs (newest first): id, status, sweep, entrypoint, start/end."""
+    from cluster.connect import ClusterError
+    from cluster.submit import job_client, list_jobs
+
+    try:
+        rows = list_jobs(job_client(address))
+    except ClusterError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        console.print_json(json.dumps([r.to_dict() for r in rows]))
+        return
+    table = Table(title=f"{len(rows)} job(s)", title_justify="left")
+    for column in ("job", "status", "sweep", "entrypoint", "start", "end", "message"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(r.job_id, r.status, r.sweep, r.entrypoint, r.start, r.end, r.message)
+    console.print(table)
+
+
+@app.command("tracking-server")
+def tracking_server_cmd(
+    host: Annotated[
+        str, typer.Option(help="Interface to bind (loopback unless you say otherwise).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 5000,
+    store: Annotated[
+        Path, typer.Option(help="Directory of the SQLite store (mlflow.db) and artifacts/.")
+    ] = Path("mlflow-server"),
+    allowed_hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Host names clients use, comma-separated (MLflow refuses other Host "
+            "headers; default: localhost and private IPs)."
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Server worker processes.")] = 1,
+) -> None:
+    """Run an MLflow tracking server (SQLite + served artifacts) until Ctrl+C."""
+    import signal
+    import time
+
+    from cluster.tracking_server import (
+        TrackingServerError,
+        is_loopback,
+        start_tracking_server,
+    )
+
+    if not is_loopback(host):
+        err_console.print(
+            f"[yellow]warning:[/] binding to {host}: anyone who reaches this address can read "
+            "and write the store (MLflow has no authentication here); keep it inside the "
+            "cluster's network and pass --allowed-hosts for the names clients use"
+        )
+    try:
+        server = start_tracking_server(
+            store, host=host, port=port, workers=workers, allowed_hosts=allowed_hosts
+        )
+    except TrackingServerError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"tracking URI: {server.uri}", highlight=False, soft_wrap=True)
+    console.print(
+        f"store {server.backend_store_uri}, artifacts {server.artifacts_dir}; UI at {server.uri}; "
+        f"sweeps: --tracking-uri {server.uri}. Ctrl+C stops it.",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+    def _stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while server.process.poll() is None:
+            time.sleep(0.5)
+        err_console.print(f"mlflow server exited with code {server.process.returncode}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    console.print("tracking server stopped")
+
+
 def _sweep_dir(storage: str, name: str) -> Path:
     return Path(storage).expanduser().resolve() / name
 
@@ -627,8 +830,11 @@ def _print_sweep_result(rows: list[Any], planned: int, sweep_dir: Path, tracking
     from hpo.sweep import best_rows
 
     done = sum(r.status == "TERMINATED" for r in rows)
+    diverged = sum(r.diverged for r in rows)
+    fell_back = sum(r.fell_back_to_f32 for r in rows)
     console.print(
-        f"{done}/{planned} trials finished ({len(rows) - done} not finished) in {sweep_dir}"
+        f"{done}/{planned} trials finished ({len(rows) - done} not finished; {diverged} diverged, "
+        f"{fell_back} fell back to f32) in {sweep_dir}"
     )
     best = best_rows(rows)
     if best:

@@ -333,6 +333,12 @@ def comparison_from_mlflow(
         f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_PARENT}` = '{parent.info.run_id}'",
     )
     chosen = _resolve_precisions(precisions, parent, children)
+    if parent.data.tags.get("compare") == "false":
+        notes.append(
+            "this sweep did not run in compare mode: each precision was searched on its own, "
+            "so no trial has a partner in another precision and every pair is pending; only "
+            "the per-precision selection statistics (PSR, DSR) apply"
+        )
     trials: list[TrialRecord] = []
     ignored: dict[str, int] = {}
     for run in children:

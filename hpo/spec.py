@@ -38,7 +38,9 @@ class SpecError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `cpu = inf` or `gpu = nan` (valid TOML/YAML floats) would pass the
+    # range checks (nan compares false) and fail only once Ray is asked for the resources.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataSpec(_Strict):
@@ -110,7 +112,7 @@ class SweepSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME_PATTERN.match(value):
+        if not NAME_PATTERN.fullmatch(value):  # match() lets a trailing newline through
             raise ValueError(
                 "must start with a letter or digit and use only letters, digits, '_', '.', '-'"
             )
@@ -209,7 +211,10 @@ def load_spec(path: Path | str, overrides: dict[str, Any] | None = None) -> Swee
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), ["file not found"])
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), [f"cannot read as UTF-8 text: {exc}"]) from None
     try:
         if path.suffix in (".yaml", ".yml"):
             payload = yaml.safe_load(text) or {}
@@ -219,6 +224,8 @@ def load_spec(path: Path | str, overrides: dict[str, Any] | None = None) -> Swee
         raise SpecError(
             str(path), [f"not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {exc}"]
         ) from None
+    except RecursionError:
+        raise SpecError(str(path), ["(top level): nested too deeply"]) from None
     if not isinstance(payload, dict):
         raise SpecError(str(path), ["the top level must be a table of settings"])
     payload.update({k: v for k, v in (overrides or {}).items() if v is not None})
@@ -257,9 +264,15 @@ def _deep_checks(spec: SweepSpec, base_dir: Path | None) -> list[str]:
             trial_space(model, spec.search_space.get(model))
         except ValueError as exc:
             problems.append(str(exc))
+        except (OverflowError, TypeError) as exc:  # e.g. {low = 10**400} read from YAML
+            problems.append(f"search_space.{model}: {exc}")
     if spec.data.source != "synthetic":
-        resolved = _resolve_data(spec.data.source, base_dir or Path.cwd())
-        if not resolved.exists():
+        try:
+            resolved = _resolve_data(spec.data.source, base_dir or Path.cwd())
+            found = resolved.exists()
+        except (OSError, RuntimeError) as exc:  # name too long; '~user' with no such user
+            return [*problems, f"data.source: {spec.data.source!r} is not a usable path ({exc})"]
+        if not found:
             problems.append(
                 f"data.source: {spec.data.source!r} does not exist (looked at {resolved})"
             )

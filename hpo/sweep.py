@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hpo.spec import SweepSpec, parse_spec
+
+log = logging.getLogger("hpo.sweep")
 
 SWEEP_FILE = "hpo-sweep.json"
 SUMMARY_FILE = "hpo-summary.json"
@@ -205,7 +208,6 @@ def run_sweep(
     """Run ``spec`` to completion (or until interrupted) and return every trial's row."""
     from mlflow.tracking import MlflowClient
 
-    from cluster.connect import ensure_ray
     from hpo.tracking import start_sweep_run
 
     storage = _storage_path(spec.storage)
@@ -219,7 +221,7 @@ def run_sweep(
             f"a sweep named {spec.name!r} already exists in {sweep_dir}; continue it with "
             f"`hpo resume {sweep_dir}` or pick another --name"
         )
-    ensure_ray(address, num_cpus=num_cpus, num_gpus=num_gpus)
+    _join_cluster(spec, storage, address, num_cpus=num_cpus, num_gpus=num_gpus)
     client = MlflowClient(spec.tracking_uri)
     parent = start_sweep_run(
         client, spec.name, spec.model_dump(exclude={"search_space", "trainer"}), spec.compare
@@ -241,13 +243,12 @@ def resume_sweep(
     finished ones kept as they are, the search continuing from its saved state."""
     from ray import tune
 
-    from cluster.connect import ensure_ray
     from trainables.trial import run_trial
 
     record = SweepRecord.read(sweep_dir)
     if not tune.Tuner.can_restore(str(record.sweep_dir)):
         raise SweepError(f"{record.sweep_dir} has no Ray Tune experiment state to resume yet")
-    ensure_ray(address)
+    _join_cluster(record.spec, str(record.sweep_dir.parent), address)
     from mlflow.tracking import MlflowClient
 
     MlflowClient(record.tracking_uri).update_run(record.parent_run_id, status="RUNNING")
@@ -262,6 +263,20 @@ def resume_sweep(
     with _sigterm_stops_gracefully():
         tuner.fit()
     return finish_sweep(record)
+
+
+def _join_cluster(spec: SweepSpec, storage: str, address: str | None, **kwargs: Any) -> None:
+    """Start or join Ray, then check the spec against the cluster before anything launches
+    (resources no node offers, node-local storage on several nodes); a cluster problem
+    becomes a SweepError that says what to do."""
+    from cluster.connect import ClusterError, ensure_ray
+    from cluster.preflight import preflight
+
+    try:
+        info = ensure_ray(address, **kwargs)
+        preflight(spec, info, storage)
+    except ClusterError as exc:
+        raise SweepError(str(exc)) from exc
 
 
 def _replace_callbacks(tuner: Any, callbacks: list[Any]) -> None:
@@ -346,9 +361,41 @@ def finish_sweep(record: SweepRecord) -> list[TrialRow]:
     metrics.append(Metric("n_trials", float(len(rows)), stamp, 0))
     client.log_batch(record.parent_run_id, metrics=metrics)
     client.log_dict(record.parent_run_id, summary, SUMMARY_FILE)
+    if record.spec.compare:
+        _log_comparison(record)
     finished = all(r.status == "TERMINATED" for r in rows) and len(rows) == record.spec.n_trials
     client.set_terminated(record.parent_run_id, status="FINISHED" if finished else "KILLED")
     return rows
+
+
+def _log_comparison(record: SweepRecord) -> None:
+    """Paired precision statistics and the HTML report onto the parent run (compare mode).
+
+    Recomputed from MLflow alone, as ``hpo compare`` does. A failure here is reported, not
+    raised: the trials and the summary are already saved, and the comparison can be
+    recomputed at any time.
+    """
+    from hpo.compare import comparison_from_mlflow, log_comparison
+    from hpo.tracking import experiment_name
+
+    experiment = experiment_name(record.spec.name)
+    try:
+        comparison = comparison_from_mlflow(
+            experiment,
+            record.tracking_uri,
+            precisions=tuple(record.spec.precisions),
+            parent_run_id=record.parent_run_id,
+        )
+        log_comparison(comparison, record.tracking_uri, record.parent_run_id)
+    except Exception as exc:  # keep the sweep's own results; say how to redo this part
+        log.warning(
+            "comparison statistics not logged (%s: %s); recompute with "
+            "`hpo compare --experiment %s --tracking-uri %s --log`",
+            type(exc).__name__,
+            exc,
+            experiment,
+            record.tracking_uri,
+        )
 
 
 def _finite(value: Any) -> float | None:

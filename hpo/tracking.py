@@ -203,6 +203,10 @@ class MlflowSweepCallback(Callback):
             for key, value in result.items()
             if key not in _NOT_METRICS and _is_number(value)
         ]
+        if result.get("diverged"):
+            # The final point of a diverged trial is an explicit NaN, so readers of the
+            # last value (hpo compare) see the failure instead of an earlier epoch's Sharpe.
+            metrics.append(Metric("val_sharpe", math.nan, stamp, epoch))
         tags = [RunTag(TAG_FELL_BACK, str(bool(result.get("fell_back_to_f32"))).lower())]
         if result.get("node_id"):
             tags += [

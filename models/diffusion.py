@@ -14,12 +14,38 @@ are folded into the batch):
     history encoder   c = GRU(x_{1..L})[last]  (or an MLP of the flattened window)
     forward process   x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps,  eps ~ N(0, I),
                       t uniform in {0..T-1}, abar_t = prod_{s<=t} (1 - beta_s)
-    denoiser          eps_theta(x_t, t, c): residual MLP; t enters through a sinusoidal
-                      embedding, c and t are added to every block (FiLM-like shift)
-    loss              mean || eps - eps_theta(x_t, t, c) ||^2     (DDPM's L_simple)
+    denoiser          eps_theta = sqrt(1 - abar_t) (x_t - sqrt(abar_t) mu(c))
+                                  + sqrt(abar_t) F(x_t, t, c)
+                      F: residual MLP; t enters through a sinusoidal embedding, c and t
+                      shift every block (FiLM-like); mu(c): a linear head
+    loss              mean || eps - eps_theta(x_t, t, c) ||^2     (DDPM's L_simple),
+                      K (timestep, noise) draws per window
     position          S DDIM samples (eta = 0) of x0 given c from a fixed-seed set of
                       initial noises; position = tanh(scale * mean / std) of the next
                       return across the S samples
+
+Denoiser parameterization (deviation from a bare eps-MLP, both measured here). The first
+term of eps_theta is the exact noise posterior mean E[eps | x_t] when x0 ~ N(mu(c), I);
+the network F learns what the target's conditional law adds to that Gaussian (a
+heteroscedastic spread, fat tails). Two reasons:
+
+* Stable DDIM. The sampler forms x0_hat = (x_t - sqrt(1 - abar) eps) / sqrt(abar); with
+  eps from a bare network, its error is multiplied by ~2000 at the noisiest cosine step
+  (sqrt(abar) ~ 5e-4) and 10-step samples came out with std ~100 for a target of std ~1.
+  With the skip term x0_hat = sqrt(abar) x_t + sqrt(1 - abar) (mu - F) (for mu as here):
+  network errors are never amplified (the c_skip/c_out preconditioning of Karras et al.
+  2022; at the optimum F is the v-target of Salimans & Ho 2022 minus its Gaussian part).
+* Sample efficiency. The planted signal is a conditional mean shift of ~0.1 std. The
+  noise MSE weighs it by abar (1 - abar), ~1/8 on average over the schedule, so a bare
+  denoiser learns it slowly; giving the mean its own head mu(c), trained by the same
+  noise MSE, raised the mean validation Sharpe over 6 seeds of the trainer test below
+  (5 epochs, K=16) from 1.86 to 3.02. Averaging the loss over K = ``noise_draws``
+  (timestep, noise) pairs per window (one encoder pass) lowers the gradient noise
+  further: the target's own noise is shared by the K draws, the schedule's is not.
+
+``F``'s output layer and ``mu`` start at zero (as ADM zero-initializes output layers):
+an untrained model is the standard normal prior, its antithetic samples have mean exactly
+zero and every position is 0 (no spurious long/short tilt before any training).
 
 Horizon. ``Batch.y`` carries only the next bar's return, so the path here has ``H = 1``
 and ``x0 = y[..., None]``. Every part below (schedule, denoiser, sampler, position map) is
@@ -36,26 +62,28 @@ so a window's position does not depend on the other rows of its batch or on how 
 trainer chunks the validation period. The noises are antithetic pairs (z, -z): their mean
 is exactly zero, so the sample mean carries no Monte-Carlo offset, which with common
 random numbers would otherwise be one long/short tilt shared by every window (with S = 16
-independent draws that offset has std 0.25, larger than the planted signal).
+independent draws that offset has std 0.25, larger than the planted signal). With few
+DDIM steps the samples are slightly under-dispersed (10 steps: ~0.87-0.89 of the true
+std for a Gaussian target); that rescales mean/std alike for every window.
 
-Precision. The denoiser, the encoder and the time-embedding MLP run in the policy's dtype
-(bf16 under ``bf16``, GRU included). What stays f32, and why:
+Precision. The encoder (GRU included), the time-embedding MLP, the residual network F and
+the mean head run in the policy's dtype (bf16 under ``bf16``). What stays f32, and why:
 
 * the noise schedule (``schedule.betas``, ``schedule.alphas_cumprod``,
   ``schedule.sqrt_alphas_cumprod``, ``schedule.sqrt_one_minus_alphas_cumprod``, buffers
   named in ``keep_f32``), computed in float64 on the host and stored in f32. bf16 keeps
-  8 significant bits: ``abar_t = 1 - 1e-4`` at t = 0 rounds to exactly 1, so
-  ``1 - abar_t`` (the noise variance of the cleanest steps) becomes 0 and the first
-  dozens of timesteps collapse onto each other; ``sqrt(1 - abar)`` is therefore stored,
-  not formed at run time from ``abar``.
-* the timestep index and its sinusoidal embedding (``time_embedding.freqs``): t is an
+  8 significant bits, so values of abar near 1 round to exactly 1: for the cosine
+  schedule with T = 1000 the first 21 timesteps get noise variance 1 - abar = 0, only 593
+  of the 1000 abar values stay distinct, and sqrt(1 - abar) formed from a bf16 abar is
+  off by up to 39%. ``sqrt(1 - abar)`` is therefore stored from the float64 product, not
+  formed at run time from ``abar``.
+* the timestep index and its sinusoidal embedding (``denoiser.time.freqs``): t is an
   integer up to 999, and bf16 represents integers exactly only up to 256 (999 -> 1000).
-* the forward process ``q_sample``, the loss (MSE of the noise, from the upcast
-  prediction) and every DDIM update: ``x0_hat = (x_t - sqrt(1 - abar) eps) / sqrt(abar)``
-  divides a difference of two O(1) numbers by sqrt(abar), which is ~5e-4 at the noisiest
-  step of the cosine schedule, so a bf16 rounding of either term (4e-3 relative) would be
-  amplified ~2000x. The sampler state x_t is carried in f32 between steps and only the
-  network input is cast to the network dtype.
+* the forward process ``q_sample``, the Gaussian term of eps_theta, the loss (from the
+  upcast network output) and every DDIM update: x0_hat divides a difference of two O(1)
+  numbers by sqrt(abar), ~5e-4 at the noisiest cosine step, so a bf16 rounding of either
+  term (4e-3 relative) would be amplified ~2000x. The sampler state x_t is carried in f32
+  between steps; only the network's input is cast to the network dtype.
 * the position mapping (mean and std over samples, then tanh), from f32 samples.
 
 Run ``.venv/bin/python -m pytest tests/models/test_diffusion.py -q`` to check this file.
@@ -106,7 +134,7 @@ HORIZON = 1  # H: Batch.y is the next bar only (see the module docstring for H >
 SCHEDULES = ("cosine", "linear")
 ENCODERS = ("gru", "mlp")
 COSINE_OFFSET = 0.008  # s in Nichol & Dhariwal's eq. 17: keeps beta_0 from being ~0
-MAX_BETA = 0.999  # their clip: the cosine betas reach 1 at t = T otherwise
+MAX_BETA = 0.999  # their clip: the last cosine beta is 1 otherwise (abar_{T-1} = 0)
 STD_EPS = 1e-6  # added to the sample std: identical samples give a saturated, finite position
 
 
@@ -114,7 +142,7 @@ STD_EPS = 1e-6  # added to the sample std: identical samples give a saturated, f
 class DiffusionConfig:
     """Size, noise process, sampler and output mapping of one conditional diffusion model.
 
-    Defaults: 11,937 parameters at F=8, L=32 (any A).
+    Defaults: 13,602 parameters at F=8 (any L and A with the GRU encoder).
     """
 
     hidden: int = 32
@@ -137,7 +165,7 @@ class DiffusionConfig:
     "linear" (Ho et al. 2020, beta from 1e-4 to 0.02 at T = 1000, both scaled by 1000/T
     so that any T ends at the same near-pure noise)."""
 
-    noise_draws: int = 1
+    noise_draws: int = 16
     """K, (timestep, noise) pairs drawn per window in each training step; the encoder runs
     once per window and the loss averages over the K draws (less gradient noise)."""
 
@@ -157,7 +185,12 @@ class DiffusionConfig:
     so validation positions are reproducible."""
 
     def __post_init__(self) -> None:
-        for name, low in (("hidden", 2), ("denoiser_layers", 1), ("n_steps", 2), ("noise_draws", 1)):
+        for name, low in (
+            ("hidden", 2),
+            ("denoiser_layers", 1),
+            ("n_steps", 2),
+            ("noise_draws", 1),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -193,10 +226,11 @@ class DiffusionConfig:
 def make_betas(schedule: str, n_steps: int) -> list[float]:
     """beta_0..beta_{T-1} in double precision (Python floats).
 
-    cosine: abar(t) = f(t) / f(0), f(t) = cos((t/T + s) / (1 + s) * pi/2)^2, and
-    beta_t = 1 - abar(t+1) / abar(t), clipped at 0.999 (Nichol & Dhariwal 2021, eq. 17).
-    linear: evenly spaced from 1e-4 to 0.02 at T = 1000, scaled by 1000 / T (as
-    improved-diffusion does), so abar_{T-1} is ~4e-5 for every T.
+    cosine: abar_t = f(t + 1) / f(0), f(u) = cos((u/T + s) / (1 + s) * pi/2)^2, i.e.
+    beta_t = 1 - f(t + 1) / f(t) (Nichol & Dhariwal 2021, eq. 17; f(T) = 0, so the last
+    beta is the clip). linear: evenly spaced from 1e-4 to 0.02 at T = 1000, both scaled by
+    1000 / T (as improved-diffusion does), so abar_{T-1} is ~4e-5 for every T. Both are
+    clipped at 0.999, which the linear schedule reaches only for T < 21.
     """
     check_choices("schedule", schedule, SCHEDULES)
     if n_steps < 2:
@@ -204,7 +238,7 @@ def make_betas(schedule: str, n_steps: int) -> list[float]:
     if schedule == "linear":
         scale = 1000.0 / n_steps
         low, high = 1e-4 * scale, 0.02 * scale
-        return [low + (high - low) * i / (n_steps - 1) for i in range(n_steps)]
+        return [min(low + (high - low) * i / (n_steps - 1), MAX_BETA) for i in range(n_steps)]
 
     def f(i: int) -> float:
         return math.cos((i / n_steps + COSINE_OFFSET) / (1 + COSINE_OFFSET) * math.pi / 2) ** 2
@@ -366,7 +400,9 @@ class HistoryEncoder(nn.Module):
             self.gru = nn.GRU(n_features, hidden, batch_first=True)
         else:
             self.mlp = nn.Sequential(
-                nn.Flatten(), nn.Linear(lookback * n_features, hidden), nn.SiLU(),
+                nn.Flatten(),
+                nn.Linear(lookback * n_features, hidden),
+                nn.SiLU(),
                 nn.Linear(hidden, hidden),
             )
 
@@ -395,7 +431,8 @@ class DenoiserBlock(nn.Module):
 
 
 class Denoiser(nn.Module):
-    """eps_theta(x_t, t, c): (..., H) noisy path -> (..., H) predicted noise.
+    """F(x_t, t, c): (..., H) noisy path -> (..., H) residual of the predicted noise
+    beyond its Gaussian term (see :meth:`ConditionalDiffusion.epsilon`).
 
     ``t`` and ``c`` broadcast against x_t's leading dimensions, so the sampler passes one
     0-d timestep and the condition (N, 1, d) for (N, S, H) paths.
@@ -408,8 +445,8 @@ class Denoiser(nn.Module):
         self.cond = nn.Linear(hidden, hidden)
         self.blocks = nn.ModuleList(DenoiserBlock(hidden) for _ in range(layers))
         self.out = nn.Linear(hidden, horizon)
-        # Zero output (as ADM's zero_module): an untrained model predicts F = 0, i.e. the
-        # exact noise of the standard normal prior; its samples are then symmetric, mean 0.
+        # Zero output (as ADM's zero_module): F = 0 at init, so eps_theta starts as the
+        # exact noise posterior mean of the Gaussian prior (module docstring).
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
@@ -441,8 +478,10 @@ class ConditionalDiffusion(nn.Module):
             config.encoder, shape.n_features, shape.lookback, config.hidden
         )
         self.denoiser = Denoiser(self.horizon, config.hidden, config.denoiser_layers)
-        self.prior = nn.Linear(config.hidden, 2 * self.horizon)
-        nn.init.zeros_(self.prior.weight); nn.init.zeros_(self.prior.bias)
+        # mu(c): zero at init, so an untrained model is the standard normal prior.
+        self.prior_mean = nn.Linear(config.hidden, self.horizon)
+        nn.init.zeros_(self.prior_mean.weight)
+        nn.init.zeros_(self.prior_mean.bias)
         self.register_buffer(
             "sampling_timesteps",
             ddim_timesteps(config.n_steps, config.sampling_steps),
@@ -464,38 +503,24 @@ class ConditionalDiffusion(nn.Module):
         k = self.config.noise_draws
         c = self.condition(batch.x).unsqueeze(1)  # (N, 1, d)
         x0 = f32(batch.y).reshape(-1, 1, self.horizon).expand(-1, k, -1)  # (N, K, H)
-        import os
-        n, T = x0.shape[0], self.schedule.n_steps
-        if os.environ.get("STRAT"):
-            u = torch.rand((), device=x0.device)
-            grid = (u + torch.arange(n * k, device=x0.device) / (n * k)) % 1.0
-            t = (grid * T).long().clamp(max=T - 1).reshape(n, k)
-        else:
-            t = torch.randint(0, T, x0.shape[:2], device=x0.device)  # (N, K)
-        if os.environ.get("ANTI"):
-            half = torch.randn(n, k // 2, self.horizon, device=x0.device)
-            noise = torch.cat([half, -half], dim=1)
-            t = torch.cat([t[:, : k // 2], t[:, : k // 2]], dim=1)
-        else:
-            noise = torch.randn_like(x0)
+        t = torch.randint(0, self.schedule.n_steps, x0.shape[:2], device=x0.device)  # (N, K)
+        noise = torch.randn_like(x0)
         x_t = self.schedule.q_sample(x0, t, noise)  # (N, K, H) f32
-        return F.mse_loss(self.epsilon(x_t, t, c), noise)
+        return F.mse_loss(self.epsilon(x_t, t, c, self.prior_mean(c)), noise)
 
-    def epsilon(self, x_t: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """f32 predicted noise eps_theta = sqrt(1 - abar_t) x_t + sqrt(abar_t) F(x_t, t, c)."""
-        skip = self.schedule.sqrt_one_minus_alphas_cumprod[t].unsqueeze(-1)
-        out = self.schedule.sqrt_alphas_cumprod[t].unsqueeze(-1)
-        import os
-        mode = os.environ.get("PRIOR")
-        if mode:
-            mu, log_s = f32(self.prior(c)).chunk(2, dim=-1)
-            if mode == "mu":
-                log_s = torch.zeros_like(log_s)
-            ab = out * out
-            var = ab * torch.exp(2 * log_s) + skip * skip
-            eps_prior = skip * (f32(x_t) - out * mu) / var
-            return eps_prior + out * f32(self.denoiser(x_t, t, c))
-        return skip * f32(x_t) + out * f32(self.denoiser(x_t, t, c))
+    def epsilon(
+        self, x_t: torch.Tensor, t: torch.Tensor, c: torch.Tensor, mu: torch.Tensor
+    ) -> torch.Tensor:
+        """f32 predicted noise: the exact noise posterior mean under the prior
+        N(mu, I), plus sqrt(abar_t) times the network's residual F(x_t, t, c).
+
+        x_t (..., H) f32, t (...) int64, c (..., d), mu (..., H) = prior_mean(c),
+        broadcasting -> (..., H) f32.
+        """
+        sqrt_ab = self.schedule.sqrt_alphas_cumprod[t].unsqueeze(-1)  # (..., 1)
+        sqrt_1m_ab = self.schedule.sqrt_one_minus_alphas_cumprod[t].unsqueeze(-1)
+        prior_eps = sqrt_1m_ab * (f32(x_t) - sqrt_ab * f32(mu))
+        return prior_eps + sqrt_ab * f32(self.denoiser(x_t, t, c))
 
     @torch.no_grad()
     def sample(
@@ -512,7 +537,10 @@ class ConditionalDiffusion(nn.Module):
         c = self.condition(x).unsqueeze(1)  # (N, 1, d)
         z = antithetic_noise(s, self.horizon, cfg.sampler_seed, x.device)  # (S, H)
         x_init = z.expand(c.shape[0], s, self.horizon)  # same noises for every window
-        paths = ddim_sample(lambda x_t, t: self.epsilon(x_t, t, c), self.schedule, timesteps, x_init)
+        mu = self.prior_mean(c)  # (N, 1, H)
+        paths = ddim_sample(
+            lambda x_t, t: self.epsilon(x_t, t, c, mu), self.schedule, timesteps, x_init
+        )
         return unfold_assets(paths, self.n_assets)
 
     @torch.no_grad()

@@ -358,18 +358,30 @@ class KAN(nn.Module):
         return torch.tanh(self.config.position_scale * f32(self(batch.x)))
 
     @torch.no_grad()
-    def update_grid(self, x: torch.Tensor) -> None:
-        """Refit every layer's grid to the activations ``x`` (B, A, L, F) produces there."""
+    def update_grid(self, x: torch.Tensor) -> bool:
+        """Refit every layer's grid to the activations ``x`` (B, A, L, F) produces there.
+
+        Returns False, changing nothing, when any layer's activations are not finite (a
+        diverging trial): knots cannot be fitted to inf, and the trainer's step guard is
+        what handles divergence. The check is one host read per epoch.
+        """
+        h = self.inputs(x)
+        inputs = []
+        for layer in self.kan_layers:
+            inputs.append(h)
+            h = layer(h)
+        if not all(bool(torch.isfinite(a).all()) for a in (*inputs, h)):
+            return False
         h = self.inputs(x)
         for layer in self.kan_layers:
             layer.update_grid(h, self.config.grid_eps)
             h = layer(h)
+        return True
 
     @torch.no_grad()
     def on_epoch_start(self, batch: Batch) -> None:
         """Trainer hook: refit the grids to ``batch`` during the first grid_update_epochs."""
-        if int(self.grid_updates) < self.config.grid_update_epochs:
-            self.update_grid(batch.x)
+        if int(self.grid_updates) < self.config.grid_update_epochs and self.update_grid(batch.x):
             self.grid_updates += 1
 
 

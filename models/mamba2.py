@@ -4,7 +4,8 @@ Dao & Gu (2024), "Transformers are SSMs: Generalized Models and Efficient Algori
 Through Structured State Space Duality", ICML 2024 (arXiv:2405.21060).
 
 Each asset's window of ``L`` past bars is one sequence (assets are folded into the batch).
-The network is the paper's Mamba-2 architecture (Fig. 6, "parallel" block) at a small size:
+The network is the paper's Mamba-2 architecture (the "parallel" block: x, B, C and dt are
+all projected from the block input at once) at a small size:
 
     Linear(F -> d_model)
     n_layers x [ x + Dropout(Mixer(RMSNorm(x))) ]
@@ -47,10 +48,11 @@ bf16. What stays f32, and why:
 
 * ``A_log``, ``dt_bias`` and ``D`` (named in each mixer's ``keep_f32``). They set the
   decay ``exp(dt A)`` that the scan multiplies together along the whole window: in bf16
-  ``A_log`` ~ 2.8 has a spacing of 1/64 (A off by up to 1.6 %) and ``dt_bias`` ~ -7 a
-  spacing of 1/32 (dt off by 3 %), errors that compound over the window through the
-  cumulative sum; the optimizer's small updates to these scalars would also fall below one
-  bf16 step. ``D`` is the per-head skip gain, kept with them as ``mamba_ssm`` does.
+  ``A_log`` ~ 2.8 has a spacing of 1/64 (rounding moves A by up to 0.8 %) and
+  ``dt_bias`` ~ -7 a spacing of 1/32 (dt by up to 1.6 %), errors that compound over the
+  window through the cumulative sum; the optimizer's small updates to these scalars would
+  also fall below one bf16 step. ``D`` is the per-head skip gain; ``mamba_ssm`` keeps it
+  and ``A_log`` in f32 as well.
 * the whole SSD (dt, the decays, ``segsum``, the intra-chunk products, the inter-chunk
   state recurrence and the ``D`` skip): its inputs are upcast with ``precision.f32`` and
   the result cast back with ``precision.like``. The cumulative sums and the states are
@@ -58,8 +60,13 @@ bf16. What stays f32, and why:
   sizes here the SSD is a small share of the FLOPs.
 * the loss and the position mapping (from the upcast forecast).
 
-Under ``bf16-mixed`` autocast runs the SSD's contractions (einsum -> bmm) in bf16 with f32
-accumulation, while its ``cumsum``/``exp``/``softplus`` stay f32 (autocast's f32 list).
+Under ``bf16-mixed`` / ``fp16-mixed`` autocast runs the SSD's matmuls in low precision
+(with f32 accumulation), while dt, the cumulative sums and the decays stay f32: they are
+elementwise ops on f32 inputs, which autocast leaves alone.
+
+Weight decay: the trainer's AdamW decays every parameter; ``mamba_ssm`` exempts ``A_log``,
+``D`` and ``dt_bias`` (decay would pull A towards 1 and dt towards softplus(0)). Sweeps
+that search weight decay should keep it small for this family.
 
 Run ``.venv/bin/python -m pytest tests/models/test_mamba2.py -q`` to check this file.
 """
@@ -113,7 +120,7 @@ NORM_EPS = 1e-5  # explicit: the bf16 default eps of rms_norm would be 2^-7
 
 @dataclass(frozen=True)
 class Mamba2Config:
-    """Size and output mapping of one Mamba-2 stack. Defaults: 16,777 parameters at F=8."""
+    """Size and output mapping of one Mamba-2 stack. Defaults: 16,121 parameters at F=8."""
 
     d_model: int = 32
     """Width of the residual stream (the paper's D)."""
@@ -195,7 +202,7 @@ class Mamba2Config:
 
 
 # --------------------------------------------------------------------------------------
-# The SSD layer (paper section 7 and Listing 1). Callers pass f32 tensors.
+# The SSD layer (the paper's Listing 1, ssd_minimal). Callers pass f32 tensors.
 
 
 def segsum(a: torch.Tensor) -> torch.Tensor:
@@ -240,11 +247,12 @@ def ssd_chunked(
         return t.reshape(n, k, q, t.shape[2], t.shape[3]).permute(0, 3, 1, 2, 4)
 
     x, b, c = chunked(x), chunked(b), chunked(c)
-    a_cumsum = a.reshape(n, k, q, h).permute(0, 3, 1, 2).cumsum(dim=-1)  # (N, H, K, Q)
+    a = a.reshape(n, k, q, h).permute(0, 3, 1, 2)  # (N, H, K, Q)
+    a_cumsum = a.cumsum(dim=-1)  # (N, H, K, Q)
     a_chunk = a_cumsum[..., -1]  # (N, H, K): log-decay across each whole chunk
 
     # 1. Within each chunk: the masked quadratic form (C_i . B_j) exp(segsum)_ij x_j.
-    decay = torch.exp(segsum(a.reshape(n, k, q, h).permute(0, 3, 1, 2)))  # (N, H, K, Q, Q)
+    decay = torch.exp(segsum(a))  # (N, H, K, Q, Q)
     y_diag = ((c @ b.transpose(-1, -2)) * decay) @ x  # (N, H, K, Q, P)
 
     # 2. Each chunk's final state from its own inputs, decayed to the chunk's end.
@@ -418,12 +426,13 @@ def build(config: Mamba2Config, shape: DataShape) -> Mamba2:
     return Mamba2(config, shape)
 
 
-# Ranges from the paper and mamba_ssm's defaults scaled to short windows: expand 2
-# (the paper's fixed E), head dims 8-64 (the paper's 64 at large width), state size
-# 8-64 (the paper sweeps 16-256), conv 2-4 (mamba_ssm uses 4), dt range around the
-# default [1e-3, 1e-1]. d_model is a Choice of multiples of 16 so that every sampled
-# head_dim divides d_inner = 2 * d_model. chunk_size changes no result and is left out;
-# lr, batch size and weight decay belong to the trainer's space.
+# Ranges from the paper and mamba_ssm's defaults, scaled down to short windows of a few
+# features: expand stays 2 (the paper's E), head dims 8-32 (the paper's 64 is for widths
+# of 768+), state sizes 8-64 (the paper's 64-256 are for language), conv 2-4 (mamba_ssm
+# uses 4), and the dt range around mamba_ssm's default [1e-3, 1e-1]. d_model is a Choice
+# of multiples of 16 so that every sampled head_dim divides d_inner = 2 * d_model.
+# chunk_size changes no result and is left out; lr, batch size and weight decay belong
+# to the trainer's space.
 SEARCH_SPACE: SearchSpace = {
     "d_model": Choice((16, 32, 48, 64, 96, 128)),
     "n_layers": Int(1, 4),

@@ -35,8 +35,11 @@ Deviations: the convolution is causal with left zero-padding (the paper's valid
 convolution shrinks the window; here every layer keeps L bars and the skip connections
 read the decision bar only); LayerNorm over channels replaces BatchNorm (no statistics
 shared across windows); one learned adjacency direction (MTGNN also propagates along
-adj^T); the embeddings start at std node_dim^(-1/4) so that the initial logits are O(1)
-and the softmax is not saturated at the start.
+adj^T); the embeddings start non-negative, |N(0, 1 / sqrt(node_dim))|, so every logit
+starts positive and O(1): a row whose logits are all <= 0 gets no gradient through the
+relu and stays a uniform average of whichever assets topk's tie-break picks (measured: with
+signed embeddings, rows died at init and the lead-lag ring of the tests was not found);
+``top_k`` defaults to a dense graph for universes of up to 8 assets (see its docstring).
 
 Precision. Under ``bf16`` every weight and activation is bf16. What stays f32, and why:
 
@@ -141,9 +144,11 @@ class TGGNConfig:
     dropout: float = 0.1
     """Dropout on the output of every graph propagation."""
 
-    loss: Literal["mse", "huber"] = "huber"
+    loss: Literal["mse", "huber"] = "mse"
     """Regression loss on the standardized next-bar return: MSE, or Huber with
-    ``huber_delta`` (robust to the volatile regime's large standardized returns)."""
+    ``huber_delta``. MSE by default: the volatile regime's large returns carry the signal
+    too, and Huber at delta 1 clips them (measured on the synthetic data, 8 seeds of the
+    tiny learning test: MSE trained Sharpe 3.1 (TLOB) / 3.2 (TGGN), Huber 1.1 / 2.9)."""
 
     huber_delta: float = 1.0
     """Huber threshold in units of the target's training standard deviation."""

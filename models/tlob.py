@@ -101,12 +101,14 @@ BIN_MIN_STD = 1e-4
 
 @dataclass(frozen=True)
 class TLOBConfig:
-    """Size and output mapping of one TLOB. Defaults: 28,279 parameters at F=8, L=32, A=4
+    """Size and output mapping of one TLOB. Defaults: 44,963 parameters at F=8, L=32, A=4
     (the feature-attention layers and BiN's per-bar weights grow with the lookback L)."""
 
-    hidden_dim: int = 16
-    """Width d of each bar's embedding (the paper uses 40 to 46 on order books); the last
-    layer pair shrinks it to d // 4, so d >= 4."""
+    hidden_dim: int = 32
+    """Width d of each bar's embedding (the paper uses 40 to 46 on order books). The last
+    layer pair shrinks it to d // 4 and ends in a LayerNorm over that width, so d >= 8: a
+    LayerNorm over 1 value is a constant and over 2 keeps only their order (the same holds
+    for the lookback: L >= 8, and L // 4 >= 4 reads far better, see the order-book test)."""
 
     n_layers: int = 2
     """Pairs of (time attention, feature attention) layers (the paper uses 4)."""
@@ -120,9 +122,11 @@ class TLOBConfig:
     dropout: float = 0.0
     """Dropout on the attention weights (the paper uses none)."""
 
-    loss: Literal["mse", "huber"] = "huber"
+    loss: Literal["mse", "huber"] = "mse"
     """Regression loss on the standardized next-bar return: MSE, or Huber with
-    ``huber_delta`` (robust to the volatile regime's large standardized returns)."""
+    ``huber_delta``. MSE by default: the volatile regime's large returns carry the signal
+    too, and Huber at delta 1 clips them (measured on the synthetic data, 8 seeds of the
+    tiny learning test: MSE trained Sharpe 3.1 (TLOB) / 3.2 (TGGN), Huber 1.1 / 2.9)."""
 
     huber_delta: float = 1.0
     """Huber threshold in units of the target's training standard deviation."""
@@ -131,8 +135,10 @@ class TLOBConfig:
     """Position = tanh(position_scale * forecast), forecast in target std units."""
 
     def __post_init__(self) -> None:
-        if self.hidden_dim < 4:
-            raise ValueError(f"hidden_dim must be >= 4 (the last layers use d // 4), got {self.hidden_dim}")
+        if self.hidden_dim < 8:
+            raise ValueError(
+                f"hidden_dim must be >= 8 (the last layers keep d // 4), got {self.hidden_dim}"
+            )
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
         if self.n_heads < 1:
@@ -197,9 +203,7 @@ class BiN(nn.Module):
         """x (N, L, F) -> (N, L, F) in x's dtype; statistics and mixing in f32."""
         x32 = f32(x)
         temporal = f32(self.time_scale) * self.standardize(x32, dim=1) + f32(self.time_bias)
-        featural = f32(self.feature_scale) * self.standardize(x32, dim=2) + f32(
-            self.feature_bias
-        )
+        featural = f32(self.feature_scale) * self.standardize(x32, dim=2) + f32(self.feature_bias)
         w_feature, w_time = F.softplus(f32(self.mix)).unbind()
         return like(w_feature * featural + w_time * temporal, x)
 
@@ -270,8 +274,10 @@ class TLOB(nn.Module):
     def __init__(self, config: TLOBConfig, shape: DataShape) -> None:
         super().__init__()
         length, d = shape.lookback, config.hidden_dim
-        if length < 4:
-            raise ValueError(f"TLOB needs a lookback of >= 4 bars (the last layers use L // 4), got {length}")
+        if length < 8:
+            raise ValueError(
+                f"TLOB needs a lookback of >= 8 bars (the last layers keep L // 4), got {length}"
+            )
         if shape.n_features < 2:
             raise ValueError(
                 f"TLOB needs >= 2 features (BiN standardizes each bar over its features), "
@@ -304,9 +310,7 @@ class TLOB(nn.Module):
         head.append(nn.Linear(width, 1))
         self.head = nn.Sequential(*head)
 
-    def _run(
-        self, x: torch.Tensor
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def _run(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """x (B, A, L, F) -> forecast (N,), time maps (N, H, L, L), feature maps (N, H, d, d)."""
         _, a, length, f = x.shape
         if (a, length, f) != (self.n_assets, self.lookback, self.n_features):

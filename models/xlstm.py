@@ -9,7 +9,7 @@ sLSTM block; the paper's xLSTM[a:b] ratios are strings like "mmms"):
 
     Linear(F -> d_model) -> blocks -> LayerNorm -> Linear(d_model -> 1) on the decision bar
 
-mLSTM block (paper Fig. 11, pre up-projection), on x (N, L, d):
+mLSTM block (the paper's pre up-projection block), on x (N, L, d):
 
     x_m, z   <- up-projection of LayerNorm(x) to 2 x inner (inner = proj_factor * d)
     x_c      <- SiLU(causal conv1d(x_m))
@@ -19,8 +19,8 @@ mLSTM block (paper Fig. 11, pre up-projection), on x (N, L, d):
     x + Dropout(down-projection(h * SiLU(z)))
 
 mLSTM cell: a matrix memory C (d_v x d_k) and normalizer n per head with exponential input
-gate and sigmoid forget gate, k scaled by 1/sqrt(d_k). Stabilized (paper eqs. 15-17 and
-appendix A.3), with log f = logsigmoid(f~):
+gate and sigmoid forget gate, k scaled by 1/sqrt(d_k). Stabilized as in the paper, with
+log f = logsigmoid(f~):
 
     m_t = max(log f_t + m_{t-1}, i~_t)                      m_0 = -inf
     i'_t = exp(i~_t - m_t),  f'_t = exp(log f_t + m_{t-1} - m_t)
@@ -33,10 +33,10 @@ cumulative sums of each masked segment, -inf above the diagonal), its row max as
 stabilizer m_t, D' = exp(log D - m), then h = (Q K^T / sqrt(d) * D') V divided row-wise by
 max(|row sum|, exp(-m)) + eps. With m_0 = -inf the recurrence's m_t is exactly that row
 max, so :func:`mlstm_recurrent` (kept as the reference, and for step-by-step inference)
-gives the same h. (The authors' code starts the recurrence at m_0 = 0, which changes the
-normalizer's clamp in the first few steps; the parallel form is the one trained.)
+gives the same h. (A zero-initialized state, m_0 = 0, would change the normalizer's clamp
+in the first few steps; the parallel form is the one trained.)
 
-sLSTM block (paper Fig. 10, post up-projection):
+sLSTM block (the paper's post up-projection block):
 
     x_c      <- SiLU(causal conv1d(LayerNorm(x)))
     i~, f~   <- block-diagonal (per head) maps of x_c;  z~, o~ <- same of LayerNorm(x)
@@ -64,18 +64,22 @@ Precision. Under ``bf16`` the projections, convolutions, norms, feed-forward and
 residual stream run in bf16, and so does the sLSTM's recurrent product R h. What stays
 f32, and why:
 
-* the mLSTM cell: q, k, v and the gate pre-activations are upcast with ``precision.f32``,
-  and the log forget-gate cumulative sums, the stabilizer max, exp(log D - m), the
-  products with it and the normalizer run in f32, then the per-head LayerNorm; the result
-  returns to bf16 with ``precision.like``. The exponential input gate is only safe as
-  exp(i~ - m) with m exact: in bf16 a log-gate sum of 8 is resolved to 1/32, a 3 % error
-  in every exponentiated weight.
-* the sLSTM cell's state: gate pre-activations upcast, c, n and the stabilizer m are f32
-  accumulators over the window, so is h until it is cast back for R h and the output.
+* the gate biases (``gate_bias`` of both block kinds, named in their ``keep_f32``). The
+  input-dependent part of each gate pre-activation comes out of a bf16 matmul and is
+  upcast; the bias is added after, in f32. A forget bias of 3-6 sets the memory
+  timescale 1 / (1 - sigmoid(b)) ~ e^b: rounded to bf16 (a spacing of 1/32 there) it
+  would move every timescale by up to 1.6 %, and the optimizer's small updates to it
+  would fall below one bf16 step (as for Mamba-2's ``dt_bias``).
+* the mLSTM cell: q, k, v and the gate pre-activations are upcast with ``precision.f32``;
+  the log forget-gate cumulative sums, the stabilizer max, exp(log D - m), the products
+  with it, the normalizer and the per-head LayerNorm run in f32, and the result returns
+  to bf16 with ``precision.like``. The cumulative sums are accumulators, and the
+  exponential input gate is only safe as exp(i~ - m) with both terms exact: in bf16 a
+  log-gate sum of 8 is a multiple of 1/16, up to a 3 % error in every exponentiated
+  weight.
+* the sLSTM cell's state: c, n and the stabilizer m are f32 accumulators over the window,
+  and so is h until it is cast back for R h and for the output.
 * the loss and the position mapping (from the upcast forecast).
-
-No parameter needs ``keep_f32``: every gate parameter enters through a pre-activation that
-is upcast before it is exponentiated.
 
 Run ``.venv/bin/python -m pytest tests/models/test_xlstm.py -q`` to check this file.
 """
@@ -106,11 +110,11 @@ from trainables.precision import f32, like
 __all__ = [
     "FAMILY",
     "SEARCH_SPACE",
+    "XLSTM",
     "BlockDiagonalLinear",
     "CausalConv1d",
     "MLSTMBlock",
     "SLSTMBlock",
-    "XLSTM",
     "XLSTMConfig",
     "build",
     "mlstm_parallel",
@@ -130,7 +134,7 @@ CELL_EPS = 1e-6  # added to the mLSTM normalizer, as in the authors' code
 
 @dataclass(frozen=True)
 class XLSTMConfig:
-    """Size and output mapping of one xLSTM stack. Defaults: 17,489 parameters at F=8."""
+    """Size and output mapping of one xLSTM stack. Defaults: 16,329 parameters at F=8."""
 
     d_model: int = 32
     """Width of the residual stream (the paper's embedding dimension)."""
@@ -187,8 +191,7 @@ class XLSTMConfig:
             raise ValueError(f"ffn_factor must be positive and finite, got {self.ffn_factor}")
         if "s" in self.blocks and self.d_model % self.n_heads:
             raise ValueError(
-                f"n_heads must divide d_model={self.d_model} for sLSTM blocks, "
-                f"got {self.n_heads}"
+                f"n_heads must divide d_model={self.d_model} for sLSTM blocks, got {self.n_heads}"
             )
         if "m" in self.blocks:
             inner = self.inner
@@ -296,24 +299,24 @@ def slstm_scan(pre: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
     recurrent (H, D, 4 * D) block-diagonal R (any dtype; h is cast to it for R h)
     -> h (L, H, N, D) f32.
     """
-    out = []
-    for t, raw in enumerate(pre.unbind(0)):  # raw (H, N, 4D); unbind: one backward stack
-        if t:  # + R h_{t-1} (h_0 = 0)
-            raw = raw + f32(torch.bmm(like(h_state, recurrent), recurrent))
-        i_raw, f_raw, z_raw, o_raw = raw.chunk(4, dim=-1)  # each (H, N, D)
-        if t:
-            log_f_m = F.logsigmoid(f_raw) + m_state
-            m_state = torch.maximum(log_f_m, i_raw)
-            f_act = torch.exp(log_f_m - m_state)
-            i_act = torch.exp(i_raw - m_state)
-            c_state = f_act * c_state + i_act * torch.tanh(z_raw)
-            n_state = f_act * n_state + i_act
-            h_state = torch.sigmoid(o_raw) * c_state / n_state
-        else:  # empty memory: m_1 = i~_1, so i'_1 = 1 and n_1 = 1
-            m_state = i_raw
-            c_state = torch.tanh(z_raw)
-            n_state = torch.ones_like(c_state)
-            h_state = torch.sigmoid(o_raw) * c_state
+    first, *rest = pre.unbind(0)  # each (H, N, 4D); unbind: one stack in backward
+    i_raw, _, z_raw, o_raw = first.chunk(4, dim=-1)  # each (H, N, D)
+    # Empty memory: m_1 = i~_1, so i'_1 = 1, c_1 = tanh(z~_1), n_1 = 1 (f is irrelevant).
+    m_state = i_raw
+    c_state = torch.tanh(z_raw)
+    n_state = torch.ones_like(c_state)
+    h_state = torch.sigmoid(o_raw) * c_state
+    out = [h_state]
+    for step in rest:
+        raw = step + f32(torch.bmm(like(h_state, recurrent), recurrent))  # + R h_{t-1}
+        i_raw, f_raw, z_raw, o_raw = raw.chunk(4, dim=-1)
+        log_f_m = F.logsigmoid(f_raw) + m_state
+        m_state = torch.maximum(log_f_m, i_raw)
+        f_act = torch.exp(log_f_m - m_state)
+        i_act = torch.exp(i_raw - m_state)
+        c_state = f_act * c_state + i_act * torch.tanh(z_raw)
+        n_state = f_act * n_state + i_act
+        h_state = torch.sigmoid(o_raw) * c_state / n_state
         out.append(h_state)
     return torch.stack(out)
 
@@ -323,7 +326,7 @@ def slstm_scan(pre: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
 
 
 class BlockDiagonalLinear(nn.Module):
-    """``n_blocks`` independent maps of equal blocks: (..., n_blocks * d_in) -> (..., n_blocks * d_out)."""
+    """G = ``n_blocks`` independent linear maps: (..., G * d_in) -> (..., G * d_out), no bias."""
 
     def __init__(self, n_blocks: int, d_in: int, d_out: int) -> None:
         super().__init__()
@@ -350,6 +353,9 @@ class CausalConv1d(nn.Module):
 class MLSTMBlock(nn.Module):
     """Pre-up-projection residual block around the mLSTM cell (parallel form)."""
 
+    # The gate biases set the memory timescales; added in f32 (see the module docstring).
+    keep_f32 = ("gate_bias",)
+
     def __init__(self, config: XLSTMConfig) -> None:
         super().__init__()
         d, inner, h = config.d_model, config.inner, config.n_heads
@@ -362,11 +368,10 @@ class MLSTMBlock(nn.Module):
         self.q = BlockDiagonalLinear(qkv_blocks, bs, bs)
         self.k = BlockDiagonalLinear(qkv_blocks, bs, bs)
         self.v = BlockDiagonalLinear(qkv_blocks, bs, bs)
-        self.gates = nn.Linear(3 * inner, 2 * h)  # [i~ | f~] per head
-        with torch.no_grad():
-            self.gates.weight.zero_()
-            self.gates.bias[:h].normal_(0.0, 0.1)
-            self.gates.bias[h:] = torch.linspace(*FORGET_BIAS_RANGE, h)
+        self.gates = nn.Linear(3 * inner, 2 * h, bias=False)  # [i~ | f~] per head
+        nn.init.zeros_(self.gates.weight)
+        gate_bias = torch.cat([torch.randn(h) * 0.1, torch.linspace(*FORGET_BIAS_RANGE, h)])
+        self.gate_bias = nn.Parameter(f32(gate_bias))  # (2H,): [i | f]
         self.out_norm = nn.Parameter(torch.ones(inner))  # per-head LayerNorm gain
         self.skip = nn.Parameter(torch.ones(inner))
         self.down = nn.Linear(inner, d, bias=False)
@@ -374,12 +379,11 @@ class MLSTMBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, L, d) -> (N, L, d) in x's dtype."""
-        n, length, _ = x.shape
         x_m, z = self.up(self.norm(x)).chunk(2, dim=-1)  # (N, L, inner) each
         x_c = F.silu(self.conv(x_m))
         q, k, v = self.q(x_c), self.k(x_c), self.v(x_m)
-        gates = f32(self.gates(torch.cat([q, k, v], dim=-1))).transpose(1, 2)  # (N, 2H, L)
-        i_pre, f_pre = gates.chunk(2, dim=1)  # (N, H, L) each
+        gates = f32(self.gates(torch.cat([q, k, v], dim=-1))) + self.gate_bias  # (N, L, 2H)
+        i_pre, f_pre = gates.transpose(1, 2).chunk(2, dim=1)  # (N, H, L) each
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (N, L, inner) -> (N, H, L, D) f32
             return f32(t).unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
@@ -394,6 +398,9 @@ class MLSTMBlock(nn.Module):
 class SLSTMBlock(nn.Module):
     """Post-up-projection residual block: sLSTM cell, then a gated feed-forward."""
 
+    # The gate biases set the memory timescales; added in f32 (see the module docstring).
+    keep_f32 = ("gate_bias",)
+
     def __init__(self, config: XLSTMConfig) -> None:
         super().__init__()
         d, h = config.d_model, config.n_heads
@@ -404,9 +411,9 @@ class SLSTMBlock(nn.Module):
         self.w_if = BlockDiagonalLinear(h, hd, 2 * hd)  # from the conv path
         self.w_zo = BlockDiagonalLinear(h, hd, 2 * hd)  # from the normed input
         self.recurrent = nn.Parameter(torch.zeros(h, hd, 4 * hd))  # R, block-diagonal
-        bias = torch.zeros(h, 1, 4, hd)
-        bias[..., 1, :] = torch.linspace(*FORGET_BIAS_RANGE, hd)
-        self.bias = nn.Parameter(bias.flatten(-2))  # (H, 1, 4D): [i | f | z | o] per head
+        gate_bias = torch.zeros(h, 1, 4, hd)
+        gate_bias[..., 1, :] = torch.linspace(*FORGET_BIAS_RANGE, hd)
+        self.gate_bias = nn.Parameter(f32(gate_bias.flatten(-2)))  # (H, 1, 4D): [i|f|z|o]
         self.out_norm = nn.Parameter(torch.ones(d))  # GroupNorm-by-heads gain
         self.ffn_norm = nn.LayerNorm(d, bias=False)
         self.ffn_up = nn.Linear(d, 2 * config.ffn_width, bias=False)  # [gate | value]
@@ -420,8 +427,8 @@ class SLSTMBlock(nn.Module):
         x_c = F.silu(self.conv(normed))
         i_f = self.w_if(x_c).unflatten(-1, (h, -1))  # (N, L, H, 2D)
         z_o = self.w_zo(normed).unflatten(-1, (h, -1))
-        pre = f32(torch.cat([i_f, z_o], dim=-1)).permute(1, 2, 0, 3) + self.bias  # (L, H, N, 4D)
-        cell = slstm_scan(pre, self.recurrent)  # (L, H, N, D) f32
+        pre = f32(torch.cat([i_f, z_o], dim=-1)).permute(1, 2, 0, 3) + self.gate_bias
+        cell = slstm_scan(pre, self.recurrent)  # pre (L, H, N, 4D) -> (L, H, N, D) f32
         cell = F.layer_norm(cell, cell.shape[-1:])  # GroupNorm with one group per head
         cell = cell.permute(2, 0, 1, 3).flatten(-2)  # (N, L, d)
         x = x + self.dropout(like(cell, x) * self.out_norm)
@@ -508,9 +515,11 @@ FAMILY = Family(
         "Hochreiter (2024), xLSTM: Extended Long Short-Term Memory, NeurIPS"
     ),
     keeps_f32=(
+        "gate biases (they set the memory timescales; added to the upcast pre-activations), "
         "the mLSTM cell (log forget-gate cumulative sums, stabilizer max, exponential gate "
         "matrix, normalizer) and the sLSTM cell state (c, n, stabilizer m): exponential "
-        "gates are exact only as exp(x - m) with m exact; the loss and the position mapping"
+        "gates are exact only as exp(x - m) with both terms exact; the loss and the "
+        "position mapping"
     ),
     summary=(
         "xLSTM stack of mLSTM (matrix memory, parallel stabilized form) and sLSTM "

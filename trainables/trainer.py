@@ -111,6 +111,11 @@ class Trainer:
     # construction
 
     @property
+    def skipped_steps(self) -> int:
+        """Steps skipped so far over all folds (one host read)."""
+        return int(sum(int(run.guard.skipped) for run in self.folds))
+
+    @property
     def is_rl(self) -> bool:
         return self.family.kind == "rl"
 
@@ -336,7 +341,7 @@ class Trainer:
             "test_sharpe": test.sharpe,
             "test_sortino": test.sortino,
             "test_max_drawdown": test.max_drawdown,
-            "skipped_steps": int(sum(int(run.guard.skipped) for run in self.folds)),
+            "skipped_steps": self.skipped_steps,
             "steps_per_s": steps / train_seconds if train_seconds > 0 else 0.0,
             "peak_mem_mb": peak_memory_mb(self.device),
             "fell_back_to_f32": int(self.fell_back_to_f32),

@@ -58,9 +58,18 @@ def run_trial(config: dict[str, Any]) -> None:
         try:
             metrics = trainer.train_epoch()
         except TrialDiverged as exc:
-            last: dict[str, Any] = dict(trainer.history[-1]) if trainer.history else {"epoch": trainer.epoch}
-            last.update({"val_sharpe": math.nan, "diverged": 1, "failure_reason": str(exc), **node})
-            tune.report(last)
+            # The epoch that diverged, reported once: no checkpoint (nothing worth resuming).
+            tune.report(
+                {
+                    "epoch": trainer.epoch + 1,
+                    "val_sharpe": math.nan,
+                    "diverged": 1,
+                    "failure_reason": str(exc),
+                    "fell_back_to_f32": int(trainer.fell_back_to_f32),
+                    "skipped_steps": trainer.skipped_steps,
+                    **node,
+                }
+            )
             return
         _report(trainer, {**metrics, "diverged": 0, **node})
 

@@ -13,6 +13,7 @@ node's marker variable in its environment (Ray's agents outlive their raylet oth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -59,10 +60,8 @@ def marked_pids(prefix: str) -> list[int]:
 
 def _kill(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 @dataclass
@@ -78,14 +77,10 @@ class RayNode:
         """Stop this node like ``ray stop`` would, but only this node's processes."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)  # ray start --block stops its children
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
@@ -172,7 +167,11 @@ class LocalCluster:
     def start_worker(self, name: str, num_cpus: float, num_gpus: float) -> RayNode:
         return self._start(
             name,
-            [f"--address={self.gcs_address}", f"--num-cpus={num_cpus:g}", f"--num-gpus={num_gpus:g}"],
+            [
+                f"--address={self.gcs_address}",
+                f"--num-cpus={num_cpus:g}",
+                f"--num-gpus={num_gpus:g}",
+            ],
         )
 
     def wait_for_nodes(self, n: int, timeout_s: float = 150.0) -> dict[str, str]:
@@ -185,7 +184,9 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for node in self.nodes:
                 if not node.alive:
-                    raise RuntimeError(f"ray node {node.name} exited:\n{node.log.read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"ray node {node.name} exited:\n{node.log.read_text()[-3000:]}"
+                    )
             try:
                 request = urllib.request.Request(
                     f"{self.dashboard_url}/api/v0/nodes?detail=1&limit=100",

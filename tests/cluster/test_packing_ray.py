@@ -79,10 +79,11 @@ def run_packed(tmp_path: Path, trials: list[dict[str, Any]]) -> list[tuple[float
 
     folder = tmp_path / "events"
     folder.mkdir()
-    trainable = tune.with_resources(
-        holding_trainable(str(folder), len(trials)),
-        resources=lambda config: {"cpu": 0, "gpu": config["trial"]["frac"]},
-    )
+
+    def resources(config: dict[str, Any]) -> Any:  # a dict, as TrialResources returns
+        return {"cpu": 0, "gpu": config["trial"]["frac"]}
+
+    trainable = tune.with_resources(holding_trainable(str(folder), len(trials)), resources)
     tuner = tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search(trials)},
@@ -91,7 +92,12 @@ def run_packed(tmp_path: Path, trials: list[dict[str, Any]]) -> list[tuple[float
     )
     results = tuner.fit()
     assert results.num_errors == 0
-    return [(r.metrics["start"], r.metrics["end"], r.metrics["frac"]) for r in results]
+    spans = []
+    for i in range(len(results)):
+        metrics = results[i].metrics
+        assert metrics is not None
+        spans.append((metrics["start"], metrics["end"], metrics["frac"]))
+    return spans
 
 
 def concurrency(spans: list[tuple[float, float, float]]) -> tuple[int, float]:
@@ -125,7 +131,8 @@ def test_mixed_f32_and_bf16_fractions_pack_to_the_gpus_and_never_beyond(
     spans = run_packed(tmp_path, trials)
     assert len(spans) == 14
     most, share = concurrency(spans)
-    assert share == 4.0, sorted(spans)  # the GPUs were full at some moment, and never over-committed
+    # The GPUs were full at some moment (and, below, never over-committed).
+    assert share == 4.0, sorted(spans)
     # Full 4 GPUs hold between 8 (all 0.5) and 12 (four 0.5 + eight 0.25) of these trials.
     assert 8 <= most <= 12
     for t, _, _ in spans:

@@ -4,6 +4,7 @@ and, on CUDA, the estimate against the allocator's measurement."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -19,14 +20,19 @@ from cluster.profiler import (
 )
 from cluster.tensor_bytes import LiveTensors, SavedTensors, state_bytes, storage_key
 from tests.trainables.helpers import tiny_config
-from trainables.precision import StepGuard, get_policy
+from trainables.precision import PrecisionPolicy, StepGuard, get_policy
 
 CPU = torch.device("cpu")
 ELEMENT = {"f32": 4, "bf16": 2}
-TINY_DQN = {"hidden": 16, "buffer_capacity": 512, "learning_starts": 64, "replay_batch_size": 32}
+TINY_DQN: dict[str, Any] = {
+    "hidden": 16,
+    "buffer_capacity": 512,
+    "learning_starts": 64,
+    "replay_batch_size": 32,
+}
 
 
-def linear_stack(precision: str, widths: tuple[int, ...]) -> tuple[nn.Module, object]:
+def linear_stack(precision: str, widths: tuple[int, ...]) -> tuple[nn.Module, PrecisionPolicy]:
     policy = get_policy(precision)
     layers: list[nn.Module] = []
     for a, b in itertools.pairwise(widths):
@@ -128,14 +134,12 @@ def dqn_profiles() -> dict[str, MemoryProfile]:
 def test_dqn_profile_counts_both_networks_and_the_replay(
     dqn_profiles: dict[str, MemoryProfile], precision: str
 ) -> None:
-    from models import get_family
     from models.base import DataShape
+    from models.dqn import DQNConfig, DQNLearner
 
     profile = dqn_profiles[precision]
     e = ELEMENT[precision]
-    family = get_family("dqn")
-    shape = DataShape(n_features=8, lookback=16, n_assets=2)
-    learner = family.build(family.make_config(TINY_DQN), shape)
+    learner = DQNLearner(DQNConfig(**TINY_DQN), DataShape(n_features=8, lookback=16, n_assets=2))
     n_online = sum(p.numel() for p in learner.trainable_parameters())
     n_all = sum(p.numel() for p in learner.parameters())  # online + target network
     n_tensors = len(list(learner.trainable_parameters()))
@@ -185,8 +189,7 @@ def test_estimate_within_ten_percent_of_cuda_measurement(model: str, precision: 
     config = build_train_config(model, {}, precision=precision)  # default trial sizes
     measured = profile_trial(config, device="cuda", measure=True)
     cpu_estimate = profile_trial(config, device="cpu", measure=False)
-    allocated = measured.measured_allocated_bytes
-    assert allocated
-    assert measured.measured_reserved_bytes >= allocated
+    allocated, reserved = measured.measured_allocated_bytes, measured.measured_reserved_bytes
+    assert allocated and reserved and reserved >= allocated
     assert abs(measured.estimated_peak_bytes / allocated - 1) <= 0.10, measured.to_dict()
     assert abs(cpu_estimate.estimated_peak_bytes / allocated - 1) <= 0.10, cpu_estimate.to_dict()

@@ -67,6 +67,21 @@ def test_key_ignores_float_values_but_not_sizes() -> None:
     assert key_string(profile_key(lr, CPU, "estimate")) == key(dropout=0.1)
 
 
+def test_key_leaves_out_settings_a_family_declares_memory_neutral(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import models.dqn
+
+    def key(period: int) -> str:
+        config = tiny_config("dqn", model_config={"target_update_period": period})
+        return key_string(profile_key(config, CPU, "estimate"))
+
+    monkeypatch.delattr(models.dqn, "MEMORY_NEUTRAL", raising=False)
+    assert key(100) != key(2000)  # an int counts by value unless declared neutral
+    monkeypatch.setattr(models.dqn, "MEMORY_NEUTRAL", ("target_update_period",), raising=False)
+    assert key(100) == key(2000)
+
+
 def test_second_lookup_does_not_measure(tmp_path: Path) -> None:
     path = tmp_path / "vram.json"
     table = VramTable(path)

@@ -299,6 +299,21 @@ def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
     assert 'id="stats-tft"' in (local / "report.html").read_text()
 
 
+def test_a_sweep_not_in_compare_mode_says_why_nothing_pairs(
+    sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    private = copy_sweep(sweep, tmp_path / "store")
+    MlflowClient(private.tracking_uri).set_tag(private.parent_run_id, "compare", "false")
+    result = comparison_from_mlflow(
+        private.experiment,
+        private.tracking_uri,
+        precisions=("f32", "bf16"),
+        n_resamples=RESAMPLES,
+        with_curves=False,
+    )
+    assert any("did not run in compare mode" in note for note in result.notes)
+
+
 def test_more_than_two_precisions_are_each_compared_with_the_first(
     sweep: SyntheticSweep,
 ) -> None:

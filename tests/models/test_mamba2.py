@@ -17,6 +17,7 @@ from models.mamba2 import (
     FAMILY,
     SEARCH_SPACE,
     Mamba2,
+    Mamba2Block,
     Mamba2Config,
     Mamba2Mixer,
     build,
@@ -38,6 +39,18 @@ def _model(config: Mamba2Config | None = None, seed: int = 0) -> Mamba2:
     return build(config or Mamba2Config(), SHAPE).eval()
 
 
+def _converted(policy_name: str) -> Mamba2:
+    model = get_policy(policy_name).convert_module(_model())
+    assert isinstance(model, Mamba2)
+    return model
+
+
+def _mixers(model: Mamba2) -> list[Mamba2Mixer]:
+    mixers = [block.mixer for block in model.blocks if isinstance(block, Mamba2Block)]
+    assert len(mixers) == len(model.blocks)
+    return mixers
+
+
 def _batch(seed: int = 1, length: int = L) -> Batch:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, SHAPE.n_assets, length, SHAPE.n_features, generator=g)
@@ -45,9 +58,7 @@ def _batch(seed: int = 1, length: int = L) -> Batch:
     return Batch(x=x, y=y, gaps=torch.ones(B, length))
 
 
-def _ssd_inputs(
-    length: int, seed: int = 0, shared_bc: bool = False
-) -> tuple[torch.Tensor, ...]:
+def _ssd_inputs(length: int, seed: int = 0, shared_bc: bool = False) -> tuple[torch.Tensor, ...]:
     """x (N, L, H, P), a (N, L, H) <= 0, b and c (N, L, H or 1, S), in the model's ranges."""
     g = torch.Generator().manual_seed(seed)
     n, h, p, s = 3, 4, 5, 6
@@ -88,9 +99,9 @@ def test_segsum_stays_accurate_where_cumsum_differences_cancel() -> None:
     err_naive = (naive[rows, cols].double() - exact[rows, cols]).abs().max().item()
     near_diag = torch.arange(1, 2000)
     err_naive_short = (naive[near_diag, near_diag - 1].double() - a[1:].double()).abs().max()
-    assert err_stable < 1e-3  # measured 4.9e-4 (relative 5e-8 of 1e4)
+    assert err_stable < 1e-3  # measured 4.9e-4: half an f32 spacing at 1e4, rounding only
     assert float((stable[near_diag, near_diag - 1] - a[1:]).abs().max()) == 0.0
-    assert float(err_naive_short) > 1e-4 and err_naive > err_stable  # measured 4.9e-4, 2e-3
+    assert float(err_naive_short) > 1e-4 and err_naive > err_stable  # measured 9.2e-4, 1.0e-3
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 8, 32, 5, 7, 12, 48])
@@ -101,7 +112,7 @@ def test_chunked_ssd_equals_the_sequential_recurrence(chunk_size: int, shared_bc
     y_ref, state_ref = ssd_sequential(x, a, b, c)
     y, state = ssd_chunked(x, a, b, c, chunk_size)
     assert y.shape == x.shape and state.shape == (3, 4, 5, 6)
-    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)  # measured < 1e-6
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)  # measured <= 1.6e-6
     torch.testing.assert_close(state, state_ref, atol=1e-5, rtol=1e-5)
 
 
@@ -139,7 +150,7 @@ def test_mixer_is_causal() -> None:
 
 def test_parameter_initialization_follows_the_paper() -> None:
     config = Mamba2Config(n_layers=4, d_model=64, head_dim=8, dt_min=1e-3, dt_max=0.1)
-    mixers = [block.mixer for block in _model(config).blocks]
+    mixers = _mixers(_model(config))
     dt = torch.cat([F.softplus(m.dt_bias) for m in mixers])  # 4 layers x 16 heads
     a = torch.cat([torch.exp(m.A_log) for m in mixers])
     assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
@@ -181,7 +192,7 @@ def test_bf16_cast_model_keeps_decay_parameters_f32() -> None:
     with torch.no_grad():
         reference = _model()(batch.x)
     policy = get_policy("bf16")
-    model = policy.convert_module(_model())
+    model = _converted("bf16")
     dtypes = floating_dtypes(model)
     kept = {name for name, dt in dtypes.items() if dt == torch.float32}
     assert kept == {f"blocks.{i}.mixer.{p}" for i in range(2) for p in KEEP_F32}
@@ -190,7 +201,7 @@ def test_bf16_cast_model_keeps_decay_parameters_f32() -> None:
     with torch.no_grad():
         forecast = model(bf_batch.x)
     assert forecast.dtype == torch.bfloat16 and bool(torch.isfinite(forecast).all())
-    assert float((f32(forecast) - reference).abs().max()) < 0.05  # measured 0.012
+    assert float((f32(forecast) - reference).abs().max()) < 0.05  # measured 0.011
     model.train()
     loss = model.loss(bf_batch)
     assert loss.dtype == torch.float32 and math.isfinite(loss.item())
@@ -204,11 +215,11 @@ def test_bf16_cast_model_keeps_decay_parameters_f32() -> None:
 
 def test_bf16_guarded_step_keeps_f32_parameters_f32() -> None:
     policy = get_policy("bf16")
-    model = policy.convert_module(_model()).train()
+    model = _converted("bf16").train()
     batch = _batch()
     bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
     optimizer = policy.make_optimizer(model.parameters(), lr=1e-3)
-    mixer = model.blocks[0].mixer
+    mixer = _mixers(model)[0]
     before = mixer.A_log.detach().clone(), mixer.in_proj.weight.detach().clone()
     result = policy.backward_and_step(
         model.loss(bf_batch), optimizer, StepGuard(policy.device), max_grad_norm=1.0
@@ -224,14 +235,15 @@ def test_every_policy_gives_a_finite_loss_close_to_f32(name: str) -> None:
     batch = _batch(length=12)
     reference = _model().loss(batch).item()
     policy = get_policy(name)
-    model = policy.convert_module(_model())
+    model = _converted(name)
     run_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
     with policy.autocast():
         loss = model.loss(run_batch)
     assert loss.dtype == torch.float32
-    assert abs(loss.item() - reference) < 0.02  # measured <= 0.004 (bf16)
+    assert abs(loss.item() - reference) < 0.02  # measured <= 0.002 (bf16-mixed)
     loss.backward()
-    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    for param in model.parameters():
+        assert param.grad is not None and bool(torch.isfinite(param.grad).all())
 
 
 def test_config_validation_names_the_field() -> None:
@@ -274,7 +286,7 @@ TINY = {"d_model": 16, "n_layers": 1, "d_state": 8, "head_dim": 8}
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 19 steps (the train split's batches) of a 2,353-parameter Mamba-2 on
+    # 3 epochs x 19 steps (the train split's batches) of a 2,333-parameter Mamba-2 on
     # 4 synthetic assets (signal 0.15), 3 seeds. Measured (f32 and bf16 alike): untrained
     # mean 0.16 (-1.5 to +1.7), trained 3.11 (2.8 to 3.4); a momentum rule scores ~3.
     config = tiny_config(

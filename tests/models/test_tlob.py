@@ -154,13 +154,13 @@ def test_time_layers_attend_over_bars_and_feature_layers_over_features() -> None
     x = _batch().x
     explanation = model.explain(x)
     n = B * SMALL.n_assets
-    l, d = SMALL.lookback, config.hidden_dim
-    assert seen["time_layers.0"] == (n, l, d)  # tokens = bars, each a d-vector
-    assert seen["feature_layers.0"] == (n, d, l)  # tokens = features, each an L-vector
-    assert seen["time_layers.1"] == (n, l, d)
-    assert seen["feature_layers.1"] == (n, d // 4, l)  # the last time layer shrank d
+    bars, d = SMALL.lookback, config.hidden_dim
+    assert seen["time_layers.0"] == (n, bars, d)  # tokens = bars, each a d-vector
+    assert seen["feature_layers.0"] == (n, d, bars)  # tokens = features, each an L-vector
+    assert seen["time_layers.1"] == (n, bars, d)
+    assert seen["feature_layers.1"] == (n, d // 4, bars)  # the last time layer shrank d
     time_maps, feature_maps = explanation.time_attention, explanation.feature_attention
-    assert [m.shape for m in time_maps] == [(B, 2, 2, l, l)] * 2
+    assert [m.shape for m in time_maps] == [(B, 2, 2, bars, bars)] * 2
     assert [m.shape for m in feature_maps] == [(B, 2, 2, d, d), (B, 2, 2, d // 4, d // 4)]
     for m in time_maps + feature_maps:
         torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1]), atol=1e-6, rtol=0)
@@ -181,23 +181,24 @@ def _order_book(n: int, length: int, levels: int, g: torch.Generator) -> tuple[t
 
 
 def test_reads_order_book_shaped_windows() -> None:
-    # F = 40: 10 levels x (ask price, ask size, bid price, bid size), raw scales (prices
-    # ~100, sizes ~400); BiN does the normalization. The target is 2 x the last snapshot's
-    # level-1 imbalance; TLOB must find it among 40 features x 8 snapshots.
+    # F = 40: 10 levels x (ask price, ask size, bid price, bid size) at raw scales (prices
+    # ~100, sizes ~400), L = 16 snapshots; BiN does the normalization. The target is 2 x
+    # the last snapshot's level-1 imbalance, to be found among 40 features x 16 snapshots.
     torch.manual_seed(0)
-    shape = DataShape(n_features=40, lookback=8, n_assets=1)
-    model = build(TLOBConfig(hidden_dim=16, n_layers=1, loss="mse"), shape)
+    shape = DataShape(n_features=40, lookback=16, n_assets=1)
+    model = build(TLOBConfig(hidden_dim=32, n_layers=1), shape)
     g = torch.Generator().manual_seed(0)
 
     def sample(n: int) -> Batch:
         book, imbalance = _order_book(n, shape.lookback, 10, g)
-        return Batch(x=book.unsqueeze(1), y=2 * imbalance.unsqueeze(1), gaps=torch.ones(n, 8))
+        y = 2 * imbalance.unsqueeze(1)  # (n, 1); variance ~0.4
+        return Batch(x=book.unsqueeze(1), y=y, gaps=torch.ones(n, shape.lookback))
 
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     first = model.loss(sample(256)).item()
-    for _ in range(100):
+    for _ in range(80):
         optimizer.zero_grad()
-        model.loss(sample(64)).backward()
+        model.loss(sample(32)).backward()
         optimizer.step()
     model.eval()
     held_out = sample(512)
@@ -207,8 +208,9 @@ def test_reads_order_book_shaped_windows() -> None:
     assert forecast.shape == (512, 1) and bool(torch.isfinite(forecast).all())
     corr = torch.corrcoef(torch.stack([forecast.flatten(), held_out.y.flatten()]))[0, 1].item()
     print("MEASURE book", first, last, corr)
-    assert corr > 0.8, corr  # measured
-    assert last < 0.5 * first, (first, last)
+    # Measured (seeds 0-2 of this setup): correlation 0.92-0.96, MSE 0.6 -> 0.04-0.06.
+    assert corr > 0.8, corr
+    assert last < 0.3 * first, (first, last)
 
 
 def test_bf16_cast_model_is_finite_and_close_to_f32() -> None:
@@ -261,18 +263,18 @@ def test_bf16_guarded_step_and_bf16_mixed_autocast() -> None:
 
 
 def test_parameter_counts_at_default_size() -> None:
-    assert count_parameters(_model(shape=SHAPE)) == 28_279
-    # A learned positional embedding adds L x d = 32 x 16.
-    assert count_parameters(_model(TLOBConfig(sinusoidal=False), SHAPE)) == 28_279 + 512
+    assert count_parameters(_model(shape=SHAPE)) == 44_963
+    # A learned positional embedding adds L x d = 32 x 32.
+    assert count_parameters(_model(TLOBConfig(sinusoidal=False), SHAPE)) == 44_963 + 1_024
     assert count_parameters(_model(TLOBConfig(**TINY), SMALL)) == 5_163
     # Order-book input: only BiN's per-feature weights and the embedding grow with F.
     book = DataShape(n_features=40, lookback=32, n_assets=1)
-    assert count_parameters(_model(shape=book)) == 28_279 + 32 * 2 + 32 * 16
+    assert count_parameters(_model(shape=book)) == 44_963 + 32 * 2 + 32 * 32
 
 
 def test_config_validation_names_the_field() -> None:
     for field, bad in [
-        ("hidden_dim", 3),
+        ("hidden_dim", 7),
         ("n_layers", 0),
         ("n_heads", 0),
         ("dropout", 1.0),
@@ -283,7 +285,7 @@ def test_config_validation_names_the_field() -> None:
         with pytest.raises(ValueError, match=field):
             TLOBConfig(**{field: bad})
     with pytest.raises(ValueError, match="lookback"):
-        build(TLOBConfig(), DataShape(n_features=8, lookback=3, n_assets=1))
+        build(TLOBConfig(), DataShape(n_features=8, lookback=7, n_assets=1))
     with pytest.raises(ValueError, match="features"):
         build(TLOBConfig(), DataShape(n_features=1, lookback=8, n_assets=1))
     with pytest.raises(ValueError, match="L=16 bars"):

@@ -55,12 +55,13 @@ _TIME_SUFFIXES = (
     "T%H:%M:%S",
 )
 # Unix epoch units by the magnitude of the value: seconds since 1973, etc. Any value in
-# [1e8, 1e19) is a unix timestamp of exactly one unit between 1973 and 2286.
+# [1e8, 2**63) is a unix timestamp of exactly one unit between 1973 and 2262 (the end of
+# datetime64[ns]: larger nanosecond counts do not fit in int64).
 _EPOCH_UNITS: tuple[tuple[str, float, float], ...] = (
     ("s", 1e8, 1e11),
     ("ms", 1e11, 1e14),
     ("us", 1e14, 1e17),
-    ("ns", 1e17, 1e19),
+    ("ns", 1e17, 2.0**63),
 )
 _UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 
@@ -85,7 +86,9 @@ def parse_timestamps(values: pd.Series) -> np.ndarray:
 
 def _to_ns(parsed: pd.Series) -> np.ndarray:
     try:
-        return parsed.to_numpy(dtype="datetime64[ns]")
+        # as_unit raises when a value does not fit; to_numpy(dtype=...) alone wraps around
+        # silently (9999-12-31 in datetime64[us] became 1816-03-29).
+        return parsed.dt.as_unit("ns").to_numpy(dtype="datetime64[ns]")
     except (OverflowError, pd.errors.OutOfBoundsDatetime) as exc:
         raise TimestampError(f"timestamp out of range: {exc}", None) from exc
 
@@ -116,7 +119,11 @@ def _parse_numbers(values: pd.Series) -> np.ndarray:
                     f"value ({values.iloc[0]!r})",
                     i,
                 )
-            numbers = x.astype(np.int64) if integral else x
+            if pd.api.types.is_integer_dtype(values.dtype):
+                # exact: through float64, nanosecond epochs (~1.6e18) lose up to 256 ns
+                numbers = values.to_numpy(dtype=np.int64)
+            else:
+                numbers = x.astype(np.int64) if integral else x
             return _to_ns(pd.Series(pd.to_datetime(numbers, unit=unit)))
     raise TimestampError(
         f"cannot read the number {values.iloc[0]!r} as a timestamp (expected YYYYMMDD or "

@@ -345,6 +345,8 @@ def _load_file(path: Path) -> list[_AssetTable]:
     except TimestampError as exc:
         row = None if exc.index is None else exc.index + 1
         raise OHLCVError(str(exc), file=path, row=row, column=ts_col) from exc
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. a 30-digit number
+        raise OHLCVError(f"cannot parse timestamps: {exc}", file=path, column=ts_col) from exc
 
     rows = np.arange(1, len(df) + 1)
     values = {f: _numeric(df[fields[f]], path, fields[f]) for f in _FIELDS}

@@ -1,0 +1,211 @@
+"""An MLflow tracking server for sweeps that run on several machines.
+
+    hpo tracking-server --store /shared/mlflow            # http://127.0.0.1:5000
+    hpo tracking-server --host 0.0.0.0 --port 5000 --allowed-hosts mlflow.internal
+
+One ``mlflow server`` process: runs and metrics in SQLite (``STORE/mlflow.db``), artifacts
+served by the server itself (``--serve-artifacts``) from ``STORE/artifacts``, so clients
+anywhere upload and download them over HTTP and need no access to the store's disk. The
+sweep driver is the only writer of a sweep's runs (see :mod:`hpo.tracking`), which SQLite
+handles well; one server worker is enough and spares small machines.
+
+Security: bound to 127.0.0.1 unless a host is given. MLflow 3 also checks the ``Host``
+header of every request (default: localhost and private IPs) and CORS origins (default:
+localhost origins), so loopback clients work as they are; a server reached by a DNS name
+(a Kubernetes Service, ``mlflow.internal``) needs that name in ``allowed_hosts``. The
+server has no authentication: expose it only inside the cluster's network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 5000
+
+
+class TrackingServerError(RuntimeError):
+    """The tracking server could not start (the message says why, with its log's tail)."""
+
+
+@dataclass
+class TrackingServer:
+    """A running ``mlflow server``; ``stop()`` (or leaving the ``with`` block) ends it."""
+
+    host: str
+    port: int
+    store: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def uri(self) -> str:
+        """The tracking URI clients use (``--tracking-uri``)."""
+        return f"http://{_client_host(self.host)}:{self.port}"
+
+    @property
+    def backend_store_uri(self) -> str:
+        return f"sqlite:///{self.store / 'mlflow.db'}"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.store / "artifacts"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=timeout_s) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop the server and its worker processes (its whole process group)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        _signal_group(self.process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout_s)
+        _signal_group(self.process, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+    def __enter__(self) -> TrackingServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def server_command(
+    store: Path, host: str, port: int, workers: int = 1, allowed_hosts: str | None = None
+) -> list[str]:
+    """The ``mlflow server`` command line (MLflow 3: SQLite backend, proxied artifacts)."""
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{store / 'mlflow.db'}",
+        "--serve-artifacts",
+        "--artifacts-destination",
+        str(store / "artifacts"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
+    if allowed_hosts:
+        command += ["--allowed-hosts", allowed_hosts]
+    return command
+
+
+def start_tracking_server(
+    store: str | Path,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    workers: int = 1,
+    allowed_hosts: str | None = None,
+    timeout_s: float = 180.0,
+) -> TrackingServer:
+    """Start ``mlflow server`` on ``host:port`` (port 0: a free one) and wait until its
+    ``/health`` answers. Raises :class:`TrackingServerError` if it exits or stays silent."""
+    store = Path(store).expanduser().resolve()
+    (store / "artifacts").mkdir(parents=True, exist_ok=True)
+    if port == 0:
+        port = _free_port(host)
+    elif not _port_free(host, port):
+        raise TrackingServerError(
+            f"port {port} on {host} is already in use (another MLflow server?): pick "
+            "another with --port, or 0 for any free port"
+        )
+    log_path = store / "server.log"
+    # MLflow 3's job runner (GenAI judges, trace archival) spawns ~8 worker processes;
+    # a sweep's tracking store needs none of it.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            server_command(store, host, port, workers, allowed_hosts),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own process group: stop() reaches its workers
+        )
+    server = TrackingServer(host=host, port=port, store=store, process=process, log_path=log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise TrackingServerError(
+                f"mlflow server exited with code {process.returncode} before answering:\n"
+                f"{_tail(log_path)}"
+            )
+        if server.healthy(timeout_s=2.0):
+            return server
+        time.sleep(0.5)
+    server.stop()
+    raise TrackingServerError(
+        f"mlflow server did not answer {server.uri}/health within {timeout_s:.0f}s:\n"
+        f"{_tail(log_path)}"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _client_host(host: str) -> str:
+    # A server bound to every interface is reachable on loopback from this machine.
+    if host in ("0.0.0.0", "::", ""):
+        return DEFAULT_HOST
+    return f"[{host}]" if ":" in host else host
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    if process.poll() is not None and sig == signal.SIGTERM:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return "(no log)"
