@@ -246,6 +246,7 @@ def sweep_cmd(
         _fail(str(exc))
         return
     _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
+    _exit_if_interrupted(rows, spec.n_trials)
 
 
 @app.command("resume")
@@ -268,6 +269,7 @@ def resume_cmd(
         _fail(str(exc))
         return
     _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
+    _exit_if_interrupted(rows, record.spec.n_trials)
 
 
 @app.command("status")
@@ -784,6 +786,15 @@ def tracking_server_cmd(
     finally:
         server.stop()
     console.print("tracking server stopped")
+
+
+EXIT_INTERRUPTED = 3
+
+
+def _exit_if_interrupted(rows: list[Any], planned: int) -> None:
+    """A sweep that stopped before every planned trial ended exits 3 (resumable)."""
+    if sum(r.status == "TERMINATED" for r in rows) < planned:
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def _sweep_dir(storage: str, name: str) -> Path:

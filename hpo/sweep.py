@@ -171,7 +171,9 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> A
         tune_config=tune.TuneConfig(
             search_alg=SweepSearcher(spec),
             scheduler=scheduler,
-            num_samples=spec.n_trials,
+            # The searcher decides when the sweep is complete (FINISHED once every planned
+            # trial has reported): OOM retries add trials beyond the plan.
+            num_samples=-1,
             max_concurrent_trials=spec.max_concurrent,
             reuse_actors=True,
             trial_dirname_creator=_trial_dirname,

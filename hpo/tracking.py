@@ -222,6 +222,9 @@ class MlflowSweepCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
+        if result.get("oom"):
+            self._finish(trial, "FAILED", "oom", str(result.get("failure_reason", "")))
+            return
         diverged = bool(result.get("diverged"))
         self._finish(
             trial, "FAILED" if diverged else "FINISHED", "diverged" if diverged else "completed"

@@ -92,6 +92,7 @@ Run ``.venv/bin/python -m pytest tests/models/test_diffusion.py -q`` to check th
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -105,6 +106,7 @@ from models.base import (
     Choice,
     DataShape,
     Family,
+    Float,
     Int,
     SearchSpace,
     check_choices,
@@ -192,7 +194,7 @@ class DiffusionConfig:
             ("noise_draws", 1),
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not _is_int(value) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.hidden % 2:
             raise ValueError(
@@ -200,14 +202,12 @@ class DiffusionConfig:
             )
         check_choices("encoder", self.encoder, ENCODERS)
         check_choices("schedule", self.schedule, SCHEDULES)
-        if not isinstance(self.sampling_steps, int) or not (
-            1 <= self.sampling_steps <= self.n_steps
-        ):
+        if not _is_int(self.sampling_steps) or not (1 <= self.sampling_steps <= self.n_steps):
             raise ValueError(
                 f"sampling_steps must be an integer in [1, n_steps={self.n_steps}], "
                 f"got {self.sampling_steps!r}"
             )
-        if not isinstance(self.n_samples, int) or self.n_samples < 2 or self.n_samples % 2:
+        if not _is_int(self.n_samples) or self.n_samples < 2 or self.n_samples % 2:
             raise ValueError(
                 f"n_samples must be an even integer >= 2 (antithetic pairs), got {self.n_samples!r}"
             )
@@ -215,8 +215,13 @@ class DiffusionConfig:
             raise ValueError(
                 f"position_scale must be positive and finite, got {self.position_scale}"
             )
-        if isinstance(self.sampler_seed, bool) or not isinstance(self.sampler_seed, int):
+        if not _is_int(self.sampler_seed):
             raise ValueError(f"sampler_seed must be an integer, got {self.sampler_seed!r}")
+
+
+def _is_int(value: object) -> bool:
+    # numbers.Integral admits numpy integers (what some searchers sample), not bools.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------------
@@ -297,8 +302,10 @@ def ddim_timesteps(n_steps: int, sampling_steps: int) -> torch.Tensor:
         raise ValueError(f"sampling_steps must be in [1, {n_steps}], got {sampling_steps}")
     if sampling_steps == 1:
         return torch.tensor([n_steps - 1])
+    # Spacing (T-1)/(K-1) >= 1 and rounding half up (not Python's half-to-even): distinct.
+    spacing = (n_steps - 1) / (sampling_steps - 1)
     return torch.tensor(
-        [round((n_steps - 1) * (1 - k / (sampling_steps - 1))) for k in range(sampling_steps)]
+        [math.floor((n_steps - 1) - k * spacing + 0.5) for k in range(sampling_steps)]
     )
 
 
@@ -499,7 +506,8 @@ class ConditionalDiffusion(nn.Module):
         return self.encoder(fold_assets(x))
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 MSE between the true and the predicted noise at uniform random timesteps."""
+        """f32 MSE between the true and the predicted noise at uniform random timesteps,
+        over K = ``noise_draws`` (timestep, noise) draws per window."""
         k = self.config.noise_draws
         c = self.condition(batch.x).unsqueeze(1)  # (N, 1, d)
         x0 = f32(batch.y).reshape(-1, 1, self.horizon).expand(-1, k, -1)  # (N, K, H)
@@ -558,7 +566,9 @@ def build(config: DiffusionConfig, shape: DataShape) -> ConditionalDiffusion:
 # cosine (improved DDPM) schedules; denoiser widths 32-128 with 2-4 residual blocks
 # (TimeGrad's 8 blocks are for multivariate targets); DDIM reaches full-T sample quality
 # in 10-50 steps (Song et al. 2021, Table 1). S is a cost/precision trade-off for the
-# mean/std estimate. lr, batch size and weight decay belong to the trainer's space.
+# mean/std estimate; position_scale as for the TFT. noise_draws is a compute knob (more
+# draws, less gradient noise), left at its default. lr, batch size and weight decay
+# belong to the trainer's space.
 SEARCH_SPACE: SearchSpace = {
     "n_steps": Int(50, 1000, log=True),
     "schedule": Choice(SCHEDULES),
@@ -567,6 +577,7 @@ SEARCH_SPACE: SearchSpace = {
     "denoiser_layers": Int(1, 4),
     "sampling_steps": Int(5, 50, log=True),
     "n_samples": Choice((8, 16, 32, 64)),
+    "position_scale": Float(0.5, 32.0, log=True),
 }
 
 FAMILY = Family(
@@ -582,13 +593,14 @@ FAMILY = Family(
     ),
     keeps_f32=(
         "the noise schedule (betas, alphas_cumprod and their square roots, from float64), "
-        "timesteps and their sinusoidal embedding, q_sample, the noise MSE and every DDIM "
-        "update (1 - alpha_bar near 0 or 1 has no bf16 digits left; x0_hat divides by "
-        "sqrt(alpha_bar) ~ 5e-4), and the mean/std position mapping"
+        "timesteps and their sinusoidal embedding, q_sample, the Gaussian term of the noise "
+        "prediction, the noise MSE and every DDIM update (alpha_bar near 1 rounds to 1 in "
+        "bf16; x0_hat divides by sqrt(alpha_bar) ~ 5e-4), and the mean/std position mapping"
     ),
     summary=(
-        "GRU/MLP history encoder -> condition; epsilon-prediction MLP denoiser with "
-        "sinusoidal timestep embedding over the next-return path; DDIM (eta=0) samples "
-        "from fixed antithetic noises; position = tanh(scale * mean / std)"
+        "GRU/MLP history encoder -> condition; epsilon prediction = Gaussian-prior term "
+        "with a learned conditional mean + residual MLP (sinusoidal timestep embedding) "
+        "over the next-return path; DDIM (eta=0) samples from fixed antithetic noises; "
+        "position = tanh(scale * mean / std)"
     ),
 )

@@ -45,12 +45,18 @@ the paper).
 
 Precision. Under ``bf16`` every weight and activation is bf16. What stays f32, and why:
 
-* BiN's statistics and normalization: means and standard deviations over L or F entries
-  are sums that lose digits in bf16, and order-book inputs (prices ~1e2 next to sizes
-  ~1e3, a spread of a few ticks) would be normalized to 3 significant digits; the
-  normalized window is cast back to the activation dtype.
+* BiN's statistics and normalization: means and standard deviations are sums over L or
+  F entries, and a z-score divides a difference of nearby values by their spread
+  (cancellation), both of which lose digits in bf16; they are computed from the upcast
+  window, which is cast back to the activation dtype once normalized.
 * the softmax of every attention map (time and feature attention), from upcast scores.
 * the loss and the position mapping, taken from the upcast forecast.
+
+Order-book data under ``bf16``: the policy casts data to bf16 once, when the dataset
+tensor is built, and bf16 holds 8 significant bits: a raw price near 100 is kept to 0.5,
+so a book loses its tick-level spread before TLOB sees it. Feed prices as offsets from
+the mid (in ticks) or as returns, as LOBSTER / FI-2010 pipelines normalize anyway; sizes
+keep ~0.4% relative precision.
 
 Run ``.venv/bin/python -m pytest tests/models/test_tlob.py -q`` to check this file.
 """
@@ -210,9 +216,9 @@ class BiN(nn.Module):
 
 def sinusoidal_embedding(length: int, dim: int) -> torch.Tensor:
     """(length, dim) f32 Vaswani et al. positional embedding: sin on even, cos on odd dims."""
-    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
+    position = f32(torch.arange(length)).unsqueeze(1)  # (L, 1)
+    freq = torch.exp(f32(torch.arange(0, dim, 2)) * (-math.log(10000.0) / dim))  # (ceil(d/2),)
+    table = f32(torch.zeros(length, dim))
     table[:, 0::2] = torch.sin(position * freq)
     table[:, 1::2] = torch.cos(position * freq[: dim // 2])
     return table

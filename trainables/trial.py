@@ -23,6 +23,12 @@ from typing import Any
 import torch
 from ray import tune
 
+from cluster.packing import (
+    TrialDoesNotFit,
+    apply_memory_cap,
+    retry_fraction_after_oom,
+    trial_memory_metrics,
+)
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from trainables.config import DataConfig, TrainConfig, build_train_config
 from trainables.trainer import Trainer, TrialDiverged
@@ -48,15 +54,21 @@ def trial_train_config(config: dict[str, Any]) -> TrainConfig:
 def run_trial(config: dict[str, Any]) -> None:
     """Ray Tune function trainable."""
     resources = tune.get_context().get_trial_resources()
-    cpus = resources.required_resources.get("CPU", 1) if resources is not None else 1
-    torch.set_num_threads(max(1, int(cpus)))
+    required = resources.required_resources if resources is not None else {}
+    torch.set_num_threads(max(1, int(required.get("CPU", 1))))
+    gpu_fraction = float(required.get("GPU", 0.0))
+    apply_memory_cap(gpu_fraction or None)  # Ray does not enforce GPU shares; the trial does
     train_config = trial_train_config(config)
     checkpoint = _restore_checkpoint()
     trainer = Trainer(train_config, checkpoint=checkpoint)
     node = _node()
+    memory = trial_memory_metrics(config, gpu_fraction) if gpu_fraction > 0 else {}
     while trainer.epoch < train_config.epochs:
         try:
             metrics = trainer.train_epoch()
+        except torch.cuda.OutOfMemoryError as exc:
+            _report_oom(config, trainer, gpu_fraction, exc, node)
+            return
         except TrialDiverged as exc:
             # The epoch that diverged, reported once: no checkpoint (nothing worth resuming).
             tune.report(
@@ -71,7 +83,35 @@ def run_trial(config: dict[str, Any]) -> None:
                 }
             )
             return
-        _report(trainer, {**metrics, "diverged": 0, **node})
+        _report(trainer, {**metrics, "diverged": 0, **memory, **node})
+
+
+def _report_oom(
+    config: dict[str, Any],
+    trainer: Trainer,
+    fraction: float,
+    exc: BaseException,
+    node: dict[str, str],
+) -> None:
+    """The measured share was too small: record it against the shape and hand the searcher
+    a larger share to retry with. Reported, not raised: a FailureConfig retry would reuse
+    the same too-small share."""
+    import gc
+
+    epoch = trainer.epoch + 1
+    del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+    report: dict[str, Any] = {"epoch": epoch, "val_sharpe": math.nan, "oom": 1, **node}
+    try:
+        retry = retry_fraction_after_oom(config, fraction)
+        report["oom_retry_gpu_fraction"] = retry
+        report["failure_reason"] = (
+            f"CUDA out of memory at GPU share {fraction:g}; retrying at {retry:g} ({exc})"
+        )
+    except TrialDoesNotFit as too_big:
+        report["failure_reason"] = f"CUDA out of memory on a whole GPU: {too_big}"
+    tune.report(report)
 
 
 def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:

@@ -74,6 +74,7 @@ class SweepSearcher(Searcher):
         self.queue: deque[dict[str, Any]] = deque()
         self.groups: dict[str, _Group] = {}
         self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (group_id, member key)
+        self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
 
     # -- Tune's Searcher interface ---------------------------------------------------------
     def set_search_properties(
@@ -83,16 +84,29 @@ class SweepSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         if not self.queue and not self._new_group():
-            return Searcher.FINISHED
+            # Every group is out. Finished only when all have reported: until then a trial
+            # may still come back for a retry (a CUDA OOM re-queues it with a larger share).
+            return Searcher.FINISHED if self._all_reported() else None
         config = self.queue.popleft()
         self.trial_member[trial_id] = (config["group_id"], config["member"])
+        self.trial_config[trial_id] = config
         return config
+
+    def _all_reported(self) -> bool:
+        return all(len(g.results) == len(g.members) for g in self.groups.values())
 
     def on_trial_complete(
         self, trial_id: str, result: dict | None = None, error: bool = False
     ) -> None:
         located = self.trial_member.get(trial_id)
         if located is None:
+            return
+        if result and result.get("oom") and result.get("oom_retry_gpu_fraction"):
+            # Ran out of GPU memory: the same member again, with at least the larger share.
+            from cluster.packing import RETRY_FLOOR_KEY
+
+            floor = float(result["oom_retry_gpu_fraction"])
+            self.queue.appendleft({**self.trial_config[trial_id], RETRY_FLOOR_KEY: floor})
             return
         group_id, member = located
         group = self.groups[group_id]
@@ -153,6 +167,7 @@ class SweepSearcher(Searcher):
                 for k, g in self.groups.items()
             },
             "trial_member": self.trial_member,
+            "trial_config": self.trial_config,
             "searchers": [s.state() for s in self.searchers],
         }
 
@@ -169,6 +184,7 @@ class SweepSearcher(Searcher):
             for k, g in state["groups"].items()
         }
         self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
+        self.trial_config = dict(state.get("trial_config", {}))
         for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
             searcher.load_state(saved)
 

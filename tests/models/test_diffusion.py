@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,6 +137,11 @@ def test_ddim_timesteps_run_from_noisiest_to_cleanest() -> None:
     assert ddim_timesteps(100, 10).tolist() == [99, 88, 77, 66, 55, 44, 33, 22, 11, 0]
     assert ddim_timesteps(100, 100).tolist() == list(range(99, -1, -1))
     assert ddim_timesteps(50, 1).tolist() == [49]
+    for n_steps in (50, 100, 1000):
+        for k in range(2, n_steps + 1):
+            steps = ddim_timesteps(n_steps, k)
+            assert steps[0] == n_steps - 1 and steps[-1] == 0, (n_steps, k)
+            assert bool((steps.diff() < 0).all()), (n_steps, k)  # no timestep twice
     with pytest.raises(ValueError, match="sampling_steps"):
         ddim_timesteps(10, 11)
 
@@ -372,6 +378,10 @@ def test_config_validation_names_the_field() -> None:
         DiffusionConfig(n_steps=1, sampling_steps=1)
     with pytest.raises(ValueError, match="position_scale"):
         DiffusionConfig(position_scale=float("inf"))
+    with pytest.raises(ValueError, match="n_samples"):
+        DiffusionConfig(n_samples=True)
+    # A searcher may hand over numpy integers: accepted as integers.
+    assert DiffusionConfig(n_samples=np.int64(8)).n_samples == 8  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="built for A=4"):
         _model().positions(Batch(torch.zeros(1, 3, L, 8), torch.zeros(1, 3), torch.ones(1, L)))
 

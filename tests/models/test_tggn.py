@@ -289,10 +289,11 @@ def test_search_space_and_family_record() -> None:
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_tggn_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 40 steps of a TINY TGGN on 4 synthetic assets (signal 0.15, lead-lag 0.1).
-    # An untrained model's forecast is ~constant, so it holds one sign: about +-2.5 Sharpe
-    # (the val period's buy-and-hold). Measured (seeds 0-3): f32 untrained mean -1.3,
-    # trained 2.4 (2.0 to 3.1); bf16 alike.
+    # 3 epochs x 40 steps of a TINY TGGN (1,169 parameters) on 4 synthetic assets (signal
+    # 0.15, lead-lag 0.1). An untrained model's forecast is nearly constant, so it holds
+    # one sign: about +-2 Sharpe (the val period's buy-and-hold is +2.5). Measured, seeds
+    # 0-3: untrained -2.0, 2.0, -1.3, -2.2 (mean -0.9); trained f32 3.10, 2.28, 3.58, 2.73
+    # (mean 2.92), bf16 3.15, 2.26, 3.58, 2.73 (mean 2.93).
     config = tiny_config(
         model="tggn",
         precision=precision,
@@ -304,7 +305,6 @@ def test_tggn_learns_the_planted_signal(precision: str) -> None:
     )
     untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
     mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    print("MEASURE learn", precision, untrained, trained)
-    assert mean_trained > 1.8, trained
+    assert mean_trained > 2.2, trained
     assert mean_trained - mean_untrained > 2.5, (untrained, trained)
-    assert min(trained) > 1.0, trained
+    assert min(trained) > 1.5, trained

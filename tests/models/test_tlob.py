@@ -99,16 +99,18 @@ def test_bin_statistics_stay_f32_under_bf16() -> None:
     # means and deviations need more than bf16's 8 bits, so BiN upcasts the window first.
     g = torch.Generator().manual_seed(0)
     sizes = 1024.0 + 8.0 * torch.randint(0, 16, (2, 6, 4), generator=g).float()
-    bf_sizes = sizes.to(BF16)
+    bf_sizes = get_policy("bf16").convert_input(sizes)
     assert torch.equal(f32(bf_sizes), sizes)  # the data cast lost nothing
     bf_bin = get_policy("bf16").convert_module(BiN(lookback=6, n_features=4))
-    out = bf_bin(bf_sizes)
+    with torch.no_grad():
+        out = bf_bin(bf_sizes)
     assert out.dtype == BF16
     # Exactly the f32 normalization (with the same, bf16-held weights) of the same window,
     # rounded to bf16 once at the end.
     reference = BiN(lookback=6, n_features=4)
     reference.load_state_dict({k: f32(v) for k, v in bf_bin.state_dict().items()})
-    torch.testing.assert_close(out, reference(sizes).to(BF16), atol=0, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(out, reference(sizes).to(BF16), atol=0, rtol=0)
     assert bool(torch.isfinite(out).all()) and float(f32(out).std()) > 0.5
 
 
@@ -207,8 +209,7 @@ def test_reads_order_book_shaped_windows() -> None:
         last = model.loss(held_out).item()
     assert forecast.shape == (512, 1) and bool(torch.isfinite(forecast).all())
     corr = torch.corrcoef(torch.stack([forecast.flatten(), held_out.y.flatten()]))[0, 1].item()
-    print("MEASURE book", first, last, corr)
-    # Measured (seeds 0-2 of this setup): correlation 0.92-0.96, MSE 0.6 -> 0.04-0.06.
+    # Measured: correlation 0.955, MSE 0.63 -> 0.035 (0.92-0.96 over seeds 0-2).
     assert corr > 0.8, corr
     assert last < 0.3 * first, (first, last)
 
@@ -225,8 +226,7 @@ def test_bf16_cast_model_is_finite_and_close_to_f32() -> None:
         forecast = model(bf_batch.x)
         attention = model.explain(bf_batch.x).time_attention[0]
     assert forecast.dtype == BF16 and bool(torch.isfinite(forecast).all())
-    print("MEASURE bf16 diff", float((f32(forecast) - reference).abs().max()))
-    assert float((f32(forecast) - reference).abs().max()) < 0.1  # measured
+    assert float((f32(forecast) - reference).abs().max()) < 0.06  # measured 0.020
     # The softmax ran in f32: rows sum to 1 up to one bf16 rounding of each weight.
     assert float((f32(attention).sum(-1) - 1).abs().max()) < 2e-2
     model.train()
@@ -258,8 +258,7 @@ def test_bf16_guarded_step_and_bf16_mixed_autocast() -> None:
     with get_policy("bf16-mixed").autocast():
         loss = model.loss(batch)
     assert loss.dtype == F32
-    print("MEASURE mixed", abs(loss.item() - reference.item()))
-    assert abs(loss.item() - reference.item()) < 2e-2  # measured
+    assert abs(loss.item() - reference.item()) < 3e-2  # measured 0.011 (loss 1.48)
 
 
 def test_parameter_counts_at_default_size() -> None:
@@ -305,6 +304,12 @@ def test_search_space_and_family_record() -> None:
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_tlob_learns_the_planted_signal(precision: str) -> None:
+    # 3 epochs x 40 steps of a TINY TLOB (5,163 parameters, L = 16) on 4 synthetic assets
+    # (signal 0.15), assets folded. An untrained model holds one sign most of the time
+    # (the val period's buy-and-hold is +2.5 Sharpe). Measured, seeds 0-3: untrained
+    # -0.9, -3.6, -2.2, 2.2 (mean -1.13); trained f32 4.52, 2.24, 1.46, 2.28 (mean 2.62),
+    # bf16 4.84, 0.87, -0.05, 2.66 (mean 2.08). TLOB is the noisiest learner here: per
+    # seed it can end anywhere from 0 to 4.8, so only the means are asserted.
     config = tiny_config(
         model="tlob",
         precision=precision,
@@ -316,6 +321,5 @@ def test_tlob_learns_the_planted_signal(precision: str) -> None:
     )
     untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
     mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    print("MEASURE learn", precision, untrained, trained)
     assert mean_trained > 1.5, trained
     assert mean_trained - mean_untrained > 2.0, (untrained, trained)

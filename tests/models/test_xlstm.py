@@ -319,9 +319,12 @@ def test_search_space_and_family_record() -> None:
     default = FAMILY.default_config()
     for name, dim in SEARCH_SPACE.items():
         assert dim.contains(getattr(default, name)), name
-    dims = [SEARCH_SPACE[k] for k in ("d_model", "n_heads", "blocks")]
-    assert all(isinstance(dim, Choice) for dim in dims)
-    for d, h, blocks in itertools.product(*(dim.options for dim in dims)):  # type: ignore[union-attr]
+    options = []
+    for key in ("d_model", "n_heads", "blocks"):
+        dim = SEARCH_SPACE[key]
+        assert isinstance(dim, Choice)
+        options.append(dim.options)
+    for d, h, blocks in itertools.product(*options):  # every pair the searcher can draw
         FAMILY.make_config({"d_model": d, "n_heads": h, "blocks": blocks})
 
 

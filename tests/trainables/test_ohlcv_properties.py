@@ -319,11 +319,12 @@ def cases(draw: st.DrawFn, corrupt: bool) -> Case:
     if layout in ("single", "long"):
         suffix = draw(st.sampled_from([".csv", ".csv", ".csv.gz", ".parquet", ".pq"]))
         parquet = suffix in (".parquet", ".pq")
+        asset_column = draw(st.sampled_from(["asset", "Symbol", "ticker"]))
         frames = []
         for asset, table in by_asset.items():
             df = _frame(table, fmt, names, parquet)
             if layout == "long":
-                df.insert(1, draw(st.sampled_from(["asset", "Symbol", "ticker"])), asset)
+                df.insert(1, asset_column, asset)
             frames.append(df)
         if layout == "long" and draw(st.booleans()):  # time-major: row t of every asset
             df = pd.concat(frames, keys=range(len(frames))).swaplevel().sort_index()

@@ -1,0 +1,514 @@
+"""Search efficiency: trial-epochs that random, TPE, TPE+ASHA and PSO need to reach a target
+validation Sharpe on the synthetic task, side by side in one run.
+
+    .venv/bin/python bench/search_efficiency.py                  # full (see bench/README.md)
+    .venv/bin/python bench/search_efficiency.py --smoke          # tiny budget, < 60 s
+    .venv/bin/python bench/search_efficiency.py --cache /tmp/se.json   # reuse learning curves
+
+What runs. Every searcher is hpo's own :class:`~hpo.search.sweep_searcher.SweepSearcher`
+(the Ray Tune ``Searcher`` a sweep uses, built from a parsed sweep spec: ``search = tpe |
+random | pso``), driven in-process the way Tune drives it (``suggest`` / ``on_trial_complete``
+with the trial's last result), with ``concurrency`` trials running at once. Every trial is
+the real shared :class:`~trainables.trainer.Trainer` on a KAN (``models/kan.py``) over the
+synthetic bars with a planted lag-1 signal (``signal = 0.3``), its config built by
+:func:`trainables.trial.trial_train_config` exactly as the Ray trainable does, one
+``train_epoch()`` per reported epoch; the metric is ``val_sharpe``.
+
+Search space: the KAN adapter and the trainer space with spec overrides: ``lr`` widened to
+log [1e-5, 1] (too low never learns in the budget, too high is unstable), ``width`` (log
+int 2..32) and ``window`` (int 1..8) from the adapter; every other key is fixed (passes
+through). The known-good region is lr ~1e-3..1e-2 with a short window; the best
+configurations reach a validation Sharpe of ~7 after 8 epochs (the planted signal caps
+what any model can earn).
+
+Memoized learning curves (a tabular benchmark over the real trainer). The trial seed is
+fixed (a sweep's ``seeds = [0]``), so a configuration's learning curve is a deterministic
+function of its parameters. Before training, parameters are snapped to a grid (log floats
+to 1/4 decade, linear floats to 1/8 of their range, log ints to powers of two; other ints
+and choices as they are), and each snapped configuration's curve is computed once, lazily,
+epoch by epoch (a trial stopped at epoch 2 trains 2 epochs; a later trial of the same
+configuration continues that trainer), with each trainer's global torch RNG state kept
+apart, as if it ran in its own process. Searchers see the unsnapped space; the objective
+is a step function of it. Cost is counted in *trial-epochs* as if every trial ran: the
+memo only saves wall time. Runs differ in the searcher's seed (``search_seed``).
+
+ASHA, emulated in-process with the rule of ``ray.tune.schedulers.ASHAScheduler(
+time_attr="epoch", mode="max", max_t=T, grace_period=1, reduction_factor=2)`` (one bracket,
+``stop_last_trials=True``; see :class:`AshaRungs`, cross-checked against Ray's class in
+``tests/bench/test_bench_smoke.py``). Trials run in lockstep virtual time on
+``concurrency`` equal slots (every epoch costs one unit); a free slot takes the next
+suggestion at once, so the rungs fill asynchronously as in Tune.
+
+Measure. A run has a budget of trial-epochs; it reaches the target at the first trial
+completion (finished, or stopped by ASHA: its last reported value, what ``hpo best``
+ranks by) whose ``val_sharpe`` >= target, and costs the trial-epochs spent by then (trials
+still running included). Target = ``target_fraction`` (0.9) x the best completion value
+found across all runs of all searchers. Per searcher: median trial-epochs to target
+(runs that miss it count as +inf), ratio to random search's median, and the share of runs
+that reached it within the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+
+from hpo.search.sweep_searcher import SweepSearcher
+from hpo.spec import SweepSpec, parse_spec
+from models.base import Choice, Dim, Float
+
+SEARCHERS: dict[str, tuple[str, bool]] = {  # label -> (spec search, ASHA)
+    "random": ("random", False),
+    "tpe": ("tpe", False),
+    "tpe+asha": ("tpe", True),
+    "pso": ("pso", False),
+    "random+asha": ("random", True),
+}
+DEFAULT_SEARCHERS = ("random", "tpe", "tpe+asha", "pso", "random+asha")
+SMOKE_SEARCHERS = ("random", "tpe", "tpe+asha", "pso")
+
+
+@dataclass(frozen=True)
+class Task:
+    """The synthetic task: data, walk-forward split, trainer settings and search space."""
+
+    n_assets: int = 4
+    n_bars: int = 1200
+    signal: float = 0.3
+    val_fraction: float = 0.3
+    test_fraction: float = 0.1
+    lookback: int = 8
+    batch_size: int = 64
+    max_steps_per_epoch: int = 12
+    max_epochs: int = 8
+    window: int | None = None
+    """None: the adapter's window range; a number fixes it."""
+    per_decade: int = 4
+    """Grid points per decade that log-scaled floats snap to."""
+
+    def spec(self, search: str, asha: bool, seed: int, samples: int) -> SweepSpec:
+        return parse_spec(
+            {
+                "name": "search-efficiency",
+                "models": ["kan"],
+                "precisions": ["f32"],
+                "seeds": [0],
+                "samples": samples,
+                "search": search,
+                "search_seed": seed,
+                "scheduler": "asha" if asha else "fifo",
+                "max_epochs": self.max_epochs,
+                "grace_epochs": 1,
+                "data": {
+                    "n_assets": self.n_assets,
+                    "n_bars": self.n_bars,
+                    "signal": self.signal,
+                    "seed": 0,
+                },
+                "walk_forward": {
+                    "n_folds": 1,
+                    "val_fraction": self.val_fraction,
+                    "test_fraction": self.test_fraction,
+                },
+                "trainer": {
+                    "lookback": self.lookback,
+                    "batch_size": self.batch_size,
+                    "max_steps_per_epoch": self.max_steps_per_epoch,
+                },
+                "search_space": {
+                    "kan": {
+                        "lr": {"low": 1e-5, "high": 1.0, "log": True},
+                        "weight_decay": 0.0,
+                        # width and window: the adapter's own ranges
+                        **({} if self.window is None else {"window": self.window}),
+                        "depth": 1,
+                        "grid_size": 5,
+                        "spline_order": 3,
+                        "grid_eps": 0.02,
+                        "grid_update_epochs": 3,
+                        "reg_lambda": 1e-4,
+                        "reg_entropy": 1.0,
+                        "position_scale": 4.0,
+                    }
+                },
+            },
+            source="bench/search_efficiency.py",
+        )
+
+
+FULL = Task()
+SMOKE = Task(
+    n_assets=2,
+    n_bars=500,
+    batch_size=16,
+    max_steps_per_epoch=4,
+    max_epochs=2,
+    window=1,
+    per_decade=1,
+)
+
+
+# -- ASHA ---------------------------------------------------------------------------------------
+
+CONTINUE, STOP = "CONTINUE", "STOP"
+
+
+class AshaRungs:
+    """Ray Tune's asynchronous successive halving (``AsyncHyperBandScheduler``, one bracket,
+    ``stop_last_trials=True``, mode max), for results that carry ``epoch`` and a value.
+
+    * Rungs at ``grace * rf**k`` epochs, k = 0 .. ``int(log(max_t / grace) / log(rf))``
+      (max_t 8, grace 1, rf 2: epochs 1, 2, 4, 8); each rung records trial values.
+    * ``on_result(trial, epoch, value)``: at ``epoch >= max_t`` the trial is stopped (it is
+      done). Otherwise take the highest rung ``<= epoch`` this trial has not recorded yet
+      (none: continue). Its cutoff is ``np.nanpercentile(values recorded there so far,
+      (1 - 1/rf) * 100)`` (the median for rf = 2; no cutoff while the rung is empty); the
+      trial stops if ``value < cutoff`` (a NaN value never does), and its value is recorded
+      at the rung either way. So the first trial at a rung always continues, and a trial
+      is judged only against trials that reached the rung before it.
+    * ``on_complete(trial, epoch, value)`` (Tune calls it with the last result of a trial
+      that finished or was stopped): the same rung rule once more, decision ignored; it
+      records a finished trial's value at the ``max_t`` rung.
+    """
+
+    def __init__(self, max_t: int, grace_period: int = 1, reduction_factor: float = 2) -> None:
+        self.max_t = max_t
+        self.rf = reduction_factor
+        n_rungs = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
+        self.rungs: list[tuple[float, dict[str, float]]] = [
+            (grace_period * reduction_factor**k, {}) for k in reversed(range(n_rungs))
+        ]
+
+    def _rung_rule(self, trial: str, epoch: int, value: float) -> str:
+        action = CONTINUE
+        for milestone, recorded in self.rungs:  # highest first
+            if epoch < milestone or trial in recorded:
+                continue
+            if recorded:
+                cutoff = np.nanpercentile(list(recorded.values()), (1 - 1 / self.rf) * 100)
+                if value < cutoff:
+                    action = STOP
+            recorded[trial] = value
+            break
+        return action
+
+    def on_result(self, trial: str, epoch: int, value: float) -> str:
+        if epoch >= self.max_t:
+            return STOP
+        return self._rung_rule(trial, epoch, value)
+
+    def on_complete(self, trial: str, epoch: int, value: float) -> None:
+        self._rung_rule(trial, epoch, value)
+
+
+# -- the objective: the real trainer, memoized per snapped configuration -------------------------
+
+
+def snap(dim: Dim, value: Any, per_decade: int = 4) -> Any:
+    """The grid point a sampled value trains at (see the module docstring)."""
+    if isinstance(dim, Choice):
+        return value
+    if isinstance(dim, Float):
+        if dim.log:
+            x = 10 ** (round(per_decade * math.log10(value)) / per_decade)
+        else:
+            step = (dim.high - dim.low) / 8
+            x = dim.low + round((value - dim.low) / step) * step
+        return float(min(max(x, dim.low), dim.high))
+    if dim.log:
+        return int(min(max(2 ** round(math.log2(value)), dim.low), dim.high))
+    return int(value)
+
+
+@dataclass
+class _Live:
+    trainer: Any
+    rng: torch.Tensor
+
+
+class Landscape:
+    """``value(config, epoch)``: the trial's ``val_sharpe`` after ``epoch`` epochs."""
+
+    def __init__(
+        self, dims: dict[str, Dim], max_epochs: int, per_decade: int = 4, keep_live: int = 512
+    ) -> None:
+        self.dims = dims
+        self.max_epochs = max_epochs
+        self.per_decade = per_decade
+        self.keep_live = keep_live
+        self.curves: dict[str, list[float]] = {}
+        self.live: OrderedDict[str, _Live] = OrderedDict()
+        self.epochs_trained = 0
+        self.train_seconds = 0.0
+
+    def key(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        params = dict(config["params"])
+        for name, dim in self.dims.items():
+            params[name] = snap(dim, params[name], self.per_decade)
+        return json.dumps(params, sort_keys=True), params
+
+    def value(self, config: dict[str, Any], epoch: int) -> float:
+        key, params = self.key(config)
+        curve = self.curves.setdefault(key, [])
+        if len(curve) < epoch:
+            self._extend(key, {**config, "params": params}, curve, epoch)
+        return curve[epoch - 1]
+
+    def _extend(self, key: str, config: dict[str, Any], curve: list[float], epoch: int) -> None:
+        from trainables.trainer import Trainer, TrialDiverged
+        from trainables.trial import trial_train_config
+
+        started = time.perf_counter()
+        live = self.live.pop(key, None)
+        if live is None or live.trainer.epoch != len(curve):
+            torch.manual_seed(0)
+            trainer = Trainer(trial_train_config(config))
+            live = _Live(trainer, torch.get_rng_state())
+            replay = len(curve)  # evicted earlier: retrain the known prefix, check it agrees
+        else:
+            replay = 0
+        torch.set_rng_state(live.rng)  # each trial draws from its own global stream
+        trainer = live.trainer
+        while trainer.epoch < epoch:
+            try:
+                sharpe = float(trainer.train_epoch()["val_sharpe"])
+            except TrialDiverged:  # the trainable reports NaN and ends the trial
+                sharpe = math.nan
+            self.epochs_trained += 1
+            if trainer.epoch <= replay:
+                known = curve[trainer.epoch - 1]
+                assert known == sharpe or (math.isnan(known) and math.isnan(sharpe)), key
+            else:
+                curve.append(sharpe)
+            if math.isnan(sharpe):
+                curve.extend([math.nan] * (self.max_epochs - len(curve)))
+                break
+        live.rng = torch.get_rng_state()
+        if len(curve) < self.max_epochs:
+            self.live[key] = live
+            while len(self.live) > self.keep_live:
+                self.live.popitem(last=False)
+        self.train_seconds += time.perf_counter() - started
+
+    # -- disk cache (curves only) --------------------------------------------------------------
+    def load(self, path: Path, fingerprint: str) -> None:
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved.get("task") == fingerprint:
+                self.curves = {
+                    k: [math.nan if v is None else v for v in c] for k, c in saved["curves"].items()
+                }
+
+    def save(self, path: Path, fingerprint: str) -> None:
+        curves = {
+            k: [None if math.isnan(v) else v for v in c]
+            for k, c in self.curves.items()
+            if len(c) == self.max_epochs  # partial curves would need their live trainer
+        }
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"task": fingerprint, "curves": curves}))
+        tmp.replace(path)
+
+
+# -- one search run ------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    label: str
+    seed: int
+    completions: list[tuple[int, float]] = field(default_factory=list)  # (epochs spent, value)
+    trials: int = 0
+    epochs: int = 0
+
+    def epochs_to(self, target: float) -> float:
+        for spent, value in self.completions:
+            if value >= target:
+                return spent
+        return math.inf
+
+    def best(self) -> float:
+        finite = [v for _, v in self.completions if math.isfinite(v)]
+        return max(finite) if finite else math.nan
+
+
+@dataclass
+class _Running:
+    trial_id: str
+    config: dict[str, Any]
+    epoch: int = 0
+
+
+def run_search(
+    label: str, seed: int, task: Task, landscape: Landscape, budget: int, concurrency: int
+) -> Run:
+    search, asha = SEARCHERS[label]
+    spec = task.spec(search, asha, seed, samples=budget + concurrency)
+    searcher = SweepSearcher(spec)
+    scheduler = AshaRungs(task.max_epochs, grace_period=1, reduction_factor=2) if asha else None
+    run = Run(label, seed)
+    slots: list[_Running | None] = [None] * concurrency
+    while run.epochs < budget:
+        for i, slot in enumerate(slots):  # free slots take the next suggestion at once
+            if slot is None:
+                trial_id = f"{label}-{seed}-{run.trials:04d}"
+                config = searcher.suggest(trial_id)
+                if not isinstance(config, dict):
+                    continue
+                slots[i] = _Running(trial_id, config)
+                run.trials += 1
+        if all(slot is None for slot in slots):
+            break
+        for i, trial in enumerate(slots):  # one epoch of every running trial
+            if trial is None or run.epochs >= budget:
+                continue
+            trial.epoch += 1
+            run.epochs += 1
+            value = landscape.value(trial.config, trial.epoch)
+            done = math.isnan(value) or trial.epoch >= task.max_epochs
+            if scheduler is not None:
+                done = scheduler.on_result(trial.trial_id, trial.epoch, value) == STOP or done
+                if done:
+                    scheduler.on_complete(trial.trial_id, trial.epoch, value)
+            if done:
+                searcher.on_trial_complete(
+                    trial.trial_id, {"val_sharpe": value, "epoch": trial.epoch}
+                )
+                run.completions.append((run.epochs, value))
+                slots[i] = None
+    return run
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)  # +inf (missed) sorts last
+    n = len(ordered)
+    mid = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return float(mid)
+
+
+def _fmt(x: float, digits: int = 0) -> str:
+    if math.isinf(x):
+        return "inf"
+    if math.isnan(x):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def report(runs: list[Run], labels: list[str], target_fraction: float, budget: int) -> list[str]:
+    best = max(r.best() for r in runs if math.isfinite(r.best()))
+    target = target_fraction * best
+    medians = {
+        label: _median([r.epochs_to(target) for r in runs if r.label == label]) for label in labels
+    }
+    base = medians.get("random", math.nan)
+    lines = [
+        f"target val_sharpe = {target_fraction:g} x best found across all runs "
+        f"({best:.3f}) = {target:.3f}; budget {budget} trial-epochs per run",
+        "",
+        "| searcher | runs | reached target | median trial-epochs to target "
+        "| ratio to random | median trials run | median best val_sharpe |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label in labels:
+        mine = [r for r in runs if r.label == label]
+        reached = sum(math.isfinite(r.epochs_to(target)) for r in mine)
+        if math.isinf(medians[label]) and math.isinf(base):
+            ratio = math.nan
+        else:
+            ratio = medians[label] / base if base > 0 else math.nan
+        lines.append(
+            f"| {label} | {len(mine)} | {reached}/{len(mine)} ({reached / len(mine):.0%}) "
+            f"| {_fmt(medians[label], 0)} | {_fmt(ratio, 2)} "
+            f"| {statistics.median(r.trials for r in mine):.0f} "
+            f"| {statistics.median(r.best() for r in mine):.3f} |"
+        )
+    lines.append("")
+    lines.append("trial-epochs to target per run (seed order; inf = missed):")
+    for label in labels:
+        per_seed = [_fmt(r.epochs_to(target)) for r in runs if r.label == label]
+        lines.append(f"  {label:<12} {' '.join(per_seed)}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny task and budget (< 60 s)")
+    parser.add_argument("--seeds", type=int, default=None, help="search seeds per searcher")
+    parser.add_argument("--budget", type=int, default=None, help="trial-epochs per run")
+    parser.add_argument("--concurrency", type=int, default=None, help="trials at once")
+    parser.add_argument(
+        "--target-fraction", type=float, default=None, help="of the best found (0.9; smoke 0.5)"
+    )
+    parser.add_argument("--searchers", default=None, help=f"comma-separated, of {list(SEARCHERS)}")
+    parser.add_argument("--cache", type=Path, default=None, help="JSON file of learning curves")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    task = SMOKE if args.smoke else FULL
+    seeds = args.seeds or (3 if args.smoke else 6)
+    budget = args.budget or (8 if args.smoke else 24 * task.max_epochs)
+    concurrency = args.concurrency or (2 if args.smoke else 4)
+    target_fraction = args.target_fraction or (0.5 if args.smoke else 0.9)
+    searchers = args.searchers or ",".join(SMOKE_SEARCHERS if args.smoke else DEFAULT_SEARCHERS)
+    labels = [s.strip() for s in searchers.split(",") if s.strip()]
+    unknown = [s for s in labels if s not in SEARCHERS]
+    if unknown:
+        parser.error(f"unknown searcher(s) {unknown}; known: {list(SEARCHERS)}")
+
+    started = time.perf_counter()
+    space = SweepSearcher(task.spec("random", False, 0, 1)).spaces[0]
+    landscape = Landscape(space.dims, task.max_epochs, task.per_decade)
+    fingerprint = json.dumps({"task": task.__dict__, "dims": repr(space.dims)}, sort_keys=True)
+    if args.cache:
+        landscape.load(args.cache, fingerprint)
+    print(
+        f"search efficiency: kan on synthetic bars (signal {task.signal}, {task.n_assets} assets x "
+        f"{task.n_bars} bars), max_t {task.max_epochs} epochs, concurrency {concurrency}, "
+        f"budget {budget} trial-epochs, {seeds} seeds, searched: {sorted(space.dims)}",
+        flush=True,
+    )
+    runs = []
+    for label in labels:
+        for seed in range(seeds):
+            run = run_search(label, seed, task, landscape, budget, concurrency)
+            runs.append(run)
+            print(
+                f"  {label:<12} seed {seed}: {run.trials:3d} trials, best {run.best():.3f} "
+                f"({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+        if args.cache:
+            landscape.save(args.cache, fingerprint)
+    print()
+    for line in report(runs, labels, target_fraction, budget):
+        print(line)
+    wall = time.perf_counter() - started
+    print()
+    print(
+        f"wall {wall:.0f} s; trainer epochs actually computed {landscape.epochs_trained} "
+        f"({landscape.train_seconds:.0f} s) for {sum(r.epochs for r in runs)} counted "
+        f"trial-epochs; {len(landscape.curves)} distinct snapped configs; "
+        f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

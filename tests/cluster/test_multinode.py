@@ -1,0 +1,324 @@
+"""A real multi-node Ray cluster on this machine: a head (no GPUs) and two worker nodes
+(2 logical GPUs each) as separate `ray start` processes with token authentication,
+`hpo tracking-server` as its own process, and sweeps sent with `hpo submit` through the
+Jobs API.
+
+All nodes share this machine's disk, so the sweep's storage is declared shared with
+`--shared-storage` (on a real cluster: NFS or another mount every node sees); the same
+path without that declaration is refused by the sweep driver before any trial starts.
+Everything is torn down by the fixtures' finalizers, also when a test fails: each node's
+processes are stopped by their own process group and environment marker, never with
+`ray stop` (which would stop every Ray on the machine, the test session's included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from hpo.tracking import TAG_ROLE
+from tests.cluster.local_cluster import LocalCluster, free_port, start_cluster
+from tests.hpo.sweep_helpers import tiny_spec
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
+
+REPO = Path(__file__).resolve().parents[2]
+HPO = [sys.executable, "-m", "hpo.cli"]
+
+
+@pytest.fixture(scope="module")
+def tracking_process(tmp_path_factory, _mlflow_template) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """`hpo tracking-server` in its own process group, started before the cluster so both
+    come up at once; the `tracking` fixture waits for it."""
+    store = tmp_path_factory.mktemp("mlflow-server")
+    shutil.copyfile(_mlflow_template, store / "mlflow.db")  # schema migrated once per session
+    port = free_port()
+    log = store.parent / "tracking-server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*HPO, "tracking-server", "--port", str(port), "--store", str(store)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield {"process": process, "uri": f"http://127.0.0.1:{port}", "store": store, "log": log}
+    finally:
+        process.send_signal(signal.SIGTERM)  # the command stops its mlflow server, then exits
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        for child in psutil.process_iter(["cmdline"]):
+            if f"--port {port}" in " ".join(child.info["cmdline"] or []):
+                child.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tracking_process: dict[str, Any]) -> Iterator[LocalCluster]:
+    started = start_cluster(workers=2, head_cpus=1, worker_cpus=1, worker_gpus=2)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def tracking(tracking_process: dict[str, Any]) -> tuple[str, Path]:
+    """(uri, store) of the running tracking server."""
+    process, uri, log = (
+        tracking_process["process"],
+        tracking_process["uri"],
+        tracking_process["log"],
+    )
+    deadline = time.monotonic() + 240
+    while "tracking URI:" not in log.read_text():
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"tracking server silent:\n{log.read_text()}"
+        time.sleep(0.5)
+    assert f"tracking URI: {uri}" in log.read_text()
+    with urllib.request.urlopen(f"{uri}/health", timeout=10) as response:
+        assert response.status == 200
+    return uri, tracking_process["store"]
+
+
+def write_spec(tmp_path: Path, name: str, uri: str, **overrides: Any) -> Path:
+    """The tiny end-to-end sweep as a YAML spec: trials ask for half a GPU, so they only
+    fit on the two GPU workers (the head has none)."""
+    spec = tiny_spec(
+        tmp_path,
+        tracking_uri=uri,
+        name=name,
+        storage=str(tmp_path / "shared"),
+        resources={"cpu": 1, "gpu": 0.5},
+        **overrides,
+    )
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump()))
+    return path
+
+
+def hpo(cluster: LocalCluster, *args: str, timeout: float = 360) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*HPO, *args],
+        cwd=REPO,
+        env=cluster.env,  # the client holds the cluster's token (RAY_AUTH_TOKEN), like a user
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def submit(cluster: LocalCluster, spec: Path, *args: str) -> subprocess.CompletedProcess:
+    return hpo(
+        cluster,
+        "submit",
+        str(spec),
+        "--address",
+        cluster.dashboard_url,
+        "--working-dir",
+        str(REPO),
+        *args,
+    )
+
+
+def job_id(output: str) -> str:
+    match = re.search(r"submitted job: (\S+)", output)
+    assert match, output
+    return match.group(1)
+
+
+def trial_runs(uri: str, experiment: str) -> list[Any]:
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    return [
+        r for r in client.search_runs([found.experiment_id]) if r.data.tags.get(TAG_ROLE) == "trial"
+    ]
+
+
+def results(trial_dir: Path) -> list[dict[str, Any]]:
+    path = trial_dir / "result.json"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_no_token(token: str, *texts: str, store: Path | None = None) -> None:
+    for text in texts:
+        assert token not in text
+    if store is not None:
+        for path in store.rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
+
+
+def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_server(
+    cluster: LocalCluster, tracking: tuple[str, Path], tmp_path: Path
+) -> None:
+    uri, store = tracking
+    spec = write_spec(tmp_path, "multinode", uri)
+    started = time.monotonic()
+    done = submit(cluster, spec, "--follow", "--shared-storage")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    job = job_id(output)
+    assert f"job {job}: SUCCEEDED" in output
+    print(f"multinode sweep: {time.monotonic() - started:.0f}s")
+
+    # Every trial reached the tracking server, ran to the end, and ran on a GPU worker.
+    children = trial_runs(uri, "multinode")
+    assert len(children) == 4
+    client = MlflowClient(uri)
+    for run in children:
+        assert run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "val_sharpe")
+        assert sorted(m.step for m in history) == [1, 2]
+    nodes = {run.data.tags["node_id"] for run in children}
+    workers = {node.node_id for node in cluster.workers()}
+    assert nodes <= workers and len(nodes) == 2, (nodes, workers)
+    assert cluster.head.node_id not in nodes
+
+    # Results and checkpoints sit in the shared storage path, one folder per trial.
+    sweep_dir = tmp_path / "shared" / "multinode"
+    assert (sweep_dir / "hpo-sweep.json").is_file()
+    trial_dirs = sorted(d for d in sweep_dir.iterdir() if d.is_dir())
+    assert len(trial_dirs) == 4
+    for trial_dir in trial_dirs:
+        assert (trial_dir / "checkpoint_000001" / "state" / "model.safetensors").is_file()
+
+    # The job is listed; the token never shows in hpo's output, job logs or the MLflow store.
+    listed = hpo(cluster, "jobs", "--address", cluster.dashboard_url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["job_id"]: row for row in json.loads(listed.stdout)}
+    assert rows[job]["status"] == "SUCCEEDED" and rows[job]["sweep"] == "multinode"
+    assert "--address auto" in rows[job]["entrypoint"]
+    for run in client.search_runs([client.get_experiment_by_name("multinode").experiment_id]):
+        values = [*run.data.params.values(), *run.data.tags.values()]
+        assert not any(cluster.token in value for value in values)
+    assert_no_token(cluster.token, output, listed.stdout, listed.stderr, store=store)
+
+
+def test_dashboard_binds_to_loopback_and_refuses_requests_without_the_token(
+    cluster: LocalCluster,
+) -> None:
+    listening = {
+        c.laddr.ip
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == cluster.dashboard_port
+    }
+    assert listening == {"127.0.0.1"}
+    env = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = str(cluster.root / "no-home")  # no ~/.ray/auth_token either
+    refused = subprocess.run(
+        [*HPO, "jobs", "--address", cluster.dashboard_url],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "token authentication" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr
+
+
+def test_node_local_storage_is_refused_before_any_trial_starts(
+    cluster: LocalCluster, tracking: tuple[str, Path], tmp_path: Path
+) -> None:
+    uri, _ = tracking
+    spec = write_spec(tmp_path, "unshared", uri)
+    done = submit(cluster, spec, "--follow")  # no --shared-storage
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    assert "FAILED" in output
+    text = " ".join(output.split())  # rich wraps the driver's lines
+    assert "is a node-local path" in text and "HPO_SHARED_STORAGE" in text
+    assert "the cluster has 3 nodes" in text
+    assert not (tmp_path / "shared" / "unshared").exists()  # nothing was launched
+    assert trial_runs(uri, "unshared") == []
+
+
+def test_stopping_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_checkpoint(
+    cluster: LocalCluster, tracking: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The issue-8 fault: one GPU worker is stopped while its trial is between epochs;
+    Ray Tune retries the trial (FailureConfig) on the remaining worker from its newest
+    checkpoint, and the sweep finishes with every trial and every epoch in MLflow.
+    Runs last: it leaves the cluster with one worker."""
+    from cluster.submit import job_client
+
+    uri, _ = tracking
+    epochs = 5
+    spec = write_spec(
+        tmp_path,
+        "nodefault",
+        uri,
+        models=["tft"],
+        max_epochs=epochs,
+        trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 12},
+    )
+    done = submit(cluster, spec, "--shared-storage")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = job_id(done.stdout)
+    victim_node = cluster.nodes[2]  # worker2
+    survivor = cluster.nodes[1]
+    client = MlflowClient(uri)
+
+    deadline = time.monotonic() + 300
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline, "no trial reached epoch 1 on worker2"
+        for run in trial_runs(uri, "nodefault"):
+            logged = len(client.get_metric_history(run.info.run_id, "val_sharpe"))
+            if run.data.tags.get("node_id") == victim_node.node_id and 1 <= logged < epochs - 1:
+                victim = (run.data.tags["trial_id"], logged)
+        time.sleep(0.3)
+    victim_node.stop()
+    assert not victim_node.alive
+    trial_id, killed_after = victim
+
+    jobs = job_client(cluster.dashboard_url, cluster.token)
+    while not jobs.get_job_status(job).is_terminal():
+        assert time.monotonic() < deadline + 200, "the sweep did not finish after the node stop"
+        time.sleep(1)
+    assert str(jobs.get_job_status(job).value) == "SUCCEEDED", jobs.get_job_logs(job)[-4000:]
+
+    children = trial_runs(uri, "nodefault")
+    assert len(children) == 2
+    for run in children:
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        assert sorted(steps) == list(range(1, epochs + 1))  # every epoch, exactly once
+    moved = next(r for r in children if r.data.tags["trial_id"] == trial_id)
+    assert moved.data.tags["node_id"] == survivor.node_id
+
+    # Tune's own record of the trial: reported on worker2 up to the stop, then resumed on
+    # the survivor from a checkpoint (not from scratch), and finished.
+    sweep_dir = tmp_path / "shared" / "nodefault"
+    trial_dir = next(d for d in sweep_dir.iterdir() if d.name.endswith(trial_id))
+    rows = results(trial_dir)
+    on_victim = [r["epoch"] for r in rows if r["node_id"] == victim_node.node_id]
+    on_survivor = [r["epoch"] for r in rows if r["node_id"] == survivor.node_id]
+    assert on_victim == list(range(1, len(on_victim) + 1))
+    assert len(on_victim) >= killed_after >= 1
+    assert on_survivor and on_survivor[-1] == epochs
+    assert on_survivor[0] > 1, "restarted from scratch instead of from its checkpoint"
+    assert on_survivor[0] <= on_victim[-1] + 1
+    assert on_survivor == list(range(on_survivor[0], epochs + 1))
+    newest = max(trial_dir.glob("checkpoint_*"))
+    assert json.loads((newest / "state" / "meta.json").read_text())["epoch"] == epochs

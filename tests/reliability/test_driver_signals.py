@@ -1,0 +1,52 @@
+"""SIGTERM (or SIGINT) to the sweep driver: trials stop cleanly, state is saved, the
+`hpo resume` command is printed, the driver exits 3, and that resume completes the sweep
+with one child run and one metric point per epoch for every trial."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.reliability.sweep_process import HPO, children, kill_tree, results, start, trial_dirs, wait_for, write_spec
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+EPOCHS = 4
+
+
+def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
+    import subprocess
+
+    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3)
+    sweep_dir = tmp_path / "results" / "sigterm"
+    driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
+    try:
+        wait_for(
+            lambda: any(len(results(d)) >= 1 for d in trial_dirs(sweep_dir)),
+            timeout=300,
+            what="a trial's first epoch",
+            proc=driver,
+        )
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=180)
+    finally:
+        kill_tree(driver)
+    log = (tmp_path / "sweep.log").read_text()
+    assert driver.returncode == 3, log[-4000:]
+    assert f"hpo resume {sweep_dir}" in log.replace("\n", "")
+    assert (sweep_dir / "hpo-summary.json").exists()
+
+    resumed = subprocess.run([*HPO, "resume", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "3/3 trials finished" in resumed.stdout
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    runs = children(uri, "sigterm")
+    assert len(runs) == 3 and len({r.data.tags["trial_id"] for r in runs}) == 3
+    client = MlflowClient(uri)
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")) == list(range(1, EPOCHS + 1))
+    for trial_dir in trial_dirs(sweep_dir):
+        assert [r["epoch"] for r in results(trial_dir)] == list(range(1, EPOCHS + 1))
