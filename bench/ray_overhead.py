@@ -60,7 +60,12 @@ def run_optuna(n_trials: int, concurrency: int) -> float:
         torch.set_num_threads(1)
         params = {k: trial._suggest(k, d) for k, d in distributions.items()}
         config = build_train_config(
-            "tft", {**space.fixed, **params}, data=DataConfig(**DATA), epochs=3, device="cpu", **TRAINER
+            "tft",
+            {**space.fixed, **params},
+            data=DataConfig(**DATA),
+            epochs=3,
+            device="cpu",
+            **TRAINER,
         )
         return float(Trainer(config).fit()[-1]["val_sharpe"])
 

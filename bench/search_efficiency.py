@@ -57,6 +57,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,7 +200,9 @@ class AshaRungs:
             if epoch < milestone or trial in recorded:
                 continue
             if recorded:
-                cutoff = np.nanpercentile(list(recorded.values()), (1 - 1 / self.rf) * 100)
+                with warnings.catch_warnings():  # an all-NaN rung: no cutoff (NaN), as in Ray
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    cutoff = np.nanpercentile(list(recorded.values()), (1 - 1 / self.rf) * 100)
                 if value < cutoff:
                     action = STOP
             recorded[trial] = value

@@ -276,7 +276,11 @@ class KANLayer(nn.Module):
         ridge = math.sqrt(REFIT_RIDGE * n) * torch.eye(c, device=design.device)
         design = torch.cat([design, ridge.expand(n_in, c, c)], dim=1)
         target = torch.cat([target, target.new_zeros(n_in, c, target.shape[-1])], dim=1)
-        return torch.linalg.lstsq(design, target).solution
+        # Solved in float64 and rounded back: LAPACK's f32 result can differ in the last
+        # bits between runs (blocking depends on memory alignment), which would make a
+        # resumed trial drift from an uninterrupted one; f64 differences round away.
+        solution = torch.linalg.lstsq(design.double(), target.double()).solution
+        return solution.to(design.dtype)
 
 
 def edge_regularization(phi: torch.Tensor, entropy_weight: float) -> torch.Tensor:

@@ -22,7 +22,12 @@ def tiny_spec(tmp_path: Path, tracking_uri: str | None = None, **overrides: Any)
         "tracking_uri": tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}",
         "data": {"n_assets": 2, "n_bars": 600},
         "walk_forward": {"n_folds": 1},
-        "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 6, "rl_iterations": 10},
+        "trainer": {
+            "lookback": 16,
+            "batch_size": 32,
+            "max_steps_per_epoch": 6,
+            "rl_iterations": 10,
+        },
         "search_space": {
             "tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1},
             "dqn": {"hidden": 32, "learning_starts": 64},

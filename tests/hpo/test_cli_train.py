@@ -13,8 +13,22 @@ from hpo.cli import app
 from trainables.data import synthetic_bars
 
 runner = CliRunner()
-TINY = ["--set", "d_model=8", "--set", "n_heads=1", "--set", "max_steps_per_epoch=6", "--set", "lookback=16",
-        "--set", "n_folds=1", "--set", "data.n_bars=600", "--set", "data.n_assets=2"]
+TINY = [
+    "--set",
+    "d_model=8",
+    "--set",
+    "n_heads=1",
+    "--set",
+    "max_steps_per_epoch=6",
+    "--set",
+    "lookback=16",
+    "--set",
+    "n_folds=1",
+    "--set",
+    "data.n_bars=600",
+    "--set",
+    "data.n_assets=2",
+]
 
 
 def _train(*args: str) -> str:
@@ -25,7 +39,9 @@ def _train(*args: str) -> str:
 
 def test_train_then_resume_in_f32(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    output = _train("--model", "tft", "--precision", "bf16", "--epochs", "2", "--out", str(out), *TINY)
+    output = _train(
+        "--model", "tft", "--precision", "bf16", "--epochs", "2", "--out", str(out), *TINY
+    )
     assert "final metrics (bf16)" in output and "val_sharpe" in output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["epochs"] == 2 and metrics["precision"] == "bf16"
@@ -79,7 +95,18 @@ def test_predict_writes_positions_for_new_bars(tmp_path: Path) -> None:
     table = bars.to_frame()
     csv = tmp_path / "new.csv"
     table.to_csv(csv, index=False)
-    result = runner.invoke(app, ["predict", "--checkpoint", str(out), "--data", str(csv), "--out", str(tmp_path / "pos.csv")])
+    result = runner.invoke(
+        app,
+        [
+            "predict",
+            "--checkpoint",
+            str(out),
+            "--data",
+            str(csv),
+            "--out",
+            str(tmp_path / "pos.csv"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     positions = pd.read_csv(tmp_path / "pos.csv")
     assert list(positions.columns) == ["timestamp", "asset", "position"]

@@ -37,22 +37,49 @@ def test_quick_example_is_the_cpu_demo() -> None:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"models": ["tft", "gpt"]}, "models: Value error, unknown model(s) ['gpt']; allowed: ['dqn'"),
-        ({"precisions": ["f32", "fp8"]}, "precisions: Value error, unknown precision(s) ['fp8']; allowed: ['f32', 'bf16', 'bf16-mixed', 'fp16-mixed', 'auto']"),
+        (
+            {"models": ["tft", "gpt"]},
+            "models: Value error, unknown model(s) ['gpt']; allowed: ['dqn'",
+        ),
+        (
+            {"precisions": ["f32", "fp8"]},
+            "precisions: Value error, unknown precision(s) ['fp8']; allowed: ['f32', 'bf16', 'bf16-mixed', 'fp16-mixed', 'auto']",
+        ),
         ({"samples": -1}, "samples: Input should be greater than or equal to 1"),
         ({"search": "grid"}, "search: Input should be 'tpe', 'random' or 'pso'"),
         ({"scheduler": "pbt"}, "scheduler: Input should be 'asha' or 'fifo'"),
         ({"resources": {"gpu": 1.5}}, "resources.gpu"),
         ({"resources": {"gpu": -0.25}}, "resources.gpu"),
         ({"resources": {"gpu": "half"}}, "resources.gpu"),
-        ({"data": {"source": "nowhere/bars.csv"}}, "data.source: 'nowhere/bars.csv' does not exist"),
-        ({"search_space": {"tft": {"hiddden": 3}}}, "search_space.tft.hiddden: unknown setting for tft"),
-        ({"search_space": {"tft": {"dropout": {"low": 0.3, "high": 0.1}}}}, "search_space.tft.dropout: Float needs low < high"),
-        ({"search_space": {"tft": {"dropout": {"min": 0.1}}}}, "search_space.tft.dropout must be a constant, {low, high[, log]} or {choices = [...]}"),
-        ({"search_space": {"dqn": {"gamma": 0.9}}}, "search_space.dqn: not one of this sweep's models"),
-        ({"trainer": {"lokback": 8}}, "trainer: Value error, unknown or sweep-level key(s) ['lokback']"),
+        (
+            {"data": {"source": "nowhere/bars.csv"}},
+            "data.source: 'nowhere/bars.csv' does not exist",
+        ),
+        (
+            {"search_space": {"tft": {"hiddden": 3}}},
+            "search_space.tft.hiddden: unknown setting for tft",
+        ),
+        (
+            {"search_space": {"tft": {"dropout": {"low": 0.3, "high": 0.1}}}},
+            "search_space.tft.dropout: Float needs low < high",
+        ),
+        (
+            {"search_space": {"tft": {"dropout": {"min": 0.1}}}},
+            "search_space.tft.dropout must be a constant, {low, high[, log]} or {choices = [...]}",
+        ),
+        (
+            {"search_space": {"dqn": {"gamma": 0.9}}},
+            "search_space.dqn: not one of this sweep's models",
+        ),
+        (
+            {"trainer": {"lokback": 8}},
+            "trainer: Value error, unknown or sweep-level key(s) ['lokback']",
+        ),
         ({"colour": "blue"}, "colour: unknown field; allowed: ["),
-        ({"walk_forward": {"n_fold": 3}}, "walk_forward.n_fold: unknown field; allowed: ['embargo', 'n_folds'"),
+        (
+            {"walk_forward": {"n_fold": 3}},
+            "walk_forward.n_fold: unknown field; allowed: ['embargo', 'n_folds'",
+        ),
         ({"compare": True, "scheduler": "asha"}, "compare = true needs scheduler = 'fifo'"),
         ({"name": "bad name!"}, "name: Value error, must start with a letter or digit"),
         ({"max_epochs": 0}, "max_epochs: Input should be greater than or equal to 1"),
@@ -97,8 +124,16 @@ def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
     from hpo.cli import app
 
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({**VALID, "models": ["nope"], "storage": str(tmp_path / "results"),
-                                    "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                **VALID,
+                "models": ["nope"],
+                "storage": str(tmp_path / "results"),
+                "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            }
+        )
+    )
     result = CliRunner().invoke(app, ["sweep", str(path)])
     assert result.exit_code != 0
     assert "unknown model(s) ['nope']" in str(result.exception)

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, event, given, note, settings
+from hypothesis import HealthCheck, assume, event, example, given, note, settings
 from hypothesis import strategies as st
 
 from hpo.spec import NAME_PATTERN, NOT_IN_TRAINER, SpecError, SweepSpec, load_spec, parse_spec
@@ -60,26 +60,41 @@ def _report_counts() -> Iterator[None]:
 
 
 # -- strategies --------------------------------------------------------------------------
+# Values that have broken validators before: non-finite floats, integers beyond float and
+# int64, paths the OS refuses ("~user" with no such user, a 600-character name, NUL).
+EDGE_NUMBERS = st.sampled_from(
+    [math.nan, math.inf, -math.inf, 10**400, -(10**400), 2**63, 2**64, -1, 0, 1e308, -0.0]
+)
+EDGE_TEXT = st.sampled_from(["", " ", "~nouser_zz/x", "a" * 600, "a\x00b", "ok\n", "synthetic"])
+
+
 def _huge_or_odd_numbers() -> st.SearchStrategy[Any]:
     return st.one_of(
+        EDGE_NUMBERS,
         st.integers(),
         st.integers(min_value=2**63 - 2, max_value=2**63 + 2),
-        st.sampled_from([10**400, -(10**400), 2**64, -1, 0, 1]),
         st.floats(),  # NaN, +-inf, subnormals, -0.0
-        st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 5e-324]),
     )
 
 
-JUNK: st.SearchStrategy[Any] = st.recursive(
-    st.none()
-    | st.booleans()
-    | _huge_or_odd_numbers()
-    | st.text(max_size=12)  # any unicode but lone surrogates
-    | st.sampled_from(["", " ", "synthetic", "measured", "tft", "f32", "~nouser_zz/x", "a" * 600]),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+SCALARS = st.one_of(
+    EDGE_NUMBERS,
+    EDGE_TEXT,
+    st.none(),
+    st.booleans(),
+    _huge_or_odd_numbers(),
+    st.text(max_size=12),  # any unicode but lone surrogates
+    st.sampled_from(["measured", "tft", "f32", "fifo", "asha"]),
+)
+JUNK: st.SearchStrategy[Any] = st.one_of(
+    SCALARS,
+    st.recursive(
+        SCALARS,
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+        ),
+        max_leaves=6,
     ),
-    max_leaves=6,
 )
 KEYS = st.text(min_size=1, max_size=8) | st.sampled_from([*FIELDS, "low", "high", "choices", "log"])
 
@@ -142,17 +157,21 @@ def mutated_payloads(draw: st.DrawFn, at_least: int = 1) -> dict[str, Any]:
     """A valid payload with 1-4 mutations: wrong types, out-of-range numbers, unknown keys
     at every level, deleted keys, nested junk, duplicate models, random search spaces."""
     payload = draw(valid_payloads())
-    for _ in range(draw(st.integers(at_least, 4))):
+    # mostly one mutation, so the checks behind the first failing one run too
+    for _ in range(draw(st.sampled_from([at_least, 1, 1, 1, 2, 3, 4]))):
         kind = draw(
             st.sampled_from(
+                # hypothesis favours early entries: the ones that reach the deeper checks first
                 [
-                    "set_top",
+                    "range_override",
+                    "data_source",
                     "set_nested",
-                    "unknown_key",
-                    "delete",
-                    "dup_model",
                     "search_space",
+                    "unknown_key",
+                    "set_top",
+                    "dup_model",
                     "replace_section",
+                    "delete",
                 ]
             )
         )
@@ -182,6 +201,19 @@ def mutated_payloads(draw: st.DrawFn, at_least: int = 1) -> dict[str, Any]:
             payload["search_space"] = {model: override}
         elif kind == "replace_section":
             payload[draw(st.sampled_from(SECTIONS))] = draw(JUNK)
+        elif kind == "data_source" and isinstance(payload.get("data"), dict):
+            payload["data"]["source"] = draw(EDGE_TEXT | st.text(max_size=20))
+        elif kind == "range_override" and isinstance(payload.get("models"), list):
+            # a real searchable setting of a model of this sweep, with odd bounds
+            model = draw(
+                st.sampled_from([m for m in payload["models"] if m in FAMILIES] or ["tft"])
+            )
+            key = draw(st.sampled_from(sorted(get_family(model).search_space) or ["lr"]))
+            bound = EDGE_NUMBERS | st.floats()
+            table = draw(
+                st.fixed_dictionaries({"low": bound, "high": bound}, optional={"log": JUNK})
+            )
+            payload["search_space"] = {model: {key: table}}
     return payload
 
 
@@ -313,8 +345,19 @@ def _outcome(kind: str, call: Any, payload: Any) -> SweepSpec | None:
 
 
 # -- properties --------------------------------------------------------------------------
+VALID = {"name": "ok", "models": ["tft"]}
+
+
 @settings(SETTINGS, max_examples=150)
 @given(payload=mutated_payloads())
+# Inputs that escaped as other exception types (or passed) before the fixes, pinned:
+@example(payload={**VALID, "resources": {"gpu": math.inf}})  # OverflowError
+@example(payload={**VALID, "resources": {"gpu": math.nan}})  # accepted
+@example(payload={**VALID, "resources": {"cpu": math.inf}})  # accepted
+@example(payload={**VALID, "name": "ok\n"})  # accepted
+@example(payload={**VALID, "data": {"source": "~nouser_zz/x.csv"}})  # RuntimeError
+@example(payload={**VALID, "data": {"source": "a" * 600}})  # OSError ENAMETOOLONG
+@example(payload={**VALID, "search_space": {"tft": {"dropout": {"low": 10**400, "high": 1.0}}}})
 def test_parse_spec_loads_or_names_the_field(payload: dict[str, Any]) -> None:
     _outcome(
         "parse_spec(mutated payload)", lambda: parse_spec(payload, "<prop>", Path.cwd()), payload
@@ -333,6 +376,9 @@ def test_parse_spec_on_arbitrary_tables(payload: dict[str, Any]) -> None:
 @given(
     file=spec_files(), overrides=st.fixed_dictionaries({}, optional={"name": JUNK, "compare": JUNK})
 )
+@example(file=(".toml", b"\xff\xfe\x00bad"), overrides={})  # UnicodeDecodeError
+@example(file=(".yaml", b"[" * 3000), overrides={})  # RecursionError
+@example(file=(".yaml", b"name: ok\nmodels: [tft]\nresources: {gpu: .inf}\n"), overrides={})
 def test_load_spec_file_loads_or_names_the_field(
     file: tuple[str, bytes], overrides: dict[str, Any]
 ) -> None:

@@ -48,7 +48,9 @@ def test_every_trial_is_a_nested_child_run(finished_sweep) -> None:  # type: ign
     for child in children:
         tags = child.data.tags
         assert tags[TAG_PARENT] == parent_id
-        assert {"model", "precision", "seed", "pair_id", "trial_id", "fell_back_to_f32"} <= set(tags)
+        assert {"model", "precision", "seed", "pair_id", "trial_id", "fell_back_to_f32"} <= set(
+            tags
+        )
         combos.add((tags["model"], tags["precision"]))
         assert child.info.status == "FINISHED"
         assert child.data.params["model"] == tags["model"] and "lr" in child.data.params
@@ -65,7 +67,7 @@ def test_newest_checkpoint_is_safetensors_in_the_trial_dtype(finished_sweep) -> 
     for row in trial_rows(sweep_dir):
         assert row.checkpoint is not None and row.checkpoint.endswith("checkpoint_000001/state")
         with safe_open(str(Path(row.checkpoint) / "model.safetensors"), "pt") as f:
-            dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+            dtypes = {f.get_slice(k).get_dtype() for k in f}
         # Only keep_f32 tensors (TFT quantile levels, DQN nothing) may differ from the policy.
         assert EXPECTED_DTYPE[row.precision] in dtypes
         if row.precision == "bf16":
@@ -80,13 +82,26 @@ def test_status_and_best_then_continue_the_best_bf16_trial_in_f32(finished_sweep
     status = runner.invoke(app, ["status", str(sweep_dir), "--json"])
     assert status.exit_code == 0, status.output
     assert '"planned": 4' in status.output
-    best = runner.invoke(app, ["best", str(sweep_dir), "--model", "tft", "--precision", "bf16", "--json"])
+    best = runner.invoke(
+        app, ["best", str(sweep_dir), "--model", "tft", "--precision", "bf16", "--json"]
+    )
     assert best.exit_code == 0, best.output
-    bf16 = [r for r in rows if r.model == "tft" and r.precision == "bf16"][0]
+    bf16 = next(r for r in rows if r.model == "tft" and r.precision == "bf16")
     assert bf16.checkpoint is not None and bf16.checkpoint in best.output.replace("\n", "")
     out = tmp_path / "longer"
     result = runner.invoke(
-        app, ["train", "--resume", bf16.checkpoint, "--out", str(out), "--precision", "f32", "--epochs", "3"]
+        app,
+        [
+            "train",
+            "--resume",
+            bf16.checkpoint,
+            "--out",
+            str(out),
+            "--precision",
+            "f32",
+            "--epochs",
+            "3",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "resuming at epoch 2" in result.output

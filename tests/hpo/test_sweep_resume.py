@@ -4,6 +4,7 @@ holds exactly one child run per trial with one metric point per epoch."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,8 +39,16 @@ def _spec(tmp_path: Path) -> Path:
         "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "data": {"n_assets": 2, "n_bars": 600},
         "walk_forward": {"n_folds": 1},
-        "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 15, "rl_iterations": 25},
-        "search_space": {"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}, "dqn": {"hidden": 32, "learning_starts": 64}},
+        "trainer": {
+            "lookback": 16,
+            "batch_size": 32,
+            "max_steps_per_epoch": 15,
+            "rl_iterations": 25,
+        },
+        "search_space": {
+            "tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1},
+            "dqn": {"hidden": 32, "learning_starts": 64},
+        },
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -55,7 +64,11 @@ def _children(client: MlflowClient) -> list:
 
 
 def _epochs(trial_dir: Path) -> list[int]:
-    lines = (trial_dir / "result.json").read_text().splitlines() if (trial_dir / "result.json").exists() else []
+    lines = (
+        (trial_dir / "result.json").read_text().splitlines()
+        if (trial_dir / "result.json").exists()
+        else []
+    )
     return [json.loads(line)["epoch"] for line in lines if line.strip()]
 
 
@@ -63,10 +76,8 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     parent = psutil.Process(proc.pid)
     family = [*parent.children(recursive=True), parent]
     for p in family:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
     proc.wait(timeout=30)
     psutil.wait_procs(family, timeout=30)
 
@@ -75,7 +86,9 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path: Path) 
     spec = _spec(tmp_path)
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1", "PYTHONUNBUFFERED": "1"}
     log = open(tmp_path / "sweep.log", "w")
-    driver = subprocess.Popen([*HPO, "sweep", str(spec)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    driver = subprocess.Popen(
+        [*HPO, "sweep", str(spec)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     sweep_dir = tmp_path / "results" / "killme"
     deadline = time.monotonic() + 400
@@ -87,11 +100,18 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path: Path) 
             children = _children(client) if (tmp_path / "mlflow.db").exists() else []
             done = [r for r in children if r.info.status == "FINISHED"]
             midway = [
-                r for r in children
-                if r.info.status == "RUNNING" and 1 <= len(client.get_metric_history(r.info.run_id, "val_sharpe")) < EPOCHS - 1
+                r
+                for r in children
+                if r.info.status == "RUNNING"
+                and 1 <= len(client.get_metric_history(r.info.run_id, "val_sharpe")) < EPOCHS - 1
             ]
             if done and midway:
-                finished_before = {r.data.tags["trial_id"]: len(client.get_metric_history(r.info.run_id, "val_sharpe")) for r in done}
+                finished_before = {
+                    r.data.tags["trial_id"]: len(
+                        client.get_metric_history(r.info.run_id, "val_sharpe")
+                    )
+                    for r in done
+                }
                 break
         else:
             pytest.fail("the sweep never reached a state with one finished and one half-done trial")
@@ -101,7 +121,14 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path: Path) 
     trial_dirs = {p.name.rsplit("-", 1)[-1]: p for p in sweep_dir.iterdir() if p.is_dir()}
     lines_before = {tid: len(_epochs(trial_dirs[tid])) for tid in finished_before}
 
-    resumed = subprocess.run([*HPO, "resume", str(sweep_dir)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [*HPO, "resume", str(sweep_dir)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "4/4 trials finished" in resumed.stdout
 

@@ -3,7 +3,6 @@ retries while the store is away, no secrets in params."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,15 +13,22 @@ from hpo.tracking import MlflowSweepCallback, start_sweep_run, trial_params
 
 def _trial(trial_id: str, **params: Any) -> SimpleNamespace:
     config = {
-        "model": "tft", "precision": "bf16", "seed": 0, "pair_id": "tft-g000-s0", "group_id": "tft-g000",
-        "params": {"lr": 1e-3, **params}, "base": {},
+        "model": "tft",
+        "precision": "bf16",
+        "seed": 0,
+        "pair_id": "tft-g000-s0",
+        "group_id": "tft-g000",
+        "params": {"lr": 1e-3, **params},
+        "base": {},
     }
     return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
 
 
 def _setup(uri: str) -> tuple[MlflowSweepCallback, MlflowClient, str]:
     client = MlflowClient(uri)
-    parent = start_sweep_run(client, "track", {"name": "track", "api_token": "s3cr3t"}, compare=False)
+    parent = start_sweep_run(
+        client, "track", {"name": "track", "api_token": "s3cr3t"}, compare=False
+    )
     return MlflowSweepCallback(uri, "track", parent), client, parent
 
 
@@ -31,11 +37,15 @@ def test_epochs_logged_once_and_run_reused_after_restart(mlflow_uri: str) -> Non
     trial = _trial("t1")
     callback.on_trial_start(0, [], trial)
     for epoch in (1, 2):
-        callback.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0})
+        callback.on_trial_result(
+            0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0}
+        )
     # A new driver after a crash: fresh callback, the same trial re-reports epoch 2 then 3.
     again = MlflowSweepCallback(callback.tracking_uri, "track", parent)
     for epoch in (2, 3):
-        again.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0})
+        again.on_trial_result(
+            0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0}
+        )
     trial.last_result = {"epoch": 3}
     again.on_trial_complete(0, [], trial)
     runs = client.search_runs([callback.experiment_id], filter_string="tags.trial_id = 't1'")
@@ -70,7 +80,9 @@ def test_metrics_buffered_while_the_store_is_away(mlflow_uri: str) -> None:
 
 
 def test_no_credentials_in_params(mlflow_uri: str) -> None:
-    params = trial_params(_trial("t3", auth_token="abc", aws_secret_access_key="k", hidden=8).config)
+    params = trial_params(
+        _trial("t3", auth_token="abc", aws_secret_access_key="k", hidden=8).config
+    )
     assert "hidden" in params and "lr" in params
     assert not any("token" in k or "secret" in k for k in params)
     _, client, parent = _setup(mlflow_uri)

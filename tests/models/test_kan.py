@@ -22,8 +22,6 @@ from models.kan import (
     build,
     edge_regularization,
 )
-from tests.trainables.helpers import tiny_config, untrained_and_trained_sharpe
-from trainables.config import DataConfig
 from trainables.precision import BF16, F32, StepGuard, f32, floating_dtypes, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
@@ -316,25 +314,3 @@ def test_search_space_and_family_record() -> None:
     ):
         model = build(FAMILY.make_config(values), SHAPE)
         assert model.loss(_batch(n=4)).shape == ()
-
-
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
-def test_kan_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 40 steps of the default KAN (2,649 parameters) on 4 synthetic assets
-    # (signal 0.15), 4 seeds, no grid updates (the trainer does not call on_epoch_start
-    # yet). Measured (f32 and bf16 alike): untrained 0.1 / -2.2 / 3.0 / -0.2 (mean 0.16),
-    # trained 2.6 / 2.0 / 4.0 / 2.5 (mean 2.76).
-    config = tiny_config(
-        model="kan",
-        precision=precision,
-        model_config={},
-        epochs=3,
-        max_steps_per_epoch=40,
-        lr=3e-3,
-        data=DataConfig(n_bars=1000, n_assets=4),
-    )
-    untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
-    mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    assert mean_trained > 2.0, trained
-    assert mean_trained - mean_untrained > 1.8, (untrained, trained)
-    assert min(trained) > 1.0, trained

@@ -21,8 +21,6 @@ from models.liquid import (
     LiquidNet,
     build,
 )
-from tests.trainables.helpers import tiny_config, untrained_and_trained_sharpe
-from trainables.config import DataConfig
 from trainables.precision import BF16, F32, StepGuard, f32, floating_dtypes, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
@@ -242,24 +240,3 @@ def test_search_space_and_family_record() -> None:
         model = build(FAMILY.make_config({"mode": mode, **TINY}), SHAPE)
         batch = _batch()
         assert model(batch.x, batch.gaps).shape == (B, SHAPE.n_assets)
-
-
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
-def test_liquid_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 40 steps of a hidden=8 CfC on 4 synthetic assets (signal 0.15), 4 seeds.
-    # Measured (f32 and bf16 alike): untrained -4.3 / -1.6 / -2.5 / -2.1 (mean -2.6; over
-    # seeds 0-11 the untrained mean is -0.1), trained 1.3 / 3.4 / 3.6 / 3.1 (mean 2.85).
-    config = tiny_config(
-        model="liquid",
-        precision=precision,
-        model_config=TINY,
-        epochs=3,
-        max_steps_per_epoch=40,
-        lr=3e-3,
-        data=DataConfig(n_bars=1000, n_assets=4),
-    )
-    untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
-    mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    assert mean_trained > 2.0, trained
-    assert mean_trained - mean_untrained > 2.0, (untrained, trained)
-    assert min(trained) > 0.5, trained

@@ -27,9 +27,8 @@ from models.ppo import (
     gae,
     value_loss,
 )
-from tests.trainables.helpers import tiny_config, untrained_and_trained_sharpe
+from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint
-from trainables.config import DataConfig
 from trainables.env import TradingEnv, greedy_positions
 from trainables.precision import StepGuard, floating_dtypes, get_policy
 from trainables.trainer import Trainer
@@ -466,27 +465,3 @@ def test_trainer_resume_equals_uninterrupted(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------------------
 # learning through the trainer
-
-
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
-def test_ppo_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 5 rollouts of 64 envs x 8 steps (2 minibatches x 2 PPO epochs each) on 4
-    # synthetic assets; gamma 0.5 (the P&L of a bar hardly depends on later actions).
-    # Measured, seeds 0-3: untrained mean -0.32 (f32) / -0.36 (bf16), from -1.7 to +1.3;
-    # trained 3.17 (f32: 4.00, 3.96, 2.68, 2.05) and 3.04 (bf16: 3.36, 3.95, 3.16, 1.70).
-    # The momentum rule sign(ret_1) scores 2.25 on this validation window.
-    model_config = {"num_envs": 64, "n_steps": 8, "minibatches": 2, "ppo_epochs": 2, "gamma": 0.5}
-    config = tiny_config(
-        model="ppo",
-        precision=precision,
-        epochs=3,
-        rl_iterations=5,
-        lr=3e-3,
-        data=DataConfig(n_bars=1000, n_assets=4),
-        model_config=model_config,
-    )
-    untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
-    mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    assert mean_trained > 2.0, trained
-    assert mean_trained - mean_untrained > 2.0, (untrained, trained)
-    assert min(trained) > 1.0, trained

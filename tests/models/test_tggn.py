@@ -22,8 +22,6 @@ from models.tggn import (
     forecast_positions,
     regression_loss,
 )
-from tests.trainables.helpers import tiny_config, untrained_and_trained_sharpe
-from trainables.config import DataConfig
 from trainables.precision import BF16, F32, StepGuard, f32, floating_dtypes, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
@@ -285,26 +283,3 @@ def test_search_space_and_family_record() -> None:
     model = _model(FAMILY.make_config({"top_k": 20}))
     assert model.graph.top_k == SHAPE.n_assets
     assert bool((model.adjacency() > 0).all())
-
-
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
-def test_tggn_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 40 steps of a TINY TGGN (1,169 parameters) on 4 synthetic assets (signal
-    # 0.15, lead-lag 0.1). An untrained model's forecast is nearly constant, so it holds
-    # one sign: about +-2 Sharpe (the val period's buy-and-hold is +2.5). Measured, seeds
-    # 0-3: untrained -2.0, 2.0, -1.3, -2.2 (mean -0.9); trained f32 3.10, 2.28, 3.58, 2.73
-    # (mean 2.92), bf16 3.15, 2.26, 3.58, 2.73 (mean 2.93).
-    config = tiny_config(
-        model="tggn",
-        precision=precision,
-        model_config={**TINY, "dropout": 0.0},
-        epochs=3,
-        max_steps_per_epoch=40,
-        lr=3e-3,
-        data=DataConfig(n_bars=1000, n_assets=4),
-    )
-    untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
-    mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    assert mean_trained > 2.2, trained
-    assert mean_trained - mean_untrained > 2.5, (untrained, trained)
-    assert min(trained) > 1.5, trained

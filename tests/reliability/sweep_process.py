@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,7 +48,9 @@ def write_spec(tmp_path: Path, name: str, **overrides: Any) -> Path:
 def start(args: list[str], tmp_path: Path, log_name: str) -> subprocess.Popen:
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1", "PYTHONUNBUFFERED": "1"}
     log = open(tmp_path / log_name, "w")
-    return subprocess.Popen([*HPO, *args], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [*HPO, *args], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 def children(uri: str, experiment: str) -> list:
@@ -55,7 +58,9 @@ def children(uri: str, experiment: str) -> list:
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return []
-    return [r for r in client.search_runs([found.experiment_id]) if r.data.tags.get(TAG_ROLE) == "trial"]
+    return [
+        r for r in client.search_runs([found.experiment_id]) if r.data.tags.get(TAG_ROLE) == "trial"
+    ]
 
 
 def results(trial_dir: Path) -> list[dict[str, Any]]:
@@ -69,7 +74,9 @@ def trial_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(p for p in sweep_dir.iterdir() if p.is_dir()) if sweep_dir.is_dir() else []
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None) -> Any:
+def wait_for(
+    condition: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -88,9 +95,7 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         return
     family = [*parent.children(recursive=True), parent]
     for p in family:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(family, timeout=30)
     proc.wait(timeout=30)

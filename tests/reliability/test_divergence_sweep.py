@@ -17,7 +17,9 @@ from tests.hpo.sweep_helpers import tiny_spec
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(ray_session, tmp_path: Path, mlflow_uri: str) -> None:  # type: ignore[no-untyped-def]
+def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(
+    ray_session, tmp_path: Path, mlflow_uri: str
+) -> None:  # type: ignore[no-untyped-def]
     spec = tiny_spec(
         tmp_path,
         tracking_uri=mlflow_uri,
@@ -25,9 +27,18 @@ def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(ray_session, tmp_pa
         models=["tft", "kan"],
         precisions=["bf16"],
         max_epochs=3,
-        trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 12, "log_every": 4, "fallback_after": 4},
+        trainer={
+            "lookback": 16,
+            "batch_size": 32,
+            "max_steps_per_epoch": 12,
+            "log_every": 4,
+            "fallback_after": 4,
+        },
         # lr 1e12: every Adam step moves each weight by ~1e12, so activations overflow at once.
-        search_space={"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1, "lr": 1e12, "weight_decay": 0.0}, "kan": {"lr": 3e-3}},
+        search_space={
+            "tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1, "lr": 1e12, "weight_decay": 0.0},
+            "kan": {"lr": 3e-3},
+        },
     )
     rows = run_sweep(spec)
     assert len(rows) == 2 and all(r.status == "TERMINATED" for r in rows)
@@ -37,11 +48,17 @@ def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(ray_session, tmp_pa
 
     client = MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("diverge")
-    runs = {r.data.tags["model"]: r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(TAG_ROLE) == "trial"}
+    runs = {
+        r.data.tags["model"]: r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get(TAG_ROLE) == "trial"
+    }
     failed = runs["tft"]
     assert failed.info.status == "FAILED"
     assert failed.data.tags["fell_back_to_f32"] == "true"
     assert "tft diverged under f32" in failed.data.tags["failure_reason"]
     assert failed.data.metrics["skipped_steps"] >= 2 * 4  # K skips in bf16, then K more in f32
     assert math.isnan(failed.data.metrics["val_sharpe"])
-    assert runs["kan"].info.status == "FINISHED" and math.isfinite(runs["kan"].data.metrics["val_sharpe"])
+    assert runs["kan"].info.status == "FINISHED" and math.isfinite(
+        runs["kan"].data.metrics["val_sharpe"]
+    )

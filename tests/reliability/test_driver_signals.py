@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.reliability.sweep_process import HPO, children, kill_tree, results, start, trial_dirs, wait_for, write_spec
+from tests.reliability.sweep_process import (
+    HPO,
+    children,
+    kill_tree,
+    results,
+    start,
+    trial_dirs,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 4
@@ -38,7 +47,9 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
     assert f"hpo resume {sweep_dir}" in log.replace("\n", "")
     assert (sweep_dir / "hpo-summary.json").exists()
 
-    resumed = subprocess.run([*HPO, "resume", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [*HPO, "resume", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "3/3 trials finished" in resumed.stdout
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -47,6 +58,8 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
     client = MlflowClient(uri)
     for run in runs:
         assert run.info.status == "FINISHED"
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")) == list(range(1, EPOCHS + 1))
+        assert sorted(
+            m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")
+        ) == list(range(1, EPOCHS + 1))
     for trial_dir in trial_dirs(sweep_dir):
         assert [r["epoch"] for r in results(trial_dir)] == list(range(1, EPOCHS + 1))

@@ -16,7 +16,15 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.reliability.sweep_process import children, kill_tree, results, start, trial_dirs, wait_for, write_spec
+from tests.reliability.sweep_process import (
+    children,
+    kill_tree,
+    results,
+    start,
+    trial_dirs,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 6
@@ -34,9 +42,11 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
     try:
         # Both trials running, each past epoch 2 (so each has two checkpoints).
         running = wait_for(
-            lambda: [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 2][:2]
-            if len([d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 2]) >= 2
-            else None,
+            lambda: (
+                [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 2][:2]
+                if len([d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 2]) >= 2
+                else None
+            ),
             timeout=300,
             what="two trials past epoch 2",
             proc=driver,
@@ -62,17 +72,25 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
     for trial_dir in (plain, corrupt):
         rows = results(trial_dir)
         old_pid, killed_after = victims[trial_dir.name]
-        assert {r["pid"] for r in rows if r["epoch"] > killed_after} - {old_pid}, "the trial was not retried"
+        assert {r["pid"] for r in rows if r["epoch"] > killed_after} - {old_pid}, (
+            "the trial was not retried"
+        )
         epochs = [r["epoch"] for r in rows]
         if trial_dir == plain:
             assert epochs == list(range(1, EPOCHS + 1))  # nothing redone
         else:
             # The newest checkpoint (epoch k) was unreadable: epoch k is trained once more
             # from the checkpoint of epoch k-1, and every later epoch exactly once.
-            assert epochs == [*range(1, killed_after + 1), killed_after, *range(killed_after + 1, EPOCHS + 1)]
+            assert epochs == [
+                *range(1, killed_after + 1),
+                killed_after,
+                *range(killed_after + 1, EPOCHS + 1),
+            ]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = children(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults")
     assert len(runs) == 2 and len({r.data.tags["trial_id"] for r in runs}) == 2
     for run in runs:
         assert run.info.status == "FINISHED"
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")) == list(range(1, EPOCHS + 1))
+        assert sorted(
+            m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")
+        ) == list(range(1, EPOCHS + 1))

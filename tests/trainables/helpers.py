@@ -26,7 +26,9 @@ def tiny_config(model: str = "tft", precision: str = "f32", **overrides: Any) ->
     return TrainConfig(**values)
 
 
-def untrained_and_trained_sharpe(config: TrainConfig, seeds: tuple[int, ...]) -> tuple[list[float], list[float]]:
+def untrained_and_trained_sharpe(
+    config: TrainConfig, seeds: tuple[int, ...]
+) -> tuple[list[float], list[float]]:
     """Validation Sharpe before and after training, one pair per seed.
 
     A single untrained model is a coin flip on this data (a random linear read of the

@@ -27,7 +27,11 @@ from trainables.trainer import Trainer
 
 
 def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {f"{run.index}.{k}": v.clone() for run in trainer.folds for k, v in run.model.state_dict().items()}
+    return {
+        f"{run.index}.{k}": v.clone()
+        for run in trainer.folds
+        for k, v in run.model.state_dict().items()
+    }
 
 
 def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
@@ -41,7 +45,7 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
             assert saved.dtype == tensor.dtype
             assert torch.equal(saved, tensor), name
         for p in run.optimizer.state:
-            for key, value in run.optimizer.state[p].items():
+            for _key, value in run.optimizer.state[p].items():
                 assert value.dtype in (F32, BF16)
     assert ckpt.meta["precision"] == "bf16" and ckpt.meta["weights_dtype"] == "bfloat16"
     restored = Trainer(tiny_config(precision="bf16", epochs=1), checkpoint=ckpt)
@@ -57,7 +61,9 @@ def test_resumed_training_equals_uninterrupted(tmp_path: Path, precision: str) -
     first = Trainer(tiny_config(precision=precision, epochs=1))
     first.fit()
     first.save(tmp_path / "epoch1")
-    resumed = Trainer(tiny_config(precision=precision, epochs=2), checkpoint=load_checkpoint(tmp_path / "epoch1"))
+    resumed = Trainer(
+        tiny_config(precision=precision, epochs=2), checkpoint=load_checkpoint(tmp_path / "epoch1")
+    )
     assert resumed.epoch == 1
     resumed.fit()
 
@@ -86,7 +92,9 @@ def test_bf16_checkpoint_resumes_as_f32_with_master_weights(tmp_path: Path) -> N
     run = trainer.folds[0]
     masters = {n: run.optimizer.master_weight(p) for n, p in run.model.named_parameters()}
 
-    resumed = Trainer(tiny_config(precision="f32", epochs=2), checkpoint=load_checkpoint(tmp_path / "bf16"))
+    resumed = Trainer(
+        tiny_config(precision="f32", epochs=2), checkpoint=load_checkpoint(tmp_path / "bf16")
+    )
     model = resumed.folds[0].model
     for name, p in model.named_parameters():
         assert p.dtype == F32
@@ -122,7 +130,7 @@ def test_truncated_file_without_checksum_still_fails_cleanly(tmp_path: Path) -> 
     meta_path.write_text(json.dumps(meta))
     optim = root / "epoch_0003" / OPTIM_FILE
     optim.write_bytes(optim.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="optim.safetensors: unreadable safetensors"):
+    with pytest.raises(CheckpointError, match=r"optim\.safetensors: unreadable safetensors"):
         load_checkpoint(root / "epoch_0003")
 
 
@@ -162,4 +170,7 @@ def test_checkpoint_of_another_family_is_refused(tmp_path: Path) -> None:
     trainer = Trainer(tiny_config(epochs=1))
     trainer.save(tmp_path / "tft")
     with pytest.raises(CheckpointError, match="holds a 'tft' model, not 'dqn'"):
-        Trainer(tiny_config(model="dqn", data=DataConfig(n_bars=600, n_assets=2)), checkpoint=load_checkpoint(tmp_path / "tft"))
+        Trainer(
+            tiny_config(model="dqn", data=DataConfig(n_bars=600, n_assets=2)),
+            checkpoint=load_checkpoint(tmp_path / "tft"),
+        )

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
 from trainables.data import Bars, OHLCVError, load_ohlcv
@@ -173,6 +173,41 @@ def _frame(table: Table, fmt: str, names: dict[str, str], parquet: bool) -> pd.D
     return pd.DataFrame(data)
 
 
+# Timestamps that broke the parser before: beyond int64, beyond datetime64[ns], words.
+TS_JUNK = st.sampled_from(
+    [
+        "9" * 25,
+        str(2**63),
+        str(2**64 - 1),
+        "9500000000000000000",
+        "9999-12-31",
+        "0001-01-01",
+        "2262-04-12",
+        "1677-09-21",
+        "now",
+        "today",
+        "2020-13-45",
+        "01/02/2020",
+        "-1",
+        "0",
+        "1e300",
+        "NaT",
+        "",
+        "٢٠٢٠٠١٠١",
+        "2020-01-01T00:00:00+25:00",
+        "12:30",
+    ]
+)
+# A whole timestamp column of one odd kind, increasing (so only the values are at fault).
+TS_COLUMNS = {
+    "digits_beyond_int64": lambda k: "9" * 25 + str(k),
+    "ns_beyond_int64": lambda k: 9_300_000_000_000_000_000 + k,
+    "year_2300": lambda k: f"2300-01-{k + 1:02d}",
+    "year_1600": lambda k: f"1600-01-{k + 1:02d}",
+    "year_9999": lambda k: f"9999-12-{k + 1:02d}",
+    "time_of_day": lambda k: f"10:{k:02d}",
+    "day_first": lambda k: f"{k + 13}/01/2020",
+}
 CELL_JUNK = st.sampled_from(
     ["", "nan", "NaN", "inf", "-inf", "abc", "1,5", "0", "-1", "-0.0", "1e400", "0x10", "€", "true"]
 ) | st.text(max_size=5)
@@ -185,6 +220,8 @@ def corrupt_frame(draw: st.DrawFn, df: pd.DataFrame, names: dict[str, str]) -> p
     kind = draw(
         st.sampled_from(
             [
+                "ts_cell",
+                "ts_column",
                 "drop_col",
                 "rename_col",
                 "dup_col",
@@ -227,6 +264,11 @@ def corrupt_frame(draw: st.DrawFn, df: pd.DataFrame, names: dict[str, str]) -> p
         df.loc[row, draw(st.sampled_from(numeric))] = draw(
             st.sampled_from([0.0, -0.0, -1.0, -1e-300])
         )
+    elif kind == "ts_cell" and names["timestamp"] in cols:
+        df.loc[row, names["timestamp"]] = draw(TS_JUNK)
+    elif kind == "ts_column" and names["timestamp"] in cols:
+        make = TS_COLUMNS[draw(st.sampled_from(sorted(TS_COLUMNS)))]
+        df[names["timestamp"]] = [make(k) for k in range(len(df))]
     elif kind == "extra_col":
         df[draw(st.text(min_size=1, max_size=6))] = draw(CELL_JUNK)
     return df
@@ -441,14 +483,44 @@ def run_case(case: Case, kind: str) -> None:
 
 
 # -- properties --------------------------------------------------------------------------
+def _one_csv(text: str, name: str = "X.csv") -> Case:
+    return Case({name: text.encode()}, name, None, {name: text.count("\n") - 1})
+
+
+HEADER = "timestamp,open,high,low,close,volume\n"
+
+
+def _exact_case(fmt: str, seconds: list[int], nanos: list[int] | None = None) -> Case:
+    """A valid single-asset CSV whose bars are known: it must load to exactly them (or be
+    refused when the timestamps do not fit datetime64[ns])."""
+    n = len(seconds)
+    ones = np.ones(n)
+    table = Table(
+        np.array(seconds, dtype=np.int64),
+        np.array(nanos or [0] * n, dtype=np.int64),
+        {"open": ones, "high": 2 * ones, "low": 0.5 * ones, "close": ones, "volume": ones},
+    )
+    names = {f: f for f in NAMES}
+    df = _frame(table, fmt, names, parquet=False)
+    return Case({"X.csv": _serialize(df, ".csv")}, "X.csv", (("X",), {"X": table}), {"X.csv": n})
+
+
 @settings(SETTINGS, max_examples=120)
 @given(case=cases(corrupt=False))
+# Pinned: years beyond datetime64[ns] wrapped around silently (9999-12-31 -> 1816-03-29);
+# nanosecond epochs went through float64 and lost up to 256 ns.
+@example(case=_exact_case("iso_date", [253_402_041_600, 253_402_128_000]))
+@example(case=_exact_case("unix_ns", [1_600_000_000, 1_600_000_000], [123_456_789, 123_456_790]))
 def test_valid_files_load_exactly(case: Case) -> None:
     run_case(case, "valid by construction")
 
 
 @settings(SETTINGS, max_examples=250)
 @given(case=cases(corrupt=True))
+# Inputs that escaped as other exception types before the fixes, pinned:
+@example(case=_one_csv(HEADER + "99999999999999999999999,1,2,0.5,1,1\n"))  # OverflowError
+@example(case=_one_csv(HEADER + "9500000000000000000,1,2,0.5,1,1\n" * 2))  # AttributeError
+@example(case=_one_csv(HEADER + "9223372036854775807,1,2,0.5,1,1\n"))  # Bars ValueError
 def test_corrupted_files_load_or_name_file_row_column(case: Case) -> None:
     run_case(case, "corrupted")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.base import Batch
-from tests.trainables.helpers import tiny_config, untrained_and_trained_sharpe
+from tests.trainables.helpers import tiny_config
 from trainables.config import DataConfig
 from trainables.precision import BF16, F32
 from trainables.trainer import Trainer, TrialDiverged
@@ -30,7 +30,9 @@ def _poison(trainer: Trainer, bad_calls: Callable[[int], bool]) -> None:
 
 
 def test_planted_nan_steps_are_skipped_and_counted() -> None:
-    trainer = Trainer(tiny_config(precision="f32", epochs=1, max_steps_per_epoch=8, fallback_after=3))
+    trainer = Trainer(
+        tiny_config(precision="f32", epochs=1, max_steps_per_epoch=8, fallback_after=3)
+    )
     _poison(trainer, lambda i: i in (2, 5))  # two isolated bad steps: no fallback, no failure
     metrics = trainer.train_epoch()
     assert metrics["skipped_steps"] == 2
@@ -40,7 +42,11 @@ def test_planted_nan_steps_are_skipped_and_counted() -> None:
 
 def test_k_consecutive_skips_under_bf16_fall_back_to_f32() -> None:
     k = 4
-    trainer = Trainer(tiny_config(precision="bf16", epochs=2, max_steps_per_epoch=10, fallback_after=k, log_every=5))
+    trainer = Trainer(
+        tiny_config(
+            precision="bf16", epochs=2, max_steps_per_epoch=10, fallback_after=k, log_every=5
+        )
+    )
     _poison(trainer, lambda i: 2 <= i < 2 + k)
     before = trainer.folds[0].optimizer
     first = trainer.train_epoch()
@@ -58,9 +64,15 @@ def test_k_consecutive_skips_under_bf16_fall_back_to_f32() -> None:
 
 
 def test_divergence_that_persists_in_f32_fails_with_a_reason() -> None:
-    trainer = Trainer(tiny_config(precision="bf16", epochs=1, max_steps_per_epoch=12, fallback_after=3, log_every=3))
+    trainer = Trainer(
+        tiny_config(
+            precision="bf16", epochs=1, max_steps_per_epoch=12, fallback_after=3, log_every=3
+        )
+    )
     _poison(trainer, lambda i: i >= 1)  # NaN forever: falls back, then still diverges
-    with pytest.raises(TrialDiverged, match=r"tft diverged under f32: \d+ consecutive non-finite steps"):
+    with pytest.raises(
+        TrialDiverged, match=r"tft diverged under f32: \d+ consecutive non-finite steps"
+    ):
         trainer.train_epoch()
     assert trainer.fell_back_to_f32
 
@@ -82,9 +94,21 @@ def test_bf16_trains_in_bf16_and_reports_every_metric() -> None:
     assert run.model.quantile_levels.dtype == F32  # type: ignore[union-attr]  # keep_f32
     assert {p.dtype for p in run.model.parameters()} == {BF16}
     for key in (
-        "train_loss", "val_sharpe", "val_sortino", "val_max_drawdown", "val_turnover", "val_hit_rate",
-        "val_sharpe_per_period", "val_skew", "val_kurtosis", "val_n_obs", "test_sharpe",
-        "skipped_steps", "steps_per_s", "peak_mem_mb", "fell_back_to_f32",
+        "train_loss",
+        "val_sharpe",
+        "val_sortino",
+        "val_max_drawdown",
+        "val_turnover",
+        "val_hit_rate",
+        "val_sharpe_per_period",
+        "val_skew",
+        "val_kurtosis",
+        "val_n_obs",
+        "test_sharpe",
+        "skipped_steps",
+        "steps_per_s",
+        "peak_mem_mb",
+        "fell_back_to_f32",
     ):
         assert key in metrics, key
     assert metrics["steps_per_s"] > 0 and metrics["peak_mem_mb"] > 0
@@ -99,18 +123,6 @@ def test_walk_forward_folds_each_train_their_own_model() -> None:
     w0 = next(first.model.parameters())
     w1 = next(second.model.parameters())
     assert not torch.equal(w0, w1)
-    assert metrics["val_sharpe"] == pytest.approx((metrics["val_sharpe_fold0"] + metrics["val_sharpe_fold1"]) / 2)
-
-
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
-def test_tft_learns_the_planted_signal(precision: str) -> None:
-    # 3 epochs x 40 steps of a d_model=8 TFT on 4 synthetic assets (signal 0.15), 4 seeds.
-    # Measured (f32 and bf16 alike): untrained mean ~0.3 (from -3.5 to +4.0), trained ~3.4.
-    config = tiny_config(
-        precision=precision, epochs=3, max_steps_per_epoch=40, lr=3e-3, data=DataConfig(n_bars=1000, n_assets=4)
+    assert metrics["val_sharpe"] == pytest.approx(
+        (metrics["val_sharpe_fold0"] + metrics["val_sharpe_fold1"]) / 2
     )
-    untrained, trained = untrained_and_trained_sharpe(config, seeds=(0, 1, 2, 3))
-    mean_untrained, mean_trained = sum(untrained) / 4, sum(trained) / 4
-    assert mean_trained > 2.5, trained
-    assert mean_trained - mean_untrained > 2.0, (untrained, trained)
-    assert min(trained) > 2.0, trained

@@ -1,0 +1,116 @@
+"""bench/search_efficiency.py: the smoke run prints the comparison table, and its in-process
+ASHA makes the same decisions as Ray Tune's ``ASHAScheduler``."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "search_efficiency.py"
+FOUR = ("random", "tpe", "tpe+asha", "pso")
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("search_efficiency_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    assert len(lines) >= 2 + len(FOUR), stdout
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    return header, rows
+
+
+@pytest.mark.slow
+def test_smoke_run_prints_the_table() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "target val_sharpe" in proc.stdout
+    header, rows = _table(proc.stdout)
+    assert header[0] == "searcher"
+    ratio = header.index("ratio to random")
+    epochs = header.index("median trial-epochs to target")
+    by_label = {row[0]: row for row in rows}
+    assert set(FOUR) <= set(by_label), proc.stdout
+    for label in FOUR:
+        value = float(by_label[label][ratio])  # numeric, not "n/a"
+        assert math.isfinite(value) and value > 0, by_label[label]
+        assert float(by_label[label][epochs]) > 0
+    assert float(by_label["random"][ratio]) == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # Ray's all-NaN rung
+@pytest.mark.parametrize("case", range(12))
+def test_asha_rule_matches_rays_scheduler(case: int) -> None:
+    """Random interleavings of trial results (NaNs and ties included) get the same
+    CONTINUE/STOP decisions and the same rung records from both implementations."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    bench = _load_bench()
+    rng = random.Random(case)
+    max_t = rng.choice([2, 4, 8, 9, 16])
+    grace = rng.choice([1, 1, 2]) if max_t > 2 else 1
+    rf = rng.choice([2, 2, 3])
+    ours = bench.AshaRungs(max_t, grace_period=grace, reduction_factor=rf)
+    ray = ASHAScheduler(
+        time_attr="epoch",
+        metric="val_sharpe",
+        mode="max",
+        max_t=max_t,
+        grace_period=grace,
+        reduction_factor=rf,
+    )
+    quality = {}
+    running: dict[str, SimpleNamespace] = {}
+    started = 0
+    decisions = stops = 0
+    while started < 40 or running:
+        while started < 40 and len(running) < rng.choice([1, 2, 4]):
+            trial = SimpleNamespace(trial_id=f"t{started}", epoch=0)
+            ray.on_trial_add(None, trial)
+            running[trial.trial_id] = trial
+            quality[trial.trial_id] = rng.gauss(0, 1)
+            started += 1
+        trial = running[rng.choice(sorted(running))]
+        trial.epoch += 1
+        if rng.random() < 0.05:
+            value = math.nan
+        else:
+            value = round(quality[trial.trial_id] + 0.3 * trial.epoch + rng.gauss(0, 0.5), 1)
+        result = {"epoch": trial.epoch, "val_sharpe": value}
+        mine = ours.on_result(trial.trial_id, trial.epoch, value)
+        theirs = ray.on_trial_result(None, trial, result)
+        assert mine == theirs, (case, trial.trial_id, trial.epoch, value)
+        decisions += 1
+        stops += mine == bench.STOP and trial.epoch < max_t
+        if mine == bench.STOP or math.isnan(value):
+            ours.on_complete(trial.trial_id, trial.epoch, value)
+            ray.on_trial_complete(None, trial, result)
+            del running[trial.trial_id]
+    theirs_rungs = ray._brackets[0]._rungs
+    assert [m for m, _ in ours.rungs] == [m for m, _ in theirs_rungs]
+    for (_, mine_rec), (_, their_rec) in zip(ours.rungs, theirs_rungs, strict=True):
+        assert mine_rec.keys() == their_rec.keys()
+        for key, value in mine_rec.items():
+            assert value == their_rec[key] or (math.isnan(value) and math.isnan(their_rec[key]))
+    assert decisions > 40 and stops > 0  # early stops happened, not only max_t ends
