@@ -414,13 +414,34 @@ def _fmt(x: float, digits: int = 0) -> str:
     return f"{x:.{digits}f}"
 
 
-def report(runs: list[Run], labels: list[str], target_fraction: float, budget: int) -> list[str]:
+def _ratio(mine: float, base: float) -> float:
+    if math.isinf(base):
+        return math.nan  # random never (in the median) got there: no ratio
+    return mine / base
+
+
+def report(
+    runs: list[Run],
+    labels: list[str],
+    target_fraction: float,
+    budget: int,
+    also: tuple[float, ...] = (),
+) -> list[str]:
     best = max(r.best() for r in runs if math.isfinite(r.best()))
+
+    def medians(target: float) -> dict[str, float]:
+        return {
+            label: _median([r.epochs_to(target) for r in runs if r.label == label])
+            for label in labels
+        }
+
+    def reached(label: str, target: float) -> tuple[int, int]:
+        mine = [r for r in runs if r.label == label]
+        return sum(math.isfinite(r.epochs_to(target)) for r in mine), len(mine)
+
     target = target_fraction * best
-    medians = {
-        label: _median([r.epochs_to(target) for r in runs if r.label == label]) for label in labels
-    }
-    base = medians.get("random", math.nan)
+    med = medians(target)
+    base = med.get("random", math.nan)
     lines = [
         f"target val_sharpe = {target_fraction:g} x best found across all runs "
         f"({best:.3f}) = {target:.3f}; budget {budget} trial-epochs per run",
@@ -431,14 +452,10 @@ def report(runs: list[Run], labels: list[str], target_fraction: float, budget: i
     ]
     for label in labels:
         mine = [r for r in runs if r.label == label]
-        reached = sum(math.isfinite(r.epochs_to(target)) for r in mine)
-        if math.isinf(medians[label]) and math.isinf(base):
-            ratio = math.nan
-        else:
-            ratio = medians[label] / base if base > 0 else math.nan
+        hit, n = reached(label, target)
         lines.append(
-            f"| {label} | {len(mine)} | {reached}/{len(mine)} ({reached / len(mine):.0%}) "
-            f"| {_fmt(medians[label], 0)} | {_fmt(ratio, 2)} "
+            f"| {label} | {n} | {hit}/{n} ({hit / n:.0%}) | {_fmt(med[label], 0)} "
+            f"| {_fmt(_ratio(med[label], base), 2)} "
             f"| {statistics.median(r.trials for r in mine):.0f} "
             f"| {statistics.median(r.best() for r in mine):.3f} |"
         )
@@ -447,6 +464,29 @@ def report(runs: list[Run], labels: list[str], target_fraction: float, budget: i
     for label in labels:
         per_seed = [_fmt(r.epochs_to(target)) for r in runs if r.label == label]
         lines.append(f"  {label:<12} {' '.join(per_seed)}")
+    if also:
+        fractions = sorted({*also, target_fraction})
+        lines += [
+            "",
+            "other targets: median trial-epochs to target (ratio to random; runs that reached it)",
+            "",
+            "| searcher | "
+            + " | ".join(f"{f:g} x best = {f * best:.2f}" for f in fractions)
+            + " |",
+            "|---|" + "---:|" * len(fractions),
+        ]
+        by_fraction = {f: medians(f * best) for f in fractions}
+        for label in labels:
+            cells = []
+            for f in fractions:
+                m = by_fraction[f]
+                hit, n = reached(label, f * best)
+                cells.append(
+                    f"{_fmt(m[label])} ({_fmt(_ratio(m[label], m['random']), 2)}; {hit}/{n})"
+                    if "random" in m
+                    else f"{_fmt(m[label])} ({hit}/{n})"
+                )
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -459,16 +499,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--target-fraction", type=float, default=None, help="of the best found (0.9; smoke 0.5)"
     )
+    parser.add_argument(
+        "--also-fractions",
+        default=None,
+        help="more target fractions for the second table (0.8,0.95,0.97; smoke: none)",
+    )
     parser.add_argument("--searchers", default=None, help=f"comma-separated, of {list(SEARCHERS)}")
     parser.add_argument("--cache", type=Path, default=None, help="JSON file of learning curves")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     task = SMOKE if args.smoke else FULL
-    seeds = args.seeds or (3 if args.smoke else 6)
-    budget = args.budget or (8 if args.smoke else 24 * task.max_epochs)
+    seeds = args.seeds or (3 if args.smoke else 12)
+    budget = args.budget or (8 if args.smoke else 48 * task.max_epochs)
     concurrency = args.concurrency or (2 if args.smoke else 4)
     target_fraction = args.target_fraction or (0.5 if args.smoke else 0.9)
+    also_text = (
+        args.also_fractions
+        if args.also_fractions is not None
+        else ("" if args.smoke else "0.8,0.95,0.97")
+    )
+    also = tuple(float(f) for f in also_text.split(",") if f.strip())
     searchers = args.searchers or ",".join(SMOKE_SEARCHERS if args.smoke else DEFAULT_SEARCHERS)
     labels = [s.strip() for s in searchers.split(",") if s.strip()]
     unknown = [s for s in labels if s not in SEARCHERS]
@@ -500,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache:
             landscape.save(args.cache, fingerprint)
     print()
-    for line in report(runs, labels, target_fraction, budget):
+    for line in report(runs, labels, target_fraction, budget, also):
         print(line)
     wall = time.perf_counter() - started
     print()

@@ -12,8 +12,10 @@ handles well; one server worker is enough and spares small machines.
 Security: bound to 127.0.0.1 unless a host is given. MLflow 3 also checks the ``Host``
 header of every request (default: localhost and private IPs) and CORS origins (default:
 localhost origins), so loopback clients work as they are; a server reached by a DNS name
-(a Kubernetes Service, ``mlflow.internal``) needs that name in ``allowed_hosts``. The
-server has no authentication: expose it only inside the cluster's network.
+(a Kubernetes Service, ``mlflow.internal``) needs that name in ``allowed_hosts``
+(fnmatch patterns matched against ``host:port``, e.g. ``mlflow:*,mlflow.*``; loopback
+names are kept). The server has no authentication: expose it only inside the cluster's
+network.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
+LOOPBACK_HOSTS = ("localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*")
 
 
 class TrackingServerError(RuntimeError):
@@ -114,7 +117,11 @@ def server_command(
         str(workers),
     ]
     if allowed_hosts:
-        command += ["--allowed-hosts", allowed_hosts]
+        # The given names replace MLflow's defaults; loopback stays allowed so the UI still
+        # works through an SSH tunnel or `kubectl port-forward` (Host: localhost:PORT).
+        names = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+        names += [h for h in LOOPBACK_HOSTS if h not in names]
+        command += ["--allowed-hosts", ",".join(names)]
     return command
 
 
@@ -190,6 +197,8 @@ def _free_port(host: str) -> int:
 def _port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as sock:
+        # As the server will: connections of a previous server in TIME_WAIT do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

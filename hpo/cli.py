@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -54,7 +55,7 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         sys.exit(2)
 
 
@@ -647,6 +648,10 @@ def submit_cmd(
     except SpecError as exc:
         _fail(str(exc))
         return
+    import logging
+
+    # Ray logs every file it skips while packaging the snapshot; keep the upload line only.
+    logging.getLogger("ray._private.runtime_env.packaging").setLevel(logging.WARNING)
     token = resolve_token()
     try:
         url = jobs_address(address)

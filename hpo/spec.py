@@ -261,11 +261,16 @@ def _deep_checks(spec: SweepSpec, base_dir: Path | None) -> list[str]:
     problems = []
     for model in spec.models:
         try:
-            trial_space(model, spec.search_space.get(model))
+            space = trial_space(model, spec.search_space.get(model))
         except ValueError as exc:
             problems.append(str(exc))
+            continue
         except (OverflowError, TypeError) as exc:  # e.g. {low = 10**400} read from YAML
             problems.append(f"search_space.{model}: {exc}")
+            continue
+        problem = _trial_config_problem(spec, model, space)
+        if problem:
+            problems.append(problem)
     if spec.data.source != "synthetic":
         try:
             resolved = _resolve_data(spec.data.source, base_dir or Path.cwd())
@@ -277,6 +282,31 @@ def _deep_checks(spec: SweepSpec, base_dir: Path | None) -> list[str]:
                 f"data.source: {spec.data.source!r} does not exist (looked at {resolved})"
             )
     return problems
+
+
+def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None:
+    """Build one trial's configuration (fixed keys, every searched key at its lower bound)
+    exactly as a trial would, so settings that would fail in every trial fail here instead,
+    before Ray or MLflow start."""
+    from models.base import Choice
+    from trainables.config import DataConfig, build_train_config
+
+    sample = {k: d.options[0] if isinstance(d, Choice) else d.low for k, d in space.dims.items()}
+    base = spec.base_trial_settings()
+    try:
+        config = build_train_config(
+            model,
+            {**space.fixed, **sample},
+            data=DataConfig(**base["data"]),
+            epochs=base["epochs"],
+            **base["trainer"],
+        )
+        from models import get_family
+
+        get_family(model).make_config(config.model_config)
+    except (ValueError, TypeError, OverflowError) as exc:
+        return f"trainer / search_space.{model}: a trial of {model} would fail: {exc}"
+    return None
 
 
 def _resolve_data(source: str, base_dir: Path) -> Path:

@@ -173,13 +173,14 @@ class MlflowSweepCallback(Callback):
         self._connect()
 
     def _connect(self) -> None:
+        self._checked: set[str] = set()  # trials whose logged epochs were read this process
         self.client = MlflowClient(self.tracking_uri)
         self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
         self.outbox = _Outbox()
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
-        return {k: v for k, v in self.__dict__.items() if k not in ("client", "outbox")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("client", "outbox", "_checked")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -243,11 +244,19 @@ class MlflowSweepCallback(Callback):
     def _run_for(self, trial: Any) -> str:
         trial_id = trial.trial_id
         if trial_id in self.run_ids:
-            return self.run_ids[trial_id]
+            run_id = self.run_ids[trial_id]
+            if trial_id not in self._checked:
+                # Restored ids come from Tune's last experiment snapshot, which can be older
+                # than what reached MLflow before a crash: ask MLflow what is already logged.
+                self._checked.add(trial_id)
+                logged = self._logged_epochs(run_id)
+                self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
+            return run_id
         existing = self._find_child(trial_id)
         if existing is not None:
             self.run_ids[trial_id] = existing
-            self.last_epoch.setdefault(trial_id, self._logged_epochs(existing))
+            self._checked.add(trial_id)
+            self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), self._logged_epochs(existing))
             self.outbox.send(
                 f"reopen {trial_id}", lambda: self.client.update_run(existing, status="RUNNING")
             )
@@ -274,6 +283,7 @@ class MlflowSweepCallback(Callback):
         )
         self.run_ids[trial_id] = run_id
         self.last_epoch[trial_id] = 0
+        self._checked.add(trial_id)
         return run_id
 
     def _find_child(self, trial_id: str) -> str | None:

@@ -48,3 +48,11 @@ def mlflow_uri(tmp_path, _mlflow_template) -> str:  # type: ignore[no-untyped-de
     target = tmp_path / "mlflow.db"
     shutil.copyfile(_mlflow_template, target)
     return f"sqlite:///{target}"
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Under pytest-xdist, every test that starts or uses Ray runs on one worker, one after
+    another (they each want the machine's 2 CPUs); the rest spread over the other workers."""
+    for item in items:
+        if item.get_closest_marker("ray") or "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))

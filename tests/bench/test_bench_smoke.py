@@ -28,7 +28,13 @@ def _load_bench() -> ModuleType:
 
 
 def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
-    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    """The first markdown table in ``stdout``: header and body rows."""
+    lines: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+        elif lines:
+            break
     assert len(lines) >= 2 + len(FOUR), stdout
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]

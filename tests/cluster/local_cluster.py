@@ -121,6 +121,10 @@ class LocalCluster:
     nodes: list[RayNode] = field(default_factory=list)
 
     @property
+    def head_ip(self) -> str:
+        return NODE_IP
+
+    @property
     def gcs_address(self) -> str:
         return f"{NODE_IP}:{self.gcs_port}"
 

@@ -41,7 +41,9 @@ HPO = [sys.executable, "-m", "hpo.cli"]
 
 
 @pytest.fixture(scope="module")
-def tracking_process(tmp_path_factory, _mlflow_template) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def tracking_process(
+    tmp_path_factory: pytest.TempPathFactory, _mlflow_template: Path
+) -> Iterator[dict[str, Any]]:
     """`hpo tracking-server` in its own process group, started before the cluster so both
     come up at once; the `tracking` fixture waits for it."""
     store = tmp_path_factory.mktemp("mlflow-server")
@@ -208,7 +210,9 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
     rows = {row["job_id"]: row for row in json.loads(listed.stdout)}
     assert rows[job]["status"] == "SUCCEEDED" and rows[job]["sweep"] == "multinode"
     assert "--address auto" in rows[job]["entrypoint"]
-    for run in client.search_runs([client.get_experiment_by_name("multinode").experiment_id]):
+    experiment = client.get_experiment_by_name("multinode")
+    assert experiment is not None
+    for run in client.search_runs([experiment.experiment_id]):
         values = [*run.data.params.values(), *run.data.tags.values()]
         assert not any(cluster.token in value for value in values)
     assert_no_token(cluster.token, output, listed.stdout, listed.stderr, store=store)
@@ -237,20 +241,26 @@ def test_dashboard_binds_to_loopback_and_refuses_requests_without_the_token(
     assert "token authentication" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr
 
 
-def test_node_local_storage_is_refused_before_any_trial_starts(
-    cluster: LocalCluster, tracking: tuple[str, Path], tmp_path: Path
+@pytest.mark.parametrize("kind", ["ray-client", "gcs"])
+def test_sweep_joins_by_address_and_refuses_node_local_storage(
+    cluster: LocalCluster, tmp_path: Path, kind: str
 ) -> None:
-    uri, _ = tracking
-    spec = write_spec(tmp_path, "unshared", uri)
-    done = submit(cluster, spec, "--follow")  # no --shared-storage
-    output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-4000:]
-    assert "FAILED" in output
-    text = " ".join(output.split())  # rich wraps the driver's lines
-    assert "is a node-local path" in text and "HPO_SHARED_STORAGE" in text
-    assert "the cluster has 3 nodes" in text
-    assert not (tmp_path / "shared" / "unshared").exists()  # nothing was launched
-    assert trial_runs(uri, "unshared") == []
+    """`hpo sweep --address` joins the cluster both ways (Ray Client `ray://HEAD:PORT`, the
+    head's GCS `HEAD:PORT`) and, seeing three nodes and a node-local storage path, stops
+    with the fix before the sweep folder or any MLflow run exists."""
+    address = {
+        "ray-client": f"ray://{cluster.head_ip}:{cluster.client_port}",
+        "gcs": cluster.gcs_address,
+    }[kind]
+    spec = write_spec(tmp_path, "unshared", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    done = hpo(cluster, "sweep", str(spec), "--address", address, timeout=240)
+    text = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
+    assert done.returncode == 2, text[-4000:]
+    assert "sweep 'unshared' cannot run on this Ray cluster (nothing was launched)" in text
+    assert f"{tmp_path / 'shared'} is a node-local path" in text
+    assert "the cluster has 3 nodes" in text and "HPO_SHARED_STORAGE=1" in text
+    assert "Traceback" not in text
+    assert not (tmp_path / "shared").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_checkpoint(

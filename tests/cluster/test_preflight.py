@@ -239,7 +239,9 @@ def test_preflight_lists_every_problem_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-def test_run_sweep_checks_resources_before_creating_anything(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_run_sweep_checks_resources_before_creating_anything(
+    ray_session: object, tmp_path: Path
+) -> None:
     """On the session's real local Ray (2 CPUs): a 3-CPU trial is refused before the
     sweep folder or any MLflow run exists."""
     from hpo.sweep import SweepError, run_sweep

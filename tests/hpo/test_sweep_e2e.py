@@ -67,7 +67,7 @@ def test_newest_checkpoint_is_safetensors_in_the_trial_dtype(finished_sweep) -> 
     for row in trial_rows(sweep_dir):
         assert row.checkpoint is not None and row.checkpoint.endswith("checkpoint_000001/state")
         with safe_open(str(Path(row.checkpoint) / "model.safetensors"), "pt") as f:
-            dtypes = {f.get_slice(k).get_dtype() for k in f}
+            dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
         # Only keep_f32 tensors (TFT quantile levels, DQN nothing) may differ from the policy.
         assert EXPECTED_DTYPE[row.precision] in dtypes
         if row.precision == "bf16":

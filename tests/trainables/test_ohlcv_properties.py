@@ -505,7 +505,7 @@ def _exact_case(fmt: str, seconds: list[int], nanos: list[int] | None = None) ->
     return Case({"X.csv": _serialize(df, ".csv")}, "X.csv", (("X",), {"X": table}), {"X.csv": n})
 
 
-@settings(SETTINGS, max_examples=120)
+@settings(SETTINGS, max_examples=80)
 @given(case=cases(corrupt=False))
 # Pinned: years beyond datetime64[ns] wrapped around silently (9999-12-31 -> 1816-03-29);
 # nanosecond epochs went through float64 and lost up to 256 ns.
@@ -515,7 +515,7 @@ def test_valid_files_load_exactly(case: Case) -> None:
     run_case(case, "valid by construction")
 
 
-@settings(SETTINGS, max_examples=250)
+@settings(SETTINGS, max_examples=150)
 @given(case=cases(corrupt=True))
 # Inputs that escaped as other exception types before the fixes, pinned:
 @example(case=_one_csv(HEADER + "99999999999999999999999,1,2,0.5,1,1\n"))  # OverflowError
@@ -525,7 +525,7 @@ def test_corrupted_files_load_or_name_file_row_column(case: Case) -> None:
     run_case(case, "corrupted")
 
 
-@settings(SETTINGS, max_examples=60)
+@settings(SETTINGS, max_examples=50)
 @given(
     data=st.binary(max_size=400) | st.text(max_size=200).map(str.encode),
     suffix=st.sampled_from([".csv", ".csv.gz", ".parquet", ".pq"]),
