@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -162,7 +163,12 @@ class _Outbox:
 
 
 class MlflowSweepCallback(Callback):
-    """Tune callback: a nested child run per trial, per-epoch metrics, statuses."""
+    """Tune callback: a nested child run per trial, per-epoch metrics, statuses.
+
+    Every MLflow call, creating a trial's run included, goes through the outbox and
+    resolves run ids when it executes, so an unreachable tracking server never raises into
+    Tune: calls wait in order and go out once the server answers again.
+    """
 
     def __init__(self, tracking_uri: str, sweep_name: str, parent_run_id: str) -> None:
         self.tracking_uri = tracking_uri
@@ -173,14 +179,19 @@ class MlflowSweepCallback(Callback):
         self._connect()
 
     def _connect(self) -> None:
-        self._checked: set[str] = set()  # trials whose logged epochs were read this process
+        # Fail fast inside one call (the outbox retries), instead of MLflow's own minutes-long
+        # retry loop blocking Tune's event loop while a server is away.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self._queued: set[str] = set()  # trials whose run lookup/creation is queued
         self.client = MlflowClient(self.tracking_uri)
-        self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
+        self.experiment_id: str | None = None
         self.outbox = _Outbox()
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
-        return {k: v for k, v in self.__dict__.items() if k not in ("client", "outbox", "_checked")}
+        skip = ("client", "outbox", "_queued", "experiment_id")
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -188,16 +199,14 @@ class MlflowSweepCallback(Callback):
 
     # -- Tune hooks ------------------------------------------------------------------------
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._run_for(trial)
+        self._ensure_run(trial)
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
-        run_id = self._run_for(trial)
+        self._ensure_run(trial)
+        trial_id = trial.trial_id
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
-        if epoch <= self.last_epoch.get(trial.trial_id, 0) and not result.get("diverged"):
-            return  # an epoch re-run after a restore: its points are already in MLflow
-        self.last_epoch[trial.trial_id] = max(epoch, self.last_epoch.get(trial.trial_id, 0))
         stamp = int(time.time() * 1000)
         metrics = [
             Metric(key, float(value), stamp, epoch)
@@ -216,10 +225,15 @@ class MlflowSweepCallback(Callback):
             ]
         if result.get("failure_reason"):
             tags.append(RunTag(TAG_FAILURE, str(result["failure_reason"])[:5000]))
-        self.outbox.send(
-            f"metrics of {trial.trial_id} epoch {epoch}",
-            lambda: self.client.log_batch(run_id, metrics=metrics, tags=tags),
-        )
+        final = bool(result.get("diverged") or result.get("oom"))
+
+        def log_epoch() -> None:
+            if epoch <= self.last_epoch.get(trial_id, 0) and not final:
+                return  # an epoch re-run after a restore: its points are already in MLflow
+            self.client.log_batch(self.run_ids[trial_id], metrics=metrics, tags=tags)
+            self.last_epoch[trial_id] = max(epoch, self.last_epoch.get(trial_id, 0))
+
+        self.outbox.send(f"metrics of {trial_id} epoch {epoch}", log_epoch)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
@@ -238,30 +252,36 @@ class MlflowSweepCallback(Callback):
         self._finish(trial, "FAILED", "error", reason)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        self.outbox.flush(block=True, deadline_s=120.0)
+        self.outbox.flush(block=True, deadline_s=300.0)
+        if self.outbox.pending:
+            log.error(
+                "MLflow at %s stayed unreachable: %d call(s) not logged",
+                self.tracking_uri,
+                len(self.outbox.pending),
+            )
 
     # -- runs ------------------------------------------------------------------------------
-    def _run_for(self, trial: Any) -> str:
+    def _ensure_run(self, trial: Any) -> None:
+        """Queue finding (after a restore) or creating the trial's child run, once."""
         trial_id = trial.trial_id
-        if trial_id in self.run_ids:
-            run_id = self.run_ids[trial_id]
-            if trial_id not in self._checked:
-                # Restored ids come from Tune's last experiment snapshot, which can be older
-                # than what reached MLflow before a crash: ask MLflow what is already logged.
-                self._checked.add(trial_id)
-                logged = self._logged_epochs(run_id)
-                self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
-            return run_id
-        existing = self._find_child(trial_id)
-        if existing is not None:
-            self.run_ids[trial_id] = existing
-            self._checked.add(trial_id)
-            self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), self._logged_epochs(existing))
-            self.outbox.send(
-                f"reopen {trial_id}", lambda: self.client.update_run(existing, status="RUNNING")
-            )
-            return existing
+        if trial_id in self._queued:
+            return
+        self._queued.add(trial_id)
         config = trial.config
+        self.outbox.send(f"run of {trial_id}", lambda: self._open_run(trial_id, config))
+
+    def _open_run(self, trial_id: str, config: dict[str, Any]) -> None:
+        if self.experiment_id is None:
+            self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
+        run_id = self.run_ids.get(trial_id) or self._find_child(trial_id)
+        if run_id is not None:
+            # Restored ids come from Tune's last experiment snapshot, which can be older
+            # than what reached MLflow before a crash: ask MLflow what is already logged.
+            logged = self._logged_epochs(run_id)
+            self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_ids[trial_id] = run_id
+            return
         tags = {
             TAG_PARENT: self.parent_run_id,
             TAG_ROLE: ROLE_TRIAL,
@@ -276,20 +296,18 @@ class MlflowSweepCallback(Callback):
             TAG_STATUS: "running",
         }
         run = self.client.create_run(self.experiment_id, run_name=trial_run_name(config), tags=tags)
-        run_id = run.info.run_id
         params = [Param(k, v) for k, v in trial_params(config).items()]
-        self.outbox.send(
-            f"params of {trial_id}", lambda: self.client.log_batch(run_id, params=params)
-        )
-        self.run_ids[trial_id] = run_id
+        self.client.log_batch(run.info.run_id, params=params)
+        self.run_ids[trial_id] = run.info.run_id
         self.last_epoch[trial_id] = 0
-        self._checked.add(trial_id)
-        return run_id
 
     def _find_child(self, trial_id: str) -> str | None:
+        assert self.experiment_id is not None
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.{TAG_TRIAL} = '{trial_id}' and tags.`{TAG_PARENT}` = '{self.parent_run_id}'",
+            filter_string=(
+                f"tags.{TAG_TRIAL} = '{trial_id}' and tags.`{TAG_PARENT}` = '{self.parent_run_id}'"
+            ),
             max_results=1,
         )
         return runs[0].info.run_id if runs else None
@@ -299,16 +317,18 @@ class MlflowSweepCallback(Callback):
         return max((m.step for m in history), default=0)
 
     def _finish(self, trial: Any, status: str, label: str, reason: str = "") -> None:
-        run_id = self._run_for(trial)
+        self._ensure_run(trial)
+        trial_id = trial.trial_id
         tags = [RunTag(TAG_STATUS, label)]
         if reason:
             tags.append(RunTag(TAG_FAILURE, reason[:5000]))
 
         def close() -> None:
+            run_id = self.run_ids[trial_id]
             self.client.log_batch(run_id, tags=tags)
             self.client.set_terminated(run_id, status=status)
 
-        self.outbox.send(f"close {trial.trial_id}", close)
+        self.outbox.send(f"close {trial_id}", close)
 
     # -- state saved with the sweep (Tune experiment checkpoints) ---------------------------
     def get_state(self) -> dict[str, Any]:

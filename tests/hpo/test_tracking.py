@@ -56,27 +56,34 @@ def test_epochs_logged_once_and_run_reused_after_restart(mlflow_uri: str) -> Non
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_metrics_buffered_while_the_store_is_away(mlflow_uri: str) -> None:
+def test_nothing_lost_while_the_store_is_away(mlflow_uri: str) -> None:
+    """The store is unreachable from before the trial starts: its run, params, three
+    epochs and its closing all wait in order and land once the store is back."""
     callback, client, _ = _setup(mlflow_uri)
+    outage = {"on": True}
+    for name in ("create_run", "log_batch", "set_terminated", "search_runs", "get_experiment_by_name"):
+        real = getattr(callback.client, name)
+
+        def flaky(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if outage["on"]:
+                raise ConnectionError("tracking server down")
+            return _real(*args, **kwargs)
+
+        setattr(callback.client, name, flaky)
     trial = _trial("t2")
     callback.on_trial_start(0, [], trial)
-    real = callback.client.log_batch
-    outage = {"on": True}
-
-    def flaky(*args: Any, **kwargs: Any) -> None:
-        if outage["on"]:
-            raise ConnectionError("tracking server down")
-        real(*args, **kwargs)
-
-    callback.client.log_batch = flaky  # type: ignore[method-assign]
     for epoch in (1, 2, 3):
         callback.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": float(epoch)})
-    assert len(callback.outbox.pending) == 3
+    trial.last_result = {"epoch": 3}
+    callback.on_trial_complete(0, [], trial)
+    assert len(callback.outbox.pending) == 5 and "t2" not in callback.run_ids
     outage["on"] = False
     callback.on_experiment_end([])
     assert not callback.outbox.pending
     run_id = callback.run_ids["t2"]
     assert [m.step for m in client.get_metric_history(run_id, "val_sharpe")] == [1, 2, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.params["lr"] == "0.001"
 
 
 def test_no_credentials_in_params(mlflow_uri: str) -> None:
