@@ -20,7 +20,12 @@ from cluster.tracking_server import (
     start_tracking_server,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+# One server for the module: under pytest-xdist its tests stay on one worker.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(400),
+    pytest.mark.xdist_group("tracking-server"),
+]
 
 
 @pytest.fixture(scope="module")
