@@ -169,6 +169,13 @@ def rephrase_connect_error(exc: BaseException, address: str | None) -> ClusterEr
             "sweep inside the cluster with `hpo submit SPEC --address http://HEAD:8265`, "
             "which uses the cluster's own environment."
         )
+    if "Could not find any running Ray instance" in text:
+        return ClusterError(
+            f"no Ray cluster found for --address {address}: RAY_ADDRESS is not set and no "
+            "`ray start` ran on this machine. Give the head's address (HEAD:6379 on a "
+            "cluster node, ray://HEAD:10001 from outside), or leave --address out for a "
+            "local Ray."
+        )
     if type(exc).__name__ == "AuthenticationError" or "authentication token" in text.lower():
         return ClusterError(
             f"the Ray cluster at {where} requires its authentication token: set "

@@ -109,19 +109,14 @@ def resolve_token(env: Mapping[str, str] | None = None, home: Path | None = None
     token = env.get("RAY_AUTH_TOKEN", "").strip()
     if token:
         return token
-    candidates = []
     if env.get("RAY_AUTH_TOKEN_PATH"):
-        candidates.append(Path(env["RAY_AUTH_TOKEN_PATH"]).expanduser())
+        path = Path(env["RAY_AUTH_TOKEN_PATH"]).expanduser()
     else:
-        candidates.append((home or Path.home()) / ".ray" / "auth_token")
-    for path in candidates:
-        try:
-            token = path.read_text().strip()
-        except OSError:
-            continue
-        if token:
-            return token
-    return None
+        path = (home or Path.home()) / ".ray" / "auth_token"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -187,6 +182,8 @@ def cluster_nodes(address: str | None = None, token: str | None = None) -> list[
         if exc.code in (401, 403):
             raise _auth_error(address, exc) from None
         raise ClusterError(f"cannot list the nodes of {address}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ClusterError(f"cannot list the nodes of {address}: {exc}") from None
     rows = payload["data"]["result"]["result"]
     return [r for r in rows if r.get("state") == "ALIVE"]
 
@@ -202,9 +199,7 @@ def submission_problems(spec: Any) -> list[str]:
             "yet (it keeps its state file beside the results); use a path every node mounts "
             "(--storage /shared/hpo)"
         )
-    elif not Path(
-        storage.removeprefix("file://")
-    ).expanduser().is_absolute() and not storage.startswith("~"):
+    elif not Path(storage.removeprefix("file://")).expanduser().is_absolute():
         problems.append(
             f"storage: {storage!r} is relative: the job runs in a temporary copy of the working "
             "directory on the head, deleted with the cluster; pass --storage with an absolute "

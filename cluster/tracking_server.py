@@ -1,7 +1,7 @@
 """An MLflow tracking server for sweeps that run on several machines.
 
-    hpo tracking-server --store /shared/mlflow            # http://127.0.0.1:5000
-    hpo tracking-server --host 0.0.0.0 --port 5000 --allowed-hosts mlflow.internal
+    hpo tracking-server --store ~/mlflow-store            # http://127.0.0.1:5000
+    hpo tracking-server --host 0.0.0.0 --port 5000 --allowed-hosts 'mlflow.internal:*'
 
 One ``mlflow server`` process: runs and metrics in SQLite (``STORE/mlflow.db``), artifacts
 served by the server itself (``--serve-artifacts``) from ``STORE/artifacts``, so clients

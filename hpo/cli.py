@@ -4,6 +4,10 @@
     hpo train --model tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
     hpo train --resume runs/tft-bf16 [--precision f32] [--epochs 8]
     hpo predict --checkpoint runs/tft-bf16 --data bars.csv --out positions.csv
+    hpo tracking-server --store ~/mlflow-store                  MLflow server on 127.0.0.1:5000
+    hpo submit spec.toml --address http://HEAD:8265 --storage /shared/hpo \
+        --tracking-uri http://127.0.0.1:5000 --follow            sweep on a Ray cluster (Jobs API)
+    hpo jobs --address http://HEAD:8265                         the cluster's jobs
 
 Heavy imports (torch, ray, mlflow) happen inside the commands so ``hpo --help`` is instant.
 """
@@ -740,8 +744,9 @@ def tracking_server_cmd(
     allowed_hosts: Annotated[
         str | None,
         typer.Option(
-            help="Host names clients use, comma-separated (MLflow refuses other Host "
-            "headers; default: localhost and private IPs)."
+            help="Host headers clients send, as comma-separated patterns on host:port "
+            "(e.g. 'mlflow:*,mlflow.*'); MLflow refuses others. Default: localhost and "
+            "private IPs; loopback stays allowed either way."
         ),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, help="Server worker processes.")] = 1,
@@ -857,9 +862,13 @@ def _print_sweep_result(rows: list[Any], planned: int, sweep_dir: Path, tracking
         _print_best(best)
     if done < planned:
         console.print(f"[yellow]interrupted: continue with[/] hpo resume {sweep_dir}")
-    console.print(
-        f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri}  (then open http://127.0.0.1:5000)"
-    )
+    if tracking_uri.startswith(("http://", "https://")):
+        console.print(f"MLflow UI: open {tracking_uri}")
+    else:
+        console.print(
+            f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 "
+            "(then open http://127.0.0.1:5000)"
+        )
 
 
 # ----------------------------------------------------------------------------------------

@@ -145,6 +145,9 @@ def test_missing_token_and_unrelated_errors() -> None:
     assert error is not None
     assert "RAY_AUTH_TOKEN" in str(error) and "ray get-auth-token" in str(error)
     assert rephrase_connect_error(ValueError("something else"), "10.0.0.5:6379") is None
+    nothing = ConnectionError("Could not find any running Ray instance. Please specify ...")
+    error = rephrase_connect_error(nothing, "auto")
+    assert error is not None and str(error).startswith("no Ray cluster found for --address auto")
 
 
 # -- resources -----------------------------------------------------------------------------------
