@@ -93,6 +93,7 @@ from models.base import (
     fold_assets,
     unfold_assets,
 )
+from models.heads import regression_loss
 from trainables.precision import f32, like
 
 __all__ = [
@@ -373,16 +374,6 @@ class Mamba2Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.dropout(self.mixer(self.norm(x)))
-
-
-def regression_loss(
-    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float
-) -> torch.Tensor:
-    """f32 Huber or MSE loss of forecasts (any dtype) against f32 targets, averaged."""
-    pred = f32(forecast)
-    if kind == "mse":
-        return F.mse_loss(pred, target)
-    return F.huber_loss(pred, target, delta=delta)
 
 
 class Mamba2(nn.Module):

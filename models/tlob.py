@@ -84,6 +84,7 @@ from models.base import (
     inverse_softplus,
     unfold_assets,
 )
+from models.heads import forecast_positions, regression_loss
 from trainables.precision import f32, like
 
 __all__ = [
@@ -162,25 +163,6 @@ class TLOBConfig:
 
 # --------------------------------------------------------------------------------------
 # Loss and position mapping (both f32)
-
-
-def regression_loss(
-    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float = 1.0
-) -> torch.Tensor:
-    """Mean MSE or Huber loss of ``forecast`` (any dtype) against ``target`` (f32) -> f32.
-
-    Huber: 0.5 e^2 where |e| <= delta, delta (|e| - 0.5 delta) beyond, e = forecast - target.
-    """
-    err = f32(forecast) - target
-    if kind == "mse":
-        return err.square().mean()
-    size = err.abs()
-    return torch.where(size <= delta, 0.5 * err.square(), delta * (size - 0.5 * delta)).mean()
-
-
-def forecast_positions(forecast: torch.Tensor, scale: float) -> torch.Tensor:
-    """(...) forecasts in target std units -> (...) f32 positions tanh(scale * forecast)."""
-    return torch.tanh(scale * f32(forecast))
 
 
 # --------------------------------------------------------------------------------------

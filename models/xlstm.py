@@ -105,6 +105,7 @@ from models.base import (
     fold_assets,
     unfold_assets,
 )
+from models.heads import regression_loss
 from trainables.precision import f32, like
 
 __all__ = [
@@ -434,16 +435,6 @@ class SLSTMBlock(nn.Module):
         x = x + self.dropout(like(cell, x) * self.out_norm)
         gate, value = self.ffn_up(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.dropout(self.ffn_down(F.gelu(gate) * value))
-
-
-def regression_loss(
-    forecast: torch.Tensor, target: torch.Tensor, kind: str, delta: float
-) -> torch.Tensor:
-    """f32 Huber or MSE loss of forecasts (any dtype) against f32 targets, averaged."""
-    pred = f32(forecast)
-    if kind == "mse":
-        return F.mse_loss(pred, target)
-    return F.huber_loss(pred, target, delta=delta)
 
 
 class XLSTM(nn.Module):
