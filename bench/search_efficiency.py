@@ -414,10 +414,27 @@ def _fmt(x: float, digits: int = 0) -> str:
     return f"{x:.{digits}f}"
 
 
-def _ratio(mine: float, base: float) -> float:
+def _ratio(mine: float, base: float, budget: int) -> str:
+    """``mine / base``; when random's median is censored (> budget) only a bound is known."""
     if math.isinf(base):
-        return math.nan  # random never (in the median) got there: no ratio
-    return mine / base
+        return "n/a" if math.isinf(mine) else f"<{mine / budget:.2f}"
+    return _fmt(mine / base, 2)
+
+
+def _ratio_ci(mine: list[float], base: list[float], n_boot: int = 2000) -> str:
+    """95% percentile-bootstrap interval of the ratio of medians (runs resampled per searcher)."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(mine), np.asarray(base)
+    ratios = []
+    for _ in range(n_boot):
+        num = np.median(rng.choice(a, a.size))
+        den = np.median(rng.choice(b, b.size))
+        ratios.append(num / den if math.isfinite(den) else math.nan)
+    ratios_arr = np.asarray(ratios)
+    if np.isnan(ratios_arr).mean() > 0.025:
+        return "n/a"
+    low, high = np.nanpercentile(ratios_arr, [2.5, 97.5])
+    return f"[{_fmt(float(low), 2)}, {_fmt(float(high), 2)}]"
 
 
 def report(
@@ -441,21 +458,23 @@ def report(
 
     target = target_fraction * best
     med = medians(target)
-    base = med.get("random", math.nan)
+    base = med.get("random", math.nan)  # no random row: ratios are n/a
     lines = [
         f"target val_sharpe = {target_fraction:g} x best found across all runs "
         f"({best:.3f}) = {target:.3f}; budget {budget} trial-epochs per run",
         "",
         "| searcher | runs | reached target | median trial-epochs to target "
-        "| ratio to random | median trials run | median best val_sharpe |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| ratio to random | 95% CI of ratio | median trials run | median best val_sharpe |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    random_epochs = [r.epochs_to(target) for r in runs if r.label == "random"]
     for label in labels:
         mine = [r for r in runs if r.label == label]
         hit, n = reached(label, target)
+        ci = _ratio_ci([r.epochs_to(target) for r in mine], random_epochs) if random_epochs else ""
         lines.append(
             f"| {label} | {n} | {hit}/{n} ({hit / n:.0%}) | {_fmt(med[label], 0)} "
-            f"| {_fmt(_ratio(med[label], base), 2)} "
+            f"| {_ratio(med[label], base, budget)} | {ci} "
             f"| {statistics.median(r.trials for r in mine):.0f} "
             f"| {statistics.median(r.best() for r in mine):.3f} |"
         )
@@ -482,7 +501,7 @@ def report(
                 m = by_fraction[f]
                 hit, n = reached(label, f * best)
                 cells.append(
-                    f"{_fmt(m[label])} ({_fmt(_ratio(m[label], m['random']), 2)}; {hit}/{n})"
+                    f"{_fmt(m[label])} ({_ratio(m[label], m['random'], budget)}; {hit}/{n})"
                     if "random" in m
                     else f"{_fmt(m[label])} ({hit}/{n})"
                 )

@@ -34,6 +34,7 @@ def test_thirty_second_outage_loses_no_metric_point(ray_session, tmp_path: Path)
         samples=2,
         max_epochs=EPOCHS,
         trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 15},
+        search_space={"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}},
     )
     events: dict[str, float] = {}
     restarted: list = []
