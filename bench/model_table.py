@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from models import family_names, get_family  # noqa: E402
-from models.base import count_parameters  # noqa: E402
-from trainables.config import DataConfig, TrainConfig  # noqa: E402
-from trainables.trainer import Trainer  # noqa: E402
+from models import family_names, get_family
+from models.base import count_parameters
+from trainables.config import DataConfig, TrainConfig
+from trainables.trainer import Trainer
 
 
 def measure(model: str, steps: int) -> tuple[int, float]:
@@ -57,12 +57,16 @@ def main() -> None:
     torch.set_num_threads(1)
     names = family_names()[:2] if args.smoke else family_names()
     steps = 4 if args.smoke else args.steps
-    print("| family | kind | paper | parameters (default) | CPU f32 steps/s | kept in f32 under bf16 |")
+    print(
+        "| family | kind | paper | parameters (default) | CPU f32 steps/s | kept in f32 under bf16 |"
+    )
     print("| --- | --- | --- | ---: | ---: | --- |")
     for name in names:
         family = get_family(name)
         params, rate = measure(name, steps)
-        print(f"| {name} | {family.kind} | {family.paper} | {params:,} | {rate:.1f} | {family.keeps_f32} |")
+        print(
+            f"| {name} | {family.kind} | {family.paper} | {params:,} | {rate:.1f} | {family.keeps_f32} |"
+        )
 
 
 if __name__ == "__main__":

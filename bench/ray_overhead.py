@@ -19,14 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import optuna  # noqa: E402
-import torch  # noqa: E402
+import optuna
+import torch
 
-from hpo.search.optuna_searcher import to_optuna  # noqa: E402
-from hpo.search.space import trial_space  # noqa: E402
-from hpo.spec import parse_spec  # noqa: E402
-from trainables.config import DataConfig, build_train_config  # noqa: E402
-from trainables.trainer import Trainer  # noqa: E402
+from hpo.search.optuna_searcher import to_optuna
+from hpo.search.space import trial_space
+from hpo.spec import parse_spec
+from trainables.config import DataConfig, build_train_config
+from trainables.trainer import Trainer
 
 TRAINER = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 20, "n_folds": 1}
 DATA = {"n_assets": 2, "n_bars": 600}

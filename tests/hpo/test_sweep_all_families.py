@@ -35,7 +35,11 @@ def test_each_family_runs_as_a_sweep_trial(ray_session, tmp_path: Path, mlflow_u
     assert all(r.status == "TERMINATED" and not r.diverged for r in rows)
     client = MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("zoo")
-    children = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(TAG_ROLE) == "trial"]
+    children = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get(TAG_ROLE) == "trial"
+    ]
     assert sorted(r.data.tags["model"] for r in children) == sorted(models)
     for run in children:
         assert math.isfinite(run.data.metrics["val_sharpe"]), run.data.tags["model"]

@@ -85,7 +85,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def test_killed_driver_then_resume_completes_without_duplicates(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1", "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "sweep.log", "w")
+    log = open(tmp_path / "sweep.log", "w")  # noqa: SIM115 - handed to the child process
     driver = subprocess.Popen(
         [*HPO, "sweep", str(spec)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
     )

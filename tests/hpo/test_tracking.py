@@ -61,7 +61,13 @@ def test_nothing_lost_while_the_store_is_away(mlflow_uri: str) -> None:
     epochs and its closing all wait in order and land once the store is back."""
     callback, client, _ = _setup(mlflow_uri)
     outage = {"on": True}
-    for name in ("create_run", "log_batch", "set_terminated", "search_runs", "get_experiment_by_name"):
+    for name in (
+        "create_run",
+        "log_batch",
+        "set_terminated",
+        "search_runs",
+        "get_experiment_by_name",
+    ):
         real = getattr(callback.client, name)
 
         def flaky(*args: Any, _real: Any = real, **kwargs: Any) -> Any:

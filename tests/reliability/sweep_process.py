@@ -47,7 +47,7 @@ def write_spec(tmp_path: Path, name: str, **overrides: Any) -> Path:
 
 def start(args: list[str], tmp_path: Path, log_name: str) -> subprocess.Popen:
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "1", "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / log_name, "w")
+    log = open(tmp_path / log_name, "w")  # noqa: SIM115 - handed to the child process
     return subprocess.Popen(
         [*HPO, *args], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
     )

@@ -59,8 +59,12 @@ def test_two_hundred_trials_all_reach_mlflow(ray_session, tmp_path: Path, mlflow
     done, rss = np.array(samples).T
     half = len(done) // 2
     slope_mb = float(np.polyfit(done[half:], rss[half:], 1)[0])
-    report = {"trials": N_TRIALS, "rss_start_mb": float(rss[0]), "rss_end_mb": float(rss[-1]),
-              "growth_mb_per_trial": slope_mb}
+    report = {
+        "trials": N_TRIALS,
+        "rss_start_mb": float(rss[0]),
+        "rss_end_mb": float(rss[-1]),
+        "growth_mb_per_trial": slope_mb,
+    }
     print("driver memory:", report)
     out = Path(__file__).resolve().parents[2] / "test-artifacts"
     out.mkdir(exist_ok=True)
