@@ -74,7 +74,11 @@ def _objective(config: dict[str, Any]) -> float:
 
 class Driver:
     """Feeds a searcher the way Tune would: ``concurrency`` trials out, completions in a
-    fixed, seed-free pseudo-random order (so two drivers in the same state act alike)."""
+    fixed, seed-free pseudo-random order (so two drivers in the same state act alike).
+
+    ``suggest`` returning ``None`` means "not now" (every group is out, some trials have
+    not reported): the driver stops filling slots and completes a trial. Only
+    ``FINISHED`` ends the run."""
 
     def __init__(self, concurrency: int = 3) -> None:
         self.concurrency = concurrency
@@ -83,27 +87,28 @@ class Driver:
         self.log: list[tuple[str, str, Any]] = []
 
     def step(self, searcher: SweepSearcher) -> bool:
-        """One scheduling step: fill the free slots, then complete one trial."""
-        finished = False
+        """One scheduling step: fill the free slots, then complete one trial. False once
+        the searcher has said FINISHED (which needs every trial to have reported)."""
         while len(self.outstanding) < self.concurrency:
             trial_id = f"t{self.next_id:04d}"
             config = searcher.suggest(trial_id)
-            if config == SweepSearcher.FINISHED or config is None:
-                finished = True
+            if config == SweepSearcher.FINISHED:
+                assert not self.outstanding, "FINISHED with trials still outstanding"
+                return False
+            if config is None:  # not now: wait for a completion
+                assert self.outstanding, "'not now' with nothing left to report"
                 break
             assert isinstance(config, dict)
             self.next_id += 1
             self.outstanding[trial_id] = config
             self.log.append(("suggest", trial_id, json.dumps(config, sort_keys=True)))
-        if not self.outstanding:
-            return False
         ids = sorted(self.outstanding)
         done = ids[(self.next_id * 7) % len(ids)]  # out of order, deterministic
         config = self.outstanding.pop(done)
         value = _objective(config)
         searcher.on_trial_complete(done, {"val_sharpe": value, "epoch": 1})
         self.log.append(("complete", done, value))
-        return not finished or bool(self.outstanding)
+        return True
 
     def run(self, searcher: SweepSearcher, steps: int) -> list[tuple[str, str, Any]]:
         start = len(self.log)
@@ -117,6 +122,26 @@ class Driver:
         other.outstanding = json.loads(json.dumps(self.outstanding))
         other.next_id = self.next_id
         return other
+
+
+def _run_to_finish(searcher: SweepSearcher) -> list[dict[str, Any]]:
+    """Tune's loop with no concurrency limit: take suggestions until the searcher says
+    "not now" (``None``), report every outstanding trial, repeat until ``FINISHED``.
+    Returns every suggested config in suggestion order."""
+    configs: list[dict[str, Any]] = []
+    outstanding: dict[str, dict[str, Any]] = {}
+    while (config := searcher.suggest(f"t{len(configs)}")) != SweepSearcher.FINISHED:
+        if config is None:
+            assert outstanding, "'not now' with nothing left to report"
+            for trial_id, pending in outstanding.items():
+                searcher.on_trial_complete(trial_id, {"val_sharpe": _objective(pending)})
+            outstanding.clear()
+            continue
+        assert isinstance(config, dict)
+        outstanding[f"t{len(configs)}"] = config
+        configs.append(config)
+    assert not outstanding, "FINISHED with trials still outstanding"
+    return configs
 
 
 def _suggestions(log: list[tuple[str, str, Any]]) -> list[str]:
@@ -265,7 +290,9 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
         config = searcher.suggest(f"t{i}")
         assert isinstance(config, dict), f"FINISHED early, after {i} of {spec.n_trials}"
         configs[f"t{i}"] = config
-    assert searcher.suggest("one-too-many") == SweepSearcher.FINISHED
+    # Every group is out but none has reported: "not now", not FINISHED (a trial may
+    # still come back for a retry).
+    assert searcher.suggest("one-too-many") is None
     assert spec.n_trials == 2 * 3 * 2 * 2
 
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -308,16 +335,23 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
     assert best[1] == pytest.approx((1.0 + 2.0 + 4.0) / 3)
     assert best[0] == {k: v for k, v in configs["t0"]["params"].items() if k in stream.dims}
 
+    # FINISHED only once every member trial of every group has reported.
+    rest = [t for t in configs if t not in ids]
+    for trial_id in rest[:-1]:
+        searcher.on_trial_complete(trial_id, {"val_sharpe": _objective(configs[trial_id])})
+    assert searcher.suggest("still-one-out") is None
+    searcher.on_trial_complete(rest[-1], {"val_sharpe": _objective(configs[rest[-1]])})
+    assert searcher.suggest("after-all-reported") == SweepSearcher.FINISHED
+    assert _told_trials(searcher) == [3, 3]  # samples groups per stream, each told once
+
 
 def test_per_precision_streams_without_compare() -> None:
     spec = _spec("random", precisions=["f32", "bf16"], seeds=[0, 1], samples=2)
     searcher = SweepSearcher(spec)
     assert searcher.streams == [("tft", "f32"), ("tft", "bf16"), ("kan", "f32"), ("kan", "bf16")]
-    configs = []
-    while (config := searcher.suggest(f"t{len(configs)}")) != SweepSearcher.FINISHED:
-        assert isinstance(config, dict)
-        configs.append(config)
+    configs = _run_to_finish(searcher)
     assert len(configs) == spec.n_trials == 2 * 2 * 2 * 2
+    assert _told_trials(searcher) == [2, 2, 2, 2]
     for config in configs:  # each group: one precision, one member per seed
         group = [c for c in configs if c["group_id"] == config["group_id"]]
         assert {c["precision"] for c in group} == {config["precision"]}
@@ -346,8 +380,7 @@ def test_every_family_space_comes_from_the_registry(search: str) -> None:
         assert space.fixed == {}
         assert param_searcher.dims == space.dims
     seen = set()
-    while (config := searcher.suggest(f"t{len(seen)}")) != SweepSearcher.FINISHED:
-        assert isinstance(config, dict)
+    for config in _run_to_finish(searcher):
         seen.add(config["group_id"])
         family = get_family(config["model"])
         params = config["params"]
