@@ -51,7 +51,8 @@ class OptunaParamSearcher:
             direction="maximize" if maximize else "minimize", sampler=self._sampler()
         )
         self._open: dict[str, optuna.trial.Trial] = {}
-        self._reopened: dict[str, dict[str, Any]] = {}  # asked before a restore, not told yet
+        self._reopened: dict[str, int] = {}  # token -> trial number, asked before a restore
+        self._params: dict[str, dict[str, Any]] = {}  # token -> params, while not told
         self._told: list[dict[str, Any]] = []
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
@@ -65,24 +66,24 @@ class OptunaParamSearcher:
     def ask(self, token: str) -> dict[str, Any]:
         trial = self.study.ask(self.distributions)
         self._open[token] = trial
+        self._params[token] = trial.params
         return {k: _plain(v) for k, v in trial.params.items()}
 
     def tell(self, token: str, value: float | None) -> None:
         ok = value is not None and bool(np.isfinite(value))
         result = float(value) if ok else None  # type: ignore[arg-type]
         if token in self._reopened:
-            params = self._reopened.pop(token)
-            self._add_frozen(params, result)
+            number = self._reopened.pop(token)
         elif token in self._open:
-            trial = self._open.pop(token)
-            params = trial.params
-            if result is not None:
-                self.study.tell(trial, result)
-            else:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            number = self._open.pop(token).number
         else:
             return
-        self._told.append({"params": params, "value": result})
+        params = self._params.pop(token)
+        if result is not None:
+            self.study.tell(number, result)
+        else:
+            self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+        self._told.append({"params": params, "value": result, "number": number})
 
     def _add_frozen(self, params: dict[str, Any], value: float | None) -> None:
         state = (
@@ -111,22 +112,37 @@ class OptunaParamSearcher:
 
     # -- state as plain data -----------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        open_trials = {**{t: tr.number for t, tr in self._open.items()}, **self._reopened}
         return {
             "kind": self.kind,
             "seed": self.seed,
             "distributions": {k: distribution_to_json(d) for k, d in self.distributions.items()},
             "told": self._told,
             # Trials asked but not told when the sweep stopped: their trials resume and
-            # report later, so they are re-opened under the same token on restore.
-            "open": {**{token: t.params for token, t in self._open.items()}, **self._reopened},
+            # report later. Kept with their trial numbers, so that the restored study numbers
+            # and orders its trials exactly as the original did (TPE's draws depend on it).
+            "open": {t: {"number": n, "params": self._params[t]} for t, n in open_trials.items()},
             "rng": [_rng_state(rng) for rng in _sampler_rngs(self.study.sampler)],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        for told in state["told"]:
-            self._add_frozen(told["params"], told["value"])
+        entries = [(t["number"], "told", t) for t in state["told"]]
+        entries += [(o["number"], "open", (tok, o)) for tok, o in state.get("open", {}).items()]
+        for number, kind, item in sorted(entries, key=lambda e: e[0]):
+            if kind == "told":
+                self._add_frozen(item["params"], item["value"])
+            else:
+                token, opened = item
+                self.study.add_trial(
+                    optuna.trial.create_trial(
+                        params=opened["params"],
+                        distributions={k: self.distributions[k] for k in opened["params"]},
+                        state=optuna.trial.TrialState.RUNNING,
+                    )
+                )
+                self._reopened[token] = number
+                self._params[token] = dict(opened["params"])
         self._told = list(state["told"])
-        self._reopened = {token: dict(params) for token, params in state.get("open", {}).items()}
         for rng, saved in zip(
             _sampler_rngs(self.study.sampler), state.get("rng", []), strict=False
         ):

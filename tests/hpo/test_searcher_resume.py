@@ -8,11 +8,10 @@ Resume: a searcher saved mid-sweep (with trials outstanding) and restored into a
 ``SweepSearcher(spec)``, through ``save``/``restore`` (the JSON file Tune writes into the
 experiment directory) or through ``pickle`` (Tune pickles the search algorithm with the
 experiment state), must continue the same search: its next suggestions equal those of an
-uninterrupted searcher fed the same completions. That holds exactly for PSO (the swarm and
-its PCG64 state are JSON) and random search with trials outstanding and completions out of
-order. TPE (told trials replayed into a fresh study, both sampler RNGs restored) is exact
-when completions arrive in ask order; with out-of-order completions it is not yet (see
-``TPE_OUT_OF_ORDER``), so its whole history is checked separately.
+uninterrupted searcher fed the same completions, with trials outstanding and completions
+out of order: PSO (the swarm and its PCG64 state are JSON), random search, and TPE (told
+and open trials replayed into a fresh study in their original order, both sampler RNGs
+restored).
 """
 
 from __future__ import annotations
@@ -185,20 +184,14 @@ def _resume_cases(
     return _suggestions(rest_u), _suggestions(rest_r), uninterrupted, restored
 
 
-# TPE orders its Parzen mixture components by trial number; OptunaParamSearcher.load_state
-# replays told trials in *tell* order and re-adds trials still open at the save only when
-# they are told, so after out-of-order completions the restored study numbers its trials
-# differently and TPE's next samples differ (same history, same RNG state). Replaying told
-# and open trials in their original ask order (numbers kept in the state) makes it exact.
-TPE_OUT_OF_ORDER = pytest.mark.xfail(
-    strict=True,
-    reason="OptunaParamSearcher replays told trials in tell order, not ask (trial-number) order",
-)
+# TPE orders its Parzen mixture components by trial number: the restored study replays
+# told and still-open trials in their original ask order (numbers kept in the state), so
+# even after out-of-order completions its next samples equal the uninterrupted run's.
 RESUME_CASES = [
     pytest.param("pso", 3, id="pso-concurrent"),
     pytest.param("random", 3, id="random-concurrent"),
     pytest.param("tpe", 1, id="tpe-sequential"),
-    pytest.param("tpe", 3, id="tpe-concurrent", marks=TPE_OUT_OF_ORDER),
+    pytest.param("tpe", 3, id="tpe-concurrent"),
 ]
 
 
