@@ -5,7 +5,6 @@ through the trainer."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
@@ -27,10 +26,11 @@ from models.ppo import (
     gae,
     value_loss,
 )
+from tests.models.rl_loop import train_learner
 from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint
 from trainables.env import TradingEnv, greedy_positions
-from trainables.precision import StepGuard, floating_dtypes, get_policy
+from trainables.precision import floating_dtypes, get_policy
 from trainables.trainer import Trainer
 
 SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
@@ -280,26 +280,6 @@ def test_log_probs_and_returns_are_f32_under_bf16(
 # the RLLearner cycle
 
 
-class _NoHostReads:
-    """Make every Tensor -> Python conversion raise while active (a CPU stand-in for
-    ``torch.cuda.set_sync_debug_mode('error')``)."""
-
-    NAMES = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.monkeypatch = monkeypatch
-
-    def __enter__(self) -> None:
-        def forbidden(*_args: object, **_kwargs: object) -> None:
-            raise AssertionError("host read of a tensor in the hot loop")
-
-        for name in self.NAMES:
-            self.monkeypatch.setattr(torch.Tensor, name, forbidden)
-
-    def __exit__(self, *_exc: object) -> None:
-        self.monkeypatch.undo()
-
-
 def _train(
     learner: PPOLearner,
     env: TradingEnv,
@@ -307,28 +287,7 @@ def _train(
     collects: int,
     monkeypatch: pytest.MonkeyPatch | None = None,
 ) -> list[torch.Tensor]:
-    """The trainer's loop: collect, then one optimizer step per yielded loss, each followed
-    by ``after_step``. With ``monkeypatch``, the learner's calls run under _NoHostReads."""
-    guard = _NoHostReads(monkeypatch) if monkeypatch is not None else contextlib.nullcontext()
-    policy = get_policy(policy_name)
-    optimizer = policy.make_optimizer(learner.trainable_parameters(), lr=1e-3)
-    step_guard = StepGuard(torch.device("cpu"))
-    losses: list[torch.Tensor] = []
-    for i in range(collects):
-        with guard:
-            learner.collect(env, i / collects)
-        pending = learner.losses()
-        while True:
-            with guard:
-                loss = next(pending, None)
-            if loss is None:
-                break
-            result = policy.backward_and_step(loss, optimizer, step_guard, max_grad_norm=1.0)
-            losses.append(result.loss)
-            with guard:
-                learner.after_step()
-    assert step_guard.skipped.item() == 0
-    return losses
+    return train_learner(learner, env, policy_name, collects, monkeypatch, max_grad_norm=1.0)
 
 
 @pytest.mark.parametrize("policy", ["f32", "bf16"])
