@@ -191,11 +191,13 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> A
 
 def _callbacks(record: SweepRecord, on_event: Callable[[str], None] | None) -> list[Any]:
     from hpo.progress import SweepProgress
+    from hpo.recovery import AdoptReportedCheckpoint
     from hpo.tracking import MlflowSweepCallback
 
     return [
         MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id),
         SweepProgress(total=record.spec.n_trials, on_event=on_event),
+        AdoptReportedCheckpoint(),
     ]
 
 

@@ -132,8 +132,10 @@ def _restore_checkpoint() -> Checkpoint | None:
             log.warning("newest checkpoint unusable, trying older ones: %s", exc)
             newest = Path(reported.path)
     # Tune keeps the previous checkpoints beside the newest (CheckpointConfig.num_to_keep).
+    # Only older ones qualify: a newer directory on disk belongs to an epoch whose result
+    # never reached the driver, so resuming from it would skip that epoch's metrics.
     for candidate in sorted(newest.parent.glob("checkpoint_*"), reverse=True):
-        if candidate == newest:
+        if candidate.name >= newest.name:
             continue
         try:
             found = load_checkpoint(candidate / CKPT_SUBDIR)

@@ -67,7 +67,13 @@ def results(trial_dir: Path) -> list[dict[str, Any]]:
     path = trial_dir / "result.json"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # the driver is still appending this line
+    return rows
 
 
 def trial_dirs(sweep_dir: Path) -> list[Path]:

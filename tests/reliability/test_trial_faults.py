@@ -10,6 +10,7 @@ the sweep ends with the planned number of trials, one child run each, one point 
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -30,11 +31,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 6
 
 
-def _newest_checkpoint(trial_dir: Path) -> Path | None:
-    found = sorted(trial_dir.glob("checkpoint_*"))
-    return found[-1] if found else None
-
-
 def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS)
     sweep_dir = tmp_path / "results" / "faults"
@@ -52,15 +48,20 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
             proc=driver,
         )
         plain, corrupt = running
+        # Freeze both workers first, so that what the driver has recorded (result rows and
+        # the checkpoint each row names) stops changing while the faults are set up.
+        pids = {d.name: results(d)[-1]["pid"] for d in (plain, corrupt)}
+        for pid in pids.values():
+            psutil.Process(pid).send_signal(signal.SIGSTOP)
+        time.sleep(1.0)  # a result already on the wire reaches the driver
         victims = {}
         for trial_dir in (plain, corrupt):
-            done = results(trial_dir)
-            victims[trial_dir.name] = (done[-1]["pid"], done[-1]["epoch"])
-        newest = _newest_checkpoint(corrupt)
-        assert newest is not None
-        weights = newest / "state" / "model.safetensors"
+            last = results(trial_dir)[-1]
+            victims[trial_dir.name] = (last["pid"], last["epoch"], last["checkpoint_dir_name"])
+        # The checkpoint the driver would restore from, i.e. the newest one it knows of.
+        weights = corrupt / victims[corrupt.name][2] / "state" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
-        for pid, _ in victims.values():
+        for pid in pids.values():
             psutil.Process(pid).send_signal(signal.SIGKILL)
         driver.wait(timeout=600)
     finally:
@@ -71,7 +72,7 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
 
     for trial_dir in (plain, corrupt):
         rows = results(trial_dir)
-        old_pid, killed_after = victims[trial_dir.name]
+        old_pid, killed_after, _ = victims[trial_dir.name]
         assert {r["pid"] for r in rows if r["epoch"] > killed_after} - {old_pid}, (
             "the trial was not retried"
         )
