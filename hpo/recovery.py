@@ -5,9 +5,10 @@ naming its persisted ``checkpoint_dir_name``) is processed and logged first, and
 checkpoint is registered only when a separate ``save`` round-trip to the trial's actor
 returns. A worker killed between the two leaves the epoch in ``result.json`` and MLflow
 while Tune would retry from the epoch before, training that epoch twice. This callback
-registers the checkpoint the last recorded result names before the retry is scheduled, so
-a retried trial redoes nothing it has reported. The trial itself still falls back to an
-older checkpoint if this one turns out unreadable (``trainables.trial``).
+registers the checkpoint the last recorded result names before the retry is scheduled (and
+before a resumed sweep restarts its trials), so a restarted trial redoes nothing it has
+reported. The trial itself still falls back to an older checkpoint if this one turns out
+unreadable (``trainables.trial``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ log = logging.getLogger(__name__)
 
 
 class AdoptReportedCheckpoint(Callback):
+    """Before a failed trial is retried, and before the trials of a resumed sweep restart
+    (a stop can land between a result and its save just the same)."""
+
+    def __init__(self) -> None:
+        self._restored_checked = False
+
+    def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if self._restored_checked:
+            return
+        self._restored_checked = True  # the first step, before any trial (re)starts
+        for trial in trials:
+            if trial.status != "TERMINATED":
+                adopt_reported_checkpoint(trial)
+
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         adopt_reported_checkpoint(trial)
 

@@ -165,6 +165,10 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> A
         )
     else:
         scheduler = FIFOScheduler()
+    # Per-epoch checkpoints with num_to_keep=2 make Tune snapshot the experiment state often
+    # (by design: a snapshot must never point at a deleted checkpoint); its warning about
+    # that is noise for this workload.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     trainable = tune.with_resources(run_trial, resources=TrialResources(spec))
     return tune.Tuner(
         trainable,

@@ -11,8 +11,10 @@
   sweep's parent run (and remembered in the callback state Tune saves with the sweep), so
   a resumed trial continues its own run; metric points already logged for an epoch are
   not logged twice.
-* Nothing is lost when the tracking server is briefly away: a failed MLflow call is
-  queued and retried, in order, on every later event and at the end of the sweep.
+* Tune's event loop never waits for MLflow: calls are queued and sent in order by one
+  background thread. Nothing is lost when the tracking server is briefly away: a failed
+  call is retried with backoff before anything newer, and the sweep's end waits for the
+  queue to drain.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -128,38 +131,68 @@ def start_sweep_run(
 
 
 class _Outbox:
-    """MLflow calls that failed, retried in order before anything newer is sent."""
+    """MLflow calls sent in order by one background thread, so that the tracking store's
+    latency (or absence) never holds up Tune's event loop. A call that fails is retried,
+    with backoff, before anything newer is sent; ``pending`` holds every call not yet
+    through, the one being tried included."""
 
     def __init__(self, max_backoff_s: float = 30.0) -> None:
         self.pending: deque[tuple[str, Callable[[], object]]] = deque()
         self.max_backoff_s = max_backoff_s
-        self._next_try = 0.0
-        self._backoff = 0.5
+        self._changed = threading.Condition()
+        self._retry_now = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._send_all, name="hpo-mlflow", daemon=True)
+        self._thread.start()
 
     def send(self, what: str, call: Callable[[], object]) -> None:
-        self.pending.append((what, call))
-        self.flush()
+        with self._changed:
+            self.pending.append((what, call))
+            self._changed.notify_all()
 
-    def flush(self, block: bool = False, deadline_s: float = 0.0) -> None:
-        stop_at = time.monotonic() + deadline_s
-        while self.pending:
-            if not block and time.monotonic() < self._next_try:
-                return
-            what, call = self.pending[0]
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued call went through (True) or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        self._retry_now.set()  # skip the rest of a backoff wait: someone is waiting
+        with self._changed:
+            while self.pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Stop the sender after its current call; what is still queued stays in
+        ``pending`` (after a ``flush`` that timed out: calls the store never took)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        self._retry_now.set()
+
+    def _send_all(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._changed:
+                while not self.pending and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                what, call = self.pending[0]
             try:
                 call()
             except Exception as exc:
-                self._next_try = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, self.max_backoff_s)
                 log.warning(
                     "MLflow unavailable (%s), %d call(s) buffered: %s", what, len(self.pending), exc
                 )
-                if not block or time.monotonic() >= stop_at:
-                    return
-                time.sleep(min(self._backoff, max(stop_at - time.monotonic(), 0.0)))
+                self._retry_now.wait(backoff)
+                self._retry_now.clear()
+                backoff = min(backoff * 2, self.max_backoff_s)
                 continue
-            self.pending.popleft()
-            self._backoff = 0.5
+            with self._changed:
+                self.pending.popleft()
+                self._changed.notify_all()
+            backoff = 0.5
 
 
 class MlflowSweepCallback(Callback):
@@ -184,13 +217,14 @@ class MlflowSweepCallback(Callback):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self._queued: set[str] = set()  # trials whose run lookup/creation is queued
+        self._last_stamp: dict[str, int] = {}  # trial_id -> newest metric timestamp (ms)
         self.client = MlflowClient(self.tracking_uri)
         self.experiment_id: str | None = None
         self.outbox = _Outbox()
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
-        skip = ("client", "outbox", "_queued", "experiment_id")
+        skip = ("client", "outbox", "_queued", "_last_stamp", "experiment_id")
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -207,7 +241,10 @@ class MlflowSweepCallback(Callback):
         self._ensure_run(trial)
         trial_id = trial.trial_id
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
-        stamp = int(time.time() * 1000)
+        # Strictly increasing per trial: MLflow orders points of one step by timestamp, and
+        # a diverged trial's final NaN shares the step of the epoch it broke in.
+        stamp = max(int(time.time() * 1000), self._last_stamp.get(trial_id, 0) + 1)
+        self._last_stamp[trial_id] = stamp
         metrics = [
             Metric(key, float(value), stamp, epoch)
             for key, value in result.items()
@@ -252,13 +289,18 @@ class MlflowSweepCallback(Callback):
         self._finish(trial, "FAILED", "error", reason)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        self.outbox.flush(block=True, deadline_s=300.0)
+        self.flush(timeout_s=300.0)
+        self.outbox.close()
         if self.outbox.pending:
             log.error(
                 "MLflow at %s stayed unreachable: %d call(s) not logged",
                 self.tracking_uri,
                 len(self.outbox.pending),
             )
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait for every queued MLflow call to go through; False if some are still queued."""
+        return self.outbox.flush(timeout_s)
 
     # -- runs ------------------------------------------------------------------------------
     def _ensure_run(self, trial: Any) -> None:

@@ -152,6 +152,7 @@ def build_sweep(
                     },
                 )
                 _play(callback, trial, model, source, index, shift=source != precision)
+                assert callback.flush()
                 run_ids[(model, precision, index)] = callback.run_ids[trial.trial_id]
     return SyntheticSweep(tracking_uri, name, parent, run_ids)
 

@@ -9,7 +9,7 @@ from typing import Any
 from pyarrow import fs as pafs
 from ray.tune import Checkpoint
 
-from hpo.recovery import adopt_reported_checkpoint
+from hpo.recovery import AdoptReportedCheckpoint, adopt_reported_checkpoint
 
 
 @dataclass
@@ -27,6 +27,7 @@ class _Trial:
     checkpoint: Checkpoint | None
     registered: list[Any] = field(default_factory=list)
     trial_id: str = "t1"
+    status: str = "PENDING"
 
     def on_checkpoint(self, result: Any) -> None:
         self.registered.append(result)
@@ -68,3 +69,15 @@ def test_a_result_without_a_checkpoint_or_a_missing_directory_is_ignored(tmp_pat
     gone = _trial(tmp_path, reported="checkpoint_000007", registered="checkpoint_000001")
     assert not adopt_reported_checkpoint(gone)
     assert gone.registered == []
+
+
+def test_a_resumed_sweep_adopts_for_unfinished_trials_once(tmp_path: Path) -> None:
+    pending = _trial(tmp_path, reported="checkpoint_000002", registered="checkpoint_000001")
+    finished = _trial(tmp_path, reported="checkpoint_000002", registered="checkpoint_000001")
+    finished.status = "TERMINATED"
+    callback = AdoptReportedCheckpoint()
+    callback.on_step_begin(0, [pending, finished])
+    assert len(pending.registered) == 1 and finished.registered == []
+    pending.checkpoint = Checkpoint(str(tmp_path / "checkpoint_000001"))
+    callback.on_step_begin(1, [pending, finished])  # later steps leave trials alone
+    assert len(pending.registered) == 1

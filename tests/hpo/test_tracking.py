@@ -3,6 +3,7 @@ retries while the store is away, no secrets in params."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +41,7 @@ def test_epochs_logged_once_and_run_reused_after_restart(mlflow_uri: str) -> Non
         callback.on_trial_result(
             0, [], trial, {"epoch": epoch, "val_sharpe": 0.5 * epoch, "train_loss": 1.0}
         )
+    assert callback.flush()
     # A new driver after a crash: fresh callback, the same trial re-reports epoch 2 then 3.
     again = MlflowSweepCallback(callback.tracking_uri, "track", parent)
     for epoch in (2, 3):
@@ -48,6 +50,7 @@ def test_epochs_logged_once_and_run_reused_after_restart(mlflow_uri: str) -> Non
         )
     trial.last_result = {"epoch": 3}
     again.on_trial_complete(0, [], trial)
+    assert again.flush()
     runs = client.search_runs([callback.experiment_id], filter_string="tags.trial_id = 't1'")
     assert len(runs) == 1
     run_id = runs[0].info.run_id
@@ -90,6 +93,30 @@ def test_nothing_lost_while_the_store_is_away(mlflow_uri: str) -> None:
     assert [m.step for m in client.get_metric_history(run_id, "val_sharpe")] == [1, 2, 3]
     assert client.get_run(run_id).info.status == "FINISHED"
     assert client.get_run(run_id).data.params["lr"] == "0.001"
+
+
+def test_a_slow_store_does_not_hold_up_tune(mlflow_uri: str) -> None:
+    """Tune's hooks return while the store is still busy with the call they queued."""
+    callback, client, _ = _setup(mlflow_uri)
+    trial = _trial("t4")
+    callback.on_trial_start(0, [], trial)
+    assert callback.flush()
+    gate = threading.Event()
+    real = callback.client.log_batch
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(60)
+        return real(*args, **kwargs)
+
+    callback.client.log_batch = slow  # type: ignore[method-assign]
+    callback.on_trial_result(0, [], trial, {"epoch": 1, "val_sharpe": 0.25})
+    # Returned with the call still waiting on the gate (a synchronous hook would have
+    # returned only after the gate's 60 s, with nothing left pending).
+    assert not gate.is_set() and len(callback.outbox.pending) == 1
+    gate.set()
+    assert callback.flush()
+    history = client.get_metric_history(callback.run_ids["t4"], "val_sharpe")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25)]
 
 
 def test_no_credentials_in_params(mlflow_uri: str) -> None:
