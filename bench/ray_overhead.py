@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,7 +36,7 @@ from trainables.config import DataConfig, build_train_config
 from trainables.trainer import Trainer
 
 TRAINER = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 20, "n_folds": 1}
-DATA = {"n_assets": 2, "n_bars": 600}
+DATA: dict[str, Any] = {"n_assets": 2, "n_bars": 600}
 OVERRIDES = {"d_model": 8, "n_heads": 1, "lstm_layers": 1}
 
 

@@ -169,6 +169,10 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> A
     # (by design: a snapshot must never point at a deleted checkpoint); its warning about
     # that is noise for this workload.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Tune's newer console output prints a header even at verbose=0 (with "Number of trials
+    # 9223372036854775807", as the searcher, not num_samples, ends the sweep) and a
+    # TensorBoard hint; hpo.progress reports the sweep instead.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     trainable = tune.with_resources(run_trial, resources=TrialResources(spec))
     return tune.Tuner(
         trainable,
