@@ -218,13 +218,14 @@ class MlflowSweepCallback(Callback):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self._queued: set[str] = set()  # trials whose run lookup/creation is queued
         self._last_stamp: dict[str, int] = {}  # trial_id -> newest metric timestamp (ms)
+        self._orphans_checked = False
         self.client = MlflowClient(self.tracking_uri)
         self.experiment_id: str | None = None
         self.outbox = _Outbox()
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
-        skip = ("client", "outbox", "_queued", "_last_stamp", "experiment_id")
+        skip = ("client", "outbox", "_queued", "_last_stamp", "_orphans_checked", "experiment_id")
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -232,6 +233,16 @@ class MlflowSweepCallback(Callback):
         self._connect()
 
     # -- Tune hooks ------------------------------------------------------------------------
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self._orphans_checked:
+            return
+        # The first step, before any trial starts: the trials Tune knows now are all those
+        # of the sweep (none on a new sweep, the restored ones on a resume).
+        self._orphans_checked = True
+        if trials:
+            known = {t.trial_id for t in trials}
+            self.outbox.send("orphaned trial runs", lambda: self._delete_orphans(known))
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._ensure_run(trial)
 
@@ -342,6 +353,32 @@ class MlflowSweepCallback(Callback):
         self.client.log_batch(run.info.run_id, params=params)
         self.run_ids[trial_id] = run.info.run_id
         self.last_epoch[trial_id] = 0
+
+    def _delete_orphans(self, known: set[str]) -> None:
+        """Child runs of trials the resumed sweep does not know: a driver killed between
+        starting a trial and its next experiment snapshot leaves that trial's run behind,
+        and the resumed searcher hands the same configuration to a new trial. The orphan is
+        deleted (MLflow keeps it restorable), so each trial of the sweep has one run."""
+        if self.experiment_id is None:
+            self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
+        children = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{TAG_PARENT}` = '{self.parent_run_id}'",
+            max_results=50_000,
+        )
+        for run in children:
+            trial_id = run.data.tags.get(TAG_TRIAL)
+            if trial_id is None or trial_id in known:
+                continue
+            log.warning(
+                "deleting MLflow run %s of trial %s: the sweep's saved state never recorded "
+                "that trial, and its configuration runs again under a new trial id "
+                "(restore it with `mlflow runs restore --run-id %s`)",
+                run.info.run_id,
+                trial_id,
+                run.info.run_id,
+            )
+            self.client.delete_run(run.info.run_id)
 
     def _find_child(self, trial_id: str) -> str | None:
         assert self.experiment_id is not None

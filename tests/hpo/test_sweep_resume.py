@@ -134,7 +134,16 @@ def test_killed_driver_then_resume_completes_without_duplicates(tmp_path: Path) 
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
         assert sorted(steps) == list(range(1, EPOCHS + 1)), steps  # every epoch once
-    trial_dirs = {p.name.rsplit("-", 1)[-1]: p for p in sweep_dir.iterdir() if p.is_dir()}
+    # The sweep's trials are those in its saved state, one MLflow run each. A trial the
+    # driver started after its last snapshot left a directory (and a run, now deleted)
+    # behind; its configuration ran again under a new id.
+    sweep_trials = {r.data.tags["trial_id"] for r in children}
+    trial_dirs = {
+        p.name.rsplit("-", 1)[-1]: p
+        for p in sweep_dir.iterdir()
+        if p.is_dir() and p.name.rsplit("-", 1)[-1] in sweep_trials
+    }
+    assert set(trial_dirs) == sweep_trials
     for tid, before in lines_before.items():
         assert len(_epochs(trial_dirs[tid])) == before  # finished trials were not re-run
     for tid, path in trial_dirs.items():

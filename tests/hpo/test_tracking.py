@@ -119,6 +119,25 @@ def test_a_slow_store_does_not_hold_up_tune(mlflow_uri: str) -> None:
     assert [(m.step, m.value) for m in history] == [(1, 0.25)]
 
 
+def test_a_resumed_sweep_deletes_runs_of_trials_it_never_recorded(mlflow_uri: str) -> None:
+    callback, client, parent = _setup(mlflow_uri)
+    kept, orphan = _trial("t5"), _trial("t6")
+    for trial in (kept, orphan):
+        callback.on_trial_start(0, [], trial)
+    assert callback.flush()
+    # The resumed driver's first step: Tune restored only t5 (t6 started after the last
+    # experiment snapshot, and its configuration will run again as a new trial).
+    resumed = MlflowSweepCallback(mlflow_uri, "track", parent)
+    resumed.on_step_begin(0, [kept])
+    resumed.on_step_begin(1, [kept, _trial("t7")])  # later steps: new trials are left alone
+    assert resumed.flush()
+    children = client.search_runs(
+        [callback.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"
+    )
+    assert [r.data.tags["trial_id"] for r in children] == ["t5"]
+    assert client.get_run(callback.run_ids["t6"]).info.lifecycle_stage == "deleted"
+
+
 def test_no_credentials_in_params(mlflow_uri: str) -> None:
     params = trial_params(
         _trial("t3", auth_token="abc", aws_secret_access_key="k", hidden=8).config

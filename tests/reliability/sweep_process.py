@@ -90,7 +90,7 @@ def wait_for(
         value = condition()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 

@@ -28,19 +28,22 @@ from tests.reliability.sweep_process import (
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-EPOCHS = 6
+EPOCHS = 8
 
 
 def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS)
+    # Epochs long enough (~0.5 s) that both trials are seen together between epoch 2 and
+    # their last epochs; they are frozen the moment they are.
+    trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 40}
+    spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS, trainer=trainer)
     sweep_dir = tmp_path / "results" / "faults"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:
         # Both trials running, each past epoch 2 (so each has two checkpoints).
         running = wait_for(
             lambda: (
-                [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 2][:2]
-                if len([d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 2]) >= 2
+                [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 3][:2]
+                if len([d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 3]) >= 2
                 else None
             ),
             timeout=300,
