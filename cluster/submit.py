@@ -193,13 +193,7 @@ def submission_problems(spec: Any) -> list[str]:
     """Settings that work for a local sweep but not for one that runs on the cluster."""
     problems = []
     storage = spec.storage
-    if is_uri(storage):
-        problems.append(
-            f"storage: {storage!r} is an object-store URI, which `hpo sweep` does not accept "
-            "yet (it keeps its state file beside the results); use a path every node mounts "
-            "(--storage /shared/hpo)"
-        )
-    elif not Path(storage.removeprefix("file://")).expanduser().is_absolute():
+    if not is_uri(storage) and not Path(storage.removeprefix("file://")).expanduser().is_absolute():
         problems.append(
             f"storage: {storage!r} is relative: the job runs in a temporary copy of the working "
             "directory on the head, deleted with the cluster; pass --storage with an absolute "

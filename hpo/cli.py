@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from hpo.location import SweepLocation
 
 app = typer.Typer(
     name="hpo",
@@ -257,7 +260,11 @@ def sweep_cmd(
 @app.command("resume")
 def resume_cmd(
     sweep_dir: Annotated[
-        Path, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME of an interrupted sweep.")
+        str,
+        typer.Argument(
+            metavar="SWEEP_DIR",
+            help="STORAGE/NAME of an interrupted sweep (a path or an object-store URI).",
+        ),
     ],
     address: Annotated[
         str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
@@ -279,7 +286,9 @@ def resume_cmd(
 
 @app.command("status")
 def status_cmd(
-    sweep_dir: Annotated[Path, typer.Argument(metavar="SWEEP_DIR")],
+    sweep_dir: Annotated[
+        str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
@@ -333,7 +342,9 @@ def status_cmd(
 
 @app.command("best")
 def best_cmd(
-    sweep_dir: Annotated[Path, typer.Argument(metavar="SWEEP_DIR")],
+    sweep_dir: Annotated[
+        str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
+    ],
     model: Annotated[str | None, typer.Option(help="Only this model family.")] = None,
     precision: Annotated[str | None, typer.Option(help="Only this precision.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -807,8 +818,10 @@ def _exit_if_interrupted(rows: list[Any], planned: int) -> None:
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _sweep_dir(storage: str, name: str) -> Path:
-    return Path(storage).expanduser().resolve() / name
+def _sweep_dir(storage: str, name: str) -> SweepLocation:
+    from hpo.location import SweepLocation
+
+    return SweepLocation.parse(storage).child(name)
 
 
 def _num(value: float | None) -> str:
@@ -847,7 +860,9 @@ def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def _print_sweep_result(rows: list[Any], planned: int, sweep_dir: Path, tracking_uri: str) -> None:
+def _print_sweep_result(
+    rows: list[Any], planned: int, sweep_dir: SweepLocation, tracking_uri: str
+) -> None:
     from hpo.sweep import best_rows
 
     done = sum(r.status == "TERMINATED" for r in rows)

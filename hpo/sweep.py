@@ -1,8 +1,9 @@
 """Run, resume and inspect sweeps: the spec becomes a Ray Tune ``Tuner``.
 
-A sweep lives in ``STORAGE/NAME`` (Ray's experiment directory) next to ``hpo-sweep.json``,
-which records the validated spec, the MLflow parent run and the tracking URI, so that
-``hpo resume DIR`` / ``hpo status DIR`` / ``hpo best DIR`` need nothing but the directory.
+A sweep lives in ``STORAGE/NAME`` (Ray's experiment directory; a local or shared path, or
+an object-store URI, see :mod:`hpo.location`) next to ``hpo-sweep.json``, which records the
+validated spec, the MLflow parent run and the tracking URI, so that ``hpo resume DIR`` /
+``hpo status DIR`` / ``hpo best DIR`` need nothing but the directory.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpo.location import SweepLocation
 from hpo.spec import SweepSpec, parse_spec
 
 log = logging.getLogger("hpo.sweep")
@@ -36,7 +38,7 @@ class SweepRecord:
     """What ``hpo-sweep.json`` holds."""
 
     spec: SweepSpec
-    sweep_dir: Path
+    sweep_dir: SweepLocation
     parent_run_id: str
     tracking_uri: str
 
@@ -47,21 +49,17 @@ class SweepRecord:
             "tracking_uri": self.tracking_uri,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.sweep_dir / (SWEEP_FILE + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=1))
-        tmp.replace(self.sweep_dir / SWEEP_FILE)
+        self.sweep_dir.write_text(SWEEP_FILE, json.dumps(payload, indent=1))
 
     @classmethod
-    def read(cls, sweep_dir: Path) -> SweepRecord:
-        sweep_dir = Path(sweep_dir).resolve()
-        path = sweep_dir / SWEEP_FILE
-        if not path.is_file():
+    def read(cls, where: str | Path | SweepLocation) -> SweepRecord:
+        sweep_dir = where if isinstance(where, SweepLocation) else SweepLocation.parse(where)
+        if not sweep_dir.exists(SWEEP_FILE):
             raise SweepError(
                 f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
             )
-        payload = json.loads(path.read_text())
-        spec = parse_spec(payload["spec"], source=str(path))
+        payload = json.loads(sweep_dir.read_text(SWEEP_FILE))
+        spec = parse_spec(payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}")
         return cls(
             spec=spec,
             sweep_dir=sweep_dir,
@@ -140,12 +138,6 @@ def _trial_dirname(trial: Any) -> str:
     return f"{config.get('model', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
 
 
-def _storage_path(storage: str) -> str:
-    if "://" in storage:
-        return storage
-    return str(Path(storage).expanduser().resolve())
-
-
 def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -188,7 +180,7 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> A
         ),
         run_config=tune.RunConfig(
             name=spec.name,
-            storage_path=str(record.sweep_dir.parent),
+            storage_path=record.sweep_dir.parent.uri,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             callbacks=callbacks,
@@ -222,18 +214,14 @@ def run_sweep(
 
     from hpo.tracking import start_sweep_run
 
-    storage = _storage_path(spec.storage)
-    if "://" in storage:
-        raise SweepError(
-            "object-store storage URIs need the cluster path (hpo submit); use a shared path here"
-        )
-    sweep_dir = Path(storage) / spec.name
-    if (sweep_dir / SWEEP_FILE).exists():
+    storage = SweepLocation.parse(spec.storage)
+    sweep_dir = storage.child(spec.name)
+    if sweep_dir.exists(SWEEP_FILE):
         raise SweepError(
             f"a sweep named {spec.name!r} already exists in {sweep_dir}; continue it with "
             f"`hpo resume {sweep_dir}` or pick another --name"
         )
-    _join_cluster(spec, storage, address, num_cpus=num_cpus, num_gpus=num_gpus)
+    _join_cluster(spec, storage.uri, address, num_cpus=num_cpus, num_gpus=num_gpus)
     client = MlflowClient(spec.tracking_uri)
     parent = start_sweep_run(
         client, spec.name, spec.model_dump(exclude={"search_space", "trainer"}), spec.compare
@@ -249,7 +237,10 @@ def run_sweep(
 
 
 def resume_sweep(
-    sweep_dir: Path, *, address: str | None = None, on_event: Callable[[str], None] | None = None
+    sweep_dir: str | Path | SweepLocation,
+    *,
+    address: str | None = None,
+    on_event: Callable[[str], None] | None = None,
 ) -> list[TrialRow]:
     """Continue an interrupted sweep: unfinished trials from their newest checkpoints,
     finished ones kept as they are, the search continuing from its saved state."""
@@ -258,15 +249,15 @@ def resume_sweep(
     from trainables.trial import run_trial
 
     record = SweepRecord.read(sweep_dir)
-    if not tune.Tuner.can_restore(str(record.sweep_dir)):
+    if not tune.Tuner.can_restore(record.sweep_dir.uri):
         raise SweepError(f"{record.sweep_dir} has no Ray Tune experiment state to resume yet")
-    _join_cluster(record.spec, str(record.sweep_dir.parent), address)
+    _join_cluster(record.spec, record.sweep_dir.parent.uri, address)
     from mlflow.tracking import MlflowClient
 
     MlflowClient(record.tracking_uri).update_run(record.parent_run_id, status="RUNNING")
     trainable = tune.with_resources(run_trial, resources=TrialResources(record.spec))
     tuner = tune.Tuner.restore(
-        str(record.sweep_dir),
+        record.sweep_dir.uri,
         trainable=trainable,
         resume_unfinished=True,
         resume_errored=True,
@@ -298,13 +289,14 @@ def _replace_callbacks(tuner: Any, callbacks: list[Any]) -> None:
     internal._run_config.callbacks = callbacks
 
 
-def trial_rows(sweep_dir: Path) -> list[TrialRow]:
+def trial_rows(where: str | Path | SweepLocation) -> list[TrialRow]:
     """Every trial of a sweep with its status, final metrics and newest checkpoint."""
     from ray.tune import ExperimentAnalysis
 
     from trainables.trial import CKPT_SUBDIR
 
-    analysis = ExperimentAnalysis(str(Path(sweep_dir).resolve()))
+    sweep_dir = where if isinstance(where, SweepLocation) else SweepLocation.parse(where)
+    analysis = ExperimentAnalysis(sweep_dir.uri)
     rows = []
     for trial in analysis.trials:
         config = trial.config
@@ -324,7 +316,7 @@ def trial_rows(sweep_dir: Path) -> list[TrialRow]:
                 fell_back_to_f32=bool(result.get("fell_back_to_f32")),
                 diverged=bool(result.get("diverged")),
                 params=dict(config.get("params", {})),
-                checkpoint=str(Path(checkpoint.path) / CKPT_SUBDIR)
+                checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{CKPT_SUBDIR}")
                 if checkpoint is not None
                 else None,
             )
@@ -363,7 +355,7 @@ def finish_sweep(record: SweepRecord) -> list[TrialRow]:
         "status_counts": _count(r.status for r in rows),
         "best": [r.to_dict() for r in best],
     }
-    (record.sweep_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=str))
+    record.sweep_dir.write_text(SUMMARY_FILE, json.dumps(summary, indent=1, default=str))
     client = MlflowClient(record.tracking_uri)
     stamp = int(time.time() * 1000)
     metrics = [

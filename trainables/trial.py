@@ -125,26 +125,45 @@ def _restore_checkpoint() -> Checkpoint | None:
     reported = tune.get_checkpoint()
     if reported is None:
         return None
-    with reported.as_directory() as directory:
+    try:
+        return _load(reported)
+    except CheckpointError as exc:
+        log.warning("newest checkpoint unusable, trying older ones: %s", exc)
+    # Tune keeps the previous checkpoints beside the newest (CheckpointConfig.num_to_keep),
+    # on whatever storage the sweep uses (a path or an object store: list through pyarrow).
+    # Only older ones qualify: a newer directory belongs to an epoch whose result never
+    # reached the driver, so resuming from it would skip that epoch's metrics.
+    from pyarrow import fs as pafs
+
+    filesystem = reported.filesystem
+    trial_dir, newest = reported.path.rstrip("/").rsplit("/", 1)
+    listing = filesystem.get_file_info(pafs.FileSelector(trial_dir))
+    older = sorted(
+        (
+            info.base_name
+            for info in listing
+            if info.type == pafs.FileType.Directory
+            and info.base_name.startswith("checkpoint_")
+            and info.base_name < newest
+        ),
+        reverse=True,
+    )
+    for name in older:
         try:
-            return load_checkpoint(Path(directory) / CKPT_SUBDIR)
-        except CheckpointError as exc:
-            log.warning("newest checkpoint unusable, trying older ones: %s", exc)
-            newest = Path(reported.path)
-    # Tune keeps the previous checkpoints beside the newest (CheckpointConfig.num_to_keep).
-    # Only older ones qualify: a newer directory on disk belongs to an epoch whose result
-    # never reached the driver, so resuming from it would skip that epoch's metrics.
-    for candidate in sorted(newest.parent.glob("checkpoint_*"), reverse=True):
-        if candidate.name >= newest.name:
-            continue
-        try:
-            found = load_checkpoint(candidate / CKPT_SUBDIR)
+            found = _load(tune.Checkpoint(f"{trial_dir}/{name}", filesystem=filesystem))
         except CheckpointError as exc:
             log.warning("skipping %s", exc)
             continue
-        log.warning("resuming from the previous checkpoint %s", candidate)
+        log.warning("resuming from the previous checkpoint %s", name)
         return found
-    raise CheckpointError(newest, "no usable checkpoint for this trial")
+    raise CheckpointError(Path(reported.path), "no usable checkpoint for this trial")
+
+
+def _load(checkpoint: tune.Checkpoint) -> Checkpoint:
+    # as_directory() is the directory itself on a local path, a download otherwise; the
+    # loaded checkpoint holds its tensors in memory, not the files.
+    with checkpoint.as_directory() as directory:
+        return load_checkpoint(Path(directory) / CKPT_SUBDIR)
 
 
 def _node() -> dict[str, str]:
