@@ -122,8 +122,11 @@ def train_cmd(
         Path | None, typer.Option(help="Run directory for checkpoints and metrics.json.")
     ] = None,
     resume: Annotated[
-        Path | None,
-        typer.Option(help="Continue from a run dir or checkpoint dir's newest good checkpoint."),
+        str | None,
+        typer.Option(
+            help="Continue from a run dir or checkpoint dir's newest good checkpoint "
+            "(a path, or an object-store URI as `hpo best` prints it)."
+        ),
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
 ) -> None:
@@ -157,7 +160,7 @@ def train_cmd(
         run = train_local(
             config,
             out,
-            resume=resume,
+            resume=_local_checkpoint(resume) if resume is not None else None,
             precision=precision if resume is not None else None,
             epochs=epochs if resume is not None else None,
             on_epoch=progress.on_epoch,
@@ -184,7 +187,8 @@ def train_cmd(
 @app.command("predict")
 def predict_cmd(
     checkpoint: Annotated[
-        Path, typer.Option(help="Run dir, checkpoints dir or one checkpoint dir.")
+        str,
+        typer.Option(help="Run dir, checkpoints dir or one checkpoint dir (a path or a URI)."),
     ],
     data: Annotated[
         str, typer.Option(help="CSV/Parquet bars (same assets as training), or 'synthetic'.")
@@ -200,7 +204,7 @@ def predict_cmd(
     from trainables.predict import predict
 
     try:
-        prediction = predict(checkpoint, data, precision=precision)
+        prediction = predict(_local_checkpoint(checkpoint), data, precision=precision)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
         return
@@ -816,6 +820,20 @@ def _exit_if_interrupted(rows: list[Any], planned: int) -> None:
     """A sweep that stopped before every planned trial ended exits 3 (resumable)."""
     if sum(r.status == "TERMINATED" for r in rows) < planned:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _local_checkpoint(where: str) -> Path:
+    """A checkpoint argument as a local directory: object-store URIs are fetched first."""
+    from hpo.location import fetch_to_local
+
+    try:
+        local = fetch_to_local(where)
+    except OSError as exc:  # pyarrow's network and permission errors are OSErrors
+        _fail(f"cannot fetch the checkpoint {where}: {exc}")
+        raise
+    if str(local) != where and "://" in where:
+        err_console.print(f"fetched {escape(where)} to {local}")
+    return local
 
 
 def _sweep_dir(storage: str, name: str) -> SweepLocation:

@@ -100,3 +100,30 @@ class SweepLocation:
         filesystem, path = self.filesystem()
         with filesystem.open_output_stream(f"{path}/{name}") as stream:
             stream.write(text.encode())
+
+
+def fetch_to_local(where: str | Path, cache_root: Path | None = None) -> Path:
+    """``where`` itself when it is a local path; otherwise a fresh local copy of that remote
+    directory (a checkpoint from ``hpo best`` on an object store) under ``cache_root``
+    (default ``~/.cache/foxhunt-hpo/fetched``)."""
+    import tempfile
+
+    from pyarrow import fs as pafs
+
+    location = SweepLocation.parse(where)
+    if location.is_local:
+        return location.local_path
+    root = cache_root or Path.home() / ".cache" / "foxhunt-hpo" / "fetched"
+    root.mkdir(parents=True, exist_ok=True)
+    filesystem, path = location.filesystem()
+    if filesystem.get_file_info(path).type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"{location.uri}: no such directory")
+    dest = Path(tempfile.mkdtemp(prefix="fetch-", dir=root)) / location.name
+    dest.mkdir()  # pyarrow copies files into existing directories only
+    pafs.copy_files(
+        path,
+        str(dest),
+        source_filesystem=filesystem,
+        destination_filesystem=pafs.LocalFileSystem(),
+    )
+    return dest

@@ -109,7 +109,17 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
 
     best = _hpo(["best", sweep_uri, "--json"], tmp_path, s3_env)
     assert best.returncode == 0, best.stderr[-3000:]
-    assert json.loads(best.stdout)[0]["checkpoint"].startswith("s3://")
+    best_checkpoint = json.loads(best.stdout)[0]["checkpoint"]
+    assert best_checkpoint.startswith(f"{sweep_uri}/")
+
+    # The best trial continues locally from its checkpoint in S3 (fetched first).
+    cont = tmp_path / "continued"
+    args = ["train", "--resume", best_checkpoint, "--out", str(cont), "--epochs", str(EPOCHS + 1)]
+    trained = _hpo(args, tmp_path, {**s3_env, "HOME": str(tmp_path)})
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert f"fetched {best_checkpoint}" in " ".join(trained.stderr.split())
+    metrics = json.loads((cont / "metrics.json").read_text())
+    assert metrics["epochs"] == EPOCHS + 1 and metrics["history"][-1]["epoch"] == EPOCHS + 1
 
     # Resuming reads the spec, the searcher and Tune's state back from S3; the finished
     # trials are not trained again.
