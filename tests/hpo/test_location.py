@@ -1,0 +1,42 @@
+"""SweepLocation: local paths and object-store URIs named, joined and read the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpo.location import SweepLocation, fetch_to_local
+
+
+def test_local_paths_are_absolute_and_uris_keep_their_scheme(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    local = SweepLocation.parse("results")
+    assert local.uri == str(tmp_path / "results") and local.is_local
+    assert SweepLocation.parse(f"file://{tmp_path}/x").uri == str(tmp_path / "x")
+    remote = SweepLocation.parse("s3://bucket/hpo/")
+    assert remote.uri == "s3://bucket/hpo" and not remote.is_local
+    assert remote.child("sweep-a").uri == "s3://bucket/hpo/sweep-a"
+    assert remote.child("sweep-a").parent == remote and remote.child("sweep-a").name == "sweep-a"
+    # Tune and pyarrow report paths inside the store without the scheme.
+    assert remote.uri_of("bucket/hpo/sweep-a/checkpoint_000001") == (
+        "s3://bucket/hpo/sweep-a/checkpoint_000001"
+    )
+    assert local.uri_of("/abs/path") == "/abs/path"
+    with pytest.raises(ValueError, match="not a local path"):
+        _ = remote.local_path
+
+
+def test_files_are_written_whole_and_read_back(tmp_path: Path) -> None:
+    where = SweepLocation.parse(tmp_path / "sweeps" / "a")
+    assert not where.exists("hpo-sweep.json")
+    where.write_text("hpo-sweep.json", '{"v": 1}')
+    where.write_text("hpo-sweep.json", '{"v": 2}')
+    assert where.read_text("hpo-sweep.json") == '{"v": 2}'
+    assert sorted(p.name for p in where.local_path.iterdir()) == ["hpo-sweep.json"]  # no tmp
+
+
+def test_fetching_a_local_checkpoint_is_the_path_itself(tmp_path: Path) -> None:
+    assert fetch_to_local(str(tmp_path)) == tmp_path
