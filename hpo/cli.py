@@ -14,8 +14,10 @@ Heavy imports (torch, ray, mlflow) happen inside the commands so ``hpo --help`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -154,18 +156,23 @@ def train_cmd(
             _fail(str(exc))
     elif set_:
         _fail("--set cannot change a resumed trial's settings (only --precision and --epochs)")
+    elif "://" in resume and out is None:
+        _fail(
+            "--out is required when resuming from a URI (the checkpoint is fetched to a temporary copy)"
+        )
 
     progress = _EpochPrinter()
     try:
-        run = train_local(
-            config,
-            out,
-            resume=_local_checkpoint(resume) if resume is not None else None,
-            precision=precision if resume is not None else None,
-            epochs=epochs if resume is not None else None,
-            on_epoch=progress.on_epoch,
-            on_start=progress.on_start,
-        )
+        with _local_checkpoint(resume) as local_resume:
+            run = train_local(
+                config,
+                out,
+                resume=local_resume,
+                precision=precision if resume is not None else None,
+                epochs=epochs if resume is not None else None,
+                on_epoch=progress.on_epoch,
+                on_start=progress.on_start,
+            )
     except (CheckpointError, FileNotFoundError) as exc:
         _fail(str(exc))
         return
@@ -204,7 +211,9 @@ def predict_cmd(
     from trainables.predict import predict
 
     try:
-        prediction = predict(_local_checkpoint(checkpoint), data, precision=precision)
+        with _local_checkpoint(checkpoint) as local:
+            assert local is not None
+            prediction = predict(local, data, precision=precision)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
         return
@@ -822,18 +831,24 @@ def _exit_if_interrupted(rows: list[Any], planned: int) -> None:
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _local_checkpoint(where: str) -> Path:
-    """A checkpoint argument as a local directory: object-store URIs are fetched first."""
-    from hpo.location import fetch_to_local
+@contextlib.contextmanager
+def _local_checkpoint(where: str | None) -> Iterator[Path | None]:
+    """A checkpoint argument as a local directory: an object-store URI is fetched into a
+    temporary copy for the command's duration."""
+    from hpo.location import local_copy
 
-    try:
-        local = fetch_to_local(where)
-    except OSError as exc:  # pyarrow's network and permission errors are OSErrors
-        _fail(f"cannot fetch the checkpoint {where}: {exc}")
-        raise
-    if str(local) != where and "://" in where:
-        err_console.print(f"fetched {escape(where)} to {local}")
-    return local
+    if where is None:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            local = stack.enter_context(local_copy(where))
+        except OSError as exc:  # pyarrow's network and permission errors are OSErrors
+            _fail(f"cannot fetch the checkpoint {where}: {exc}")
+            raise
+        if "://" in where:
+            err_console.print(f"fetched {escape(where)} to {local}")
+        yield local
 
 
 def _sweep_dir(storage: str, name: str) -> SweepLocation:

@@ -9,7 +9,10 @@ endpoints come from the same environment (``AWS_*``, ``GOOGLE_APPLICATION_CREDEN
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,28 +105,26 @@ class SweepLocation:
             stream.write(text.encode())
 
 
-def fetch_to_local(where: str | Path, cache_root: Path | None = None) -> Path:
-    """``where`` itself when it is a local path; otherwise a fresh local copy of that remote
-    directory (a checkpoint from ``hpo best`` on an object store) under ``cache_root``
-    (default ``~/.cache/foxhunt-hpo/fetched``)."""
-    import tempfile
-
+@contextlib.contextmanager
+def local_copy(where: str | Path) -> Iterator[Path]:
+    """``where`` itself when it is a local path; otherwise a local copy of that remote
+    directory (a checkpoint from ``hpo best`` on an object store), removed on exit."""
     from pyarrow import fs as pafs
 
     location = SweepLocation.parse(where)
     if location.is_local:
-        return location.local_path
-    root = cache_root or Path.home() / ".cache" / "foxhunt-hpo" / "fetched"
-    root.mkdir(parents=True, exist_ok=True)
+        yield location.local_path
+        return
     filesystem, path = location.filesystem()
     if filesystem.get_file_info(path).type != pafs.FileType.Directory:
         raise FileNotFoundError(f"{location.uri}: no such directory")
-    dest = Path(tempfile.mkdtemp(prefix="fetch-", dir=root)) / location.name
-    dest.mkdir()  # pyarrow copies files into existing directories only
-    pafs.copy_files(
-        path,
-        str(dest),
-        source_filesystem=filesystem,
-        destination_filesystem=pafs.LocalFileSystem(),
-    )
-    return dest
+    with tempfile.TemporaryDirectory(prefix="hpo-fetch-") as tmp:
+        dest = Path(tmp) / location.name
+        dest.mkdir()  # pyarrow copies files into existing directories only
+        pafs.copy_files(
+            path,
+            str(dest),
+            source_filesystem=filesystem,
+            destination_filesystem=pafs.LocalFileSystem(),
+        )
+        yield dest

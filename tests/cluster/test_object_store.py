@@ -115,11 +115,14 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
     # The best trial continues locally from its checkpoint in S3 (fetched first).
     cont = tmp_path / "continued"
     args = ["train", "--resume", best_checkpoint, "--out", str(cont), "--epochs", str(EPOCHS + 1)]
-    trained = _hpo(args, tmp_path, {**s3_env, "HOME": str(tmp_path)})
+    trained = _hpo(args, tmp_path, s3_env)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert f"fetched {best_checkpoint}" in " ".join(trained.stderr.split())
     metrics = json.loads((cont / "metrics.json").read_text())
     assert metrics["epochs"] == EPOCHS + 1 and metrics["history"][-1]["epoch"] == EPOCHS + 1
+    fetched = trained.stderr.split(" to ", 1)[1].split()[0]
+    assert "hpo-fetch-" in fetched and fetched.endswith("/state")
+    assert not Path(fetched).exists()  # the temporary copy is gone with the command
 
     # Resuming reads the spec, the searcher and Tune's state back from S3; the finished
     # trials are not trained again.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.location import SweepLocation, fetch_to_local
+from hpo.location import SweepLocation, local_copy
 
 
 def test_local_paths_are_absolute_and_uris_keep_their_scheme(
@@ -38,5 +38,7 @@ def test_files_are_written_whole_and_read_back(tmp_path: Path) -> None:
     assert sorted(p.name for p in where.local_path.iterdir()) == ["hpo-sweep.json"]  # no tmp
 
 
-def test_fetching_a_local_checkpoint_is_the_path_itself(tmp_path: Path) -> None:
-    assert fetch_to_local(str(tmp_path)) == tmp_path
+def test_a_local_checkpoint_is_used_in_place(tmp_path: Path) -> None:
+    with local_copy(str(tmp_path)) as local:
+        assert local == tmp_path
+    assert tmp_path.is_dir()  # nothing removed
