@@ -14,11 +14,15 @@ Python version mismatch and a missing token are rephrased into what to do.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 PROBE_TIMEOUT_S = 3.0
@@ -61,7 +65,7 @@ def ensure_ray(
             probe_head(address)
             kwargs["address"] = address
         try:
-            ray.init(**kwargs)
+            _init_with_client_retry(ray, kwargs)
         except Exception as exc:
             rephrased = rephrase_connect_error(exc, address)
             if rephrased is None:
@@ -80,6 +84,25 @@ def ensure_ray(
         ),
         scalable_node_resources=_autoscaler_node_types(),
     )
+
+
+# Ray Client starts one server process per connecting job on the head; on a loaded head
+# that start sometimes fails once ("Starting Ray client server failed") and works when
+# asked again. A failed connect disconnects cleanly, so retrying is safe.
+CLIENT_SERVER_RETRIES = 2
+
+
+def _init_with_client_retry(ray: Any, kwargs: dict[str, Any]) -> None:
+    for attempt in range(CLIENT_SERVER_RETRIES + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except ConnectionAbortedError as exc:
+            flaky = "Starting Ray client server failed" in str(exc)
+            if not flaky or attempt == CLIENT_SERVER_RETRIES:
+                raise
+            log.warning("Ray Client's server did not start on the head; retrying (%s)", exc)
+            time.sleep(2.0 * (attempt + 1))
 
 
 def parse_address(address: str) -> tuple[str, str, int] | None:

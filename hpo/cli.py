@@ -28,6 +28,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from hpo.location import SweepLocation
+    from hpo.spec import SweepSpec
 
 app = typer.Typer(
     name="hpo",
@@ -246,17 +247,9 @@ def sweep_cmd(
     ] = False,
 ) -> None:
     """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
-    from hpo.spec import SpecError, load_spec
     from hpo.sweep import SweepError, run_sweep
 
-    overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
-    if compare:
-        overrides.update(compare=True, scheduler="fifo")
-    try:
-        spec = load_spec(spec_path, overrides)
-    except SpecError as exc:
-        _fail(str(exc))
-        return
+    spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
     console.print(
         f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials ({', '.join(spec.models)} x "
         f"{', '.join(spec.precisions)}; {spec.search} + {spec.scheduler}), MLflow at {spec.tracking_uri}"
@@ -666,16 +659,8 @@ def submit_cmd(
     the spec travel with it); prints the job id, with --follow streams its logs."""
     from cluster.connect import ClusterError
     from cluster.submit import follow_job, job_client, jobs_address, resolve_token, submit_sweep
-    from hpo.spec import SpecError, load_spec
 
-    overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
-    if compare:
-        overrides.update(compare=True, scheduler="fifo")
-    try:
-        spec = load_spec(spec_path, overrides)
-    except SpecError as exc:
-        _fail(str(exc))
-        return
+    spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
     import logging
 
     # Ray logs every file it skips while packaging the snapshot; keep the upload line only.
@@ -849,6 +834,23 @@ def _local_checkpoint(where: str | None) -> Iterator[Path | None]:
         if "://" in where:
             err_console.print(f"fetched {escape(where)} to {local}")
         yield local
+
+
+def _load_sweep_spec(
+    spec_path: Path, storage: str | None, tracking_uri: str | None, name: str | None, compare: bool
+) -> SweepSpec:
+    """The spec file with the command line's overrides (`--compare` implies FIFO: paired
+    trials must all finish)."""
+    from hpo.spec import SpecError, load_spec
+
+    overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
+    if compare:
+        overrides.update(compare=True, scheduler="fifo")
+    try:
+        return load_spec(spec_path, overrides)
+    except SpecError as exc:
+        _fail(str(exc))
+        raise
 
 
 def _sweep_dir(storage: str, name: str) -> SweepLocation:

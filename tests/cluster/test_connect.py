@@ -1,0 +1,50 @@
+"""Joining a cluster through Ray Client retries a head whose per-job server failed to
+start, and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import cluster.connect as connect
+
+FLAKY = ConnectionAbortedError(
+    "Initialization failure from server: RuntimeError: Starting Ray client server failed."
+)
+
+
+class _FakeRay:
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def init(self, **kwargs: Any) -> None:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connect.time, "sleep", lambda seconds: None)
+
+
+def test_a_client_server_that_failed_to_start_is_asked_again() -> None:
+    ray = _FakeRay([FLAKY, FLAKY])
+    connect._init_with_client_retry(ray, {"address": "ray://127.0.0.1:10001"})
+    assert ray.calls == 3
+
+
+def test_it_gives_up_after_the_retries() -> None:
+    ray = _FakeRay([FLAKY] * (connect.CLIENT_SERVER_RETRIES + 1))
+    with pytest.raises(ConnectionAbortedError, match="client server failed"):
+        connect._init_with_client_retry(ray, {})
+    assert ray.calls == connect.CLIENT_SERVER_RETRIES + 1
+
+
+def test_other_connection_errors_are_not_retried() -> None:
+    ray = _FakeRay([ConnectionAbortedError("version mismatch"), FLAKY])
+    with pytest.raises(ConnectionAbortedError, match="version mismatch"):
+        connect._init_with_client_retry(ray, {})
+    assert ray.calls == 1
