@@ -54,11 +54,16 @@ class SweepRecord:
     @classmethod
     def read(cls, where: str | Path | SweepLocation) -> SweepRecord:
         sweep_dir = where if isinstance(where, SweepLocation) else SweepLocation.parse(where)
-        if not sweep_dir.exists(SWEEP_FILE):
+        try:
+            found = sweep_dir.exists(SWEEP_FILE)
+            text = sweep_dir.read_text(SWEEP_FILE) if found else ""
+        except OSError as exc:  # an object store that refuses or cannot be reached
+            raise SweepError(f"cannot read {sweep_dir}/{SWEEP_FILE}: {exc}") from exc
+        if not found:
             raise SweepError(
                 f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
             )
-        payload = json.loads(sweep_dir.read_text(SWEEP_FILE))
+        payload = json.loads(text)
         spec = parse_spec(payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}")
         return cls(
             spec=spec,

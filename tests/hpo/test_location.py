@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,26 @@ def test_a_local_checkpoint_is_used_in_place(tmp_path: Path) -> None:
     with local_copy(str(tmp_path)) as local:
         assert local == tmp_path
     assert tmp_path.is_dir()  # nothing removed
+
+
+def test_an_unreachable_store_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens on the discard port
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_REGION": "us-east-1",
+        "COLUMNS": "200",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "hpo.cli", "status", "s3://no-bucket/sweeps/x"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    text = " ".join(done.stderr.split())
+    assert done.returncode == 2, text
+    assert "cannot read s3://no-bucket/sweeps/x/hpo-sweep.json" in text
+    assert "Traceback" not in text
