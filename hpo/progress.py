@@ -21,7 +21,9 @@ class SweepProgress(Callback):
         self.total = total
         self.on_event = on_event or (lambda line: print(line, flush=True))
         self.every_s = every_s
-        self.best: tuple[float, str] | None = None
+        # Each trial's latest validation Sharpe: "best" ranks trials the way `hpo best` and
+        # the final table do (by their final value), not by a peak an overfitting trial lost.
+        self.latest: dict[str, tuple[float, str]] = {}
         self._last_status = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -41,17 +43,20 @@ class SweepProgress(Callback):
         best = f"  best val Sharpe {self.best[0]:+.2f} ({self.best[1]})" if self.best else ""
         return f"[{done + errored}/{self.total}] running {running}, done {done}, errored {errored}{best}"
 
+    @property
+    def best(self) -> tuple[float, str] | None:
+        return max(self.latest.values(), default=None)
+
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
         value = result.get("val_sharpe")
-        if (
-            isinstance(value, int | float)
-            and math.isfinite(value)
-            and (self.best is None or value > self.best[0])
-        ):
+        if isinstance(value, int | float) and math.isfinite(value):
             config = trial.config
-            self.best = (float(value), f"{config['model']} {config['precision']} {trial.trial_id}")
+            label = f"{config['model']} {config['precision']} {trial.trial_id}"
+            self.latest[trial.trial_id] = (float(value), label)
+        else:  # a diverged trial's final NaN: it is no longer a candidate
+            self.latest.pop(trial.trial_id, None)
         if time.monotonic() - self._last_status > self.every_s:
             self._last_status = time.monotonic()
             self.on_event(self._counts(trials))
