@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cluster.storage import is_uri
+
 if TYPE_CHECKING:
     from hpo.location import SweepLocation
     from hpo.spec import SweepSpec
@@ -157,7 +159,7 @@ def train_cmd(
             _fail(str(exc))
     elif set_:
         _fail("--set cannot change a resumed trial's settings (only --precision and --epochs)")
-    elif "://" in resume and out is None:
+    elif is_uri(resume) and out is None:
         _fail(
             "--out is required when resuming from a URI (the checkpoint is fetched to a temporary copy)"
         )
@@ -831,7 +833,7 @@ def _local_checkpoint(where: str | None) -> Iterator[Path | None]:
         except OSError as exc:  # pyarrow's network and permission errors are OSErrors
             _fail(f"cannot fetch the checkpoint {where}: {exc}")
             raise
-        if "://" in where:
+        if is_uri(where):
             err_console.print(f"fetched {escape(where)} to {local}")
         yield local
 

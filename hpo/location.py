@@ -26,7 +26,9 @@ class SweepLocation:
     """What users see and pass back (``hpo resume``): an absolute path or a URI."""
 
     @classmethod
-    def parse(cls, where: str | Path) -> SweepLocation:
+    def parse(cls, where: str | Path | SweepLocation) -> SweepLocation:
+        if isinstance(where, SweepLocation):
+            return where
         text = str(where)
         if is_uri(text):
             return cls(text.rstrip("/"))

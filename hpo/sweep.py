@@ -53,7 +53,7 @@ class SweepRecord:
 
     @classmethod
     def read(cls, where: str | Path | SweepLocation) -> SweepRecord:
-        sweep_dir = where if isinstance(where, SweepLocation) else SweepLocation.parse(where)
+        sweep_dir = SweepLocation.parse(where)
         try:
             found = sweep_dir.exists(SWEEP_FILE)
             text = sweep_dir.read_text(SWEEP_FILE) if found else ""
@@ -300,7 +300,7 @@ def trial_rows(where: str | Path | SweepLocation) -> list[TrialRow]:
 
     from trainables.trial import CKPT_SUBDIR
 
-    sweep_dir = where if isinstance(where, SweepLocation) else SweepLocation.parse(where)
+    sweep_dir = SweepLocation.parse(where)
     analysis = ExperimentAnalysis(sweep_dir.uri)
     rows = []
     for trial in analysis.trials:
