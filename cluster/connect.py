@@ -87,9 +87,17 @@ def ensure_ray(
 
 
 # Ray Client starts one server process per connecting job on the head; on a loaded head
-# that start sometimes fails once ("Starting Ray client server failed") and works when
-# asked again. A failed connect disconnects cleanly, so retrying is safe.
+# that start sometimes fails once and works when asked again: the server process does not
+# come up ("Starting Ray client server failed"), or its shim process exits before the
+# proxier reads its command line with psutil, whose ZombieProcess / NoSuchProcess then
+# reaches the client as the proxier's traceback. Each ray.init connects with a new client
+# id and a failed connect disconnects cleanly, so retrying is safe.
 CLIENT_SERVER_RETRIES = 2
+CLIENT_SERVER_START_FAILURES = (
+    "Starting Ray client server failed",
+    "psutil.ZombieProcess",
+    "psutil.NoSuchProcess",
+)
 
 
 def _init_with_client_retry(ray: Any, kwargs: dict[str, Any]) -> None:
@@ -98,7 +106,7 @@ def _init_with_client_retry(ray: Any, kwargs: dict[str, Any]) -> None:
             ray.init(**kwargs)
             return
         except ConnectionAbortedError as exc:
-            flaky = "Starting Ray client server failed" in str(exc)
+            flaky = any(sign in str(exc) for sign in CLIENT_SERVER_START_FAILURES)
             if not flaky or attempt == CLIENT_SERVER_RETRIES:
                 raise
             log.warning("Ray Client's server did not start on the head; retrying (%s)", exc)

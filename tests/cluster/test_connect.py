@@ -12,6 +12,14 @@ import cluster.connect as connect
 FLAKY = ConnectionAbortedError(
     "Initialization failure from server: RuntimeError: Starting Ray client server failed."
 )
+# What the proxier sends when the per-job server's shim process exits before psutil reads
+# its command line (seen in CI on a fresh clone): its traceback, verbatim.
+ZOMBIE = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    '  File ".../ray/util/client/server/proxier.py", line 396, in start_specific_server\n'
+    "    cmd = psutil_proc.cmdline()\n"
+    "psutil.ZombieProcess: PID still exists but it's a zombie (pid=4242)"
+)
 
 
 class _FakeRay:
@@ -32,6 +40,12 @@ def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_client_server_that_failed_to_start_is_asked_again() -> None:
     ray = _FakeRay([FLAKY, FLAKY])
+    connect._init_with_client_retry(ray, {"address": "ray://127.0.0.1:10001"})
+    assert ray.calls == 3
+
+
+def test_a_client_server_whose_process_turned_zombie_is_asked_again() -> None:
+    ray = _FakeRay([ZOMBIE, FLAKY])
     connect._init_with_client_retry(ray, {"address": "ray://127.0.0.1:10001"})
     assert ray.calls == 3
 
