@@ -39,6 +39,7 @@ from dashboards._svg import (
     distribution_plot,
     paired_difference_plot,
 )
+from dashboards.tables import format_ci, format_num, format_p
 from hpo.compare import (
     ALL_PRECISIONS,
     OVERALL,
@@ -47,9 +48,6 @@ from hpo.compare import (
     Contrast,
     ScopeComparison,
     TrialRecord,
-    format_ci,
-    format_num,
-    format_p,
 )
 
 __all__ = ["MAX_CURVE_PANELS", "dom_id", "render_report", "write_report"]

@@ -48,7 +48,7 @@ import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -88,10 +88,9 @@ __all__ = [
     "Selection",
     "TrialRecord",
     "comparison_from_mlflow",
+    "comparison_metrics",
     "contrast_key",
-    "format_p",
     "log_comparison",
-    "rich_tables",
 ]
 
 OVERALL = "overall"
@@ -766,6 +765,7 @@ def log_comparison(
     tracking_uri: str,
     parent_run_id: str | None = None,
     *,
+    report_html: str | None = None,
     html: str | None = None,
 ) -> dict[str, float]:
     """Write the comparison onto the sweep's parent run; returns the metrics logged.
@@ -773,8 +773,10 @@ def log_comparison(
     Statistics go in as metrics (:func:`comparison_metrics`, step 0, so the newest
     computation is the one the MLflow UI shows); the settings go in as tags, not params,
     because MLflow params are immutable and a running sweep is compared again as it
-    progresses. Artifacts: ``comparison/comparison.json`` and ``comparison/report.html``
-    (rendered by :func:`dashboards.report.render_report` unless ``html`` is given).
+    progresses. Artifacts: ``comparison/comparison.json``, and ``comparison/report.html``
+    when the caller passes the rendered report (``report_html``, from
+    :func:`dashboards.report.render_report`): presentation is the caller's, so this
+    module does not import ``dashboards``.
     """
     import json
 
@@ -784,10 +786,15 @@ def log_comparison(
     run_id = parent_run_id or comparison.parent_run_id
     if run_id is None:
         raise ComparisonError("no parent run to log the comparison on")
-    if html is None:
+    # TODO(H7): remove after cli/sweep switch: ``html=`` is the old name of
+    # ``report_html=`` (hpo/cli.py), and rendering here when neither is given keeps the
+    # report of sweeps whose hpo/sweep.py does not render it yet.
+    if report_html is None:
+        report_html = html
+    if report_html is None:
         from dashboards.report import render_report
 
-        html = render_report(comparison)
+        report_html = render_report(comparison)
     client = MlflowClient(tracking_uri)
     stamp = int(time.time() * 1000)
     metrics = comparison_metrics(comparison)
@@ -810,104 +817,20 @@ def log_comparison(
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     payload = json.dumps(comparison.to_dict(), indent=1, allow_nan=False)
     client.log_text(run_id, payload, f"{ARTIFACT_DIR}/{JSON_ARTIFACT}")
-    client.log_text(run_id, html, f"{ARTIFACT_DIR}/{HTML_ARTIFACT}")
+    if report_html is not None:
+        client.log_text(run_id, report_html, f"{ARTIFACT_DIR}/{HTML_ARTIFACT}")
     return metrics
 
 
-# ---------------------------------------------------------------------------------------
-# Formatting (shared by the CLI tables and the HTML report)
+# TODO(H7): remove after cli/sweep switch. The formatting moved to dashboards.tables;
+# hpo/cli.py still imports ``rich_tables`` from here. Lazy, so hpo.compare never imports
+# dashboards at import time (dashboards.tables imports hpo.compare).
+_MOVED_TO_DASHBOARDS_TABLES = frozenset({"format_ci", "format_num", "format_p", "rich_tables"})
 
 
-def format_p(value: float) -> str:
-    if not math.isfinite(value):
-        return "—"
-    return "<0.001" if value < 0.001 else f"{value:.3f}"
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_DASHBOARDS_TABLES:
+        from dashboards import tables
 
-
-def format_num(value: float, signed: bool = False) -> str:
-    if not math.isfinite(value):
-        return "—"
-    return f"{value:+.3f}" if signed else f"{value:.3f}"
-
-
-def format_ci(result: PairedComparison) -> str:
-    diff = format_num(result.median_difference, signed=True)
-    if not (math.isfinite(result.ci_low) and math.isfinite(result.ci_high)):
-        return f"{diff} [—]"
-    return f"{diff} [{result.ci_low:+.3f}, {result.ci_high:+.3f}]"
-
-
-def rich_tables(comparison: Comparison) -> Iterable[Any]:
-    """One ``rich`` table per scope (model families, then overall), for ``hpo compare``."""
-    from rich import box
-    from rich.table import Table
-
-    ref = comparison.reference
-    others = comparison.precisions[1:]
-    single = len(others) == 1
-    caption = (
-        f"val: validation Sharpe (selection); test: held-out (reported); diff = other - {ref}\n"
-        "excl.: pairs with a diverged member; pend.: pairs not finished; q: Wilcoxon p "
-        "BH-adjusted across families; diverged, DSR best: ref/other"
-    )
-    for scope in comparison.scopes:
-        n_trials = sum(c["trials"] for c in scope.counts.values())
-        table = Table(
-            title=f"{scope.scope}: {n_trials} trials",
-            title_justify="left",
-            caption=caption,
-            caption_justify="left",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 1),
-            collapse_padding=True,
-            pad_edge=False,
-        )
-        columns = (
-            "Sharpe diff",
-            "pairs",
-            "excl.",
-            "pend.",
-            f"median {ref}",
-            f"median {others[0]}" if single else "median other",
-            f"median diff [{comparison.confidence:.0%} BCa CI]",
-            "Wilcoxon p (q)",
-            "MWU p",
-            "KS p",
-            "fallbacks",
-            "diverged",
-            "DSR best",
-        )
-        for i, column in enumerate(columns):
-            # The CI may fold on a narrow terminal; the short cells never do.
-            table.add_column(column, justify="right" if i else "left", no_wrap=i != 6)
-        for contrast in scope.contrasts.values():
-            other = contrast.other
-            for split in SPLITS:
-                r = contrast.split(split)
-                q = getattr(contrast, f"{split}_wilcoxon_p_bh")
-                p_text = format_p(r.wilcoxon_pvalue)
-                if math.isfinite(q):
-                    p_text += f" ({format_p(q)})"
-                on_val = split == "val"
-                median_b = format_num(r.median_b)
-                table.add_row(
-                    f"{other} - {ref} {split}",
-                    str(r.n_pairs_used),
-                    str(r.n_excluded_nonfinite),
-                    str(len(contrast.incomplete)),
-                    format_num(r.median_a),
-                    median_b if single else f"{other} {median_b}",
-                    format_ci(r),
-                    p_text,
-                    format_p(r.mannwhitney_pvalue),
-                    format_p(r.ks_pvalue),
-                    str(scope.counts[other]["fell_back"]) if on_val else "",
-                    f"{scope.counts[ref]['diverged']}/{scope.counts[other]['diverged']}"
-                    if on_val
-                    else "",
-                    f"{format_num(scope.selection[ref].dsr)}/"
-                    f"{format_num(scope.selection[other].dsr)}"
-                    if on_val
-                    else "",
-                )
-        yield table
+        return getattr(tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

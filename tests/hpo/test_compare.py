@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
+from dashboards.report import render_report
 from hpo.cli import app
 from hpo.compare import (
     ALL_PRECISIONS,
@@ -277,7 +280,10 @@ def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
     comparison: Comparison, sweep: SyntheticSweep, tmp_path: Path
 ) -> None:
     private = copy_sweep(sweep, tmp_path / "store")
-    logged = log_comparison(comparison, private.tracking_uri, private.parent_run_id)
+    html = render_report(comparison)  # presentation is the caller's
+    logged = log_comparison(
+        comparison, private.tracking_uri, private.parent_run_id, report_html=html
+    )
     client = MlflowClient(private.tracking_uri)
     parent = client.get_run(private.parent_run_id)
     metrics = parent.data.metrics
@@ -299,7 +305,19 @@ def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
     local = Path(client.download_artifacts(private.parent_run_id, "comparison", str(tmp_path)))
     payload = json.loads((local / "comparison.json").read_text())
     assert payload["families"]["tft"]["contrasts"][CONTRAST]["val"] == val.to_dict()
-    assert 'id="stats-tft"' in (local / "report.html").read_text()
+    assert (local / "report.html").read_text(encoding="utf-8") == html
+
+
+def test_compare_is_computation_and_io_without_presentation() -> None:
+    """hpo.compare does not import dashboards (the report and tables import it)."""
+    code = (
+        "import sys, hpo.compare; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dashboards'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_sweep_not_in_compare_mode_says_why_nothing_pairs(
