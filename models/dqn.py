@@ -8,9 +8,9 @@ Papers, and the piece each contributes:
   the online network picks the next action, the target network values it.
 * Wang et al. 2016, "Dueling Network Architectures for Deep RL": Q = V + A - mean_a A.
 * Schaul et al. 2016, "Prioritized Experience Replay": proportional priorities, annealed
-  importance-sampling weights (``trainables.replay.PrioritizedReplay``).
+  importance-sampling weights (``models.replay.PrioritizedReplay``).
 * Sutton 1988 / Hessel et al. 2018 ("Rainbow"): n-step returns
-  (``trainables.replay.NStepAccumulator``).
+  (``models.replay.NStepAccumulator``).
 * Bellemare, Dabney & Munos 2017, "A Distributional Perspective on RL" (C51), optional:
   a categorical return distribution on a fixed support, trained by cross-entropy against
   the projected target distribution.
@@ -50,8 +50,8 @@ from models.base import (
     TradingEnvLike,
     action_to_position,
 )
-from trainables.precision import F32, f32
-from trainables.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
+from models.ops import F32, f32
+from models.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
 
 # --------------------------------------------------------------------------------------
 # Config

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainables.precision import f32
+from models.ops import f32
 
 
 def regression_loss(

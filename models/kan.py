@@ -80,7 +80,7 @@ from models.base import (
     fold_assets,
     unfold_assets,
 )
-from trainables.precision import f32, like
+from models.ops import f32, like
 
 __all__ = [
     "FAMILY",

@@ -54,8 +54,8 @@ bf16. What stays f32, and why:
   also fall below one bf16 step. ``D`` is the per-head skip gain; ``mamba_ssm`` keeps it
   and ``A_log`` in f32 as well.
 * the whole SSD (dt, the decays, ``segsum``, the intra-chunk products, the inter-chunk
-  state recurrence and the ``D`` skip): its inputs are upcast with ``precision.f32`` and
-  the result cast back with ``precision.like``. The cumulative sums and the states are
+  state recurrence and the ``D`` skip): its inputs are upcast with ``models.ops.f32`` and
+  the result cast back with ``models.ops.like``. The cumulative sums and the states are
   accumulators; the reference Triton kernels likewise accumulate the scan in f32. At the
   sizes here the SSD is a small share of the FLOPs.
 * the loss and the position mapping (from the upcast forecast).
@@ -94,7 +94,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import regression_loss
-from trainables.precision import f32, like
+from models.ops import f32, like
 
 __all__ = [
     "FAMILY",

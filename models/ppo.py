@@ -67,7 +67,7 @@ from models.base import (
     TradingEnvLike,
     action_to_position,
 )
-from trainables.precision import F32, f32, like
+from models.ops import F32, f32, like
 
 # --------------------------------------------------------------------------------------
 # Config

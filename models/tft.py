@@ -63,7 +63,7 @@ from models.base import (
     inverse_softplus,
     unfold_assets,
 )
-from trainables.precision import f32, like
+from models.ops import f32, like
 
 __all__ = [
     "FAMILY",

@@ -75,7 +75,7 @@ from models.base import (
     check_choices,
 )
 from models.heads import forecast_positions, regression_loss
-from trainables.precision import f32, like
+from models.ops import f32, like
 
 __all__ = [
     "FAMILY",

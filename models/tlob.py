@@ -85,7 +85,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import forecast_positions, regression_loss
-from trainables.precision import f32, like
+from models.ops import f32, like
 
 __all__ = [
     "FAMILY",

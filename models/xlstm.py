@@ -70,10 +70,10 @@ f32, and why:
   timescale 1 / (1 - sigmoid(b)) ~ e^b: rounded to bf16 (a spacing of 1/32 there) it
   would move every timescale by up to 1.6 %, and the optimizer's small updates to it
   would fall below one bf16 step (as for Mamba-2's ``dt_bias``).
-* the mLSTM cell: q, k, v and the gate pre-activations are upcast with ``precision.f32``;
+* the mLSTM cell: q, k, v and the gate pre-activations are upcast with ``models.ops.f32``;
   the log forget-gate cumulative sums, the stabilizer max, exp(log D - m), the products
   with it, the normalizer and the per-head LayerNorm run in f32, and the result returns
-  to bf16 with ``precision.like``. The cumulative sums are accumulators, and the
+  to bf16 with ``models.ops.like``. The cumulative sums are accumulators, and the
   exponential input gate is only safe as exp(i~ - m) with both terms exact: in bf16 a
   log-gate sum of 8 is a multiple of 1/16, up to a 3 % error in every exponentiated
   weight.
@@ -106,7 +106,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import regression_loss
-from trainables.precision import f32, like
+from models.ops import f32, like
 
 __all__ = [
     "FAMILY",

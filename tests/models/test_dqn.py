@@ -21,10 +21,10 @@ from models.dqn import (
     build,
     categorical_projection,
 )
+from models.replay import ReplaySample
 from tests.models.rl_loop import train_learner
 from trainables.env import TradingEnv
 from trainables.precision import floating_dtypes, get_policy
-from trainables.replay import ReplaySample
 
 SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
 SMALL = DQNConfig(

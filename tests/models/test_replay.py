@@ -13,7 +13,7 @@ from safetensors.torch import save as st_save
 from scipy import stats
 
 from models.base import Transition
-from trainables.replay import NStepAccumulator, NStepTransition, PrioritizedReplay
+from models.replay import NStepAccumulator, NStepTransition, PrioritizedReplay
 
 
 @pytest.fixture(autouse=True, scope="module")
