@@ -5,12 +5,14 @@ shape key to a :class:`~cluster.profiler.MemoryProfile`. The key holds what sets
 memory and nothing else:
 
 * family, precision (``auto`` resolved), trainer batch size;
-* the model's size settings: every field of the family's config, where an int, bool or
-  string counts by value and a float only by whether it is zero (a learning rate, discount
-  or clip never sizes a tensor; a dropout of 0 vs > 0 can), so continuous hyperparameters
-  that a searcher draws fresh for every trial do not force a new profile. A family module
-  may list integer settings that never change memory (schedules, periods) in an optional
-  ``MEMORY_NEUTRAL`` tuple; those are left out of the key too;
+* the model's size settings: every field of the family's config by value, except the
+  floats the family's adapter searches (its ``search_space``: dropout, discounts, scales),
+  which count only by whether they are zero (a dropout of 0 vs > 0 changes the saved masks;
+  0.1 vs 0.3 does not), so continuous hyperparameters a searcher draws fresh for every
+  trial do not force a new profile. Every other float counts by value: some set widths
+  (xLSTM's ``proj_factor`` and ``ffn_factor``), and a float fixed for the whole sweep costs
+  one profile either way. A family module may list settings that never change memory
+  (schedules, periods) in an optional ``MEMORY_NEUTRAL`` tuple; those are left out;
 * the data's shape: lookback, folds, validation/test shares, data source, assets, bars;
 * the device name (``estimate`` for estimates, which also record their allowances) and
   the torch version; and a schema version, bumped when the estimator changes.
@@ -59,14 +61,17 @@ def default_cache_path() -> Path:
     return Path.home() / ".cache" / "foxhunt-hpo" / "vram.json"
 
 
-def _size_value(value: Any) -> Any:
-    """How a model setting enters the key: floats only by being zero or not."""
+def _size_value(value: Any, searched_float: bool = False) -> Any:
+    """How a model setting enters the key: by value, except a float the family's adapter
+    searches, which enters only by being zero or not."""
     if isinstance(value, bool | int | str) or value is None:
         return value
     if isinstance(value, float):
-        return "0" if value == 0.0 else "+"
+        if searched_float:
+            return "0" if value == 0.0 else "+"
+        return value
     if isinstance(value, list | tuple):
-        return [_size_value(v) for v in value]
+        return [_size_value(v, searched_float) for v in value]
     return repr(value)
 
 
@@ -90,7 +95,10 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
         "family": config.model,
         "precision": target_precision(config.precision, device),
         "batch_size": config.batch_size,
-        "size": {name: _size_value(value) for name, value in sorted(model_config.items())},
+        "size": {
+            name: _size_value(value, searched_float=name in family.search_space)
+            for name, value in sorted(model_config.items())
+        },
         "data": {
             "lookback": config.lookback,
             "n_folds": config.n_folds,

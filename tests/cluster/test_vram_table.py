@@ -67,6 +67,22 @@ def test_key_ignores_float_values_but_not_sizes() -> None:
     assert key_string(profile_key(lr, CPU, "estimate")) == key(dropout=0.1)
 
 
+def test_key_holds_the_value_of_float_size_settings() -> None:
+    """xLSTM's proj_factor and ffn_factor are floats that set layer widths: two values are
+    two shapes. A float the family's adapter draws fresh per trial (dropout) still counts
+    only by being zero or not."""
+
+    def key(**model_config: object) -> str:
+        merged = {"d_model": 16, "n_heads": 2, **model_config}
+        return key_string(profile_key(tiny_config("xlstm", model_config=merged), CPU, "estimate"))
+
+    assert key(proj_factor=2.0) != key(proj_factor=3.0)
+    assert key(ffn_factor=4.0 / 3.0) != key(ffn_factor=2.0)
+    assert key(proj_factor=2.0) == key()  # the default, explicit or omitted
+    assert key(dropout=0.1) == key(dropout=0.25)
+    assert key(dropout=0.0) != key(dropout=0.1)
+
+
 def test_key_leaves_out_settings_a_family_declares_memory_neutral(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
