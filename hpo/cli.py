@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -31,6 +31,7 @@ from cluster.storage import is_uri
 if TYPE_CHECKING:
     from hpo.location import SweepLocation
     from hpo.spec import SweepSpec
+    from hpo.sweep import TrialRow
 
 app = typer.Typer(
     name="hpo",
@@ -44,19 +45,26 @@ _WIDTH = None if sys.stdout.isatty() else 160
 console = Console(width=_WIDTH)
 err_console = Console(stderr=True, width=_WIDTH)
 
-# Metrics shown in the per-epoch lines and the final table, in this order.
-SUMMARY_METRICS = (
-    "train_loss",
-    "val_sharpe",
-    "val_sortino",
-    "val_max_drawdown",
-    "val_turnover",
-    "val_hit_rate",
-    "test_sharpe",
-    "skipped_steps",
-    "steps_per_s",
-    "peak_mem_mb",
-)
+# Options several commands share, defined once.
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+RayAddress = Annotated[
+    str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
+]
+JobsAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or http://127.0.0.1:8265)."
+    ),
+]
+Assignments = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
+]
+SpecArg = Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")]
+SweepDirArg = Annotated[
+    str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
+]
+CompareFlag = Annotated[bool, typer.Option("--compare", help="Paired precision comparison mode.")]
+NameOption = Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")]
 
 
 class UserError(Exception):
@@ -71,14 +79,12 @@ def main() -> None:
         sys.exit(2)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise UserError(message)
 
 
 @app.command("models")
-def models_cmd(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
-) -> None:
+def models_cmd(as_json: JsonFlag = False) -> None:
     """List the model families with their search spaces (their adapters)."""
     from models import all_families
     from models.base import describe_dim
@@ -120,9 +126,7 @@ def train_cmd(
         str, typer.Option(help="'synthetic' or a CSV/Parquet file or directory.")
     ] = "synthetic",
     seed: Annotated[int, typer.Option(help="Trial seed.")] = 0,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
-    ] = None,
+    set_: Assignments = None,
     out: Annotated[
         Path | None, typer.Option(help="Run directory for checkpoints and metrics.json.")
     ] = None,
@@ -144,7 +148,6 @@ def train_cmd(
     if resume is None:
         if model is None or out is None:
             _fail("hpo train needs --model and --out (or --resume DIR)")
-        assert model is not None
         try:
             config = build_train_config(
                 model,
@@ -176,12 +179,8 @@ def train_cmd(
                 on_epoch=progress.on_epoch,
                 on_start=progress.on_start,
             )
-    except (CheckpointError, FileNotFoundError) as exc:
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
-        return
-    except ValueError as exc:
-        _fail(str(exc))
-        return
     for skipped in run.skipped_checkpoints:
         err_console.print(f"[yellow]skipped a bad checkpoint:[/] {skipped}")
     _print_summary(run.final, title=f"final metrics ({run.precision})")
@@ -219,7 +218,6 @@ def predict_cmd(
             prediction = predict(local, data, precision=precision)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
-        return
     prediction.write_csv(out)
     summary = prediction.backtest.to_dict()
     summary_path = out.with_suffix(".backtest.json")
@@ -233,20 +231,16 @@ def predict_cmd(
 
 @app.command("sweep")
 def sweep_cmd(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")],
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
-    ] = None,
+    spec_path: SpecArg,
+    address: RayAddress = None,
     storage: Annotated[
         str | None, typer.Option(help="Results and checkpoints root (overrides the spec).")
     ] = None,
     tracking_uri: Annotated[
         str | None, typer.Option(help="MLflow tracking URI (overrides the spec).")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")] = None,
-    compare: Annotated[
-        bool, typer.Option("--compare", help="Paired precision comparison mode.")
-    ] = False,
+    name: NameOption = None,
+    compare: CompareFlag = False,
 ) -> None:
     """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
     from hpo.sweep import SweepError, run_sweep
@@ -260,7 +254,6 @@ def sweep_cmd(
         rows = run_sweep(spec, address=address, on_event=console.print)
     except SweepError as exc:
         _fail(str(exc))
-        return
     _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
     _exit_if_interrupted(rows, spec.n_trials)
 
@@ -274,9 +267,7 @@ def resume_cmd(
             help="STORAGE/NAME of an interrupted sweep (a path or an object-store URI).",
         ),
     ],
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
-    ] = None,
+    address: RayAddress = None,
 ) -> None:
     """Continue an interrupted sweep from its checkpoints (finished trials are not re-run)."""
     from hpo.sweep import SweepError, SweepRecord, resume_sweep
@@ -287,18 +278,12 @@ def resume_cmd(
         rows = resume_sweep(sweep_dir, address=address, on_event=console.print)
     except SweepError as exc:
         _fail(str(exc))
-        return
     _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
     _exit_if_interrupted(rows, record.spec.n_trials)
 
 
 @app.command("status")
-def status_cmd(
-    sweep_dir: Annotated[
-        str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
-    ],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
+def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
     """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
     from hpo.sweep import SweepError, SweepRecord, trial_rows
 
@@ -306,7 +291,6 @@ def status_cmd(
         record = SweepRecord.read(sweep_dir)
     except SweepError as exc:
         _fail(str(exc))
-        return
     rows = trial_rows(record.sweep_dir)
     if as_json:
         console.print_json(
@@ -350,12 +334,10 @@ def status_cmd(
 
 @app.command("best")
 def best_cmd(
-    sweep_dir: Annotated[
-        str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
-    ],
+    sweep_dir: SweepDirArg,
     model: Annotated[str | None, typer.Option(help="Only this model family.")] = None,
     precision: Annotated[str | None, typer.Option(help="Only this precision.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """The best trial per model and precision, with the checkpoint `hpo train --resume` takes."""
     from hpo.sweep import SweepError, SweepRecord, best_rows, trial_rows
@@ -364,7 +346,6 @@ def best_cmd(
         record = SweepRecord.read(sweep_dir)
     except SweepError as exc:
         _fail(str(exc))
-        return
     best = best_rows(trial_rows(record.sweep_dir), model=model, precision=precision)
     if as_json:
         console.print_json(json.dumps([r.to_dict() for r in best], default=str))
@@ -421,7 +402,6 @@ def compare_cmd(
         )
     except ComparisonError as exc:
         _fail(str(exc))
-        return
     for table in rich_tables(comparison):
         console.print(table)
     for note in comparison.notes:
@@ -456,9 +436,7 @@ def profile_cmd(
     batch_size: Annotated[
         int | None, typer.Option(help="Trainer minibatch size (default: the trainer's).")
     ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
-    ] = None,
+    set_: Assignments = None,
     all_: Annotated[
         bool, typer.Option("--all", help="Every family in f32 and bf16, with bf16/f32 ratios.")
     ] = False,
@@ -471,102 +449,76 @@ def profile_cmd(
     refresh: Annotated[
         bool, typer.Option("--refresh", help="Profile again instead of reading the VRAM table.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """A trial's GPU memory by component (measured on CUDA, estimated without), the GPU
     fraction it packs at and the trials per GPU that implies."""
-    from rich.markup import escape
-
-    from cluster.packing import plan, profile_for_config
-    from models import family_names, get_family
-    from trainables.config import build_train_config, parse_assignments
+    from cluster.plan import ShapeRequest, family_plans, shape_plan
+    from trainables.config import parse_assignments
 
     if all_ == (model is not None):
         _fail("hpo profile needs --model NAME or --all")
-    mode = "estimate" if estimate else None
-    base: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
     try:
         overrides = parse_assignments(set_ or [])
     except ValueError as exc:
         _fail(str(exc))
-        return
-
-    def measure(name: str, prec: str) -> tuple[Any, Any]:
-        config = build_train_config(name, overrides, precision=prec, **base)
-        _, profile = profile_for_config(config, mode=mode, refresh=refresh)
-        return profile, plan(profile, headroom)
-
-    def mib(n: float | None) -> str:
-        return "—" if n is None else f"{n / 2**20:,.1f}"
-
-    if not all_:
-        assert model is not None
-        try:
-            profile, packing = measure(model, precision)
-        except (ValueError, TypeError, RuntimeError) as exc:
-            _fail(str(exc))
-            return
+    request = ShapeRequest(
+        overrides=overrides,
+        batch_size=batch_size,
+        headroom=headroom,
+        mode="estimate" if estimate else None,
+        refresh=refresh,
+    )
+    if model is None:
+        plans = family_plans(request)
         if as_json:
-            payload = {"profile": profile.to_dict(), "packing": packing.to_dict()}
-            console.print_json(json.dumps(payload))
-            return
-        how = (
-            f"measured on {profile.device_name}"
-            if profile.method == "measured"
-            else f"estimated from tensor bytes ({profile.device_name})"
-        )
-        table = Table(
-            title=f"{profile.model} / {profile.precision}: {how}; {profile.n_params:,} "
-            f"parameters per fold, {profile.n_folds} fold(s)",
-            title_justify="left",
-        )
-        table.add_column("component")
-        table.add_column("MiB", justify="right")
-        for name, value in profile.components().items():
-            table.add_row(name, mib(value))
-        table.add_row("estimated peak (no context)", mib(profile.estimated_peak_bytes))
-        if profile.measured_allocated_bytes is not None:
-            table.add_row("measured max allocated", mib(profile.measured_allocated_bytes))
-            table.add_row("measured max reserved", mib(profile.measured_reserved_bytes))
-        console.print(table)
-        error = profile.estimate_error
-        if error is not None:
-            console.print(f"estimate vs measured allocated: {error:+.1%}")
-        console.print(
-            f"peak {mib(profile.peak_bytes)} MiB x (1 + {headroom:g}) + context "
-            f"{mib(profile.context_bytes)} MiB of {packing.device_total_bytes / 2**30:.1f} GiB "
-            f"= {packing.raw_fraction:.4f} -> GPU fraction [bold]{packing.fraction:g}[/] "
-            f"(grid 1/{packing.grid}): [bold]{packing.trials_per_gpu}[/] trials per GPU "
-            f"({packing.trials_per_gpu_unrounded} by memory alone)"
-        )
+            console.print_json(json.dumps(plans.to_dict()))
+        else:
+            _print_family_plans(plans.rows, plans.skipped, headroom)
         return
-
-    rows: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    for name in family_names():
-        try:
-            get_family(name)
-        except Exception as exc:  # a family module being written, or missing
-            skipped.append(f"{name}: cannot import ({type(exc).__name__}: {exc})")
-            continue
-        row: dict[str, Any] = {"model": name}
-        try:
-            for prec in ("f32", "bf16"):
-                profile, packing = measure(name, prec)
-                row[prec] = {"profile": profile.to_dict(), "packing": packing.to_dict()}
-        except Exception as exc:
-            skipped.append(f"{name}: profiling failed ({type(exc).__name__}: {exc})")
-            continue
-        row["bf16_over_f32_peak"] = (
-            row["bf16"]["profile"]["peak_bytes"] / row["f32"]["profile"]["peak_bytes"]
-        )
-        row["bf16_over_f32_trials"] = (
-            row["bf16"]["packing"]["trials_per_gpu"] / row["f32"]["packing"]["trials_per_gpu"]
-        )
-        rows.append(row)
+    try:
+        profile, packing = shape_plan(model, precision, request)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        _fail(str(exc))
     if as_json:
-        console.print_json(json.dumps({"rows": rows, "skipped": skipped}))
+        console.print_json(json.dumps({"profile": profile.to_dict(), "packing": packing.to_dict()}))
         return
+    how = (
+        f"measured on {profile.device_name}"
+        if profile.method == "measured"
+        else f"estimated from tensor bytes ({profile.device_name})"
+    )
+    table = Table(
+        title=f"{profile.model} / {profile.precision}: {how}; {profile.n_params:,} "
+        f"parameters per fold, {profile.n_folds} fold(s)",
+        title_justify="left",
+    )
+    table.add_column("component")
+    table.add_column("MiB", justify="right")
+    for name, value in profile.components().items():
+        table.add_row(name, _mib(value))
+    table.add_row("estimated peak (no context)", _mib(profile.estimated_peak_bytes))
+    if profile.measured_allocated_bytes is not None:
+        table.add_row("measured max allocated", _mib(profile.measured_allocated_bytes))
+        table.add_row("measured max reserved", _mib(profile.measured_reserved_bytes))
+    console.print(table)
+    error = profile.estimate_error
+    if error is not None:
+        console.print(f"estimate vs measured allocated: {error:+.1%}")
+    console.print(
+        f"peak {_mib(profile.peak_bytes)} MiB x (1 + {headroom:g}) + context "
+        f"{_mib(profile.context_bytes)} MiB of {packing.device_total_bytes / 2**30:.1f} GiB "
+        f"= {packing.raw_fraction:.4f} -> GPU fraction [bold]{packing.fraction:g}[/] "
+        f"(grid 1/{packing.grid}): [bold]{packing.trials_per_gpu}[/] trials per GPU "
+        f"({packing.trials_per_gpu_unrounded} by memory alone)"
+    )
+
+
+def _mib(n: float | None) -> str:
+    return "—" if n is None else f"{n / 2**20:,.1f}"
+
+
+def _print_family_plans(rows: list[dict[str, Any]], skipped: list[str], headroom: float) -> None:
     first = rows[0]["f32"]["profile"] if rows else None
     where = f"{first['method']}, {first['device_name']}" if first else "no family profiled"
     table = Table(
@@ -593,10 +545,10 @@ def profile_cmd(
         table.add_row(
             row["model"],
             f"{f['profile']['n_params']:,}",
-            mib(f["profile"]["peak_bytes"]),
-            mib(b["profile"]["peak_bytes"]),
+            _mib(f["profile"]["peak_bytes"]),
+            _mib(b["profile"]["peak_bytes"]),
             f"{row['bf16_over_f32_peak']:.2f}",
-            mib(f["profile"]["context_bytes"]),
+            _mib(f["profile"]["context_bytes"]),
             f"{f['packing']['fraction']:g}",
             f"{b['packing']['fraction']:g}",
             str(f["packing"]["trials_per_gpu"]),
@@ -611,18 +563,12 @@ def profile_cmd(
 
 @app.command("submit")
 def submit_cmd(
-    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")],
-    address: Annotated[
-        str | None,
-        typer.Option(
-            help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or "
-            "http://127.0.0.1:8265)."
-        ),
-    ] = None,
+    spec_path: SpecArg,
+    address: JobsAddress = None,
     follow: Annotated[
         bool, typer.Option("--follow", help="Stream the job's logs; exit with its status.")
     ] = False,
-    name: Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")] = None,
+    name: NameOption = None,
     tracking_uri: Annotated[
         str | None,
         typer.Option(help="MLflow tracking URI, as seen from the head (e.g. http://mlflow:5000)."),
@@ -639,9 +585,7 @@ def submit_cmd(
             "(sets HPO_SHARED_STORAGE=1 for the job).",
         ),
     ] = False,
-    compare: Annotated[
-        bool, typer.Option("--compare", help="Paired precision comparison mode.")
-    ] = False,
+    compare: CompareFlag = False,
     working_dir: Annotated[
         Path, typer.Option(help="Project directory uploaded with the job.")
     ] = Path("."),
@@ -683,7 +627,6 @@ def submit_cmd(
         )
     except ClusterError as exc:
         _fail(str(exc))
-        return
     console.print(f"submitted job: {submission.job_id}", soft_wrap=True, highlight=False)
     console.print(
         f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials -> {submission.sweep_dir}; "
@@ -713,16 +656,7 @@ def submit_cmd(
 
 
 @app.command("jobs")
-def jobs_cmd(
-    address: Annotated[
-        str | None,
-        typer.Option(
-            help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or "
-            "http://127.0.0.1:8265)."
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
+def jobs_cmd(address: JobsAddress = None, as_json: JsonFlag = False) -> None:
     """List the cluster's jobs (newest first): id, status, sweep, entrypoint, start/end."""
     from cluster.connect import ClusterError
     from cluster.submit import job_client, list_jobs
@@ -731,7 +665,6 @@ def jobs_cmd(
         rows = list_jobs(job_client(address))
     except ClusterError as exc:
         _fail(str(exc))
-        return
     if as_json:
         console.print_json(json.dumps([r.to_dict() for r in rows]))
         return
@@ -784,7 +717,6 @@ def tracking_server_cmd(
         )
     except TrackingServerError as exc:
         _fail(str(exc))
-        return
     console.print(f"tracking URI: {server.uri}", highlight=False, soft_wrap=True)
     console.print(
         f"store {server.backend_store_uri}, artifacts {server.artifacts_dir}; UI at {server.uri}; "
@@ -812,9 +744,9 @@ def tracking_server_cmd(
 EXIT_INTERRUPTED = 3
 
 
-def _exit_if_interrupted(rows: list[Any], planned: int) -> None:
+def _exit_if_interrupted(rows: list[TrialRow], planned: int) -> None:
     """A sweep that stopped before every planned trial ended exits 3 (resumable)."""
-    if sum(r.status == "TERMINATED" for r in rows) < planned:
+    if sum(r.status.finished for r in rows) < planned:
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
@@ -832,7 +764,6 @@ def _local_checkpoint(where: str | None) -> Iterator[Path | None]:
             local = stack.enter_context(local_copy(where))
         except OSError as exc:  # pyarrow's network and permission errors are OSErrors
             _fail(f"cannot fetch the checkpoint {where}: {exc}")
-            raise
         if is_uri(where):
             err_console.print(f"fetched {escape(where)} to {local}")
         yield local
@@ -852,7 +783,6 @@ def _load_sweep_spec(
         return load_spec(spec_path, overrides)
     except SpecError as exc:
         _fail(str(exc))
-        raise
 
 
 def _sweep_dir(storage: str, name: str) -> SweepLocation:
@@ -898,11 +828,11 @@ def _short(value: Any) -> str:
 
 
 def _print_sweep_result(
-    rows: list[Any], planned: int, sweep_dir: SweepLocation, tracking_uri: str
+    rows: list[TrialRow], planned: int, sweep_dir: SweepLocation, tracking_uri: str
 ) -> None:
     from hpo.sweep import best_rows
 
-    done = sum(r.status == "TERMINATED" for r in rows)
+    done = sum(r.status.finished for r in rows)
     diverged = sum(r.diverged for r in rows)
     fell_back = sum(r.fell_back_to_f32 for r in rows)
     console.print(
@@ -921,9 +851,6 @@ def _print_sweep_result(
             f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 "
             "(then open http://127.0.0.1:5000)"
         )
-
-
-# ----------------------------------------------------------------------------------------
 
 
 class _EpochPrinter:

@@ -13,6 +13,8 @@ from typing import Any
 
 from ray.tune import Callback
 
+from hpo.sweep import TrialStatus
+
 
 class SweepProgress(Callback):
     def __init__(
@@ -38,7 +40,7 @@ class SweepProgress(Callback):
 
     def _counts(self, trials: list) -> str:
         running = sum(t.status == "RUNNING" for t in trials)
-        done = sum(t.status == "TERMINATED" for t in trials)
+        done = sum(TrialStatus(t.status).finished for t in trials)
         errored = sum(t.status == "ERROR" for t in trials)
         best = f"  best val Sharpe {self.best[0]:+.2f} ({self.best[1]})" if self.best else ""
         return f"[{done + errored}/{self.total}] running {running}, done {done}, errored {errored}{best}"

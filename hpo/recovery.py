@@ -18,6 +18,8 @@ from typing import Any
 
 from ray.tune import Callback, Checkpoint
 
+from hpo.sweep import TrialStatus
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +35,7 @@ class AdoptReportedCheckpoint(Callback):
             return
         self._restored_checked = True  # the first step, before any trial (re)starts
         for trial in trials:
-            if trial.status != "TERMINATED":
+            if not TrialStatus(trial.status).finished:
                 adopt_reported_checkpoint(trial)
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

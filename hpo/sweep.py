@@ -73,6 +73,15 @@ class SweepRecord:
         )
 
 
+class TrialStatus(str):
+    """A trial's Tune status (``PENDING``, ``RUNNING``, ``PAUSED``, ``TERMINATED``,
+    ``ERROR``) that knows whether the trial ran to its end: Tune calls that TERMINATED."""
+
+    @property
+    def finished(self) -> bool:
+        return self == "TERMINATED"
+
+
 @dataclass(frozen=True)
 class TrialRow:
     trial_id: str
@@ -80,7 +89,7 @@ class TrialRow:
     precision: str
     seed: int
     pair_id: str
-    status: str
+    status: TrialStatus
     epochs: int
     val_sharpe: float | None
     test_sharpe: float | None
@@ -314,7 +323,7 @@ def trial_rows(where: str | Path | SweepLocation) -> list[TrialRow]:
                 precision=config.get("precision", "?"),
                 seed=int(config.get("seed", 0)),
                 pair_id=config.get("pair_id", ""),
-                status=str(trial.status),
+                status=TrialStatus(trial.status),
                 epochs=int(result.get("epoch", 0)),
                 val_sharpe=_finite(result.get("val_sharpe")),
                 test_sharpe=_finite(result.get("test_sharpe")),
@@ -372,7 +381,7 @@ def finish_sweep(record: SweepRecord) -> list[TrialRow]:
     client.log_dict(record.parent_run_id, summary, SUMMARY_FILE)
     if record.spec.compare:
         _log_comparison(record)
-    finished = all(r.status == "TERMINATED" for r in rows) and len(rows) == record.spec.n_trials
+    finished = all(r.status.finished for r in rows) and len(rows) == record.spec.n_trials
     client.set_terminated(record.parent_run_id, status="FINISHED" if finished else "KILLED")
     return rows
 
