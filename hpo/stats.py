@@ -22,12 +22,14 @@ provides is re-derived here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from functools import lru_cache
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -71,6 +73,26 @@ def _int_at_least(name: str, value: int, minimum: int) -> int:
 # Probabilistic and deflated Sharpe ratio.
 
 
+def _sharpe_variance_factor(sr: float, skew: float, kurtosis: float) -> float:
+    """``1 - skew*sr + (kurtosis - 1)/4 * sr^2``: n_obs times the variance of the Sharpe
+    estimator (the PSR's and MinTRL's denominator), with the moments checked."""
+    if kurtosis < 1.0:
+        raise ValueError(
+            f"kurtosis must be raw (non-excess, normal = 3) and therefore >= 1, got {kurtosis!r}; "
+            "was excess kurtosis passed?"
+        )
+    # For moments of one distribution (kurtosis >= 1 + skew^2) this equals at least
+    # (1 - skew*sr/2)^2 >= 0; a non-positive value means the moments are inconsistent.
+    variance_factor = 1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr**2
+    if not variance_factor > 0.0:
+        raise ValueError(
+            "1 - skew*sr + (kurtosis - 1)/4 * sr^2 must be > 0, got "
+            f"{variance_factor!r} for sr={sr!r}, skew={skew!r}, kurtosis={kurtosis!r}; "
+            "skew and kurtosis are inconsistent (raw kurtosis must be >= 1 + skew^2)"
+        )
+    return variance_factor
+
+
 def probabilistic_sharpe_ratio(
     sr: float, sr_benchmark: float, n_obs: int, skew: float, kurtosis: float
 ) -> float:
@@ -98,20 +120,7 @@ def probabilistic_sharpe_ratio(
     n_obs = _int_at_least("n_obs", n_obs, 2)
     skew = _finite("skew", skew)
     kurtosis = _finite("kurtosis", kurtosis)
-    if kurtosis < 1.0:
-        raise ValueError(
-            f"kurtosis must be raw (non-excess, normal = 3) and therefore >= 1, got {kurtosis!r}; "
-            "was excess kurtosis passed?"
-        )
-    # For moments of one distribution (kurtosis >= 1 + skew^2) this equals at least
-    # (1 - skew*sr/2)^2 >= 0; a non-positive value means the moments are inconsistent.
-    variance_factor = 1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr**2
-    if not variance_factor > 0.0:
-        raise ValueError(
-            "1 - skew*sr + (kurtosis - 1)/4 * sr^2 must be > 0, got "
-            f"{variance_factor!r} for sr={sr!r}, skew={skew!r}, kurtosis={kurtosis!r}; "
-            "skew and kurtosis are inconsistent (raw kurtosis must be >= 1 + skew^2)"
-        )
+    variance_factor = _sharpe_variance_factor(sr, skew, kurtosis)
     z = (sr - sr_benchmark) * math.sqrt(n_obs - 1) / math.sqrt(variance_factor)
     return float(stats.norm.cdf(z))
 
@@ -219,6 +228,761 @@ def sharpe_moments(returns: np.ndarray) -> SharpeMoments:
     skew = float(stats.skew(r))
     kurtosis = float(stats.kurtosis(r, fisher=False))
     return SharpeMoments(sr=sr, skew=skew, kurtosis=kurtosis, n_obs=int(r.size))
+
+
+# ---------------------------------------------------------------------------------------
+# Minimum track record length.
+
+
+def min_track_record_length(
+    sr: float,
+    sr_benchmark: float,
+    skew: float,
+    kurtosis: float,
+    confidence: float = 0.95,
+) -> float:
+    """Number of observations needed before ``sr`` beats ``sr_benchmark`` at ``confidence``.
+
+    ``MinTRL = 1 + (1 - skew*sr + (kurtosis - 1)/4 * sr^2) * (Phi^-1(confidence) / (sr - sr_b))^2``
+    (Bailey & López de Prado 2012, "The Sharpe Ratio Efficient Frontier"). It is the PSR
+    solved for ``n_obs``: ``probabilistic_sharpe_ratio(sr, sr_b, MinTRL, skew, kurtosis)``
+    equals ``confidence`` (for a non-integer ``n_obs``). A track record shorter than the
+    MinTRL does not yet show, at that confidence, that the true Sharpe exceeds the benchmark.
+
+    Args:
+        sr: Observed per-period Sharpe ratio.
+        sr_benchmark: Per-period Sharpe ratio to beat.
+        skew: Skewness of the returns.
+        kurtosis: Raw (non-excess) kurtosis of the returns, normal = 3, >= 1.
+        confidence: In (0, 1).
+
+    Returns:
+        The minimum number of observations (periods, not years; a float, round up to use
+        it). ``math.inf`` when ``sr <= sr_benchmark``: no track record length makes an
+        observed Sharpe at or below the benchmark convincing.
+    """
+    sr = _finite("sr", sr)
+    sr_benchmark = _finite("sr_benchmark", sr_benchmark)
+    skew = _finite("skew", skew)
+    kurtosis = _finite("kurtosis", kurtosis)
+    confidence = _probability("confidence", confidence)
+    variance_factor = _sharpe_variance_factor(sr, skew, kurtosis)
+    if sr <= sr_benchmark:
+        return math.inf
+    z = float(stats.norm.ppf(confidence))
+    return 1.0 + variance_factor * (z / (sr - sr_benchmark)) ** 2
+
+
+# ---------------------------------------------------------------------------------------
+# Wilcoxon signed-rank test and Hodges-Lehmann interval of paired differences.
+#
+# The signed-rank statistic T+ (sum of the ranks of |d| over the positive d) has, under the
+# null of a distribution symmetric about 0, the law of sum_i r_i * B_i with B_i independent
+# fair coins. Counting the sign patterns that give each value of T+ is a knapsack over the
+# ranks: exact in float64 (counts < 2^53) for n <= 50, so p-values are exact rationals.
+
+EXACT_MAX_N = 50
+"""Largest number of (non-zero) differences for which exact signed-rank distributions are
+used; above it the normal approximation with continuity (and tie) correction."""
+
+_LEVEL_RTOL = 1e-12  # an exact level equal to the requested one counts as achieved
+
+
+def _check_diffs(diffs: Sequence[float] | np.ndarray, name: str = "diffs") -> np.ndarray:
+    """1-D finite float array, non-empty; NaN/inf raise ValueError naming the first index.
+
+    A NaN difference is a diverged pair; :func:`compare_paired` excludes and counts those
+    before calling here, so a NaN reaching these functions is a caller's bug, not data.
+    """
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {d.shape}")
+    if d.size == 0:
+        raise ValueError(f"{name} is empty: at least one paired difference is needed")
+    bad = np.flatnonzero(~np.isfinite(d))
+    if bad.size:
+        raise ValueError(
+            f"{name} must be finite; index {int(bad[0])} is {float(d[bad[0]])!r} "
+            "(exclude diverged pairs first and count them)"
+        )
+    return d
+
+
+def _probability(name: str, value: float) -> float:
+    value = _finite(name, value)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return value
+
+
+def _sign_pattern_counts(int_ranks: tuple[int, ...]) -> np.ndarray:
+    """counts[t] = number of the 2^n sign patterns whose positive ranks sum to t."""
+    counts = np.zeros(sum(int_ranks) + 1, dtype=np.float64)
+    counts[0] = 1.0
+    top = 0
+    for r in int_ranks:
+        # Each rank is either left out (counts unchanged) or added (counts shifted by r).
+        counts[r : top + r + 1] += counts[: top + 1].copy()
+        top += r
+    return counts
+
+
+@lru_cache(maxsize=64)
+def _untied_cdf(n: int) -> np.ndarray:
+    """Exact P(T+ <= t), t = 0..n(n+1)/2, for n untied non-zero differences (read-only)."""
+    cdf = np.cumsum(_sign_pattern_counts(tuple(range(1, n + 1)))) / 2.0**n
+    cdf.setflags(write=False)
+    return cdf
+
+
+def _signed_rank_cdf(n: int, t: int) -> float:
+    """P(T+ <= t) under the null for n untied differences: exact up to EXACT_MAX_N, else
+    the normal approximation with continuity correction (R's psignrank / wilcox.test)."""
+    n_walsh = n * (n + 1) // 2
+    if t < 0:
+        return 0.0
+    if t >= n_walsh:
+        return 1.0
+    if n <= EXACT_MAX_N:
+        return float(_untied_cdf(n)[t])
+    sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    return float(stats.norm.cdf((t + 0.5 - n_walsh / 2.0) / sd))
+
+
+def _critical_count(n: int, tail: float) -> int:
+    """Largest c >= 0 with P(T+ <= c) <= tail (0 when even c = 0 exceeds it)."""
+    if n <= EXACT_MAX_N:
+        cdf = _untied_cdf(n)
+        return max(int(np.searchsorted(cdf, tail * (1.0 + _LEVEL_RTOL), side="right")) - 1, 0)
+    n_walsh = n * (n + 1) // 2
+    sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    return max(math.floor(n_walsh / 2.0 - 0.5 + sd * float(stats.norm.ppf(tail))), 0)
+
+
+def _rejects(pvalue: float, alpha: float) -> bool:
+    return pvalue <= alpha * (1.0 + _LEVEL_RTOL)
+
+
+def _walsh_averages(d: np.ndarray) -> np.ndarray:
+    """Sorted (d_i + d_j) / 2 over i <= j: the n(n+1)/2 Walsh averages."""
+    i, j = np.triu_indices(d.size)
+    return np.sort((d[i] + d[j]) / 2.0)
+
+
+class SignedRankTest(NamedTuple):
+    """Wilcoxon signed-rank test of paired differences (zero differences dropped)."""
+
+    statistic: float
+    """T+: sum of the ranks of |d| over the positive non-zero differences (R's ``V``);
+    midranks when |d| ties. 0.0 when no difference is non-zero."""
+    pvalue: float
+    """p-value for ``alternative``; 1.0 when every difference is zero."""
+    n_nonzero: int
+    """Differences that entered the test (zeros are dropped, ``zero_method='wilcox'``)."""
+    n_zero: int
+    """Zero differences dropped."""
+    method: Literal["exact", "normal"]
+    """"exact": the exact null distribution of the non-zero differences (conditional on
+    their tie pattern when |d| ties); "normal": normal approximation with continuity and
+    tie correction (more than :data:`EXACT_MAX_N` non-zero differences)."""
+    ties: bool
+    """Whether some non-zero |d| tie (midranks were used)."""
+
+
+def paired_signed_rank_test(
+    diffs: Sequence[float] | np.ndarray,
+    alternative: Literal["two-sided", "less", "greater"] = "two-sided",
+) -> SignedRankTest:
+    """Wilcoxon signed-rank test that the paired differences are centred on 0.
+
+    Zero differences (both members of a pair equal, e.g. both flat) are dropped
+    (``zero_method='wilcox'``) and the *exact* null distribution of the remaining ``n``
+    differences is used for ``n <= 50``; scipy's default instead counts the zeros toward
+    ``n``, switches to the normal approximation, and gives p = 0.043 for 15 zeros and
+    [0.1, 0.2, 0.3, 0.4, 0.5], whose exact p is 2/32 = 0.0625.
+
+    - No ties among the non-zero |d|: ``scipy.stats.wilcoxon(method="exact")``.
+    - Ties: scipy's "exact" is then only a conservative rounding, so the exact null
+      distribution *conditional on the observed midranks* is enumerated here (the 2^n
+      equally likely sign patterns, counted by a knapsack over the doubled midranks),
+      which is what a full permutation test gives.
+    - ``n > 50``: ``scipy.stats.wilcoxon(method="asymptotic")`` with continuity and tie
+      correction.
+
+    The two-sided p-value is ``min(1, 2 * min(P(T+ <= t), P(T+ >= t)))``, as in scipy.
+
+    Args:
+        diffs: Paired differences, e.g. bf16 Sharpe - f32 Sharpe, one per configuration.
+        alternative: "greater" tests a positive shift of the differences, "less" negative.
+
+    Raises:
+        ValueError: if ``diffs`` is empty, not 1-D, or has a NaN/inf (named by index).
+    """
+    d = _check_diffs(diffs)
+    if alternative not in ("two-sided", "less", "greater"):
+        raise ValueError(
+            f"alternative must be 'two-sided', 'less' or 'greater', got {alternative!r}"
+        )
+    nonzero = d[d != 0.0]
+    n = int(nonzero.size)
+    n_zero = int(d.size - n)
+    if n == 0:
+        return SignedRankTest(0.0, 1.0, 0, n_zero, "exact", False)
+    ranks = stats.rankdata(np.abs(nonzero))  # midranks, (n,)
+    t_plus = float(ranks[nonzero > 0].sum())
+    ties = bool(np.unique(np.abs(nonzero)).size < n)
+    if n > EXACT_MAX_N:
+        result = stats.wilcoxon(
+            nonzero, method="asymptotic", correction=True, alternative=alternative
+        )
+        return SignedRankTest(t_plus, float(result.pvalue), n, n_zero, "normal", ties)
+    if not ties:
+        result = stats.wilcoxon(nonzero, method="exact", alternative=alternative)
+        return SignedRankTest(t_plus, float(result.pvalue), n, n_zero, "exact", False)
+    # Doubled midranks are integers, so 2*T+ is an integer-valued knapsack sum.
+    doubled = tuple(np.rint(2.0 * ranks).astype(int).tolist())
+    counts = _sign_pattern_counts(doubled)
+    observed = int(np.rint(2.0 * t_plus))
+    total = 2.0**n
+    p_less = float(counts[: observed + 1].sum() / total)
+    p_greater = float(counts[observed:].sum() / total)
+    if alternative == "less":
+        p = p_less
+    elif alternative == "greater":
+        p = p_greater
+    else:
+        p = min(1.0, 2.0 * min(p_less, p_greater))
+    return SignedRankTest(t_plus, p, n, n_zero, "exact", True)
+
+
+class HodgesLehmann(NamedTuple):
+    """Hodges-Lehmann estimate of the centre of paired differences, with its CI."""
+
+    estimate: float
+    """Median of the Walsh averages (d_i + d_j)/2, i <= j (R's "(pseudo)median")."""
+    low: float
+    """Lower end: the k-th smallest Walsh average."""
+    high: float
+    """Upper end: the k-th largest Walsh average."""
+    confidence: float
+    """Confidence the interval achieves (exact for n <= 50): >= the requested one, or the
+    most any interval of Walsh averages reaches at this n when that is less."""
+    requested_confidence: float
+    """The confidence asked for."""
+    n: int
+    """Number of differences (zeros included: they are data, not ties at the null)."""
+    method: Literal["exact", "normal"]
+    """How ``k`` and ``confidence`` were found: the exact signed-rank distribution
+    (n <= 50), or its normal approximation with continuity correction."""
+
+    @property
+    def achieved(self) -> bool:
+        """Whether the requested confidence is achieved (False: widest interval reported)."""
+        return self.confidence >= self.requested_confidence * (1.0 - _LEVEL_RTOL)
+
+
+def hodges_lehmann_interval(
+    diffs: Sequence[float] | np.ndarray, confidence: float = 0.95
+) -> HodgesLehmann:
+    """Hodges-Lehmann estimate and exact signed-rank CI of the centre of ``diffs``.
+
+    The interval ``[W_(k), W_(N-k+1)]`` of the sorted Walsh averages ``W`` (``N =
+    n(n+1)/2``) with ``k - 1`` the largest count ``c`` such that ``P(T+ <= c) <= (1 -
+    confidence)/2`` under the signed-rank null; it covers the centre of any continuous
+    symmetric distribution with probability ``1 - 2 P(T+ <= k - 1)``, which is the achieved
+    ``confidence`` returned (Hollander & Wolfe; the interval of R's
+    ``wilcox.test(conf.int = TRUE, exact = TRUE)``, which inverts the signed-rank test).
+    The achievable confidences are discrete at small n, so the one returned is usually
+    above the requested one. Where R picks ``qsignrank(alpha/2)`` the two coincide except
+    when an exact level equals the requested one, where this keeps the narrower interval
+    (its coverage is exactly the requested confidence).
+
+    When the requested confidence is not achievable (``2^-n > (1 - confidence)/2``, e.g.
+    n <= 5 at 95%), the widest interval ``[min(d), max(d)]`` is returned with its achieved
+    confidence ``1 - 2^(1-n)`` (n = 4: 87.5%); ``achieved`` is then False. One difference
+    gives the point ``[d, d]`` with confidence 0.
+
+    All differences are used, zeros included: a zero difference is an observation at 0,
+    which only matters to a test *at* 0 (:func:`paired_signed_rank_test` drops it there).
+    Ties among Walsh averages need no special treatment: with discrete data the closed
+    interval covers at least as often. For n > 50, ``k`` comes from the normal
+    approximation with continuity correction (R's non-exact CI solves the same normal
+    equation by root finding; the two agree to about one Walsh average).
+
+    Raises:
+        ValueError: if ``diffs`` is empty, not 1-D or has a NaN/inf, or ``confidence`` is
+            not in (0, 1).
+    """
+    d = _check_diffs(diffs)
+    confidence = _probability("confidence", confidence)
+    n = int(d.size)
+    walsh = _walsh_averages(d)
+    c = _critical_count(n, (1.0 - confidence) / 2.0)
+    achieved = 1.0 - 2.0 * _signed_rank_cdf(n, c)
+    return HodgesLehmann(
+        estimate=float(np.median(walsh)),
+        low=float(walsh[c]),
+        high=float(walsh[walsh.size - 1 - c]),
+        confidence=float(achieved),
+        requested_confidence=confidence,
+        n=n,
+        method="exact" if n <= EXACT_MAX_N else "normal",
+    )
+
+
+def hodges_lehmann(
+    diffs: Sequence[float] | np.ndarray, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` of :func:`hodges_lehmann_interval` (see there, including
+    what is returned when ``confidence`` is not achievable at this n)."""
+    result = hodges_lehmann_interval(diffs, confidence)
+    return result.estimate, result.low, result.high
+
+
+# ---------------------------------------------------------------------------------------
+# Equivalence (TOST) of paired Sharpe differences.
+
+VERDICTS: tuple[str, ...] = ("equivalent", "bf16 worse", "bf16 better", "inconclusive")
+
+# Asymptotic variance of the Hodges-Lehmann estimator relative to the mean's under
+# normality: pi/3 (the signed-rank test's efficiency is 3/pi = 0.955).
+_HL_VARIANCE_RATIO = math.pi / 3.0
+
+
+class EquivalenceTest(NamedTuple):
+    """Two one-sided signed-rank tests of the paired differences ``d = other - reference``."""
+
+    verdict: str
+    """"equivalent", "<other> worse", "<other> better" or "inconclusive" (``other`` is
+    "bf16" by default, giving the four values of :data:`VERDICTS`)."""
+    pvalue: float
+    """TOST p-value ``max(pvalue_lower, pvalue_upper)``: equivalence is shown iff <= alpha."""
+    pvalue_lower: float
+    """H0: centre <= -margin (other worse by at least the margin), vs > -margin."""
+    pvalue_upper: float
+    """H0: centre >= +margin (other better by at least the margin), vs < +margin."""
+    pvalue_worse: float
+    """H0: centre >= -margin vs < -margin: <= alpha means worse by more than the margin."""
+    pvalue_better: float
+    """H0: centre <= +margin vs > +margin: <= alpha means better by more than the margin."""
+    estimate: float
+    """Hodges-Lehmann estimate of the centre of ``d``."""
+    low: float
+    """Lower end of the (1 - 2 alpha) Hodges-Lehmann interval."""
+    high: float
+    """Upper end of the (1 - 2 alpha) Hodges-Lehmann interval."""
+    confidence: float
+    """Achieved confidence of [low, high] (< 1 - 2 alpha when n is too small for it)."""
+    margin: float
+    """Equivalence margin, in the units of ``d``."""
+    alpha: float
+    """Level of each one-sided test."""
+    n: int
+    """Number of differences."""
+    method: Literal["exact", "normal"]
+    """Null distribution used (exact for n <= 50)."""
+    pairs_needed: int | None
+    """0 when the verdict is decided; otherwise about how many *more* pairs would decide
+    it if the centre and spread stay as observed; None when that cannot be estimated
+    (a single pair, so no spread, or an estimate exactly on the margin)."""
+
+
+def equivalence_test(
+    diffs: Sequence[float] | np.ndarray,
+    margin: float,
+    alpha: float = 0.05,
+    other: str = "bf16",
+) -> EquivalenceTest:
+    """Is ``other`` as good as the reference, within ``margin``? (TOST on paired differences)
+
+    Orientation: ``diffs = other - reference`` (bf16 Sharpe - f32 Sharpe, one per sampled
+    configuration, seeds averaged); negative means ``other`` is worse.
+
+    Nonparametric, on purpose: with 2-10 pairs and Sharpe differences that are skewed
+    or have outliers (a member that nearly diverged), a t-based TOST leans on normality
+    that cannot be checked. The signed-rank tests only assume a distribution symmetric
+    about its centre, and are consistent with :func:`hodges_lehmann_interval`:
+
+    Each one-sided test is the exact signed-rank test of the shifted differences in
+    Tukey's Walsh-average form: ``T+(d - m) = #{Walsh averages > m}``, with a Walsh
+    average exactly *at* ``m`` counted against rejection (conservative for tied data).
+    For instance ``pvalue_upper = P(T+ <= #{W >= margin})``. Hence, with ``[low, high]``
+    the (1 - 2 alpha) interval of :func:`hodges_lehmann_interval`, exactly:
+
+    - "equivalent" iff both one-sided tests reject at ``alpha`` (``pvalue <= alpha``)
+      iff ``-margin < low`` and ``high < margin``;
+    - "<other> worse" iff ``pvalue_worse <= alpha`` iff ``high < -margin``: worse by more
+      than the margin;
+    - "<other> better" iff ``pvalue_better <= alpha`` iff ``low > margin``;
+    - "inconclusive" otherwise, including an interval that excludes 0 but straddles a
+      margin (a difference, of unresolved size).
+
+    These are mutually exclusive. When n is too small for the (1 - 2 alpha) level (``2^-n
+    > alpha``: n <= 4 at alpha = 0.05) no test can reject, and the verdict is
+    "inconclusive" whatever the data.
+
+    ``pairs_needed`` (when inconclusive): the total n at which the (1 - 2 alpha) interval,
+    of half-width ``z_(1-alpha) * s * sqrt(pi/3) / sqrt(n)`` (the HL estimator's
+    asymptotic standard error; ``s`` the standard deviation of ``d``), would clear the
+    nearest margin ``| |estimate| - margin |``, and at least the smallest n whose level is
+    achievable, minus the pairs already there. A planning number, not a promise.
+
+    Args:
+        diffs: Paired differences ``other - reference``.
+        margin: Equivalence margin, > 0, same units as ``diffs`` (pre-set, not tuned).
+        alpha: Level of each one-sided test, in (0, 0.5).
+        other: Name used in the "worse"/"better" verdicts.
+
+    Raises:
+        ValueError: on empty, non-1-D or non-finite ``diffs``, ``margin <= 0``, or
+            ``alpha`` outside (0, 0.5).
+    """
+    d = _check_diffs(diffs)
+    margin = _finite("margin", margin)
+    if margin <= 0.0:
+        raise ValueError(f"margin must be > 0, got {margin!r}")
+    alpha = _finite("alpha", alpha)
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    n = int(d.size)
+    walsh = _walsh_averages(d)
+    interval = hodges_lehmann_interval(d, 1.0 - 2.0 * alpha)
+
+    # P(T+ <= count): T+ is symmetric under the null, so each tail uses the lower CDF.
+    p_upper = _signed_rank_cdf(n, int(np.count_nonzero(walsh >= margin)))
+    p_lower = _signed_rank_cdf(n, int(np.count_nonzero(walsh <= -margin)))
+    p_worse = _signed_rank_cdf(n, int(np.count_nonzero(walsh >= -margin)))
+    p_better = _signed_rank_cdf(n, int(np.count_nonzero(walsh <= margin)))
+    pvalue = max(p_lower, p_upper)
+
+    if _rejects(pvalue, alpha):
+        verdict = "equivalent"
+    elif _rejects(p_worse, alpha):
+        verdict = f"{other} worse"
+    elif _rejects(p_better, alpha):
+        verdict = f"{other} better"
+    else:
+        verdict = "inconclusive"
+
+    pairs_needed: int | None = 0
+    if verdict == "inconclusive":
+        pairs_needed = _pairs_needed(d, interval.estimate, margin, alpha)
+    return EquivalenceTest(
+        verdict=verdict,
+        pvalue=pvalue,
+        pvalue_lower=p_lower,
+        pvalue_upper=p_upper,
+        pvalue_worse=p_worse,
+        pvalue_better=p_better,
+        estimate=interval.estimate,
+        low=interval.low,
+        high=interval.high,
+        confidence=interval.confidence,
+        margin=margin,
+        alpha=alpha,
+        n=n,
+        method=interval.method,
+        pairs_needed=pairs_needed,
+    )
+
+
+def _pairs_needed(d: np.ndarray, estimate: float, margin: float, alpha: float) -> int | None:
+    n = int(d.size)
+    # Smallest n whose most extreme sign pattern (probability 2^-n) is already <= alpha.
+    n_min = math.ceil(math.log2(1.0 / alpha) - _LEVEL_RTOL)
+    distance = abs(abs(estimate) - margin)
+    if n < 2 or distance == 0.0:
+        return None
+    spread = float(np.std(d, ddof=1))
+    if spread == 0.0:
+        n_total = n_min  # identical differences: only the discreteness of the level limits
+    else:
+        z = float(stats.norm.ppf(1.0 - alpha))
+        n_total = math.ceil((z * spread * math.sqrt(_HL_VARIANCE_RATIO) / distance) ** 2)
+    return max(n_total, n_min, n + 1) - n
+
+
+# ---------------------------------------------------------------------------------------
+# Sharpe-ratio difference of two return series over the same bars.
+
+_HAC_KERNELS = ("parzen", "bartlett")
+_MIN_SHARPE_OBS = 8
+
+
+class SharpeDifferenceTest(NamedTuple):
+    """Test of equal Sharpe ratios of two return series observed over the same bars."""
+
+    statistic: float
+    """z statistic, asymptotically N(0, 1) under equal Sharpe ratios; > 0 when a's
+    Sharpe is higher. NaN when undefined (see ``note``)."""
+    pvalue: float
+    """Two-sided p-value ``2 * Phi(-|z|)``; NaN when undefined."""
+    difference: float
+    """Per-period Sharpe of a minus that of b (``mean / std(ddof=1)``)."""
+    std_error: float
+    """Standard error of ``difference`` (so ``statistic = difference / std_error``)."""
+    method: Literal["jkm", "hac"]
+    """"jkm": Jobson-Korkie with Memmel's correction; "hac": Ledoit-Wolf (2008)."""
+    n_obs: int
+    """Number of bars."""
+    bandwidth: float
+    """HAC kernel bandwidth used (0.0 for "jkm")."""
+    note: str
+    """Why the statistic is special-cased, or ""."""
+
+
+def sharpe_difference_test(
+    returns_a: Sequence[float] | np.ndarray,
+    returns_b: Sequence[float] | np.ndarray,
+    method: Literal["jkm", "hac"] = "jkm",
+    kernel: Literal["parzen", "bartlett"] = "parzen",
+    bandwidth: float | None = None,
+) -> SharpeDifferenceTest:
+    """Test H0: equal Sharpe ratios of two strategies' per-period returns on the same bars.
+
+    ``method="jkm"``: Jobson & Korkie (1981) with Memmel's (2003) correction. With
+    sample means ``m``, standard deviations ``s`` and covariance ``s_ab`` (ddof=1),
+    ``z = (s_b m_a - s_a m_b) / sqrt(theta)``,
+    ``theta = (2 s_a^2 s_b^2 - 2 s_a s_b s_ab + m_a^2 s_b^2 / 2 + m_b^2 s_a^2 / 2
+    - m_a m_b s_ab^2 / (s_a s_b)) / T``. It assumes i.i.d. bivariate normal returns;
+    ``std_error = sqrt(theta) / (s_a s_b)``.
+
+    ``method="hac"``: Ledoit & Wolf (2008), section 3.1. The difference ``f(v) = m_a /
+    sqrt(g_a - m_a^2) - m_b / sqrt(g_b - m_b^2)`` of the uncentred moments ``v = (m_a,
+    m_b, g_a, g_b)`` (g = mean of r^2) gets the delta-method standard error
+    ``sqrt(grad f' Psi grad f / T)``, with ``Psi`` the kernel (HAC) estimate of the
+    long-run covariance of ``y_t = (r_a - m_a, r_b - m_b, r_a^2 - g_a, r_b^2 - g_b)``:
+    ``Psi = T/(T-4) * sum_j k(j/S) Gamma(j)`` (LW's small-sample factor). Valid under heavy
+    tails and serial correlation. The kernel is Parzen by default (positive semi-definite;
+    LW used a prewhitened quadratic-spectral kernel, not reproduced here) or Bartlett
+    (Newey-West); the bandwidth ``S`` defaults to Andrews' (1991) AR(1) plug-in rule
+    (``2.6614 (alpha2 T)^(1/5)`` for Parzen, ``1.1447 (alpha1 T)^(1/3)`` for Bartlett,
+    AR(1) coefficients clipped to +-0.97). LW's studentized bootstrap is not done.
+    The delta method runs on ddof=0 moments; ``difference`` and ``std_error`` are both
+    reported for the ddof=1 Sharpes (a common factor ``sqrt(T/(T-1))``), as for "jkm".
+
+    Degenerate inputs: identical series -> statistic 0, p-value 1 ("identical returns");
+    a constant series (e.g. a flat member) has no Sharpe ratio -> NaN with a note.
+
+    Args:
+        returns_a, returns_b: Per-period returns over the same bars, equal length >= 8.
+        method: "jkm" or "hac".
+        kernel: HAC kernel (``method="hac"`` only).
+        bandwidth: HAC bandwidth ``S`` > 0 (lags with ``k(j/S) > 0`` enter; ``S <= 1``
+            means no lag, the i.i.d. delta method); None for the automatic rule.
+
+    Raises:
+        ValueError: on shapes that differ or are not 1-D, fewer than 8 bars, NaN/inf
+            (named by index), an unknown ``method`` / ``kernel``, or ``bandwidth <= 0``.
+    """
+    a = np.asarray(returns_a, dtype=np.float64)
+    b = np.asarray(returns_b, dtype=np.float64)
+    if a.ndim != 1 or b.ndim != 1 or a.shape != b.shape:
+        raise ValueError(
+            "returns_a and returns_b must be 1-D over the same bars, got shapes "
+            f"{a.shape} and {b.shape}"
+        )
+    for name, series in (("returns_a", a), ("returns_b", b)):
+        bad = np.flatnonzero(~np.isfinite(series))
+        if bad.size:
+            raise ValueError(
+                f"{name} must be finite; index {int(bad[0])} is {float(series[bad[0]])!r}"
+            )
+    if a.size < _MIN_SHARPE_OBS:
+        raise ValueError(f"need at least {_MIN_SHARPE_OBS} bars, got {a.size}")
+    if method not in ("jkm", "hac"):
+        raise ValueError(f"method must be 'jkm' or 'hac', got {method!r}")
+    if kernel not in _HAC_KERNELS:
+        raise ValueError(f"kernel must be one of {_HAC_KERNELS}, got {kernel!r}")
+    if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0.0):
+        raise ValueError(f"bandwidth must be > 0 (or None for automatic), got {bandwidth!r}")
+    t_obs = int(a.size)
+    nan = float("nan")
+    if np.array_equal(a, b):
+        return SharpeDifferenceTest(0.0, 1.0, 0.0, 0.0, method, t_obs, 0.0, "identical returns")
+    s_a, s_b = float(a.std(ddof=1)), float(b.std(ddof=1))
+    if s_a == 0.0 or s_b == 0.0:
+        which = "returns_a" if s_a == 0.0 else "returns_b"
+        return SharpeDifferenceTest(
+            nan, nan, nan, nan, method, t_obs, 0.0,
+            f"{which} is constant: its Sharpe ratio is undefined",
+        )  # fmt: skip
+    m_a, m_b = float(a.mean()), float(b.mean())
+    difference = m_a / s_a - m_b / s_b
+    if method == "jkm":
+        s_ab = float(np.cov(a, b, ddof=1)[0, 1])
+        theta = (
+            2.0 * s_a**2 * s_b**2
+            - 2.0 * s_a * s_b * s_ab
+            + 0.5 * m_a**2 * s_b**2
+            + 0.5 * m_b**2 * s_a**2
+            - m_a * m_b / (s_a * s_b) * s_ab**2
+        ) / t_obs
+        used_bandwidth = 0.0
+        std_error = math.sqrt(theta) / (s_a * s_b) if theta > 0.0 else 0.0
+        numerator = s_b * m_a - s_a * m_b
+        z = numerator / math.sqrt(theta) if theta > 0.0 else nan
+    else:
+        z, std_error, used_bandwidth = _ledoit_wolf_hac(a, b, kernel, bandwidth)
+    if not math.isfinite(z):
+        return SharpeDifferenceTest(
+            nan, nan, difference, std_error, method, t_obs, used_bandwidth,
+            "zero standard error: the test is undefined",
+        )  # fmt: skip
+    pvalue = float(2.0 * stats.norm.sf(abs(z)))
+    return SharpeDifferenceTest(
+        float(z), pvalue, difference, std_error, method, t_obs, used_bandwidth, ""
+    )
+
+
+def _kernel_weights(kernel: str, lags: np.ndarray, bandwidth: float) -> np.ndarray:
+    x = lags / bandwidth
+    if kernel == "bartlett":
+        return np.clip(1.0 - x, 0.0, None)
+    # Parzen.
+    return np.where(x <= 0.5, 1.0 - 6.0 * x**2 + 6.0 * x**3, np.clip(2.0 * (1.0 - x) ** 3, 0, None))
+
+
+def _andrews_bandwidth(y: np.ndarray, kernel: str) -> float:
+    """Andrews (1991) AR(1) plug-in bandwidth for the columns of ``y`` (T, K), equal weights."""
+    num = den = 0.0
+    for column in y.T:
+        lagged, current = column[:-1], column[1:]
+        denom = float(lagged @ lagged)
+        rho = float(np.clip(lagged @ current / denom, -0.97, 0.97)) if denom > 0 else 0.0
+        sigma2 = float(np.mean((current - rho * lagged) ** 2))
+        den += sigma2**2 / (1.0 - rho) ** 4
+        if kernel == "bartlett":
+            num += 4.0 * rho**2 * sigma2**2 / ((1.0 - rho) ** 6 * (1.0 + rho) ** 2)
+        else:
+            num += 4.0 * rho**2 * sigma2**2 / (1.0 - rho) ** 8
+    alpha_hat = num / den if den > 0 else 0.0
+    t_obs = y.shape[0]
+    if kernel == "bartlett":
+        return 1.1447 * (alpha_hat * t_obs) ** (1.0 / 3.0)
+    return 2.6614 * (alpha_hat * t_obs) ** 0.2
+
+
+def _ledoit_wolf_hac(
+    a: np.ndarray, b: np.ndarray, kernel: str, bandwidth: float | None
+) -> tuple[float, float, float]:
+    """(z, std_error, bandwidth) of the Ledoit-Wolf (2008) HAC test of equal Sharpe ratios."""
+    t_obs = a.size
+    m_a, m_b = a.mean(), b.mean()
+    g_a, g_b = np.mean(a * a), np.mean(b * b)
+    var_a, var_b = g_a - m_a**2, g_b - m_b**2
+    delta = m_a / math.sqrt(var_a) - m_b / math.sqrt(var_b)
+    gradient = np.array(
+        [g_a / var_a**1.5, -g_b / var_b**1.5, -m_a / (2 * var_a**1.5), m_b / (2 * var_b**1.5)]
+    )
+    y = np.column_stack([a - m_a, b - m_b, a * a - g_a, b * b - g_b])  # (T, 4)
+    s = _andrews_bandwidth(y, kernel) if bandwidth is None else float(bandwidth)
+    psi = y.T @ y / t_obs  # Gamma(0)
+    max_lag = min(math.ceil(s) - 1 if s > 0 else 0, t_obs - 1)
+    if max_lag >= 1:
+        lags = np.arange(1, max_lag + 1)
+        weights = _kernel_weights(kernel, lags.astype(np.float64), s)
+        for lag, weight in zip(lags, weights, strict=True):
+            if weight > 0.0:
+                gamma = y[lag:].T @ y[:-lag] / t_obs  # Gamma(j) = E[y_t y_{t-j}']
+                psi += weight * (gamma + gamma.T)
+    psi *= t_obs / (t_obs - 4.0)
+    variance = float(gradient @ psi @ gradient) / t_obs
+    if not variance > 0.0:
+        return float("nan"), 0.0, s
+    # The se of the ddof=0 difference, rescaled to the ddof=1 Sharpes that are reported
+    # (a common factor sqrt(T / (T - 1))), so that statistic = difference / std_error.
+    std_error = math.sqrt(variance)
+    z = float(delta / std_error)
+    return z, std_error * math.sqrt(t_obs / (t_obs - 1.0)), s
+
+
+# ---------------------------------------------------------------------------------------
+# Probability of backtest overfitting (CSCV).
+
+
+def _subset_sharpes(
+    sums: np.ndarray, squares: np.ndarray, counts: np.ndarray, centre: np.ndarray
+) -> np.ndarray:
+    """Per-period Sharpe (ddof=1) of row subsets from the sums of ``x = r - centre`` and of
+    ``x^2`` over the subset and its size; 0.0 for a flat subset (the backtest's rule)."""
+    shifted_mean = sums / counts
+    variance = (squares - counts * shifted_mean**2) / (counts - 1.0)
+    sd = np.sqrt(np.clip(variance, 0.0, None))
+    mean = shifted_mean + centre
+    # A constant subset leaves only rounding in sd; call it flat rather than divide by it.
+    flat = sd <= 1e-12 * np.abs(mean)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(flat | (sd == 0.0), 0.0, mean / sd)
+
+
+def probability_of_backtest_overfitting(returns: np.ndarray, n_blocks: int = 16) -> float:
+    """PBO by combinatorially symmetric cross-validation (Bailey, Borwein, López de Prado &
+    Zhu 2015, "The Probability of Backtest Overfitting").
+
+    The (T, N) matrix of per-period returns of N trials over the same T bars is cut into
+    ``n_blocks`` = S contiguous blocks (sizes differ by at most one bar when S does not
+    divide T, as ``numpy.array_split``). For each of the C(S, S/2) choices of S/2 blocks as
+    in-sample (the rest out-of-sample), the trial with the best in-sample Sharpe
+    (``mean / std(ddof=1)``, first trial on ties) is ranked by out-of-sample Sharpe among
+    the N (rank 1 = worst, average rank on ties), ``w = rank / (N + 1)``, ``lambda =
+    ln(w / (1 - w))``; PBO is the share of choices with ``lambda <= 0``, i.e. where the
+    in-sample winner is at or below the out-of-sample median. Near 0: selection carries
+    over; near or above 0.5: the best in-sample trial is no better than a random one.
+
+    Vectorised: block sums of the returns and of their squares make each choice's in- and
+    out-of-sample Sharpes a matrix product (12870 choices for S = 16).
+
+    Raises:
+        ValueError: if ``returns`` is not 2-D with N >= 2 trials, has NaN/inf, or S is not
+            an even integer with 2 <= S and 2 bars per block (T >= 2 S).
+    """
+    r = np.asarray(returns, dtype=np.float64)
+    if r.ndim != 2:
+        raise ValueError(f"returns must be 2-D (T bars, N trials), got shape {r.shape}")
+    t_obs, n_trials = r.shape
+    if n_trials < 2:
+        raise ValueError(f"returns must hold at least 2 trials (columns), got {n_trials}")
+    bad = np.argwhere(~np.isfinite(r))
+    if bad.size:
+        row, col = (int(v) for v in bad[0])
+        raise ValueError(f"returns must be finite; row {row}, trial {col} is {r[row, col]!r}")
+    n_blocks = _int_at_least("n_blocks", n_blocks, 2)
+    if n_blocks % 2:
+        raise ValueError(f"n_blocks must be even, got {n_blocks}")
+    if t_obs < 2 * n_blocks:
+        raise ValueError(
+            f"returns has {t_obs} bars: at least 2 per block needed for n_blocks={n_blocks}"
+        )
+    # numpy.array_split's blocks: the first T mod S blocks hold one bar more.
+    base, extra = divmod(t_obs, n_blocks)
+    sizes = np.full(n_blocks, base, dtype=np.int64)
+    sizes[:extra] += 1
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    # Centring each trial first keeps sum-of-squares variances free of cancellation (the
+    # variance is shift-invariant; the mean is shifted back in _block_sharpes).
+    centre = r.mean(axis=0)  # (N,)
+    x = r - centre
+    sums = np.add.reduceat(x, starts, axis=0)  # (S, N)
+    squares = np.add.reduceat(x * x, starts, axis=0)  # (S, N)
+    sizes = sizes.astype(np.float64)
+
+    chosen = np.array(list(itertools.combinations(range(n_blocks), n_blocks // 2)))
+    in_sample = np.zeros((chosen.shape[0], n_blocks))  # (C, S) membership
+    np.put_along_axis(in_sample, chosen, 1.0, axis=1)
+    out_sample = 1.0 - in_sample
+    is_sr = _subset_sharpes(
+        in_sample @ sums, in_sample @ squares, (in_sample @ sizes)[:, None], centre
+    )  # (C, N)
+    oos_sr = _subset_sharpes(
+        out_sample @ sums, out_sample @ squares, (out_sample @ sizes)[:, None], centre
+    )
+    best = np.argmax(is_sr, axis=1)  # (C,)
+    best_oos = oos_sr[np.arange(best.size), best][:, None]
+    rank = 1.0 + np.sum(oos_sr < best_oos, axis=1) + 0.5 * (np.sum(oos_sr == best_oos, axis=1) - 1)
+    w = rank / (n_trials + 1.0)
+    logit = np.log(w / (1.0 - w))
+    return float(np.mean(logit <= 0.0))
 
 
 # ---------------------------------------------------------------------------------------
