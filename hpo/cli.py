@@ -14,6 +14,13 @@ Heavy imports (torch, ray, mlflow) happen inside the commands so ``hpo --help`` 
 
 from __future__ import annotations
 
+import os
+
+# Ray reads this once, when it is imported: with 0 an embedded local Ray (`hpo sweep`
+# without --address, `make demo`) binds its services to 127.0.0.1; Ray's default on Linux
+# is every interface. Set here, before anything imports ray; an explicit value is kept.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 import contextlib
 import json
 import sys

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Tiny test models run faster on one intra-op thread than on two contended ones.
 torch.set_num_threads(1)
 
