@@ -12,9 +12,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models.base import DataShape, RLLearner, count_parameters
+from models.base import DataShape
 from models.dqn import (
-    FAMILY,
     DQNConfig,
     DQNLearner,
     WindowEncoder,
@@ -77,10 +76,10 @@ def _learner(config: DQNConfig, policy: str = "f32", seed: int = 0) -> DQNLearne
 
 
 # --------------------------------------------------------------------------------------
-# config and family
+# defaults
 
 
-def test_family_record_and_defaults() -> None:
+def test_defaults() -> None:
     cfg = DQNConfig()
     assert (cfg.hidden, cfg.encoder, cfg.gamma, cfg.n_step, cfg.distributional) == (
         64,
@@ -90,35 +89,6 @@ def test_family_record_and_defaults() -> None:
         False,
     )
     assert cfg.target_update_period == 100
-    fields = set(FAMILY.config_fields())
-    for name, dim in FAMILY.search_space.items():
-        assert name in fields, name
-        assert dim.contains(getattr(cfg, name)), name
-    assert not {"lr", "batch_size", "weight_decay"} & set(FAMILY.search_space)
-    learner = build(cfg, DataShape(n_features=8, lookback=32, n_assets=1))
-    assert isinstance(learner, RLLearner)
-    # encoder 8*64 + 64*32 + 64, torso 65*64+64, value 64+1, advantage 3*64+3
-    assert count_parameters(learner.online) == 2624 + 4224 + 65 + 195 == 7108
-    assert sum(p.numel() for p in learner.trainable_parameters()) == 7108
-    flat = build(dataclasses.replace(cfg, encoder="flat"), learner.shape)
-    assert count_parameters(flat.online) == 16448 + 4224 + 65 + 195  # encoder 256*64+64
-
-
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [
-        ("gamma", 1.0, "dqn.gamma must be in"),
-        ("n_step", 0, "dqn.n_step must be an integer >= 1"),
-        ("replay_batch_size", 1, "dqn.replay_batch_size must be >= 2"),
-        ("tau", 0.0, "dqn.tau must be in"),
-        ("v_min", 20.0, "dqn.v_min"),
-        ("buffer_capacity", 8, "dqn.buffer_capacity"),
-        ("encoder", "lstm", "dqn.encoder must be one of"),
-    ],
-)
-def test_config_validation_names_the_field(field: str, value: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        dataclasses.replace(DQNConfig(), **{field: value})
 
 
 def test_epsilon_schedule_is_linear_then_flat() -> None:

@@ -8,21 +8,19 @@ from __future__ import annotations
 import copy
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
-from models.base import Batch, DataShape, ForecastModel, count_parameters
+from models.base import Batch, DataShape, ForecastModel
 from models.kan import (
     FAMILY,
     KAN,
-    SEARCH_SPACE,
     KANConfig,
     KANLayer,
     build,
     edge_regularization,
 )
-from trainables.precision import BF16, F32, StepGuard, f32, floating_dtypes, get_policy
+from trainables.precision import BF16, F32, f32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 B, L = 16, 12  # windows shorter than SHAPE.lookback: the KAN reads only the last `window` bars
@@ -61,17 +59,6 @@ def test_output_shapes_dtypes_and_positions() -> None:
     x2[:, :, :-4] = 0.0
     with torch.no_grad():
         assert torch.equal(model(x2), model(batch.x))
-
-
-def test_parameter_count_at_default_size() -> None:
-    def layer(n_in: int, n_out: int, n_coef: int = 5 + 3) -> int:
-        return n_out * n_in * (n_coef + 2) + n_out  # coefficients, w_b, w_s per edge; biases
-
-    expected = layer(4 * 8, 8) + layer(8, 1)
-    assert expected == 2_649
-    assert count_parameters(_model()) == expected
-    assert count_parameters(_model(KANConfig(depth=2))) == expected + layer(8, 8)
-    assert count_parameters(_model(KANConfig(window=1, depth=0))) == layer(8, 1)
 
 
 def test_b_spline_bases_are_a_partition_of_unity_on_the_grid_interior() -> None:
@@ -225,89 +212,34 @@ def test_on_epoch_start_updates_only_during_the_first_grid_update_epochs() -> No
     assert torch.equal(never.kan_layers[0].grid, initial)
 
 
-def test_bf16_cast_keeps_grids_f32_and_gives_finite_outputs() -> None:
+def test_grid_update_under_bf16_keeps_grids_f32_and_moves_the_function_little() -> None:
+    # Grids stay f32, the function moves as much as in f32 plus one bf16 rounding of the
+    # new coefficients.
     batch = _batch(n=64)
-    reference_model = _model()
-    with torch.no_grad():
-        reference = reference_model(batch.x)
     policy = get_policy("bf16")
     model = policy.convert_module(_model())
     assert isinstance(model, KAN)
-    dtypes = floating_dtypes(model)
-    assert {n for n, dt in dtypes.items() if dt == F32} == {
-        "layers.0.grid",
-        "layers.1.grid",
-    }
-    assert {dtypes[n] for n, _ in model.named_parameters()} == {BF16}
-    bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
+    x = policy.convert_input(batch.x)
     with torch.no_grad():
-        pred = model(bf_batch.x)
-    assert pred.dtype == BF16 and bool(torch.isfinite(pred).all())
-    assert float((f32(pred) - reference).abs().max()) < 0.02  # measured <= 0.0027 (5 seeds)
-    model.train()
-    loss = model.loss(bf_batch)
-    assert loss.dtype == F32 and math.isfinite(loss.item())
-    loss.backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.dtype == BF16, name
-        assert bool(torch.isfinite(param.grad).all()), name
-    result = policy.backward_and_step(
-        model.loss(bf_batch),
-        policy.make_optimizer(model.parameters(), lr=1e-3),
-        StepGuard(policy.device),
-        max_grad_norm=1.0,
-    )
-    assert bool(result.ok)
-    # The grid update under bf16: grids stay f32, the function moves as much as in f32
-    # plus one bf16 rounding of the new coefficients.
-    with torch.no_grad():
-        before = model(bf_batch.x)
-        model.update_grid(bf_batch.x)
-        after = model(bf_batch.x)
+        before = model(x)
+        model.update_grid(x)
+        after = model(x)
     assert all(layer.grid.dtype == F32 for layer in model.kan_layers)
     assert all(layer.spline_weight.dtype == BF16 for layer in model.kan_layers)
     assert bool(torch.isfinite(after).all())
     assert _rel(after, before) < 2e-2  # measured <= 0.007 (5 seeds)
-    pos = model.positions(bf_batch)
-    assert pos.dtype == F32 and bool((pos.abs() <= 1).all())
 
 
-def test_bf16_mixed_autocast_matches_f32() -> None:
+def test_grid_refit_turns_autocast_off_for_its_f32_solve() -> None:
     model = _model()
     batch = _batch()
-    reference = model.loss(batch)
     with get_policy("bf16-mixed").autocast():
-        loss = model.loss(batch)
-        model.update_grid(batch.x)  # the refit turns autocast off for its f32 solve
-    assert loss.dtype == F32
-    # The forecast moves by ~1e-3 under autocast; the loss averages that out (5 seeds).
-    assert abs(loss.item() - reference.item()) < 1e-3  # measured <= 5e-6
+        model.update_grid(batch.x)
     assert model.kan_layers[0].grid.dtype == F32
+    assert model.kan_layers[0].spline_weight.dtype == F32
 
 
-def test_config_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="grid_size"):
-        KANConfig(grid_size=0)
-    with pytest.raises(ValueError, match="spline_order"):
-        KANConfig(spline_order=0)
-    with pytest.raises(ValueError, match="grid_eps"):
-        KANConfig(grid_eps=1.5)
-    with pytest.raises(ValueError, match="reg_lambda"):
-        KANConfig(reg_lambda=-1e-3)
-    with pytest.raises(ValueError, match="window must be <= the lookback L=32"):
-        build(KANConfig(window=33), SHAPE)
-    with pytest.raises(ValueError, match="built for A=4"):
-        _model()(torch.zeros(1, 3, L, SHAPE.n_features))
-
-
-def test_search_space_and_family_record() -> None:
-    assert FAMILY.name == "kan" and FAMILY.kind == "forecast"
-    assert set(SEARCH_SPACE) <= set(FAMILY.config_fields())
-    assert not {"lr", "batch_size", "weight_decay"} & set(SEARCH_SPACE)
-    default = FAMILY.default_config()
-    for name, dim in SEARCH_SPACE.items():
-        assert dim.contains(getattr(default, name)), name
-    # The extreme corners of the space build and run.
+def test_search_space_corners_build_and_run() -> None:
     for values in (
         {"window": 1, "width": 2, "depth": 1, "grid_size": 3, "spline_order": 1},
         {"window": 8, "width": 32, "depth": 3, "grid_size": 20, "spline_order": 3},

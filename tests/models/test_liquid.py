@@ -10,18 +10,17 @@ import math
 import pytest
 import torch
 
-from models.base import Batch, DataShape, ForecastModel, count_parameters
+from models.base import Batch, DataShape, ForecastModel
 from models.liquid import (
     FAMILY,
     MODES,
-    SEARCH_SPACE,
     CfCCell,
     CfCMode,
     LiquidConfig,
     LiquidNet,
     build,
 )
-from trainables.precision import BF16, F32, StepGuard, f32, floating_dtypes, get_policy
+from trainables.precision import BF16, F32, f32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 # Shorter windows than SHAPE.lookback keep CPU bf16 fast; no parameter depends on L.
@@ -71,17 +70,6 @@ def test_output_shapes_dtypes_and_positions() -> None:
     # Any window length runs through the same module.
     x = torch.randn(2, SHAPE.n_assets, SHAPE.lookback, SHAPE.n_features)
     assert model(x, torch.ones(2, SHAPE.lookback)).shape == (2, SHAPE.n_assets)
-
-
-def test_parameter_count_at_default_size() -> None:
-    f, h, u = SHAPE.n_features, 32, 64
-    expected = (
-        (f * u + u) + h * u + (u * 4 * h + 4 * h) + (h + 1)
-    )  # = Linear(F+H, U), 4 heads, head
-    assert expected == 10_977
-    assert count_parameters(_model()) == expected
-    deeper = _model(LiquidConfig(backbone_layers=2))
-    assert count_parameters(deeper) == expected + u * u + u
 
 
 def test_gated_cell_without_gate_bias_is_the_midpoint_at_t0_and_a_branch_at_large_t() -> None:
@@ -171,72 +159,8 @@ def test_interpolation_is_f32_from_bf16_branches() -> None:
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
 
 
-def test_bf16_cast_model_is_finite_and_close_to_f32() -> None:
-    batch = _batch(gaps=torch.rand(B, L) * 3 + 0.5)
-    with torch.no_grad():
-        reference = _model()(batch.x, batch.gaps)
-    policy = get_policy("bf16")
-    model = policy.convert_module(_model())
-    assert isinstance(model, LiquidNet)
-    assert {floating_dtypes(model)[n] for n, _ in model.named_parameters()} == {BF16}
-    bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
-    with torch.no_grad():
-        pred = model(bf_batch.x, bf_batch.gaps)
-    assert pred.dtype == BF16 and bool(torch.isfinite(pred).all())
-    assert float((f32(pred) - reference).abs().max()) < 0.03  # measured <= 0.0035 (5 seeds)
-    model.train()
-    loss = model.loss(bf_batch)
-    assert loss.dtype == F32 and math.isfinite(loss.item())
-    loss.backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.dtype == BF16, name
-        assert bool(torch.isfinite(param.grad).all()), name
-    pos = model.positions(bf_batch)
-    assert pos.dtype == F32 and bool((pos.abs() <= 1).all())
-    result = policy.backward_and_step(
-        model.loss(bf_batch),
-        policy.make_optimizer(model.parameters(), lr=1e-3),
-        StepGuard(policy.device),
-        max_grad_norm=1.0,
-    )
-    assert bool(result.ok)
-
-
-def test_bf16_mixed_autocast_matches_f32() -> None:
-    model = _model()
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_builds_and_runs(mode: CfCMode) -> None:
+    model = build(FAMILY.make_config({"mode": mode, **TINY}), SHAPE)
     batch = _batch()
-    reference = model.loss(batch)
-    with get_policy("bf16-mixed").autocast():
-        loss = model.loss(batch)
-    assert loss.dtype == F32
-    assert abs(loss.item() - reference.item()) < 4e-3  # measured <= 4e-4 (5 seeds)
-
-
-def test_config_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="mode"):
-        LiquidConfig(mode="pure")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="backbone_activation"):
-        LiquidConfig(backbone_activation="swish")
-    with pytest.raises(ValueError, match="hidden"):
-        LiquidConfig(hidden=0)
-    with pytest.raises(ValueError, match="backbone_dropout"):
-        LiquidConfig(backbone_dropout=1.0)
-    with pytest.raises(ValueError, match="position_scale"):
-        LiquidConfig(position_scale=0.0)
-    with pytest.raises(ValueError, match="built for A=4"):
-        _model()(torch.zeros(1, 3, L, SHAPE.n_features), torch.ones(1, L))
-    with pytest.raises(ValueError, match="gaps"):
-        _model()(torch.zeros(1, 4, L, SHAPE.n_features), torch.ones(1, L + 1))
-
-
-def test_search_space_and_family_record() -> None:
-    assert FAMILY.name == "liquid" and FAMILY.kind == "forecast"
-    assert set(SEARCH_SPACE) <= set(FAMILY.config_fields())
-    assert not {"lr", "batch_size", "weight_decay"} & set(SEARCH_SPACE)
-    default = FAMILY.default_config()
-    for name, dim in SEARCH_SPACE.items():
-        assert dim.contains(getattr(default, name)), name
-    for mode in MODES:
-        model = build(FAMILY.make_config({"mode": mode, **TINY}), SHAPE)
-        batch = _batch()
-        assert model(batch.x, batch.gaps).shape == (B, SHAPE.n_assets)
+    assert model(batch.x, batch.gaps).shape == (B, SHAPE.n_assets)

@@ -10,9 +10,8 @@ import math
 import pytest
 import torch
 
-from models.base import Batch, Choice, DataShape, ForecastModel, count_parameters, inverse_softplus
+from models.base import Batch, Choice, DataShape, ForecastModel, inverse_softplus
 from models.tlob import (
-    FAMILY,
     SEARCH_SPACE,
     TLOB,
     BiN,
@@ -22,14 +21,13 @@ from models.tlob import (
     regression_loss,
     sinusoidal_embedding,
 )
-from trainables.precision import BF16, F32, StepGuard, f32, floating_dtypes, get_policy
+from trainables.precision import BF16, F32, f32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 # TLOB's feature attention and BiN have weights per bar, so test windows are SHAPE.lookback
 # long; SMALL keeps the CPU bf16 tests fast.
 SMALL = DataShape(n_features=8, lookback=16, n_assets=2)
 B = 4
-TINY = {"hidden_dim": 16, "n_layers": 1}
 
 
 def _model(config: TLOBConfig | None = None, shape: DataShape = SMALL, seed: int = 0) -> TLOB:
@@ -212,89 +210,18 @@ def test_reads_order_book_shaped_windows() -> None:
     assert last < 0.3 * first, (first, last)
 
 
-def test_bf16_cast_model_is_finite_and_close_to_f32() -> None:
-    batch = _batch()
-    with torch.no_grad():
-        reference = _model()(batch.x)
+def test_attention_softmax_runs_in_f32_under_bf16() -> None:
     policy = get_policy("bf16")
     model = policy.convert_module(_model())
-    assert set(floating_dtypes(model).values()) == {BF16}
-    bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
+    assert isinstance(model, TLOB)
     with torch.no_grad():
-        forecast = model(bf_batch.x)
-        attention = model.explain(bf_batch.x).time_attention[0]
-    assert forecast.dtype == BF16 and bool(torch.isfinite(forecast).all())
-    assert float((f32(forecast) - reference).abs().max()) < 0.06  # measured 0.020
-    # The softmax ran in f32: rows sum to 1 up to one bf16 rounding of each weight.
+        attention = model.explain(policy.convert_input(_batch().x)).time_attention[0]
+    assert attention.dtype == BF16
+    # Rows sum to 1 up to one bf16 rounding of each weight.
     assert float((f32(attention).sum(-1) - 1).abs().max()) < 2e-2
-    model.train()
-    loss = model.loss(bf_batch)
-    assert loss.dtype == F32 and math.isfinite(loss.item())
-    loss.backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.dtype == BF16, name
-        assert bool(torch.isfinite(param.grad).all()), name
-    pos = model.positions(bf_batch)
-    assert pos.dtype == F32 and bool((pos.abs() <= 1).all())
 
 
-def test_bf16_guarded_step_and_bf16_mixed_autocast() -> None:
-    policy = get_policy("bf16")
-    model = policy.convert_module(_model()).train()
-    batch = _batch()
-    bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
-    optimizer = policy.make_optimizer(model.parameters(), lr=1e-3)
-    before = model.bin.mix.detach().clone()
-    result = policy.backward_and_step(
-        model.loss(bf_batch), optimizer, StepGuard(policy.device), max_grad_norm=1.0
-    )
-    assert bool(result.ok) and math.isfinite(result.grad_norm.item())
-    assert not torch.equal(model.bin.mix, before)
-
-    model = _model()
-    reference = model.loss(batch)
-    with get_policy("bf16-mixed").autocast():
-        loss = model.loss(batch)
-    assert loss.dtype == F32
-    assert abs(loss.item() - reference.item()) < 3e-2  # measured 0.011 (loss 1.48)
-
-
-def test_parameter_counts_at_default_size() -> None:
-    assert count_parameters(_model(shape=SHAPE)) == 44_963
-    # A learned positional embedding adds L x d = 32 x 32.
-    assert count_parameters(_model(TLOBConfig(sinusoidal=False), SHAPE)) == 44_963 + 1_024
-    assert count_parameters(_model(TLOBConfig(**TINY), SMALL)) == 5_163
-    # Order-book input: only BiN's per-feature weights and the embedding grow with F.
-    book = DataShape(n_features=40, lookback=32, n_assets=1)
-    assert count_parameters(_model(shape=book)) == 44_963 + 32 * 2 + 32 * 32
-
-
-def test_config_validation_names_the_field() -> None:
-    for field, bad in [
-        ("hidden_dim", 7),
-        ("n_layers", 0),
-        ("n_heads", 0),
-        ("dropout", 1.0),
-        ("loss", "l1"),
-        ("huber_delta", -1.0),
-        ("position_scale", 0.0),
-    ]:
-        with pytest.raises(ValueError, match=field):
-            TLOBConfig(**{field: bad})
-    with pytest.raises(ValueError, match="lookback"):
-        build(TLOBConfig(), DataShape(n_features=8, lookback=7, n_assets=1))
-    with pytest.raises(ValueError, match="features"):
-        build(TLOBConfig(), DataShape(n_features=1, lookback=8, n_assets=1))
-    with pytest.raises(ValueError, match="L=16 bars"):
-        _model()(torch.zeros(1, SMALL.n_assets, 12, SMALL.n_features))
-
-
-def test_search_space_and_family_record() -> None:
-    assert FAMILY.name == "tlob" and FAMILY.kind == "forecast"
-    assert set(SEARCH_SPACE) <= set(FAMILY.config_fields())
-    assert not {"lr", "batch_size", "weight_decay"} & set(SEARCH_SPACE)
-    default = FAMILY.default_config()
-    for name, dim in SEARCH_SPACE.items():
-        assert dim.contains(getattr(default, name)), name
+def test_searched_widths_are_multiples_of_four() -> None:
+    # The last layer pair keeps d // 4: a multiple of 4 wastes nothing.
     widths = SEARCH_SPACE["hidden_dim"]
     assert isinstance(widths, Choice) and all(d % 4 == 0 for d in widths.options)

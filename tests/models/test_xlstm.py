@@ -12,10 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.base import Batch, Choice, DataShape, ForecastModel, count_parameters
+from models.base import Batch, DataShape, ForecastModel
 from models.xlstm import (
-    FAMILY,
-    SEARCH_SPACE,
     XLSTM,
     MLSTMBlock,
     SLSTMBlock,
@@ -26,7 +24,7 @@ from models.xlstm import (
     segsum,
     slstm_scan,
 )
-from trainables.precision import POLICY_NAMES, StepGuard, f32, floating_dtypes, get_policy
+from trainables.precision import get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 B, L = 4, 16  # xLSTM has no parameter tied to L; short windows keep CPU bf16 fast
@@ -223,110 +221,3 @@ def test_gate_initialization() -> None:
     gate_bias = s_block.gate_bias.unflatten(-1, (4, -1))[:, 0]  # (H, 4, D): [i, f, z, o]
     torch.testing.assert_close(gate_bias[:, 1], torch.linspace(3.0, 6.0, 8).expand(4, 8))
     assert float(gate_bias[:, [0, 2, 3]].abs().max()) == 0.0
-
-
-def test_parameter_count_at_default_size() -> None:
-    m_block = 32 + 32 * 128 + 64 * 5 + 3 * 16 * 16 + (192 * 8 + 8) + 64 + 64 + 64 * 32
-    s_block = 32 + 32 * 5 + 2 * 4 * 8 * 16 + 4 * 8 * 32 + 4 * 32 + 32 + 32 + 32 * 96 + 48 * 32
-    assert (m_block, s_block) == (8_936, 7_040)
-    assert count_parameters(_model()) == (8 * 32 + 32) + m_block + s_block + 32 + 33 == 16_329
-
-
-def test_bf16_cast_model_is_finite_and_close_to_f32() -> None:
-    batch = _batch()
-    with torch.no_grad():
-        reference = _model()(batch.x)
-    policy = get_policy("bf16")
-    model = _converted("bf16")
-    dtypes = floating_dtypes(model)
-    kept = {name for name, dt in dtypes.items() if dt == torch.float32}
-    assert kept == {"blocks.0.gate_bias", "blocks.1.gate_bias"}  # keep_f32 of both kinds
-    assert dtypes["blocks.1.recurrent"] == torch.bfloat16
-    bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
-    with torch.no_grad():
-        forecast = model(bf_batch.x)
-    assert forecast.dtype == torch.bfloat16 and bool(torch.isfinite(forecast).all())
-    assert float((f32(forecast) - reference).abs().max()) < 0.05  # measured 0.007
-    model.train()
-    loss = model.loss(bf_batch)
-    assert loss.dtype == torch.float32 and math.isfinite(loss.item())
-    loss.backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.dtype == param.dtype, name
-        assert bool(torch.isfinite(param.grad).all()), name
-    pos = model.positions(bf_batch)
-    assert pos.dtype == torch.float32 and bool((pos.abs() <= 1).all())
-
-
-def test_bf16_guarded_step_through_the_policy() -> None:
-    policy = get_policy("bf16")
-    model = _converted("bf16").train()
-    batch = _batch()
-    bf_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
-    optimizer = policy.make_optimizer(model.parameters(), lr=1e-3)
-    s_block = model.blocks[1]
-    assert isinstance(s_block, SLSTMBlock)
-    before = s_block.recurrent.detach().clone()
-    result = policy.backward_and_step(
-        model.loss(bf_batch), optimizer, StepGuard(policy.device), max_grad_norm=1.0
-    )
-    assert bool(result.ok) and math.isfinite(result.grad_norm.item())
-    assert not torch.equal(s_block.recurrent, before)  # R learns from its zero init
-    assert s_block.gate_bias.dtype == torch.float32
-
-
-@pytest.mark.parametrize("name", [p for p in POLICY_NAMES if p != "auto"])
-def test_every_policy_gives_a_finite_loss_close_to_f32(name: str) -> None:
-    batch = _batch(length=12)
-    reference = _model(XLSTMConfig(dropout=0.0)).loss(batch).item()
-    policy = get_policy(name)
-    model = _converted(name, XLSTMConfig(dropout=0.0))
-    run_batch = Batch(x=policy.convert_input(batch.x), y=batch.y, gaps=batch.gaps)
-    with policy.autocast():
-        loss = model.loss(run_batch)
-    assert loss.dtype == torch.float32
-    assert abs(loss.item() - reference) < 0.02  # measured <= 2e-4
-    loss.backward()
-    for param in model.parameters():
-        assert param.grad is not None and bool(torch.isfinite(param.grad).all())
-
-
-def test_config_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="blocks"):
-        XLSTMConfig(blocks="mx")
-    with pytest.raises(ValueError, match="blocks"):
-        XLSTMConfig(blocks="")
-    with pytest.raises(ValueError, match="n_heads"):
-        XLSTMConfig(d_model=30, n_heads=4)
-    with pytest.raises(ValueError, match="qkv_block_size"):
-        XLSTMConfig(d_model=33, n_heads=2, qkv_block_size=4, blocks="m")
-    with pytest.raises(ValueError, match="proj_factor"):
-        XLSTMConfig(proj_factor=0.5)
-    with pytest.raises(ValueError, match="loss"):
-        XLSTMConfig(loss="mae")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="dropout"):
-        XLSTMConfig(dropout=1.0)
-    with pytest.raises(ValueError, match="built for A=4"):
-        _model()(torch.zeros(1, 3, L, SHAPE.n_features))
-
-
-def test_search_space_and_family_record() -> None:
-    assert FAMILY.name == "xlstm" and FAMILY.kind == "forecast"
-    assert set(SEARCH_SPACE) <= set(FAMILY.config_fields())
-    assert not {"lr", "batch_size", "weight_decay"} & set(SEARCH_SPACE)
-    default = FAMILY.default_config()
-    for name, dim in SEARCH_SPACE.items():
-        assert dim.contains(getattr(default, name)), name
-    options = []
-    for key in ("d_model", "n_heads", "blocks"):
-        dim = SEARCH_SPACE[key]
-        assert isinstance(dim, Choice)
-        options.append(dim.options)
-    for d, h, blocks in itertools.product(*options):  # every pair the searcher can draw
-        FAMILY.make_config({"d_model": d, "n_heads": h, "blocks": blocks})
-
-
-# --------------------------------------------------------------------------------------
-# Learning through the shared trainer
-
-TINY = {"d_model": 16, "blocks": "ms", "n_heads": 2, "dropout": 0.1}
