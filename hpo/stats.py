@@ -35,12 +35,25 @@ import numpy as np
 from scipy import stats
 
 __all__ = [
+    "EXACT_MAX_N",
+    "VERDICTS",
+    "EquivalenceTest",
+    "HodgesLehmann",
     "PairedComparison",
+    "SharpeDifferenceTest",
     "SharpeMoments",
+    "SignedRankTest",
     "compare_paired",
     "deflated_sharpe_ratio",
+    "equivalence_test",
     "expected_max_sharpe",
+    "hodges_lehmann",
+    "hodges_lehmann_interval",
+    "min_track_record_length",
+    "paired_signed_rank_test",
     "probabilistic_sharpe_ratio",
+    "probability_of_backtest_overfitting",
+    "sharpe_difference_test",
     "sharpe_moments",
 ]
 
@@ -759,7 +772,7 @@ def sharpe_difference_test(
     (``2.6614 (alpha2 T)^(1/5)`` for Parzen, ``1.1447 (alpha1 T)^(1/3)`` for Bartlett,
     AR(1) coefficients clipped to +-0.97). LW's studentized bootstrap is not done.
     The delta method runs on ddof=0 moments; ``difference`` and ``std_error`` are both
-    reported for the ddof=1 Sharpes (a common factor ``sqrt(T/(T-1))``), as for "jkm".
+    reported for the ddof=1 Sharpes (a common factor ``sqrt((T-1)/T)``), as for "jkm".
 
     Degenerate inputs: identical series -> statistic 0, p-value 1 ("identical returns");
     a constant series (e.g. a flat member) has no Sharpe ratio -> NaN with a note.
@@ -891,10 +904,10 @@ def _ledoit_wolf_hac(
     if not variance > 0.0:
         return float("nan"), 0.0, s
     # The se of the ddof=0 difference, rescaled to the ddof=1 Sharpes that are reported
-    # (a common factor sqrt(T / (T - 1))), so that statistic = difference / std_error.
+    # (a common factor sqrt((T - 1) / T)), so that statistic = difference / std_error.
     std_error = math.sqrt(variance)
     z = float(delta / std_error)
-    return z, std_error * math.sqrt(t_obs / (t_obs - 1.0)), s
+    return z, std_error * math.sqrt((t_obs - 1.0) / t_obs), s
 
 
 # ---------------------------------------------------------------------------------------

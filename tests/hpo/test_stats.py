@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -20,12 +20,22 @@ import pytest
 from scipy import stats
 
 from hpo.stats import (
+    VERDICTS,
+    HodgesLehmann,
     PairedComparison,
     SharpeMoments,
+    SignedRankTest,
     compare_paired,
     deflated_sharpe_ratio,
+    equivalence_test,
     expected_max_sharpe,
+    hodges_lehmann,
+    hodges_lehmann_interval,
+    min_track_record_length,
+    paired_signed_rank_test,
     probabilistic_sharpe_ratio,
+    probability_of_backtest_overfitting,
+    sharpe_difference_test,
     sharpe_moments,
 )
 from trainables.backtest import backtest
@@ -354,3 +364,507 @@ def test_to_dict_is_json_safe() -> None:
 def test_compare_paired_invalid_inputs(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         compare_paired(**kwargs)
+
+
+# --- Independent references for the signed-rank quantities ------------------------------
+
+
+def midranks(values: Sequence[float]) -> list[float]:
+    """Average ranks (1-based) written out: tied values share the mean of their positions."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        stop = start
+        while stop + 1 < len(order) and values[order[stop + 1]] == values[order[start]]:
+            stop += 1
+        for position in range(start, stop + 1):
+            ranks[order[position]] = (start + stop) / 2 + 1
+        start = stop + 1
+    return ranks
+
+
+def enumerate_signed_rank(diffs: Sequence[float]) -> tuple[float, np.ndarray]:
+    """(observed T+, T+ of every one of the 2^n sign patterns) for the non-zero diffs."""
+    nonzero = [x for x in diffs if x != 0]
+    ranks = np.array(midranks([abs(x) for x in nonzero]))
+    observed = float(sum(r for r, x in zip(ranks, nonzero, strict=True) if x > 0))
+    n = len(nonzero)
+    patterns = (np.arange(2**n)[:, None] >> np.arange(n)) & 1  # (2^n, n) all sign patterns
+    return observed, patterns @ ranks
+
+
+def brute_pvalue(diffs: Sequence[float], alternative: str = "two-sided") -> float:
+    observed, null = enumerate_signed_rank(diffs)
+    if null.size == 1:  # no non-zero difference
+        return 1.0
+    less = float(np.mean(null <= observed + 1e-9))
+    greater = float(np.mean(null >= observed - 1e-9))
+    if alternative == "less":
+        return less
+    if alternative == "greater":
+        return greater
+    return min(1.0, 2 * min(less, greater))
+
+
+def brute_hl(diffs: Sequence[float], confidence: float) -> tuple[float, float, float, float]:
+    """(estimate, low, high, achieved confidence) from Walsh averages written as loops and
+    the 2^n enumeration of the untied signed-rank null distribution."""
+    n = len(diffs)
+    walsh = sorted((diffs[i] + diffs[j]) / 2 for i in range(n) for j in range(i, n))
+    null = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) @ np.arange(1, n + 1)
+    tail = (1 - confidence) / 2
+    c = 0
+    while np.mean(null <= c + 1) <= tail:
+        c += 1
+    if np.mean(null <= c) > tail:  # not even c = 0 fits: widest interval
+        c = 0
+    achieved = 1 - 2 * float(np.mean(null <= c))
+    return float(np.median(walsh)), walsh[c], walsh[len(walsh) - 1 - c], achieved
+
+
+# --- Wilcoxon signed-rank test ----------------------------------------------------------
+
+
+def test_zero_differences_are_dropped_and_the_exact_p_used() -> None:
+    d = [0.0] * 15 + [0.1, 0.2, 0.3, 0.4, 0.5]
+    result = paired_signed_rank_test(d)
+    # Five positive differences: only the all-positive pattern reaches T+ = 15 -> 2 * 1/32.
+    assert result == SignedRankTest(15.0, 0.0625, 5, 15, "exact", False)
+    assert brute_pvalue(d) == 0.0625
+    # What scipy's default gives on the same data (zeros counted, normal approximation).
+    assert stats.wilcoxon(d).pvalue == pytest.approx(0.0431, abs=1e-4)
+
+
+SIGNED_RANK_CASES = {
+    "untied": [0.31, -0.12, 0.54, 0.08, -0.02, 0.77, 0.25, 0.19, -0.41],
+    "tied": [0.1, -0.1, 0.2, 0.2, -0.2, 0.3, 0.1, 0.1, 0.4, -0.3, 0.2],
+    "ties_and_zeros": [0.0, 0.5, -0.5, 0.0, 0.25, 0.25, 0.75, 0.0, 1.0, -0.25],
+    "all_negative": [-0.3, -0.1, -0.2, -0.4],
+    "one_pair": [0.7],
+    "two_equal": [0.5, 0.5],
+}
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
+@pytest.mark.parametrize("name", list(SIGNED_RANK_CASES))
+def test_signed_rank_equals_enumeration(name: str, alternative: str) -> None:
+    d = SIGNED_RANK_CASES[name]
+    result = paired_signed_rank_test(d, alternative=alternative)  # type: ignore[arg-type]
+    observed, _ = enumerate_signed_rank(d)
+    assert result.pvalue == pytest.approx(brute_pvalue(d, alternative), abs=1e-15)
+    assert result.statistic == observed
+    assert result.method == "exact"
+    assert result.n_nonzero == sum(x != 0 for x in d)
+    assert result.n_zero == sum(x == 0 for x in d)
+    assert result.ties == (len({abs(x) for x in d if x != 0}) < result.n_nonzero)
+
+
+def test_signed_rank_with_ties_is_exact_beyond_scipys_enumeration_size() -> None:
+    # n = 18 with ties: scipy's default falls back to the normal approximation here.
+    d = [0.1, 0.2, -0.1, 0.3, 0.2, 0.4, -0.2, 0.1, 0.5, 0.3,
+         0.2, -0.3, 0.6, 0.1, 0.4, 0.2, -0.1, 0.7]  # fmt: skip
+    result = paired_signed_rank_test(d)
+    assert result.ties and result.method == "exact"
+    assert result.pvalue == pytest.approx(brute_pvalue(d), abs=1e-15)
+    assert result.pvalue != stats.wilcoxon(d).pvalue
+
+
+def test_signed_rank_above_50_is_normal_with_tie_and_continuity_correction() -> None:
+    rng = np.random.default_rng(7)
+    d = np.round(rng.normal(0.05, 0.2, 64), 2)  # rounding makes ties
+    d = d[d != 0]
+    n = d.size
+    ranks = np.array(midranks(list(np.abs(d))))
+    t_plus = ranks[d > 0].sum()
+    _, tie_counts = np.unique(np.abs(d), return_counts=True)
+    var = n * (n + 1) * (2 * n + 1) / 24 - np.sum(tie_counts**3 - tie_counts) / 48
+    z = (t_plus - n * (n + 1) / 4 - np.sign(t_plus - n * (n + 1) / 4) * 0.5) / math.sqrt(var)
+    result = paired_signed_rank_test(d)
+    assert result.method == "normal" and result.n_nonzero == n > 50
+    assert result.pvalue == pytest.approx(2 * (1 - phi(abs(z))), rel=1e-9)
+
+
+def test_signed_rank_edge_cases() -> None:
+    assert paired_signed_rank_test([0.0, 0.0, 0.0]) == SignedRankTest(
+        0.0, 1.0, 0, 3, "exact", False
+    )
+    assert paired_signed_rank_test([0.2]).pvalue == 1.0
+    assert paired_signed_rank_test([0.2], alternative="greater").pvalue == 0.5
+    with pytest.raises(ValueError, match="index 2 is nan"):
+        paired_signed_rank_test([0.1, 0.2, float("nan")])
+    with pytest.raises(ValueError, match="empty"):
+        paired_signed_rank_test([])
+    with pytest.raises(ValueError, match="alternative"):
+        paired_signed_rank_test([0.1], alternative="bigger")  # type: ignore[arg-type]
+
+
+# --- Hodges-Lehmann estimate and exact CI ------------------------------------------------
+
+
+def test_hodges_lehmann_by_hand() -> None:
+    # Walsh averages of 1..4: 1, 1.5, 2, 2, 2.5, 2.5, 3, 3, 3.5, 4 -> median 2.5. At n = 4 no
+    # interval reaches 95% (P(T+ = 0) = 1/16 > 0.025): the widest, [min, max], covers
+    # 1 - 2/16 = 87.5%.
+    result = hodges_lehmann_interval([1.0, 2.0, 3.0, 4.0], 0.95)
+    assert result == HodgesLehmann(2.5, 1.0, 4.0, 0.875, 0.95, 4, "exact")
+    assert not result.achieved
+    assert hodges_lehmann([1.0, 2.0, 3.0, 4.0]) == (2.5, 1.0, 4.0)
+    # 1..10 at 95%: P(T+ <= 8) = 25/1024 <= 0.025 < P(T+ <= 9) = 33/1024, so k = 9: the 9th
+    # smallest and largest Walsh averages, 3 and 8 (R: wilcox.test(1:10, conf.int = TRUE)).
+    ten = hodges_lehmann_interval(np.arange(1.0, 11.0))
+    assert (ten.estimate, ten.low, ten.high) == (5.5, 3.0, 8.0)
+    assert ten.confidence == 1 - 2 * 25 / 1024 and ten.achieved
+
+
+HL_CASES = [
+    [0.31, -0.12, 0.54, 0.08, -0.02, 0.77, 0.25, 0.19, -0.41],
+    [0.1, -0.1, 0.2, 0.2, -0.2, 0.3, 0.1, 0.1, 0.4, -0.3, 0.2, 0.0],
+    [-0.5, 0.25, 0.0, 0.0, 1.5],
+    [0.004, -0.003, 0.008, 0.001, -0.006, 0.002, 0.009, -0.001],
+]
+
+
+@pytest.mark.parametrize("confidence", [0.5, 0.8, 0.9, 0.95, 0.99])
+@pytest.mark.parametrize("case", range(len(HL_CASES)))
+def test_hodges_lehmann_equals_enumeration(case: int, confidence: float) -> None:
+    d = HL_CASES[case]
+    result = hodges_lehmann_interval(d, confidence)
+    estimate, low, high, achieved = brute_hl(d, confidence)
+    assert (result.estimate, result.low, result.high) == pytest.approx((estimate, low, high))
+    assert result.confidence == pytest.approx(achieved, abs=1e-15)
+    assert result.achieved == (achieved >= confidence)
+    assert result.n == len(d) and result.method == "exact"
+
+
+def test_hodges_lehmann_edge_cases() -> None:
+    one = hodges_lehmann_interval([0.3])
+    assert (one.estimate, one.low, one.high, one.confidence) == (0.3, 0.3, 0.3, 0.0)
+    zeros = hodges_lehmann_interval([0.0] * 8)
+    assert (zeros.estimate, zeros.low, zeros.high) == (0.0, 0.0, 0.0)
+    # n = 8: P(T+ <= 3) = 5/256 <= 0.025 < P(T+ <= 4) = 7/256, so k = 4, confidence 1 - 10/256.
+    assert zeros.confidence == 1 - 2 * 5 / 256
+    with pytest.raises(ValueError, match="index 1 is inf"):
+        hodges_lehmann([0.1, float("inf")])
+    with pytest.raises(ValueError, match="confidence"):
+        hodges_lehmann([0.1, 0.2], confidence=1.0)
+
+
+def test_hodges_lehmann_large_n_uses_the_normal_critical_value() -> None:
+    d = np.random.default_rng(11).standard_t(5, 80) * 0.1
+    result = hodges_lehmann_interval(d, 0.95)
+    n, n_walsh = 80, 80 * 81 // 2
+    sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    c = math.floor(n_walsh / 2 - 0.5 + sd * phi_inv(0.025))
+    walsh = np.sort([(d[i] + d[j]) / 2 for i in range(n) for j in range(i, n)])
+    assert result.method == "normal"
+    assert (result.low, result.high) == (walsh[c], walsh[n_walsh - 1 - c])
+    assert result.confidence == pytest.approx(1 - 2 * phi((c + 0.5 - n_walsh / 2) / sd))
+    assert result.confidence >= 0.95
+
+
+# --- TOST equivalence --------------------------------------------------------------------
+
+
+def test_tost_pvalues_are_the_shifted_signed_rank_tests() -> None:
+    d = [0.031, -0.052, 0.118, 0.007, -0.093, 0.064, 0.012, -0.021, 0.145]
+    m = 0.1
+    result = equivalence_test(d, m, alpha=0.05)
+    shifted_down = [x - m for x in d]
+    shifted_up = [x + m for x in d]
+    assert result.pvalue_upper == pytest.approx(brute_pvalue(shifted_down, "less"), abs=1e-15)
+    assert result.pvalue_lower == pytest.approx(brute_pvalue(shifted_up, "greater"), abs=1e-15)
+    assert result.pvalue_worse == pytest.approx(brute_pvalue(shifted_up, "less"), abs=1e-15)
+    assert result.pvalue_better == pytest.approx(brute_pvalue(shifted_down, "greater"), abs=1e-15)
+    assert result.pvalue == max(result.pvalue_lower, result.pvalue_upper)
+    # The interval is the 90% one (1 - 2 alpha): the enumeration gives the same ends.
+    _, low, high, achieved = brute_hl(d, 0.90)
+    assert (result.low, result.high, result.confidence) == pytest.approx((low, high, achieved))
+
+
+def test_tost_verdicts_on_fixed_data() -> None:
+    close = [0.02, -0.01, 0.03, 0.0, -0.02, 0.01, 0.015, -0.005, 0.025, -0.015]
+    assert equivalence_test(close, margin=0.1).verdict == "equivalent"
+    assert equivalence_test(close, margin=0.1).pairs_needed == 0
+    worse = [x - 0.5 for x in close]
+    better = [x + 0.5 for x in close]
+    assert equivalence_test(worse, margin=0.1).verdict == "bf16 worse"
+    assert equivalence_test(better, margin=0.1).verdict == "bf16 better"
+    assert equivalence_test(worse, 0.1, other="bf16-mixed").verdict == "bf16-mixed worse"
+    # Significantly below zero but not by more than the margin: inconclusive.
+    straddle = [x - 0.1 for x in close]
+    result = equivalence_test(straddle, margin=0.1)
+    assert result.verdict == "inconclusive" and result.high < 0.0 and result.low < -0.1
+
+
+def test_tost_needs_five_pairs_at_alpha_5_percent() -> None:
+    # Four identical pairs cannot show anything (2^-4 > 0.05); the fifth decides.
+    four = equivalence_test([0.0] * 4, margin=0.1)
+    assert four.verdict == "inconclusive" and four.pvalue == 1 / 16 and four.pairs_needed == 1
+    five = equivalence_test([0.0] * 5, margin=0.1)
+    assert five.verdict == "equivalent" and five.pvalue == 1 / 32
+    one = equivalence_test([0.02], margin=0.1)
+    assert one.verdict == "inconclusive" and one.pvalue == 0.5 and one.pairs_needed is None
+
+
+def test_tost_pairs_needed_from_the_spread() -> None:
+    d = [0.05, -0.12, 0.21, 0.02, -0.08, 0.15, 0.11, -0.03]
+    result = equivalence_test(d, margin=0.1, alpha=0.05)
+    assert result.verdict == "inconclusive"
+    s = float(np.std(d, ddof=1))
+    distance = 0.1 - abs(result.estimate)
+    n_total = math.ceil((phi_inv(0.95) * s * math.sqrt(math.pi / 3) / distance) ** 2)
+    assert n_total == 10
+    assert result.pairs_needed == max(n_total, 5, 9) - 8 == 2
+
+
+def test_tost_verdict_agrees_with_interval_inclusion() -> None:
+    rng = np.random.default_rng(2024)
+    seen = set()
+    for _ in range(300):
+        n = int(rng.integers(2, 16))
+        d = np.round(rng.normal(rng.uniform(-0.3, 0.3), rng.uniform(0.01, 0.3), n), 3)
+        margin = float(rng.uniform(0.05, 0.3))
+        result = equivalence_test(d, margin)
+        level_ok = result.confidence >= 0.9 - 1e-12
+        assert (result.verdict == "equivalent") == (
+            level_ok and -margin < result.low and result.high < margin
+        )
+        assert (result.verdict == "bf16 worse") == (level_ok and result.high < -margin)
+        assert (result.verdict == "bf16 better") == (level_ok and result.low > margin)
+        assert (result.pvalue <= 0.05) == (result.verdict == "equivalent")
+        assert (result.pairs_needed == 0) == (result.verdict != "inconclusive")
+        seen.add(result.verdict)
+    assert seen == set(VERDICTS)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"diffs": [0.1], "margin": 0.0}, "margin"),
+        ({"diffs": [0.1], "margin": 0.1, "alpha": 0.5}, "alpha"),
+        ({"diffs": [0.1, float("nan")], "margin": 0.1}, "index 1 is nan"),
+    ],
+)
+def test_tost_invalid_inputs(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        equivalence_test(**kwargs)
+
+
+# --- Sharpe-difference tests -------------------------------------------------------------
+
+
+def jkm_reference(a: np.ndarray, b: np.ndarray) -> float:
+    """Memmel (2003), eq. for the corrected Jobson-Korkie statistic, term by term."""
+    t = len(a)
+    mu_i, mu_n = a.mean(), b.mean()
+    s_i, s_n = a.std(ddof=1), b.std(ddof=1)
+    s_in = float(np.sum((a - mu_i) * (b - mu_n)) / (t - 1))
+    theta = (
+        2 * s_i**2 * s_n**2
+        - 2 * s_i * s_n * s_in
+        + 0.5 * mu_i**2 * s_n**2
+        + 0.5 * mu_n**2 * s_i**2
+        - mu_i * mu_n / (s_i * s_n) * s_in**2
+    ) / t
+    return float((s_n * mu_i - s_i * mu_n) / math.sqrt(theta))
+
+
+def correlated_returns(t: int, seed: int, rho: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shocks = rng.standard_t(6, (t, 2)) * 0.01
+    x = np.zeros((t, 2))
+    for i in range(t):
+        x[i] = shocks[i] + (rho * x[i - 1] if i else 0.0)
+    a = 0.0008 + x[:, 0]
+    b = 0.0002 + 0.6 * x[:, 0] + 0.8 * x[:, 1]
+    return a, b
+
+
+def test_jkm_equals_memmels_formula() -> None:
+    a, b = correlated_returns(400, seed=1)
+    result = sharpe_difference_test(a, b, method="jkm")
+    z = jkm_reference(a, b)
+    assert result.statistic == pytest.approx(z, rel=1e-12)
+    assert result.pvalue == pytest.approx(2 * (1 - phi(abs(z))), rel=1e-9)
+    assert result.difference == pytest.approx(a.mean() / a.std(ddof=1) - b.mean() / b.std(ddof=1))
+    assert result.statistic == pytest.approx(result.difference / result.std_error, rel=1e-12)
+    swapped = sharpe_difference_test(b, a, method="jkm")
+    assert swapped.statistic == pytest.approx(-result.statistic, rel=1e-12)
+
+
+def hac_reference(a: np.ndarray, b: np.ndarray, kernel: str, bandwidth: float) -> float:
+    """LW (2008) HAC z through the scalar influence function of each Sharpe ratio:
+    psi_t = (r_t - mu)/sigma - SR/2 * ((r_t - mu)^2 - sigma^2)/sigma^2 (ddof=0 moments)."""
+    t = len(a)
+
+    def influence(r: np.ndarray) -> np.ndarray:
+        mu, sigma = r.mean(), r.std()
+        return (r - mu) / sigma - (mu / sigma) / 2 * ((r - mu) ** 2 - sigma**2) / sigma**2
+
+    psi = influence(a) - influence(b)
+    psi = psi - psi.mean()
+
+    def weight(x: float) -> float:
+        if kernel == "bartlett":
+            return max(0.0, 1 - x)
+        if x <= 0.5:
+            return 1 - 6 * x**2 + 6 * x**3
+        return 2 * (1 - x) ** 3 if x <= 1 else 0.0
+
+    long_run = sum(psi[i] * psi[i] for i in range(t)) / t
+    for j in range(1, t):
+        if weight(j / bandwidth) <= 0:
+            break
+        gamma_j = sum(psi[i] * psi[i - j] for i in range(j, t)) / t
+        long_run += 2 * weight(j / bandwidth) * gamma_j
+    long_run *= t / (t - 4)
+    delta = a.mean() / a.std() - b.mean() / b.std()
+    return float(delta / math.sqrt(long_run / t))
+
+
+@pytest.mark.parametrize(("kernel", "bandwidth"), [("parzen", 4.5), ("bartlett", 3.0)])
+def test_hac_equals_influence_function_reference(kernel: str, bandwidth: float) -> None:
+    a, b = correlated_returns(300, seed=2, rho=0.4)
+    result = sharpe_difference_test(a, b, method="hac", kernel=kernel, bandwidth=bandwidth)  # type: ignore[arg-type]
+    assert result.statistic == pytest.approx(hac_reference(a, b, kernel, bandwidth), rel=1e-9)
+    assert result.bandwidth == bandwidth
+    assert result.statistic == pytest.approx(result.difference / result.std_error, rel=1e-12)
+
+
+def test_hac_automatic_bandwidth_is_andrews_ar1_rule() -> None:
+    a, b = correlated_returns(500, seed=3, rho=0.3)
+    y = np.column_stack([a - a.mean(), b - b.mean(), a**2 - np.mean(a**2), b**2 - np.mean(b**2)])
+    num = den = 0.0
+    for col in y.T:
+        rho = float(np.dot(col[:-1], col[1:]) / np.dot(col[:-1], col[:-1]))
+        s2 = float(np.mean((col[1:] - rho * col[:-1]) ** 2))
+        num += 4 * rho**2 * s2**2 / (1 - rho) ** 8
+        den += s2**2 / (1 - rho) ** 4
+    expected = 2.6614 * (num / den * 500) ** 0.2
+    result = sharpe_difference_test(a, b, method="hac")
+    assert result.bandwidth == pytest.approx(expected, rel=1e-12)
+    assert result.statistic == pytest.approx(hac_reference(a, b, "parzen", expected), rel=1e-9)
+
+
+def test_hac_widens_under_serial_correlation_and_matches_jkm_when_iid() -> None:
+    a, b = correlated_returns(4000, seed=4)
+    iid_jkm = sharpe_difference_test(a, b, method="jkm")
+    iid_hac = sharpe_difference_test(a, b, method="hac")
+    # Fat-tailed (t6) but independent: the two standard errors agree to a few percent.
+    assert iid_hac.std_error == pytest.approx(iid_jkm.std_error, rel=0.1)
+    a, b = correlated_returns(4000, seed=4, rho=0.6)
+    assert (
+        sharpe_difference_test(a, b, method="hac").std_error
+        > 1.3 * sharpe_difference_test(a, b, method="jkm").std_error
+    )
+
+
+def test_sharpe_difference_degenerate_and_invalid() -> None:
+    a, b = correlated_returns(50, seed=5)
+    same = sharpe_difference_test(a, a.copy(), method="hac")
+    assert (same.statistic, same.pvalue, same.note) == (0.0, 1.0, "identical returns")
+    flat = sharpe_difference_test(a, np.zeros(50))
+    assert math.isnan(flat.statistic) and math.isnan(flat.pvalue)
+    assert "returns_b is constant" in flat.note
+    with pytest.raises(ValueError, match="same bars"):
+        sharpe_difference_test(a, b[:-1])
+    with pytest.raises(ValueError, match="returns_a must be finite; index 3"):
+        sharpe_difference_test(np.r_[a[:3], np.nan, a[4:]], b)
+    with pytest.raises(ValueError, match="method"):
+        sharpe_difference_test(a, b, method="lw")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 8"):
+        sharpe_difference_test(a[:5], b[:5])
+
+
+# --- Probability of backtest overfitting (CSCV) -------------------------------------------
+
+
+def pbo_reference(returns: np.ndarray, n_blocks: int) -> float:
+    """CSCV written as the paper's loop: every half of the blocks in-sample in turn."""
+    t, n = returns.shape
+    blocks = np.array_split(np.arange(t), n_blocks)
+
+    def sharpe(rows: np.ndarray) -> np.ndarray:
+        sub = returns[rows]
+        sd = sub.std(axis=0, ddof=1)
+        return np.where(sd > 0, sub.mean(axis=0) / np.where(sd > 0, sd, 1), 0.0)
+
+    logits = []
+    for combo in itertools.combinations(range(n_blocks), n_blocks // 2):
+        in_rows = np.concatenate([blocks[i] for i in combo])
+        out_rows = np.concatenate([blocks[i] for i in range(n_blocks) if i not in combo])
+        best = int(np.argmax(sharpe(in_rows)))
+        rank = stats.rankdata(sharpe(out_rows))[best]  # 1 = worst, ties averaged
+        w = rank / (n + 1)
+        logits.append(math.log(w / (1 - w)))
+    return float(np.mean(np.array(logits) <= 0))
+
+
+@pytest.mark.parametrize(("t", "n", "n_blocks"), [(63, 5, 6), (331, 12, 10), (320, 20, 12)])
+def test_pbo_equals_the_cscv_loop(t: int, n: int, n_blocks: int) -> None:
+    rng = np.random.default_rng(t)
+    returns = rng.normal(0.0, 0.01, (t, n)) + rng.normal(0.0, 0.002, n)
+    assert probability_of_backtest_overfitting(returns, n_blocks) == pbo_reference(
+        returns, n_blocks
+    )
+
+
+def test_pbo_dominating_trial_is_zero() -> None:
+    # Same noise, different drift: trial 2 has the highest Sharpe on every subset of bars.
+    noise = np.random.default_rng(0).normal(0.0, 0.01, 400)
+    returns = noise[:, None] + np.array([0.0, -0.001, 0.002, 0.001])
+    assert probability_of_backtest_overfitting(returns, n_blocks=16) == 0.0
+
+
+def test_pbo_ranks_reversing_between_halves_is_one() -> None:
+    # a sums to zero and b = -a: whichever wins in-sample has the opposite sign, hence the
+    # lower Sharpe, out-of-sample, in every one of the 12870 splits.
+    a = np.random.default_rng(1).normal(0.0, 0.01, 480)
+    a -= a.mean()
+    assert probability_of_backtest_overfitting(np.column_stack([a, -a]), 16) == 1.0
+
+
+def test_pbo_flat_trial_and_invalid_inputs() -> None:
+    rng = np.random.default_rng(3)
+    returns = np.column_stack([rng.normal(0.001, 0.01, 200), np.full(200, 0.0005)])
+    assert probability_of_backtest_overfitting(returns, 8) == pbo_reference(returns, 8)
+    with pytest.raises(ValueError, match="even"):
+        probability_of_backtest_overfitting(returns, 7)
+    with pytest.raises(ValueError, match="at least 2 trials"):
+        probability_of_backtest_overfitting(returns[:, :1], 8)
+    with pytest.raises(ValueError, match="at least 2 per block"):
+        probability_of_backtest_overfitting(returns[:20], 16)
+    bad = returns.copy()
+    bad[5, 1] = np.nan
+    with pytest.raises(ValueError, match="row 5, trial 1"):
+        probability_of_backtest_overfitting(bad, 8)
+
+
+# --- Minimum track record length ---------------------------------------------------------
+
+
+def test_min_track_record_length_formula_and_psr_inverse() -> None:
+    sr, sr_b, skew, kurt = 0.1, 0.02, -0.5, 4.0
+    # Bailey & López de Prado (2012), eq. for MinTRL:
+    # 1 + (1 - skew*SR + (kurt - 1)/4 * SR^2) * (Z_alpha / (SR - SR*))^2
+    expected = 1 + (1 - skew * sr + (kurt - 1) / 4 * sr**2) * (phi_inv(0.95) / (sr - sr_b)) ** 2
+    mintrl = min_track_record_length(sr, sr_b, skew, kurt, confidence=0.95)
+    assert mintrl == pytest.approx(expected, rel=1e-12)
+    # By hand: 1.0575 * (1.6448536 / 0.08)^2 = 1.0575 * 422.74 = 447.05...; 1 + that.
+    assert mintrl == pytest.approx(448.05, abs=0.01)
+    assert psr_reference(sr, sr_b, mintrl, skew, kurt) == pytest.approx(0.95, abs=1e-12)
+    assert probabilistic_sharpe_ratio(sr, sr_b, math.ceil(mintrl), skew, kurt) >= 0.95
+    assert probabilistic_sharpe_ratio(sr, sr_b, math.floor(mintrl), skew, kurt) < 0.95
+
+
+def test_min_track_record_length_edges() -> None:
+    assert min_track_record_length(0.05, 0.05, 0.0, 3.0) == math.inf
+    assert min_track_record_length(-0.1, 0.0, 0.0, 3.0) == math.inf
+    assert min_track_record_length(0.2, 0.0, 0.0, 3.0, 0.99) > min_track_record_length(
+        0.2, 0.0, 0.0, 3.0, 0.95
+    )
+    with pytest.raises(ValueError, match="excess kurtosis"):
+        min_track_record_length(0.1, 0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="confidence"):
+        min_track_record_length(0.1, 0.0, 0.0, 3.0, confidence=1.5)
