@@ -31,13 +31,13 @@ import torch
 from cluster.packing import DEFAULT_GRID, DEFAULT_HEADROOM, plan
 from cluster.profiler import MemoryProfile, MiB, profile_trial, profiling_config
 from models import family_names, get_family
-from trainables.config import TrainConfig, build_train_config
+from trainables.config import DataConfig, TrainConfig, TrialBase, TrialConfig
 
 PRECISIONS = ("f32", "bf16")
 SMOKE_FAMILIES = ("dqn", "tft")
 # Smoke: tiny data and models, so the CPU run takes seconds.
 SMOKE_TRAINER = {"n_folds": 1, "lookback": 16, "batch_size": 32}
-SMOKE_DATA = {"data.n_bars": 600, "data.n_assets": 2}
+SMOKE_DATA = DataConfig(n_bars=600, n_assets=2)
 SMOKE_MODEL = {
     "dqn": {"hidden": 32, "buffer_capacity": 2048, "learning_starts": 64},
     "tft": {"d_model": 8, "n_heads": 1},
@@ -45,10 +45,20 @@ SMOKE_MODEL = {
 
 
 def trial_config(family: str, precision: str, smoke: bool) -> TrainConfig:
-    flat: dict[str, Any] = {}
-    if smoke:
-        flat = {**SMOKE_TRAINER, **SMOKE_DATA, **SMOKE_MODEL.get(family, {})}
-    return build_train_config(family, flat, precision=precision)
+    """The trainer config a sweep trial of ``family`` gets, decoded as the trainable does
+    (the adapter's defaults; smoke: tiny shapes)."""
+    trial = TrialConfig(
+        model=family,
+        precision=precision,
+        seed=0,
+        params=SMOKE_MODEL.get(family, {}) if smoke else {},
+        base=TrialBase(
+            epochs=1,
+            trainer=SMOKE_TRAINER if smoke else {},
+            data=SMOKE_DATA if smoke else DataConfig(),
+        ),
+    )
+    return trial.train_config()
 
 
 def steps_per_second(

@@ -16,8 +16,8 @@ random | pso``), driven in-process the way Tune drives it (``suggest`` / ``on_tr
 with the trial's last result), with ``concurrency`` trials running at once. Every trial is
 the real shared :class:`~trainables.trainer.Trainer` on a KAN (``models/kan.py``) over the
 synthetic bars with a planted lag-1 signal (``signal = 0.3``), its config built by
-:func:`trainables.trial.trial_train_config` exactly as the Ray trainable does, one
-``train_epoch()`` per reported epoch; the metric is ``val_sharpe``.
+``TrialConfig.from_dict(config).train_config()`` (:mod:`trainables.config`) exactly as the
+Ray trainable does, one ``train_epoch()`` per reported epoch; the metric is ``val_sharpe``.
 
 Search space: the KAN adapter and the trainer space with spec overrides: ``lr`` widened to
 log [1e-5, 1] (too low never learns in the budget, too high is unstable), ``width`` (log
@@ -61,6 +61,7 @@ are compared on common random numbers for those.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -81,6 +82,7 @@ import torch
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SweepSpec, parse_spec
 from models.base import Choice, Dim, Float
+from trainables.config import TrialConfig
 
 SEARCHERS: dict[str, tuple[str, bool]] = {  # label -> (spec search, ASHA)
     "random": ("random", False),
@@ -268,28 +270,29 @@ class Landscape:
         self.epochs_trained = 0
         self.train_seconds = 0.0
 
-    def key(self, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        params = dict(config["params"])
+    def key(self, config: dict[str, Any]) -> tuple[str, TrialConfig]:
+        """The snapped configuration's cache key, and the trial it trains as."""
+        trial = TrialConfig.from_dict(config)
+        params = dict(trial.params)
         for name, dim in self.dims.items():
             params[name] = snap(dim, params[name], self.per_decade)
-        return json.dumps(params, sort_keys=True), params
+        return json.dumps(params, sort_keys=True), dataclasses.replace(trial, params=params)
 
     def value(self, config: dict[str, Any], epoch: int) -> float:
-        key, params = self.key(config)
+        key, trial = self.key(config)
         curve = self.curves.setdefault(key, [])
         if len(curve) < epoch:
-            self._extend(key, {**config, "params": params}, curve, epoch)
+            self._extend(key, trial, curve, epoch)
         return curve[epoch - 1]
 
-    def _extend(self, key: str, config: dict[str, Any], curve: list[float], epoch: int) -> None:
+    def _extend(self, key: str, trial: TrialConfig, curve: list[float], epoch: int) -> None:
         from trainables.trainer import Trainer, TrialDiverged
-        from trainables.trial import trial_train_config
 
         started = time.perf_counter()
         live = self.live.pop(key, None)
         if live is None or live.trainer.epoch != len(curve):
             torch.manual_seed(0)
-            trainer = Trainer(trial_train_config(config))
+            trainer = Trainer(trial.train_config())
             live = _Live(trainer, torch.get_rng_state())
             replay = len(curve)  # evicted earlier: retrain the known prefix, check it agrees
         else:

@@ -25,8 +25,12 @@ Ray does not enforce fractions, so every trial caps its own allocator with
 :func:`apply_memory_cap`. A trial that still runs out of memory calls
 :func:`retry_fraction_after_oom`: it marks the shape's profile as too small, re-measures,
 and returns a larger fraction (headroom doubled per OOM of that shape, and at least one
-grid step more than before), which the retried trial carries in its config under
-``RETRY_FLOOR_KEY`` -- :func:`gpu_fraction_for_trial` never returns less than that floor.
+grid step more than before), which the retried trial carries in its config
+(:attr:`trainables.config.TrialConfig.gpu_fraction_floor`) -- :func:`gpu_fraction_for_trial`
+never returns less than that floor.
+
+Every function here takes the trial's :class:`~trainables.config.TrainConfig`; a caller
+holding a Tune trial dict decodes it with ``TrialConfig.from_dict(config)``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import gc
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -49,7 +54,7 @@ from cluster.profiler import (
     profile_trial,
 )
 from cluster.vram_table import VramTable, profile_key, table_at
-from trainables.config import TrainConfig
+from trainables.config import RETRY_FLOOR_KEY, TrainConfig, TrialConfig
 
 log = logging.getLogger("cluster.packing")
 
@@ -59,7 +64,6 @@ DEFAULT_DEVICE_TOTAL_BYTES = 80 * GiB  # H100 80GB, when no GPU is visible to as
 GPU_TOTAL_ENV = "HPO_GPU_TOTAL_GB"
 MODE_ENV = "HPO_VRAM_MODE"
 MODES = ("auto", "measure", "estimate")
-RETRY_FLOOR_KEY = "gpu_fraction_floor"  # trial-config key: the least fraction after an OOM
 _EPS = 1e-9
 
 _applied_cap: float | None = None  # this process's allocator cap, restored after a re-measure
@@ -204,20 +208,26 @@ def _boosted(headroom: float, oom_count: int) -> float:
 
 
 def gpu_fraction_for_trial(
-    config: dict[str, Any],
+    config: TrainConfig | Mapping[str, Any],
     headroom: float = DEFAULT_HEADROOM,
     *,
+    floor: float = 0.0,
     grid: int = DEFAULT_GRID,
     table: VramTable | None = None,
     mode: str | None = None,
 ) -> float:
-    """The GPU fraction of a sweep trial config (``{"model", "precision", "seed",
-    "params", "base", ...}``): its shape's profile through the table, the headroom doubled
-    for each OOM recorded against the shape, and never below ``config[RETRY_FLOOR_KEY]``."""
-    from trainables.trial import trial_train_config
+    """The GPU fraction of a trial: its shape's profile through the table, the headroom
+    doubled for each OOM recorded against the shape, and never below ``floor`` (the
+    trial's :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` after an OOM).
 
+    A Tune trial dict is still accepted and decoded here (floor included) for
+    ``hpo.sweep.TrialResources``; new callers pass the decoded ``TrainConfig``.
+    """
+    if not isinstance(config, TrainConfig):
+        trial = TrialConfig.from_dict(config)
+        config, floor = trial.train_config(), max(floor, trial.gpu_fraction_floor)
     table = table if table is not None else table_at()
-    key, profile = profile_for_config(trial_train_config(config), table=table, mode=mode)
+    key, profile = profile_for_config(config, table=table, mode=mode)
     packing = plan(profile, _boosted(headroom, table.oom_count(key)), grid)
     if not packing.fits:
         log.warning(
@@ -227,7 +237,6 @@ def gpu_fraction_for_trial(
             packing.raw_fraction,
             packing.device_total_bytes / GiB,
         )
-    floor = float(config.get(RETRY_FLOOR_KEY) or 0.0)
     return max(packing.fraction, min(1.0, floor))
 
 
@@ -256,7 +265,7 @@ def apply_memory_cap(fraction: float | None, *, context_bytes: int | None = None
 
 
 def retry_fraction_after_oom(
-    config: dict[str, Any],
+    config: TrainConfig,
     previous_fraction: float,
     headroom: float = DEFAULT_HEADROOM,
     *,
@@ -273,19 +282,16 @@ def retry_fraction_after_oom(
     :class:`TrialDoesNotFit` when ``previous_fraction`` was already a whole GPU. Free the
     failed trainer first (``del trainer; gc.collect(); torch.cuda.empty_cache()``).
     """
-    from trainables.trial import trial_train_config
-
     if previous_fraction >= 1.0 - _EPS:
         raise TrialDoesNotFit(
-            f"{config.get('model')}/{config.get('precision')} ran out of memory on a whole GPU; "
+            f"{config.model}/{config.precision} ran out of memory on a whole GPU; "
             "shrink it (batch size, model size, replay capacity) or use a larger GPU"
         )
     table = table if table is not None else table_at()
-    train_config = trial_train_config(config)
     device, name = _target(mode)
-    key = profile_key(train_config, device, name)
+    key = profile_key(config, device, name)
     ooms = table.record_oom(key)
-    profile = _remeasure(train_config, device)
+    profile = _remeasure(config, device)
     if profile.device_name == name:  # a fallback estimate is not stored under a GPU's key
         table.put(key, profile)
     fraction = plan(profile, _boosted(headroom, ooms), grid).fraction
@@ -293,8 +299,8 @@ def retry_fraction_after_oom(
     new = round(min(1.0, max(fraction, step_up)), 9)
     log.warning(
         "%s/%s ran out of memory at GPU fraction %.2f (OOM %d of this shape); retry at %.2f",
-        config.get("model"),
-        config.get("precision"),
+        config.model,
+        config.precision,
         previous_fraction,
         ooms,
         new,
@@ -321,7 +327,7 @@ def _remeasure(config: TrainConfig, device: torch.device) -> MemoryProfile:
 
 
 def trial_memory_metrics(
-    config: dict[str, Any],
+    config: TrainConfig,
     fraction: float,
     *,
     table: VramTable | None = None,
@@ -330,18 +336,13 @@ def trial_memory_metrics(
     """Numbers a trial reports (and so logs to its MLflow run): its GPU fraction and its
     shape's predicted peak from the table. Looks up only: never profiles. The measured
     peak on CUDA is the trainer's own ``peak_mem_mb``."""
-    from trainables.trial import trial_train_config
-
     metrics: dict[str, float] = {"vram_gpu_fraction": float(fraction)}
     table = table if table is not None else table_at()
     try:
         device, name = _target(mode)
-        train_config = trial_train_config(config)
-        profile = table.get(profile_key(train_config, device, name))
+        profile = table.get(profile_key(config, device, name))
         if profile is None and name != ESTIMATE_DEVICE_NAME:
-            profile = table.get(
-                profile_key(train_config, torch.device("cpu"), ESTIMATE_DEVICE_NAME)
-            )
+            profile = table.get(profile_key(config, torch.device("cpu"), ESTIMATE_DEVICE_NAME))
     except (RuntimeError, ValueError, KeyError):
         profile = None
     if profile is not None:

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from models import family_names
-from trainables.config import TRAIN_KEYS
+from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
 from trainables.precision import POLICY_NAMES
 
 SEARCHERS = ("tpe", "random", "pso")
@@ -174,13 +174,17 @@ class SweepSpec(_Strict):
         per_config = len(self.seeds) * len(self.precisions)
         return len(self.models) * self.samples * per_config
 
+    def trial_base(self) -> TrialBase:
+        """Settings every trial shares (the ``base`` of each trial's config)."""
+        return TrialBase(
+            epochs=self.max_epochs,
+            trainer={**self.walk_forward.model_dump(), **self.trainer},
+            data=DataConfig(**self.data.model_dump()),
+        )
+
     def base_trial_settings(self) -> dict[str, Any]:
-        """Settings every trial shares (a plain dict that travels in each trial's config)."""
-        return {
-            "epochs": self.max_epochs,
-            "trainer": {**self.walk_forward.model_dump(), **self.trainer},
-            "data": self.data.model_dump(),
-        }
+        """:meth:`trial_base` as the plain dict that travels in each trial's config."""
+        return self.trial_base().to_dict()
 
 
 # Walk-forward settings have their own table; keep them out of [trainer].
@@ -288,21 +292,19 @@ def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None
     """Build one trial's configuration (fixed keys, every searched key at its lower bound)
     exactly as a trial would, so settings that would fail in every trial fail here instead,
     before Ray or MLflow start."""
+    from models import get_family
     from models.base import Choice
-    from trainables.config import DataConfig, build_train_config
 
     sample = {k: d.options[0] if isinstance(d, Choice) else d.low for k, d in space.dims.items()}
-    base = spec.base_trial_settings()
+    trial = TrialConfig(
+        model=model,
+        precision=spec.precisions[0],
+        seed=spec.seeds[0],
+        params={**space.fixed, **sample},
+        base=spec.trial_base(),
+    )
     try:
-        config = build_train_config(
-            model,
-            {**space.fixed, **sample},
-            data=DataConfig(**base["data"]),
-            epochs=base["epochs"],
-            **base["trainer"],
-        )
-        from models import get_family
-
+        config = trial.train_config()
         get_family(model).make_config(config.model_config)
     except (ValueError, TypeError, OverflowError) as exc:
         return f"trainer / search_space.{model}: a trial of {model} would fail: {exc}"

@@ -4,6 +4,11 @@ A sweep samples one flat dict per trial (``{"lr": 3e-4, "hidden": 64, "gamma": 0
 :func:`split_trial_config` is the one place that dict is divided: keys that name a
 :class:`TrainConfig` field go to the trainer, keys that name a field of the family's config
 dataclass go to the model, anything else is an error naming the key and the known ones.
+
+:class:`TrialConfig` is the one codec of the dict a Ray Tune trial carries: the sweep's
+searcher encodes it (``to_dict``), the trainable, packing and the benchmarks decode it
+(``from_dict``) and turn it into a :class:`TrainConfig` (``train_config``). The dict stays
+plain JSON because Tune stores it in the experiment state and the searcher in its own.
 """
 
 from __future__ import annotations
@@ -159,6 +164,114 @@ def build_train_config(
     data = dataclasses.replace(data or DataConfig(), **data_values)
     merged_model = {**base.pop("model_config", {}), **model_values}
     return TrainConfig(model=model, data=data, model_config=merged_model, **{**base, **train})
+
+
+RETRY_FLOOR_KEY = "gpu_fraction_floor"
+"""Trial-dict key of :attr:`TrialConfig.gpu_fraction_floor` (present only after an OOM)."""
+_TRIAL_REQUIRED = ("model", "precision", "seed", "params", "base")
+_TRIAL_OPTIONAL = ("group_id", "pair_id", "member", RETRY_FLOOR_KEY)
+
+
+@dataclass(frozen=True)
+class TrialBase:
+    """What every trial of a sweep shares (the ``base`` of each trial dict)."""
+
+    epochs: int
+    """Epochs per trial (the spec's ``max_epochs``)."""
+    trainer: Mapping[str, Any] = field(default_factory=dict)
+    """:class:`TrainConfig` fields fixed for the sweep (walk-forward settings included)."""
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epochs": self.epochs,
+            "trainer": dict(self.trainer),
+            "data": dataclasses.asdict(self.data),
+        }
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrialBase:
+        return cls(
+            epochs=int(values["epochs"]),
+            trainer=dict(values.get("trainer", {})),
+            data=DataConfig(**values.get("data", {})),
+        )
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One Ray Tune trial's config. Its dict form (:meth:`to_dict`) is::
+
+    {"model", "precision", "seed", "group_id", "pair_id", "member",
+     "params": {flat settings}, "base": TrialBase.to_dict()[, "gpu_fraction_floor"]}
+    """
+
+    model: str
+    precision: str
+    seed: int
+    params: Mapping[str, Any]
+    """The flat settings of this trial: the stream's fixed keys plus the sampled ones."""
+    base: TrialBase
+    group_id: str = ""
+    """The searcher's suggestion this trial belongs to (one per seed and precision)."""
+    pair_id: str = ""
+    """Shared by the members of one group and seed that differ only in precision."""
+    member: str = ""
+    """``precision/seed``: this trial's place in its group."""
+    gpu_fraction_floor: float = 0.0
+    """The least GPU share after a CUDA OOM (0: none); packing never asks for less."""
+
+    def train_config(self) -> TrainConfig:
+        """The shared trainer's config of this trial."""
+        return build_train_config(
+            self.model,
+            self.params,
+            data=self.base.data,
+            precision=self.precision,
+            seed=self.seed,
+            epochs=self.base.epochs,
+            **self.base.trainer,
+        )
+
+    def with_floor(self, floor: float) -> TrialConfig:
+        return dataclasses.replace(self, gpu_fraction_floor=float(floor))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model,
+            "precision": self.precision,
+            "seed": self.seed,
+            "group_id": self.group_id,
+            "pair_id": self.pair_id,
+            "member": self.member,
+            "params": dict(self.params),
+            "base": self.base.to_dict(),
+        }
+        if self.gpu_fraction_floor > 0:
+            out[RETRY_FLOOR_KEY] = self.gpu_fraction_floor
+        return out
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> TrialConfig:
+        """Decode a trial dict; a missing or unknown key raises naming it."""
+        missing = [k for k in _TRIAL_REQUIRED if k not in config]
+        unknown = sorted(set(config) - set(_TRIAL_REQUIRED) - set(_TRIAL_OPTIONAL))
+        if missing or unknown:
+            raise ValueError(
+                f"not a trial config: missing {missing}, unknown {unknown}; keys are "
+                f"{list(_TRIAL_REQUIRED)} and optionally {list(_TRIAL_OPTIONAL)}"
+            )
+        return cls(
+            model=str(config["model"]),
+            precision=str(config["precision"]),
+            seed=int(config["seed"]),
+            params=dict(config["params"]),
+            base=TrialBase.from_dict(config["base"]),
+            group_id=str(config.get("group_id", "")),
+            pair_id=str(config.get("pair_id", "")),
+            member=str(config.get("member", "")),
+            gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
+        )
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:

@@ -1,8 +1,7 @@
 """The Ray Tune trainable: a thin function around the shared :class:`Trainer`.
 
-Config in (built by :class:`hpo.search.sweep_searcher.SweepSearcher`)::
-
-    {"model", "precision", "seed", "pair_id", "group_id", "params": {...}, "base": {...}}
+Config in: a :class:`trainables.config.TrialConfig` dict (encoded by
+:class:`hpo.search.sweep_searcher.SweepSearcher`, decoded here by ``TrialConfig.from_dict``).
 
 Each epoch it reports the trainer's metrics together with a checkpoint directory
 (``tune.report(metrics, checkpoint=...)``); a restarted trial (FailureConfig retry, or
@@ -30,25 +29,12 @@ from cluster.packing import (
     trial_memory_metrics,
 )
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from trainables.config import DataConfig, TrainConfig, build_train_config
+from trainables.config import TrainConfig, TrialConfig
 from trainables.trainer import Trainer, TrialDiverged
 
 log = logging.getLogger("trainables.trial")
 
 CKPT_SUBDIR = "state"  # inside each reported Tune checkpoint directory
-
-
-def trial_train_config(config: dict[str, Any]) -> TrainConfig:
-    base = config["base"]
-    return build_train_config(
-        config["model"],
-        config["params"],
-        data=DataConfig(**base["data"]),
-        precision=config["precision"],
-        seed=int(config["seed"]),
-        epochs=int(base["epochs"]),
-        **base["trainer"],
-    )
 
 
 def run_trial(config: dict[str, Any]) -> None:
@@ -58,16 +44,16 @@ def run_trial(config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))
     gpu_fraction = float(required.get("GPU", 0.0))
     apply_memory_cap(gpu_fraction or None)  # Ray does not enforce GPU shares; the trial does
-    train_config = trial_train_config(config)
+    train_config = TrialConfig.from_dict(config).train_config()
     checkpoint = _restore_checkpoint()
     trainer = Trainer(train_config, checkpoint=checkpoint)
     node = _node()
-    memory = trial_memory_metrics(config, gpu_fraction) if gpu_fraction > 0 else {}
+    memory = trial_memory_metrics(train_config, gpu_fraction) if gpu_fraction > 0 else {}
     while trainer.epoch < train_config.epochs:
         try:
             metrics = trainer.train_epoch()
         except torch.cuda.OutOfMemoryError as exc:
-            _report_oom(config, trainer, gpu_fraction, exc, node)
+            _report_oom(train_config, trainer, gpu_fraction, exc, node)
             return
         except TrialDiverged as exc:
             # The epoch that diverged, reported once: no checkpoint (nothing worth resuming).
@@ -87,7 +73,7 @@ def run_trial(config: dict[str, Any]) -> None:
 
 
 def _report_oom(
-    config: dict[str, Any],
+    config: TrainConfig,
     trainer: Trainer,
     fraction: float,
     exc: BaseException,

@@ -23,6 +23,7 @@ from optuna.distributions import (
     distribution_to_json,
 )
 
+from hpo.search.param_searcher import ParamSearcher
 from models.base import Dim, Float, Int
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -36,7 +37,7 @@ def to_optuna(dim: Dim) -> BaseDistribution:
     return CategoricalDistribution(list(dim.options))
 
 
-class OptunaParamSearcher:
+class OptunaParamSearcher(ParamSearcher):
     """One Optuna study over one space; ``kind`` is ``tpe`` or ``random``."""
 
     def __init__(

@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from hpo.search.param_searcher import ParamSearcher
 from models.base import Choice, Dim, Float, Int
 
 STATE_VERSION = 1
@@ -95,7 +96,7 @@ def decode(dim: Dim, u: float) -> Any:
     return min(max(x, float(dim.low)), float(dim.high))
 
 
-class PSOParamSearcher:
+class PSOParamSearcher(ParamSearcher):
     """Asynchronous PSO over one space; the same ask / tell / state interface as Optuna's.
 
     Args:

@@ -24,8 +24,10 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from hpo.search.param_searcher import ParamSearcher, make_param_searcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
+from trainables.config import TrialConfig
 
 
 @dataclass
@@ -35,19 +37,6 @@ class _Group:
     results: dict[str, float | None] = field(default_factory=dict)
 
 
-def make_param_searcher(kind: str, space: TrialSpace, seed: int) -> Any:
-    """A parameter searcher (ask / tell / state / load_state / best) over ``space``."""
-    if kind in ("tpe", "random"):
-        from hpo.search.optuna_searcher import OptunaParamSearcher
-
-        return OptunaParamSearcher(space.dims, kind=kind, seed=seed)
-    if kind == "pso":
-        from hpo.search.pso import PSOParamSearcher
-
-        return PSOParamSearcher(space.dims, seed=seed)
-    raise ValueError(f"unknown search algorithm {kind!r}")
-
-
 class SweepSearcher(Searcher):
     STATE_VERSION = 1
     CKPT_FILE_TMPL = "sweep-searcher-{}.json"  # JSON, not the base class's pickle name
@@ -55,10 +44,10 @@ class SweepSearcher(Searcher):
     def __init__(self, spec: SweepSpec) -> None:
         super().__init__(metric=spec.metric, mode="max")
         self.spec = spec
-        self.base = spec.base_trial_settings()
+        self.base = spec.trial_base()
         self.streams: list[tuple[str, str | None]] = []  # (model, precision or None)
         self.spaces: list[TrialSpace] = []
-        self.searchers: list[Any] = []
+        self.searchers: list[ParamSearcher] = []
         for model in spec.models:
             space = trial_space(model, spec.search_space.get(model))
             precisions: list[str | None] = [None] if spec.compare else list(spec.precisions)
@@ -103,10 +92,9 @@ class SweepSearcher(Searcher):
             return
         if result and result.get("oom") and result.get("oom_retry_gpu_fraction"):
             # Ran out of GPU memory: the same member again, with at least the larger share.
-            from cluster.packing import RETRY_FLOOR_KEY
-
-            floor = float(result["oom_retry_gpu_fraction"])
-            self.queue.appendleft({**self.trial_config[trial_id], RETRY_FLOOR_KEY: floor})
+            trial = TrialConfig.from_dict(self.trial_config[trial_id])
+            retry = trial.with_floor(float(result["oom_retry_gpu_fraction"]))
+            self.queue.appendleft(retry.to_dict())
             return
         group_id, member = located
         group = self.groups[group_id]
@@ -141,18 +129,17 @@ class SweepSearcher(Searcher):
             for p in precisions:
                 member = f"{p}/{seed}"
                 members.append(member)
-                self.queue.append(
-                    {
-                        "model": model,
-                        "precision": p,
-                        "seed": seed,
-                        "group_id": group_id,
-                        "pair_id": f"{group_id}-s{seed}",
-                        "member": member,
-                        "params": params,
-                        "base": self.base,
-                    }
+                trial = TrialConfig(
+                    model=model,
+                    precision=p,
+                    seed=seed,
+                    params=params,
+                    base=self.base,
+                    group_id=group_id,
+                    pair_id=f"{group_id}-s{seed}",
+                    member=member,
                 )
+                self.queue.append(trial.to_dict())
         self.groups[group_id] = _Group(stream=index, members=members)
 
     # -- state -----------------------------------------------------------------------------

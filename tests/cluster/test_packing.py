@@ -26,6 +26,7 @@ from cluster.packing import (
 )
 from cluster.vram_table import VramTable, profile_key
 from tests.cluster.test_vram_table import fake_profile
+from trainables.config import TrainConfig, TrialConfig
 
 GiB = 2**30
 MiB = 2**20
@@ -105,11 +106,13 @@ def trial_config(**extra: Any) -> dict[str, Any]:
     }
 
 
-def _seeded_table(tmp_path: Path, peak_mib: int) -> tuple[VramTable, dict[str, Any]]:
-    from trainables.trial import trial_train_config
+def train_config(**extra: Any) -> TrainConfig:
+    return TrialConfig.from_dict(trial_config(**extra)).train_config()
 
+
+def _seeded_table(tmp_path: Path, peak_mib: int) -> tuple[VramTable, dict[str, Any]]:
     table = VramTable(tmp_path / "vram.json")
-    key = profile_key(trial_train_config(trial_config()), torch.device("cpu"), "estimate")
+    key = profile_key(train_config(), torch.device("cpu"), "estimate")
     table.put(key, fake_profile(peak_mib=peak_mib))
     return table, key
 
@@ -120,9 +123,9 @@ def test_trial_fraction_from_the_table_with_oom_boost_and_floor(
     monkeypatch.setenv("HPO_GPU_TOTAL_GB", "80")
     table, key = _seeded_table(tmp_path, peak_mib=10 * 1024)
 
-    def fraction(**extra: Any) -> float:
+    def fraction(floor: float = 0.0, **extra: Any) -> float:
         return gpu_fraction_for_trial(
-            trial_config(**extra), headroom=0.15, table=table, mode="estimate"
+            train_config(**extra), headroom=0.15, floor=floor, table=table, mode="estimate"
         )
 
     assert fraction() == 0.15  # (10 * 1.15 + 0.5) / 80
@@ -130,8 +133,12 @@ def test_trial_fraction_from_the_table_with_oom_boost_and_floor(
     assert table.measurements == 0  # found in the table: nothing profiled
     table.record_oom(key)  # headroom doubles: (10 * 1.3 + 0.5) / 80 = 0.16875 -> 0.2
     assert fraction() == 0.2
-    assert fraction(**{RETRY_FLOOR_KEY: 0.35}) == 0.35
-    metrics = trial_memory_metrics(trial_config(), 0.2, table=table, mode="estimate")
+    assert fraction(floor=0.35) == 0.35
+    # The Tune trial dict (what hpo.sweep's resources callable holds) decodes to the same,
+    # floor included.
+    as_dict = trial_config(**{RETRY_FLOOR_KEY: 0.35})
+    assert gpu_fraction_for_trial(as_dict, table=table, mode="estimate") == 0.35
+    metrics = trial_memory_metrics(train_config(), 0.2, table=table, mode="estimate")
     assert metrics["vram_gpu_fraction"] == 0.2
     assert metrics["vram_predicted_peak_mb"] == 10 * 1024
     assert metrics["vram_predicted_total_mb"] == 10 * 1024 + 512
@@ -142,14 +149,12 @@ def test_retry_after_oom_grows_the_fraction(
 ) -> None:
     monkeypatch.setenv("HPO_GPU_TOTAL_GB", "80")
     table = VramTable(tmp_path / "vram.json")
-    config = trial_config()
+    config = train_config()
     first = gpu_fraction_for_trial(config, table=table, mode="estimate")
     assert first == 0.05 and table.measurements == 1  # a tiny TFT: one grid step
     retry = retry_fraction_after_oom(config, first, table=table, mode="estimate")
     assert retry == 0.1  # at least one grid step more
-    from trainables.trial import trial_train_config
-
-    key = profile_key(trial_train_config(config), torch.device("cpu"), "estimate")
+    key = profile_key(config, torch.device("cpu"), "estimate")
     assert table.oom_count(key) == 1
     with pytest.raises(TrialDoesNotFit, match="whole GPU"):
         retry_fraction_after_oom(config, 1.0, table=table, mode="estimate")

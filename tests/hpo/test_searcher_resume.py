@@ -27,6 +27,7 @@ import optuna
 import pytest
 
 import models
+from hpo.search.param_searcher import KINDS, ParamSearcher, make_param_searcher
 from hpo.search.space import TRAINER_SPACE, trial_space
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SweepSpec, parse_spec
@@ -266,6 +267,39 @@ def test_restore_rejects_another_version(tmp_path: Path) -> None:
     path.write_text(json.dumps(state))
     with pytest.raises(ValueError, match="version"):
         SweepSearcher(_spec("pso")).restore(str(path))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_param_searcher_keeps_the_protocol(kind: str) -> None:
+    """The ParamSearcher contract, the same for every kind: a failed tell counts but is
+    never best, a second tell of a token is ignored, best is the best told value, and a
+    fresh searcher loaded from ``state()`` (JSON) asks exactly what the original asks."""
+    space = trial_space("kan", {"depth": 1, "spline_order": 3})
+    searcher = make_param_searcher(kind, space, seed=5)
+    assert isinstance(searcher, ParamSearcher)
+    asked = {f"g{i}": searcher.ask(f"g{i}") for i in range(6)}
+    assert all(set(p) == set(space.dims) for p in asked.values())
+    assert searcher.best() is None
+    searcher.tell("g0", None)
+    searcher.tell("g1", math.nan)
+    assert searcher.n_told == 2 and searcher.best() is None
+    values = {"g2": 0.5, "g3": 2.0, "g4": -1.0}
+    for token, value in values.items():
+        searcher.tell(token, value)
+    searcher.tell("g3", 9.0)  # already told: ignored
+    assert searcher.n_told == 5
+    assert searcher.best() == (asked["g3"], 2.0)
+    clone = make_param_searcher(kind, space, seed=999)  # everything must come from the state
+    clone.load_state(json.loads(json.dumps(searcher.state())))
+    assert clone.n_told == 5 and clone.best() == searcher.best()
+    clone.tell("g5", 1.0)  # the outstanding token survived the round trip
+    searcher.tell("g5", 1.0)
+    assert [clone.ask(f"n{i}") for i in range(4)] == [searcher.ask(f"n{i}") for i in range(4)]
+
+
+def test_unknown_search_kind_names_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown search algorithm 'grid'; allowed: \['tpe'"):
+        make_param_searcher("grid", trial_space("kan"), seed=0)
 
 
 # -- compare mode ------------------------------------------------------------------------------
