@@ -2,22 +2,37 @@
 
 Two questions are answered here, and they are kept apart on purpose:
 
-1. *Does precision change out-of-sample Sharpe?* A comparison run is paired (every sampled
-   configuration and seed runs once per precision), so the primary evidence is the
-   per-pair difference ``b - a``: a Wilcoxon signed-rank test and a BCa bootstrap CI of
-   the median difference (:func:`compare_paired`). Mann-Whitney U and two-sample KS
-   ignore the pairing and are reported as descriptive checks of the two distributions.
+1. *Is bf16 as good as f32?* A comparison run is paired (every sampled configuration runs
+   once per precision; its seeds are averaged by the caller), so the evidence is the
+   per-configuration difference ``d = bf16 - f32``:
+
+   - :func:`paired_signed_rank_test`: Wilcoxon signed-rank, zeros dropped, exact up to 50
+     non-zero differences (ties included), and which method gave the p-value;
+   - :func:`hodges_lehmann_interval` / :func:`hodges_lehmann`: the estimate and exact CI
+     that invert that test, with the confidence actually achieved at small n;
+   - :func:`equivalence_test`: the answer, a TOST verdict against a pre-set margin
+     ("equivalent", "bf16 worse", "bf16 better", "inconclusive" + pairs still needed);
+   - :func:`sharpe_difference_test`: per pair, the two members' return series over the
+     same bars (Jobson-Korkie-Memmel, Ledoit-Wolf HAC).
+
+   :func:`compare_paired` bundles the cross-pair numbers; its Mann-Whitney U, KS and BCa
+   bootstrap median CI are descriptive only (they ignore the pairing or under-cover).
 2. *Is the best trial's Sharpe better than luck?* The Probabilistic Sharpe Ratio (Bailey &
-   López de Prado 2012) and the Deflated Sharpe Ratio (Bailey & López de Prado 2014),
-   which benchmarks against the expected maximum Sharpe of ``n_trials`` unskilled trials.
+   López de Prado 2012), the Deflated Sharpe Ratio (Bailey & López de Prado 2014), which
+   benchmarks against the expected maximum Sharpe of ``n_trials`` unskilled trials, the
+   Minimum Track Record Length (:func:`min_track_record_length`) and the Probability of
+   Backtest Overfitting by CSCV (:func:`probability_of_backtest_overfitting`).
 
 Units: every Sharpe ratio taken by the PSR/DSR functions is *per period* (not annualised),
 ``n_obs`` counts those periods, and ``kurtosis`` is *raw* (non-excess; normal = 3). An
 annualised Sharpe must be divided by ``sqrt(periods_per_year)`` and an annualised Sharpe
 variance by ``periods_per_year`` first; otherwise the PSR saturates at 1.
 
-All distribution functions and tests come from :mod:`scipy.stats`; nothing that scipy
-provides is re-derived here.
+Distribution functions and tests come from :mod:`scipy.stats` where it has them. Two
+things scipy lacks are written here: the exact signed-rank null distribution *with ties*
+and its quantiles (for the Hodges-Lehmann interval), a knapsack count of sign patterns
+checked against 2^n enumeration in the tests; and the HAC covariance of the Ledoit-Wolf
+test (no statsmodels dependency).
 """
 
 from __future__ import annotations
@@ -1034,13 +1049,28 @@ class PairedComparison:
     median_difference: float
     """Median of ``b - a``: the point estimate that the CI brackets."""
     wilcoxon_statistic: float
-    """``scipy.stats.wilcoxon(b - a).statistic`` (zero differences dropped, 'wilcox')."""
+    """``min(T+, T-)`` of the non-zero differences (scipy's two-sided statistic)."""
     wilcoxon_pvalue: float
-    """Two-sided p-value of the Wilcoxon signed-rank test of a zero median difference."""
+    """Two-sided p-value of :func:`paired_signed_rank_test` on ``b - a``: zero differences
+    dropped, exact distribution of the rest up to 50 of them."""
+    wilcoxon_method: str
+    """"exact" or "normal": which null distribution gave ``wilcoxon_pvalue`` ("" if none)."""
+    wilcoxon_n_nonzero: int
+    """Non-zero differences that entered the Wilcoxon test."""
     ci_low: float
-    """Lower end of the BCa bootstrap CI of the median of ``b - a``."""
+    """Lower end of the BCa bootstrap CI of the median of ``b - a``. Descriptive: it covers
+    far less than ``confidence`` at small n; ``hl_low``/``hl_high`` is the interval to use."""
     ci_high: float
-    """Upper end of the BCa bootstrap CI of the median of ``b - a``."""
+    """Upper end of the BCa bootstrap CI of the median of ``b - a`` (descriptive)."""
+    hl_estimate: float
+    """Hodges-Lehmann estimate of the centre of ``b - a`` (:func:`hodges_lehmann_interval`)."""
+    hl_low: float
+    """Lower end of the exact signed-rank (Hodges-Lehmann) CI, matching the Wilcoxon test."""
+    hl_high: float
+    """Upper end of the Hodges-Lehmann CI."""
+    hl_confidence: float
+    """Confidence the Hodges-Lehmann CI achieves (discrete at small n; below ``confidence``
+    when n is too small to reach it, e.g. 87.5% at n = 4 for 95%)."""
     confidence: float
     """Confidence level of the CI."""
     n_resamples: int
@@ -1143,10 +1173,16 @@ def compare_paired(
         confidence: Confidence level of the CI, in (0, 1).
         seed: Seed of the bootstrap generator, so a report is reproducible.
 
+    The Wilcoxon p-value is :func:`paired_signed_rank_test`'s (zeros dropped, exact up to
+    50 non-zero differences); the Hodges-Lehmann interval (``hl_*``) is the CI to report,
+    with ``hl_confidence`` its achieved confidence (a note says when the requested one is
+    out of reach at this n). The BCa bootstrap CI (``ci_low``/``ci_high``) stays as a
+    descriptive number.
+
     Returns:
-        A :class:`PairedComparison`. With fewer than 2 usable pairs the tests and the CI
+        A :class:`PairedComparison`. With fewer than 2 usable pairs the tests and the CIs
         are NaN with the note "too few pairs"; with all differences zero the Wilcoxon
-        p-value is 1.0 (no evidence of a difference) and the CI is the point 0.
+        p-value is 1.0 (no evidence of a difference) and the CIs are the point 0.
 
     Raises:
         ValueError: if ``a`` and ``b`` differ in length or are not 1-D, or on a bad
@@ -1185,13 +1221,17 @@ def compare_paired(
     median_diff = float(np.median(diff)) if n_used else nan
 
     w_stat = w_p = ci_low = ci_high = mw_stat = mw_p = ks_stat = ks_p = nan
+    hl_estimate = hl_low = hl_high = hl_confidence = nan
+    w_method, w_nonzero = "", 0
     if n_used < _MIN_PAIRS:
         notes.append(
             f"too few pairs: {n_used} finite pair(s), at least {_MIN_PAIRS} needed for the "
             "tests and the CI; reported as NaN"
         )
     else:
-        n_nonzero = int(np.count_nonzero(diff))
+        signed_rank = paired_signed_rank_test(diff)
+        n_nonzero = signed_rank.n_nonzero
+        w_method, w_nonzero = signed_rank.method, n_nonzero
         if n_nonzero == 0:
             w_stat, w_p = 0.0, 1.0
             notes.append(
@@ -1199,12 +1239,14 @@ def compare_paired(
                 "statistic 0 and p-value set to 1.0"
             )
         else:
-            wilcoxon = stats.wilcoxon(diff)
-            w_stat, w_p = float(wilcoxon.statistic), float(wilcoxon.pvalue)
+            t_total = n_nonzero * (n_nonzero + 1) / 2.0  # sum of the (mid)ranks
+            w_stat = min(signed_rank.statistic, t_total - signed_rank.statistic)
+            w_p = signed_rank.pvalue
             if n_nonzero < n_used:
                 notes.append(
                     f"Wilcoxon dropped {n_used - n_nonzero} zero difference(s) "
-                    "(zero_method='wilcox')"
+                    f"(zero_method='wilcox'); {signed_rank.method} p-value of the "
+                    f"{n_nonzero} non-zero one(s)"
                 )
             if n_nonzero < 6:
                 # The exact two-sided p-value is at least 2 / 2**n (0.0625 for n = 5), so
@@ -1213,6 +1255,13 @@ def compare_paired(
                     f"only {n_nonzero} non-zero difference(s): the Wilcoxon test has almost "
                     f"no power (exact two-sided p-value >= {2.0 / 2.0**n_nonzero:.4g})"
                 )
+        hl = hodges_lehmann_interval(diff, confidence)
+        hl_estimate, hl_low, hl_high, hl_confidence = hl.estimate, hl.low, hl.high, hl.confidence
+        if not hl.achieved:
+            notes.append(
+                f"a {confidence:.0%} Hodges-Lehmann CI is not achievable with {n_used} pairs: "
+                f"the widest one, [min, max], is reported; it covers {hl.confidence:.1%}"
+            )
         ci_low, ci_high = _median_ci(diff, n_resamples, confidence, seed, notes)
         mannwhitney = stats.mannwhitneyu(xa, yb, alternative="two-sided")
         mw_stat, mw_p = float(mannwhitney.statistic), float(mannwhitney.pvalue)
@@ -1232,8 +1281,14 @@ def compare_paired(
         median_difference=median_diff,
         wilcoxon_statistic=w_stat,
         wilcoxon_pvalue=w_p,
+        wilcoxon_method=w_method,
+        wilcoxon_n_nonzero=w_nonzero,
         ci_low=ci_low,
         ci_high=ci_high,
+        hl_estimate=hl_estimate,
+        hl_low=hl_low,
+        hl_high=hl_high,
+        hl_confidence=hl_confidence,
         confidence=confidence,
         n_resamples=n_resamples,
         mannwhitney_statistic=mw_stat,

@@ -53,7 +53,7 @@ def phi_inv(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
-def psr_reference(sr: float, sr_b: float, n_obs: int, skew: float, kurt: float) -> float:
+def psr_reference(sr: float, sr_b: float, n_obs: float, skew: float, kurt: float) -> float:
     return phi(
         (sr - sr_b) * math.sqrt(n_obs - 1) / math.sqrt(1 - skew * sr + (kurt - 1) / 4 * sr**2)
     )
@@ -868,3 +868,29 @@ def test_min_track_record_length_edges() -> None:
         min_track_record_length(0.1, 0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match="confidence"):
         min_track_record_length(0.1, 0.0, 0.0, 3.0, confidence=1.5)
+
+
+# --- compare_paired uses the exact signed-rank test and reports the HL interval -----------
+
+
+def test_compare_paired_drops_zero_differences_for_the_exact_wilcoxon() -> None:
+    f32 = [0.01 * i for i in range(20)]
+    bf16 = f32[:15] + [
+        x + dx for x, dx in zip(f32[15:], (0.125, 0.25, 0.375, 0.5, 0.625), strict=True)
+    ]
+    result = compare_paired(f32, bf16, n_resamples=500)
+    d = np.array(bf16) - np.array(f32)
+    assert result.wilcoxon_pvalue == 0.0625  # scipy's default on d: 0.043
+    assert result.wilcoxon_method == "exact"
+    assert result.wilcoxon_n_nonzero == 5
+    assert result.wilcoxon_statistic == 0.0  # min(T+, T-), scipy's two-sided statistic
+    hl = hodges_lehmann_interval(d, 0.95)
+    assert (result.hl_estimate, result.hl_low, result.hl_high) == (hl.estimate, hl.low, hl.high)
+    assert result.hl_confidence == hl.confidence
+    assert any("dropped 15 zero" in note for note in result.notes)
+
+
+def test_compare_paired_small_n_states_the_achieved_hl_confidence() -> None:
+    result = compare_paired([0.1, 0.2, 0.3, 0.4], [0.12, 0.19, 0.35, 0.38], n_resamples=500)
+    assert result.hl_confidence == 0.875
+    assert any("87.5%" in note and "95%" in note for note in result.notes)
