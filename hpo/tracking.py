@@ -12,9 +12,12 @@
   a resumed trial continues its own run; metric points already logged for an epoch are
   not logged twice.
 * Tune's event loop never waits for MLflow: calls are queued and sent in order by one
-  background thread. Nothing is lost when the tracking server is briefly away: a failed
-  call is retried with backoff before anything newer, and the sweep's end waits for the
-  queue to drain.
+  background thread. Nothing is lost when the tracking server is briefly away: a call that
+  failed on the connection or the server's side (:func:`may_succeed_later`) is retried with
+  backoff before anything newer, and the sweep's end waits for the queue to drain. A call
+  the server rejects (an invalid value, a missing run) can never succeed: it is logged and
+  dropped, counted on the parent run (metric ``hpo.dropped_writes``, tag
+  ``hpo.last_dropped_write``), so one bad write does not hold back every later one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
@@ -50,6 +54,22 @@ TAG_NODE_IP = "node_ip"
 TAG_STATUS = "trial_status"
 TAG_FAILURE = "failure_reason"
 ROLE_SWEEP, ROLE_TRIAL = "sweep", "trial"
+METRIC_DROPPED = "hpo.dropped_writes"  # parent run: calls the store rejected, so far
+TAG_LAST_DROPPED = "hpo.last_dropped_write"
+
+# MLflow error codes of a server that is away, overloaded or failing inside (HTTP 5xx and
+# 429; SQLite's "database is locked" arrives as TEMPORARILY_UNAVAILABLE): the same call
+# may succeed later. Every other code (INVALID_PARAMETER_VALUE, RESOURCE_DOES_NOT_EXIST,
+# NOT_IMPLEMENTED, ...) is the server refusing this call, now and on every retry.
+_TRANSIENT_CODES = frozenset(
+    {
+        "INTERNAL_ERROR",
+        "TEMPORARILY_UNAVAILABLE",
+        "DEADLINE_EXCEEDED",
+        "REQUEST_LIMIT_EXCEEDED",
+        "RESOURCE_EXHAUSTED",
+    }
+)
 
 # Keys of a Tune result that are bookkeeping, not metrics.
 _NOT_METRICS = frozenset(
@@ -130,14 +150,41 @@ def start_sweep_run(
     return run.info.run_id
 
 
+def may_succeed_later(exc: BaseException) -> bool:
+    """Whether a failed MLflow call is worth sending again: the network or the server
+    failed (connection refused or reset, a timeout, HTTP 5xx/429, a locked SQLite file),
+    not the call itself. MLflow wraps a ``requests`` failure in an MlflowException with
+    INTERNAL_ERROR, which counts as transient either way."""
+    if isinstance(exc, MlflowException):
+        return exc.error_code in _TRANSIENT_CODES
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        # requests' ConnectionError and Timeout are OSErrors, as are socket errors.
+        if isinstance(cause, OSError):
+            return True
+        if type(cause).__name__ == "OperationalError" and "database is locked" in str(cause):
+            return True  # sqlite3's or SQLAlchemy's, when not wrapped by MLflow
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 class _Outbox:
     """MLflow calls sent in order by one background thread, so that the tracking store's
-    latency (or absence) never holds up Tune's event loop. A call that fails is retried,
-    with backoff, before anything newer is sent; ``pending`` holds every call not yet
-    through, the one being tried included."""
+    latency (or absence) never holds up Tune's event loop. A call that fails in a way that
+    may pass later is retried, with backoff, before anything newer is sent; a call the
+    store rejects is dropped and handed to ``on_drop``. ``pending`` holds every call not
+    yet through, the one being tried included."""
 
-    def __init__(self, max_backoff_s: float = 30.0) -> None:
-        self.pending: deque[tuple[str, Callable[[], object]]] = deque()
+    def __init__(
+        self,
+        max_backoff_s: float = 30.0,
+        on_drop: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        self.pending: deque[tuple[str, Callable[[], object], bool]] = deque()
+        self.dropped: list[tuple[str, str]] = []  # (what, error) of every dropped call
+        self.on_drop = on_drop
         self.max_backoff_s = max_backoff_s
         self._changed = threading.Condition()
         self._retry_now = threading.Event()
@@ -145,9 +192,11 @@ class _Outbox:
         self._thread = threading.Thread(target=self._send_all, name="hpo-mlflow", daemon=True)
         self._thread.start()
 
-    def send(self, what: str, call: Callable[[], object]) -> None:
+    def send(self, what: str, call: Callable[[], object], *, report_drop: bool = True) -> None:
+        """Queue ``call``; ``report_drop=False`` for the drop report itself (no report of
+        a report)."""
         with self._changed:
-            self.pending.append((what, call))
+            self.pending.append((what, call, report_drop))
             self._changed.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
@@ -178,17 +227,31 @@ class _Outbox:
                     self._changed.wait()
                 if self._closed:
                     return
-                what, call = self.pending[0]
+                what, call, report_drop = self.pending[0]
             try:
                 call()
             except Exception as exc:
+                if may_succeed_later(exc):
+                    log.warning(
+                        "MLflow unavailable (%s), %d call(s) buffered: %s",
+                        what,
+                        len(self.pending),
+                        exc,
+                    )
+                    self._retry_now.wait(backoff)
+                    self._retry_now.clear()
+                    backoff = min(backoff * 2, self.max_backoff_s)
+                    continue
+                self.dropped.append((what, f"{type(exc).__name__}: {exc}"))
                 log.warning(
-                    "MLflow unavailable (%s), %d call(s) buffered: %s", what, len(self.pending), exc
+                    "MLflow rejected %s; dropped it (%d dropped so far): %s",
+                    what,
+                    len(self.dropped),
+                    exc,
+                    exc_info=not isinstance(exc, MlflowException),  # our bug: show where
                 )
-                self._retry_now.wait(backoff)
-                self._retry_now.clear()
-                backoff = min(backoff * 2, self.max_backoff_s)
-                continue
+                if report_drop and self.on_drop is not None:
+                    self.on_drop(what, exc)
             with self._changed:
                 self.pending.popleft()
                 self._changed.notify_all()
@@ -221,7 +284,7 @@ class MlflowSweepCallback(Callback):
         self._orphans_checked = False
         self.client = MlflowClient(self.tracking_uri)
         self.experiment_id: str | None = None
-        self.outbox = _Outbox()
+        self.outbox = _Outbox(on_drop=self._report_drop)
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
@@ -313,6 +376,21 @@ class MlflowSweepCallback(Callback):
         """Wait for every queued MLflow call to go through; False if some are still queued."""
         return self.outbox.flush(timeout_s)
 
+    def _report_drop(self, what: str, exc: BaseException) -> None:
+        """Count a dropped call on the parent run, where the sweep's reader looks."""
+        count = len(self.outbox.dropped)
+        note = f"{what}: {type(exc).__name__}: {exc}"[:5000]
+
+        def report() -> None:
+            stamp = int(time.time() * 1000)
+            self.client.log_batch(
+                self.parent_run_id,
+                metrics=[Metric(METRIC_DROPPED, float(count), stamp, count)],
+                tags=[RunTag(TAG_LAST_DROPPED, note)],
+            )
+
+        self.outbox.send(f"count of dropped writes ({count})", report, report_drop=False)
+
     # -- runs ------------------------------------------------------------------------------
     def _ensure_run(self, trial: Any) -> None:
         """Queue finding (after a restore) or creating the trial's child run, once."""
@@ -333,26 +411,31 @@ class MlflowSweepCallback(Callback):
             logged = self._logged_epochs(run_id)
             self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
             self.client.update_run(run_id, status="RUNNING")
-            self.run_ids[trial_id] = run_id
-            return
-        tags = {
-            TAG_PARENT: self.parent_run_id,
-            TAG_ROLE: ROLE_TRIAL,
-            TAG_SWEEP: self.sweep_name,
-            TAG_MODEL: config["model"],
-            TAG_PRECISION: config["precision"],
-            TAG_SEED: str(config["seed"]),
-            TAG_PAIR: config["pair_id"],
-            TAG_GROUP: config["group_id"],
-            TAG_TRIAL: trial_id,
-            TAG_FELL_BACK: "false",
-            TAG_STATUS: "running",
-        }
-        run = self.client.create_run(self.experiment_id, run_name=trial_run_name(config), tags=tags)
+        else:
+            tags = {
+                TAG_PARENT: self.parent_run_id,
+                TAG_ROLE: ROLE_TRIAL,
+                TAG_SWEEP: self.sweep_name,
+                TAG_MODEL: config["model"],
+                TAG_PRECISION: config["precision"],
+                TAG_SEED: str(config["seed"]),
+                TAG_PAIR: config["pair_id"],
+                TAG_GROUP: config["group_id"],
+                TAG_TRIAL: trial_id,
+                TAG_FELL_BACK: "false",
+                TAG_STATUS: "running",
+            }
+            run = self.client.create_run(
+                self.experiment_id, run_name=trial_run_name(config), tags=tags
+            )
+            run_id = run.info.run_id
+            self.last_epoch[trial_id] = 0
+        self.run_ids[trial_id] = run_id
+        # Params last, and on a reopened run too (MLflow accepts a param logged again with
+        # its value): a retry after a failure here still logs them, and a rejected param
+        # leaves the run known, so the trial's metrics still land.
         params = [Param(k, v) for k, v in trial_params(config).items()]
-        self.client.log_batch(run.info.run_id, params=params)
-        self.run_ids[trial_id] = run.info.run_id
-        self.last_epoch[trial_id] = 0
+        self.client.log_batch(run_id, params=params)
 
     def _delete_orphans(self, known: set[str]) -> None:
         """Child runs of trials the resumed sweep does not know: a driver killed between

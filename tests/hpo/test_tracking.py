@@ -1,12 +1,17 @@
 """The MLflow tracking callback without Ray: child runs, epochs logged once, buffered
-retries while the store is away, no secrets in params."""
+retries while the store is away, rejected writes dropped and counted, no secrets in params."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+import requests
+from mlflow.exceptions import MlflowException, RestException
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 
 from hpo.tracking import MlflowSweepCallback, start_sweep_run, trial_params
@@ -146,3 +151,103 @@ def test_no_credentials_in_params(mlflow_uri: str) -> None:
     assert not any("token" in k or "secret" in k for k in params)
     _, client, parent = _setup(mlflow_uri)
     assert "api_token" not in client.get_run(parent).data.params
+
+
+def _rejected(code: str = "INVALID_PARAMETER_VALUE") -> RestException:
+    """What an MLflow server answers a call it refuses (HTTP 4xx with an error code)."""
+    return RestException({"error_code": code, "message": "Got invalid value nan for metric"})
+
+
+def test_a_rejected_write_is_dropped_and_counted_and_later_writes_land(mlflow_uri: str) -> None:
+    callback, client, parent = _setup(mlflow_uri)
+    trial = _trial("t8")
+    callback.on_trial_start(0, [], trial)
+    assert callback.flush()
+    real = callback.client.log_batch
+
+    def rejecting(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> Any:
+        if any(m.key == "val_sharpe" and m.step == 2 for m in metrics):
+            raise _rejected()
+        return real(run_id, metrics=metrics, params=params, tags=tags)
+
+    callback.client.log_batch = rejecting  # type: ignore[method-assign]
+    for epoch in (1, 2, 3):
+        callback.on_trial_result(0, [], trial, {"epoch": epoch, "val_sharpe": float(epoch)})
+    trial.last_result = {"epoch": 3}
+    callback.on_trial_complete(0, [], trial)
+    # Before: the rejected epoch-2 call was retried forever and held back epoch 3 and the
+    # trial's closing, so this flush timed out.
+    assert callback.flush(timeout_s=20)
+    run_id = callback.run_ids["t8"]
+    assert [m.step for m in client.get_metric_history(run_id, "val_sharpe")] == [1, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    parent_run = client.get_run(parent)
+    assert parent_run.data.metrics["hpo.dropped_writes"] == 1.0
+    assert parent_run.data.tags["hpo.last_dropped_write"].startswith("metrics of t8 epoch 2:")
+
+
+def test_the_outbox_retries_transient_failures_in_order_and_drops_rejections() -> None:
+    from hpo.tracking import _Outbox
+
+    sent: list[str] = []
+    transient = {
+        "b": [
+            requests.ConnectionError("connection refused"),
+            MlflowException("database is locked", error_code=TEMPORARILY_UNAVAILABLE),
+        ]
+    }
+
+    def call(name: str) -> Any:
+        def run() -> None:
+            if transient.get(name):
+                raise transient[name].pop(0)
+            if name == "a":
+                raise _rejected("RESOURCE_DOES_NOT_EXIST")
+            sent.append(name)
+
+        return run
+
+    reported: list[str] = []
+    outbox = _Outbox(on_drop=lambda what, exc: reported.append(what))
+    for name in "abc":
+        outbox.send(name, call(name))
+    assert outbox.flush(timeout_s=20)
+    outbox.close()
+    assert sent == ["b", "c"]  # b after its two retries, c only after b
+    assert reported == ["a"] and [what for what, _ in outbox.dropped] == ["a"]
+
+
+def _raised_from(cause: BaseException) -> MlflowException:
+    """MLflow's REST client wraps a requests failure into a plain MlflowException."""
+    try:
+        try:
+            raise cause
+        except Exception as exc:
+            raise MlflowException(f"API request failed with exception {exc}") from exc
+    except MlflowException as wrapped:
+        return wrapped
+
+
+@pytest.mark.parametrize(
+    ("exc", "retry"),
+    [
+        (requests.ConnectionError("refused"), True),
+        (requests.Timeout("read timed out"), True),
+        (ConnectionResetError("reset by peer"), True),
+        (_raised_from(requests.ConnectionError("refused")), True),
+        (MlflowException("locked", error_code=TEMPORARILY_UNAVAILABLE), True),
+        (_rejected("INTERNAL_ERROR"), True),
+        (_rejected("REQUEST_LIMIT_EXCEEDED"), True),
+        (sqlite3.OperationalError("database is locked"), True),
+        (_rejected("INVALID_PARAMETER_VALUE"), False),
+        (_rejected("RESOURCE_DOES_NOT_EXIST"), False),
+        (_rejected("BAD_REQUEST"), False),
+        (_rejected("NOT_IMPLEMENTED"), False),
+        (sqlite3.OperationalError("no such column: x"), False),
+        (KeyError("t9"), False),
+    ],
+)
+def test_which_failures_are_retried(exc: BaseException, retry: bool) -> None:
+    from hpo.tracking import may_succeed_later
+
+    assert may_succeed_later(exc) is retry
