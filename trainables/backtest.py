@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BacktestResult", "backtest"]
+__all__ = ["BacktestResult", "backtest", "sharpe_ratio", "volatility"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,10 +169,8 @@ def backtest(
 
     ann = math.sqrt(periods_per_year)
     mean_return = float(r.mean())
-    # An exactly constant series can still give std ~1e-19 from the rounding of its mean,
-    # which would turn Sharpe into +-1e17; test constancy directly instead.
-    volatility = 0.0 if np.all(r == r[0]) else float(r.std(ddof=1))
-    sharpe = mean_return / volatility * ann if volatility > 0.0 else 0.0
+    vol = volatility(r)
+    sharpe = sharpe_ratio(r, periods_per_year)
 
     downside = math.sqrt(float(np.mean(np.minimum(r, 0.0) ** 2)))
     sortino = mean_return / downside * ann if downside > 0.0 else 0.0
@@ -194,7 +192,27 @@ def backtest(
         turnover=turnover,
         hit_rate=hit_rate,
         mean_return=mean_return,
-        volatility=volatility,
+        volatility=vol,
         n_periods=n_periods,
         returns=r,
     )
+
+
+def volatility(returns: np.ndarray) -> float:
+    """Per-period standard deviation (ddof=1) of returns (T,); exactly 0.0 when they are
+    constant or fewer than two."""
+    r = np.asarray(returns, dtype=np.float64)
+    # An exactly constant series can still give std ~1e-19 from the rounding of its mean,
+    # which would turn Sharpe into +-1e17; test constancy directly instead.
+    if r.size < 2 or np.all(r == r[0]):
+        return 0.0
+    return float(r.std(ddof=1))
+
+
+def sharpe_ratio(returns: np.ndarray, periods_per_year: float = 252.0) -> float:
+    """Annualised Sharpe of per-period returns (T,): ``mean / std(ddof=1) * sqrt(ppy)``,
+    0.0 when :func:`volatility` is 0 (see the module docstring). The one Sharpe formula:
+    :func:`backtest` and the trainer's joined validation Sharpe both use it."""
+    r = np.asarray(returns, dtype=np.float64)
+    vol = volatility(r)
+    return float(r.mean()) / vol * math.sqrt(float(periods_per_year)) if vol > 0.0 else 0.0
