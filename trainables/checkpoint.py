@@ -6,39 +6,60 @@ A checkpoint is one directory::
     optim.safetensors   optimizer moments (f32), Kahan compensation, loss scale, counters
     state.safetensors   the rest of the resumable state: replay buffers, environment
                         cursors, RNG generator states (tensors)
-    meta.json           schema version, family, precision, epoch, step, config, metric
-                        history, torch RNG states (base64) and a SHA-256 of each file
+    returns.csv         the epoch's out-of-sample return series (split, fold, timestamp,
+                        return), for the comparison statistics; not needed to resume
+    meta.json           schema version, family, effective precision, epoch, step, config,
+                        metric history, default RNG states (base64), the device type the
+                        generator states come from, and a SHA-256 of each file
 
 Loading a checkpoint cannot execute code: safetensors holds raw tensors and JSON holds
 data. ``meta.json`` is written last and lists the checksums, so a directory whose meta
 is missing, unparsable or disagrees with its files is not a checkpoint; together with
 the temp-directory + rename in :func:`save_checkpoint`, a crash mid-save never leaves a
-half checkpoint as the newest one.
+half checkpoint as the newest one. Checksums are mandatory from schema 2 on; a schema-1
+checkpoint without them still loads, unverified, with an
+:class:`UnverifiedCheckpointWarning`.
+
+Generator states are device-shaped (a CPU Mersenne Twister is 5056 bytes, a CUDA Philox
+generator 16: seed and offset). Every state tensor whose key ends in ``generator`` is one,
+and :func:`portable_generator_states` makes them loadable on any device: on the device
+type they were saved on they are restored as they are (resume is bit-exact); on another
+one the generator is seeded from a hash of the saved state, so the trial continues
+deterministically (the same checkpoint gives the same numbers) but, necessarily, with
+another random stream: a CPU and a CUDA generator draw different numbers from any state.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: checksums mandatory, ``rng_device`` / ``cuda_rng`` in meta, ``returns.csv``."""
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 WEIGHTS_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
 STATE_FILE = "state.safetensors"
+RETURNS_FILE = "returns.csv"
 META_FILE = "meta.json"
 TENSOR_FILES = (WEIGHTS_FILE, OPTIM_FILE, STATE_FILE)
+GENERATOR_KEY = "generator"  # last component of every generator-state key in state.safetensors
+RETURNS_COLUMNS = ("split", "fold", "timestamp", "return")
 EPOCH_DIR = re.compile(r"^epoch_(\d{4,})$")
 
 
@@ -49,6 +70,10 @@ class CheckpointError(RuntimeError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class UnverifiedCheckpointWarning(UserWarning):
+    """A schema-1 checkpoint without checksums was loaded without verifying its files."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +99,13 @@ def save_checkpoint(
     optim: Mapping[str, torch.Tensor],
     state: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any],
+    files: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write a checkpoint to ``directory`` atomically (a temp sibling renamed into place)."""
+    """Write a checkpoint to ``directory`` atomically (a temp sibling renamed into place).
+
+    ``files`` are further text files (name -> content, e.g. :data:`RETURNS_FILE`), written
+    and checksummed like the tensor files.
+    """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -85,7 +115,12 @@ def save_checkpoint(
             path = tmp / name
             save_file(_contiguous_cpu(tensors), str(path))
             checksums[name] = _sha256(path)
-        full_meta = {"schema_version": SCHEMA_VERSION, **meta, "checksums": checksums}
+        for name, text in (files or {}).items():
+            if name in checksums or name == META_FILE or Path(name).name != name:
+                raise ValueError(f"cannot store an extra checkpoint file named {name!r}")
+            _write_text(tmp / name, text)
+            checksums[name] = _sha256(tmp / name)
+        full_meta = {**meta, "schema_version": SCHEMA_VERSION, "checksums": checksums}
         _write_json(tmp / META_FILE, full_meta)
         _fsync_dir(tmp)
         if directory.exists():  # re-saving the same epoch (a retried trial): replace it
@@ -101,7 +136,36 @@ def save_checkpoint(
 def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Checkpoint:
     """Read and verify a checkpoint; any problem raises :class:`CheckpointError` naming the file."""
     directory = Path(directory)
-    meta_path = directory / META_FILE
+    meta = read_meta(directory)
+    checksums = meta.get("checksums")
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for name in TENSOR_FILES:
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(path, "missing")
+        _verify(path, checksums)
+        try:
+            tensors[name] = load_file(str(path), device=str(device))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(path, f"unreadable safetensors file ({exc})") from exc
+    if checksums is not None:  # the other files it lists must be intact too
+        for name in set(checksums) - set(TENSOR_FILES):
+            path = directory / name
+            if not path.is_file():
+                raise CheckpointError(path, "missing (listed in meta.json)")
+            _verify(path, checksums)
+    return Checkpoint(
+        path=directory,
+        weights=tensors[WEIGHTS_FILE],
+        optim=tensors[OPTIM_FILE],
+        state=tensors[STATE_FILE],
+        meta=meta,
+    )
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """``meta.json`` of a checkpoint, schema-checked (checksums present where mandatory)."""
+    meta_path = Path(directory) / META_FILE
     if not meta_path.is_file():
         raise CheckpointError(
             meta_path, "missing (not a checkpoint directory, or an interrupted save)"
@@ -112,31 +176,31 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
         raise CheckpointError(meta_path, f"not valid JSON ({exc})") from exc
     if not isinstance(meta, dict):
         raise CheckpointError(meta_path, "expected a JSON object")
-    if meta.get("schema_version") != SCHEMA_VERSION:
+    version = meta.get("schema_version")
+    if version not in READABLE_SCHEMAS:
         raise CheckpointError(
             meta_path,
-            f"schema_version {meta.get('schema_version')!r}, this build reads {SCHEMA_VERSION}",
+            f"schema_version {version!r}, this build reads {list(READABLE_SCHEMAS)}",
         )
-    checksums = meta.get("checksums", {})
-    tensors: dict[str, dict[str, torch.Tensor]] = {}
-    for name in TENSOR_FILES:
-        path = directory / name
-        if not path.is_file():
-            raise CheckpointError(path, "missing")
-        expected = checksums.get(name)
-        if expected is not None and _sha256(path) != expected:
-            raise CheckpointError(path, "checksum mismatch (truncated or corrupted file)")
-        try:
-            tensors[name] = load_file(str(path), device=str(device))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(path, f"unreadable safetensors file ({exc})") from exc
-    return Checkpoint(
-        path=directory,
-        weights=tensors[WEIGHTS_FILE],
-        optim=tensors[OPTIM_FILE],
-        state=tensors[STATE_FILE],
-        meta=meta,
-    )
+    checksums = meta.get("checksums")
+    if checksums is None and version == 1:
+        warnings.warn(
+            f"{directory}: schema-1 checkpoint without checksums, its files are not verified",
+            UnverifiedCheckpointWarning,
+            stacklevel=3,
+        )
+    elif not isinstance(checksums, dict) or not set(TENSOR_FILES) <= set(checksums):
+        raise CheckpointError(
+            meta_path,
+            f"no checksums for {sorted(set(TENSOR_FILES) - set(checksums or {}))} "
+            f"(mandatory in schema {version}); the checkpoint cannot be verified",
+        )
+    return meta
+
+
+def _verify(path: Path, checksums: Mapping[str, str] | None) -> None:
+    if checksums is not None and _sha256(path) != checksums.get(path.name):
+        raise CheckpointError(path, "checksum mismatch (truncated or corrupted file)")
 
 
 def epoch_checkpoints(root: Path) -> list[Path]:
@@ -183,6 +247,122 @@ def file_size(directory: Path, name: str = WEIGHTS_FILE) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# generator states across devices
+
+
+def portable_generator_states(
+    state: Mapping[str, torch.Tensor],
+    device: torch.device | str,
+    saved_on: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """``state`` with every generator state (key ending in ``generator``) loadable on
+    ``device``.
+
+    A state of ``device``'s own kind is kept as it is (bit-exact resume). One of another
+    kind (``saved_on``, the device type recorded at save, differs, or its size is not
+    what ``device``'s generators hold) is replaced by the state of a generator seeded with
+    a hash of the saved bytes: deterministic, but a new stream, since a CPU and a CUDA
+    generator cannot produce each other's numbers.
+    """
+    device = torch.device(device)
+    native_size = torch.Generator(device=device).get_state().numel()
+    out = dict(state)
+    for key, saved in state.items():
+        if key.rsplit(".", 1)[-1] != GENERATOR_KEY:
+            continue
+        if saved.numel() == native_size and saved_on in (None, device.type):
+            continue
+        out[key] = derived_generator_state(saved, device)
+    return out
+
+
+def derived_generator_state(saved: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A ``device`` generator state seeded from a hash of ``saved`` (any device's state)."""
+    return torch.Generator(device=device).manual_seed(derived_seed(saved)).get_state()
+
+
+def derived_seed(saved: torch.Tensor) -> int:
+    raw = saved.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    digest = hashlib.sha256(b"foxhunt-generator:" + raw).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+# --------------------------------------------------------------------------------------
+# out-of-sample return series
+
+
+@dataclass(frozen=True)
+class ReturnSeries:
+    """A trial's out-of-sample returns of one epoch, one row per (split, fold, bar).
+
+    Validation rows come fold by fold, which is time order (walk-forward validation
+    windows follow each other): concatenated, they are the joined validation track whose
+    Sharpe is ``val_sharpe``. Test rows belong to the last fold's model.
+    """
+
+    split: np.ndarray  # (N,) str: "val" or "test"
+    fold: np.ndarray  # (N,) int64
+    timestamp: np.ndarray  # (N,) datetime64[ns], UTC: the bar the return was earned over
+    returns: np.ndarray  # (N,) float64
+
+    def select(self, split: str) -> np.ndarray:
+        return self.returns[self.split == split]
+
+
+def returns_csv(segments: Sequence[tuple[str, int, np.ndarray, np.ndarray]]) -> str:
+    """CSV text of ``(split, fold, timestamps (T,) datetime64, returns (T,))`` segments.
+
+    Timestamps are ISO-8601 UTC (``...Z``) at the coarsest unit that keeps them exact;
+    returns are written with ``repr``, which round-trips float64 exactly.
+    """
+    out = io.StringIO()
+    out.write(",".join(RETURNS_COLUMNS) + "\n")
+    for split, fold, stamps, values in segments:
+        if len(stamps) != len(values):
+            raise ValueError(
+                f"{split} fold {fold}: {len(stamps)} timestamps, {len(values)} returns"
+            )
+        stamps = np.asarray(stamps, dtype="datetime64[ns]")
+        text = np.datetime_as_string(stamps, unit=_exact_unit(stamps), timezone="UTC")
+        for stamp, value in zip(text, np.asarray(values, dtype=np.float64), strict=True):
+            out.write(f"{split},{fold},{stamp},{float(value)!r}\n")
+    return out.getvalue()
+
+
+def read_returns(directory: Path) -> ReturnSeries:
+    """The :data:`RETURNS_FILE` of a checkpoint, verified against its meta checksum."""
+    directory = Path(directory)
+    path = directory / RETURNS_FILE
+    meta = read_meta(directory)
+    if not path.is_file():
+        raise CheckpointError(path, "missing (saved before an epoch was evaluated?)")
+    checksums = meta.get("checksums")
+    if checksums is not None and RETURNS_FILE not in checksums:
+        raise CheckpointError(path, "not listed in meta.json's checksums")
+    _verify(path, checksums)
+    lines = path.read_text().splitlines()
+    if not lines or tuple(lines[0].split(",")) != RETURNS_COLUMNS:
+        raise CheckpointError(path, f"expected the header {','.join(RETURNS_COLUMNS)}")
+    rows = [line.split(",") for line in lines[1:]]
+    try:
+        return ReturnSeries(
+            split=np.array([r[0] for r in rows], dtype=str),
+            fold=np.array([int(r[1]) for r in rows], dtype=np.int64),
+            timestamp=np.array([r[2].removesuffix("Z") for r in rows], dtype="datetime64[ns]"),
+            returns=np.array([float(r[3]) for r in rows], dtype=np.float64),
+        )
+    except (IndexError, ValueError) as exc:
+        raise CheckpointError(path, f"malformed row ({exc})") from exc
+
+
+def _exact_unit(stamps: np.ndarray) -> str:
+    for unit in ("s", "ms", "us"):
+        if np.array_equal(stamps.astype(f"datetime64[{unit}]").astype(stamps.dtype), stamps):
+            return unit
+    return "ns"
+
+
+# --------------------------------------------------------------------------------------
 
 
 def _contiguous_cpu(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -201,6 +381,13 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _write_json(path: Path, payload: Mapping[str, Any]) -> None:

@@ -3,6 +3,7 @@ half the size, bf16 -> f32 resume, and corrupt files are named and skipped."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -14,8 +15,11 @@ from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import (
     META_FILE,
     OPTIM_FILE,
+    RETURNS_FILE,
+    SCHEMA_VERSION,
     WEIGHTS_FILE,
     CheckpointError,
+    UnverifiedCheckpointWarning,
     file_size,
     latest_good_checkpoint,
     load_checkpoint,
@@ -122,15 +126,62 @@ def test_truncated_weights_file_is_named_and_skipped(tmp_path: Path) -> None:
     assert [e.path for e in errors] == [newest]
 
 
-def test_truncated_file_without_checksum_still_fails_cleanly(tmp_path: Path) -> None:
+def test_meta_without_checksums_is_refused_for_the_current_schema(tmp_path: Path) -> None:
     root = _three_epochs(tmp_path)
     meta_path = root / "epoch_0003" / META_FILE
     meta = json.loads(meta_path.read_text())
+    assert meta["schema_version"] == SCHEMA_VERSION
     del meta["checksums"]
     meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"epoch_0003/meta\.json: no checksums"):
+        load_checkpoint(root / "epoch_0003")
+    ckpt, errors = latest_good_checkpoint(root)  # resume uses the previous good one
+    assert ckpt is not None and ckpt.epoch == 2 and [e.path for e in errors] == [meta_path]
+
+
+def _as_schema_1(directory: Path, checksums: bool) -> None:
+    """What a checkpoint of the first schema looked like (checksums optional)."""
+    meta_path = directory / META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta["schema_version"] = 1
+    for key in ("rng_device", "cuda_rng"):
+        meta.pop(key, None)
+    (directory / RETURNS_FILE).unlink()
+    meta["checksums"].pop(RETURNS_FILE)
+    if not checksums:
+        del meta["checksums"]
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_schema_1_checkpoint_without_checksums_loads_with_a_warning(tmp_path: Path) -> None:
+    root = _three_epochs(tmp_path)
+    _as_schema_1(root / "epoch_0003", checksums=False)
+    with pytest.warns(UnverifiedCheckpointWarning, match=r"epoch_0003.*not verified"):
+        ckpt = load_checkpoint(root / "epoch_0003")
+    assert ckpt.epoch == 3
+    run = train_local(None, None, resume=tmp_path / "run", epochs=4)
+    assert run.resumed_from == root / "epoch_0003"
+    assert [m["epoch"] for m in run.history] == [1, 2, 3, 4]
+
+
+def test_schema_1_checkpoint_with_checksums_is_verified(tmp_path: Path) -> None:
+    root = _three_epochs(tmp_path)
+    _as_schema_1(root / "epoch_0003", checksums=True)
+    optim = root / "epoch_0003" / OPTIM_FILE
+    optim.write_bytes(optim.read_bytes()[:-8])
+    with pytest.raises(CheckpointError, match=r"optim\.safetensors: checksum mismatch"):
+        load_checkpoint(root / "epoch_0003")
+
+
+def test_truncated_file_without_checksum_still_fails_cleanly(tmp_path: Path) -> None:
+    root = _three_epochs(tmp_path)
+    _as_schema_1(root / "epoch_0003", checksums=False)
     optim = root / "epoch_0003" / OPTIM_FILE
     optim.write_bytes(optim.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match=r"optim\.safetensors: unreadable safetensors"):
+    with (
+        pytest.warns(UnverifiedCheckpointWarning),
+        pytest.raises(CheckpointError, match=r"optim\.safetensors: unreadable safetensors"),
+    ):
         load_checkpoint(root / "epoch_0003")
 
 
@@ -158,8 +209,11 @@ def test_pickle_named_like_a_checkpoint_is_refused_unexecuted(tmp_path: Path) ->
     _Payload.marker = str(tmp_path / "executed")
     for name in (WEIGHTS_FILE, OPTIM_FILE):
         (target / name).write_bytes(pickle.dumps(_Payload()))
+    # Whoever can plant the files can rewrite meta.json too: give the pickles matching
+    # checksums so that the loader actually parses them.
     meta = json.loads((target / META_FILE).read_text())
-    del meta["checksums"]  # make the loader actually parse the files
+    for name in (WEIGHTS_FILE, OPTIM_FILE):
+        meta["checksums"][name] = hashlib.sha256((target / name).read_bytes()).hexdigest()
     (target / META_FILE).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="unreadable safetensors"):
         load_checkpoint(target)
