@@ -7,6 +7,8 @@ A run directory looks like::
 
 ``--resume`` accepts a run directory, its ``checkpoints`` folder, or a single checkpoint
 directory (for example a Ray Tune trial's ``checkpoint_000004`` that ``hpo best`` named).
+A resumed run trains on the ``device`` it is given (``--device``), not on the device
+named in the checkpoint's config: a trial trained on a GPU continues on a CPU.
 """
 
 from __future__ import annotations
@@ -61,10 +63,15 @@ def train_local(
     resume: Path | None = None,
     precision: str | None = None,
     epochs: int | None = None,
+    device: str | None = None,
     on_epoch: Callable[[Trainer, dict[str, Any]], None] | None = None,
     on_start: Callable[[Trainer], None] | None = None,
 ) -> LocalRun:
-    """Train a fresh trial (``config``) or continue one (``resume``) and write checkpoints."""
+    """Train a fresh trial (``config``) or continue one (``resume``) and write checkpoints.
+
+    ``precision``, ``epochs`` and ``device`` (``auto``, ``cpu``, ``cuda[:N]``) replace the
+    config's values when given; on resume they override what the checkpoint saved.
+    """
     skipped: list[str] = []
     checkpoint = None
     if resume is not None:
@@ -88,6 +95,8 @@ def train_local(
         changes["precision"] = precision
     if epochs is not None:
         changes["epochs"] = epochs
+    if device is not None:
+        changes["device"] = device
     config = config.replace(**changes) if changes else config
 
     trainer = Trainer(config, checkpoint=checkpoint)

@@ -5,6 +5,7 @@ model trained on the most data) under the ``auto`` policy for this device (bf16 
 Ampere-or-newer GPU, f32 elsewhere), features of the new bars are scaled with the
 training statistics saved in the checkpoint, and every bar with a full window gets a
 position. The backtest of those positions over the same bars is returned alongside.
+A model whose positions are not finite is refused with an error (never served as flat).
 """
 
 from __future__ import annotations
@@ -124,7 +125,17 @@ def predict(
                 )
                 chunks.append(model.positions(batch).float())  # type: ignore[operator]
             positions = torch.cat(chunks)
-    host = torch.nan_to_num(positions, nan=0.0).clamp(-1, 1).double().cpu().numpy()
+    host = positions.double().cpu().numpy()  # (N, A)
+    bad = ~np.isfinite(host)
+    if bad.any():
+        t, a = (int(i) for i in np.argwhere(bad)[0])
+        stamp = np.datetime_as_string(fs.timestamps[span[0] + t], unit="s")
+        raise ValueError(
+            f"{ckpt.path}: the model gives non-finite positions (NaN or inf) on "
+            f"{int(bad.sum())} of {bad.size} bars x assets of {data}, first at {stamp} for "
+            f"{fs.assets[a]}; its weights are unusable (a diverged trial?), no positions written"
+        )
+    host = np.clip(host, -1.0, 1.0)
     result = backtest(
         host,
         fs.bar_returns[span[0] : span[1]],

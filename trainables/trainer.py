@@ -3,9 +3,19 @@ Tune trial for sweeps).
 
 One :class:`Trainer` trains a model family under a precision policy on walk-forward folds:
 one model per fold, trained side by side, each validated on its own validation window
-every epoch; the reported ``val_sharpe`` is the mean over folds and is what searchers
-optimize. The last fold's model (trained on the most data) trades the held-out test period,
-reported as ``test_*`` and never used for selection.
+every epoch. The reported ``val_sharpe`` is the annualised Sharpe of the *joined*
+out-of-sample validation returns (the folds' validation windows, which follow each other
+in time, concatenated): it is what searchers optimize, what ``hpo compare`` ranks and
+what the deflated Sharpe ratio deflates (``val_sharpe_per_period``, ``val_skew``,
+``val_kurtosis`` and ``val_n_obs`` are the moments of the same series), so a trial is
+selected and deflated on one quantity. Per-fold Sharpes stay as ``val_sharpe_fold{k}``,
+their mean as ``val_sharpe_fold_mean``. The last fold's model (trained on the most data)
+trades the held-out test period, reported as ``test_*`` and never used for selection.
+:meth:`Trainer.save` writes the epoch's return series beside the checkpoint
+(``returns.csv``: validation per fold and test), from which all of these are recomputed.
+
+A position that is not finite means the model diverged: the trial raises
+:class:`TrialDiverged` naming the fold and split instead of scoring the bar as flat.
 
 Both training paths run through the same guarded step (:mod:`trainables.precision`):
 
@@ -14,15 +24,25 @@ Both training paths run through the same guarded step (:mod:`trainables.precisio
 
 The hot loop is built for a GPU: data, replay buffers and counters live on the training
 device, and the host reads device values once per ``log_every`` steps and at epoch end.
+
+Resume (:meth:`Trainer.save`, ``Trainer(config, checkpoint=...)``) is bit-exact on the
+device type the checkpoint was written on: generator states, the CPU default generator
+and, where CUDA is in use, the CUDA default generator (dropout, ``randn_like``) are
+restored. On another device type generator states are re-derived deterministically
+(:func:`trainables.checkpoint.portable_generator_states`). A trial that fell back from
+bf16 to f32 resumes in f32 (from its f32 master weights) under the precision it fell back
+from.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
+import gc
 import math
-import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +53,16 @@ from torch import nn
 
 from models import get_family
 from models.base import DataShape, RLLearner
-from trainables.backtest import BacktestResult, backtest
-from trainables.checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from trainables.backtest import BacktestResult, backtest, sharpe_ratio
+from trainables.checkpoint import (
+    RETURNS_FILE,
+    Checkpoint,
+    CheckpointError,
+    derived_seed,
+    portable_generator_states,
+    returns_csv,
+    save_checkpoint,
+)
 from trainables.config import TrainConfig
 from trainables.dataset import FoldData, Market, build_fold, build_market
 from trainables.env import TradingEnv, greedy_positions
@@ -88,13 +116,17 @@ class Trainer:
     ) -> None:
         self.config = config
         self.device = device or resolve_device(config.device)
+        self.memory = TrialMemory(self.device)  # before anything of this trial is allocated
         self.family = get_family(config.model)
-        self.policy: PrecisionPolicy = get_policy(config.precision, self.device)
+        self.policy: PrecisionPolicy = get_policy(
+            resumed_precision(config, checkpoint), self.device
+        )
         self.fell_back_to_f32 = False
         self.fallback_epoch: int | None = None
         self.epoch = 0
         self.global_step = 0
         self.history: list[dict[str, Any]] = []
+        self._evaluated: OutOfSample | None = None  # the latest epoch's, for save()
         self.market: Market = build_market(config)
         self.shape = DataShape(
             n_features=self.market.n_features,
@@ -175,8 +207,9 @@ class Trainer:
         train_seconds = time.perf_counter() - started
         steps = self.global_step - steps_before
 
-        val_results = [self._evaluate(run, run.data.val) for run in self.folds]
-        test_result = self._evaluate(self.folds[-1], self.folds[-1].data.test)
+        val_results = [self._evaluate(run, run.data.val, "val") for run in self.folds]
+        test_result = self._evaluate(self.folds[-1], self.folds[-1].data.test, "test")
+        self._evaluated = OutOfSample(val=val_results, test=test_result)
         self.epoch += 1
         metrics = self._epoch_metrics(loss_sums, val_results, test_result, steps, train_seconds)
         metrics["epoch_time_s"] = time.perf_counter() - started
@@ -267,11 +300,16 @@ class Trainer:
         """Switch a bf16 trial to f32 in place, keeping what it has learned.
 
         Weights become their f32 master values (bf16 weight + Kahan compensation), the f32
-        optimizer moments are kept, data is re-cast from the host copy.
+        optimizer moments are kept, gradients are next allocated in f32, data is re-cast
+        from the host copy.
         """
         f32_policy = get_policy("f32", self.device)
         for run in self.folds:
             promote_to_f32(run.model, run.optimizer)
+            # The bf16 .grad buffers outlive the weights' dtype change and the step keeps
+            # them (zero_grad(set_to_none=False)): drop them, or every later gradient
+            # would still be accumulated in bf16.
+            run.model.zero_grad(set_to_none=True)
             run.data = build_fold(
                 self.market, run.index, self.config.lookback, self.device, f32_policy.data_dtype
             )
@@ -309,9 +347,18 @@ class Trainer:
                 out = torch.cat(chunks)
         return out
 
-    def _evaluate(self, run: FoldRun, span: tuple[int, int]) -> BacktestResult:
-        positions = self.positions(run, span)
-        host = torch.nan_to_num(positions, nan=0.0).clamp(-1.0, 1.0).double().cpu().numpy()
+    def _evaluate(self, run: FoldRun, span: tuple[int, int], split: str = "val") -> BacktestResult:
+        positions = self.positions(run, span).double().cpu().numpy()  # (T_span, A)
+        bad = ~np.isfinite(positions)
+        if bad.any():
+            t, a = (int(i) for i in np.argwhere(bad)[0])
+            raise TrialDiverged(
+                f"{self.family.name} under {self.policy.name}: non-finite positions in "
+                f"fold {run.index} {split} at epoch {self.epoch + 1}: {int(bad.sum())} of "
+                f"{bad.size} (first at bar {span[0] + t}, asset "
+                f"{self.market.features.assets[a]}); the model's output is NaN or inf"
+            )
+        host = np.clip(positions, -1.0, 1.0)
         bar_returns = self.market.features.bar_returns[span[0] : span[1]]
         return backtest(
             host, bar_returns, cost=self.config.cost, periods_per_year=self.config.periods_per_year
@@ -326,29 +373,19 @@ class Trainer:
         train_seconds: float,
     ) -> dict[str, Any]:
         losses = [float(s) / max(float(n), 1.0) for s, n in loss_sums]
-        val_returns = np.concatenate([v.returns for v in val])
-        moments = _return_moments(val_returns)
-        metrics: dict[str, Any] = {
+        return {
             "epoch": self.epoch,
             "step": self.global_step,
             "train_loss": float(np.mean(losses)),
-            "val_sharpe": float(np.mean([v.sharpe for v in val])),
-            "val_sortino": float(np.mean([v.sortino for v in val])),
-            "val_max_drawdown": float(np.max([v.max_drawdown for v in val])),
-            "val_turnover": float(np.mean([v.turnover for v in val])),
-            "val_hit_rate": float(np.mean([v.hit_rate for v in val])),
-            **{f"val_{k}": v for k, v in moments.items()},
+            **validation_metrics(val, self.config.periods_per_year),
             "test_sharpe": test.sharpe,
             "test_sortino": test.sortino,
             "test_max_drawdown": test.max_drawdown,
             "skipped_steps": self.skipped_steps,
             "steps_per_s": steps / train_seconds if train_seconds > 0 else 0.0,
-            "peak_mem_mb": peak_memory_mb(self.device),
+            "peak_mem_mb": self.memory.peak_mb(),
             "fell_back_to_f32": int(self.fell_back_to_f32),
         }
-        for k, v in enumerate(val):
-            metrics[f"val_sharpe_fold{k}"] = v.sharpe
-        return metrics
 
     # ------------------------------------------------------------------------------------
     # checkpoints
@@ -396,7 +433,7 @@ class Trainer:
             "global_step": self.global_step,
             "config": self.config.to_dict(),
             "history": self.history,
-            "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            **default_rng_meta(self.device),
             "torch_version": torch.__version__,
             "assets": list(self.market.features.assets),
             "feature_names": list(self.market.features.names),
@@ -408,7 +445,21 @@ class Trainer:
             },
             **(extra_meta or {}),
         }
-        return save_checkpoint(directory, weights, optim, state, meta)
+        files = {RETURNS_FILE: self._returns_csv()} if self._evaluated is not None else {}
+        return save_checkpoint(directory, weights, optim, state, meta, files=files)
+
+    def _returns_csv(self) -> str:
+        """The latest epoch's out-of-sample returns: validation per fold, then test."""
+        assert self._evaluated is not None
+        stamps = self.market.features.timestamps
+        segments = []
+        for run, result in zip(self.folds, self._evaluated.val, strict=True):
+            start, stop = run.data.val
+            segments.append(("val", run.index, stamps[start:stop], result.returns))
+        last = self.folds[-1]
+        start, stop = last.data.test
+        segments.append(("test", last.index, stamps[start:stop], self._evaluated.test.returns))
+        return returns_csv(segments)
 
     def _restore(self, ckpt: Checkpoint) -> None:
         """Load ``ckpt`` into freshly built folds, casting to this trainer's policy/device."""
@@ -417,6 +468,9 @@ class Trainer:
             raise CheckpointError(
                 ckpt.path, f"holds a {meta.get('family')!r} model, not {self.family.name!r}"
             )
+        # Generator states of another device type (a GPU checkpoint resumed on a CPU, or
+        # the reverse) are re-derived; on the same device type they load as saved.
+        saved_state = portable_generator_states(ckpt.state, self.device, meta.get("rng_device"))
         for run in self.folds:
             prefix = f"fold{run.index}."
             params = {n: p for n, p in run.model.named_parameters()}
@@ -454,20 +508,20 @@ class Trainer:
                     }
                 )
             run.generator.set_state(
-                _require(ckpt, ckpt.state, f"{prefix}generator", "state.safetensors").cpu()
+                _require(ckpt, saved_state, f"{prefix}generator", "state.safetensors").cpu()
             )
             if run.env is not None:
                 env_prefix, buf_prefix = f"{prefix}env.", f"{prefix}buffer."
                 run.env.load_state_dict(
                     {
                         k[len(env_prefix) :]: v
-                        for k, v in ckpt.state.items()
+                        for k, v in saved_state.items()
                         if k.startswith(env_prefix)
                     }
                 )
                 buffer = {
                     k[len(buf_prefix) :]: v
-                    for k, v in ckpt.state.items()
+                    for k, v in saved_state.items()
                     if k.startswith(buf_prefix)
                 }
                 learner: RLLearner = run.model  # type: ignore[assignment]
@@ -477,8 +531,7 @@ class Trainer:
         self.history = list(meta.get("history", []))
         self.fell_back_to_f32 = bool(meta.get("fell_back_to_f32", False))
         self.fallback_epoch = meta.get("fallback_epoch")
-        rng = np.frombuffer(base64.b64decode(meta["torch_rng"]), dtype=np.uint8).copy()
-        torch.set_rng_state(torch.from_numpy(rng))
+        restore_default_rng(meta, self.device)
 
 
 # ----------------------------------------------------------------------------------------
@@ -516,11 +569,176 @@ def _return_moments(returns: np.ndarray) -> dict[str, float]:
     }
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak allocator memory on CUDA; the process's peak resident set on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+@dataclass(frozen=True)
+class OutOfSample:
+    """One epoch's out-of-sample backtests: one per fold's validation window, and test."""
+
+    val: list[BacktestResult]
+    test: BacktestResult
+
+
+def validation_metrics(
+    val: Sequence[BacktestResult], periods_per_year: float
+) -> dict[str, float | int]:
+    """The ``val_*`` metrics of one epoch from the folds' validation backtests.
+
+    ``val_sharpe`` is the annualised Sharpe of the joined validation returns (the folds'
+    windows in fold order, which is time order), and ``val_sharpe_per_period``,
+    ``val_skew``, ``val_kurtosis``, ``val_n_obs`` are that series' moments for the PSR /
+    DSR: selection and deflation use one quantity. ``val_sharpe_fold{k}`` are the folds'
+    own Sharpes and ``val_sharpe_fold_mean`` their mean; Sortino, turnover and hit rate
+    are fold means, the drawdown the worst fold's.
+    """
+    joined = np.concatenate([v.returns for v in val])
+    metrics: dict[str, float | int] = {
+        "val_sharpe": sharpe_ratio(joined, periods_per_year),
+        "val_sharpe_fold_mean": float(np.mean([v.sharpe for v in val])),
+        "val_sortino": float(np.mean([v.sortino for v in val])),
+        "val_max_drawdown": float(np.max([v.max_drawdown for v in val])),
+        "val_turnover": float(np.mean([v.turnover for v in val])),
+        "val_hit_rate": float(np.mean([v.hit_rate for v in val])),
+        **{f"val_{k}": v for k, v in _return_moments(joined).items()},
+    }
+    for k, v in enumerate(val):
+        metrics[f"val_sharpe_fold{k}"] = v.sharpe
+    return metrics
+
+
+def resumed_precision(config: TrainConfig, checkpoint: Checkpoint | None) -> str:
+    """The policy a trial runs under: ``config.precision``, except that a trial which fell
+    back from bf16 to f32 stays f32 when it is resumed under the precision it fell back
+    from (a Tune retry, ``hpo resume``, ``hpo train --resume``). Asking for another
+    precision on resume is honoured."""
+    if checkpoint is None:
+        return config.precision
+    meta = checkpoint.meta
+    requested = meta.get("requested_precision", config.precision)
+    if meta.get("fell_back_to_f32") and requested == config.precision:
+        return str(meta.get("precision", "f32"))
+    return config.precision
+
+
+# ----------------------------------------------------------------------------------------
+# default generators (the streams dropout, randn_like and exploration draw from)
+
+
+def _cuda_in_use() -> bool:
+    # Not initialized means nothing in this process drew from a CUDA generator, and
+    # touching one would create a CUDA context for a CPU trial.
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _cuda_device(device: torch.device) -> torch.device | str:
+    return device if device.type == "cuda" else "cuda"
+
+
+def default_rng_meta(device: torch.device) -> dict[str, str]:
+    """Checkpoint meta for the default generators: the CPU one always, the CUDA one of
+    ``device`` where CUDA is in use, and the device type generator states are shaped for."""
+    meta = {"torch_rng": _b64(torch.get_rng_state()), "rng_device": device.type}
+    if _cuda_in_use():
+        meta["cuda_rng"] = _b64(torch.cuda.get_rng_state(_cuda_device(device)))
+    return meta
+
+
+def restore_default_rng(meta: Mapping[str, Any], device: torch.device) -> None:
+    """Restore :func:`default_rng_meta`. Without a saved CUDA state (a CPU or schema-1
+    checkpoint resumed on a GPU) the CUDA generator is seeded from the saved CPU state,
+    so it does not replay the stream of the trial's first epoch."""
+    cpu_state = _from_b64(meta["torch_rng"])
+    torch.set_rng_state(cpu_state)
+    if not _cuda_in_use():
+        return
+    if "cuda_rng" in meta:
+        torch.cuda.set_rng_state(_from_b64(meta["cuda_rng"]), _cuda_device(device))
+    else:
+        with torch.cuda.device(_cuda_device(device)):
+            torch.cuda.manual_seed(derived_seed(cpu_state))
+
+
+def _b64(state: torch.Tensor) -> str:
+    return base64.b64encode(state.cpu().numpy().tobytes()).decode()
+
+
+def _from_b64(text: str) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
+
+
+# ----------------------------------------------------------------------------------------
+# memory
+
+
+class TrialMemory:
+    """Peak memory of one trial, counted from its start (the trainer's construction), so
+    that a worker reused for several trials (Tune's ``reuse_actors``) reports each trial's
+    own peak, not the process's.
+
+    * CUDA: peak bytes allocated by torch's caching allocator
+      (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` at the
+      start) minus what was allocated at the start: this trial's tensors, the quantity
+      ``cluster.profiler`` measures to size GPU shares.
+    * CPU: growth of the process's resident set over the trial: the kernel's high-water
+      mark (``VmHWM``, reset at the start through ``/proc/self/clear_refs``) minus the
+      resident set at the start, taken after the garbage collector and glibc's
+      ``malloc_trim`` returned what an earlier trial freed. It counts all the host
+      memory the trial added (tensors, Python objects, allocator slack), not tensors
+      alone. Where the high-water mark cannot be reset (not Linux) the resident set is
+      sampled at each read instead, a lower bound of the peak.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sampled = 0
+        gc.collect()  # a previous trial's cycles (models, optimizers) are freed first
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self._baseline = torch.cuda.memory_allocated(device)
+            self._hwm = False
+            return
+        _return_freed_heap()
+        self._hwm = _reset_resident_peak()
+        self._baseline = _resident_bytes()
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self._hwm:
+            peak = _proc_status_bytes("VmHWM") or _resident_bytes()
+        else:
+            self._sampled = max(self._sampled, _resident_bytes())
+            peak = self._sampled
+        return max(peak - self._baseline, 0) / 2**20
+
+
+def _return_freed_heap() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _reset_resident_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
+    except OSError:
+        return False
+    return _proc_status_bytes("VmHWM") is not None
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        return None
+    return None
+
+
+def _resident_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def is_finite_number(value: Any) -> bool:
