@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -270,3 +271,26 @@ def inverse_softplus(x: float) -> float:
 def check_choices(name: str, value: Any, options: Sequence[Any]) -> None:
     if value not in options:
         raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+
+
+def is_integer(value: Any) -> bool:
+    """An integer setting: ints and numpy integers (what some searchers sample), no bools."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: Any, low: int = 1, high: int | None = None, why: str = "") -> None:
+    """``value`` must be an integer in [low, high] (no upper end when ``high`` is None);
+    ``why``, when given, is added to the error in parentheses."""
+    if is_integer(value) and low <= value and (high is None or value <= high):
+        return
+    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+    reason = f" ({why})" if why else ""
+    raise ValueError(f"{name} must be an integer {allowed}{reason}, got {value!r}")
+
+
+def check_positive(name: str, value: Any) -> None:
+    """``value`` must be a positive, finite number."""
+    if isinstance(value, bool) or not (
+        isinstance(value, numbers.Real) and float(value) > 0 and math.isfinite(value)
+    ):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")

@@ -92,7 +92,6 @@ Run ``.venv/bin/python -m pytest tests/models/test_diffusion.py -q`` to check th
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -110,7 +109,10 @@ from models.base import (
     Int,
     SearchSpace,
     check_choices,
+    check_int,
+    check_positive,
     fold_assets,
+    is_integer,
     unfold_assets,
 )
 from models.ops import f32, like
@@ -193,35 +195,21 @@ class DiffusionConfig:
             ("n_steps", 2),
             ("noise_draws", 1),
         ):
-            value = getattr(self, name)
-            if not _is_int(value) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, getattr(self, name), low=low)
         if self.hidden % 2:
             raise ValueError(
                 f"hidden must be even (sin/cos halves of the time embedding), got {self.hidden}"
             )
         check_choices("encoder", self.encoder, ENCODERS)
         check_choices("schedule", self.schedule, SCHEDULES)
-        if not _is_int(self.sampling_steps) or not (1 <= self.sampling_steps <= self.n_steps):
-            raise ValueError(
-                f"sampling_steps must be an integer in [1, n_steps={self.n_steps}], "
-                f"got {self.sampling_steps!r}"
-            )
-        if not _is_int(self.n_samples) or self.n_samples < 2 or self.n_samples % 2:
+        check_int("sampling_steps", self.sampling_steps, high=self.n_steps, why="at most n_steps")
+        if not is_integer(self.n_samples) or self.n_samples < 2 or self.n_samples % 2:
             raise ValueError(
                 f"n_samples must be an even integer >= 2 (antithetic pairs), got {self.n_samples!r}"
             )
-        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
-            raise ValueError(
-                f"position_scale must be positive and finite, got {self.position_scale}"
-            )
-        if not _is_int(self.sampler_seed):
+        check_positive("position_scale", self.position_scale)
+        if not is_integer(self.sampler_seed):
             raise ValueError(f"sampler_seed must be an integer, got {self.sampler_seed!r}")
-
-
-def _is_int(value: object) -> bool:
-    # numbers.Integral admits numpy integers (what some searchers sample), not bools.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------------

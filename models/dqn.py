@@ -49,6 +49,7 @@ from models.base import (
     SearchSpace,
     TradingEnvLike,
     action_to_position,
+    check_int,
 )
 from models.ops import F32, f32
 from models.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
@@ -136,11 +137,11 @@ class DQNConfig:
             "target_update_period",
             "num_envs",
             "episode_len",
+            "replay_batch_size",
+            "n_atoms",
         )
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"dqn.{name} must be an integer >= 1, got {value!r}")
+            check_int(f"dqn.{name}", getattr(self, name))
         if self.encoder not in ENCODERS:
             raise ValueError(f"dqn.encoder must be one of {list(ENCODERS)}, got {self.encoder!r}")
         if self.replay_batch_size < 2:

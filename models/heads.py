@@ -1,14 +1,56 @@
 """The regression head shared by the forecast families that predict the next standardized
-return directly (Mamba2, xLSTM, TGGN, TLOB): its loss and how a forecast becomes a
-position. Both run in f32 whatever the model's dtype: the loss is what backward starts
-from, and the position is a ratio read off a small number."""
+return directly (Mamba2, xLSTM, TGGN, TLOB, Liquid, KAN): the loss names, its validation,
+the loss and how a forecast becomes a position. Loss and position run in f32 whatever the
+model's dtype: the loss is what backward starts from, and the position is a ratio read off
+a small number.
+
+A family module subclasses :class:`RegressionHead`, keeps its config (with the fields of
+:class:`HeadConfig`) in ``self.config``, and returns the (B, A) forecast from
+:meth:`RegressionHead.forecast` (by default ``self(batch.x)``).
+"""
 
 from __future__ import annotations
 
+from typing import Generic, Literal, Protocol, TypeVar
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from models.base import Batch, check_choices, check_positive
 from models.ops import f32
+
+LossKind = Literal["huber", "mse"]
+LOSS_KINDS: tuple[LossKind, ...] = ("huber", "mse")
+
+
+class HeadConfig(Protocol):
+    """The config fields the head reads (every regression family's config has them)."""
+
+    @property
+    def loss(self) -> str:
+        """ "huber" (robust to fat tails) or "mse"."""
+        ...
+
+    @property
+    def huber_delta(self) -> float:
+        """Huber threshold in standard deviations of the target."""
+        ...
+
+    @property
+    def position_scale(self) -> float:
+        """Position = tanh(position_scale * forecast)."""
+        ...
+
+
+C = TypeVar("C", bound=HeadConfig)
+
+
+def check_head(config: HeadConfig) -> None:
+    """Validate the head's fields of ``config`` (for a family's ``__post_init__``)."""
+    check_choices("loss", config.loss, LOSS_KINDS)
+    check_positive("huber_delta", config.huber_delta)
+    check_positive("position_scale", config.position_scale)
 
 
 def regression_loss(
@@ -25,3 +67,27 @@ def regression_loss(
 def forecast_positions(forecast: torch.Tensor, scale: float) -> torch.Tensor:
     """Forecasts in units of the target's std -> f32 positions tanh(scale * forecast)."""
     return torch.tanh(scale * f32(forecast))
+
+
+class RegressionHead(nn.Module, Generic[C]):
+    """``loss`` and ``positions`` of a module that forecasts the next standardized return."""
+
+    config: C
+
+    def forecast(self, batch: Batch) -> torch.Tensor:
+        """(B, A) forecast in the module's dtype, in units of the target's std."""
+        out: torch.Tensor = self(batch.x)
+        return out
+
+    def fit_loss(self, forecast: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The f32 Huber/MSE loss of ``forecast`` against the standardized target."""
+        return regression_loss(forecast, target, self.config.loss, self.config.huber_delta)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """f32 Huber/MSE loss of the forecast against the standardized next-bar return."""
+        return self.fit_loss(self.forecast(batch), batch.y)
+
+    @torch.no_grad()
+    def positions(self, batch: Batch) -> torch.Tensor:
+        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
+        return forecast_positions(self.forecast(batch), self.config.position_scale)

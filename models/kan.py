@@ -77,9 +77,11 @@ from models.base import (
     Float,
     Int,
     SearchSpace,
+    check_int,
     fold_assets,
     unfold_assets,
 )
+from models.heads import LossKind, RegressionHead, check_head
 from models.ops import f32, like
 
 __all__ = [
@@ -149,17 +151,19 @@ class KANConfig:
     """Position = tanh(position_scale * forecast), the forecast in standardized-return
     units (a forecast of 0.25 sigma trades at tanh(1) = 0.76 by default)."""
 
+    loss: LossKind = "huber"
+    """Training loss on the standardized next-bar return: ``huber`` (robust to the fat
+    tails of returns) or ``mse``."""
+
     huber_delta: float = 1.0
     """Huber loss threshold in standardized-return units: squared error within it, linear
     beyond, so fat-tailed bars in the volatile regime do not dominate the gradient."""
 
     def __post_init__(self) -> None:
         for name in ("window", "width", "grid_size", "spline_order"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_int(name, getattr(self, name))
         for name in ("depth", "grid_update_epochs"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            check_int(name, getattr(self, name), low=0)
         if not self.grid_range > 0:
             raise ValueError(f"grid_range must be > 0, got {self.grid_range}")
         if not 0.0 <= self.grid_eps <= 1.0:
@@ -167,10 +171,7 @@ class KANConfig:
         for name in ("reg_lambda", "reg_entropy"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.position_scale > 0:
-            raise ValueError(f"position_scale must be > 0, got {self.position_scale}")
-        if not self.huber_delta > 0:
-            raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
+        check_head(self)
 
 
 def uniform_grid(
@@ -295,7 +296,7 @@ def edge_regularization(phi: torch.Tensor, entropy_weight: float) -> torch.Tenso
     return total + entropy_weight * entropy
 
 
-class KAN(nn.Module):
+class KAN(RegressionHead[KANConfig]):
     """KAN over the last ``window`` bars of (B, A, L, F) windows; assets folded."""
 
     grid_updates: torch.Tensor  # () int64: grid updates done (saved with checkpoints)
@@ -349,17 +350,11 @@ class KAN(nn.Module):
         return unfold_assets(h.squeeze(-1), self.n_assets), reg
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 Huber loss of the forecast + reg_lambda * the paper's regularization."""
+        """f32 Huber/MSE loss of the forecast + reg_lambda * the paper's regularization."""
         if self.config.reg_lambda == 0:
-            return F.huber_loss(f32(self(batch.x)), batch.y, delta=self.config.huber_delta)
+            return super().loss(batch)
         pred, reg = self.forward_regularized(batch.x)
-        fit = F.huber_loss(f32(pred), batch.y, delta=self.config.huber_delta)
-        return fit + self.config.reg_lambda * reg
-
-    @torch.no_grad()
-    def positions(self, batch: Batch) -> torch.Tensor:
-        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
-        return torch.tanh(self.config.position_scale * f32(self(batch.x)))
+        return self.fit_loss(pred, batch.y) + self.config.reg_lambda * reg
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor) -> bool:

@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.base import (
@@ -69,9 +68,11 @@ from models.base import (
     Int,
     SearchSpace,
     check_choices,
+    check_int,
     fold_assets,
     unfold_assets,
 )
+from models.heads import LossKind, RegressionHead, check_head
 from models.ops import f32, like
 
 __all__ = [
@@ -121,22 +122,22 @@ class LiquidConfig:
     """Position = tanh(position_scale * forecast), the forecast in standardized-return
     units (a forecast of 0.25 sigma trades at tanh(1) = 0.76 by default)."""
 
+    loss: LossKind = "huber"
+    """Training loss on the standardized next-bar return: ``huber`` (robust to the fat
+    tails of returns) or ``mse``."""
+
     huber_delta: float = 1.0
     """Huber loss threshold in standardized-return units: squared error within it, linear
     beyond, so fat-tailed bars in the volatile regime do not dominate the gradient."""
 
     def __post_init__(self) -> None:
         for name in ("hidden", "backbone_units", "backbone_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_int(name, getattr(self, name))
         check_choices("backbone_activation", self.backbone_activation, ACTIVATIONS)
         check_choices("mode", self.mode, MODES)
         if not 0.0 <= self.backbone_dropout < 1.0:
             raise ValueError(f"backbone_dropout must be in [0, 1), got {self.backbone_dropout}")
-        if not self.position_scale > 0:
-            raise ValueError(f"position_scale must be > 0, got {self.position_scale}")
-        if not self.huber_delta > 0:
-            raise ValueError(f"huber_delta must be > 0, got {self.huber_delta}")
+        check_head(self)
 
 
 class LeCunTanh(nn.Module):
@@ -210,7 +211,7 @@ class CfCCell(nn.Module):
         return torch.sigmoid(-arg) * f32(g) + leak * f32(h_alt)
 
 
-class LiquidNet(nn.Module):
+class LiquidNet(RegressionHead[LiquidConfig]):
     """CfC recurrence over (B, A, L, F) windows timed by ``gaps``; assets folded."""
 
     def __init__(self, config: LiquidConfig, shape: DataShape) -> None:
@@ -255,15 +256,10 @@ class LiquidNet(nn.Module):
         pred = self.head(like(h, self.head.weight)).squeeze(-1)  # (N,)
         return unfold_assets(pred, self.n_assets)
 
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 Huber loss of the forecast against the standardized next-bar return."""
-        pred = f32(self(batch.x, batch.gaps))
-        return F.huber_loss(pred, batch.y, delta=self.config.huber_delta)
-
-    @torch.no_grad()
-    def positions(self, batch: Batch) -> torch.Tensor:
-        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
-        return torch.tanh(self.config.position_scale * f32(self(batch.x, batch.gaps)))
+    def forecast(self, batch: Batch) -> torch.Tensor:
+        """(B, A) forecast timed by the batch's bar gaps."""
+        out: torch.Tensor = self(batch.x, batch.gaps)
+        return out
 
 
 def build(config: LiquidConfig, shape: DataShape) -> LiquidNet:

@@ -75,26 +75,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.base import (
-    Batch,
     Choice,
     DataShape,
     Family,
     Float,
     Int,
     SearchSpace,
-    check_choices,
+    check_int,
     fold_assets,
     unfold_assets,
 )
-from models.heads import regression_loss
-from models.ops import f32, like
+from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
+from models.ops import f32, like, segsum
 
 __all__ = [
     "FAMILY",
@@ -105,14 +103,9 @@ __all__ = [
     "Mamba2Mixer",
     "RMSNorm",
     "build",
-    "regression_loss",
-    "segsum",
     "ssd_chunked",
     "ssd_sequential",
 ]
-
-LossKind = Literal["huber", "mse"]
-LOSS_KINDS: tuple[str, ...] = ("huber", "mse")
 
 A_INIT_RANGE = (1.0, 16.0)  # A = -exp(A_log), |A| uniform in this range at init
 DT_INIT_FLOOR = 1e-4  # smallest initial dt (mamba_ssm's dt_init_floor)
@@ -167,17 +160,21 @@ class Mamba2Config:
     """Position = tanh(position_scale * forecast); the forecast is in target std units."""
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_layers", "d_state", "expand", "head_dim", "d_conv"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in (
+            "d_model",
+            "n_layers",
+            "d_state",
+            "expand",
+            "head_dim",
+            "d_conv",
+            "chunk_size",
+        ):
+            check_int(name, getattr(self, name))
         if self.d_inner % self.head_dim:
             raise ValueError(
                 f"head_dim must divide d_inner = expand * d_model = {self.d_inner}, "
                 f"got {self.head_dim}"
             )
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}")
         if not 0.0 < self.dt_min < self.dt_max:
             raise ValueError(
                 f"dt_min and dt_max must satisfy 0 < dt_min < dt_max, "
@@ -185,13 +182,7 @@ class Mamba2Config:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        check_choices("loss", self.loss, LOSS_KINDS)
-        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
-            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
-        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
-            raise ValueError(
-                f"position_scale must be positive and finite, got {self.position_scale}"
-            )
+        check_head(self)
 
     @property
     def d_inner(self) -> int:
@@ -204,21 +195,6 @@ class Mamba2Config:
 
 # --------------------------------------------------------------------------------------
 # The SSD layer (the paper's Listing 1, ssd_minimal). Callers pass f32 tensors.
-
-
-def segsum(a: torch.Tensor) -> torch.Tensor:
-    """(..., T) log-decays -> (..., T, T): out[i, j] = sum_{j < s <= i} a[s], -inf for j > i.
-
-    The segment sums are cumulative sums of the masked segment itself (stable: no
-    difference of two large cumulative sums); exp(out) is the lower-triangular decay matrix
-    with ones on the diagonal and exact zeros above it.
-    """
-    t = a.size(-1)
-    strict = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(-1)
-    rows = a.unsqueeze(-1).expand(*a.shape, t)  # (..., T, T): rows[s, j] = a[s]
-    sums = rows.masked_fill(~strict, 0.0).cumsum(dim=-2)  # [i, j] = sum_{j < s <= i} a[s]
-    causal = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(0)
-    return sums.masked_fill(~causal, -math.inf)
 
 
 def ssd_chunked(
@@ -376,7 +352,7 @@ class Mamba2Block(nn.Module):
         return x + self.dropout(self.mixer(self.norm(x)))
 
 
-class Mamba2(nn.Module):
+class Mamba2(RegressionHead[Mamba2Config]):
     """Stack of Mamba-2 blocks over (B, A, L, F) windows; assets folded into the batch."""
 
     def __init__(self, config: Mamba2Config, shape: DataShape) -> None:
@@ -402,15 +378,6 @@ class Mamba2(nn.Module):
             hidden = block(hidden)
         forecast = self.head(self.norm_f(hidden[:, -1]))  # (N, 1), from the decision bar
         return unfold_assets(forecast.squeeze(-1), self.n_assets)
-
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 Huber/MSE loss of the forecast against the standardized next-bar return."""
-        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
-
-    @torch.no_grad()
-    def positions(self, batch: Batch) -> torch.Tensor:
-        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
-        return torch.tanh(self.config.position_scale * f32(self(batch.x)))
 
 
 def build(config: Mamba2Config, shape: DataShape) -> Mamba2:

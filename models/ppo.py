@@ -66,6 +66,7 @@ from models.base import (
     SearchSpace,
     TradingEnvLike,
     action_to_position,
+    check_int,
 )
 from models.ops import F32, f32, like
 
@@ -126,9 +127,7 @@ class PPOConfig:
             "episode_len",
         )
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ppo.{name} must be an integer >= 1, got {value!r}")
+            check_int(f"ppo.{name}", getattr(self, name))
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"ppo.gamma must be in (0, 1), got {self.gamma}")
         if not 0.0 <= self.gae_lambda <= 1.0:

@@ -59,6 +59,8 @@ from models.base import (
     Float,
     Int,
     SearchSpace,
+    check_int,
+    check_positive,
     fold_assets,
     inverse_softplus,
     unfold_assets,
@@ -117,16 +119,12 @@ class TFTConfig:
     measured in units of the predicted spread, then squashed into [-1, 1]."""
 
     def __post_init__(self) -> None:
-        if self.d_model < 1:
-            raise ValueError(f"d_model must be >= 1, got {self.d_model}")
-        if self.n_heads < 1 or self.d_model % self.n_heads:
-            raise ValueError(
-                f"n_heads must be >= 1 and divide d_model={self.d_model}, got {self.n_heads}"
-            )
+        for name in ("d_model", "n_heads", "lstm_layers"):
+            check_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads must divide d_model={self.d_model}, got {self.n_heads}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.lstm_layers < 1:
-            raise ValueError(f"lstm_layers must be >= 1, got {self.lstm_layers}")
         qs = tuple(float(q) for q in self.quantiles)
         if (
             not all(0.0 < q < 1.0 for q in qs)
@@ -140,10 +138,7 @@ class TFTConfig:
                 f"and at least one level on each side of it, got {self.quantiles}"
             )
         object.__setattr__(self, "quantiles", qs)
-        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
-            raise ValueError(
-                f"position_scale must be positive and finite, got {self.position_scale}"
-            )
+        check_positive("position_scale", self.position_scale)
 
     @property
     def median_index(self) -> int:

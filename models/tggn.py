@@ -56,7 +56,6 @@ Run ``.venv/bin/python -m pytest tests/models/test_tggn.py -q`` to check this fi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,7 +64,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.base import (
-    Batch,
     Choice,
     DataShape,
     Family,
@@ -73,8 +71,9 @@ from models.base import (
     Int,
     SearchSpace,
     check_choices,
+    check_int,
 )
-from models.heads import forecast_positions, regression_loss
+from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
 from models.ops import f32, like
 
 __all__ = [
@@ -87,13 +86,10 @@ __all__ = [
     "GraphPropagation",
     "TGGNConfig",
     "build",
-    "forecast_positions",
-    "regression_loss",
 ]
 
 TEMPORAL_MODULES = ("tcn", "gru")
 PROPAGATIONS = ("mixhop", "diffusion")
-LOSSES = ("mse", "huber")
 
 
 @dataclass(frozen=True)
@@ -145,7 +141,7 @@ class TGGNConfig:
     dropout: float = 0.1
     """Dropout on the output of every graph propagation."""
 
-    loss: Literal["mse", "huber"] = "mse"
+    loss: LossKind = "mse"
     """Regression loss on the standardized next-bar return: MSE, or Huber with
     ``huber_delta``. MSE by default: the volatile regime's large returns carry the signal
     too, and Huber at delta 1 clips them (measured on the synthetic data, 8 seeds of the
@@ -159,31 +155,17 @@ class TGGNConfig:
 
     def __post_init__(self) -> None:
         for name in ("channels", "skip_channels", "end_channels", "node_dim", "top_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_int(name, getattr(self, name))
         check_choices("temporal", self.temporal, TEMPORAL_MODULES)
         check_choices("propagation", self.propagation, PROPAGATIONS)
-        check_choices("loss", self.loss, LOSSES)
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-        if self.kernel_size < 2:
-            raise ValueError(f"kernel_size must be >= 2, got {self.kernel_size}")
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        check_int("n_layers", self.n_layers)
+        check_int("kernel_size", self.kernel_size, low=2)
+        check_int("depth", self.depth)
         if not 0.0 <= self.beta < 1.0:
             raise ValueError(f"beta must be in [0, 1), got {self.beta}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
-            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
-        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
-            raise ValueError(
-                f"position_scale must be positive and finite, got {self.position_scale}"
-            )
-
-
-# --------------------------------------------------------------------------------------
-# Loss and position mapping (both f32)
+        check_head(self)
 
 
 # --------------------------------------------------------------------------------------
@@ -328,7 +310,7 @@ class GraphGRULayer(nn.Module):
 # The model
 
 
-class TGGN(nn.Module):
+class TGGN(RegressionHead[TGGNConfig]):
     """Temporal graph network over the A assets of (B, A, L, F) windows."""
 
     def __init__(self, config: TGGNConfig, shape: DataShape) -> None:
@@ -374,15 +356,6 @@ class TGGN(nn.Module):
         skips.append(self.skip_out(h[:, :, -1]))
         return self.head(torch.stack(skips).sum(0)).squeeze(-1)  # (B, A)
 
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 MSE or Huber loss of the forecasts over batch and assets."""
-        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
-
-    @torch.no_grad()
-    def positions(self, batch: Batch) -> torch.Tensor:
-        """(B, A) f32 positions tanh(position_scale * forecast)."""
-        return forecast_positions(self(batch.x), self.config.position_scale)
-
 
 def build(config: TGGNConfig, shape: DataShape) -> TGGN:
     return TGGN(config, shape)
@@ -406,7 +379,7 @@ SEARCH_SPACE: SearchSpace = {
     "depth": Int(1, 3),
     "beta": Float(0.0, 0.5),
     "dropout": Float(0.0, 0.3),
-    "loss": Choice(LOSSES),
+    "loss": Choice(LOSS_KINDS),
     "position_scale": Float(0.5, 32.0, log=True),
 }
 

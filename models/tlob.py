@@ -65,26 +65,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.base import (
-    Batch,
     Choice,
     DataShape,
     Family,
     Float,
     Int,
     SearchSpace,
-    check_choices,
+    check_int,
     fold_assets,
     inverse_softplus,
     unfold_assets,
 )
-from models.heads import forecast_positions, regression_loss
+from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
 from models.ops import f32, like
 
 __all__ = [
@@ -96,12 +94,9 @@ __all__ = [
     "TLOBConfig",
     "TLOBExplanation",
     "build",
-    "forecast_positions",
-    "regression_loss",
     "sinusoidal_embedding",
 ]
 
-LOSSES = ("mse", "huber")
 # A standard deviation below this is replaced by 1 in BiN (the reference code's guard).
 BIN_MIN_STD = 1e-4
 
@@ -129,7 +124,7 @@ class TLOBConfig:
     dropout: float = 0.0
     """Dropout on the attention weights (the paper uses none)."""
 
-    loss: Literal["mse", "huber"] = "mse"
+    loss: LossKind = "mse"
     """Regression loss on the standardized next-bar return: MSE, or Huber with
     ``huber_delta``. MSE by default: the volatile regime's large returns carry the signal
     too, and Huber at delta 1 clips them (measured on the synthetic data, 8 seeds of the
@@ -142,27 +137,12 @@ class TLOBConfig:
     """Position = tanh(position_scale * forecast), forecast in target std units."""
 
     def __post_init__(self) -> None:
-        if self.hidden_dim < 8:
-            raise ValueError(
-                f"hidden_dim must be >= 8 (the last layers keep d // 4), got {self.hidden_dim}"
-            )
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-        if self.n_heads < 1:
-            raise ValueError(f"n_heads must be >= 1, got {self.n_heads}")
+        check_int("hidden_dim", self.hidden_dim, low=8, why="the last layers keep d // 4")
+        check_int("n_layers", self.n_layers)
+        check_int("n_heads", self.n_heads)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        check_choices("loss", self.loss, LOSSES)
-        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
-            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
-        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
-            raise ValueError(
-                f"position_scale must be positive and finite, got {self.position_scale}"
-            )
-
-
-# --------------------------------------------------------------------------------------
-# Loss and position mapping (both f32)
+        check_head(self)
 
 
 # --------------------------------------------------------------------------------------
@@ -254,7 +234,7 @@ class TLOBExplanation:
     feature_attention: list[torch.Tensor]  # per pair (B, A, H, d_i, d_i): feature to feature
 
 
-class TLOB(nn.Module):
+class TLOB(RegressionHead[TLOBConfig]):
     """TLOB over (B, A, L, F) windows; assets folded into the batch."""
 
     pos_embedding: torch.Tensor  # (L, d) buffer when sinusoidal
@@ -332,15 +312,6 @@ class TLOB(nn.Module):
             feature_attention=[unfold_assets(m, a) for m in feature_maps],
         )
 
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 MSE or Huber loss of the forecasts over batch and assets."""
-        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
-
-    @torch.no_grad()
-    def positions(self, batch: Batch) -> torch.Tensor:
-        """(B, A) f32 positions tanh(position_scale * forecast)."""
-        return forecast_positions(self(batch.x), self.config.position_scale)
-
 
 def build(config: TLOBConfig, shape: DataShape) -> TLOB:
     return TLOB(config, shape)
@@ -356,7 +327,7 @@ SEARCH_SPACE: SearchSpace = {
     "n_heads": Choice((1, 2, 4)),
     "sinusoidal": Choice((True, False)),
     "dropout": Float(0.0, 0.3),
-    "loss": Choice(LOSSES),
+    "loss": Choice(LOSS_KINDS),
     "position_scale": Float(0.5, 32.0, log=True),
 }
 

@@ -88,25 +88,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.base import (
-    Batch,
     Choice,
     DataShape,
     Family,
     Float,
     SearchSpace,
-    check_choices,
+    check_int,
     fold_assets,
     unfold_assets,
 )
-from models.heads import regression_loss
-from models.ops import f32, like
+from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
+from models.ops import f32, like, segsum
 
 __all__ = [
     "FAMILY",
@@ -120,13 +118,9 @@ __all__ = [
     "build",
     "mlstm_parallel",
     "mlstm_recurrent",
-    "regression_loss",
-    "segsum",
     "slstm_scan",
 ]
 
-LossKind = Literal["huber", "mse"]
-LOSS_KINDS: tuple[str, ...] = ("huber", "mse")
 BLOCK_KINDS = "ms"
 
 FORGET_BIAS_RANGE = (3.0, 6.0)  # sigmoid(3..6) = 0.95..0.998: memory of ~20-400 bars
@@ -178,9 +172,7 @@ class XLSTMConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "qkv_block_size", "conv_kernel"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         if not self.blocks or any(ch not in BLOCK_KINDS for ch in self.blocks):
             raise ValueError(
                 f"blocks must be a non-empty string of 'm' (mLSTM) and 's' (sLSTM), "
@@ -208,13 +200,7 @@ class XLSTMConfig:
                 )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        check_choices("loss", self.loss, LOSS_KINDS)
-        if not (self.huber_delta > 0 and math.isfinite(self.huber_delta)):
-            raise ValueError(f"huber_delta must be positive and finite, got {self.huber_delta}")
-        if not (self.position_scale > 0 and math.isfinite(self.position_scale)):
-            raise ValueError(
-                f"position_scale must be positive and finite, got {self.position_scale}"
-            )
+        check_head(self)
 
     @property
     def inner(self) -> int:
@@ -229,20 +215,6 @@ class XLSTMConfig:
 
 # --------------------------------------------------------------------------------------
 # mLSTM cell: parallel form and its recurrent reference. Callers pass f32 tensors.
-
-
-def segsum(a: torch.Tensor) -> torch.Tensor:
-    """(..., T) -> (..., T, T): out[t, j] = sum_{j < s <= t} a[s], -inf for j > t.
-
-    Cumulative sums of the masked segment itself (no difference of two long cumulative
-    sums, so nothing large cancels); exp(out) is lower triangular with ones on the diagonal.
-    """
-    t = a.size(-1)
-    strict = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(-1)
-    rows = a.unsqueeze(-1).expand(*a.shape, t)  # (..., T, T): rows[s, j] = a[s]
-    sums = rows.masked_fill(~strict, 0.0).cumsum(dim=-2)  # [t, j] = sum_{j < s <= t} a[s]
-    causal = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(0)
-    return sums.masked_fill(~causal, -math.inf)
 
 
 def mlstm_parallel(
@@ -437,7 +409,7 @@ class SLSTMBlock(nn.Module):
         return x + self.dropout(self.ffn_down(F.gelu(gate) * value))
 
 
-class XLSTM(nn.Module):
+class XLSTM(RegressionHead[XLSTMConfig]):
     """Stack of mLSTM/sLSTM blocks over (B, A, L, F) windows; assets folded into the batch."""
 
     def __init__(self, config: XLSTMConfig, shape: DataShape) -> None:
@@ -465,15 +437,6 @@ class XLSTM(nn.Module):
             hidden = block(hidden)
         forecast = self.head(self.norm_f(hidden[:, -1]))  # (N, 1), from the decision bar
         return unfold_assets(forecast.squeeze(-1), self.n_assets)
-
-    def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 Huber/MSE loss of the forecast against the standardized next-bar return."""
-        return regression_loss(self(batch.x), batch.y, self.config.loss, self.config.huber_delta)
-
-    @torch.no_grad()
-    def positions(self, batch: Batch) -> torch.Tensor:
-        """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
-        return torch.tanh(self.config.position_scale * f32(self(batch.x)))
 
 
 def build(config: XLSTMConfig, shape: DataShape) -> XLSTM:

@@ -22,6 +22,7 @@ particular to a paper (segsum, DDIM, GAE, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,6 +191,24 @@ def test_family_record_and_search_space(model: str) -> None:
         if not isinstance(dim, Choice):
             family.make_config({name: dim.low})
             family.make_config({name: dim.high})
+
+
+@pytest.mark.parametrize("model", family_names())
+def test_integer_settings_accept_numpy_integers_and_refuse_bools(model: str) -> None:
+    # Searchers may hand over numpy integers; a bool is an int to Python, never a size.
+    family = get_family(model)
+    default = family.default_config()
+    ints = [
+        f.name
+        for f in dataclasses.fields(default)
+        if type(getattr(default, f.name)) is int and getattr(default, f.name) >= 1
+    ]
+    assert ints, model
+    for name in ints:
+        value = getattr(default, name)
+        assert getattr(family.make_config({name: np.int64(value)}), name) == value
+        with pytest.raises(ValueError, match=name):
+            family.make_config({name: True})
 
 
 # (model, settings, what the error must name)
@@ -503,7 +523,7 @@ CASES: dict[str, Case] = {
 }
 
 
-def _module(case: Case) -> torch.nn.Module:
+def _module(case: Case) -> Any:  # a forecast module (family-specific attributes)
     torch.manual_seed(0)
     family = get_family(case.model)
     module = family.build(family.make_config(case.config), case.shape).eval()
@@ -527,7 +547,7 @@ def _batch(case: Case) -> Batch:
     return Batch(x=x, y=y, gaps=gaps)
 
 
-def _output(case: Case, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def _output(case: Case, module: Any, batch: Batch) -> torch.Tensor:
     if case.sampled:
         return module.sample(batch.x)
     if case.model == "liquid":

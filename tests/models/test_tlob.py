@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from models.base import Batch, Choice, DataShape, ForecastModel, inverse_softplus
+from models.heads import regression_loss
 from models.tlob import (
     SEARCH_SPACE,
     TLOB,
@@ -18,7 +19,6 @@ from models.tlob import (
     DualAttentionLayer,
     TLOBConfig,
     build,
-    regression_loss,
     sinusoidal_embedding,
 )
 from trainables.precision import BF16, F32, f32, get_policy
