@@ -54,6 +54,11 @@ TAG_NODE_IP = "node_ip"
 TAG_STATUS = "trial_status"
 TAG_FAILURE = "failure_reason"
 ROLE_SWEEP, ROLE_TRIAL = "sweep", "trial"
+# MLflow 3's UI opens an experiment by this tag: without it, a new experiment opens in the
+# GenAI overview (traces, token usage); "custom_model_development" opens the runs table
+# and charts of model training. The key and values are those of MLflow's UI bundle.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
 METRIC_DROPPED = "hpo.dropped_writes"  # parent run: calls the store rejected, so far
 TAG_LAST_DROPPED = "hpo.last_dropped_write"
 
@@ -122,12 +127,18 @@ def _param_value(value: Any) -> str:
 
 
 def ensure_experiment(client: MlflowClient, name: str) -> str:
+    """The sweep's experiment, created (or restored) as a model-training experiment; a
+    kind someone already set on it is kept."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        if experiment.lifecycle_stage == "deleted":
-            client.restore_experiment(experiment.experiment_id)
-        return experiment.experiment_id
-    return client.create_experiment(name)
+    if experiment is None:
+        return client.create_experiment(name, tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND_TRAINING})
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    if TAG_EXPERIMENT_KIND not in experiment.tags:
+        client.set_experiment_tag(
+            experiment.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND_TRAINING
+        )
+    return experiment.experiment_id
 
 
 def start_sweep_run(

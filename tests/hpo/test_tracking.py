@@ -251,3 +251,16 @@ def test_which_failures_are_retried(exc: BaseException, retry: bool) -> None:
     from hpo.tracking import may_succeed_later
 
     assert may_succeed_later(exc) is retry
+
+
+def test_the_sweep_experiment_opens_as_model_training_in_mlflow_3(mlflow_uri: str) -> None:
+    _, client, parent = _setup(mlflow_uri)
+    experiment = client.get_experiment(client.get_run(parent).info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # An experiment made before (or by hand) without the tag gets it; a kind set is kept.
+    older = client.create_experiment("older")
+    chosen = client.create_experiment("chosen", tags={"mlflow.experimentKind": "finetuning"})
+    for name in ("older", "chosen"):
+        start_sweep_run(client, name, {"name": name}, compare=False)
+    assert client.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "finetuning"
