@@ -2,7 +2,9 @@
 
 Validated once, at the edge, before anything starts: every error names the field (dotted
 path, e.g. ``search_space.tft.dropout``) and the allowed values, and :func:`load_spec`
-raises one :class:`SpecError` listing all of them. See ``examples/quick.toml`` for a
+raises one :class:`SpecError` listing all of them. Parsing also builds every model's
+walk-forward splits on the spec's bars (the file is loaded once), so settings no trial
+could split are refused here rather than in every trial. See ``examples/quick.toml`` for a
 commented example.
 """
 
@@ -14,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from models import family_names
 from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
@@ -22,6 +32,7 @@ from trainables.precision import POLICY_NAMES
 
 SEARCHERS = ("tpe", "random", "pso")
 SCHEDULERS = ("asha", "fifo")
+_BOOL = TypeAdapter(bool)  # pydantic's own reading of a bool field (true, 1, "yes", ...)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Trainer settings a spec may not fix in [trainer]: they are sweep-level fields or per-trial.
 NOT_IN_TRAINER = frozenset({"model", "precision", "seed", "epochs", "device"})
@@ -45,7 +56,9 @@ class _Strict(BaseModel):
 
 class DataSpec(_Strict):
     source: str = "synthetic"
-    """'synthetic' or a CSV/Parquet file or directory (relative to the spec file)."""
+    """'synthetic' or a CSV/Parquet file or directory: a relative path is looked up beside
+    the spec file, then in the working directory, and stored absolute (workers run
+    elsewhere)."""
     n_assets: int = Field(4, ge=1, le=512)
     n_bars: int = Field(1500, ge=200)
     seed: int = 0
@@ -87,6 +100,7 @@ class SweepSpec(_Strict):
     """Configurations sampled per model (per precision unless compare = true)."""
     search: Literal["tpe", "random", "pso"] = "tpe"
     scheduler: Literal["asha", "fifo"] = "asha"
+    """ASHA by default; FIFO when compare = true leaves it out."""
     max_epochs: int = Field(5, ge=1)
     grace_epochs: int = Field(1, ge=1)
     """ASHA: epochs every trial gets before it can be stopped."""
@@ -148,14 +162,28 @@ class SweepSpec(_Strict):
             raise ValueError(f"unknown or sweep-level key(s) {bad}; allowed: {allowed}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _compare_runs_fifo(cls, data: Any) -> Any:
+        """compare = true without a scheduler chooses FIFO (an explicit ASHA stays an error)."""
+        if isinstance(data, dict) and "scheduler" not in data and "compare" in data:
+            try:
+                compare = _BOOL.validate_python(data["compare"])
+            except ValidationError:
+                return data  # the field's own validation reports it
+            if compare:
+                return {**data, "scheduler": "fifo"}
+        return data
+
     @model_validator(mode="after")
     def _cross_field(self) -> SweepSpec:
         if self.compare and len(self.precisions) < 2:
             raise ValueError("compare = true needs at least two precisions (e.g. ['f32', 'bf16'])")
         if self.compare and self.scheduler == "asha":
             raise ValueError(
-                "compare = true needs scheduler = 'fifo': ASHA would stop the members of a pair "
-                "at different epochs and the paired Sharpe difference would compare unequal training"
+                "compare = true needs scheduler = 'fifo' (or no scheduler, which is FIFO in "
+                "compare mode): ASHA would stop the members of a pair at different epochs and "
+                "the paired Sharpe difference would compare unequal training"
             )
         if self.grace_epochs > self.max_epochs:
             raise ValueError(
@@ -199,14 +227,10 @@ def parse_spec(
         spec = SweepSpec.model_validate(payload)
     except ValidationError as exc:
         raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
-    problems = _deep_checks(spec, base_dir)
+    spec, problems = _with_absolute_data(spec, base_dir or Path.cwd())
+    problems = [*_model_problems(spec, data_ok=not problems), *problems]
     if problems:
         raise SpecError(source, problems)
-    if spec.data.source != "synthetic" and base_dir is not None:
-        resolved = _resolve_data(spec.data.source, base_dir)
-        spec = spec.model_copy(
-            update={"data": spec.data.model_copy(update={"source": str(resolved)})}
-        )
     return spec
 
 
@@ -258,11 +282,29 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def _deep_checks(spec: SweepSpec, base_dir: Path | None) -> list[str]:
-    """Checks that need the model registry or the filesystem."""
+def _with_absolute_data(spec: SweepSpec, base_dir: Path) -> tuple[SweepSpec, list[str]]:
+    """The spec with its data source as an absolute path (Ray workers do not share the
+    driver's working directory), or the problem with the source."""
+    if spec.data.source == "synthetic":
+        return spec, []
+    try:
+        resolved = _resolve_data(spec.data.source, base_dir)
+        found = resolved.exists()
+    except (OSError, RuntimeError) as exc:  # name too long; '~user' with no such user
+        return spec, [f"data.source: {spec.data.source!r} is not a usable path ({exc})"]
+    if not found:
+        return spec, [f"data.source: {spec.data.source!r} does not exist (looked at {resolved})"]
+    data = spec.data.model_copy(update={"source": str(resolved)})
+    return spec.model_copy(update={"data": data}), []
+
+
+def _model_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
+    """Checks that need the model registry, and (when the data source is usable) the
+    walk-forward splits of every model's trials on the spec's bars."""
     from hpo.search.space import trial_space
 
     problems = []
+    shapes: dict[DataConfig, tuple[int, int]] = {}
     for model in spec.models:
         try:
             space = trial_space(model, spec.search_space.get(model))
@@ -273,19 +315,11 @@ def _deep_checks(spec: SweepSpec, base_dir: Path | None) -> list[str]:
             problems.append(f"search_space.{model}: {exc}")
             continue
         problem = _trial_config_problem(spec, model, space)
+        if problem is None and data_ok:
+            problem = _splits_problem(spec, model, space, shapes)
         if problem:
             problems.append(problem)
-    if spec.data.source != "synthetic":
-        try:
-            resolved = _resolve_data(spec.data.source, base_dir or Path.cwd())
-            found = resolved.exists()
-        except (OSError, RuntimeError) as exc:  # name too long; '~user' with no such user
-            return [*problems, f"data.source: {spec.data.source!r} is not a usable path ({exc})"]
-        if not found:
-            problems.append(
-                f"data.source: {spec.data.source!r} does not exist (looked at {resolved})"
-            )
-    return problems
+    return list(dict.fromkeys(problems))  # a spec-level problem is said once, not per model
 
 
 def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None:
@@ -312,8 +346,130 @@ def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None
 
 
 def _resolve_data(source: str, base_dir: Path) -> Path:
+    """``source`` as an absolute path: as given, else beside the spec, else in the cwd."""
     path = Path(source).expanduser()
-    if path.is_absolute():
-        return path
-    beside_spec = base_dir / path
-    return beside_spec if beside_spec.exists() else Path.cwd() / path
+    if not path.is_absolute():
+        beside_spec = base_dir / path
+        path = beside_spec if beside_spec.exists() else Path.cwd() / path
+    return path.resolve()
+
+
+# Settings that shape the walk-forward splits, and which end of a searched range needs the
+# most bars (True: the high end). In the order the spec's tables list them.
+_SPLIT_SETTINGS = {
+    "data.n_bars": False,
+    "n_folds": True,
+    "val_fraction": True,
+    "test_fraction": True,
+    "purge": True,
+    "embargo": True,
+    "lookback": True,
+}
+# walk_forward's arguments -> the setting behind each (the first decision time is the
+# features' warm-up plus the lookback, so a message about it or about the bar count is
+# about the lookback too).
+_SPLIT_ARGUMENTS = {
+    "n_bars": ("data.n_bars", "lookback"),
+    "first_valid": ("data.n_bars", "lookback"),
+    "n_folds": ("n_folds",),
+    "val_fraction": ("val_fraction",),
+    "test_fraction": ("test_fraction",),
+    "purge": ("purge",),
+    "embargo": ("embargo",),
+}
+
+
+def _splits_problem(
+    spec: SweepSpec, model: str, space: Any, shapes: dict[DataConfig, tuple[int, int]]
+) -> str | None:
+    """Build the walk-forward splits of ``model``'s trials on the spec's bars, with every
+    searched split setting at the end that needs the most bars, exactly as a trial builds
+    them (:func:`trainables.data.walk_forward`); the problem names the spec fields."""
+    from trainables.data import walk_forward
+
+    params = dict(space.fixed)
+    for key, high in _SPLIT_SETTINGS.items():
+        if key in space.dims:
+            params[key] = _extreme(space.dims[key], high)
+    trial = TrialConfig(
+        model=model,
+        precision=spec.precisions[0],
+        seed=spec.seeds[0],
+        params=params,
+        base=spec.trial_base(),
+    )
+    try:
+        config = trial.train_config()
+    except (ValueError, TypeError):
+        return None  # the extreme itself is invalid: the trial-config check speaks for it
+
+    def names(keys: list[str]) -> str:
+        return ", ".join(_split_field(spec, model, space, k) for k in keys)
+
+    try:
+        if config.data not in shapes:
+            shapes[config.data] = _bar_shape(config.data)
+        n_bars, warmup = shapes[config.data]
+    except (OSError, ValueError) as exc:
+        return f"{names(['data.n_bars'])}: cannot build features from the bars: {exc}"
+    try:
+        # The same arguments as trainables.dataset.build_market.
+        walk_forward(
+            n_bars=n_bars,
+            first_valid=warmup + config.lookback - 1,
+            n_folds=config.n_folds,
+            test_fraction=config.test_fraction,
+            val_fraction=config.val_fraction,
+            purge=config.purge,
+            embargo=config.embargo,
+        )
+    except ValueError as exc:
+        named = set(re.findall(r"\b(" + "|".join(_SPLIT_ARGUMENTS) + r")\b", str(exc)))
+        keys = {k for arg in named for k in _SPLIT_ARGUMENTS[arg]}
+        fields = names([k for k in _SPLIT_SETTINGS if k in keys] or ["data.n_bars"])
+        whose = f" for {model}" if "search_space." in fields else ""
+        return f"{fields}: the walk-forward splits cannot be built{whose}: {exc}"
+    return None
+
+
+def _split_field(spec: SweepSpec, model: str, space: Any, key: str) -> str:
+    """The spec field that sets split setting ``key`` for ``model``'s trials."""
+    if key == "data.n_bars" and spec.data.source != "synthetic":
+        return "data.source"  # a file's bars are what they are
+    if key in space.dims or key in space.fixed:
+        return f"search_space.{model}.{key}"
+    if key == "data.n_bars":
+        return key
+    return "trainer.lookback" if key == "lookback" else f"walk_forward.{key}"
+
+
+def _extreme(dim: Any, high: bool) -> Any:
+    from models.base import Choice
+
+    if isinstance(dim, Choice):
+        numbers = [o for o in dim.options if isinstance(o, int | float) and not isinstance(o, bool)]
+        if not numbers:
+            return dim.options[0]
+        return max(numbers) if high else min(numbers)
+    return dim.high if high else dim.low
+
+
+def _bar_shape(data: DataConfig) -> tuple[int, int]:
+    """(bars, the features' warm-up) of a data source: what the splits depend on. The
+    synthetic generator runs for one asset (the bar count is the spec's); a file is loaded
+    once and its first asset's features computed."""
+    import dataclasses
+
+    from trainables.data import make_features
+    from trainables.dataset import load_bars_source
+
+    if data.source == "synthetic":
+        bars = load_bars_source(dataclasses.replace(data, n_assets=1))
+    else:
+        bars = load_bars_source(data)
+        bars = dataclasses.replace(
+            bars,
+            assets=bars.assets[:1],
+            **{k: getattr(bars, k)[:, :1] for k in ("open", "high", "low", "close", "volume")},
+        )
+    return bars.n_bars, make_features(bars).first_valid

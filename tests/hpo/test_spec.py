@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from hpo.spec import SpecError, load_spec, parse_spec
+from trainables.data import synthetic_bars
 
 ROOT = Path(__file__).resolve().parents[2]
 VALID: dict[str, Any] = {"name": "ok", "models": ["tft"]}
@@ -110,11 +111,82 @@ def test_broken_toml_and_missing_file(tmp_path: Path) -> None:
         load_spec(tmp_path / "missing.toml")
 
 
+def _write_bars(path: Path, n_bars: int = 400) -> Path:
+    synthetic_bars(n_assets=2, n_bars=n_bars, seed=1).to_frame().to_csv(path, index=False)
+    return path
+
+
 def test_data_path_resolved_beside_the_spec(tmp_path: Path) -> None:
-    (tmp_path / "bars.csv").write_text("timestamp,open,high,low,close,volume\n")
+    _write_bars(tmp_path / "bars.csv")
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({**VALID, "data": {"source": "bars.csv"}}))
     assert load_spec(path).data.source == str(tmp_path / "bars.csv")
+
+
+def test_relative_data_source_is_absolute_when_run_from_the_spec_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hpo sweep spec.toml`` from the spec's folder: Ray workers run elsewhere, so the
+    source they get must not depend on the driver's working directory."""
+    (tmp_path / "data").mkdir()
+    _write_bars(tmp_path / "data" / "bars.csv")
+    (tmp_path / "spec.toml").write_text('name = "ok"\nmodels = ["tft"]\n[data]\nsource = "data"\n')
+    monkeypatch.chdir(tmp_path)
+    source = Path(load_spec("spec.toml").data.source)
+    assert source.is_absolute() and source == (tmp_path / "data").resolve()
+    monkeypatch.chdir("/")  # a worker's working directory
+    assert source.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "reason"),
+    [
+        ({"walk_forward": {"test_fraction": 0.0}}, "walk_forward.test_fraction", "in (0, 1)"),
+        (
+            {"walk_forward": {"n_folds": 3, "val_fraction": 0.3, "test_fraction": 0.2}},
+            "walk_forward.n_folds, walk_forward.val_fraction, walk_forward.test_fraction",
+            "must be < 1",
+        ),
+        (
+            {"data": {"n_bars": 200}, "trainer": {"lookback": 120}},
+            "data.n_bars, trainer.lookback",
+            "not enough data",
+        ),
+        (  # the searched end that needs the most bars decides
+            {
+                "data": {"n_bars": 300},
+                "search_space": {"tft": {"lookback": {"low": 8, "high": 200}}},
+            },
+            "data.n_bars, search_space.tft.lookback",
+            "not enough data",
+        ),
+    ],
+)
+def test_walk_forward_that_cannot_split_is_refused(
+    changes: dict[str, Any], field: str, reason: str
+) -> None:
+    problems = _problems(**changes)
+    assert f"{field}: " in problems and reason in problems
+    assert problems.count("walk-forward") == 1  # said once, not once per model
+
+
+def test_walk_forward_checked_against_the_file_bars(tmp_path: Path) -> None:
+    _write_bars(tmp_path / "short.csv", n_bars=120)
+    problems = _problems(data={"source": str(tmp_path / "short.csv")})
+    assert "data.source, trainer.lookback: " in problems and "not enough data" in problems
+    assert "got 120" in problems  # the file's own bar count, not data.n_bars
+
+
+def test_splits_that_fit_pass() -> None:
+    spec = parse_spec({**VALID, "data": {"n_bars": 300}, "trainer": {"lookback": 16}})
+    assert spec.data.n_bars == 300
+
+
+def test_compare_without_a_scheduler_runs_fifo() -> None:
+    spec = parse_spec({**VALID, "compare": True})
+    assert spec.scheduler == "fifo"
+    assert parse_spec({**VALID}).scheduler == "asha"  # the default without compare
+    assert parse_spec({**VALID, "compare": True, "scheduler": "fifo"}).scheduler == "fifo"
 
 
 def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
