@@ -290,6 +290,10 @@ class MlflowSweepCallback(Callback):
         # retry loop blocking Tune's event loop while a server is away.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        # With a tracking server, MLflow prints "View run ... / View experiment ..." (and
+        # fetches the run again to do so) whenever a run ends: once per trial into the
+        # sweep's output and job logs, which already name the MLflow UI once.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self._queued: set[str] = set()  # trials whose run lookup/creation is queued
         self._last_stamp: dict[str, int] = {}  # trial_id -> newest metric timestamp (ms)
         self._orphans_checked = False

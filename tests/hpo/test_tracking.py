@@ -264,3 +264,19 @@ def test_the_sweep_experiment_opens_as_model_training_in_mlflow_3(mlflow_uri: st
         start_sweep_run(client, name, {"name": name}, compare=False)
     assert client.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"
     assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "finetuning"
+
+
+def test_ending_runs_prints_no_view_run_links(
+    mlflow_uri: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MLflow prints the "View run / View experiment" pair from ``_log_url`` when a run
+    ends on a tracking server (a RestStore); the sweep's tracking turns that off."""
+    flag = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+    monkeypatch.setenv(flag, "false")
+    monkeypatch.delenv(flag)  # absent, as in a user's shell; restored after the test
+    _setup(mlflow_uri)
+    server = MlflowClient("http://127.0.0.1:9")  # a RestStore; nothing listens there
+    # Silenced, _log_url returns before it fetches the run it would print (which would
+    # fail here): no request, no output.
+    server._tracking_client._log_url("0" * 32)
+    assert capsys.readouterr().out == ""
