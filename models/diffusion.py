@@ -160,7 +160,7 @@ class DiffusionConfig:
     denoiser_layers: int = 2
     """Residual blocks of the denoiser MLP."""
 
-    n_steps: int = 100
+    diffusion_steps: int = 100
     """T, diffusion steps of the forward process used in training (DDPM: 1000; TimeGrad:
     100; CSDI: 50). Sampling cost does not depend on it (see ``sampling_steps``)."""
 
@@ -175,7 +175,7 @@ class DiffusionConfig:
 
     sampling_steps: int = 10
     """DDIM steps at inference (evenly spaced over the T training steps, the noisiest and
-    the cleanest included); at most ``n_steps``."""
+    the cleanest included); at most ``diffusion_steps``."""
 
     n_samples: int = 16
     """S, sample paths drawn per window for the position; even (antithetic pairs)."""
@@ -192,7 +192,7 @@ class DiffusionConfig:
         for name, low in (
             ("hidden", 2),
             ("denoiser_layers", 1),
-            ("n_steps", 2),
+            ("diffusion_steps", 2),
             ("noise_draws", 1),
         ):
             check_int(name, getattr(self, name), low=low)
@@ -202,7 +202,12 @@ class DiffusionConfig:
             )
         check_choices("encoder", self.encoder, ENCODERS)
         check_choices("schedule", self.schedule, SCHEDULES)
-        check_int("sampling_steps", self.sampling_steps, high=self.n_steps, why="at most n_steps")
+        check_int(
+            "sampling_steps",
+            self.sampling_steps,
+            high=self.diffusion_steps,
+            why="at most diffusion_steps",
+        )
         if not is_integer(self.n_samples) or self.n_samples < 2 or self.n_samples % 2:
             raise ValueError(
                 f"n_samples must be an even integer >= 2 (antithetic pairs), got {self.n_samples!r}"
@@ -216,7 +221,7 @@ class DiffusionConfig:
 # Noise schedule (f32 buffers computed in float64)
 
 
-def make_betas(schedule: str, n_steps: int) -> list[float]:
+def make_betas(schedule: str, diffusion_steps: int) -> list[float]:
     """beta_0..beta_{T-1} in double precision (Python floats).
 
     cosine: abar_t = f(t + 1) / f(0), f(u) = cos((u/T + s) / (1 + s) * pi/2)^2, i.e.
@@ -226,17 +231,22 @@ def make_betas(schedule: str, n_steps: int) -> list[float]:
     clipped at 0.999, which the linear schedule reaches only for T < 21.
     """
     check_choices("schedule", schedule, SCHEDULES)
-    if n_steps < 2:
-        raise ValueError(f"n_steps must be >= 2, got {n_steps}")
+    if diffusion_steps < 2:
+        raise ValueError(f"diffusion_steps must be >= 2, got {diffusion_steps}")
     if schedule == "linear":
-        scale = 1000.0 / n_steps
+        scale = 1000.0 / diffusion_steps
         low, high = 1e-4 * scale, 0.02 * scale
-        return [min(low + (high - low) * i / (n_steps - 1), MAX_BETA) for i in range(n_steps)]
+        return [
+            min(low + (high - low) * i / (diffusion_steps - 1), MAX_BETA)
+            for i in range(diffusion_steps)
+        ]
 
     def f(i: int) -> float:
-        return math.cos((i / n_steps + COSINE_OFFSET) / (1 + COSINE_OFFSET) * math.pi / 2) ** 2
+        return (
+            math.cos((i / diffusion_steps + COSINE_OFFSET) / (1 + COSINE_OFFSET) * math.pi / 2) ** 2
+        )
 
-    return [min(1.0 - f(i + 1) / f(i), MAX_BETA) for i in range(n_steps)]
+    return [min(1.0 - f(i + 1) / f(i), MAX_BETA) for i in range(diffusion_steps)]
 
 
 class NoiseSchedule(nn.Module):
@@ -252,9 +262,9 @@ class NoiseSchedule(nn.Module):
     sqrt_alphas_cumprod: torch.Tensor  # (T,)
     sqrt_one_minus_alphas_cumprod: torch.Tensor  # (T,)
 
-    def __init__(self, schedule: str, n_steps: int) -> None:
+    def __init__(self, schedule: str, diffusion_steps: int) -> None:
         super().__init__()
-        betas = make_betas(schedule, n_steps)
+        betas = make_betas(schedule, diffusion_steps)
         abar, prod = [], 1.0
         for beta in betas:  # float64 cumulative product: no f32 error accumulates over T
             prod *= 1.0 - beta
@@ -271,7 +281,7 @@ class NoiseSchedule(nn.Module):
             self.register_buffer(name, f32(torch.tensor(values)), persistent=False)
 
     @property
-    def n_steps(self) -> int:
+    def diffusion_steps(self) -> int:
         return int(self.betas.numel())
 
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -284,16 +294,16 @@ class NoiseSchedule(nn.Module):
         return a * f32(x0) + s * f32(noise)
 
 
-def ddim_timesteps(n_steps: int, sampling_steps: int) -> torch.Tensor:
+def ddim_timesteps(diffusion_steps: int, sampling_steps: int) -> torch.Tensor:
     """(K,) int64 timesteps from T-1 (noisiest) down to 0, evenly spaced, no repeats."""
-    if not 1 <= sampling_steps <= n_steps:
-        raise ValueError(f"sampling_steps must be in [1, {n_steps}], got {sampling_steps}")
+    if not 1 <= sampling_steps <= diffusion_steps:
+        raise ValueError(f"sampling_steps must be in [1, {diffusion_steps}], got {sampling_steps}")
     if sampling_steps == 1:
-        return torch.tensor([n_steps - 1])
+        return torch.tensor([diffusion_steps - 1])
     # Spacing (T-1)/(K-1) >= 1 and rounding half up (not Python's half-to-even): distinct.
-    spacing = (n_steps - 1) / (sampling_steps - 1)
+    spacing = (diffusion_steps - 1) / (sampling_steps - 1)
     return torch.tensor(
-        [math.floor((n_steps - 1) - k * spacing + 0.5) for k in range(sampling_steps)]
+        [math.floor((diffusion_steps - 1) - k * spacing + 0.5) for k in range(sampling_steps)]
     )
 
 
@@ -468,7 +478,7 @@ class ConditionalDiffusion(nn.Module):
         self.n_assets = shape.n_assets
         self.n_features = shape.n_features
         self.horizon = HORIZON
-        self.schedule = NoiseSchedule(config.schedule, config.n_steps)
+        self.schedule = NoiseSchedule(config.schedule, config.diffusion_steps)
         self.encoder = HistoryEncoder(
             config.encoder, shape.n_features, shape.lookback, config.hidden
         )
@@ -479,7 +489,7 @@ class ConditionalDiffusion(nn.Module):
         nn.init.zeros_(self.prior_mean.bias)
         self.register_buffer(
             "sampling_timesteps",
-            ddim_timesteps(config.n_steps, config.sampling_steps),
+            ddim_timesteps(config.diffusion_steps, config.sampling_steps),
             persistent=False,
         )
 
@@ -499,7 +509,9 @@ class ConditionalDiffusion(nn.Module):
         k = self.config.noise_draws
         c = self.condition(batch.x).unsqueeze(1)  # (N, 1, d)
         x0 = f32(batch.y).reshape(-1, 1, self.horizon).expand(-1, k, -1)  # (N, K, H)
-        t = torch.randint(0, self.schedule.n_steps, x0.shape[:2], device=x0.device)  # (N, K)
+        t = torch.randint(
+            0, self.schedule.diffusion_steps, x0.shape[:2], device=x0.device
+        )  # (N, K)
         noise = torch.randn_like(x0)
         x_t = self.schedule.q_sample(x0, t, noise)  # (N, K, H) f32
         return F.mse_loss(self.epsilon(x_t, t, c, self.prior_mean(c)), noise)
@@ -528,7 +540,7 @@ class ConditionalDiffusion(nn.Module):
         timesteps = (
             self.sampling_timesteps
             if sampling_steps is None
-            else ddim_timesteps(cfg.n_steps, sampling_steps).to(x.device)
+            else ddim_timesteps(cfg.diffusion_steps, sampling_steps).to(x.device)
         )
         c = self.condition(x).unsqueeze(1)  # (N, 1, d)
         z = antithetic_noise(s, self.horizon, cfg.sampler_seed, x.device)  # (S, H)
@@ -558,7 +570,7 @@ def build(config: DiffusionConfig, shape: DataShape) -> ConditionalDiffusion:
 # draws, less gradient noise), left at its default. lr, batch size and weight decay
 # belong to the trainer's space.
 SEARCH_SPACE: SearchSpace = {
-    "n_steps": Int(50, 1000, log=True),
+    "diffusion_steps": Int(50, 1000, log=True),
     "schedule": Choice(SCHEDULES),
     "hidden": Choice((16, 32, 64, 128)),
     "encoder": Choice(ENCODERS),
@@ -591,4 +603,5 @@ FAMILY = Family(
         "over the next-return path; DDIM (eta=0) samples from fixed antithetic noises; "
         "position = tanh(scale * mean / std)"
     ),
+    renamed={"n_steps": "diffusion_steps"},
 )

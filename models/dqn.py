@@ -70,7 +70,7 @@ class DQNConfig:
     """Window encoder: ``factorized`` (a per-bar linear map shared across the L bars, then a
     learned per-channel weighting of the bars, starting at the decision bar) or ``flat``
     (one linear layer over the flattened L x F window). See :class:`WindowEncoder`."""
-    layers: int = 1
+    n_layers: int = 1
     """Hidden layers of the torso over [encoded window, position] (>= 1)."""
     gamma: float = 0.5
     """Discount per bar. Low on purpose: in this environment an action moves the future only
@@ -128,7 +128,7 @@ class DQNConfig:
     def __post_init__(self) -> None:
         positive = (
             "hidden",
-            "layers",
+            "n_layers",
             "n_step",
             "buffer_capacity",
             "learning_starts",
@@ -178,7 +178,7 @@ class DQNConfig:
 # Schaul's 0.4-0.5; exploration decay over 10-50% of training; both window encoders.
 SEARCH_SPACE: SearchSpace = {
     "hidden": Choice((32, 64, 128, 256)),
-    "layers": Int(1, 3),
+    "n_layers": Int(1, 3),
     "encoder": Choice(ENCODERS),
     "gamma": Float(0.3, 0.99),
     "n_step": Int(1, 5),
@@ -251,7 +251,7 @@ class QNetwork(nn.Module):
             )
         torso: list[nn.Module] = []
         width = h + 1  # + the current position, which sets the cost of every action
-        for _ in range(config.layers):
+        for _ in range(config.n_layers):
             torso += [nn.Linear(width, h), nn.ReLU()]
             width = h
         self.torso = nn.Sequential(*torso)
@@ -550,6 +550,7 @@ FAMILY = Family(
         "optional C51 distributional head; a factorized (bar x lag) window encoder. Actions "
         "are evenly spaced positions in [-1, 1]."
     ),
+    renamed={"layers": "n_layers"},
 )
 
 __all__ = [

@@ -121,8 +121,8 @@ class KANConfig:
     width: int = 8
     """Nodes in each hidden KAN layer."""
 
-    depth: int = 1
-    """Hidden KAN layers: the shape is [window * F, width x depth, 1] (0: one layer)."""
+    n_layers: int = 1
+    """Hidden KAN layers: the shape is [window * F, width x n_layers, 1] (0: one layer)."""
 
     grid_size: int = 5
     """Grid intervals G per input dimension (G + spline_order coefficients per edge)."""
@@ -162,7 +162,7 @@ class KANConfig:
     def __post_init__(self) -> None:
         for name in ("window", "width", "grid_size", "spline_order"):
             check_int(name, getattr(self, name))
-        for name in ("depth", "grid_update_epochs"):
+        for name in ("n_layers", "grid_update_epochs"):
             check_int(name, getattr(self, name), low=0)
         if not self.grid_range > 0:
             raise ValueError(f"grid_range must be > 0, got {self.grid_range}")
@@ -310,7 +310,7 @@ class KAN(RegressionHead[KANConfig]):
         self.config = config
         self.n_assets = shape.n_assets
         self.n_features = shape.n_features
-        widths = [config.window * shape.n_features, *[config.width] * config.depth, 1]
+        widths = [config.window * shape.n_features, *[config.width] * config.n_layers, 1]
         self.layers = nn.ModuleList(
             KANLayer(n_in, n_out, config.grid_size, config.spline_order, config.grid_range)
             for n_in, n_out in itertools.pairwise(widths)
@@ -396,7 +396,7 @@ def build(config: KANConfig, shape: DataShape) -> KAN:
 SEARCH_SPACE: SearchSpace = {
     "window": Int(1, 8),
     "width": Int(2, 32, log=True),
-    "depth": Int(1, 3),
+    "n_layers": Int(1, 3),
     "grid_size": Int(3, 20),
     "spline_order": Int(1, 3),
     "grid_eps": Float(0.0, 1.0),
@@ -426,4 +426,5 @@ FAMILY = Family(
         "refit to quantiles in the first epochs) -> next-bar forecast; position = "
         "tanh(scale * forecast)"
     ),
+    renamed={"depth": "n_layers"},
 )

@@ -80,7 +80,7 @@ class PPOConfig:
 
     hidden: int = 64
     """Width of the window encoder, of every torso layer and of the LSTM state."""
-    layers: int = 1
+    n_layers: int = 1
     """Hidden layers of the torso over [encoded window, position] (>= 1)."""
     recurrent: bool = False
     """An LSTM core between the torso and the heads (state carried per environment)."""
@@ -118,7 +118,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         positive = (
             "hidden",
-            "layers",
+            "n_layers",
             "bptt",
             "n_steps",
             "minibatches",
@@ -164,7 +164,7 @@ class PPOConfig:
 # gamma reaches down to 0.5: per-bar P&L rewards need short horizons (see PPOConfig.gamma).
 SEARCH_SPACE: SearchSpace = {
     "hidden": Choice((32, 64, 128, 256)),
-    "layers": Int(1, 3),
+    "n_layers": Int(1, 3),
     "recurrent": Choice((False, True)),
     "gamma": Float(0.5, 0.999),
     "gae_lambda": Float(0.9, 0.99),
@@ -211,7 +211,7 @@ class ActorCritic(nn.Module):
         )
         torso: list[nn.Module] = []
         width = h + 1  # + the current position, which sets the cost of every action
-        for _ in range(config.layers):
+        for _ in range(config.n_layers):
             torso += [_init(nn.Linear(width, h), gain), nn.Tanh()]
             width = h
         self.torso = nn.Sequential(*torso)
@@ -741,6 +741,7 @@ FAMILY = Family(
         "categorical policy of positions; optional LSTM core trained on truncated sequences "
         "from stored states."
     ),
+    renamed={"layers": "n_layers"},
 )
 
 __all__ = [

@@ -21,7 +21,7 @@ plants: asset k's next return loads on asset k-1's current one). The network:
   embeddings E1, E2 (A, node_dim); logits relu(E1 E2^T); each row keeps its ``top_k``
   largest logits and the softmax runs over those only, so row i has exactly top_k
   nonzeros summing to 1. ``adj[i, j] > 0`` means node i reads node j.
-* Graph propagation over ``depth`` hops, then information selection (a linear map of the
+* Graph propagation over ``hops`` hops K, then information selection (a linear map of the
   concatenated hops, MTGNN eq. 7):
   ``mixhop`` (MTGNN eq. 6):  H_0 = X, H_k = beta X + (1 - beta) adj H_{k-1};
   ``diffusion`` (Graph WaveNet eq. 6 with the adaptive matrix): H_k = adj^k X.
@@ -132,7 +132,7 @@ class TGGNConfig:
     """Graph propagation: MTGNN mix-hop (keeps beta of the input at every hop) or Graph
     WaveNet diffusion (powers of the adjacency)."""
 
-    depth: int = 2
+    hops: int = 2
     """Hops K of each graph propagation."""
 
     beta: float = 0.05
@@ -160,7 +160,7 @@ class TGGNConfig:
         check_choices("propagation", self.propagation, PROPAGATIONS)
         check_int("n_layers", self.n_layers)
         check_int("kernel_size", self.kernel_size, low=2)
-        check_int("depth", self.depth)
+        check_int("hops", self.hops)
         if not 0.0 <= self.beta < 1.0:
             raise ValueError(f"beta must be in [0, 1), got {self.beta}")
         if not 0.0 <= self.dropout < 1.0:
@@ -203,30 +203,30 @@ def propagate(adj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 class GraphPropagation(nn.Module):
-    """``depth`` hops of mix-hop or diffusion propagation + information selection.
+    """``hops`` steps of mix-hop or diffusion propagation + information selection.
 
     (B, A, ..., d_in) -> (B, A, ..., d_out): a linear map of [H_0, H_1, ..., H_K].
     """
 
     def __init__(
-        self, d_in: int, d_out: int, depth: int, mode: str, beta: float, dropout: float
+        self, d_in: int, d_out: int, hops: int, mode: str, beta: float, dropout: float
     ) -> None:
         super().__init__()
         check_choices("propagation", mode, PROPAGATIONS)
-        self.depth, self.mode, self.beta = depth, mode, beta
-        self.select = nn.Linear((depth + 1) * d_in, d_out)
+        self.hops, self.mode, self.beta = hops, mode, beta
+        self.select = nn.Linear((hops + 1) * d_in, d_out)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
         """x (B, A, ..., d_in), adj (A, A) in x's dtype -> (B, A, ..., d_out)."""
-        hops = [x]
+        outputs = [x]
         h = x
-        for _ in range(self.depth):
+        for _ in range(self.hops):
             h = propagate(adj, h)
             if self.mode == "mixhop":
                 h = self.beta * x + (1.0 - self.beta) * h
-            hops.append(h)
-        return self.dropout(self.select(torch.cat(hops, dim=-1)))
+            outputs.append(h)
+        return self.dropout(self.select(torch.cat(outputs, dim=-1)))
 
 
 # --------------------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class TCNLayer(nn.Module):
         c = config.channels
         self.conv = GatedTemporalConv(c, config.kernel_size, dilation)
         self.graph = GraphPropagation(
-            c, c, config.depth, config.propagation, config.beta, config.dropout
+            c, c, config.hops, config.propagation, config.beta, config.dropout
         )
         self.skip = nn.Linear(c, config.skip_channels)
         self.norm = nn.LayerNorm(c)
@@ -284,7 +284,7 @@ class GraphGRULayer(nn.Module):
     def __init__(self, config: TGGNConfig) -> None:
         super().__init__()
         c = config.channels
-        args = (config.depth, config.propagation, config.beta, config.dropout)
+        args = (config.hops, config.propagation, config.beta, config.dropout)
         self.gates = GraphPropagation(2 * c, 2 * c, *args)  # [update z | reset r]
         self.candidate = GraphPropagation(2 * c, c, *args)
         self.skip = nn.Linear(c, config.skip_channels)
@@ -363,7 +363,7 @@ def build(config: TGGNConfig, shape: DataShape) -> TGGN:
 
 # Ranges from the papers' settings and ablations: Graph WaveNet (32 residual / 256 skip /
 # 512 end channels, node embedding 10, 8 layers of kernel 2, diffusion K=2, dropout 0.3),
-# MTGNN (32 residual / 64 skip / 128 end channels, node dim 40, subgraph k 20, depth 2,
+# MTGNN (32 residual / 64 skip / 128 end channels, node dim 40, subgraph k 20, propagation depth 2,
 # retain ratio 0.05, 3-5 layers, dropout 0.3), scaled down to the handful of assets a
 # trading universe has here. lr, batch size and weight decay belong to the trainer's space.
 SEARCH_SPACE: SearchSpace = {
@@ -376,7 +376,7 @@ SEARCH_SPACE: SearchSpace = {
     "n_layers": Int(1, 5),
     "kernel_size": Choice((2, 3)),
     "propagation": Choice(PROPAGATIONS),
-    "depth": Int(1, 3),
+    "hops": Int(1, 3),
     "beta": Float(0.0, 0.5),
     "dropout": Float(0.0, 0.3),
     "loss": Choice(LOSS_KINDS),
@@ -404,4 +404,5 @@ FAMILY = Family(
         "propagation, skip connections -> next-bar forecast per asset; position = "
         "tanh(scale * forecast)"
     ),
+    renamed={"depth": "hops"},
 )

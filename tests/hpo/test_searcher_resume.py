@@ -49,7 +49,7 @@ def _spec(search: str, **overrides: Any) -> SweepSpec:
         "search_seed": 3,
         "search_space": {
             "tft": {"n_heads": 1, "lstm_layers": {"low": 1, "high": 2}},
-            "kan": {"depth": 1, "spline_order": 3, "lr": {"low": 1e-4, "high": 1e-1, "log": True}},
+            "kan": {"n_layers": 1, "spline_order": 3, "lr": {"low": 1e-4, "high": 1e-1, "log": True}},
         },
     }
     payload.update(overrides)
@@ -274,7 +274,7 @@ def test_every_param_searcher_keeps_the_protocol(kind: str) -> None:
     """The ParamSearcher contract, the same for every kind: a failed tell counts but is
     never best, a second tell of a token is ignored, best is the best told value, and a
     fresh searcher loaded from ``state()`` (JSON) asks exactly what the original asks."""
-    space = trial_space("kan", {"depth": 1, "spline_order": 3})
+    space = trial_space("kan", {"n_layers": 1, "spline_order": 3})
     searcher = make_param_searcher(kind, space, seed=5)
     assert isinstance(searcher, ParamSearcher)
     asked = {f"g{i}": searcher.ask(f"g{i}") for i in range(6)}
@@ -449,7 +449,7 @@ def test_spec_overrides_fixed_keys_and_added_settings(search: str) -> None:
         "kan": {
             "grid_range": {"low": 1.0, "high": 3.0},  # a model setting the adapter omits
             "width": {"low": 4, "high": 8},  # Int stays Int
-            "depth": 2,
+            "n_layers": 2,
             "data.signal": 0.2,  # data settings may be fixed per model too
         },
     }
@@ -457,7 +457,7 @@ def test_spec_overrides_fixed_keys_and_added_settings(search: str) -> None:
     searcher = SweepSearcher(spec)
     tft_space, kan_space = searcher.spaces
     assert tft_space.fixed == {"dropout": 0.05, "weight_decay": 0.0, "lookback": 24}
-    assert kan_space.fixed == {"depth": 2, "data.signal": 0.2}
+    assert kan_space.fixed == {"n_layers": 2, "data.signal": 0.2}
     assert tft_space.dims["d_model"] == Choice((16, 32))
     assert tft_space.dims["lr"] == Float(1e-3, 2e-3, log=False)
     assert tft_space.dims["batch_size"] == Choice((32, 64))
@@ -479,7 +479,7 @@ def test_spec_overrides_fixed_keys_and_added_settings(search: str) -> None:
         _assert_in(space.dims, params)
         train, model_values, data_values = split_trial_config(config["model"], params)
         if config["model"] == "kan":
-            assert data_values == {"signal": 0.2} and model_values["depth"] == 2
+            assert data_values == {"signal": 0.2} and model_values["n_layers"] == 2
         else:
             assert train["lookback"] == 24 and train["batch_size"] in (32, 64)
 

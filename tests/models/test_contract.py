@@ -211,6 +211,28 @@ def test_integer_settings_accept_numpy_integers_and_refuse_bools(model: str) -> 
             family.make_config({name: True})
 
 
+RENAMED = [
+    ("dqn", "layers", "n_layers"),
+    ("ppo", "layers", "n_layers"),
+    ("kan", "depth", "n_layers"),
+    ("tggn", "depth", "hops"),
+    ("diffusion", "n_steps", "diffusion_steps"),
+]
+
+
+@pytest.mark.parametrize(("model", "old", "new"), RENAMED)
+def test_a_renamed_setting_is_refused_with_its_new_name(model: str, old: str, new: str) -> None:
+    # One name per idea: n_layers counts layers, hops counts graph hops, diffusion_steps
+    # is the diffusion's T (PPO's n_steps is its rollout length). Old saved configs and
+    # specs are refused, not silently mapped.
+    family = get_family(model)
+    assert new in family.config_fields() and old not in family.config_fields()
+    value = getattr(family.default_config(), new)
+    with pytest.raises(ValueError, match=f"'{old}' -> '{new}'"):
+        family.make_config({old: value})
+    assert getattr(family.make_config({new: value}), new) == value
+
+
 # (model, settings, what the error must name)
 BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("dqn", {"gamma": 1.0}, "dqn.gamma must be in"),
@@ -245,7 +267,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("tggn", {"propagation": "gat"}, "propagation"),
     ("tggn", {"n_layers": 0}, "n_layers"),
     ("tggn", {"kernel_size": 1}, "kernel_size"),
-    ("tggn", {"depth": 0}, "depth"),
+    ("tggn", {"hops": 0}, "hops"),
     ("tggn", {"beta": 1.0}, "beta"),
     ("tggn", {"dropout": 1.0}, "dropout"),
     ("tggn", {"loss": "l1"}, "loss"),
@@ -276,11 +298,11 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str]] = [
     ("xlstm", {"dropout": 1.0}, "dropout"),
     ("diffusion", {"schedule": "quadratic"}, "schedule"),
     ("diffusion", {"encoder": "lstm"}, "encoder"),
-    ("diffusion", {"n_steps": 50, "sampling_steps": 51}, "sampling_steps"),
+    ("diffusion", {"diffusion_steps": 50, "sampling_steps": 51}, "sampling_steps"),
     ("diffusion", {"n_samples": 15}, "n_samples"),
     ("diffusion", {"hidden": 15}, "hidden"),
     ("diffusion", {"noise_draws": 0}, "noise_draws"),
-    ("diffusion", {"n_steps": 1, "sampling_steps": 1}, "n_steps"),
+    ("diffusion", {"diffusion_steps": 1, "sampling_steps": 1}, "diffusion_steps"),
     ("diffusion", {"position_scale": math.inf}, "position_scale"),
     ("diffusion", {"n_samples": True}, "n_samples"),
 ]
@@ -382,8 +404,8 @@ PARAMETER_COUNTS: list[tuple[str, dict[str, Any], DataShape, int]] = [
     ("liquid", {"backbone_layers": 2}, SHAPE, 10_977 + 64 * 64 + 64),
     # Per edge G + k = 8 coefficients, w_b and w_s; a bias per node: [32, 8, 1] at window 4.
     ("kan", {}, SHAPE, (8 * 32 * 10 + 8) + (1 * 8 * 10 + 1)),
-    ("kan", {"depth": 2}, SHAPE, 2_649 + (8 * 8 * 10 + 8)),
-    ("kan", {"window": 1, "depth": 0}, SHAPE, 1 * 8 * 10 + 1),
+    ("kan", {"n_layers": 2}, SHAPE, 2_649 + (8 * 8 * 10 + 8)),
+    ("kan", {"window": 1, "n_layers": 0}, SHAPE, 1 * 8 * 10 + 1),
     # mLSTM block 8,936 and sLSTM block 7,040 between the embedding and the head.
     ("xlstm", {}, SHAPE, (8 * 32 + 32) + 8_936 + 7_040 + 32 + 33),
     ("diffusion", {}, SHAPE, 13_602),

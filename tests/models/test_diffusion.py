@@ -53,8 +53,8 @@ def _batch(seed: int = 1, b: int = B) -> Batch:
     return Batch(x=x, y=y, gaps=torch.ones(b, L))
 
 
-def _cosine_f(u: float, n_steps: int, s: float = 0.008) -> float:
-    return math.cos((u / n_steps + s) / (1 + s) * math.pi / 2) ** 2
+def _cosine_f(u: float, diffusion_steps: int, s: float = 0.008) -> float:
+    return math.cos((u / diffusion_steps + s) / (1 + s) * math.pi / 2) ** 2
 
 
 # --------------------------------------------------------------------------------------
@@ -62,11 +62,13 @@ def _cosine_f(u: float, n_steps: int, s: float = 0.008) -> float:
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
-@pytest.mark.parametrize("n_steps", [50, 100, 1000])
-def test_schedule_is_f32_monotone_and_inside_the_unit_interval(schedule: str, n_steps: int) -> None:
-    s = NoiseSchedule(schedule, n_steps)
+@pytest.mark.parametrize("diffusion_steps", [50, 100, 1000])
+def test_schedule_is_f32_monotone_and_inside_the_unit_interval(
+    schedule: str, diffusion_steps: int
+) -> None:
+    s = NoiseSchedule(schedule, diffusion_steps)
     for name in NoiseSchedule.keep_f32:
-        assert getattr(s, name).dtype == F32 and getattr(s, name).shape == (n_steps,), name
+        assert getattr(s, name).dtype == F32 and getattr(s, name).shape == (diffusion_steps,), name
     betas, abar = s.betas, s.alphas_cumprod
     assert bool(((betas > 0) & (betas <= 0.999)).all())
     assert bool((betas.diff() > 0).all())  # noise added per step only grows
@@ -127,11 +129,11 @@ def test_ddim_timesteps_run_from_noisiest_to_cleanest() -> None:
     assert ddim_timesteps(100, 10).tolist() == [99, 88, 77, 66, 55, 44, 33, 22, 11, 0]
     assert ddim_timesteps(100, 100).tolist() == list(range(99, -1, -1))
     assert ddim_timesteps(50, 1).tolist() == [49]
-    for n_steps in (50, 100, 1000):
-        for k in range(2, n_steps + 1):
-            steps = ddim_timesteps(n_steps, k)
-            assert steps[0] == n_steps - 1 and steps[-1] == 0, (n_steps, k)
-            assert bool((steps.diff() < 0).all()), (n_steps, k)  # no timestep twice
+    for diffusion_steps in (50, 100, 1000):
+        for k in range(2, diffusion_steps + 1):
+            steps = ddim_timesteps(diffusion_steps, k)
+            assert steps[0] == diffusion_steps - 1 and steps[-1] == 0, (diffusion_steps, k)
+            assert bool((steps.diff() < 0).all()), (diffusion_steps, k)  # no timestep twice
     with pytest.raises(ValueError, match="sampling_steps"):
         ddim_timesteps(10, 11)
 
@@ -286,8 +288,8 @@ def test_schedule_buffers_are_not_checkpointed() -> None:
 
 
 def test_coupled_extremes_of_the_search_space_are_valid_configs() -> None:
-    FAMILY.make_config({"n_steps": 50, "sampling_steps": 50, "n_samples": 8, "hidden": 16})
-    FAMILY.make_config({"n_steps": 1000, "schedule": "linear", "denoiser_layers": 4})
+    FAMILY.make_config({"diffusion_steps": 50, "sampling_steps": 50, "n_samples": 8, "hidden": 16})
+    FAMILY.make_config({"diffusion_steps": 1000, "schedule": "linear", "denoiser_layers": 4})
 
 
 def test_mlp_encoder_reads_exactly_the_lookback() -> None:

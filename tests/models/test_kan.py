@@ -100,7 +100,7 @@ def test_edge_activations_sum_to_the_layer_output_and_match_the_formula() -> Non
     spline = torch.einsum("nic,oic->noi", layer.b_splines(x), layer.spline_weight)
     by_hand = layer.base_weight * F.silu(x).unsqueeze(1) + layer.spline_scale * spline
     torch.testing.assert_close(phi, by_hand, atol=1e-6, rtol=0)
-    model = _model(KANConfig(depth=2))
+    model = _model(KANConfig(n_layers=2))
     batch = _batch()
     pred, reg = model.forward_regularized(batch.x)
     torch.testing.assert_close(pred, model(batch.x), atol=1e-6, rtol=0)
@@ -241,8 +241,8 @@ def test_grid_refit_turns_autocast_off_for_its_f32_solve() -> None:
 
 def test_search_space_corners_build_and_run() -> None:
     for values in (
-        {"window": 1, "width": 2, "depth": 1, "grid_size": 3, "spline_order": 1},
-        {"window": 8, "width": 32, "depth": 3, "grid_size": 20, "spline_order": 3},
+        {"window": 1, "width": 2, "n_layers": 1, "grid_size": 3, "spline_order": 1},
+        {"window": 8, "width": 32, "n_layers": 3, "grid_size": 20, "spline_order": 3},
     ):
         model = build(FAMILY.make_config(values), SHAPE)
         assert model.loss(_batch(n=4)).shape == ()

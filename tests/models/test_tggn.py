@@ -79,11 +79,9 @@ def test_adjacency_rows_keep_top_k_and_sum_to_one(top_k: int) -> None:
     torch.testing.assert_close(logits, expected)
 
 
-def _chain_model(temporal: str, n_layers: int, depth: int, n_assets: int = 5) -> TGGN:
+def _chain_model(temporal: str, n_layers: int, hops: int, n_assets: int = 5) -> TGGN:
     """A TGGN whose graph is the chain 0 <- 0, 1 <- 0, 2 <- 1, ...: asset i reads i-1."""
-    config = TGGNConfig(
-        temporal=temporal, n_layers=n_layers, depth=depth, top_k=1, node_dim=n_assets
-    )
+    config = TGGNConfig(temporal=temporal, n_layers=n_layers, hops=hops, top_k=1, node_dim=n_assets)
     model = _model(config, DataShape(SHAPE.n_features, L, n_assets))
     logits = torch.ones(n_assets, n_assets)
     for i in range(n_assets):
@@ -95,22 +93,22 @@ def _chain_model(temporal: str, n_layers: int, depth: int, n_assets: int = 5) ->
 
 
 @pytest.mark.parametrize(
-    ("temporal", "n_layers", "depth"),
+    ("temporal", "n_layers", "hops"),
     [("tcn", 1, 1), ("tcn", 2, 1), ("tcn", 1, 2), ("gru", 1, 1)],
 )
 def test_asset_j_moves_asset_i_only_along_graph_paths(
-    temporal: str, n_layers: int, depth: int
+    temporal: str, n_layers: int, hops: int
 ) -> None:
     a = 5
-    model = _chain_model(temporal, n_layers, depth, a)
+    model = _chain_model(temporal, n_layers, hops, a)
     adj = model.adjacency()
     expected_edges = torch.zeros(a, a, dtype=torch.bool)
     for i in range(a):
         expected_edges[i, max(i - 1, 0)] = True
     assert torch.equal(adj > 0, expected_edges)
-    # Paths of at most `hops` edges (self included). A TCN layer propagates `depth` hops at
+    # Paths of at most `hops` edges (self included). A TCN layer propagates `hops` hops at
     # every bar; the GRU propagates at every bar of the window, so any path length counts.
-    hops = n_layers * depth if temporal == "tcn" else a
+    hops = n_layers * hops if temporal == "tcn" else a
     step = (torch.eye(a) + (adj > 0).float()).clamp(max=1)
     reach = torch.linalg.matrix_power(step, hops) > 0  # reach[i, j]: j reaches i
     x = _batch(n_assets=a).x
