@@ -196,13 +196,15 @@ def paired_difference_plot(
     svg_id: str,
     title: str,
     differences: Sequence[tuple[str, float]],
-    median: float,
+    centre: float,
     ci: tuple[float, float],
     x_label: str,
     colour: str,
     footer: str,
+    centre_label: str = "median",
 ) -> str:
-    """Strip plot of the per-pair differences with the zero line, the median and its CI."""
+    """Strip plot of the paired differences with the zero line, a centre estimate
+    (``line.centre``, named by ``centre_label``) and its CI band."""
     width, height = 380, 200
     left, right, top, bottom = 16, 16, 28, 60
     finite = [(name, d) for name, d in differences if math.isfinite(d)]
@@ -228,11 +230,11 @@ def paired_difference_plot(
             f'<circle class="point" cx="{_f(x(d))}" cy="{_f(y_mid + _jitter(i) * band)}" r="3.2" '
             f'fill="{colour}"><title>{escape(name)}: {d:+.3f}</title></circle>'
         )
-    if math.isfinite(median):
+    if math.isfinite(centre):
         out.append(
-            f'<line class="median" x1="{_f(x(median))}" y1="{_f(top)}" x2="{_f(x(median))}" '
+            f'<line class="centre" x1="{_f(x(centre))}" y1="{_f(top)}" x2="{_f(x(centre))}" '
             f'y2="{_f(height - bottom)}" stroke="#222" stroke-width="2">'
-            f"<title>median {median:+.3f}</title></line>"
+            f"<title>{escape(centre_label)} {centre:+.3f}</title></line>"
         )
     out.append(
         f'<text class="footer" x="{_f(width / 2)}" y="{_f(height - 6)}" text-anchor="middle">'

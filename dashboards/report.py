@@ -12,13 +12,17 @@ an MLflow artifact view, an e-mail attachment or an air-gapped machine.
 Stable hooks for browser tests and for readers who link to a part (``<scope>`` is a model
 family or ``overall``; names are reduced to ``[A-Za-z0-9_-]``):
 
+* ``h1#verdict`` - the first line: the verdict, overall and per family;
+  ``ul#verdicts`` - one sentence per family that explains it;
 * ``#summary-table`` - one row per scope, contrast and split;
 * ``section#family-<scope>.family`` - everything about one scope;
 * ``table#stats-<scope>.stats-table`` - the paired statistics;
 * ``table#counts-<scope>``, ``table#selection-<scope>`` - trial states, PSR/DSR;
+* ``table#seeds-<scope>-<contrast>`` - every seed pair behind the configuration means;
 * ``svg#dist-<scope>-<contrast>-<val|test>.plot-dist`` - the two Sharpe distributions
-  (the pairs the statistics use);
-* ``svg#diff-<scope>-<contrast>-<val|test>.plot-diff`` - paired differences, zero line;
+  (the configuration means the statistics use);
+* ``svg#diff-<scope>-<contrast>-<val|test>.plot-diff`` - paired differences per
+  configuration, zero line;
 * ``svg#curves-<scope>-<contrast>.plot-curves`` - validation Sharpe per epoch, per pair;
 * ``svg#resources-<scope>.plot-bars`` - peak memory and throughput per precision (or a
   ``p#resources-<scope>.not-recorded``);
@@ -39,11 +43,21 @@ from dashboards._svg import (
     distribution_plot,
     paired_difference_plot,
 )
-from dashboards.tables import format_ci, format_num, format_p
+from dashboards.tables import (
+    format_ci,
+    format_confidence,
+    format_interval,
+    format_num,
+    format_p,
+    verdict_headline,
+    verdict_sentence,
+    verdict_text,
+)
 from hpo.compare import (
     ALL_PRECISIONS,
     OVERALL,
     SPLITS,
+    VERDICT_SPLIT,
     Comparison,
     Contrast,
     ScopeComparison,
@@ -60,7 +74,9 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif;
        margin: 0 auto; max-width: 1280px; padding: 0 24px 48px; color: #1b1b1b; }
-h1 { font-size: 22px; margin: 24px 0 4px; } h2 { font-size: 18px; margin: 32px 0 8px; }
+h1 { font-size: 22px; margin: 24px 0 4px; } h1 span { display: block; }
+.title { font-size: 16px; margin: 4px 0; }
+#verdicts li { margin: 2px 0; } h2 { font-size: 18px; margin: 32px 0 8px; }
 h3 { font-size: 15px; margin: 20px 0 6px; }
 .meta, .caption, .footer-note { color: #555; font-size: 12.5px; }
 nav a { margin-right: 12px; }
@@ -106,13 +122,21 @@ def render_report(comparison: Comparison) -> str:
         f"<title>Precision comparison: {escape(c.experiment)}</title>",
         f"<style>{_CSS}</style></head><body>",
         '<header id="report-header">',
-        f"<h1>Does precision change out-of-sample Sharpe? {escape(c.experiment)}</h1>",
+        # The first line is the answer; everything below is how it was reached.
+        '<h1 id="verdict">'
+        + "".join(f"<span>{escape(line)}</span>" for line in verdict_headline(c))
+        + "</h1>",
+        _verdicts(c),
+        f'<p class="title">Does precision change out-of-sample Sharpe? {escape(c.experiment)}</p>',
         '<p class="meta">',
         f"{n_trials} trials; precisions {escape(', '.join(c.precisions))} "
         f"(reference {escape(c.reference)}); MLflow experiment {escape(c.experiment)} "
         f"({escape(c.experiment_id)}), parent run {escape(str(c.parent_run_id))}, "
         f"tracking {escape(c.tracking_uri)}; computed {escape(c.computed_at)}; "
-        f"{c.confidence:.0%} BCa CI from {c.n_resamples} resamples (seed {c.seed}).",
+        "unit of inference: the sampled configuration (seeds averaged); equivalence margin "
+        f"\u00b1{c.margin:.2f} annualised Sharpe; "
+        f"Hodges-Lehmann estimates with exact signed-rank {c.confidence:.0%} CIs (the "
+        "confidence each achieves is shown).",
         "</p>",
         _list(c.notes, "comparison-notes"),
         "</header>",
@@ -154,9 +178,29 @@ def _list(items: list[str], css_id: str | None = None) -> str:
     return f'<ul class="notes"{ident}>{body}</ul>'
 
 
-def _p_cell(p: float) -> str:
+def _p_cell(p: float, title: str = "") -> str:
+    """A p-value of the paired test (bold below 0.05); ``title`` names its method."""
     cls = ' class="significant"' if math.isfinite(p) and p < 0.05 else ""
-    return f"<td{cls}>{format_p(p)}</td>"
+    tip = f' title="{escape(title)}"' if title else ""
+    return f"<td{cls}{tip}>{escape(format_p(p))}</td>"
+
+
+def _descriptive_cell(p: float) -> str:
+    """A p-value that describes the two distributions (MWU, KS): never emphasised, it is
+    not the test of the paired design."""
+    return f'<td class="descriptive">{escape(format_p(p))}</td>'
+
+
+def _verdicts(c: Comparison) -> str:
+    items = [
+        verdict_sentence(scope.scope, contrast)
+        for scope in c.scopes
+        for contrast in scope.contrasts.values()
+    ]
+    if not items:
+        return ""
+    body = "".join(f"<li>{escape(i)}</li>" for i in items)
+    return f'<ul id="verdicts">{body}</ul>'
 
 
 def _summary(c: Comparison) -> str:
@@ -166,6 +210,7 @@ def _summary(c: Comparison) -> str:
         for contrast in scope.contrasts.values():
             for split in SPLITS:
                 r = contrast.split(split)
+                inference = contrast.inference[split]
                 rows.append(
                     f'<tr data-scope="{escape(scope.scope)}" data-contrast="{contrast.key}" '
                     f'data-split="{split}">'
@@ -173,46 +218,85 @@ def _summary(c: Comparison) -> str:
                     f'</td><td class="text">{escape(contrast.other)} - '
                     f'{escape(contrast.reference)}</td><td class="text">{split}</td>'
                     f"<td>{r.n_pairs_used}</td><td>{r.n_excluded_nonfinite}</td>"
-                    f"<td>{len(contrast.incomplete)}</td><td>{format_ci(r)}</td>"
-                    f"{_p_cell(r.wilcoxon_pvalue)}"
-                    f"{_p_cell(getattr(contrast, f'{split}_wilcoxon_p_bh'))}"
+                    f'<td>{len(contrast.incomplete)}</td><td class="ci">{format_ci(r)}</td>'
+                    f"{_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
+                    f'<td class="text method">{escape(inference.wilcoxon_method)}</td>'
+                    f"{_p_cell(inference.wilcoxon_p_bh)}"
+                    f'<td class="text verdict">{escape(verdict_text(contrast, split))}</td>'
                     f"<td>{format_num(pooled.dsr) if split == 'val' else ''}</td></tr>"
                 )
     head = (
         "<tr><th>scope</th><th class='text'>contrast</th><th class='text'>Sharpe</th>"
-        "<th>pairs used</th><th>excluded (diverged)</th><th>pending</th>"
-        f"<th>median diff [{c.confidence:.0%} BCa CI]</th><th>Wilcoxon p</th>"
-        "<th>BH q (families)</th><th>DSR of best (all precisions)</th></tr>"
+        "<th>configurations used</th><th>excluded (diverged)</th><th>pending pairs</th>"
+        f"<th>HL diff [{c.confidence:.0%} CI] achieved</th><th>Wilcoxon p</th>"
+        "<th class='text'>computed</th><th>BH q (families, this split)</th>"
+        f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th>"
+        "<th>DSR of best (all precisions)</th></tr>"
     )
     return (
         '<section id="summary"><h2>Summary</h2>'
         '<table id="summary-table" class="stats-table summary-table">'
         f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
-        '<p class="caption">diff = other precision minus the reference, per pair of trials '
-        "that differ only in precision; val = validation Sharpe (used for selection), test = "
-        "held-out test Sharpe (reported, never optimized).</p></section>"
+        '<p class="caption">diff = other precision minus the reference, per sampled '
+        "configuration (its seeds' pairs of trials that differ only in precision, averaged); "
+        "val = validation Sharpe (used for selection), test = held-out test Sharpe "
+        f"(reported, never optimized). The headline verdict is the {VERDICT_SPLIT} split's."
+        "</p></section>"
     )
 
 
 def _reading_notes(c: Comparison) -> str:
     ref = escape(c.reference)
+    n_tests = sorted(
+        {
+            contrast.inference[split].bh_n_tests
+            for scope in c.families.values()
+            for contrast in scope.contrasts.values()
+            for split in SPLITS
+            if contrast.inference[split].bh_n_tests
+        }
+    )
+    tests = " or ".join(str(n) for n in n_tests) if n_tests else "no"
     items = [
+        f"<b>Verdict.</b> The question is whether the other precision is <i>as good as</i> "
+        f"{ref}, which \u201cnot significantly different\u201d does not answer. The verdict "
+        "is a two one-sided tests (TOST) equivalence test, each one-sided test an exact "
+        "signed-rank test, of the centre of the configuration differences against a margin "
+        f"of \u00b1{c.margin:.2f} annualised Sharpe fixed before the results: "
+        "<i>equivalent</i> when the 90% Hodges-Lehmann interval lies inside the margin (both "
+        "one-sided tests reject at 5%), <i>worse</i> or <i>better</i> when it lies wholly "
+        "beyond it, otherwise <i>inconclusive</i>, with about how many more configurations "
+        "would decide it if the spread stays as observed. With 4 or fewer configurations no "
+        "test at 5% can reject, so the verdict is inconclusive whatever the data. The "
+        f"headline uses the {'held-out test' if VERDICT_SPLIT == 'test' else 'validation'} "
+        "Sharpe.",
         "<b>Paired design.</b> Each pair is one sampled configuration and seed trained once "
-        f"per precision. The Wilcoxon signed-rank test asks whether the paired differences "
-        f"(other - {ref}) are centred on zero. Its p-value is the probability of differences "
-        "at least this one-sided if precision made no difference; it is <i>not</i> the "
-        "probability that precision makes no difference.",
-        "<b>Absence of evidence.</b> A large p-value from a handful of pairs says little: with "
-        "5 non-zero differences the smallest possible two-sided p is 0.0625. Read the BCa "
-        "confidence interval of the median difference instead: every difference inside it is "
-        "compatible with the data. If it includes Sharpe differences you would care about, "
-        "this run cannot rule them out; run more pairs.",
+        "per precision. The unit of inference is the configuration: the paired differences "
+        "of its seeds are averaged first, since seeds that share every hyperparameter are "
+        "not independent pairs (the per-seed values are in each family's seed table). The "
+        f"Wilcoxon signed-rank test asks whether these differences (other - {ref}) are "
+        "centred on zero; zero differences are dropped and the p-value is exact up to 50 "
+        "non-zero differences (the 'computed' column says how each was obtained). Its "
+        "p-value is the probability of differences at least this one-sided if precision "
+        "made no difference; it is <i>not</i> the probability that precision makes no "
+        "difference.",
+        "<b>Absence of evidence.</b> A large p-value from a handful of configurations says "
+        "little: with 5 non-zero differences the smallest possible two-sided p is 0.0625. "
+        "Read the Hodges-Lehmann interval instead (the median of the pairwise averages of "
+        "the differences, with the exact signed-rank interval that matches the Wilcoxon "
+        "test): every difference inside it is compatible with the data. Its confidence is "
+        "discrete at small n, so the confidence it achieves is shown; with 5 or fewer "
+        f"configurations {c.confidence:.0%} is out of reach and the interval is the range "
+        "of the differences, at the lower confidence stated. The plain median of the "
+        "differences is kept as a descriptive number.",
         "<b>Descriptive checks.</b> Mann-Whitney U and Kolmogorov-Smirnov compare the two "
-        "distributions while ignoring the pairing; they are shown to describe the "
-        "distributions, not as the test.",
-        "<b>Many families.</b> With ten families and two splits, one p below 0.05 is what "
-        "chance produces; the BH q column adjusts the Wilcoxon p-values across families "
-        "(Benjamini-Hochberg false discovery rate).",
+        "distributions while ignoring the pairing; they describe the distributions and are "
+        "not the test, so their p-values are never emphasised, whatever their size.",
+        "<b>Many families.</b> The BH q column adjusts the Wilcoxon p-values of one contrast "
+        "and one split across the model families (Benjamini-Hochberg false discovery rate): "
+        f"{tests} tests per adjustment here, one per family with a p-value. Validation and "
+        "test are adjusted separately, as two questions; with ten families one p below "
+        "0.05 among the ten of a split is what chance produces.",
         "<b>Validation versus test.</b> Configurations were selected on validation Sharpe; the "
         "held-out test Sharpe was never used for selection. A precision effect that shows on "
         "validation but not on test is more likely noise or selection than precision.",
@@ -261,6 +345,9 @@ def _scope_section(c: Comparison, scope: ScopeComparison, colours: dict[str, str
             parts.append(_distribution(name, contrast, split, trials, colours))
             parts.append(_diff_plot(name, contrast, split, trials, colours[contrast.other]))
     parts.append("</div>")
+    parts.append("<h3>Seed pairs behind each configuration</h3>")
+    for contrast in scope.contrasts.values():
+        parts.append(_seeds_table(name, contrast, trials))
     parts.append(_counts_table(c, scope))
     if name != OVERALL:
         parts.append("<h3>Training curves of paired trials</h3>")
@@ -292,23 +379,25 @@ def _split_value(t: TrialRecord, split: str) -> float:
 
 def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
     head = (
-        "<tr><th class='text'>contrast, Sharpe</th><th>pairs used</th>"
-        "<th title='pairs with a diverged member (NaN Sharpe)'>excluded</th>"
-        "<th title='pairs with a member unfinished, errored or missing'>pending</th>"
+        "<tr><th class='text'>contrast, Sharpe</th><th>configurations used</th>"
+        "<th title='configurations with a diverged member (NaN Sharpe)'>excluded</th>"
+        "<th title='seed pairs with a member unfinished, errored or missing, or another "
+        "seed of their configuration so'>pending pairs</th>"
         f"<th>median {escape(c.reference)}</th><th>median other</th>"
-        "<th>mean diff</th><th>median diff</th>"
-        f"<th>{c.confidence:.0%} BCa CI</th><th>Wilcoxon W</th><th>Wilcoxon p</th>"
-        "<th>BH q</th><th>MWU U</th><th>MWU p</th><th>KS D</th><th>KS p</th></tr>"
+        "<th>mean diff</th><th>median diff (descriptive)</th><th>HL estimate</th>"
+        f"<th>HL {c.confidence:.0%} CI</th><th>achieved</th>"
+        "<th>Wilcoxon W</th><th>Wilcoxon p</th>"
+        "<th class='text'>computed</th><th>BH q</th>"
+        f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th><th>TOST p</th>"
+        "<th>MWU U</th><th>MWU p (descriptive)</th><th>KS D</th><th>KS p (descriptive)</th>"
+        "</tr>"
     )
     rows = []
     for contrast in scope.contrasts.values():
         for split in SPLITS:
             r = contrast.split(split)
-            ci = (
-                f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
-                if math.isfinite(r.ci_low) and math.isfinite(r.ci_high)
-                else "—"
-            )
+            inference = contrast.inference[split]
+            ci = format_interval(r.hl_low, r.hl_high)
             rows.append(
                 f'<tr data-contrast="{contrast.key}" data-split="{split}">'
                 f'<td class="text">{escape(contrast.other)} - {escape(contrast.reference)}, '
@@ -319,11 +408,18 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
                 f"<td>{escape(contrast.other)} {format_num(r.median_b)}</td>"
                 f"<td>{format_num(r.mean_difference, True)}</td>"
                 f'<td class="median-diff">{format_num(r.median_difference, True)}</td>'
-                f'<td class="ci">{ci}</td><td>{format_num(r.wilcoxon_statistic)}</td>'
-                f"{_p_cell(r.wilcoxon_pvalue)}"
-                f"{_p_cell(getattr(contrast, f'{split}_wilcoxon_p_bh'))}"
-                f"<td>{format_num(r.mannwhitney_statistic)}</td>{_p_cell(r.mannwhitney_pvalue)}"
-                f"<td>{format_num(r.ks_statistic)}</td>{_p_cell(r.ks_pvalue)}</tr>"
+                f'<td class="hl-estimate">{format_num(r.hl_estimate, True)}</td>'
+                f'<td class="ci">{ci}</td>'
+                f'<td class="ci-confidence">{format_confidence(r.hl_confidence)}</td>'
+                f"<td>{format_num(r.wilcoxon_statistic)}</td>"
+                f"{_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
+                f'<td class="text method">{escape(inference.wilcoxon_method)}</td>'
+                f"{_p_cell(inference.wilcoxon_p_bh)}"
+                f'<td class="text verdict">{escape(verdict_text(contrast, split))}</td>'
+                f"<td>{escape(format_p(inference.equivalence_pvalue))}</td>"
+                f"<td>{format_num(r.mannwhitney_statistic)}</td>"
+                f"{_descriptive_cell(r.mannwhitney_pvalue)}"
+                f"<td>{format_num(r.ks_statistic)}</td>{_descriptive_cell(r.ks_pvalue)}</tr>"
             )
     return (
         f'<div class="table-wrap"><table id="{dom_id("stats", scope.scope)}" '
@@ -332,37 +428,39 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
     )
 
 
-def _used_pairs(
+def _used_units(
     contrast: Contrast, split: str, trials: list[TrialRecord]
-) -> list[tuple[str, TrialRecord, TrialRecord]]:
-    """The pairs behind the statistics of ``split``: compared, and not excluded."""
+) -> list[tuple[str, float, float]]:
+    """The configurations behind the statistics of ``split`` (compared, not excluded):
+    ``(configuration, reference mean, other mean)`` over its seeds."""
     by_key = {(t.pair_id, t.precision): t for t in trials}
     excluded = set(contrast.split(split).excluded_indices)
     used = []
-    for i, pair in enumerate(contrast.pair_ids):
-        a, b = by_key.get((pair, contrast.reference)), by_key.get((pair, contrast.other))
-        if i not in excluded and a is not None and b is not None:
-            used.append((pair, a, b))
+    for i, unit in enumerate(contrast.unit_ids):
+        if i in excluded:
+            continue
+        members = [
+            (by_key.get((p, contrast.reference)), by_key.get((p, contrast.other)))
+            for p in contrast.unit_pairs[unit]
+        ]
+        pairs = [(a, b) for a, b in members if a is not None and b is not None]
+        if len(pairs) < len(members):
+            continue
+        a_mean = sum(_split_value(a, split) for a, _ in pairs) / len(pairs)
+        b_mean = sum(_split_value(b, split) for _, b in pairs) / len(pairs)
+        used.append((unit, a_mean, b_mean))
     return used
 
 
 def _distribution(
     scope: str, contrast: Contrast, split: str, trials: list[TrialRecord], colours: dict[str, str]
 ) -> str:
-    # The same values as the statistics (used pairs only), so the drawn medians are the
-    # table's medians; every other trial is in the counts table.
-    used = _used_pairs(contrast, split, trials)
+    # The same values as the statistics (configuration means of the used ones), so the
+    # drawn medians are the table's medians; every trial is in the seed and counts tables.
+    used = _used_units(contrast, split, trials)
     groups = [
-        (
-            contrast.reference,
-            [(pair, _split_value(a, split)) for pair, a, _ in used],
-            colours[contrast.reference],
-        ),
-        (
-            contrast.other,
-            [(pair, _split_value(b, split)) for pair, _, b in used],
-            colours[contrast.other],
-        ),
+        (contrast.reference, [(unit, a) for unit, a, _ in used], colours[contrast.reference]),
+        (contrast.other, [(unit, b) for unit, _, b in used], colours[contrast.other]),
     ]
     key = "" if len(colours) == 2 else f" ({contrast.other} vs {contrast.reference})"
     return distribution_plot(
@@ -377,23 +475,23 @@ def _diff_plot(
     scope: str, contrast: Contrast, split: str, trials: list[TrialRecord], colour: str
 ) -> str:
     result = contrast.split(split)
-    differences = [
-        (pair, _split_value(b, split) - _split_value(a, split))
-        for pair, a, b in _used_pairs(contrast, split, trials)
-    ]
+    differences = [(unit, b - a) for unit, a, b in _used_units(contrast, split, trials)]
+    inference = contrast.inference[split]
     footer = (
-        f"{result.n_pairs_used} pairs; {result.n_excluded_nonfinite} excluded (diverged); "
-        f"{len(contrast.incomplete)} pending; Wilcoxon p {format_p(result.wilcoxon_pvalue)}"
+        f"{result.n_pairs_used} configurations; {result.n_excluded_nonfinite} excluded "
+        f"(diverged); {len(contrast.incomplete)} pending pairs; Wilcoxon p "
+        f"{format_p(result.wilcoxon_pvalue)} ({inference.wilcoxon_method})"
     )
     return paired_difference_plot(
         dom_id("diff", scope, contrast.key, split),
         f"{scope}: {contrast.other} - {contrast.reference}, {SPLIT_LABEL[split]}",
         differences,
-        result.median_difference,
-        (result.ci_low, result.ci_high),
-        f"paired difference in Sharpe ({contrast.other} - {contrast.reference})",
+        result.hl_estimate,
+        (result.hl_low, result.hl_high),
+        f"paired difference in Sharpe ({contrast.other} - {contrast.reference}), per configuration",
         colour,
         footer,
+        centre_label="Hodges-Lehmann estimate",
     )
 
 
@@ -450,6 +548,61 @@ def _resources(c: Comparison, scope: ScopeComparison, colours: dict[str, str]) -
         ),
     ]
     return bars_plot(ident, f"{scope.scope}: memory and throughput per precision", panels)
+
+
+def _seeds_table(scope: str, contrast: Contrast, trials: list[TrialRecord]) -> str:
+    """Every seed pair of the compared configurations, with the configuration's mean
+    difference (the value the tests use) on its first row."""
+    by_key = {(t.pair_id, t.precision): t for t in trials}
+    ref, other = escape(contrast.reference), escape(contrast.other)
+    head = (
+        "<tr><th class='text'>configuration</th><th class='text'>seed pair</th>"
+        + "".join(
+            f"<th>{split} {ref}</th><th>{split} {other}</th><th>{split} diff</th>"
+            f"<th>{split} configuration mean diff</th>"
+            for split in SPLITS
+        )
+        + "</tr>"
+    )
+    excluded = {split: set(contrast.excluded_unit_ids(split)) for split in SPLITS}
+    rows = []
+    for unit in contrast.unit_ids:
+        pairs = contrast.unit_pairs[unit]
+        diffs: dict[str, list[float]] = {split: [] for split in SPLITS}
+        cells = []
+        for pair in pairs:
+            a, b = by_key.get((pair, contrast.reference)), by_key.get((pair, contrast.other))
+            row = []
+            for split in SPLITS:
+                va = _split_value(a, split) if a else math.nan
+                vb = _split_value(b, split) if b else math.nan
+                diffs[split].append(vb - va)
+                row.append((va, vb, vb - va))
+            cells.append((pair, row))
+        for i, (pair, row) in enumerate(cells):
+            tds = []
+            for (va, vb, d), split in zip(row, SPLITS, strict=True):
+                mean = ""
+                if i == 0:
+                    mean = (
+                        "excluded (diverged)"
+                        if unit in excluded[split]
+                        else format_num(sum(diffs[split]) / len(diffs[split]), True)
+                    )
+                tds.append(
+                    f"<td>{format_num(va)}</td><td>{format_num(vb)}</td>"
+                    f"<td>{format_num(d, True)}</td><td class='unit-mean'>{mean}</td>"
+                )
+            first = f'<td class="text">{escape(unit)}</td>' if i == 0 else '<td class="text"></td>'
+            rows.append(
+                f'<tr data-unit="{escape(unit)}" data-pair="{escape(pair)}">{first}'
+                f'<td class="text">{escape(pair)}</td>{"".join(tds)}</tr>'
+            )
+    return (
+        f'<div class="table-wrap"><table id="{dom_id("seeds", scope, contrast.key)}" '
+        f'class="seeds-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+        "</div>"
+    )
 
 
 def _counts_table(c: Comparison, scope: ScopeComparison) -> str:

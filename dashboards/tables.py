@@ -11,10 +11,20 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from hpo.compare import SPLITS, Comparison
+from hpo.compare import NOT_COMPUTED, SPLITS, VERDICT_SPLIT, Comparison, Contrast
 from hpo.stats import PairedComparison
 
-__all__ = ["format_ci", "format_num", "format_p", "rich_tables"]
+__all__ = [
+    "format_ci",
+    "format_confidence",
+    "format_interval",
+    "format_num",
+    "format_p",
+    "rich_tables",
+    "verdict_headline",
+    "verdict_sentence",
+    "verdict_text",
+]
 
 
 def format_p(value: float) -> str:
@@ -29,25 +39,104 @@ def format_num(value: float, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
+def format_interval(low: float, high: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "[—]"
+    return f"[{low:+.3f}, {high:+.3f}]"
+
+
+def format_confidence(value: float) -> str:
+    """An achieved confidence: ``96.9%`` (one decimal: the exact levels are discrete)."""
+    return f"{value:.1%}" if math.isfinite(value) else "—"
+
+
 def format_ci(result: PairedComparison) -> str:
-    diff = format_num(result.median_difference, signed=True)
-    if not (math.isfinite(result.ci_low) and math.isfinite(result.ci_high)):
-        return f"{diff} [—]"
-    return f"{diff} [{result.ci_low:+.3f}, {result.ci_high:+.3f}]"
+    """Hodges-Lehmann estimate, its exact signed-rank CI and the confidence it achieves:
+    ``+0.050 [-0.100, +0.200] 93.8%``."""
+    estimate = format_num(result.hl_estimate, signed=True)
+    interval = format_interval(result.hl_low, result.hl_high)
+    if interval == "[—]":
+        return f"{estimate} {interval}"
+    return f"{estimate} {interval} {format_confidence(result.hl_confidence)}"
+
+
+def verdict_text(contrast: Contrast, split: str = VERDICT_SPLIT) -> str:
+    """The verdict of one contrast and split as the report and the CLI print it."""
+    return contrast.inference[split].verdict or NOT_COMPUTED
+
+
+def verdict_headline(comparison: Comparison) -> list[str]:
+    """One line per contrast: the overall verdict, then each family's (the report's first
+    line and the first line ``hpo compare`` prints)."""
+    lines = []
+    split = "held-out test" if VERDICT_SPLIT == "test" else "validation"
+    for key in comparison.contrast_keys:
+        overall = comparison.overall.contrasts.get(key)
+        if overall is None:
+            continue
+        families = "; ".join(
+            f"{s.scope} {verdict_text(s.contrasts[key])}"
+            for s in comparison.families.values()
+            if key in s.contrasts
+        )
+        lines.append(
+            f"Verdict, {overall.other} vs {overall.reference} ({split} Sharpe, margin "
+            f"\u00b1{comparison.margin:.2f}): {verdict_text(overall)}"
+            + (f" (families: {families})" if len(comparison.families) > 1 else "")
+        )
+    return lines or ["Verdict: no contrast to compare yet"]
+
+
+def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT) -> str:
+    """One sentence that explains the verdict of ``contrast`` in ``scope``."""
+    r = contrast.split(split)
+    inference = contrast.inference[split]
+    margin = f"\u00b1{inference.margin:.2f}"
+    other = contrast.other
+    n = f"{r.n_pairs_used} configuration{'s' if r.n_pairs_used != 1 else ''}"
+    interval = (
+        f"the {format_confidence(inference.tost_confidence)} Hodges-Lehmann interval of "
+        f"{other} - {contrast.reference} over {n} is "
+        f"{format_interval(inference.tost_low, inference.tost_high)}"
+    )
+    p = f"TOST p = {format_p(inference.equivalence_pvalue)}"
+    verdict = inference.verdict
+    if verdict is None:
+        why = inference.verdict_note or inference.wilcoxon_method
+        return f"{scope}: no verdict ({why})."
+    if verdict == "equivalent":
+        return f"{scope}: equivalent: {interval}, inside the margin {margin} ({p})."
+    if verdict.startswith("inconclusive"):
+        tail = f"; {inference.verdict_note}" if inference.verdict_note else ""
+        return (
+            f"{scope}: {verdict}: {interval}, which reaches beyond the margin {margin} "
+            f"without lying wholly outside it ({p}{tail})."
+        )
+    side = "below" if verdict.endswith("worse") else "above"
+    return f"{scope}: {verdict}: {interval}, wholly {side} the margin {margin} ({p})."
 
 
 def rich_tables(comparison: Comparison) -> Iterable[Any]:
-    """One ``rich`` table per scope (model families, then overall), for ``hpo compare``."""
+    """The verdict headline, then one ``rich`` table per scope (model families, then
+    overall), for ``hpo compare``."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
+    for line in verdict_headline(comparison):
+        yield Text(line, style="bold")
     ref = comparison.reference
     others = comparison.precisions[1:]
     single = len(others) == 1
     caption = (
         f"val: validation Sharpe (selection); test: held-out (reported); diff = other - {ref}\n"
-        "excl.: pairs with a diverged member; pend.: pairs not finished; q: Wilcoxon p "
-        "BH-adjusted across families; diverged, DSR best: ref/other"
+        "units: sampled configurations, seeds averaged; HL: Hodges-Lehmann estimate, exact "
+        "signed-rank CI and the confidence it achieves; excl.: configurations with a "
+        "diverged member; pend.: seed pairs not finished\n"
+        "Wilcoxon p: exact/normal = how it was computed; q: BH-adjusted across the families "
+        "of one split (one test per family); MWU, KS: descriptive, not the test\n"
+        f"verdict: TOST against \u00b1{comparison.margin:.2f} annualised Sharpe; diverged, "
+        "DSR best: ref/other"
     )
     for scope in comparison.scopes:
         n_trials = sum(c["trials"] for c in scope.counts.values())
@@ -63,30 +152,31 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
         )
         columns = (
             "Sharpe diff",
-            "pairs",
+            "units",
             "excl.",
             "pend.",
             f"median {ref}",
             f"median {others[0]}" if single else "median other",
-            f"median diff [{comparison.confidence:.0%} BCa CI]",
+            f"HL diff [{comparison.confidence:.0%} CI] achieved",
             "Wilcoxon p (q)",
-            "MWU p",
-            "KS p",
+            "MWU p (descr.)",
+            "KS p (descr.)",
+            "verdict",
             "fallbacks",
             "diverged",
             "DSR best",
         )
         for i, column in enumerate(columns):
-            # The CI may fold on a narrow terminal; the short cells never do.
-            table.add_column(column, justify="right" if i else "left", no_wrap=i != 6)
+            # The CI and the verdict may fold on a narrow terminal; short cells never do.
+            table.add_column(column, justify="right" if i else "left", no_wrap=i not in (6, 10))
         for contrast in scope.contrasts.values():
             other = contrast.other
             for split in SPLITS:
                 r = contrast.split(split)
-                q = getattr(contrast, f"{split}_wilcoxon_p_bh")
-                p_text = format_p(r.wilcoxon_pvalue)
-                if math.isfinite(q):
-                    p_text += f" ({format_p(q)})"
+                inference = contrast.inference[split]
+                p_text = f"{format_p(r.wilcoxon_pvalue)} {_short_method(inference.wilcoxon_method)}"
+                if math.isfinite(inference.wilcoxon_p_bh):
+                    p_text += f" ({format_p(inference.wilcoxon_p_bh)})"
                 on_val = split == "val"
                 median_b = format_num(r.median_b)
                 table.add_row(
@@ -97,9 +187,10 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
                     format_num(r.median_a),
                     median_b if single else f"{other} {median_b}",
                     format_ci(r),
-                    p_text,
+                    p_text.strip(),
                     format_p(r.mannwhitney_pvalue),
                     format_p(r.ks_pvalue),
+                    verdict_text(contrast, split),
                     str(scope.counts[other]["fell_back"]) if on_val else "",
                     f"{scope.counts[ref]['diverged']}/{scope.counts[other]['diverged']}"
                     if on_val
@@ -110,3 +201,12 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
                     else "",
                 )
         yield table
+
+
+def _short_method(method: str) -> str:
+    """``exact`` / ``normal`` for the narrow CLI cell; the report and JSON say it in full."""
+    if method.startswith("exact"):
+        return "exact"
+    if method.startswith("normal"):
+        return "normal"
+    return ""

@@ -14,19 +14,39 @@ How trials become statistics (the decisions, in one place):
 * Trials are paired by ``(model, pair_id)``; with more than two precisions every precision
   is compared with the first one (the reference, normally f32): contrast ``bf16_vs_f32``
   is ``bf16 - f32``.
+* The unit of inference is the sampled configuration (``group_id``; ``pair_id`` is the
+  group plus the seed): the seeds of one configuration are not independent pairs (they
+  share every hyperparameter), so each configuration's Sharpe is the mean over its seeds,
+  per precision, and the tests see one paired difference per configuration. Counting
+  seeds as pairs made the type-I error 22% at a nominal 5% (6 configurations x 3 seeds).
+  The per-seed pairs stay in ``Contrast.unit_pairs`` and the report.
+* The paired test is the one in :func:`hpo.stats.compare_paired`
+  (:func:`hpo.stats.paired_signed_rank_test`): Wilcoxon signed-rank on the non-zero
+  differences, exact up to 50 of them (ties included); each split's
+  ``SplitInference.wilcoxon_method`` says which computation gave the p-value.
+  Mann-Whitney U and KS ignore the pairing and are descriptive only.
+* The answer to "is bf16 as good as f32?" is a TOST equivalence verdict on the paired
+  differences against a margin fixed in advance (``margin``, :data:`DEFAULT_MARGIN`),
+  per family and overall, per split (:func:`hpo.stats.equivalence_test`: two exact
+  one-sided signed-rank tests); :data:`VERDICT_SPLIT` is the headline. The centre and
+  its CI are the Hodges-Lehmann estimate and exact signed-rank interval of
+  :func:`compare_paired` (``hl_*``) at the confidence it achieves; its BCa bootstrap CI
+  of the median (``ci_low``/``ci_high`` in the JSON) is descriptive and not shown (it
+  covered far less than 95% at n <= 4).
 * Trial states: ``completed``; ``diverged`` (non-finite Sharpe even after the bf16 -> f32
   fallback: the ``diverged`` metric, the ``trial_status = diverged`` tag, or a finished run
   without a finite final ``val_sharpe``); ``error`` (the trial process failed); and
   ``unfinished`` (still running, or interrupted and not resumed).
-* A pair enters the statistics when all of its members are ``completed`` or ``diverged``.
-  A diverged member makes the pair's Sharpe NaN: :func:`hpo.stats.compare_paired` excludes
-  and counts it (``n_excluded_nonfinite``), because a precision that diverges more often is
-  itself a finding. Pairs with a missing, unfinished or errored member are not compared
-  yet; they are listed with the reason in ``Contrast.incomplete``. Nothing is dropped
-  silently.
+* A configuration enters the statistics when every member of every seed pair of it is
+  ``completed`` or ``diverged``. A diverged member makes the configuration's Sharpe NaN:
+  :func:`hpo.stats.compare_paired` excludes and counts it (``n_excluded_nonfinite``),
+  because a precision that diverges more often is itself a finding. Pairs with a missing,
+  unfinished or errored member, and the other seeds of their configuration, are not
+  compared yet; they are listed with the reason in ``Contrast.incomplete``. Nothing is
+  dropped silently.
 * A bf16 trial that fell back to f32 stays in the comparison (it is what the bf16 policy
   delivers, fallback included) and is counted per precision.
-* Pairs are ordered by ``(model, pair_id)`` before the bootstrap, so a report is
+* Configurations are ordered by ``(model, group_id)`` before the bootstrap, so a report is
   reproducible and equals :func:`hpo.stats.compare_paired` called on the same lists.
 * Selection bias, per scope (a model family, or ``overall``) and per precision (and
   ``all`` precisions pooled): the PSR of every completed trial against a zero benchmark,
@@ -36,9 +56,12 @@ How trials become statistics (the decisions, in one place):
   completed trials. Members of a pair and seeds of one configuration are correlated, so
   ``n_trials`` overstates the number of independent trials and this DSR is conservative;
   ``dsr_by_configs`` uses the number of distinct sampled configurations instead.
-* Across model families the Wilcoxon p-values of one contrast and split are also given
-  Benjamini-Hochberg adjusted (``scipy.stats.false_discovery_control``): with ten
-  families, one p < 0.05 in twenty tests is what chance produces.
+* Across model families the Wilcoxon p-values of one contrast and one split are also
+  given Benjamini-Hochberg adjusted (``scipy.stats.false_discovery_control``), one test
+  per family (``SplitInference.bh_n_tests``): with ten families, one p < 0.05 among the
+  ten is what chance produces. Validation and test are adjusted separately (two
+  questions), so the adjustment and the report both speak of one test per family and
+  split.
 """
 
 from __future__ import annotations
@@ -50,16 +73,18 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from scipy import stats
 
 from hpo.stats import (
+    EXACT_MAX_N,
     PairedComparison,
     compare_paired,
     deflated_sharpe_ratio,
+    equivalence_test,
     expected_max_sharpe,
     probabilistic_sharpe_ratio,
 )
@@ -80,15 +105,20 @@ from hpo.tracking import (
 )
 
 __all__ = [
+    "DEFAULT_MARGIN",
     "OVERALL",
+    "VERDICT_SPLIT",
     "Comparison",
     "ComparisonError",
     "Contrast",
     "ScopeComparison",
     "Selection",
+    "SplitInference",
     "TrialRecord",
+    "compare_trials",
     "comparison_from_mlflow",
     "comparison_metrics",
+    "comparison_tags",
     "contrast_key",
     "log_comparison",
 ]
@@ -102,6 +132,19 @@ JSON_ARTIFACT = "comparison.json"
 HTML_ARTIFACT = "report.html"
 SPLITS = ("val", "test")
 """Validation Sharpe (what selection uses) and held-out test Sharpe (reported only)."""
+VERDICT_SPLIT = "test"
+"""The split whose verdict is the headline (report, CLI, ``cmp.<scope>.verdict`` tag): the
+held-out test Sharpe, which no decision of the sweep (selection, early stopping) saw.
+Both splits carry a verdict."""
+DEFAULT_MARGIN = 0.1
+"""Equivalence margin, annualised Sharpe: bf16 counts as "as good" when the centre of the
+paired differences is credibly within +-0.1 (the 90% Hodges-Lehmann interval inside it). Why 0.1: it is a tenth of a Sharpe unit, a 10%
+change for a strategy with Sharpe 1, and well below the sampling error of one Sharpe
+measurement (about sqrt((1 + SR^2 / 2) / years), 1.2 for one year of daily bars), so a
+difference inside it is one no backtest of that length could act on. Set it per sweep
+before looking at the results."""
+EQUIVALENCE_ALPHA = 0.05
+"""Level of each one-sided test of the TOST (its interval is the 90% Hodges-Lehmann one)."""
 
 TrialState = Literal["completed", "diverged", "error", "unfinished"]
 _TERMINAL: frozenset[str] = frozenset({"completed", "diverged"})
@@ -156,30 +199,84 @@ class TrialRecord:
 
 
 @dataclass
+class SplitInference:
+    """What one contrast concludes on one split, beyond the numbers of the
+    :class:`~hpo.stats.PairedComparison` (which holds the Wilcoxon test and the
+    Hodges-Lehmann estimate and CI, ``hl_*``)."""
+
+    wilcoxon_method: str
+    """Which computation gave ``wilcoxon_pvalue``: ``exact`` (the non-zero differences'
+    exact null distribution, ties included, up to 50), ``normal approximation ...``, ``all
+    differences zero`` or ``not computed: ...``."""
+    margin: float
+    """Equivalence margin on the paired Sharpe difference (annualised), as given."""
+    wilcoxon_p_bh: float = math.nan
+    """Wilcoxon p-value BH-adjusted across the model families of this contrast and split
+    (NaN for ``overall`` and where the p-value is not finite)."""
+    bh_n_tests: int = 0
+    """How many p-values (one per family) were adjusted together; 0 when not adjusted."""
+    verdict: str | None = None
+    """TOST verdict against ``margin``: ``equivalent``, ``<other> worse``, ``<other>
+    better``, ``inconclusive: about N more configurations needed`` or ``inconclusive``;
+    None while not computable (``verdict_note`` says why)."""
+    equivalence_pvalue: float = math.nan
+    """p-value of the two one-sided tests (the larger of the two)."""
+    tost_low: float = math.nan
+    tost_high: float = math.nan
+    """The (1 - 2 alpha) HL interval the verdict reads: equivalent iff inside +-margin."""
+    tost_confidence: float = math.nan
+    """Achieved confidence of ``[tost_low, tost_high]``."""
+    pairs_needed: int | None = None
+    """When inconclusive: about how many more configurations would decide it."""
+    verdict_note: str | None = None
+
+
+@dataclass
 class Contrast:
-    """One precision against the reference, paired, on both splits."""
+    """One precision against the reference, paired, on both splits.
+
+    The unit of inference is the sampled configuration (``group_id``): the paired
+    differences of its seeds are averaged first, because seeds of one configuration are
+    not independent pairs. ``val`` / ``test`` are :func:`compare_paired` over those
+    configuration means; the per-seed pairs stay listed in ``unit_pairs``.
+    """
 
     reference: str
     other: str
-    pair_ids: list[str]
-    """Pairs passed to :func:`compare_paired`, in that order (``excluded_indices`` index it)."""
+    unit_ids: list[str]
+    """Configurations passed to :func:`compare_paired`, in that order
+    (``excluded_indices`` index it)."""
+    unit_pairs: dict[str, list[str]]
+    """Configuration -> its seed pairs (pair ids), every one of them complete."""
     incomplete: dict[str, str]
-    """Pairs not compared (yet): pair_id -> why (missing, unfinished or errored member)."""
+    """Pairs not compared (yet): pair_id -> why (missing, unfinished or errored member, or
+    another seed of its configuration pending)."""
     val: PairedComparison
     test: PairedComparison
-    val_wilcoxon_p_bh: float = math.nan
-    """Wilcoxon p-value BH-adjusted across the model families (NaN for ``overall``)."""
-    test_wilcoxon_p_bh: float = math.nan
+    inference: dict[str, SplitInference]
+    """Split -> test method, BH adjustment and verdict."""
 
     @property
     def key(self) -> str:
         return contrast_key(self.other, self.reference)
 
+    @property
+    def pair_ids(self) -> list[str]:
+        """Every seed pair of the compared configurations, in configuration order."""
+        return [p for unit in self.unit_ids for p in self.unit_pairs[unit]]
+
     def split(self, name: str) -> PairedComparison:
         return self.val if name == "val" else self.test
 
+    def verdict(self, split: str | None = None) -> str | None:
+        return self.inference[split or VERDICT_SPLIT].verdict
+
+    def excluded_unit_ids(self, split: str = "val") -> list[str]:
+        """Configurations left out of ``split``: a member of one of their seeds diverged."""
+        return [self.unit_ids[i] for i in self.split(split).excluded_indices]
+
     def excluded_pair_ids(self, split: str = "val") -> list[str]:
-        return [self.pair_ids[i] for i in self.split(split).excluded_indices]
+        return [p for unit in self.excluded_unit_ids(split) for p in self.unit_pairs[unit]]
 
 
 @dataclass
@@ -238,6 +335,8 @@ class Comparison:
     n_resamples: int
     confidence: float
     seed: int
+    margin: float
+    """Equivalence margin on the paired Sharpe difference (annualised Sharpe units)."""
     families: dict[str, ScopeComparison]
     overall: ScopeComparison
     trials: list[TrialRecord]
@@ -251,6 +350,9 @@ class Comparison:
     @property
     def contrast_keys(self) -> list[str]:
         return [contrast_key(p, self.reference) for p in self.precisions[1:]]
+
+    def scope(self, name: str) -> ScopeComparison:
+        return self.overall if name == OVERALL else self.families[name]
 
     def trials_of(self, scope: str) -> list[TrialRecord]:
         return [t for t in self.trials if scope in (OVERALL, t.model)]
@@ -267,6 +369,7 @@ def _json_safe(value: Any) -> Any:
         out = {f.name: _json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if isinstance(value, Contrast):
             out["key"] = value.key
+            out["pair_ids"] = value.pair_ids
             out["val_excluded_pair_ids"] = value.excluded_pair_ids("val")
             out["test_excluded_pair_ids"] = value.excluded_pair_ids("test")
         return out
@@ -296,6 +399,7 @@ def comparison_from_mlflow(
     n_resamples: int = 9999,
     confidence: float = 0.95,
     seed: int = 0,
+    margin: float = DEFAULT_MARGIN,
     with_curves: bool = True,
 ) -> Comparison:
     """Recompute the paired comparison of a sweep from its MLflow runs alone.
@@ -307,7 +411,11 @@ def comparison_from_mlflow(
             list (the parent run's ``precisions`` param, else the child runs' tags with
             f32 first). Trials of other precisions are left out (and say so in ``notes``).
         parent_run_id: The sweep's parent run; default the newest one in the experiment.
-        n_resamples, confidence, seed: Of the BCa bootstrap CI (see :func:`compare_paired`).
+        n_resamples, confidence, seed: Of :func:`compare_paired` (its BCa bootstrap, kept
+            in the JSON only); ``confidence`` is also the requested confidence of the
+            Hodges-Lehmann CI that is reported.
+        margin: Equivalence margin on the paired difference of annualised Sharpe ratios
+            (default :data:`DEFAULT_MARGIN`, 0.1), fixed before looking at the results.
         with_curves: Also read every trial's validation-Sharpe history (for the report).
 
     Raises:
@@ -348,33 +456,73 @@ def comparison_from_mlflow(
         trials.append(_trial_record(client, run, with_curves))
     if ignored:
         notes.append(f"left out trials of precisions not compared: {ignored}")
-    if not trials:
-        notes.append("no trial runs of the compared precisions yet")
-    trials.sort(key=lambda t: (t.model, t.pair_id, chosen.index(t.precision), t.trial_id))
+    return compare_trials(
+        trials,
+        chosen,
+        n_resamples=n_resamples,
+        confidence=confidence,
+        seed=seed,
+        margin=margin,
+        experiment=experiment,
+        experiment_id=experiment_id,
+        tracking_uri=tracking_uri,
+        parent_run_id=parent.info.run_id,
+        notes=notes,
+    )
 
+
+def compare_trials(
+    trials: Sequence[TrialRecord],
+    precisions: Sequence[str],
+    *,
+    n_resamples: int = 9999,
+    confidence: float = 0.95,
+    seed: int = 0,
+    margin: float = DEFAULT_MARGIN,
+    experiment: str = "",
+    experiment_id: str = "",
+    tracking_uri: str = "",
+    parent_run_id: str | None = None,
+    notes: Sequence[str] = (),
+) -> Comparison:
+    """The comparison of ``trials`` (already read), reference precision first.
+
+    The computation behind :func:`comparison_from_mlflow`, without MLflow: trials of
+    other precisions must already be left out. The remaining arguments are recorded in
+    the result as they are given (``tracking_uri`` without credentials).
+    """
+    if not (math.isfinite(margin) and margin > 0.0):
+        raise ComparisonError(f"margin must be a finite Sharpe difference > 0, got {margin!r}")
+    settings = _Settings(n_resamples, confidence, seed, margin)
+    chosen = list(precisions)
+    records = sorted(
+        trials, key=lambda t: (t.model, t.pair_id, chosen.index(t.precision), t.trial_id)
+    )
+    all_notes = list(notes)
+    if not records:
+        all_notes.append("no trial runs of the compared precisions yet")
     families = {
-        model: _scope(
-            model, [t for t in trials if t.model == model], chosen, n_resamples, confidence, seed
-        )
-        for model in sorted({t.model for t in trials})
+        model: _scope(model, [t for t in records if t.model == model], chosen, settings)
+        for model in sorted({t.model for t in records})
     }
-    overall = _scope(OVERALL, trials, chosen, n_resamples, confidence, seed)
+    overall = _scope(OVERALL, records, chosen, settings)
     _adjust_across_families(list(families.values()))
     return Comparison(
         experiment=experiment,
         experiment_id=experiment_id,
         tracking_uri=_redact_uri(tracking_uri),
-        parent_run_id=parent.info.run_id,
+        parent_run_id=parent_run_id,
         reference=chosen[0],
-        precisions=list(chosen),
+        precisions=chosen,
         computed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         n_resamples=n_resamples,
         confidence=confidence,
         seed=seed,
+        margin=margin,
         families=families,
         overall=overall,
-        trials=trials,
-        notes=notes,
+        trials=records,
+        notes=all_notes,
     )
 
 
@@ -510,13 +658,15 @@ def _positive(value: float) -> float:
 # Statistics of one scope
 
 
+class _Settings(NamedTuple):
+    n_resamples: int
+    confidence: float
+    seed: int
+    margin: float
+
+
 def _scope(
-    scope: str,
-    trials: list[TrialRecord],
-    precisions: list[str],
-    n_resamples: int,
-    confidence: float,
-    seed: int,
+    scope: str, trials: list[TrialRecord], precisions: list[str], settings: _Settings
 ) -> ScopeComparison:
     notes: list[str] = []
     counts = {p: _counts([t for t in trials if t.precision == p]) for p in precisions}
@@ -533,7 +683,7 @@ def _scope(
         members[t.precision] = t
     contrasts = {}
     for other in precisions[1:]:
-        contrast = _contrast(by_pair, reference, other, n_resamples, confidence, seed)
+        contrast = _contrast(by_pair, reference, other, settings)
         contrasts[contrast.key] = contrast
     missing_moments = sum(t.state == "completed" and not math.isfinite(t.psr) for t in trials)
     if missing_moments:
@@ -566,45 +716,108 @@ def _contrast(
     by_pair: dict[tuple[str, str], dict[str, TrialRecord]],
     reference: str,
     other: str,
-    n_resamples: int,
-    confidence: float,
-    seed: int,
+    settings: _Settings,
 ) -> Contrast:
-    pair_ids: list[str] = []
     incomplete: dict[str, str] = {}
-    ref_val: list[float] = []
-    oth_val: list[float] = []
-    ref_test: list[float] = []
-    oth_test: list[float] = []
-    for (_, pair_id), members in sorted(by_pair.items()):
+    units: dict[tuple[str, str], list[tuple[str, TrialRecord, TrialRecord]]] = {}
+    pending: set[tuple[str, str]] = set()
+    for (model, pair_id), members in sorted(by_pair.items()):
         a, b = members.get(reference), members.get(other)
         if a is None and b is None:
             continue  # a pair of other precisions only
-        why = [_not_ready(p, members.get(p)) for p in (reference, other)]
-        reasons = [w for w in why if w]
+        unit = (model, (a or b).group_id)  # type: ignore[union-attr]
+        reasons = [w for w in (_not_ready(p, members.get(p)) for p in (reference, other)) if w]
         if reasons:
             incomplete[pair_id] = "; ".join(reasons)
+            pending.add(unit)
             continue
         assert a is not None and b is not None
-        pair_ids.append(pair_id)
-        ref_val.append(a.val_sharpe)
-        oth_val.append(b.val_sharpe)
-        ref_test.append(a.test_sharpe)
-        oth_test.append(b.test_sharpe)
+        units.setdefault(unit, []).append((pair_id, a, b))
+    # A configuration enters once every seed of it is done: its mean must not change
+    # meaning (2 seeds now, 3 later) from one computation to the next.
+    for unit in sorted(pending & units.keys()):
+        for pair_id, _, _ in units.pop(unit):
+            incomplete[pair_id] = f"configuration {unit[1]} has a pending seed"
+    ordered = sorted(units)
     kwargs: dict[str, Any] = {
         "labels": (reference, other),
-        "n_resamples": n_resamples,
-        "confidence": confidence,
-        "seed": seed,
+        "n_resamples": settings.n_resamples,
+        "confidence": settings.confidence,
+        "seed": settings.seed,
     }
+    results: dict[str, PairedComparison] = {}
+    inference: dict[str, SplitInference] = {}
+    for split in SPLITS:
+        # Mean over the configuration's seeds; one diverged member makes it NaN, and
+        # compare_paired excludes and counts it.
+        ref = [float(np.mean([_value(a, split) for _, a, _ in units[u]])) for u in ordered]
+        oth = [float(np.mean([_value(b, split) for _, _, b in units[u]])) for u in ordered]
+        results[split], inference[split] = _paired(ref, oth, kwargs, settings.margin)
+        n_seeds = sum(len(units[u]) for u in ordered)
+        if n_seeds > len(ordered):
+            results[split].notes.append(
+                f"{len(ordered)} configuration(s) from {n_seeds} seed pairs: the paired "
+                "differences of a configuration's seeds are averaged into one unit"
+            )
     return Contrast(
         reference=reference,
         other=other,
-        pair_ids=pair_ids,
+        unit_ids=[group for _, group in ordered],
+        unit_pairs={group: [p for p, _, _ in units[(m, group)]] for m, group in ordered},
         incomplete=incomplete,
-        val=_compare(ref_val, oth_val, kwargs),
-        test=_compare(ref_test, oth_test, kwargs),
+        val=results["val"],
+        test=results["test"],
+        inference=inference,
     )
+
+
+def _value(trial: TrialRecord, split: str) -> float:
+    return trial.val_sharpe if split == "val" else trial.test_sharpe
+
+
+def _paired(
+    a: list[float], b: list[float], kwargs: dict[str, Any], margin: float
+) -> tuple[PairedComparison, SplitInference]:
+    """:func:`compare_paired` (its Wilcoxon is :func:`hpo.stats.paired_signed_rank_test`,
+    its CI the Hodges-Lehmann one) plus the method label and the equivalence verdict."""
+    result = _compare(a, b, kwargs)
+    diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    diff = diff[np.isfinite(diff)]  # (n_used,) the configurations compare_paired used
+    inference = SplitInference(wilcoxon_method=_wilcoxon_method(result), margin=margin)
+    if diff.size == 0:
+        inference.verdict_note = "no configuration with both members finite"
+        return result, inference
+    _equivalence(diff, margin, kwargs["labels"][1], inference)
+    return result, inference
+
+
+def _wilcoxon_method(result: PairedComparison) -> str:
+    if not result.wilcoxon_method:
+        return "not computed: fewer than 2 configurations"
+    if result.wilcoxon_n_nonzero == 0:
+        return "all differences zero"
+    if result.wilcoxon_method == "normal":
+        return f"normal approximation (more than {EXACT_MAX_N} non-zero differences)"
+    return result.wilcoxon_method
+
+
+def _equivalence(diff: np.ndarray, margin: float, other: str, inference: SplitInference) -> None:
+    """Fill in the TOST verdict of ``diff`` (n >= 1) against ``margin``."""
+    tost = equivalence_test(diff, margin, EQUIVALENCE_ALPHA, other=other)
+    inference.equivalence_pvalue = tost.pvalue
+    inference.tost_low, inference.tost_high = tost.low, tost.high
+    inference.tost_confidence = tost.confidence
+    inference.verdict = tost.verdict
+    if tost.verdict == "inconclusive":
+        inference.pairs_needed = tost.pairs_needed
+        if tost.pairs_needed:
+            noun = "configuration" if tost.pairs_needed == 1 else "configurations"
+            inference.verdict = f"inconclusive: about {tost.pairs_needed} more {noun} needed"
+    if diff.size <= 4:
+        inference.verdict_note = (
+            f"{diff.size} configuration(s): no one-sided test at {EQUIVALENCE_ALPHA} can "
+            "reject with 4 or fewer, so the verdict is inconclusive whatever the data"
+        )
 
 
 def _compare(a: list[float], b: list[float], kwargs: dict[str, Any]) -> PairedComparison:
@@ -680,7 +893,12 @@ def _resources(trials: list[TrialRecord]) -> dict[str, float]:
 
 
 def _adjust_across_families(families: list[ScopeComparison]) -> None:
-    """Benjamini-Hochberg across families, per contrast and split (finite p-values only)."""
+    """Benjamini-Hochberg across the model families, separately per contrast and split.
+
+    One adjustment is one contrast's Wilcoxon p-values on one split, one per family with a
+    finite p-value (``bh_n_tests`` of them): validation and test answer two questions and
+    are adjusted separately, not as one family of 2 x families tests.
+    """
     keys = {key for scope in families for key in scope.contrasts}
     for key in keys:
         for split in SPLITS:
@@ -695,7 +913,8 @@ def _adjust_across_families(families: list[ScopeComparison]) -> None:
             raw = np.array([c.split(split).wilcoxon_pvalue for c in cells])
             adjusted = stats.false_discovery_control(raw, method="bh")
             for contrast, q in zip(cells, adjusted, strict=True):
-                setattr(contrast, f"{split}_wilcoxon_p_bh", float(q))
+                contrast.inference[split].wilcoxon_p_bh = float(q)
+                contrast.inference[split].bh_n_tests = len(cells)
 
 
 def _redact_uri(uri: str) -> str:
@@ -716,9 +935,13 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     """The ``cmp.*`` metrics of the parent run (finite values only; a missing metric means
     "not computable", with the reason in the JSON artifact's notes).
 
-    Names: ``cmp.<scope>.<other>_vs_<ref>.<val|test>.<stat>`` for the paired statistics,
-    ``cmp.<scope>.<precision>.<count or selection stat>`` and ``cmp.<scope>.dsr_best`` /
-    ``cmp.<scope>.n_trials`` for all precisions together.
+    Names: ``cmp.<scope>.<other>_vs_<ref>.<val|test>.<stat>`` for the paired statistics
+    (``n_units``: configurations used, seeds averaged; ``n_seed_pairs``: the seed pairs in
+    them; ``n_excluded``: configurations with a diverged member; ``n_incomplete``: seed
+    pairs not compared yet; ``ci_low`` / ``ci_high``: the Hodges-Lehmann interval, at the
+    achieved ``ci_confidence``), ``cmp.<scope>.<precision>.<count or selection stat>`` and
+    ``cmp.<scope>.dsr_best`` / ``cmp.<scope>.n_trials`` for all precisions together. The
+    verdicts are tags (:func:`comparison_tags`).
     """
     out: dict[str, float] = {}
     for scope in comparison.scopes:
@@ -726,18 +949,28 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
         for key, contrast in scope.contrasts.items():
             for split in SPLITS:
                 r = contrast.split(split)
+                inference = contrast.inference[split]
+                excluded = set(contrast.excluded_unit_ids(split))
                 values = {
-                    "n_pairs": r.n_pairs_used,
+                    "n_units": r.n_pairs_used,
+                    "n_seed_pairs": sum(
+                        len(pairs) for u, pairs in contrast.unit_pairs.items() if u not in excluded
+                    ),
                     "n_excluded": r.n_excluded_nonfinite,
                     "n_incomplete": len(contrast.incomplete),
                     f"median_{contrast.reference}": r.median_a,
                     f"median_{contrast.other}": r.median_b,
                     "median_diff": r.median_difference,
                     "mean_diff": r.mean_difference,
-                    "ci_low": r.ci_low,
-                    "ci_high": r.ci_high,
+                    "hl_estimate": r.hl_estimate,
+                    "ci_low": r.hl_low,
+                    "ci_high": r.hl_high,
+                    "ci_confidence": r.hl_confidence,
                     "wilcoxon_p": r.wilcoxon_pvalue,
-                    "wilcoxon_p_bh": getattr(contrast, f"{split}_wilcoxon_p_bh"),
+                    "wilcoxon_p_bh": inference.wilcoxon_p_bh,
+                    "equivalence_p": inference.equivalence_pvalue,
+                    "tost_low": inference.tost_low,
+                    "tost_high": inference.tost_high,
                     "mannwhitney_p": r.mannwhitney_pvalue,
                     "ks_p": r.ks_pvalue,
                 }
@@ -758,6 +991,50 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
         out[f"{prefix}.dsr_best_by_configs"] = pooled.dsr_by_configs
         out[f"{prefix}.n_trials"] = float(pooled.n_trials)
     return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+NOT_COMPUTED = "not computed"
+"""Verdict tag value while a verdict cannot be computed (the JSON's ``verdict_note``)."""
+
+
+def comparison_tags(comparison: Comparison) -> dict[str, str]:
+    """The ``cmp.*`` tags of the parent run: settings, best trials and verdicts.
+
+    Verdicts: ``cmp.<scope>.<other>_vs_<ref>.verdict`` (the :data:`VERDICT_SPLIT` split),
+    ``cmp.<scope>.<other>_vs_<ref>.<val|test>.verdict`` and ``...wilcoxon_method`` per
+    split, and ``cmp.<scope>.verdict``: the one contrast's verdict, or
+    ``<key>: <verdict>; ...`` with several.
+    """
+    tags = {
+        "cmp.reference": comparison.reference,
+        "cmp.precisions": ",".join(comparison.precisions),
+        "cmp.computed_at": comparison.computed_at,
+        "cmp.n_resamples": str(comparison.n_resamples),
+        "cmp.confidence": str(comparison.confidence),
+        "cmp.selection_metric": "val_sharpe",
+        "cmp.margin": str(comparison.margin),
+        "cmp.verdict_split": VERDICT_SPLIT,
+        "cmp.unit": "configuration (seeds averaged)",
+    }
+    for scope in comparison.scopes:
+        prefix = f"cmp.{scope.scope}"
+        best = scope.selection[ALL_PRECISIONS].best_trial_id
+        if best:
+            tags[f"{prefix}.best_trial"] = best
+        headline = []
+        for key, contrast in scope.contrasts.items():
+            for split in SPLITS:
+                inference = contrast.inference[split]
+                tags[f"{prefix}.{key}.{split}.verdict"] = inference.verdict or NOT_COMPUTED
+                tags[f"{prefix}.{key}.{split}.wilcoxon_method"] = inference.wilcoxon_method
+            verdict = contrast.verdict() or NOT_COMPUTED
+            tags[f"{prefix}.{key}.verdict"] = verdict
+            headline.append((key, verdict))
+        if len(headline) == 1:
+            tags[f"{prefix}.verdict"] = headline[0][1]
+        elif headline:
+            tags[f"{prefix}.verdict"] = "; ".join(f"{k}: {v}" for k, v in headline)
+    return tags
 
 
 def log_comparison(
@@ -798,18 +1075,7 @@ def log_comparison(
     client = MlflowClient(tracking_uri)
     stamp = int(time.time() * 1000)
     metrics = comparison_metrics(comparison)
-    tags = {
-        "cmp.reference": comparison.reference,
-        "cmp.precisions": ",".join(comparison.precisions),
-        "cmp.computed_at": comparison.computed_at,
-        "cmp.n_resamples": str(comparison.n_resamples),
-        "cmp.confidence": str(comparison.confidence),
-        "cmp.selection_metric": "val_sharpe",
-    }
-    for scope in comparison.scopes:
-        best = scope.selection[ALL_PRECISIONS].best_trial_id
-        if best:
-            tags[f"cmp.{scope.scope}.best_trial"] = best
+    tags = comparison_tags(comparison)
     items = [Metric(k, v, stamp, 0) for k, v in metrics.items()]
     # log_batch takes at most 1000 metrics per call.
     for start in range(0, len(items), 1000):

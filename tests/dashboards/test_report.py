@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dashboards.report import CSP, dom_id, render_report, write_report
-from hpo.compare import Comparison, comparison_from_mlflow
-from tests.hpo.compare_helpers import SyntheticSweep, pair_id, shared_sweep
+from hpo.compare import Comparison, compare_trials, comparison_from_mlflow
+from tests.hpo.compare_helpers import SyntheticSweep, pair_id, paired_records, shared_sweep
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -96,7 +96,7 @@ def test_plots_draw_exactly_the_pairs_the_statistics_use(
         diff_id = dom_id("diff", scope, CONTRAST, split)
         assert _count_inside(parsed, "circle", "point", diff_id) == used
         assert _count_inside(parsed, "line", "zero-line", diff_id) == 1
-        assert _count_inside(parsed, "line", "median", diff_id) == 1
+        assert _count_inside(parsed, "line", "centre", diff_id) == 1
         dist_id = dom_id("dist", scope, CONTRAST, split)
         assert _count_inside(parsed, "circle", "point", dist_id) == 2 * used
         assert _count_inside(parsed, "polygon", "violin", dist_id) == 2
@@ -112,6 +112,7 @@ def test_curves_overlay_both_members_of_every_pair(parsed: _Elements) -> None:
 
 def test_stats_table_shows_the_computed_numbers(html: str, comparison: Comparison) -> None:
     val = comparison.families["tft"].contrasts[CONTRAST].val
+    inference = comparison.families["tft"].contrasts[CONTRAST].inference["val"]
     table = re.search(r'<table id="stats-tft".*?</table>', html, re.S)
     assert table is not None
     row = re.search(r'<tr data-contrast="bf16_vs_f32" data-split="val">.*?</tr>', table.group(0))
@@ -120,8 +121,10 @@ def test_stats_table_shows_the_computed_numbers(html: str, comparison: Compariso
     assert f'<td class="n-pairs">{val.n_pairs_used}</td>' in cells
     assert '<td class="n-excluded">1</td>' in cells
     assert f'<td class="median-diff">{val.median_difference:+.3f}</td>' in cells
-    assert f"[{val.ci_low:+.3f}, {val.ci_high:+.3f}]" in cells
+    assert f'<td class="ci">[{val.hl_low:+.3f}, {val.hl_high:+.3f}]</td>' in cells
+    assert f'<td class="ci-confidence">{val.hl_confidence:.1%}</td>' in cells
     assert f"{val.wilcoxon_pvalue:.3f}" in cells
+    assert f'<td class="text method">{inference.wilcoxon_method}</td>' in cells
     assert pair_id("tft", 2) in html  # the excluded pair is named in the notes
 
 
@@ -142,6 +145,90 @@ def test_write_report_writes_the_rendered_html(comparison: Comparison, tmp_path:
     text = path.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>") and 'id="summary-table"' in text
     assert not list(path.parent.glob("*.tmp"))
+
+
+def _first_body_element(html: str) -> str:
+    body = html.split("<body>", 1)[1]
+    return re.sub(r"<header[^>]*>\s*", "", body, count=1).lstrip()
+
+
+def test_the_first_line_states_the_verdict(html: str, comparison: Comparison) -> None:
+    first = _first_body_element(html)
+    assert first.startswith('<h1 id="verdict">')
+    headline = re.sub(r"<[^>]+>", " ", first.split("</h1>", 1)[0])
+    overall = comparison.overall.contrasts[CONTRAST].verdict()
+    assert overall is not None
+    assert headline.strip().startswith("Verdict, bf16 vs f32 (held-out test Sharpe, margin ±0.10)")
+    assert f": {overall}" in headline
+    for model in ("tft", "dqn"):
+        assert f"{model} {comparison.families[model].contrasts[CONTRAST].verdict()}" in headline
+
+
+def test_one_sentence_per_family_explains_its_verdict(html: str, comparison: Comparison) -> None:
+    block = re.search(r'<ul id="verdicts">(.*?)</ul>', html, re.S)
+    assert block is not None
+    items = re.findall(r"<li>(.*?)</li>", block.group(1))
+    assert [i.split(":", 1)[0] for i in items] == ["dqn", "tft", "overall"]
+    for item, scope in zip(items, comparison.scopes, strict=True):
+        inference = scope.contrasts[CONTRAST].inference["test"]
+        assert item.startswith(f"{scope.scope}: {inference.verdict}")
+        assert f"[{inference.tost_low:+.3f}, {inference.tost_high:+.3f}]" in item
+        assert item.count(". ") == 0 and item.endswith(".")  # one sentence
+
+
+def _separated() -> Comparison:
+    # bf16 is f32 + 5 everywhere: MWU and KS p-values far below 0.05.
+    f32 = [[0.1 * g] for g in range(8)]
+    bf16 = [[0.1 * g + 5.0 + 0.01 * g] for g in range(8)]
+    return compare_trials(paired_records("tft", f32, bf16), ("f32", "bf16"), n_resamples=99)
+
+
+def test_mann_whitney_and_ks_are_descriptive_not_emphasised() -> None:
+    comparison = _separated()
+    val = comparison.families["tft"].contrasts[CONTRAST].val
+    assert val.mannwhitney_pvalue < 0.05 and val.ks_pvalue < 0.05
+    html = render_report(comparison)
+    table = re.search(r'<table id="stats-tft".*?</table>', html, re.S)
+    assert table is not None
+    assert "MWU p (descriptive)" in table.group(0) and "KS p (descriptive)" in table.group(0)
+    row = re.search(r'<tr data-contrast="bf16_vs_f32" data-split="val">.*?</tr>', table.group(0))
+    assert row is not None
+    cells = re.findall(r"<td([^>]*)>([^<]*)</td>", row.group(0))
+    descriptive = [(attrs, text) for attrs, text in cells if "descriptive" in attrs]
+    assert [text for _, text in descriptive] == ["&lt;0.001", "&lt;0.001"]
+    assert not any("significant" in attrs for attrs, _ in descriptive)
+    # The paired test (Wilcoxon, 8 of 8 positive: exact p = 2/256) is still emphasised.
+    assert '<td class="significant" title="exact">0.008</td>' in row.group(0)
+
+
+def test_reading_notes_count_the_tests_bh_adjusted(html: str, comparison: Comparison) -> None:
+    notes = re.search(r'<section id="reading-notes">.*?</section>', html, re.S)
+    assert notes is not None
+    text = notes.group(0)
+    n = comparison.families["tft"].contrasts[CONTRAST].inference["val"].bh_n_tests
+    assert n == 2
+    assert f"{n} tests per adjustment here, one per family" in text
+    assert "twenty" not in text and "ten families and two splits" not in text
+
+
+def test_the_seed_table_keeps_every_seed_of_a_configuration() -> None:
+    f32 = [[0.5, 0.6, 0.7], [0.2, 0.1, 0.0]]
+    bf16 = [[0.6, 0.8, 0.7], [0.1, 0.1, 0.3]]
+    comparison = compare_trials(paired_records("tft", f32, bf16), ("f32", "bf16"), n_resamples=99)
+    html = render_report(comparison)
+    parsed = _Elements()
+    parsed.feed(html)
+    table = re.search(r'<table id="seeds-tft-bf16_vs_f32".*?</table>', html, re.S)
+    assert table is not None
+    rows = re.findall(r'<tr data-unit="([^"]+)" data-pair="([^"]+)">(.*?)</tr>', table.group(0))
+    assert [(u, p) for u, p, _ in rows] == [
+        (f"tft-g00{g}", f"tft-g00{g}-s{s}") for g in range(2) for s in range(3)
+    ]
+    means = re.findall(r"<td class='unit-mean'>([^<]+)</td>", table.group(0))
+    # val then test per configuration: (0.1 + 0.2 + 0.0) / 3 and (-0.1 + 0.0 + 0.3) / 3.
+    assert means == ["+0.100", "+0.100", "+0.067", "+0.067"]
+    # The plots draw the 2 configurations the statistics use, not the 6 seed pairs.
+    assert _count_inside(parsed, "circle", "point", dom_id("diff", "tft", CONTRAST, "val")) == 2
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from hpo.compare import TrialRecord
 from hpo.tracking import MlflowSweepCallback, start_sweep_run
 
 EPOCHS = 3
@@ -238,3 +239,57 @@ def copy_sweep(sweep: SyntheticSweep, dest: Path) -> SyntheticSweep:
     return SyntheticSweep(
         f"sqlite:///{dest / source.name}", sweep.experiment, sweep.parent_run_id, sweep.run_ids
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Trial records without MLflow, for the statistics on fixed data (hpo.compare.compare_trials)
+
+
+def trial_record(
+    model: str,
+    precision: str,
+    group: int,
+    seed: int,
+    val: float,
+    test: float | None = None,
+    state: str = "completed",
+) -> TrialRecord:
+    """A completed (by default) trial of configuration ``group`` and ``seed``, named as the
+    sweep searcher names them (``<model>-g<NNN>``, pair ``<group>-s<seed>``)."""
+    group_id = f"{model}-g{group:03d}"
+    pair = f"{group_id}-s{seed}"
+    return TrialRecord(
+        run_id=f"run-{model}-{precision}-{pair}",
+        trial_id=f"{model}-{precision}-{pair}",
+        model=model,
+        precision=precision,
+        seed=str(seed),
+        pair_id=pair,
+        group_id=group_id,
+        state=state,  # type: ignore[arg-type]
+        epochs=EPOCHS,
+        val_sharpe=val,
+        test_sharpe=val if test is None else test,
+        sharpe_per_period=val / math.sqrt(PERIODS_PER_YEAR),
+        skew=0.0,
+        kurtosis=3.0,
+        n_obs=500,
+        psr=math.nan,
+        fell_back_to_f32=False,
+        peak_mem_mb=math.nan,
+        steps_per_s=math.nan,
+        failure_reason=None,
+    )
+
+
+def paired_records(
+    model: str, f32: list[list[float]], bf16: list[list[float]]
+) -> list[TrialRecord]:
+    """Both members of every (configuration, seed): ``f32[g][s]`` and ``bf16[g][s]`` are
+    the validation (and test) Sharpe ratios of configuration ``g``, seed ``s``."""
+    out = []
+    for g, (ref, other) in enumerate(zip(f32, bf16, strict=True)):
+        for s, (a, b) in enumerate(zip(ref, other, strict=True)):
+            out.append(trial_record(model, "f32", g, s, a))
+            out.append(trial_record(model, "bf16", g, s, b))
+    return out

@@ -14,16 +14,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
+from scipy import stats
 from typer.testing import CliRunner
 
 from dashboards.report import render_report
 from hpo.cli import app
 from hpo.compare import (
     ALL_PRECISIONS,
+    DEFAULT_MARGIN,
     OVERALL,
+    VERDICT_SPLIT,
     Comparison,
     ComparisonError,
+    compare_trials,
     comparison_from_mlflow,
+    comparison_metrics,
+    comparison_tags,
     log_comparison,
 )
 from hpo.stats import (
@@ -40,6 +46,7 @@ from tests.hpo.compare_helpers import (
     finite_pairs,
     moments,
     pair_id,
+    paired_records,
     shared_sweep,
 )
 
@@ -290,7 +297,10 @@ def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
     val = comparison.families["tft"].contrasts[CONTRAST].val
     assert metrics["cmp.tft.bf16_vs_f32.val.median_diff"] == pytest.approx(val.median_difference)
     assert metrics["cmp.tft.bf16_vs_f32.val.wilcoxon_p"] == pytest.approx(val.wilcoxon_pvalue)
-    assert metrics["cmp.tft.bf16_vs_f32.val.ci_low"] == pytest.approx(val.ci_low)
+    assert metrics["cmp.tft.bf16_vs_f32.val.ci_low"] == pytest.approx(val.hl_low)
+    assert metrics["cmp.tft.bf16_vs_f32.val.ci_confidence"] == pytest.approx(val.hl_confidence)
+    headline = comparison.families["tft"].contrasts[CONTRAST].verdict()
+    assert headline is not None and parent.data.tags["cmp.tft.verdict"] == headline
     assert metrics["cmp.tft.bf16_vs_f32.val.n_excluded"] == 1.0
     assert metrics["cmp.tft.bf16.n_diverged"] == 1.0
     assert metrics["cmp.tft.bf16.n_fell_back"] == 1.0
@@ -356,3 +366,186 @@ def test_more_than_two_precisions_are_each_compared_with_the_first(
         == compare_paired(a, b, labels=("f32", "bf16-mixed"), n_resamples=RESAMPLES).to_dict()
     )
     assert tft.contrasts["bf16_vs_f32"].val.n_excluded_nonfinite == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics on fixed data, without MLflow (compare_trials)
+
+
+def _bf16_vs_f32(trials: list, **kwargs: object):  # type: ignore[no-untyped-def]
+    result = compare_trials(trials, ("f32", "bf16"), n_resamples=RESAMPLES, **kwargs)
+    return result, result.families[trials[0].model].contrasts[CONTRAST]
+
+
+def test_wilcoxon_with_zero_differences_is_exact_on_the_non_zero_ones() -> None:
+    # 15 configurations where both members are flat (difference exactly 0) and five with
+    # differences 0.1 .. 0.5: scipy's method='auto' counted the zeros and switched to the
+    # normal approximation (p = 0.043); the exact p of the five non-zero differences is
+    # 2 / 2**5 = 0.0625 (all five positive: the most extreme of 32 sign patterns, twice).
+    diffs = [0.0] * 15 + [0.1, 0.2, 0.3, 0.4, 0.5]
+    f32 = [[0.25]] * len(diffs)
+    bf16 = [[0.25 + d] for d in diffs]
+    _, contrast = _bf16_vs_f32(paired_records("tft", f32, bf16))
+    for split in ("val", "test"):
+        assert contrast.split(split).n_pairs_used == 20
+        assert contrast.split(split).wilcoxon_pvalue == pytest.approx(0.0625, rel=1e-12)
+        assert contrast.inference[split].wilcoxon_method == "exact"
+
+
+def _method(diffs: list[float]) -> tuple[str, float]:
+    _, contrast = _bf16_vs_f32(
+        paired_records("tft", [[0.25]] * len(diffs), [[0.25 + d] for d in diffs])
+    )
+    return contrast.inference["val"].wilcoxon_method, contrast.val.wilcoxon_pvalue
+
+
+def test_each_p_value_names_the_method_that_gave_it() -> None:
+    assert _method([0.0, 0.0, 0.0]) == ("all differences zero", 1.0)
+    # The zero is dropped: n = 3, W+ = 4, P(W+ >= 4) = 3/8, two-sided 0.75.
+    method, p = _method([0.1, -0.3, 0.0, 0.4])
+    assert method == "exact" and p == pytest.approx(0.75)
+    # Tied magnitudes, exact over the 2^4 sign patterns with mid-ranks: W- = 1 arises
+    # from (+,+,+,-) and its mirror, each reachable twice: p = 4/16.
+    method, p = _method([0.2, 0.2, 0.2, -0.1])
+    assert method == "exact" and p == pytest.approx(4 / 16)
+    method, _ = _method(list(np.linspace(0.01, 1.0, 51)))
+    assert method.startswith("normal approximation")
+    _, contrast = _bf16_vs_f32(paired_records("tft", [[0.2]], [[0.3]]))
+    assert contrast.inference["val"].wilcoxon_method.startswith("not computed")
+
+
+def test_seeds_of_one_configuration_are_averaged_into_one_unit() -> None:
+    # 2 configurations x 3 seeds: the unit of inference is the configuration, so n = 2.
+    f32 = [[0.5, 0.6, 0.7], [0.2, 0.1, 0.0]]
+    bf16 = [[0.6, 0.8, 0.7], [0.1, 0.1, 0.3]]
+    comparison, contrast = _bf16_vs_f32(paired_records("tft", f32, bf16))
+    val = contrast.val
+    assert val.n_pairs_total == 2 and val.n_pairs_used == 2
+    unit_diffs = [np.mean(np.subtract(b, a)) for a, b in zip(f32, bf16, strict=True)]
+    assert val.mean_difference == pytest.approx(np.mean(unit_diffs), rel=1e-12)
+    assert val.median_a == pytest.approx(np.median([np.mean(a) for a in f32]), rel=1e-12)
+    assert contrast.unit_ids == ["tft-g000", "tft-g001"]
+    # The per-seed pairs are kept for the report.
+    assert contrast.unit_pairs == {
+        "tft-g000": ["tft-g000-s0", "tft-g000-s1", "tft-g000-s2"],
+        "tft-g001": ["tft-g001-s0", "tft-g001-s1", "tft-g001-s2"],
+    }
+    assert len(contrast.pair_ids) == 6
+    assert comparison_metrics(comparison)["cmp.tft.bf16_vs_f32.val.n_units"] == 2.0
+    assert comparison_metrics(comparison)["cmp.tft.bf16_vs_f32.val.n_seed_pairs"] == 6.0
+
+
+def test_a_configuration_with_a_diverged_seed_is_excluded_as_one_unit() -> None:
+    trials = paired_records(
+        "tft", [[0.5, 0.6], [0.2, 0.1], [0.3, 0.3]], [[0.6, 0.8], [0.1, math.nan], [0.4, 0.2]]
+    )
+    for t in trials:
+        if math.isnan(t.val_sharpe):
+            t.state = "diverged"
+    _, contrast = _bf16_vs_f32(trials)
+    assert contrast.val.n_pairs_total == 3 and contrast.val.n_pairs_used == 2
+    assert contrast.excluded_unit_ids("val") == ["tft-g001"]
+    assert contrast.excluded_pair_ids("val") == ["tft-g001-s0", "tft-g001-s1"]
+
+
+def test_a_configuration_with_a_pending_seed_waits_for_it() -> None:
+    trials = paired_records(
+        "tft", [[0.5, 0.6], [0.2, 0.1], [0.3, 0.3]], [[0.6, 0.8], [0.1, 0.0], [0.4, 0.2]]
+    )
+    running = next(t for t in trials if t.pair_id == "tft-g001-s1" and t.precision == "bf16")
+    running.state = "unfinished"
+    _, contrast = _bf16_vs_f32(trials)
+    assert contrast.unit_ids == ["tft-g000", "tft-g002"]
+    assert contrast.incomplete == {
+        "tft-g001-s1": f"bf16 trial {running.trial_id} unfinished",
+        "tft-g001-s0": "configuration tft-g001 has a pending seed",
+    }
+
+
+def test_bh_adjusts_across_families_within_each_split(comparison: Comparison) -> None:
+    for split in ("val", "test"):
+        raw = [
+            comparison.families[m].contrasts[CONTRAST].split(split).wilcoxon_pvalue
+            for m in ("dqn", "tft")
+        ]
+        expected = stats.false_discovery_control(raw, method="bh")
+        got = [
+            comparison.families[m].contrasts[CONTRAST].inference[split].wilcoxon_p_bh
+            for m in ("dqn", "tft")
+        ]
+        assert got == pytest.approx(list(expected), rel=1e-12)
+        # One adjustment per contrast and split, one test per family: 2 here, not 4.
+        assert [
+            comparison.families[m].contrasts[CONTRAST].inference[split].bh_n_tests
+            for m in ("dqn", "tft")
+        ] == [2, 2]
+
+
+def test_margin_flows_into_every_verdict_and_the_parent_run_tags() -> None:
+    trials = paired_records("tft", [[0.5], [0.2], [0.3]], [[0.6], [0.1], [0.4]])
+    comparison, contrast = _bf16_vs_f32(trials, margin=0.25)
+    assert comparison.margin == 0.25
+    assert all(contrast.inference[s].margin == 0.25 for s in ("val", "test"))
+    tags = comparison_tags(comparison)
+    assert tags["cmp.margin"] == "0.25"
+    assert tags["cmp.verdict_split"] == VERDICT_SPLIT
+    for scope in ("tft", OVERALL):
+        expected = comparison.scope(scope).contrasts[CONTRAST].inference[VERDICT_SPLIT].verdict
+        assert tags[f"cmp.{scope}.verdict"] == tags[f"cmp.{scope}.{CONTRAST}.verdict"]
+        assert tags[f"cmp.{scope}.verdict"] == (expected or "not computed")
+
+
+def test_the_default_margin_is_a_tenth_of_an_annualised_sharpe() -> None:
+    trials = paired_records("tft", [[0.5], [0.2]], [[0.6], [0.1]])
+    comparison, _ = _bf16_vs_f32(trials)
+    assert comparison.margin == DEFAULT_MARGIN == 0.1
+
+
+def test_the_ci_is_the_hodges_lehmann_interval_at_its_achieved_confidence() -> None:
+    # Six differences 0.1 .. 0.6: the 21 Walsh averages have median 0.35. At n = 6 only
+    # the two most extreme sign patterns have T+ <= 0 ... P(T+ <= 0) = 1/64 <= 0.025 <
+    # P(T+ <= 1) = 2/64, so the 95% interval is [min, max] of the Walsh averages, and it
+    # achieves 1 - 2/64 = 96.875%. The median of the differences stays descriptive.
+    f32 = [[0.0]] * 6
+    bf16 = [[0.1], [0.2], [0.3], [0.4], [0.5], [0.6]]
+    comparison, contrast = _bf16_vs_f32(paired_records("tft", f32, bf16))
+    val = contrast.val
+    assert val.hl_estimate == pytest.approx(0.35, rel=1e-12)
+    assert (val.hl_low, val.hl_high) == pytest.approx((0.1, 0.6), rel=1e-12)
+    assert val.hl_confidence == pytest.approx(1 - 2 / 64, rel=1e-12)
+    assert contrast.val.median_difference == pytest.approx(0.35, rel=1e-12)
+    metrics = comparison_metrics(comparison)
+    assert metrics["cmp.tft.bf16_vs_f32.val.ci_high"] == pytest.approx(0.6, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("diffs", "verdict"),
+    [
+        # Every Walsh average within +-0.02: the 90% HL interval is inside +-0.1.
+        ([0.01, -0.02, 0.0, 0.015, -0.01, 0.005], "equivalent"),
+        # Every Walsh average below -0.4: wholly beyond the margin, on the worse side.
+        ([-0.5, -0.45, -0.6, -0.55, -0.4, -0.52], "bf16 worse"),
+        ([0.5, 0.45, 0.6, 0.55, 0.4, 0.52], "bf16 better"),
+    ],
+)
+def test_the_verdict_per_family_and_overall(diffs: list[float], verdict: str) -> None:
+    f32 = [[0.3, 0.5]] * len(diffs)
+    bf16 = [[0.3 + d, 0.5 + d] for d in diffs]  # two seeds, the same difference
+    comparison, contrast = _bf16_vs_f32(paired_records("tft", f32, bf16))
+    for split in ("val", "test"):
+        assert contrast.inference[split].verdict == verdict
+    assert comparison.overall.contrasts[CONTRAST].verdict() == verdict
+    tags = comparison_tags(comparison)
+    assert tags["cmp.tft.verdict"] == tags["cmp.overall.verdict"] == verdict
+
+
+def test_few_configurations_are_inconclusive_and_say_how_many_more() -> None:
+    # 3 configurations cannot reject at 5% whatever the data (2^-3 > 0.05).
+    f32 = [[0.3], [0.5], [0.2]]
+    bf16 = [[0.31], [0.49], [0.2]]
+    _, contrast = _bf16_vs_f32(paired_records("tft", f32, bf16))
+    inference = contrast.inference["test"]
+    assert inference.verdict is not None and inference.verdict.startswith("inconclusive")
+    assert inference.pairs_needed is not None and inference.pairs_needed >= 2  # n >= 5
+    assert f"about {inference.pairs_needed} more configurations needed" in inference.verdict
+    assert "4 or fewer" in (inference.verdict_note or "")

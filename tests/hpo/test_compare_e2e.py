@@ -29,12 +29,15 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
     parent = client.get_run(record.parent_run_id)
     metrics = parent.data.metrics
     for model in ("tft", "dqn"):
+        # One seed: every configuration is one unit of inference.
         assert (
-            metrics[f"cmp.{model}.bf16_vs_f32.val.n_pairs"]
+            metrics[f"cmp.{model}.bf16_vs_f32.val.n_units"]
             + metrics[f"cmp.{model}.bf16_vs_f32.val.n_excluded"]
             == 2.0
         )
         assert f"cmp.{model}.f32.n_trials" in metrics
+        # Two configurations cannot show equivalence at 5%: the verdict says so.
+        assert parent.data.tags[f"cmp.{model}.verdict"].startswith(("inconclusive", "not computed"))
     artifacts = {a.path for a in client.list_artifacts(record.parent_run_id, "comparison")}
     assert artifacts == {"comparison/comparison.json", "comparison/report.html"}
 
@@ -60,6 +63,7 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
     for payload in (again, logged):
         payload.pop("computed_at")
     assert again["families"] == logged["families"] and again["overall"] == logged["overall"]
+    assert again["margin"] == logged["margin"] == 0.1
     recomputed = comparison_from_mlflow(spec.name, spec.tracking_uri)
     val = recomputed.families["tft"].contrasts["bf16_vs_f32"].val
     if val.n_pairs_used:
