@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-from models.base import DataShape, Family
+from models.base import Family
 
-__all__ = ["FAMILY_MODULES", "DataShape", "Family", "all_families", "family_names", "get_family"]
+__all__ = ["FAMILY_MODULES", "all_families", "family_names", "get_family"]
 
 # name -> module. The order is the order `hpo models` and `hpo profile --all` print.
 FAMILY_MODULES: dict[str, str] = {

@@ -39,8 +39,9 @@ S(Phi_l))``. It needs every edge's activation, ``(N, n_out, n_in)``, so training
 layers run as two matmuls.
 
 Input: the last ``window`` bars of each asset's window, flattened (``window * F`` inputs;
-assets folded into the batch). Output: the next standardized return. Loss: Huber (f32)
-plus the regularization. Position: ``tanh(position_scale * forecast)``.
+assets folded into the batch). Output: the next standardized return. Loss and position come from the shared regression
+head (:mod:`models.heads`): Huber (default) or MSE in f32, plus the regularization;
+``tanh(position_scale * forecast)``.
 
 Precision. The matmuls over base weights and spline coefficients run in the parameter
 dtype. What stays f32, and why:
@@ -53,7 +54,7 @@ dtype. What stays f32, and why:
   (values in [0, 1] summing to 1, which bf16 holds to 2^-9).
 * the grid update: quantiles, the old spline values and the least-squares solve
   (autocast off), the new coefficients rounded once to the parameter dtype at the end.
-* the regularization (means over the batch, an entropy of ratios), the Huber loss and the
+* the regularization (means over the batch, an entropy of ratios), the loss and the
   position mapping.
 
 Run ``.venv/bin/python -m pytest tests/models/test_kan.py -q`` to check this file.
@@ -419,7 +420,7 @@ FAMILY = Family(
     keeps_f32=(
         "the spline knot grids (refit quantiles can be closer than a bf16 ulp), the "
         "Cox-de Boor bases, the grid update and its least-squares refit, the L1 + entropy "
-        "regularization, the Huber loss and the position mapping"
+        "regularization, the loss and the position mapping"
     ),
     summary=(
         "last `window` bars flattened -> KAN layers (SiLU base + B-spline per edge, grids "

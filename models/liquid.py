@@ -26,7 +26,8 @@ Here ``t`` is ``batch.gaps``: the time since the previous bar in units of the me
 spacing (so 1 on a regular grid, 3 across a weekend of daily bars, large across a data
 hole). Assets are folded into the batch (one sequence per asset window), the recurrence
 runs over the L bars from a zero state, and a linear head on the final state predicts the
-next standardized return. Loss: Huber (f32). Position: ``tanh(position_scale * forecast)``.
+next standardized return. Loss and position come from the shared regression head
+(:mod:`models.heads`): Huber (default) or MSE in f32; ``tanh(position_scale * forecast)``.
 
 Implementation: the backbone's first layer is split into an input part, applied to all L
 bars in one matmul before the loop, and a recurrent part ``W_r h``; the four heads are
@@ -46,7 +47,7 @@ stays f32, and why:
   scan), so ``h`` is kept f32 between steps and rounded to the parameter dtype only as
   the input of the next step's matmul; rounding errors then do not compound along the
   window.
-* the Huber loss and the position mapping (from the upcast forecast).
+* the loss and the position mapping (from the upcast forecast).
 
 Run ``.venv/bin/python -m pytest tests/models/test_liquid.py -q`` to check this file.
 """
@@ -294,7 +295,7 @@ FAMILY = Family(
     keeps_f32=(
         "the time gate sigma(+-(f t + b)) and the interpolation of the two branches (t is "
         "an f32 gap; 1 - gate would quantize to 2^-8 in bf16), the recurrent state carried "
-        "across the L bars (an accumulator), the Huber loss and the position mapping"
+        "across the L bars (an accumulator), the loss and the position mapping"
     ),
     summary=(
         "CfC cells (gated or no-gate) stepped over the L bars with the bar gaps as elapsed "

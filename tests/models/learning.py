@@ -92,10 +92,15 @@ LEARNING: dict[str, LearningCheck] = {
         min_gain=2.5,
         min_each=1.5,
     ),
+    # measured (seeds 0-3): untrained -0.9 -3.7 -2.2 2.2 -> f32 4.52 2.24 1.46 2.28 (mean
+    # 2.62) / bf16 4.89 1.69 -1.50 2.53 (mean 1.90). bf16 seed 2 does not learn at this
+    # budget (8 seeds: bf16 min -1.50, f32 min 1.46), and none of the budgets tried (4-5
+    # epochs, lr 1e-3, width 32, position_scale 1) kept every seed above 0 in both
+    # precisions, so the floor sits 1.0 below the weakest seed.
     "tlob": LearningCheck(
         {**FORECAST, "model_config": {"hidden_dim": 16, "n_layers": 1}},
         min_mean=1.5,
-        min_each=-10.0,
+        min_each=-2.5,
     ),
     # measured: untrained -2.63 -> 2.85 / 2.85
     "liquid": LearningCheck(
