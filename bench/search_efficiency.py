@@ -148,7 +148,7 @@ class Task:
                         "weight_decay": 0.0,
                         # width and window: the adapter's own ranges
                         **({} if self.window is None else {"window": self.window}),
-                        "depth": 1,
+                        "n_layers": 1,
                         "grid_size": 5,
                         "spline_order": 3,
                         "grid_eps": 0.02,
