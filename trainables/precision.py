@@ -5,9 +5,12 @@ file) instead of naming ``torch.bfloat16`` itself, so a policy is one object tha
 which dtype the weights are held in, which dtype data is cast to once at the boundary,
 which autocast context wraps forward + loss, and how a loss becomes an optimizer step.
 
-Policies (see ``../shared/design.md``):
+Policies (the reasoning behind each, and the optimizer's layout: ``docs/precision.md``):
 
-``f32``         everything f32.
+``f32``         everything f32, strict: f32 matmuls never run on TF32 tensor cores.
+``tf32``        f32 weights, moments and data; f32 matmuls/convolutions on TF32 tensor
+                cores on CUDA Ampere or newer (scoped to the policy's regions); on a CPU
+                or an older GPU the same numbers as ``f32``.
 ``bf16``        "pure bf16": weights, activations and gradients in bf16; data cast once
                 when a dataset tensor or replay buffer is built; the loss scalar cast to f32
                 before backward. Round-to-nearest bf16 updates lose any step smaller than
@@ -20,23 +23,26 @@ Policies (see ``../shared/design.md``):
 
 Every policy guards the step without a host sync: a non-finite loss or gradient norm turns
 the optimizer update into a no-op (through tensor masks, not Python branches) and is
-counted on the device. :class:`StepGuard` keeps the counters; the trainer reads them once
+counted on the device. The optimizer (:mod:`trainables.optim`) updates every parameter
+with a fixed number of flat ops, so a guarded step costs about 30-40 ATen ops whatever
+the number of parameter tensors. :class:`StepGuard` keeps the counters; the trainer reads them once
 per logging interval and, under ``bf16``, falls back to ``f32`` after K consecutive skips.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-PolicyName = Literal["f32", "bf16", "bf16-mixed", "fp16-mixed", "auto"]
-POLICY_NAMES: tuple[str, ...] = ("f32", "bf16", "bf16-mixed", "fp16-mixed", "auto")
+from trainables.optim import MultiTensorGuardedAdamW
+
+PolicyName = Literal["f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto"]
+POLICY_NAMES: tuple[str, ...] = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto")
 
 F32 = torch.float32
 BF16 = torch.bfloat16
@@ -89,6 +95,11 @@ class DeviceInfo:
     def supports_bf16(self) -> bool:
         return self.type == "cuda" and self.capability is not None and self.capability >= (8, 0)
 
+    @property
+    def supports_tf32(self) -> bool:
+        """TF32 tensor cores arrived with Ampere (compute capability 8.0), as bf16 did."""
+        return self.supports_bf16
+
 
 def describe_device(device: torch.device) -> DeviceInfo:
     """Name and compute capability of ``device``: torch for the capability, pynvml for the
@@ -127,7 +138,8 @@ class StepGuard:
 
     ``longest_streak`` is the longest run of consecutive skips seen since the last
     :meth:`reset_streak`; reading it once per logging interval is enough to decide a
-    fallback, because skipped steps leave the weights untouched.
+    fallback, because skipped steps leave the weights untouched. The three counters are
+    views of one int64 vector, so a step updates them with three ops.
     """
 
     device: torch.device
@@ -136,13 +148,19 @@ class StepGuard:
     longest_streak: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        zeros = lambda: torch.zeros((), dtype=torch.int64, device=self.device)  # noqa: E731
-        self.skipped, self.streak, self.longest_streak = zeros(), zeros(), zeros()
+        i64 = torch.int64
+        self._counts = torch.zeros(3, dtype=i64, device=self.device)
+        self.skipped, self.streak, self.longest_streak = self._counts.unbind()
+        # counts <- counts * keep + add: (skipped, 0, longest) on a clean step,
+        # (skipped + 1, streak + 1, longest) on a skip; then longest = max(longest, streak).
+        self._clean = torch.tensor([1, 0, 1, 0, 0, 0], dtype=i64, device=self.device)
+        self._skip = torch.tensor([1, 1, 1, 1, 1, 0], dtype=i64, device=self.device)
+        self._rule = torch.zeros(6, dtype=i64, device=self.device)
+        self._keep, self._add = self._rule[:3], self._rule[3:]
 
     def record(self, ok: torch.Tensor) -> None:
-        bad = (~ok).to(torch.int64)
-        self.skipped += bad
-        self.streak.mul_(bad).add_(bad)  # streak = (streak + 1) if bad else 0
+        torch.where(ok, self._clean, self._skip, out=self._rule)
+        torch.addcmul(self._add, self._counts, self._keep, out=self._counts)
         torch.maximum(self.longest_streak, self.streak, out=self.longest_streak)
 
     def reset_streak(self) -> None:
@@ -151,9 +169,9 @@ class StepGuard:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {
-            "skipped": self.skipped,
-            "streak": self.streak,
-            "longest_streak": self.longest_streak,
+            "skipped": self.skipped.clone(),
+            "streak": self.streak.clone(),
+            "longest_streak": self.longest_streak.clone(),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -165,7 +183,7 @@ class StepGuard:
 # Optimizer: AdamW with f32 moments, masked (skippable) updates and Kahan compensation
 
 
-class GuardedAdamW(torch.optim.Optimizer):
+class GuardedAdamW(MultiTensorGuardedAdamW):
     """AdamW whose moments are always f32 and whose update can be masked off on-device.
 
     ``step(ok=..., grad_scale=...)`` takes a boolean 0-d tensor: when it is False the
@@ -175,7 +193,8 @@ class GuardedAdamW(torch.optim.Optimizer):
 
     Parameters held in bf16/fp16 get a compensation buffer of their own dtype (Kahan
     summation): the part of each update lost to rounding is carried to the next step, so a
-    1e-4 update to a weight near 1.0 accumulates instead of rounding away.
+    1e-4 update to a weight near 1.0 accumulates instead of rounding away. The update runs
+    on flat arenas with a fixed number of ops per step (:mod:`trainables.optim`).
     """
 
     def __init__(
@@ -187,87 +206,15 @@ class GuardedAdamW(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         kahan: bool = True,
     ) -> None:
-        if lr <= 0 or not math.isfinite(lr):
-            raise ValueError(f"lr must be a positive finite number, got {lr}")
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults)
-        self.kahan = kahan
-
-    def init_state(self) -> None:
-        """Allocate every state tensor up front (nothing is allocated in the hot loop)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state[p]
-                if state:
-                    continue
-                state["step"] = torch.zeros((), dtype=F32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, dtype=F32)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=F32)
-                if self.kahan and is_low_precision(p.dtype):
-                    state["compensation"] = torch.zeros_like(p)
-
-    @torch.no_grad()
-    def step(  # type: ignore[override]
-        self,
-        closure: None = None,
-        *,
-        ok: torch.Tensor | None = None,
-        grad_scale: torch.Tensor | None = None,
-    ) -> None:
-        self.init_state()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                grad = p.grad.float()
-                if grad_scale is not None:
-                    grad = grad * grad_scale
-                if ok is None:
-                    live = torch.ones((), dtype=F32, device=p.device)
-                else:
-                    live = ok.to(F32)
-                    # NaN * 0 is NaN: zero the gradient itself where the step is skipped.
-                    grad = torch.where(ok, grad, torch.zeros((), dtype=F32, device=p.device))
-                step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
-                step.add_(live)
-                exp_avg.lerp_(grad, live * (1 - beta1))
-                exp_avg_sq.mul_(1 - live * (1 - beta2)).addcmul_(grad, grad, value=1 - beta2)
-                # A skipped step added (1-beta2)*0*0 above: the moments are untouched.
-                safe_step = step.clamp(min=1.0)
-                bias1 = 1 - beta1**safe_step
-                bias2 = 1 - beta2**safe_step
-                denom = (exp_avg_sq / bias2).sqrt_().add_(eps)
-                update = (exp_avg / bias1).div_(denom)
-                if wd:
-                    update.add_(p.float(), alpha=wd)
-                update.mul_(live * -lr)
-                self._apply_update(p, update, state.get("compensation"))
-
-    @staticmethod
-    def _apply_update(
-        p: torch.Tensor, update: torch.Tensor, compensation: torch.Tensor | None
-    ) -> None:
-        if p.dtype == F32:
-            p.add_(update)
-            return
-        if compensation is None:  # plain round-to-nearest (kept for the numeric test)
-            p.copy_(p.float() + update)
-            return
-        # Kahan: add what was lost last time, round, and keep what this rounding lost.
-        wanted = update + compensation.float()
-        before = p.float()
-        p.copy_(before + wanted)
-        compensation.copy_(wanted - (p.float() - before))
-
-    def master_weight(self, p: torch.Tensor) -> torch.Tensor:
-        """The f32 value a low-precision weight stands for (weight + compensation)."""
-        compensation = self.state.get(p, {}).get("compensation")
-        if compensation is None:
-            return p.detach().float()
-        return p.detach().float() + compensation.float()
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            kahan=kahan,
+            state_dtype=F32,
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -292,15 +239,12 @@ class LossScaler:
         self.clean_steps = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def update(self, ok: torch.Tensor) -> None:
-        clean = torch.where(ok, self.clean_steps + 1, torch.zeros_like(self.clean_steps))
-        grow = clean >= self.growth_interval
-        factor = torch.where(
-            ok,
-            torch.where(grow, self.growth_factor, 1.0),
-            self.backoff_factor,
-        ).to(F32)
+        # clean_steps = (clean_steps + 1) if ok else 0, as ok + clean_steps * ok
+        torch.addcmul(ok, self.clean_steps, ok, out=self.clean_steps)
+        grow = self.clean_steps >= self.growth_interval  # only ever true on a clean step
+        factor = torch.where(grow, self.growth_factor, torch.where(ok, 1.0, self.backoff_factor))
         self.scale.mul_(factor)
-        self.clean_steps.copy_(torch.where(grow, torch.zeros_like(clean), clean))
+        self.clean_steps.masked_fill_(grow, 0)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"scale": self.scale, "clean_steps": self.clean_steps}
@@ -330,9 +274,14 @@ class PrecisionPolicy:
     param_dtype: torch.dtype = F32  # dtype the module's weights are held in
     data_dtype: torch.dtype = F32  # dtype dataset tensors / replay states are stored in
     autocast_dtype: torch.dtype | None = None  # None: no autocast region
+    # Whether f32 matmuls/convolutions may run on TF32 tensor cores (CUDA Ampere+) inside
+    # this policy's regions. Only ``tf32`` allows it; every other policy runs its f32
+    # islands as strict IEEE f32, whatever the process-wide torch flags say.
+    allow_tf32: bool = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._constants: dict[float, torch.Tensor] = {}
 
     # -- modules and data ----------------------------------------------------------------
     def convert_module(self, module: nn.Module) -> nn.Module:
@@ -354,9 +303,15 @@ class PrecisionPolicy:
         return tensor.to(self.data_dtype) if tensor.is_floating_point() else tensor
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+        """The region forward + loss (and evaluation) run in: autocast where the policy
+        has one, and this policy's f32 matmul precision (TF32 or strict)."""
+        return _compute_region(self.device, self.autocast_dtype, self.allow_tf32)
+
+    def float32_matmul(self, info: DeviceInfo | None = None) -> str:
+        """How f32 matmuls run under this policy on ``info`` (default: this policy's
+        device): ``"tf32"`` on TF32 tensor cores, ``"ieee"`` strict f32."""
+        info = info if info is not None else describe_device(self.device)
+        return "tf32" if self.allow_tf32 and info.supports_tf32 else "ieee"
 
     # -- optimizer -----------------------------------------------------------------------
     def make_optimizer(
@@ -381,34 +336,67 @@ class PrecisionPolicy:
 
         The loss is cast to f32 *before* backward (the gradient entering the graph is f32;
         autograd casts it down where the forward ran in bf16). Nothing here reads a tensor
-        on the host.
+        on the host, and the op count does not grow with the number of parameters.
         """
-        loss32 = loss.float()
+        loss32 = loss if loss.dtype == F32 else loss.float()
         scale = scaler.scale if scaler is not None else None
-        (loss32 * scale if scale is not None else loss32).backward()
-        params = [
-            p for group in optimizer.param_groups for p in group["params"] if p.grad is not None
-        ]
-        grad_norm = _global_grad_norm(params)
+        with _float32_matmul(self.device, self.allow_tf32):
+            # Seeding backward with the scale gives exactly the gradients of loss * scale.
+            loss32.backward(scale)
+        with torch.no_grad():
+            grad_norm = optimizer.grad_norm()  # f32 L2 norm over every gradient
+            if scale is not None:
+                grad_norm = grad_norm / scale
+            # grad_norm + 0 * loss is NaN when the loss is inf/NaN: one test for both.
+            ok = torch.isfinite(torch.add(grad_norm, loss32, alpha=0.0))
+            grad_scale = self._grad_scale(grad_norm, max_grad_norm, scale)
+            optimizer.step(ok=ok, grad_scale=grad_scale)
+            optimizer.zero_grad(set_to_none=False)
+            guard.record(ok)
+            if scaler is not None:
+                scaler.update(ok)
+        return StepResult(loss=loss32.detach(), grad_norm=grad_norm, ok=ok)
+
+    def _grad_scale(
+        self,
+        grad_norm: torch.Tensor,
+        max_grad_norm: float | None,
+        scale: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """One factor for every gradient: min(1, max / (norm + 1e-6)) / loss scale.
+
+        Written as max / (max(norm + 1e-6, max) * scale): the same value (the scale is a
+        power of two, so multiplying by it is exact) in three or four ops. A non-finite
+        norm gives a non-finite factor, harmless because that step is masked off anyway.
+        """
+        if max_grad_norm is None:
+            return None if scale is None else scale.reciprocal()
+        denom = (grad_norm + 1e-6).clamp_(min=max_grad_norm)
         if scale is not None:
-            grad_norm = grad_norm / scale
-        ok = torch.isfinite(loss32) & torch.isfinite(grad_norm)
-        grad_scale = torch.ones((), dtype=F32, device=loss32.device)
-        if scale is not None:
-            grad_scale = grad_scale / scale
-        if max_grad_norm is not None:
-            clip = (max_grad_norm / (grad_norm + 1e-6)).clamp(max=1.0)
-            grad_scale = grad_scale * torch.nan_to_num(clip, nan=0.0, posinf=0.0)
-        optimizer.step(ok=ok, grad_scale=grad_scale)
-        optimizer.zero_grad(set_to_none=False)
-        guard.record(ok)
-        if scaler is not None:
-            scaler.update(ok)
-        return StepResult(loss=loss32.detach(), grad_norm=grad_norm.detach(), ok=ok)
+            denom.mul_(scale)
+        return torch.div(self._constant(max_grad_norm), denom)
+
+    def _constant(self, value: float) -> torch.Tensor:
+        """A 0-d f32 device tensor holding ``value``, made once (no per-step upload)."""
+        tensor = self._constants.get(value)
+        if tensor is None:
+            tensor = self._constants[value] = torch.full((), value, dtype=F32, device=self.device)
+        return tensor
 
 
 class F32Policy(PrecisionPolicy):
+    """Strict f32: weights, moments, data and every matmul in IEEE f32 (TF32 off)."""
+
     name = "f32"
+
+
+class TF32Policy(PrecisionPolicy):
+    """f32 weights, moments and data; f32 matmuls and convolutions on TF32 tensor cores
+    (10-bit mantissa inputs, f32 accumulation) on CUDA Ampere or newer, inside the
+    policy's regions only. On a CPU or an older GPU it computes exactly what ``f32`` does."""
+
+    name = "tf32"
+    allow_tf32 = True
 
 
 class BF16Policy(PrecisionPolicy):
@@ -434,6 +422,7 @@ class FP16MixedPolicy(PrecisionPolicy):
 
 _POLICIES: dict[str, type[PrecisionPolicy]] = {
     "f32": F32Policy,
+    "tf32": TF32Policy,
     "bf16": BF16Policy,
     "bf16-mixed": BF16MixedPolicy,
     "fp16-mixed": FP16MixedPolicy,
@@ -479,11 +468,42 @@ def _repack_rnns(module: nn.Module) -> None:
             sub.flatten_parameters()
 
 
-def _global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
-    if not params:
-        return torch.zeros((), dtype=F32)
-    norms = torch._foreach_norm([p.grad for p in params])  # type: ignore[misc]
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+@contextlib.contextmanager
+def _float32_matmul(device: torch.device, allow_tf32: bool) -> Iterator[None]:
+    """Set how CUDA runs f32 matmuls/convolutions/RNNs for the region, then restore.
+
+    Scoped, not process-wide: Ray reuses actors, so a flag left behind by a ``tf32``
+    trial would silently turn the next ``f32`` trial into TF32. No effect on CPU.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    precision = "tf32" if allow_tf32 else "ieee"
+    knobs: tuple[Any, ...] = (
+        torch.backends.cuda.matmul,
+        torch.backends.cudnn.conv,  # type: ignore[attr-defined]
+        torch.backends.cudnn.rnn,
+    )
+    saved = [knob.fp32_precision for knob in knobs]
+    for knob in knobs:
+        knob.fp32_precision = precision
+    try:
+        yield
+    finally:
+        for knob, value in zip(knobs, saved, strict=True):
+            knob.fp32_precision = value
+
+
+@contextlib.contextmanager
+def _compute_region(
+    device: torch.device, autocast_dtype: torch.dtype | None, allow_tf32: bool
+) -> Iterator[None]:
+    with _float32_matmul(device, allow_tf32):
+        if autocast_dtype is None:
+            yield
+        else:
+            with torch.autocast(device_type=device.type, dtype=autocast_dtype):
+                yield
 
 
 def _floating_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

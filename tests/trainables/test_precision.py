@@ -7,10 +7,13 @@ import pytest
 import torch
 from torch import nn
 
+from trainables import precision
 from trainables.precision import (
     BF16,
     F32,
     FP16,
+    POLICY_NAMES,
+    DeviceInfo,
     GuardedAdamW,
     LossScaler,
     StepGuard,
@@ -63,7 +66,13 @@ def _one_step(policy_name: str) -> tuple[nn.Module, GuardedAdamW, list[torch.dty
 
 @pytest.mark.parametrize(
     ("policy", "param_dtype", "data_dtype"),
-    [("f32", F32, F32), ("bf16", BF16, BF16), ("bf16-mixed", F32, F32), ("fp16-mixed", F32, F32)],
+    [
+        ("f32", F32, F32),
+        ("tf32", F32, F32),
+        ("bf16", BF16, BF16),
+        ("bf16-mixed", F32, F32),
+        ("fp16-mixed", F32, F32),
+    ],
 )
 def test_policy_dtypes(policy: str, param_dtype: torch.dtype, data_dtype: torch.dtype) -> None:
     model, opt, seen = _one_step(policy)
@@ -191,12 +200,125 @@ def test_fp16_overflow_skips_step_and_halves_scale() -> None:
     assert not torch.equal(model.fc1.weight, before)
 
 
-def test_gradient_clipping_bounds_the_update_input() -> None:
+def test_gradient_clipping_scales_the_gradient_the_moments_see() -> None:
+    """Adam's first update is g/|g| with or without clipping, so the weights cannot show
+    it; the moments can: they hold the clipped gradient (0.6, 0.8) times (1 - beta)."""
     policy = get_policy("f32", CPU)
     w = nn.Parameter(torch.zeros(4))
     opt = policy.make_optimizer([w], lr=1.0)
     loss = (w * torch.tensor([300.0, 400.0, 0.0, 0.0])).sum()
     result = policy.backward_and_step(loss, opt, StepGuard(CPU), max_grad_norm=1.0)
-    assert float(result.grad_norm) == pytest.approx(500.0)
-    # Clipped gradient (0.6, 0.8, 0, 0): Adam's first step moves each touched weight by -lr.
-    assert torch.allclose(w.detach(), torch.tensor([-1.0, -1.0, 0.0, 0.0]), atol=1e-4)
+    assert float(result.grad_norm) == pytest.approx(500.0)  # reported before clipping
+    clipped = torch.tensor([0.6, 0.8, 0.0, 0.0])
+    torch.testing.assert_close(opt.state[w]["exp_avg"], 0.1 * clipped, rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        opt.state[w]["exp_avg_sq"], 0.001 * clipped.square(), rtol=1e-5, atol=0
+    )
+
+
+def test_clipped_trajectory_follows_torch_adamw_on_clipped_gradients() -> None:
+    """Several steps whose gradient norms differ (so the clip factor differs per step)
+    end where torch's AdamW ends when fed the clipped gradients."""
+    scales = [50.0, 0.5, 300.0, 2.0, 40.0, 0.1]
+    direction = torch.tensor([3.0, -4.0, 1.0, 0.5])
+    policy = get_policy("f32", CPU)
+    ours = nn.Parameter(torch.full((4,), 0.5))
+    ref = nn.Parameter(torch.full((4,), 0.5))
+    opt = policy.make_optimizer([ours], lr=0.05)
+    ref_opt = torch.optim.AdamW([ref], lr=0.05, weight_decay=0.0)
+    guard = StepGuard(CPU)
+    for k, scale in enumerate(scales):
+        target = direction * scale * (1 + 0.1 * k)
+        policy.backward_and_step((ours * target).sum() + ours.square().sum(), opt, guard, 1.0)
+        ref_opt.zero_grad()
+        ((ref * target).sum() + ref.square().sum()).backward()
+        torch.nn.utils.clip_grad_norm_([ref], 1.0)
+        ref_opt.step()
+    torch.testing.assert_close(ours.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ref.detach(), torch.full((4,), 0.5))  # it moved
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [((7, 5), False), ((8, 0), True), ((8, 6), True), ((9, 0), True), ((6, 1), False)],
+)
+def test_bf16_support_is_ampere_or_newer(
+    capability: tuple[int, int], expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = DeviceInfo(type="cuda", name="fake", capability=capability)
+    assert info.supports_bf16 is expected
+    assert info.supports_tf32 is expected
+    monkeypatch.setattr(precision, "describe_device", lambda _device: info)
+    cuda = torch.device("cuda")
+    assert resolve_policy_name("auto", cuda) == ("bf16" if expected else "f32")
+
+
+def test_no_bf16_support_without_a_cuda_capability() -> None:
+    assert not DeviceInfo(type="cpu", name="cpu", capability=None).supports_bf16
+    assert not DeviceInfo(type="cuda", name="odd", capability=None).supports_bf16
+    assert not DeviceInfo(type="mps", name="mps", capability=(9, 0)).supports_bf16
+
+
+# --------------------------------------------------------------------------------------
+# tf32
+
+
+def test_tf32_is_a_policy_name() -> None:
+    assert "tf32" in POLICY_NAMES
+    assert get_policy("tf32", CPU).name == "tf32"
+
+
+def test_tf32_trains_exactly_like_f32_on_cpu() -> None:
+    weights = {}
+    for name in ("f32", "tf32"):
+        torch.manual_seed(0)
+        policy = get_policy(name, CPU)
+        model = policy.convert_module(Tiny())
+        opt = policy.make_optimizer(model.parameters(), lr=1e-2)
+        guard = StepGuard(CPU)
+        for k in range(5):
+            x = policy.convert_input(torch.randn(16, 4, generator=torch.Generator().manual_seed(k)))
+            with policy.autocast():
+                loss = model(x).square().mean()
+            policy.backward_and_step(loss, opt, guard, max_grad_norm=1.0)
+        weights[name] = [p.detach().clone() for p in model.parameters()]
+    for a, b in zip(weights["f32"], weights["tf32"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_tf32_is_reported_only_on_ampere_or_newer() -> None:
+    ampere = DeviceInfo(type="cuda", name="A100", capability=(8, 0))
+    turing = DeviceInfo(type="cuda", name="T4", capability=(7, 5))
+    cpu = DeviceInfo(type="cpu", name="cpu", capability=None)
+    tf32, strict = get_policy("tf32", CPU), get_policy("f32", CPU)
+    assert tf32.float32_matmul(ampere) == "tf32"
+    assert tf32.float32_matmul(turing) == "ieee"
+    assert tf32.float32_matmul(cpu) == "ieee"
+    assert tf32.float32_matmul() == "ieee"  # this policy's own device: the CPU
+    assert strict.float32_matmul(ampere) == "ieee"  # f32 stays strict f32
+
+
+def _cuda_fp32_flags() -> tuple[str, str, str]:
+    backends = torch.backends
+    return (
+        backends.cuda.matmul.fp32_precision,
+        backends.cudnn.conv.fp32_precision,
+        backends.cudnn.rnn.fp32_precision,
+    )
+
+
+def test_tf32_flags_are_scoped_to_the_policy_region() -> None:
+    """On a CUDA device the tf32 region turns TF32 on and restores the flags after; the
+    f32 region forces strict f32 even where the process was left in TF32 (a reused actor
+    after a tf32 trial). The flags can be set without a GPU, so this runs on CPU."""
+    cuda = torch.device("cuda")
+    before = _cuda_fp32_flags()
+    with precision._float32_matmul(cuda, allow_tf32=True):
+        assert _cuda_fp32_flags() == ("tf32", "tf32", "tf32")
+        with precision._float32_matmul(cuda, allow_tf32=False):
+            assert _cuda_fp32_flags() == ("ieee", "ieee", "ieee")
+        assert _cuda_fp32_flags() == ("tf32", "tf32", "tf32")
+    assert _cuda_fp32_flags() == before
+    # A policy on the CPU leaves the CUDA flags alone.
+    with get_policy("tf32", CPU).autocast():
+        assert _cuda_fp32_flags() == before

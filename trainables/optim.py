@@ -1,0 +1,388 @@
+"""Multi-tensor guarded AdamW: a few dozen ATen ops per step, whatever the parameter count.
+
+The update is the one ``GuardedAdamW`` always made, element for element: f32 moments,
+a step that a boolean device tensor ``ok`` can turn into an exact no-op (moments, step
+counts and weights untouched, no host sync), one ``grad_scale`` tensor that folds
+gradient clipping and the fp16 unscale into the gradients, and Kahan compensation for
+weights held in a lower precision than the moments. See ``docs/precision.md``.
+
+Why flat arenas and not torch's own AdamW:
+
+* ``torch.optim.AdamW(fused=True)`` accepts ``grad_scale``/``found_inf``, but it keeps the
+  moments in the parameter dtype (bf16 moments lose what the f32 ones keep), has no
+  compensation buffer, applies weight decay before the update (``p *= 1 - lr * wd``,
+  another rounding than ours) and keeps the step count on the side of the skip. Matching
+  today's checkpoints and numbers with it is not possible.
+* ``_foreach_*`` ops over per-parameter lists cost one op each, but every per-parameter
+  scalar (bias corrections) becomes a list of 0-d tensors, which CUDA's multi-tensor
+  kernels do not broadcast (they fall back to one kernel per tensor).
+
+So each (param group, device) gets contiguous *arenas*: the two moments as one
+``(2, N)`` f32 tensor, the step counts as one ``(n,)`` tensor, the compensation buffers
+as one tensor per low-precision dtype. The optimizer state the checkpoint code reads
+(``state[p]["exp_avg"]``, ``"exp_avg_sq"``, ``"step"``, ``"compensation"``, same shapes
+and dtypes as before) are non-overlapping views into them, so checkpoints are unchanged
+and a restore that copies into the state tensors writes into the arenas. The update runs
+as flat elementwise ops on the arenas (one kernel each), with ``_foreach`` ops only where
+per-parameter tensors are read or written (gradients in, weights out).
+
+Per-parameter step counts are kept (a parameter that first receives a gradient later has
+its own count, as before); the bias corrections ``1 - beta ** step`` are computed with
+one ``_foreach_pow`` over 0-d views (the same scalar kernel as the per-parameter code, so
+the numbers are identical) and spread over the elements with one ``take``.
+
+The arenas are rebuilt (a host-side copy, outside the hot loop) when the set of
+parameters that have gradients changes, when a parameter changes dtype (the bf16 -> f32
+fallback) or when the state dict object was replaced (``load_state_dict``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
+
+
+def _carries_less(dtype: torch.dtype, than: torch.dtype) -> bool:
+    """True when ``dtype`` has fewer significand bits than ``than`` (bf16/fp16 vs f32)."""
+    return torch.finfo(dtype).eps > torch.finfo(than).eps
+
+
+@dataclass
+class _Region:
+    """Parameters of one dtype and update rule, contiguous in the arenas."""
+
+    dtype: torch.dtype
+    rule: str  # "exact" (same dtype as the moments), "kahan" or "round" (plain rounding)
+    params: list[torch.Tensor]
+    start: int  # element offset in the arenas
+    stop: int
+    update_flat: torch.Tensor | None = None  # this region's slice of the update row
+    grad_views: list[torch.Tensor] = field(default_factory=list)  # into the flat gradient
+    update_views: list[torch.Tensor] = field(default_factory=list)  # into the update row
+    compensation: torch.Tensor | None = None  # (stop - start,) in ``dtype`` (kahan)
+    before: torch.Tensor | None = None  # f32 copy of the weights (kahan / weight decay)
+    before_views: list[torch.Tensor] = field(default_factory=list)
+    rounded: torch.Tensor | None = None  # weights + update rounded to ``dtype`` (kahan)
+    rounded_views: list[torch.Tensor] = field(default_factory=list)
+    carry: torch.Tensor | None = None  # f32 scratch (kahan)
+
+
+class _Arena:
+    """Flat state and scratch of one (param group, device)."""
+
+    def __init__(
+        self,
+        optimizer: MultiTensorGuardedAdamW,
+        group: dict,
+        params: list[nn.Parameter],
+    ) -> None:
+        self.state_ref = optimizer.state
+        self.hyper: tuple[float, ...] | None = None
+        device = params[0].device
+        sd = optimizer.state_dtype
+        self.device = device
+        # Regions in a fixed order: exact (f32) first, then one per low-precision dtype.
+        buckets: dict[tuple[torch.dtype, str], list[torch.Tensor]] = {}
+        for p in params:
+            if p.dtype == sd or not _carries_less(p.dtype, sd):
+                rule = "exact"
+            elif "compensation" in optimizer.state.get(p, {}) or (
+                optimizer.kahan and not optimizer.state.get(p)
+            ):
+                rule = "kahan"
+            else:
+                rule = "round"
+            buckets.setdefault((p.dtype, rule), []).append(p)
+        ordered = sorted(buckets.items(), key=lambda kv: (kv[0][1] != "exact", str(kv[0])))
+        self.params = [p for _, ps in ordered for p in ps]
+        n = len(self.params)
+        total = sum(p.numel() for p in self.params)
+        self.n, self.total = n, total
+
+        # State arenas; the per-parameter state entries become views of them.
+        moments = torch.zeros((2, total), dtype=sd, device=device)
+        steps = torch.zeros((n,), dtype=sd, device=device)
+        self.moments, self.steps = moments, steps
+        self.exp_avg, self.exp_avg_sq = moments[0], moments[1]
+        self.step_views = list(steps.unbind())
+        # Scratch: gradients in f32, the two ratios m/b1 and v/b2, the spread bias terms.
+        self.grad = torch.zeros((total,), dtype=sd, device=device)
+        self.ratio = torch.zeros((2, total), dtype=sd, device=device)
+        self.update, self.denom = self.ratio[0], self.ratio[1]
+        self.bias = torch.zeros((2, total), dtype=sd, device=device)
+        owner = torch.repeat_interleave(
+            torch.arange(n, device=device),
+            torch.tensor([p.numel() for p in self.params], device=device),
+        )
+        self.owner = torch.stack([owner, owner + n])  # (2, N): element -> its b1 / b2 slot
+        self.regions: list[_Region] = []
+        offset = 0
+        index = 0
+        for (dtype, rule), ps in ordered:
+            size = sum(p.numel() for p in ps)
+            region = _Region(dtype, rule, ps, offset, offset + size)
+            region_grad = self.grad[offset : offset + size]
+            region_update = self.update[offset : offset + size]
+            region.grad_views = _split(region_grad, ps)
+            region.update_flat = region_update
+            region.update_views = _split(region_update, ps)
+            if rule == "kahan":
+                region.compensation = torch.zeros((size,), dtype=dtype, device=device)
+                region.rounded = torch.zeros((size,), dtype=dtype, device=device)
+                region.rounded_views = _split(region.rounded, ps)
+                region.carry = torch.zeros((size,), dtype=sd, device=device)
+            if rule == "kahan" or (group["weight_decay"] and rule != "exact"):
+                region.before = torch.zeros((size,), dtype=sd, device=device)
+                region.before_views = _split(region.before, ps)
+            self._adopt_state(optimizer, region, index)
+            self.regions.append(region)
+            offset += size
+            index += len(ps)
+        self.betas: list[torch.Tensor] = []  # 0-d [b1]*n + [b2]*n, set with the hyperparameters
+        self.true = torch.ones((), dtype=torch.bool, device=device)
+        self.zero = torch.zeros((), dtype=sd, device=device)
+        self.gathered = False
+        self.key = optimizer._key(params)  # in group order; compensation entries exist now
+
+    def _adopt_state(self, optimizer: MultiTensorGuardedAdamW, region: _Region, index: int) -> None:
+        """Copy existing state values into the arenas and point the state entries at them."""
+        offset = region.start
+        comp_views = (
+            _split(region.compensation, region.params) if region.compensation is not None else None
+        )
+        for j, p in enumerate(region.params):
+            i = index + j
+            size = p.numel()
+            views = {
+                "step": self.step_views[i],
+                "exp_avg": self.exp_avg[offset : offset + size].view(p.shape),
+                "exp_avg_sq": self.exp_avg_sq[offset : offset + size].view(p.shape),
+            }
+            if comp_views is not None:
+                views["compensation"] = comp_views[j]
+            old = optimizer.state.get(p, {})
+            with torch.no_grad():
+                for key, view in views.items():
+                    if key in old:
+                        view.copy_(old[key])
+            optimizer.state[p] = views
+            offset += size
+
+    def set_hyper(self, group: dict) -> None:
+        """Device constants for the current lr/betas (rebuilt only when they change)."""
+        beta1, beta2 = group["betas"]
+        hyper = (
+            float(group["lr"]),
+            float(beta1),
+            float(beta2),
+            float(group["eps"]),
+            float(group["weight_decay"]),
+        )
+        if hyper == self.hyper:
+            return
+        self.hyper = hyper
+        lr = hyper[0]
+        sd = self.steps.dtype
+        # The per-step scalars, computed exactly as the per-parameter code computed them
+        # from ``live`` (1.0 for a kept step, 0.0 for a skipped one): lerp weight of the
+        # first moment, decay of the second, and -lr (0 when skipped).
+        rows = []
+        for live_value in (1.0, 0.0):
+            live = torch.full((), live_value, dtype=sd)
+            rows.append(torch.stack([live * (1 - beta1), 1 - live * (1 - beta2), live * -lr]))
+        self.scalars_ok = rows[0].to(self.device)
+        self.scalars_skip = rows[1].to(self.device)
+        self.scalars = torch.zeros(3, dtype=sd, device=self.device)
+        self.w1, self.f2, self.neg_lr = self.scalars.unbind()
+        b1 = torch.full((), beta1, dtype=sd, device=self.device)
+        b2 = torch.full((), beta2, dtype=sd, device=self.device)
+        self.betas = [b1] * self.n + [b2] * self.n
+
+    def grad_lists(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        return [(r.grad_views, [p.grad for p in r.params]) for r in self.regions]  # type: ignore[misc]
+
+    def gather(self) -> None:
+        """Copy every gradient into the flat f32 gradient (one op per dtype)."""
+        for views, grads in self.grad_lists():
+            torch._foreach_copy_(views, grads)
+        self.gathered = True
+
+
+def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return views
+
+
+class MultiTensorGuardedAdamW(torch.optim.Optimizer):
+    """AdamW whose moments are held in ``state_dtype`` and whose update can be masked off
+    on the device; see the module docstring for the layout.
+
+    ``step(ok=..., grad_scale=...)``: ``ok`` is a boolean 0-d tensor (False: the step is
+    an exact no-op), ``grad_scale`` an f32 0-d tensor multiplied into every gradient.
+    :meth:`grad_norm` gathers the gradients first and returns their global f32 L2 norm, so
+    a guarded step reads every gradient once. The gathered f32 copy is what ``step`` uses;
+    the parameters' ``.grad`` tensors are left as they are.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[nn.Parameter],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        kahan: bool = True,
+        *,
+        state_dtype: torch.dtype,
+    ) -> None:
+        if lr <= 0 or not math.isfinite(lr):
+            raise ValueError(f"lr must be a positive finite number, got {lr}")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self.kahan = kahan
+        self.state_dtype = state_dtype
+        self._arenas: dict[tuple[int, torch.device], _Arena] = {}
+
+    # -- layout ---------------------------------------------------------------------------
+    def init_state(self) -> None:
+        """Allocate every state tensor up front (nothing is allocated in the hot loop)."""
+        for gi, group in enumerate(self.param_groups):
+            by_device: dict[torch.device, list[nn.Parameter]] = {}
+            for p in group["params"]:
+                by_device.setdefault(p.device, []).append(p)
+            for device, params in by_device.items():
+                if (gi, device) not in self._arenas:
+                    self._arenas[(gi, device)] = _Arena(self, group, params)
+
+    def _key(self, params: list[nn.Parameter]) -> tuple:
+        return tuple((id(p), p.dtype, "compensation" in self.state.get(p, ())) for p in params)
+
+    def _current_arenas(self) -> list[tuple[dict, _Arena]]:
+        """The arenas for the parameters that have gradients now (rebuilt when that set,
+        a dtype or the state dict object changed)."""
+        out = []
+        for gi, group in enumerate(self.param_groups):
+            by_device: dict[torch.device, list[nn.Parameter]] = {}
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_device.setdefault(p.device, []).append(p)
+            for device, params in by_device.items():
+                key = self._key(params)
+                arena = self._arenas.get((gi, device))
+                if arena is None or arena.key != key or arena.state_ref is not self.state:
+                    arena = _Arena(self, group, params)
+                    self._arenas[(gi, device)] = arena
+                out.append((group, arena))
+        return out
+
+    # -- the step -------------------------------------------------------------------------
+    @torch.no_grad()
+    def grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of all gradients, in ``state_dtype`` (gathers them)."""
+        norms = []
+        for _, arena in self._current_arenas():
+            arena.gather()
+            norms.append(torch.linalg.vector_norm(arena.grad))
+        if not norms:
+            return torch.zeros((), dtype=self.state_dtype)
+        return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+
+    @torch.no_grad()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if set_to_none:
+            super().zero_grad(set_to_none=True)
+            return
+        for _, arena in self._current_arenas():
+            for _, grads in arena.grad_lists():
+                torch._foreach_zero_(grads)
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]
+        self,
+        closure: None = None,
+        *,
+        ok: torch.Tensor | None = None,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
+        if closure is not None:
+            raise ValueError("closures are not supported")
+        for group, arena in self._current_arenas():
+            if not arena.gathered:
+                arena.gather()
+            arena.gathered = False
+            self._step_arena(group, arena, ok, grad_scale)
+
+    def _step_arena(
+        self,
+        group: dict,
+        a: _Arena,
+        ok: torch.Tensor | None,
+        grad_scale: torch.Tensor | None,
+    ) -> None:
+        a.set_hyper(group)
+        _, _, beta2, eps, wd = a.hyper  # type: ignore[misc]
+        keep = a.true if ok is None else ok
+        torch.where(keep, a.scalars_ok, a.scalars_skip, out=a.scalars)  # w1, f2, -lr
+        grad = a.grad
+        if grad_scale is not None:
+            grad.mul_(grad_scale)
+        if ok is not None:
+            # NaN * 0 is NaN: zero the gradient itself where the step is skipped.
+            torch.where(ok, grad, a.zero, out=grad)
+        a.steps.add_(keep)
+        a.exp_avg.lerp_(grad, a.w1)
+        a.exp_avg_sq.mul_(a.f2).addcmul_(grad, grad, value=1 - beta2)
+        # A skipped step added (1-beta2)*0*0 above: the moments are untouched.
+        safe = torch._foreach_clamp_min(a.step_views, 1.0)
+        powers = torch._foreach_pow(a.betas, list(safe) + list(safe))  # [b1^s_i] + [b2^s_i]
+        torch.take(torch.rsub(torch.stack(powers), 1), a.owner, out=a.bias)
+        torch.div(a.moments, a.bias, out=a.ratio)  # m / (1 - b1^s), v / (1 - b2^s)
+        a.denom.sqrt_().add_(eps)
+        update = a.update.div_(a.denom)
+        for region in a.regions:
+            if region.before is not None:
+                torch._foreach_copy_(region.before_views, region.params)
+        if wd:
+            for region in a.regions:
+                if region.before is not None:
+                    region.update_flat.add_(region.before, alpha=wd)  # type: ignore[union-attr]
+                else:
+                    torch._foreach_add_(region.update_views, region.params, alpha=wd)
+        update.mul_(a.neg_lr)
+        for region in a.regions:
+            _apply(region, region.update_flat)  # type: ignore[arg-type]
+
+    # -- views for checks and the fallback -------------------------------------------------
+    def master_weight(self, p: torch.Tensor) -> torch.Tensor:
+        """The f32 value a low-precision weight stands for (weight + compensation)."""
+        compensation = self.state.get(p, {}).get("compensation")
+        if compensation is None:
+            return p.detach().to(self.state_dtype)
+        return p.detach().to(self.state_dtype) + compensation.to(self.state_dtype)
+
+
+def _apply(region: _Region, update: torch.Tensor) -> None:
+    """Add ``update`` (already times -lr, 0 when skipped) to the region's weights."""
+    if region.rule == "exact":
+        torch._foreach_add_(region.params, region.update_views)
+        return
+    if region.rule == "round":  # plain round-to-nearest (kept for the numeric test)
+        torch._foreach_copy_(region.params, torch._foreach_add(region.params, region.update_views))
+        return
+    # Kahan: add what was lost last time, round, and keep what this rounding lost.
+    assert region.compensation is not None and region.before is not None
+    assert region.rounded is not None and region.carry is not None
+    wanted = update.add_(region.compensation)
+    torch.add(region.before, wanted, out=region.rounded)  # rounds to the weight dtype
+    torch._foreach_copy_(region.params, region.rounded_views)
+    torch.sub(region.rounded, region.before, out=region.carry)  # what the weight moved
+    torch.sub(wanted, region.carry, out=region.compensation)
