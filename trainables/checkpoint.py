@@ -149,7 +149,9 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(path, f"unreadable safetensors file ({exc})") from exc
     if checksums is not None:  # the other files it lists must be intact too
-        for name in set(checksums) - set(TENSOR_FILES):
+        for name in sorted(set(checksums) - set(TENSOR_FILES)):
+            if Path(name).name != name:
+                raise CheckpointError(directory / META_FILE, f"lists a file outside it: {name!r}")
             path = directory / name
             if not path.is_file():
                 raise CheckpointError(path, "missing (listed in meta.json)")

@@ -24,7 +24,7 @@ from trainables.checkpoint import (
 )
 from trainables.config import DataConfig
 from trainables.predict import predict
-from trainables.trainer import Trainer, TrialDiverged, validation_metrics
+from trainables.trainer import Trainer, TrialDiverged, TrialMemory, validation_metrics
 
 PPY = 252.0
 
@@ -162,3 +162,26 @@ def test_peak_memory_is_per_trial_not_per_process() -> None:
     small = Trainer(tiny_config(epochs=1))
     small_peak = small.fit()[0]["peak_mem_mb"]
     assert 0 < small_peak < 0.5 * large_peak, (small_peak, large_peak)
+
+
+def test_cuda_peak_is_reset_at_trial_start_and_counted_from_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Device facts of a GPU whose allocator still holds 100 MiB of an earlier trial and
+    # peaked at 900 MiB during it; this trial then peaks at 300 MiB.
+    mib = 2**20
+    allocator = {"allocated": 100 * mib, "peak": 900 * mib}
+    resets: list[object] = []
+
+    def reset(device: object = None) -> None:
+        resets.append(device)
+        allocator["peak"] = allocator["allocated"]
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocator["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator["peak"])
+    device = torch.device("cuda", 0)
+    memory = TrialMemory(device)
+    assert resets == [device]
+    allocator["peak"] = 300 * mib
+    assert memory.peak_mb() == pytest.approx(200.0)  # this trial's own, not 900 or 300

@@ -13,7 +13,12 @@ import torch
 
 from models.base import Batch
 from tests.trainables.helpers import tiny_config
-from trainables.checkpoint import META_FILE, load_checkpoint, save_checkpoint
+from trainables.checkpoint import (
+    META_FILE,
+    load_checkpoint,
+    portable_generator_states,
+    save_checkpoint,
+)
 from trainables.config import DataConfig, TrainConfig
 from trainables.local import train_local
 from trainables.precision import BF16, F32
@@ -198,3 +203,26 @@ def test_train_local_resumes_on_the_device_it_is_given(tmp_path: Path) -> None:
     )
     assert devices == [torch.device("cpu")]
     assert [m["epoch"] for m in resumed.history] == [1, 2]
+
+
+def test_generator_states_of_this_device_pass_unchanged_others_are_rederived() -> None:
+    cpu_state = torch.Generator().manual_seed(5).get_state()
+    state = {
+        "fold0.generator": cpu_state,
+        "fold0.env.generator": _philox_state(seed=5, offset=0),
+        "fold1.env.generator": _philox_state(seed=5, offset=8),
+        "fold0.feature_mean": torch.zeros(3, dtype=torch.float64),
+    }
+    out = portable_generator_states(state, "cpu", saved_on=None)
+    assert out["fold0.generator"] is cpu_state  # same device type: bit-exact resume
+    assert out["fold0.feature_mean"] is state["fold0.feature_mean"]
+    rederived = [out["fold0.env.generator"], out["fold1.env.generator"]]
+    for s in rederived:
+        torch.Generator().set_state(s)  # loadable on the CPU
+    assert not torch.equal(*rederived)  # another offset, another stream
+    again = portable_generator_states(state, "cpu", saved_on=None)
+    assert torch.equal(again["fold1.env.generator"], out["fold1.env.generator"])  # deterministic
+    # A CPU-shaped state recorded as saved on another device type is re-derived too.
+    assert not torch.equal(
+        portable_generator_states(state, "cpu", saved_on="mps")["fold0.generator"], cpu_state
+    )
