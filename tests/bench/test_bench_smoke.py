@@ -120,3 +120,26 @@ def test_asha_rule_matches_rays_scheduler(case: int) -> None:
         for key, value in mine_rec.items():
             assert value == their_rec[key] or (math.isnan(value) and math.isnan(their_rec[key]))
     assert decisions > 40 and stops > 0  # early stops happened, not only max_t ends
+
+
+@pytest.mark.slow
+def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
+    """bench/step_ops.py --smoke: per policy, the optimizer + guard stays within the
+    40-op budget and the time ratio against the bare fused loop is a positive number."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert {row[header.index("policy")] for row in rows} == {"f32", "bf16"}, proc.stdout
+    for row in rows:
+        assert int(row[header.index("fwd+bwd ops")]) > 0
+        assert 0 < int(row[header.index("opt+guard ops")]) <= 40, row
+        ratio = float(row[header.index("ratio")].removesuffix("x"))
+        assert math.isfinite(ratio) and ratio > 0, row

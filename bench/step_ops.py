@@ -1,0 +1,170 @@
+"""ATen ops and CPU time per training step, per family and precision policy, against a
+bare loop with ``torch.optim.AdamW(fused=True)`` on the same module and batches.
+
+    .venv/bin/python bench/step_ops.py            # forecast families x all policies (minutes)
+    .venv/bin/python bench/step_ops.py --smoke    # one tiny family, two policies, few steps
+    .venv/bin/python bench/step_ops.py tlob tft   # chosen families
+
+Ops are top-level ATen ops counted with ``torch.profiler`` on CPU (a proxy for GPU kernel
+launches): "fwd+bwd" is forward, loss and backward alone (gradients zeroed outside the
+count), "opt+guard" is what the trainer's guarded step adds on top (norm, clip, skip
+mask, AdamW, Kahan, counters, zeroing), "fused" the same for the bare loop
+(``clip_grad_norm_(foreach=True)`` + fused AdamW + ``zero_grad``). Milliseconds are the
+median over interleaved blocks of steps on one CPU thread, measured side by side in one
+run; "ratio" is trainer / bare. The rl families (dqn, ppo) are left out: their steps come
+from a replay/rollout loop, not from one batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from models import family_names, get_family
+from trainables.config import DataConfig, build_train_config
+from trainables.trainer import Trainer
+
+POLICIES = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed")
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str
+    policy: str
+    tensors: int
+    fwd_bwd: int
+    opt_guard: int
+    fused: int
+    trainer_ms: float
+    bare_ms: float
+
+
+def count_ops(fn: Callable[[], None]) -> int:
+    """Top-level ATen ops (no ATen parent) run by ``fn``."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(
+        1
+        for e in prof.events()
+        if e.name.startswith("aten::")
+        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    )
+
+
+def measure(family: str, policy_name: str, steps: int, repeats: int) -> Row:
+    cfg = build_train_config(
+        family,
+        {},
+        data=DataConfig(),
+        precision=policy_name,
+        seed=0,
+        epochs=1,
+        max_steps_per_epoch=4,
+        n_folds=1,
+    )
+    trainer = Trainer(cfg, device=torch.device("cpu"))
+    run, policy = trainer.folds[0], trainer.policy
+    times = run.data.decision_times(run.data.train)
+    size = min(cfg.batch_size, times.numel())
+    batches = [run.data.batch(times[i * size : (i + 1) * size]) for i in range(4)]
+    model = run.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    bare = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    clip = cfg.grad_clip
+
+    def trainer_step(batch: object) -> None:
+        with policy.autocast():
+            loss = model.loss(batch)  # type: ignore[operator]
+        policy.backward_and_step(loss, run.optimizer, run.guard, clip, run.scaler)
+
+    def forward_backward(batch: object) -> None:
+        with policy.autocast():
+            loss = model.loss(batch)  # type: ignore[operator]
+        loss.float().backward()
+
+    def bare_step(batch: object) -> None:
+        with policy.autocast():
+            loss = model.loss(batch)  # type: ignore[operator]
+        loss.float().backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+        bare.step()
+        bare.zero_grad(set_to_none=False)
+
+    for batch in batches:  # warm-up: arenas built, fused state allocated
+        trainer_step(batch)
+        bare_step(batch)
+    model.zero_grad(set_to_none=False)
+    fwd_bwd = count_ops(lambda: forward_backward(batches[0]))
+    model.zero_grad(set_to_none=False)
+    step_ops = count_ops(lambda: trainer_step(batches[0]))
+    bare_ops = count_ops(lambda: bare_step(batches[0]))
+
+    def timed(step: Callable[[object], None]) -> float:
+        start = time.perf_counter()
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        return (time.perf_counter() - start) * 1e3 / steps
+
+    trainer_ms, bare_ms = [], []
+    for _ in range(repeats):  # interleaved blocks: both loops see the same machine load
+        trainer_ms.append(timed(trainer_step))
+        bare_ms.append(timed(bare_step))
+    return Row(
+        family=family,
+        policy=policy_name,
+        tensors=len(params),
+        fwd_bwd=fwd_bwd,
+        opt_guard=step_ops - fwd_bwd,
+        fused=bare_ops - fwd_bwd,
+        trainer_ms=statistics.median(trainer_ms),
+        bare_ms=statistics.median(bare_ms),
+    )
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| family | policy | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
+        "| trainer ms/step | bare ms/step | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.family} | {r.policy} | {r.tensors} | {r.fwd_bwd} | {r.opt_guard} | {r.fused} "
+            f"| {r.trainer_ms:.2f} | {r.bare_ms:.2f} | {r.trainer_ms / r.bare_ms:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("families", nargs="*", help="default: every forecast family")
+    parser.add_argument("--smoke", action="store_true", help="one tiny family, few steps")
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    parser.add_argument("--repeats", type=int, default=5, help="timed blocks per loop")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    policies: tuple[str, ...]
+    if args.smoke:
+        families, policies, steps, repeats = ["kan"], ("f32", "bf16"), 2, 1
+    else:
+        families = args.families or [f for f in family_names() if get_family(f).kind != "rl"]
+        policies, steps, repeats = POLICIES, args.steps, args.repeats
+    rows = [measure(f, p, steps, repeats) for f in families for p in policies]
+    print(table(rows))
+    worst = max(rows, key=lambda r: r.opt_guard)
+    print(f"\nmost optimizer+guard ops: {worst.opt_guard} ({worst.family}, {worst.policy})")
+
+
+if __name__ == "__main__":
+    main()
