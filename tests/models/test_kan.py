@@ -20,7 +20,8 @@ from models.kan import (
     build,
     edge_regularization,
 )
-from trainables.precision import BF16, F32, f32, get_policy
+from models.ops import f32
+from trainables.precision import BF16, F32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 B, L = 16, 12  # windows shorter than SHAPE.lookback: the KAN reads only the last `window` bars

@@ -20,7 +20,8 @@ from models.liquid import (
     LiquidNet,
     build,
 )
-from trainables.precision import BF16, F32, f32, get_policy
+from models.ops import f32
+from trainables.precision import BF16, F32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 # Shorter windows than SHAPE.lookback keep CPU bf16 fast; no parameter depends on L.

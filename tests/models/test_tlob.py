@@ -12,6 +12,7 @@ import torch
 
 from models.base import Batch, Choice, DataShape, ForecastModel, inverse_softplus
 from models.heads import regression_loss
+from models.ops import f32
 from models.tlob import (
     SEARCH_SPACE,
     TLOB,
@@ -21,7 +22,7 @@ from models.tlob import (
     build,
     sinusoidal_embedding,
 )
-from trainables.precision import BF16, F32, f32, get_policy
+from trainables.precision import BF16, F32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)
 # TLOB's feature attention and BiN have weights per bar, so test windows are SHAPE.lookback
