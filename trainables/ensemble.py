@@ -1,0 +1,829 @@
+"""Ensembles of trial checkpoints: each member's position *and confidence* per bar, their
+bar-by-bar combination, and the ensemble checkpoint that ``hpo predict`` serves.
+
+Confidence protocol
+-------------------
+Every member contributes, per asset and bar, its position p in [-1, 1] (exactly what the
+family's ``positions``/``act`` give; nothing about a member's trading changes) and a
+confidence c in [0, 1] read off what the family already computes:
+
+========================  ===============================================================
+family                    confidence
+========================  ===============================================================
+TFT                       erf(|m| / (sqrt(2) s)): m the median forecast, s the spread of
+                          its quantiles as a normal std, (q_hi - q_lo) / (z_hi - z_lo)
+Diffusion                 erf(|m| / (sqrt(2) s)): m the mean, s the std of its samples
+Mamba2, xLSTM, TGGN,      erf(|f| / (sqrt(2) e)): f the point forecast, e its validation
+TLOB, Liquid, KAN         RMSE against the standardized next return (one scalar per fold,
+                          measured on that fold's validation windows, kept in the manifest)
+DQN                       (Q_1 - Q_2) / (Q_1 - Q_min): margin of the best over the
+                          second-best action value, relative to the spread of all actions
+PPO                       the policy's probability of the chosen (argmax) action
+========================  ===============================================================
+
+For the forecasters erf(|move| / (sqrt(2) sigma)) = 2 Phi(|move| / sigma) - 1 is the
+probability mass the family's own predictive distribution puts on the predicted side of
+zero beyond what a coin puts there: 0 for a forecast of no move, -> 1 for a move far
+outside the predicted (or, for point forecasters, the historically realised) error.
+
+A family module may implement the protocol itself (:class:`ConfidentForecaster` /
+:class:`ConfidentLearner`); until then the adapters below compute the same quantities
+from the family's public outputs, bit-identical positions included.
+
+Combination (one asset, one bar; M members with validation weights w_i >= 0, sum 1, and
+typical confidences cbar_i, each member's mean confidence over its validation bars)::
+
+    alpha_i    = w_i (c_i / cbar_i) / sum_j w_j (c_j / cbar_j)   (= w_i when all c = 0)
+    position   = clip(sum_i alpha_i p_i, -1, 1)
+    confidence = (sum_i w_i c_i) * |sum_i alpha_i p_i| / sum_i alpha_i |p_i|
+
+a confidence-weighted vote. Confidence enters relative to the member's own typical level
+because the families' scales are not comparable (measured on tiny trials: TFT ~0.03,
+Mamba2 ~0.14, DQN ~0.8 on average): a raw vote would hand the ensemble to whichever
+family reports the largest numbers and make the validation weights moot. So over time a
+member's share averages about its weight, and a bar where it is unusually sure (or
+unsure) moves its share up (or down). The reported confidence is the weighted raw
+confidence times the members' agreement on the direction (1 when all trade the same side,
+0 when they cancel). With one member alpha = x / x = 1.0 exactly, so its positions and
+confidence are reproduced bit for bit.
+
+The ensemble checkpoint (a directory)::
+
+    ensemble.json         manifest: schema, weighting, members (trial id, family,
+                          precision, weight, validation RMSE), metrics, SHA-256 of files
+    members/NAME/         each member as a trial checkpoint (model/optim/state
+                          safetensors + meta.json, checksummed by trainables.checkpoint):
+                          the last fold's weights in the trial's dtype and its feature
+                          scaling, so ``hpo predict`` also serves one member alone
+    positions.csv         the ensemble's validation and test positions and confidences
+
+No pickle: safetensors and JSON only, so loading cannot execute code. Written to a temp
+sibling and renamed, like trial checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import get_family
+from models.base import Batch, DataShape, Family, Obs, action_to_position
+from trainables.backtest import BacktestResult, backtest
+from trainables.checkpoint import (
+    META_FILE,
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from trainables.config import TrainConfig
+from trainables.dataset import FoldData, Market, build_fold, build_market, normalize_features
+from trainables.precision import F32, PrecisionPolicy, default_device, get_policy
+
+ENSEMBLE_FILE = "ensemble.json"
+ENSEMBLE_SCHEMA = 1
+MEMBERS_DIR = "members"
+POSITIONS_FILE = "positions.csv"
+EVAL_CHUNK = 512  # decision bars per forward pass, as the trainer and predict use
+MARGIN_EPS = 1e-12  # DQN: all action values equal -> confidence 0, not NaN
+SQRT2 = math.sqrt(2.0)
+
+__all__ = [
+    "ENSEMBLE_FILE",
+    "ConfidentForecaster",
+    "ConfidentLearner",
+    "EnsembleCheckpoint",
+    "EnsemblePrediction",
+    "ForecastSignal",
+    "MemberRun",
+    "MemberSpec",
+    "Track",
+    "combine",
+    "evaluate_member",
+    "is_ensemble_dir",
+    "load_ensemble",
+    "predict_ensemble",
+    "save_ensemble",
+]
+
+
+# --------------------------------------------------------------------------------------
+# The protocol a family module may implement
+
+
+@dataclass(frozen=True)
+class ForecastSignal:
+    """What a forecaster computes for one batch, in units of the standardized target."""
+
+    positions: torch.Tensor  # (B, A) f32, exactly ``model.positions(batch)``
+    move: torch.Tensor  # (B, A) f32 predicted next-bar move (median, mean or point)
+    spread: torch.Tensor | None  # (B, A) f32 predicted std; None: a point forecast
+
+
+@runtime_checkable
+class ConfidentForecaster(Protocol):
+    def forecast_signal(self, batch: Batch) -> ForecastSignal: ...
+
+
+@runtime_checkable
+class ConfidentLearner(Protocol):
+    def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N,) greedy actions, exactly ``act(obs)``, and (N,) f32 confidences in [0, 1]."""
+        ...
+
+
+def move_confidence(move: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
+    """erf(|move| / (sqrt(2) sigma)) = 2 Phi(|move| / sigma) - 1, in [0, 1]; 0 where
+    sigma is not positive."""
+    sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=move.device)
+    ok = sigma_t > 0
+    ratio = move.abs() / torch.where(ok, sigma_t, torch.ones_like(sigma_t))
+    return torch.where(ok, torch.erf(ratio / SQRT2), torch.zeros_like(ratio))
+
+
+# -- adapters: the protocol computed from each family's public outputs ------------------
+
+
+def _tft_signal(model: nn.Module, batch: Batch) -> ForecastSignal:
+    from models.tft import quantiles_to_positions
+
+    cfg = model.config  # type: ignore[attr-defined]
+    q = model(batch.x)  # (B, A, Q)
+    positions = quantiles_to_positions(q, cfg.median_index, cfg.position_scale)
+    q32 = q.float()
+    normal = NormalDist()
+    z_width = normal.inv_cdf(cfg.quantiles[-1]) - normal.inv_cdf(cfg.quantiles[0])
+    spread = (q32[..., -1] - q32[..., 0]) / z_width
+    return ForecastSignal(positions, q32[..., cfg.median_index], spread)
+
+
+def _diffusion_signal(model: nn.Module, batch: Batch) -> ForecastSignal:
+    from models.diffusion import samples_to_positions
+
+    samples = model.sample(batch.x)  # type: ignore[operator]  # (B, A, S, H) f32
+    positions = samples_to_positions(samples, model.config.position_scale)  # type: ignore[attr-defined]
+    nxt = samples[..., 0].float()  # (B, A, S)
+    half = nxt.shape[-1] // 2
+    mean = (nxt[..., :half] + nxt[..., half:]).mean(dim=-1) / 2  # as the position uses
+    return ForecastSignal(positions, mean, nxt.std(dim=-1))
+
+
+def _regression_signal(model: nn.Module, batch: Batch) -> ForecastSignal:
+    from models.heads import forecast_positions
+
+    forecast = model.forecast(batch)  # type: ignore[operator]
+    positions = forecast_positions(forecast, model.config.position_scale)  # type: ignore[attr-defined]
+    return ForecastSignal(positions, forecast.float(), None)
+
+
+def _dqn_act(model: nn.Module, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+    values = model.q_values(obs)  # type: ignore[operator]  # (N, n_actions)
+    action = values.argmax(-1)  # exactly DQNLearner.act
+    q = values.float()
+    top2 = q.topk(2, dim=-1).values
+    margin = top2[:, 0] - top2[:, 1]
+    span = top2[:, 0] - q.min(dim=-1).values
+    return action, torch.where(span > MARGIN_EPS, margin / span.clamp_min(MARGIN_EPS), 0.0)
+
+
+def _ppo_act(model: nn.Module, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+    # PPOLearner.act, which also gives the logits it takes the argmax of: one recurrent
+    # step per call, carrying the eval-time LSTM state the same way.
+    net = model.net  # type: ignore[attr-defined]
+    z = net.features(obs)
+    if net.lstm is not None:
+        state = model._eval_state  # type: ignore[attr-defined]
+        if state is None or state[0].shape != z.shape or state[0].device != z.device:
+            state = net.zero_state(z.shape[0], z)
+        z, model._eval_state = net.core(z, state)  # type: ignore[attr-defined]
+    logits = net.policy(z)
+    action = logits.argmax(-1)
+    probs = F.softmax(logits.float(), dim=-1)
+    return action, probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+_FORECAST_ADAPTERS: dict[str, Callable[[nn.Module, Batch], ForecastSignal]] = {
+    "tft": _tft_signal,
+    "diffusion": _diffusion_signal,
+    **{name: _regression_signal for name in ("mamba2", "xlstm", "tggn", "tlob", "liquid", "kan")},
+}
+_RL_ADAPTERS: dict[str, Callable[[nn.Module, Obs], tuple[torch.Tensor, torch.Tensor]]] = {
+    "dqn": _dqn_act,
+    "ppo": _ppo_act,
+}
+
+
+def forecast_signal(family: Family, model: nn.Module, batch: Batch) -> ForecastSignal:
+    if isinstance(model, ConfidentForecaster):
+        return model.forecast_signal(batch)
+    try:
+        return _FORECAST_ADAPTERS[family.name](model, batch)
+    except KeyError:
+        raise ValueError(f"model {family.name!r} has no confidence mapping") from None
+
+
+def act_and_confidence(
+    family: Family, model: nn.Module, obs: Obs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(model, ConfidentLearner):
+        return model.act_and_confidence(obs)
+    try:
+        return _RL_ADAPTERS[family.name](model, obs)
+    except KeyError:
+        raise ValueError(f"model {family.name!r} has no confidence mapping") from None
+
+
+# --------------------------------------------------------------------------------------
+# One member over a span of decision bars
+
+
+@dataclass(frozen=True)
+class SpanSignal:
+    positions: np.ndarray  # (N, A) float64, clipped to [-1, 1]
+    confidence: np.ndarray  # (N, A) float64 in [0, 1]
+    sq_error: float  # point forecasters: sum of (move - target)^2 over the span
+    n: int  # values behind sq_error
+
+
+@torch.no_grad()
+def span_signal(
+    family: Family,
+    model: nn.Module,
+    data: FoldData,
+    span: tuple[int, int],
+    policy: PrecisionPolicy,
+    n_actions: int,
+    error_scale: float | None = None,
+) -> SpanSignal:
+    """Positions and confidences at decision bars ``span`` (the trainer's and predict's
+    own evaluation loops, with the confidence read alongside).
+
+    A point forecaster without ``error_scale`` gets confidences from the RMSE measured on
+    this very span (how validation calibrates it).
+    """
+    model.eval()
+    with policy.autocast():
+        if family.kind == "rl":
+            positions, confidence = _greedy(family, model, data, span, n_actions)
+            sq_error, n = 0.0, 0
+        else:
+            pos_chunks, moves, spreads, errors = [], [], [], []
+            device = data.features.device
+            for t in torch.arange(*span, device=device).split(EVAL_CHUNK):
+                batch = data.batch(t)
+                signal = forecast_signal(family, model, batch)
+                pos_chunks.append(signal.positions.float())
+                moves.append(signal.move.float())
+                if signal.spread is not None:
+                    spreads.append(signal.spread.float())
+                else:
+                    errors.append((signal.move.float() - batch.y.float()).square())
+            positions = torch.cat(pos_chunks)
+            move = torch.cat(moves)
+            if spreads:
+                confidence = move_confidence(move, torch.cat(spreads))
+                sq_error, n = 0.0, 0
+            else:
+                err = torch.cat(errors)
+                sq_error, n = float(err.double().sum()), err.numel()
+                scale = error_scale if error_scale is not None else math.sqrt(sq_error / n)
+                confidence = move_confidence(move, scale)
+    host = positions.double().cpu().numpy()
+    bad = ~np.isfinite(host)
+    if bad.any():
+        raise ValueError(
+            f"{family.name}: non-finite positions on {int(bad.sum())} of {bad.size} bars x "
+            "assets (a diverged trial?)"
+        )
+    conf = np.nan_to_num(confidence.double().cpu().numpy(), nan=0.0)
+    return SpanSignal(np.clip(host, -1.0, 1.0), np.clip(conf, 0.0, 1.0), sq_error, n)
+
+
+def _greedy(
+    family: Family, model: nn.Module, data: FoldData, span: tuple[int, int], n_actions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """trainables.env.greedy_positions, also collecting each step's confidence."""
+    features, lookback = data.features, data.lookback
+    start, stop = span
+    windows = features.unfold(0, lookback, 1)  # (T-L+1, A, F, L)
+    n_assets = features.shape[1]
+    position = torch.zeros(n_assets, dtype=features.dtype, device=features.device)
+    out = torch.empty(stop - start, n_assets, dtype=torch.float32, device=features.device)
+    conf = torch.empty_like(out)
+    for i, t in enumerate(range(start, stop)):
+        window = windows[t - (lookback - 1)].transpose(1, 2)  # (A, L, F)
+        action, confidence = act_and_confidence(family, model, (window, position))
+        out[i] = action_to_position(action, n_actions)
+        conf[i] = confidence.float()
+        position = out[i].to(features.dtype)
+    return out, conf
+
+
+def load_fold_model(
+    ckpt: Checkpoint, fold: int, policy: PrecisionPolicy
+) -> tuple[Family, nn.Module, TrainConfig, DataShape]:
+    """Fold ``fold``'s module of a checkpoint, cast to ``policy`` (as trainables.predict)."""
+    meta = ckpt.meta
+    config = TrainConfig.from_dict(meta["config"])
+    family = get_family(meta["family"])
+    shape = DataShape(**meta["data_shape"])
+    model = policy.convert_module(family.build(family.make_config(config.model_config), shape))
+    prefix = f"fold{fold}."
+    with torch.no_grad():
+        for name, target in model.state_dict().items():
+            key = prefix + name
+            if key not in ckpt.weights:
+                raise CheckpointError(ckpt.path / "model.safetensors", f"has no tensor {key!r}")
+            target.copy_(ckpt.weights[key].to(target.dtype))
+    model.eval()
+    return family, model, config, shape
+
+
+def fold_indices(ckpt: Checkpoint) -> list[int]:
+    return sorted(
+        {int(k.split(".", 1)[0].removeprefix("fold")) for k in ckpt.weights if k.startswith("fold")}
+    )
+
+
+# --------------------------------------------------------------------------------------
+# A member over its sweep's data: every fold's validation window and the test period
+
+
+@dataclass(frozen=True)
+class Track:
+    """Positions and confidences at decision bars (time order)."""
+
+    timestamps: np.ndarray  # (N,) datetime64[ns]
+    positions: np.ndarray  # (N, A)
+    confidence: np.ndarray  # (N, A)
+    segment: np.ndarray  # (N,) int: backtest segments (a member's fold; w resets between)
+
+    def at(self, stamps: np.ndarray) -> Track:
+        """The rows at ``stamps`` (all present)."""
+        index = np.searchsorted(self.timestamps, stamps)
+        return Track(stamps, self.positions[index], self.confidence[index], self.segment[index])
+
+
+@dataclass(frozen=True)
+class MemberRun:
+    """One member evaluated on its trial's own data under an inference policy."""
+
+    ckpt: Checkpoint
+    family: str
+    precision: str  # the trial's (its weights' dtype)
+    ran_in: str  # the policy it was evaluated in here
+    val: Track
+    test: Track
+    error_scales: list[float | None]  # per fold: validation RMSE of point forecasts
+    market: Market
+    config: TrainConfig
+
+    @property
+    def typical_confidence(self) -> float:
+        """Mean confidence over the validation bars (the vote's normalizer)."""
+        return float(self.val.confidence.mean())
+
+
+def evaluate_member(
+    ckpt: Checkpoint, device: torch.device | None = None, precision: str = "auto"
+) -> MemberRun:
+    """Every fold's model on its validation window, the last fold's on the test period,
+    exactly as the trainer scores them (same data pipeline, folds and chunking)."""
+    device = device or default_device()
+    policy = get_policy(precision, device)
+    config = TrainConfig.from_dict(ckpt.meta["config"])
+    market = build_market(config)
+    stamps = market.features.timestamps
+    folds = fold_indices(ckpt)
+    if folds != list(range(len(market.splits.folds))):
+        raise CheckpointError(
+            ckpt.path, f"holds folds {folds}, its data config gives {len(market.splits.folds)}"
+        )
+    shape = DataShape(**ckpt.meta["data_shape"])
+    val_parts: list[tuple[int, tuple[int, int], SpanSignal]] = []
+    scales: list[float | None] = []
+    test: SpanSignal | None = None
+    for k in folds:
+        family, model, _, _ = load_fold_model(ckpt, k, policy)
+        data = build_fold(market, k, config.lookback, device, policy.data_dtype)
+        val = span_signal(family, model, data, data.val, policy, shape.n_actions)
+        scale = math.sqrt(val.sq_error / val.n) if val.n else None
+        scales.append(scale)
+        val_parts.append((k, data.val, val))
+        if k == folds[-1]:
+            test = span_signal(family, model, data, data.test, policy, shape.n_actions, scale)
+    assert test is not None
+    val_track = Track(
+        timestamps=np.concatenate([stamps[a:b] for _, (a, b), _ in val_parts]),
+        positions=np.concatenate([s.positions for *_, s in val_parts]),
+        confidence=np.concatenate([s.confidence for *_, s in val_parts]),
+        segment=np.concatenate([np.full(b - a, k) for k, (a, b), _ in val_parts]),
+    )
+    a, b = market.splits.test
+    test_track = Track(stamps[a:b], test.positions, test.confidence, np.full(b - a, folds[-1]))
+    return MemberRun(
+        ckpt=ckpt,
+        family=ckpt.meta["family"],
+        precision=str(ckpt.meta.get("precision")),
+        ran_in=policy.name,
+        val=val_track,
+        test=test_track,
+        error_scales=scales,
+        market=market,
+        config=config,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Combination
+
+
+def combine(
+    positions: np.ndarray,
+    confidence: np.ndarray,
+    weights: np.ndarray,
+    typical: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Members' (M, N, A) positions and confidences with (M,) weights and (M,) typical
+    confidences (None: all 1) -> the ensemble's (N, A) position in [-1, 1] and
+    confidence in [0, 1] (module docstring)."""
+    p = np.asarray(positions, dtype=np.float64)
+    c = np.asarray(confidence, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    cbar = np.ones_like(w) if typical is None else np.asarray(typical, dtype=np.float64)
+    if cbar.shape != w.shape:
+        raise ValueError(f"combine: typical {cbar.shape}, weights {w.shape}")
+    cbar = np.where(cbar > 0, cbar, 1.0)
+    if p.shape != c.shape or p.ndim != 3 or w.shape != (p.shape[0],):
+        raise ValueError(
+            f"combine: positions {p.shape}, confidence {c.shape}, weights {w.shape}; "
+            "expected (M, N, A), (M, N, A), (M,)"
+        )
+    if not (np.all(w >= 0) and w.sum() > 0):
+        raise ValueError(f"combine: weights must be >= 0 and not all 0, got {w.tolist()}")
+    w = w / w.sum()
+    votes = w[:, None, None] * (c / cbar[:, None, None])  # (M, N, A)
+    total = votes.sum(axis=0)  # (N, A)
+    fallback = np.broadcast_to(w[:, None, None], p.shape).copy()
+    alpha = np.divide(votes, total, out=fallback, where=total > 0)
+    raw = (alpha * p).sum(axis=0)  # (N, A)
+    magnitude = (alpha * np.abs(p)).sum(axis=0)
+    agreement = np.divide(np.abs(raw), magnitude, out=np.ones_like(raw), where=magnitude > 0)
+    mean_conf = (w[:, None, None] * c).sum(axis=0)
+    return np.clip(raw, -1.0, 1.0), np.clip(mean_conf * agreement, 0.0, 1.0)
+
+
+def combine_tracks(
+    tracks: Sequence[Track], weights: np.ndarray, typical: np.ndarray | None = None
+) -> Track:
+    """Members' tracks on their common bars -> the ensemble's track there. Backtest
+    segments break wherever any member's segment (fold) does."""
+    common = tracks[0].timestamps
+    for track in tracks[1:]:
+        common = np.intersect1d(common, track.timestamps)
+    if common.size < 2:
+        raise ValueError("the members share fewer than 2 decision bars")
+    aligned = [t.at(common) for t in tracks]
+    positions, confidence = combine(
+        np.stack([t.positions for t in aligned]),
+        np.stack([t.confidence for t in aligned]),
+        weights,
+        typical,
+    )
+    keys = np.stack([t.segment for t in aligned], axis=1)  # (N, M)
+    change = np.concatenate([[0], np.any(keys[1:] != keys[:-1], axis=1).cumsum()])
+    return Track(common, positions, confidence, change.astype(np.int64))
+
+
+def track_returns(track: Track, market: Market, config: TrainConfig) -> np.ndarray:
+    """The joined per-period returns of a track: one backtest per segment, concatenated
+    (as the trainer joins its folds' validation backtests)."""
+    index = np.searchsorted(market.features.timestamps, track.timestamps)
+    out = []
+    for seg in np.unique(track.segment):
+        rows = track.segment == seg
+        if rows.sum() < 2:
+            continue
+        result = backtest(
+            track.positions[rows],
+            market.features.bar_returns[index[rows]],
+            cost=config.cost,
+            periods_per_year=config.periods_per_year,
+        )
+        out.append(result.returns)
+    return np.concatenate(out)
+
+
+def track_backtest(track: Track, market: Market, config: TrainConfig) -> BacktestResult:
+    """One backtest over the whole track (the test period is one segment)."""
+    index = np.searchsorted(market.features.timestamps, track.timestamps)
+    return backtest(
+        track.positions,
+        market.features.bar_returns[index],
+        cost=config.cost,
+        periods_per_year=config.periods_per_year,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The ensemble checkpoint
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    """A member as the manifest records it."""
+
+    name: str  # directory under members/
+    trial_id: str
+    family: str
+    precision: str
+    weight: float
+    val_sharpe: float | None
+    error_scale: float | None  # point forecasters: last fold's validation RMSE
+    typical_confidence: float = 1.0  # mean confidence over its validation bars
+    source: str = ""  # the trial checkpoint it was copied from
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class EnsembleCheckpoint:
+    path: Path
+    members: list[MemberSpec]
+    checkpoints: list[Checkpoint]
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def weights(self) -> np.ndarray:
+        return np.array([m.weight for m in self.members], dtype=np.float64)
+
+    @property
+    def typical(self) -> np.ndarray:
+        return np.array([m.typical_confidence for m in self.members], dtype=np.float64)
+
+
+def is_ensemble_dir(path: Path | str) -> bool:
+    return (Path(path) / ENSEMBLE_FILE).is_file()
+
+
+def member_dirname(index: int, family: str, trial_id: str) -> str:
+    return f"{index:02d}-{family}-{trial_id}"
+
+
+def save_ensemble(
+    directory: Path,
+    members: Sequence[tuple[MemberSpec, Checkpoint]],
+    manifest: Mapping[str, Any],
+    positions_csv: str = "",
+) -> Path:
+    """Write the ensemble checkpoint atomically: each member as a one-fold trial
+    checkpoint (its last fold), then the manifest listing every file's SHA-256."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        checksums: dict[str, str] = {}
+        for spec, ckpt in members:
+            last = fold_indices(ckpt)[-1]
+            prefix = f"fold{last}."
+            weights = {k: v for k, v in ckpt.weights.items() if k.startswith(prefix)}
+            state = {
+                k: v
+                for k, v in ckpt.state.items()
+                if k in (f"{prefix}feature_mean", f"{prefix}feature_std")
+            }
+            keep = (
+                "family",
+                "kind",
+                "precision",
+                "requested_precision",
+                "weights_dtype",
+                "fell_back_to_f32",
+                "epoch",
+                "global_step",
+                "config",
+                "assets",
+                "feature_names",
+                "data_shape",
+                "torch_version",
+            )
+            meta = {k: ckpt.meta[k] for k in keep if k in ckpt.meta}
+            meta.update(
+                trial_id=spec.trial_id,
+                source=spec.source,
+                fold=last,
+                error_scale=spec.error_scale,
+                ensemble_member=True,
+            )
+            member = tmp / MEMBERS_DIR / spec.name
+            save_checkpoint(member, weights, {}, state, meta)
+            checksums[f"{MEMBERS_DIR}/{spec.name}/{META_FILE}"] = _sha256(member / META_FILE)
+        if positions_csv:
+            (tmp / POSITIONS_FILE).write_text(positions_csv)
+            checksums[POSITIONS_FILE] = _sha256(tmp / POSITIONS_FILE)
+        payload = {
+            **manifest,
+            "schema_version": ENSEMBLE_SCHEMA,
+            "kind": "ensemble",
+            "members": [spec.to_dict() for spec, _ in members],
+            "checksums": checksums,
+        }
+        with open(tmp / ENSEMBLE_FILE, "w") as fh:
+            json.dump(payload, fh, indent=1, sort_keys=True, default=_json_default)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def load_ensemble(directory: Path, device: torch.device | str = "cpu") -> EnsembleCheckpoint:
+    """Read and verify an ensemble checkpoint; any problem raises CheckpointError naming
+    the file (the manifest's checksums pin each member's meta.json, which pins its
+    safetensors)."""
+    directory = Path(directory)
+    path = directory / ENSEMBLE_FILE
+    if not path.is_file():
+        raise CheckpointError(path, "missing (not an ensemble directory)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(path, f"not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != ENSEMBLE_SCHEMA:
+        raise CheckpointError(
+            path,
+            f"schema_version {manifest.get('schema_version')!r}, this build reads {ENSEMBLE_SCHEMA}"
+            if isinstance(manifest, dict)
+            else "expected a JSON object",
+        )
+    checksums = manifest.get("checksums")
+    if not isinstance(checksums, dict):
+        raise CheckpointError(path, "no checksums; the ensemble cannot be verified")
+    for name, digest in sorted(checksums.items()):
+        file = directory / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise CheckpointError(path, f"lists a file outside it: {name!r}")
+        if not file.is_file():
+            raise CheckpointError(file, "missing (listed in ensemble.json)")
+        if _sha256(file) != digest:
+            raise CheckpointError(file, "checksum mismatch (truncated or corrupted file)")
+    members = [MemberSpec(**m) for m in manifest.get("members", [])]
+    if not members:
+        raise CheckpointError(path, "lists no members")
+    checkpoints = []
+    for spec in members:
+        meta_key = f"{MEMBERS_DIR}/{spec.name}/{META_FILE}"
+        if meta_key not in checksums:
+            raise CheckpointError(path, f"has no checksum for {meta_key}")
+        checkpoints.append(load_checkpoint(directory / MEMBERS_DIR / spec.name, device))
+    return EnsembleCheckpoint(directory, members, checkpoints, manifest)
+
+
+# --------------------------------------------------------------------------------------
+# Serving
+
+
+@dataclass(frozen=True)
+class EnsemblePrediction:
+    timestamps: np.ndarray  # (N,) decision bars
+    assets: tuple[str, ...]
+    positions: np.ndarray  # (N, A) in [-1, 1]
+    confidence: np.ndarray  # (N, A) in [0, 1]
+    backtest: BacktestResult
+    checkpoint: Path
+    precision: str
+
+    def write_csv(self, path: Path) -> None:
+        """Long format: timestamp, asset, position, confidence."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write("timestamp,asset,position,confidence\n")
+            for t, row, crow in zip(self.timestamps, self.positions, self.confidence, strict=True):
+                stamp = np.datetime_as_string(t, unit="s")
+                for asset, w, c in zip(self.assets, row, crow, strict=True):
+                    fh.write(f"{stamp},{asset},{w:.6f},{c:.6f}\n")
+
+
+def predict_ensemble(
+    directory: Path,
+    data: Path | str,
+    device: torch.device | None = None,
+    precision: str = "auto",
+) -> EnsemblePrediction:
+    """Positions and confidences of an ensemble for new bars, each member run as
+    trainables.predict runs a trial checkpoint, combined on the bars where every member
+    has a full window; with the backtest of those bars."""
+    from trainables.data import load_ohlcv, make_features
+    from trainables.dataset import load_bars_source
+
+    device = device or default_device()
+    ensemble = load_ensemble(Path(directory), device="cpu")
+    policy = get_policy(precision, device)
+    first_config = TrainConfig.from_dict(ensemble.checkpoints[0].meta["config"])
+    bars = (
+        load_ohlcv(Path(data)) if str(data) != "synthetic" else load_bars_source(first_config.data)
+    )
+    fs = make_features(bars)
+    tracks = []
+    for spec, ckpt in zip(ensemble.members, ensemble.checkpoints, strict=True):
+        shape = DataShape(**ckpt.meta["data_shape"])
+        if fs.features.shape[2] != shape.n_features or len(fs.assets) != shape.n_assets:
+            raise ValueError(
+                f"{data}: {len(fs.assets)} assets x {fs.features.shape[2]} features, member "
+                f"{spec.name} was trained on {shape.n_assets} {ckpt.meta.get('assets')} x "
+                f"{shape.n_features}"
+            )
+        fold = fold_indices(ckpt)[-1]
+        family, model, config, _ = load_fold_model(ckpt, fold, policy)
+        mean = ckpt.state[f"fold{fold}.feature_mean"].numpy()
+        std = ckpt.state[f"fold{fold}.feature_std"].numpy()
+        features = policy.convert_input(
+            torch.as_tensor(normalize_features(fs.features, mean, std), dtype=F32)
+        )
+        n = features.shape[0]
+        window_data = FoldData(
+            features=features,
+            targets=torch.zeros(n, features.shape[1], dtype=F32, device=device),
+            bar_returns=torch.zeros(n, features.shape[1], dtype=F32, device=device),
+            gaps=torch.as_tensor(fs.time_gaps, dtype=F32, device=device),
+            lookback=config.lookback,
+            train=(0, 1),
+            val=(0, 1),
+            test=(0, 1),
+            feature_mean=mean,
+            feature_std=std,
+        )
+        span = (fs.first_valid + config.lookback - 1, n)
+        if span[1] - span[0] < 2:
+            raise ValueError(f"{data}: {n} bars, need more than {span[0] + 1} for one window")
+        signal = span_signal(
+            family, model, window_data, span, policy, shape.n_actions, spec.error_scale
+        )
+        stamps = fs.timestamps[span[0] : span[1]]
+        tracks.append(Track(stamps, signal.positions, signal.confidence, np.zeros(len(stamps))))
+    combined = combine_tracks(tracks, ensemble.weights, ensemble.typical)
+    index = np.searchsorted(fs.timestamps, combined.timestamps)
+    result = backtest(
+        combined.positions,
+        fs.bar_returns[index],
+        cost=first_config.cost,
+        periods_per_year=first_config.periods_per_year,
+    )
+    return EnsemblePrediction(
+        timestamps=combined.timestamps,
+        assets=tuple(fs.assets),
+        positions=combined.positions,
+        confidence=combined.confidence,
+        backtest=result,
+        checkpoint=ensemble.path,
+        precision=policy.name,
+    )
+
+
+def positions_csv(tracks: Mapping[str, Track], assets: Sequence[str]) -> str:
+    """split,timestamp,asset,position,confidence rows of the named tracks."""
+    lines = ["split,timestamp,asset,position,confidence"]
+    for split, track in tracks.items():
+        stamps = np.datetime_as_string(track.timestamps, unit="s")
+        for stamp, row, crow in zip(stamps, track.positions, track.confidence, strict=True):
+            for asset, w, c in zip(assets, row, crow, strict=True):
+                lines.append(f"{split},{stamp},{asset},{float(w)!r},{float(c)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} in an ensemble manifest")
