@@ -30,9 +30,17 @@ How trials become statistics (the decisions, in one place):
   per family and overall, per split (:func:`hpo.stats.equivalence_test`: two exact
   one-sided signed-rank tests); :data:`VERDICT_SPLIT` is the headline. The centre and
   its CI are the Hodges-Lehmann estimate and exact signed-rank interval of
-  :func:`compare_paired` (``hl_*``) at the confidence it achieves; its BCa bootstrap CI
-  of the median (``ci_low``/``ci_high`` in the JSON) is descriptive and not shown (it
-  covered far less than 95% at n <= 4).
+  :func:`compare_paired` (``hl_*``) at the confidence it achieves. There is no bootstrap.
+* Return series: each completed trial's final out-of-sample returns are its run's
+  artifact :data:`RETURNS_ARTIFACT` (the ``returns.csv`` of its newest checkpoint:
+  split, fold, timestamp, return). Per seed pair, the two members' returns over the bars
+  both have (inner join on timestamp and fold) get the Sharpe-difference tests
+  (:func:`hpo.stats.sharpe_difference_test`, Jobson-Korkie-Memmel and Ledoit-Wolf HAC;
+  ``Contrast.pair_tests``). Per scope, the validation returns of every completed trial on
+  their common bars form the T x N matrix of the PBO (:class:`Overfitting`). A trial
+  without the artifact (a sweep logged before it existed, a write that failed) makes
+  those numbers "not available" with a note; the rest of the comparison is unchanged.
+  Artifacts are downloaded once per finished run and process (:data:`_RETURNS_CACHE`).
 * Trial states: ``completed``; ``diverged`` (non-finite Sharpe even after the bf16 -> f32
   fallback: the ``diverged`` metric, the ``trial_status = diverged`` tag, or a finished run
   without a finite final ``val_sharpe``); ``error`` (the trial process failed); and
@@ -46,16 +54,28 @@ How trials become statistics (the decisions, in one place):
   dropped silently.
 * A bf16 trial that fell back to f32 stays in the comparison (it is what the bf16 policy
   delivers, fallback included) and is counted per precision.
-* Configurations are ordered by ``(model, group_id)`` before the bootstrap, so a report is
-  reproducible and equals :func:`hpo.stats.compare_paired` called on the same lists.
+* Configurations are ordered by ``(model, group_id)``, so a report is reproducible and
+  equals :func:`hpo.stats.compare_paired` called on the same lists.
 * Selection bias, per scope (a model family, or ``overall``) and per precision (and
   ``all`` precisions pooled): the PSR of every completed trial against a zero benchmark,
-  and the DSR of the best trial by final validation Sharpe with ``n_trials`` = every trial
-  tried in that scope (diverged and unfinished included: they were tried) and
-  ``sr_variance`` = sample variance (ddof = 1) of the per-period validation Sharpe of the
-  completed trials. Members of a pair and seeds of one configuration are correlated, so
-  ``n_trials`` overstates the number of independent trials and this DSR is conservative;
-  ``dsr_by_configs`` uses the number of distinct sampled configurations instead.
+  and the DSR of the best trial with ``n_trials`` = every trial tried in that scope
+  (diverged and unfinished included: they were tried) and ``sr_variance`` = sample
+  variance (ddof = 1) of the per-period validation Sharpe of the completed trials.
+  Selection, ranking, deflation and the reported number are one quantity: the Sharpe of
+  the joined validation returns (the folds' windows in time order). The trainer logs it
+  annualised as ``val_sharpe`` and per period as ``val_sharpe_per_period`` with that
+  series' skew, kurtosis and length; the best trial is the one with the highest
+  ``val_sharpe_per_period``, the very number the DSR deflates (runs logged before
+  ``val_sharpe`` was the joined Sharpe held the fold mean there: ranking by it would
+  pick on one track and deflate another). Members of a pair and seeds of one
+  configuration are correlated, so ``n_trials`` overstates the number of independent
+  trials and this DSR is conservative; ``dsr_by_configs`` uses the number of distinct
+  sampled configurations instead.
+* Overfitting, per scope over its completed trials of every precision
+  (:class:`Overfitting`): the PBO by CSCV on the validation returns (16 blocks, fewer
+  when the common bars are too few for 2 bars a block), the MinTRL of the best trial
+  against a zero Sharpe at 95%, and the Spearman correlation of validation and test
+  Sharpe across trials (how much of the selection carries over to unseen data).
 * Across model families the Wilcoxon p-values of one contrast and one split are also
   given Benjamini-Hochberg adjusted (``scipy.stats.false_discovery_control``), one test
   per family (``SplitInference.bh_n_tests``): with ten families, one p < 0.05 among the
@@ -71,6 +91,7 @@ import dataclasses
 import math
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -86,7 +107,10 @@ from hpo.stats import (
     deflated_sharpe_ratio,
     equivalence_test,
     expected_max_sharpe,
+    min_track_record_length,
     probabilistic_sharpe_ratio,
+    probability_of_backtest_overfitting,
+    sharpe_difference_test,
 )
 from hpo.tracking import (
     ROLE_SWEEP,
@@ -111,10 +135,13 @@ __all__ = [
     "Comparison",
     "ComparisonError",
     "Contrast",
+    "Overfitting",
+    "PairSharpeTest",
     "ScopeComparison",
     "Selection",
     "SplitInference",
     "TrialRecord",
+    "TrialReturns",
     "compare_trials",
     "comparison_from_mlflow",
     "comparison_metrics",
@@ -145,6 +172,19 @@ difference inside it is one no backtest of that length could act on. Set it per 
 before looking at the results."""
 EQUIVALENCE_ALPHA = 0.05
 """Level of each one-sided test of the TOST (its interval is the 90% Hodges-Lehmann one)."""
+RETURNS_ARTIFACT = "returns/returns.csv"
+"""A trial run's artifact: the ``returns.csv`` of its newest checkpoint (the final epoch's
+out-of-sample returns), columns :data:`RETURNS_COLUMNS`."""
+RETURNS_COLUMNS = ("split", "fold", "timestamp", "return")
+"""Header of :data:`RETURNS_ARTIFACT` (``trainables.checkpoint.RETURNS_COLUMNS``; not
+imported from there, so that reading MLflow needs no torch)."""
+PBO_BLOCKS = 16
+"""CSCV blocks of the PBO (Bailey et al. 2015's S): C(16, 8) = 12870 splits. With fewer
+than 2 bars a block on the common bars, the largest even S that has them is used."""
+MIN_TRL_CONFIDENCE = 0.95
+"""Confidence at which the MinTRL of the best trial beats a zero Sharpe (the PSR's 0)."""
+PAIR_TEST_MIN_BARS = 8
+"""Fewest common bars for a pair's Sharpe-difference test (hpo.stats' minimum)."""
 
 TrialState = Literal["completed", "diverged", "error", "unfinished"]
 _TERMINAL: frozenset[str] = frozenset({"completed", "diverged"})
@@ -152,6 +192,65 @@ _TERMINAL: frozenset[str] = frozenset({"completed", "diverged"})
 
 class ComparisonError(RuntimeError):
     """The comparison cannot be computed (the message says what is missing)."""
+
+
+_BAR = np.dtype([("timestamp", "i8"), ("fold", "i8")])
+"""A bar of a return series: its timestamp (ns since the epoch, UTC) and fold. Sorted,
+these keys are time order (walk-forward validation windows follow each other)."""
+
+
+@dataclass(frozen=True)
+class TrialReturns:
+    """A trial's final out-of-sample returns, per split (``val``, ``test``): the bars in
+    time order and the strategy return earned over each (:data:`RETURNS_ARTIFACT`)."""
+
+    bars: dict[str, np.ndarray]
+    """split -> (T,) structured ``(timestamp, fold)`` keys, sorted, unique."""
+    returns: dict[str, np.ndarray]
+    """split -> (T,) float64 returns, in the order of ``bars``."""
+
+    @classmethod
+    def from_csv(cls, text: str) -> TrialReturns:
+        """Parse the artifact; ValueError naming the line on a bad header or row."""
+        lines = text.splitlines()
+        if not lines or tuple(lines[0].split(",")) != RETURNS_COLUMNS:
+            raise ValueError(f"expected the header {','.join(RETURNS_COLUMNS)}")
+        rows: dict[str, list[tuple[int, int, float]]] = {split: [] for split in SPLITS}
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                split, fold, stamp, value = line.split(",")
+                when = np.datetime64(stamp.removesuffix("Z"), "ns").astype(np.int64)
+                rows[split].append((int(when), int(fold), float(value)))
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"line {number}: {line!r} ({exc})") from None
+        bars, returns = {}, {}
+        for split, found in rows.items():
+            keys = np.array([(t, f) for t, f, _ in found], dtype=_BAR)
+            values = np.array([v for _, _, v in found], dtype=np.float64)
+            order = np.argsort(keys, kind="stable")
+            keys, values = keys[order], values[order]
+            if keys.size > 1 and np.any(keys[1:] == keys[:-1]):
+                raise ValueError(f"{split} returns list a bar twice")
+            bars[split], returns[split] = keys, values
+        return cls(bars=bars, returns=returns)
+
+    def n_bars(self, split: str) -> int:
+        return int(self.bars[split].size)
+
+
+def aligned_returns(tracks: Sequence[TrialReturns], split: str) -> np.ndarray:
+    """(T, N) returns of ``tracks`` on the bars they all have (inner join on timestamp and
+    fold), rows in time order: the matrix behind the pair tests and the PBO."""
+    common = tracks[0].bars[split]
+    for track in tracks[1:]:
+        common = np.intersect1d(common, track.bars[split], assume_unique=True)
+    columns = []
+    for track in tracks:
+        _, where, _ = np.intersect1d(
+            track.bars[split], common, assume_unique=True, return_indices=True
+        )
+        columns.append(track.returns[split][where])
+    return np.column_stack(columns) if columns else np.empty((0, 0))
 
 
 def contrast_key(other: str, reference: str) -> str:
@@ -178,7 +277,8 @@ class TrialRecord:
     epochs: int
     """Last epoch with a logged validation Sharpe (0 when the curves were not read)."""
     val_sharpe: float
-    """Final validation Sharpe (annualised, mean over folds); NaN unless completed."""
+    """Final validation Sharpe: annualised, of the joined validation returns (what the
+    trainer logs as ``val_sharpe``); NaN unless completed."""
     test_sharpe: float
     """Final held-out test Sharpe; NaN unless completed."""
     sharpe_per_period: float
@@ -196,6 +296,10 @@ class TrialRecord:
     failure_reason: str | None
     val_curve: list[tuple[int, float]] = field(default_factory=list)
     """Validation Sharpe per epoch, ``(epoch, value)``."""
+    returns: TrialReturns | None = None
+    """Final out-of-sample returns (:data:`RETURNS_ARTIFACT`); None when not read."""
+    returns_note: str | None = None
+    """Why ``returns`` is None for a completed trial (no artifact, unreadable)."""
 
 
 @dataclass
@@ -232,6 +336,27 @@ class SplitInference:
 
 
 @dataclass
+class PairSharpeTest:
+    """The two members of one seed pair on one split: is their Sharpe ratio different,
+    on the bars both traded? (:func:`hpo.stats.sharpe_difference_test` of other vs
+    reference; statistics > 0 when the other precision's Sharpe is higher.)"""
+
+    n_bars: int
+    """Common bars (inner join on timestamp and fold); 0 when not available."""
+    difference: float = math.nan
+    """Per-period Sharpe of the other member minus the reference's, on those bars."""
+    jkm_statistic: float = math.nan
+    jkm_pvalue: float = math.nan
+    """Jobson-Korkie with Memmel's correction: i.i.d. normal returns assumed."""
+    hac_statistic: float = math.nan
+    hac_pvalue: float = math.nan
+    """Ledoit-Wolf (2008) HAC: valid under serial correlation and heavy tails."""
+    hac_bandwidth: float = math.nan
+    note: str | None = None
+    """Why a number is not available, or hpo.stats' special case."""
+
+
+@dataclass
 class Contrast:
     """One precision against the reference, paired, on both splits.
 
@@ -255,6 +380,8 @@ class Contrast:
     test: PairedComparison
     inference: dict[str, SplitInference]
     """Split -> test method, BH adjustment and verdict."""
+    pair_tests: dict[str, dict[str, PairSharpeTest]] = field(default_factory=dict)
+    """Seed pair -> split -> Sharpe-difference tests of its two members' return series."""
 
     @property
     def key(self) -> str:
@@ -281,7 +408,8 @@ class Contrast:
 
 @dataclass
 class Selection:
-    """Deflated Sharpe of the best trial (by final validation Sharpe) of one scope."""
+    """Deflated Sharpe of the best trial of one scope: the highest Sharpe of the joined
+    validation returns (``val_sharpe_per_period``, the number the DSR deflates)."""
 
     precision: str
     """A precision, or ``all`` for every precision together."""
@@ -306,6 +434,36 @@ class Selection:
 
 
 @dataclass
+class Overfitting:
+    """How much of one scope's selection is luck, from its completed trials of every
+    precision. NaN means not available; the ``*_note`` says why."""
+
+    n_completed: int
+    """Completed trials of the scope (every precision): the N of the PBO."""
+    pbo: float = math.nan
+    """Probability of backtest overfitting (CSCV, :func:`hpo.stats.probability_of_backtest_overfitting`):
+    the share of in-sample/out-of-sample splits of the validation bars where the
+    in-sample best trial ranks at or below the median out of sample."""
+    pbo_n_blocks: int = 0
+    """CSCV blocks used (:data:`PBO_BLOCKS`, fewer on few common bars)."""
+    pbo_n_bars: int = 0
+    """Validation bars every completed trial has (the T of the PBO)."""
+    pbo_note: str | None = None
+    min_trl: float = math.nan
+    """Minimum track record length (bars) of the best trial's validation Sharpe to beat 0 at
+    :data:`MIN_TRL_CONFIDENCE`; inf when that Sharpe is <= 0."""
+    min_trl_trial_id: str | None = None
+    min_trl_n_obs: int = 0
+    """Bars the best trial's validation track actually has (compare with ``min_trl``)."""
+    min_trl_note: str | None = None
+    val_test_spearman: float = math.nan
+    """Spearman correlation of validation and test Sharpe across the completed trials."""
+    val_test_spearman_pvalue: float = math.nan
+    spearman_n: int = 0
+    spearman_note: str | None = None
+
+
+@dataclass
 class ScopeComparison:
     """Everything about one model family, or all of them pooled (``overall``)."""
 
@@ -317,6 +475,7 @@ class ScopeComparison:
     selection: dict[str, Selection]
     resources: dict[str, dict[str, float]]
     """precision -> median peak_mem_mb / steps_per_s over trials that recorded them, n."""
+    overfitting: Overfitting
     notes: list[str] = field(default_factory=list)
 
 
@@ -332,9 +491,7 @@ class Comparison:
     reference: str
     precisions: list[str]
     computed_at: str
-    n_resamples: int
     confidence: float
-    seed: int
     margin: float
     """Equivalence margin on the paired Sharpe difference (annualised Sharpe units)."""
     families: dict[str, ScopeComparison]
@@ -365,6 +522,9 @@ class Comparison:
 def _json_safe(value: Any) -> Any:
     if isinstance(value, PairedComparison):
         return value.to_dict()
+    if isinstance(value, TrialReturns):
+        # The series are the runs' artifacts; the JSON says how long they are.
+        return {f"n_bars_{split}": value.n_bars(split) for split in SPLITS}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {f.name: _json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if isinstance(value, Contrast):
@@ -396,11 +556,11 @@ def comparison_from_mlflow(
     precisions: Sequence[str] | None = ("f32", "bf16"),
     *,
     parent_run_id: str | None = None,
-    n_resamples: int = 9999,
     confidence: float = 0.95,
-    seed: int = 0,
     margin: float = DEFAULT_MARGIN,
     with_curves: bool = True,
+    with_returns: bool = True,
+    n_resamples: int | None = None,
 ) -> Comparison:
     """Recompute the paired comparison of a sweep from its MLflow runs alone.
 
@@ -411,18 +571,20 @@ def comparison_from_mlflow(
             list (the parent run's ``precisions`` param, else the child runs' tags with
             f32 first). Trials of other precisions are left out (and say so in ``notes``).
         parent_run_id: The sweep's parent run; default the newest one in the experiment.
-        n_resamples, confidence, seed: Of :func:`compare_paired` (its BCa bootstrap, kept
-            in the JSON only); ``confidence`` is also the requested confidence of the
-            Hodges-Lehmann CI that is reported.
+        confidence: Requested confidence of the Hodges-Lehmann CI that is reported.
         margin: Equivalence margin on the paired difference of annualised Sharpe ratios
             (default :data:`DEFAULT_MARGIN`, 0.1), fixed before looking at the results.
         with_curves: Also read every trial's validation-Sharpe history (for the report).
+        with_returns: Also download every completed trial's :data:`RETURNS_ARTIFACT` (the
+            pair tests and the PBO need them; without, they are "not available").
+        n_resamples: Ignored (there is no bootstrap any more).
 
     Raises:
         ComparisonError: no such experiment or parent run, or fewer than two precisions.
     """
     from mlflow.tracking import MlflowClient
 
+    del n_resamples  # TODO(H7): drop once hpo/cli.py no longer passes it
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -453,15 +615,16 @@ def comparison_from_mlflow(
         if precision not in chosen:
             ignored[precision] = ignored.get(precision, 0) + 1
             continue
-        trials.append(_trial_record(client, run, with_curves))
+        record = _trial_record(client, run, with_curves)
+        if with_returns and record.state == "completed":
+            record.returns, record.returns_note = _trial_returns(client, tracking_uri, run)
+        trials.append(record)
     if ignored:
         notes.append(f"left out trials of precisions not compared: {ignored}")
     return compare_trials(
         trials,
         chosen,
-        n_resamples=n_resamples,
         confidence=confidence,
-        seed=seed,
         margin=margin,
         experiment=experiment,
         experiment_id=experiment_id,
@@ -475,9 +638,7 @@ def compare_trials(
     trials: Sequence[TrialRecord],
     precisions: Sequence[str],
     *,
-    n_resamples: int = 9999,
     confidence: float = 0.95,
-    seed: int = 0,
     margin: float = DEFAULT_MARGIN,
     experiment: str = "",
     experiment_id: str = "",
@@ -493,7 +654,7 @@ def compare_trials(
     """
     if not (math.isfinite(margin) and margin > 0.0):
         raise ComparisonError(f"margin must be a finite Sharpe difference > 0, got {margin!r}")
-    settings = _Settings(n_resamples, confidence, seed, margin)
+    settings = _Settings(confidence, margin)
     chosen = list(precisions)
     records = sorted(
         trials, key=lambda t: (t.model, t.pair_id, chosen.index(t.precision), t.trial_id)
@@ -515,9 +676,7 @@ def compare_trials(
         reference=chosen[0],
         precisions=chosen,
         computed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        n_resamples=n_resamples,
         confidence=confidence,
-        seed=seed,
         margin=margin,
         families=families,
         overall=overall,
@@ -650,6 +809,45 @@ def _trial_record(client: Any, run: Any, with_curves: bool) -> TrialRecord:
     )
 
 
+_RETURNS_CACHE: OrderedDict[tuple[str, str, int], TrialReturns] = OrderedDict()
+"""(tracking URI, run id, run end time) -> the run's parsed returns artifact. Only runs
+that ended are cached: a resumed trial ends again later (a new end time), and its
+artifact, overwritten in place, is read afresh."""
+_RETURNS_CACHE_SIZE = 4096
+
+
+def _trial_returns(
+    client: Any, tracking_uri: str, run: Any
+) -> tuple[TrialReturns | None, str | None]:
+    """The run's :data:`RETURNS_ARTIFACT`, or None and why (never raises)."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    end = run.info.end_time
+    key = (tracking_uri, run.info.run_id, int(end or 0))
+    if end and key in _RETURNS_CACHE:
+        _RETURNS_CACHE.move_to_end(key)
+        return _RETURNS_CACHE[key], None
+    with tempfile.TemporaryDirectory(prefix="hpo-returns-") as tmp:
+        try:
+            local = client.download_artifacts(run.info.run_id, RETURNS_ARTIFACT, tmp)
+            with open(local, encoding="utf-8") as fh:
+                text = fh.read()
+        except (MlflowException, OSError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return None, f"no returns artifact {RETURNS_ARTIFACT} ({reason[:200]})"
+    try:
+        returns = TrialReturns.from_csv(text)
+    except ValueError as exc:
+        return None, f"returns artifact {RETURNS_ARTIFACT} unreadable: {exc}"
+    if end:
+        _RETURNS_CACHE[key] = returns
+        while len(_RETURNS_CACHE) > _RETURNS_CACHE_SIZE:
+            _RETURNS_CACHE.popitem(last=False)
+    return returns, None
+
+
 def _positive(value: float) -> float:
     return value if math.isfinite(value) and value > 0 else math.nan
 
@@ -659,9 +857,7 @@ def _positive(value: float) -> float:
 
 
 class _Settings(NamedTuple):
-    n_resamples: int
     confidence: float
-    seed: int
     margin: float
 
 
@@ -700,8 +896,78 @@ def _scope(
         contrasts=contrasts,
         selection=selection,
         resources={p: _resources([t for t in trials if t.precision == p]) for p in precisions},
+        overfitting=_overfitting(trials, selection[ALL_PRECISIONS]),
         notes=notes,
     )
+
+
+def _overfitting(trials: list[TrialRecord], best: Selection) -> Overfitting:
+    completed = [t for t in trials if t.state == "completed"]
+    out = Overfitting(n_completed=len(completed))
+    _pbo(completed, out)
+    _min_trl(next((t for t in completed if t.trial_id == best.best_trial_id), None), out)
+    pairs = [
+        (t.val_sharpe, t.test_sharpe)
+        for t in completed
+        if math.isfinite(t.val_sharpe) and math.isfinite(t.test_sharpe)
+    ]
+    out.spearman_n = len(pairs)
+    if len(pairs) < 3:
+        out.spearman_note = f"not available: {len(pairs)} completed trial(s), 3 needed"
+    elif len({v for v, _ in pairs}) == 1 or len({t for _, t in pairs}) == 1:
+        out.spearman_note = "not available: validation or test Sharpe is the same for all"
+    else:
+        rho = stats.spearmanr([v for v, _ in pairs], [t for _, t in pairs])
+        out.val_test_spearman = float(rho.statistic)
+        out.val_test_spearman_pvalue = float(rho.pvalue)
+    return out
+
+
+def _pbo(completed: list[TrialRecord], out: Overfitting) -> None:
+    if len(completed) < 2:
+        out.pbo_note = f"not available: {len(completed)} completed trial(s), 2 needed"
+        return
+    missing = [t.trial_id for t in completed if t.returns is None]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        out.pbo_note = (
+            f"not available: {len(missing)} of {len(completed)} completed trials have no "
+            f"returns artifact ({shown}); a PBO over the others would be another quantity"
+        )
+        return
+    matrix = aligned_returns([t.returns for t in completed], "val")  # type: ignore[misc]
+    n_bars = int(matrix.shape[0])
+    out.pbo_n_bars = n_bars
+    n_blocks = min(PBO_BLOCKS, n_bars // 2 // 2 * 2)  # even, 2 bars a block at least
+    if n_blocks < 2:
+        out.pbo_note = f"not available: {n_bars} validation bars common to every trial"
+        return
+    if not np.all(np.isfinite(matrix)):
+        out.pbo_note = "not available: a non-finite validation return"
+        return
+    out.pbo = probability_of_backtest_overfitting(matrix, n_blocks=n_blocks)
+    out.pbo_n_blocks = n_blocks
+    if n_blocks < PBO_BLOCKS:
+        out.pbo_note = (
+            f"{n_blocks} blocks instead of {PBO_BLOCKS}: only {n_bars} common validation bars "
+            "(2 bars a block at least)"
+        )
+
+
+def _min_trl(best: TrialRecord | None, out: Overfitting) -> None:
+    if best is None:
+        out.min_trl_note = "not available: no best trial"
+        return
+    out.min_trl_trial_id, out.min_trl_n_obs = best.trial_id, best.n_obs
+    try:
+        out.min_trl = min_track_record_length(
+            best.sharpe_per_period, 0.0, best.skew, best.kurtosis, MIN_TRL_CONFIDENCE
+        )
+    except ValueError as exc:
+        out.min_trl_note = f"not available: {exc}"
+        return
+    if math.isinf(out.min_trl):
+        out.min_trl_note = "the best trial's Sharpe is <= 0: no track record length suffices"
 
 
 def _counts(trials: list[TrialRecord]) -> dict[str, int]:
@@ -739,12 +1005,7 @@ def _contrast(
         for pair_id, _, _ in units.pop(unit):
             incomplete[pair_id] = f"configuration {unit[1]} has a pending seed"
     ordered = sorted(units)
-    kwargs: dict[str, Any] = {
-        "labels": (reference, other),
-        "n_resamples": settings.n_resamples,
-        "confidence": settings.confidence,
-        "seed": settings.seed,
-    }
+    kwargs: dict[str, Any] = {"labels": (reference, other), "confidence": settings.confidence}
     results: dict[str, PairedComparison] = {}
     inference: dict[str, SplitInference] = {}
     for split in SPLITS:
@@ -768,6 +1029,41 @@ def _contrast(
         val=results["val"],
         test=results["test"],
         inference=inference,
+        pair_tests={
+            pair_id: {split: _pair_test(a, b, split) for split in SPLITS}
+            for u in ordered
+            for pair_id, a, b in units[u]
+        },
+    )
+
+
+def _pair_test(reference: TrialRecord, other: TrialRecord, split: str) -> PairSharpeTest:
+    """JKM and HAC tests of ``other`` vs ``reference`` on their common ``split`` bars."""
+    for member in (reference, other):
+        if member.state != "completed":
+            return PairSharpeTest(0, note=f"not available: {member.trial_id} {member.state}")
+        if member.returns is None:
+            why = member.returns_note or "returns not read"
+            return PairSharpeTest(0, note=f"not available: {member.trial_id}: {why}")
+    joined = aligned_returns([other.returns, reference.returns], split)  # type: ignore[list-item]
+    n_bars = int(joined.shape[0])
+    if n_bars < PAIR_TEST_MIN_BARS:
+        return PairSharpeTest(
+            n_bars, note=f"not available: {n_bars} common bars, {PAIR_TEST_MIN_BARS} needed"
+        )
+    if not np.all(np.isfinite(joined)):
+        return PairSharpeTest(n_bars, note="not available: a non-finite return")
+    jkm = sharpe_difference_test(joined[:, 0], joined[:, 1], method="jkm")
+    hac = sharpe_difference_test(joined[:, 0], joined[:, 1], method="hac")
+    return PairSharpeTest(
+        n_bars=n_bars,
+        difference=jkm.difference,
+        jkm_statistic=jkm.statistic,
+        jkm_pvalue=jkm.pvalue,
+        hac_statistic=hac.statistic,
+        hac_pvalue=hac.pvalue,
+        hac_bandwidth=hac.bandwidth,
+        note=jkm.note or hac.note or None,
     )
 
 
@@ -865,7 +1161,9 @@ def _selection(precision: str, trials: list[TrialRecord]) -> Selection:
     if not candidates:
         selection.note = "no completed trial with a per-period Sharpe and its moments"
         return selection
-    best = max(candidates, key=lambda t: (t.val_sharpe, t.trial_id))
+    # Ranked on the number the DSR deflates: the joined validation track's per-period
+    # Sharpe (val_sharpe is the same series annualised in runs of the current trainer).
+    best = max(candidates, key=lambda t: (t.sharpe_per_period, t.trial_id))
     selection.best_trial_id = best.trial_id
     selection.best_run_id = best.run_id
     selection.best_val_sharpe = best.val_sharpe
@@ -940,8 +1238,12 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     them; ``n_excluded``: configurations with a diverged member; ``n_incomplete``: seed
     pairs not compared yet; ``ci_low`` / ``ci_high``: the Hodges-Lehmann interval, at the
     achieved ``ci_confidence``), ``cmp.<scope>.<precision>.<count or selection stat>`` and
-    ``cmp.<scope>.dsr_best`` / ``cmp.<scope>.n_trials`` for all precisions together. The
-    verdicts are tags (:func:`comparison_tags`).
+    ``cmp.<scope>.dsr_best`` / ``cmp.<scope>.n_trials`` for all precisions together;
+    ``cmp.<scope>.pbo`` (with ``pbo_n_blocks``, ``pbo_n_bars``), ``cmp.<scope>.min_trl``
+    (bars) and ``cmp.<scope>.val_test_spearman`` (:class:`Overfitting`); per seed pair of
+    a family, ``cmp.<family>.<other>_vs_<ref>.<split>.<pair_id>.<jkm|hac>_<p|z>`` (the
+    Sharpe-difference tests of its two members). The verdicts are tags
+    (:func:`comparison_tags`).
     """
     out: dict[str, float] = {}
     for scope in comparison.scopes:
@@ -990,6 +1292,22 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
         out[f"{prefix}.dsr_best"] = pooled.dsr
         out[f"{prefix}.dsr_best_by_configs"] = pooled.dsr_by_configs
         out[f"{prefix}.n_trials"] = float(pooled.n_trials)
+        fit = scope.overfitting
+        out[f"{prefix}.pbo"] = fit.pbo
+        out[f"{prefix}.pbo_n_blocks"] = float(fit.pbo_n_blocks) if fit.pbo_n_blocks else math.nan
+        out[f"{prefix}.pbo_n_bars"] = float(fit.pbo_n_bars) if fit.pbo_n_blocks else math.nan
+        out[f"{prefix}.min_trl"] = fit.min_trl
+        out[f"{prefix}.val_test_spearman"] = fit.val_test_spearman
+        if scope.scope == OVERALL:
+            continue  # the families' pair tests, again
+        for key, contrast in scope.contrasts.items():
+            for pair_id, by_split in contrast.pair_tests.items():
+                for split, test in by_split.items():
+                    name = f"{prefix}.{key}.{split}.{pair_id}"
+                    out[f"{name}.jkm_p"] = test.jkm_pvalue
+                    out[f"{name}.hac_p"] = test.hac_pvalue
+                    out[f"{name}.jkm_z"] = test.jkm_statistic
+                    out[f"{name}.hac_z"] = test.hac_statistic
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
@@ -1009,7 +1327,6 @@ def comparison_tags(comparison: Comparison) -> dict[str, str]:
         "cmp.reference": comparison.reference,
         "cmp.precisions": ",".join(comparison.precisions),
         "cmp.computed_at": comparison.computed_at,
-        "cmp.n_resamples": str(comparison.n_resamples),
         "cmp.confidence": str(comparison.confidence),
         "cmp.selection_metric": "val_sharpe",
         "cmp.margin": str(comparison.margin),

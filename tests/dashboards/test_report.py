@@ -55,9 +55,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> SyntheticSweep:
 
 @pytest.fixture(scope="module")
 def comparison(sweep: SyntheticSweep) -> Comparison:
-    return comparison_from_mlflow(
-        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), n_resamples=999
-    )
+    return comparison_from_mlflow(sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"))
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +178,7 @@ def _separated() -> Comparison:
     # bf16 is f32 + 5 everywhere: MWU and KS p-values far below 0.05.
     f32 = [[0.1 * g] for g in range(8)]
     bf16 = [[0.1 * g + 5.0 + 0.01 * g] for g in range(8)]
-    return compare_trials(paired_records("tft", f32, bf16), ("f32", "bf16"), n_resamples=99)
+    return compare_trials(paired_records("tft", f32, bf16), ("f32", "bf16"))
 
 
 def test_mann_whitney_and_ks_are_descriptive_not_emphasised() -> None:
@@ -214,7 +212,7 @@ def test_reading_notes_count_the_tests_bh_adjusted(html: str, comparison: Compar
 def test_the_seed_table_keeps_every_seed_of_a_configuration() -> None:
     f32 = [[0.5, 0.6, 0.7], [0.2, 0.1, 0.0]]
     bf16 = [[0.6, 0.8, 0.7], [0.1, 0.1, 0.3]]
-    comparison = compare_trials(paired_records("tft", f32, bf16), ("f32", "bf16"), n_resamples=99)
+    comparison = compare_trials(paired_records("tft", f32, bf16), ("f32", "bf16"))
     html = render_report(comparison)
     parsed = _Elements()
     parsed.feed(html)

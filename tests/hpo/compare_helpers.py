@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from hpo.compare import TrialRecord
+from hpo.compare import TrialRecord, TrialReturns
+from hpo.stats import probabilistic_sharpe_ratio, sharpe_moments
 from hpo.tracking import MlflowSweepCallback, start_sweep_run
 
 EPOCHS = 3
@@ -293,3 +295,63 @@ def paired_records(
             out.append(trial_record(model, "f32", g, s, a))
             out.append(trial_record(model, "bf16", g, s, b))
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Return series (the runs' returns artifact) on fixed data
+
+START = np.datetime64("2021-01-04T00:00:00", "ns")
+BAR = np.timedelta64(1, "D")
+
+
+def returns_csv(
+    val_folds: list[np.ndarray], test: np.ndarray, skip: int = 0, start_bar: int = 0
+) -> str:
+    """The text of a returns artifact: validation folds one after another in time (daily
+    bars from ``START`` + ``start_bar``), then the test period after them (last fold's).
+    ``skip`` drops the first bars of every segment (a longer lookback)."""
+    lines = ["split,fold,timestamp,return"]
+    bar = start_bar
+    segments = [("val", k, r) for k, r in enumerate(val_folds)]
+    segments.append(("test", len(val_folds) - 1, test))
+    for split, fold, values in segments:
+        for i, value in enumerate(values):
+            if i >= skip:
+                stamp = np.datetime_as_string(START + (bar + i) * BAR, unit="s", timezone="UTC")
+                lines.append(f"{split},{fold},{stamp},{float(value)!r}")
+        bar += len(values)
+    return "\n".join(lines) + "\n"
+
+
+def record_with_returns(
+    model: str,
+    precision: str,
+    group: int,
+    seed: int,
+    val_folds: list[np.ndarray],
+    test: np.ndarray,
+    *,
+    val_sharpe: str = "joined",
+    skip: int = 0,
+) -> TrialRecord:
+    """A completed trial whose metrics are those of its return series, as the trainer logs
+    them: ``val_sharpe`` the annualised Sharpe of the joined validation returns (or, with
+    ``val_sharpe="fold_mean"``, the mean of the folds' Sharpes, what runs logged before
+    the trainer change held), per-period Sharpe and moments of the joined track."""
+    kept = [r[skip:] for r in val_folds]
+    joined = np.concatenate(kept)
+    moments_ = sharpe_moments(joined)
+    annual = math.sqrt(PERIODS_PER_YEAR)
+    if val_sharpe == "joined":
+        val = moments_.sr * annual
+    else:
+        val = float(np.mean([sharpe_moments(r).sr * annual for r in kept]))
+    test_sharpe = sharpe_moments(test[skip:]).sr * annual
+    record = trial_record(model, precision, group, seed, val, test_sharpe)
+    record.sharpe_per_period = moments_.sr
+    record.skew, record.kurtosis, record.n_obs = moments_.skew, moments_.kurtosis, moments_.n_obs
+    record.psr = probabilistic_sharpe_ratio(
+        moments_.sr, 0.0, moments_.n_obs, moments_.skew, moments_.kurtosis
+    )
+    record.returns = TrialReturns.from_csv(returns_csv(val_folds, test, skip=skip))
+    return record

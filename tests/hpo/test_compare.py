@@ -26,6 +26,7 @@ from hpo.compare import (
     VERDICT_SPLIT,
     Comparison,
     ComparisonError,
+    TrialRecord,
     compare_trials,
     comparison_from_mlflow,
     comparison_metrics,
@@ -36,7 +37,11 @@ from hpo.stats import (
     compare_paired,
     deflated_sharpe_ratio,
     expected_max_sharpe,
+    min_track_record_length,
     probabilistic_sharpe_ratio,
+    probability_of_backtest_overfitting,
+    sharpe_difference_test,
+    sharpe_moments,
 )
 from tests.hpo.compare_helpers import (
     EPOCHS,
@@ -47,11 +52,12 @@ from tests.hpo.compare_helpers import (
     moments,
     pair_id,
     paired_records,
+    record_with_returns,
     shared_sweep,
 )
 
 CONTRAST = "bf16_vs_f32"
-RESAMPLES = 999  # a fast bootstrap; the equality checks hold for any count
+RESAMPLES = 999  # TODO(H7): the CLI still takes --resamples (ignored) until cli_sweep is released
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +68,11 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> SyntheticSweep:
 @pytest.fixture(scope="module")
 def comparison(sweep: SyntheticSweep) -> Comparison:
     # The store also holds bf16-mixed trials: asking for f32 and bf16 leaves them out.
-    return comparison_from_mlflow(
-        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), n_resamples=RESAMPLES
-    )
+    return comparison_from_mlflow(sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"))
 
 
 def _expected(a: list[float], b: list[float]) -> dict:
-    return compare_paired(a, b, labels=("f32", "bf16"), n_resamples=RESAMPLES).to_dict()
+    return compare_paired(a, b, labels=("f32", "bf16")).to_dict()
 
 
 def _without_scipy_notes(result: dict) -> dict:
@@ -275,7 +279,6 @@ def test_precisions_default_to_the_sweeps_and_need_two(sweep: SyntheticSweep) ->
         sweep.experiment,
         sweep.tracking_uri,
         precisions=None,
-        n_resamples=RESAMPLES,
         with_curves=False,
     )
     assert inferred.precisions == ["f32", "bf16", "bf16-mixed"]  # the parent run's param
@@ -339,7 +342,6 @@ def test_a_sweep_not_in_compare_mode_says_why_nothing_pairs(
         private.experiment,
         private.tracking_uri,
         precisions=("f32", "bf16"),
-        n_resamples=RESAMPLES,
         with_curves=False,
     )
     assert any("did not run in compare mode" in note for note in result.notes)
@@ -352,7 +354,6 @@ def test_more_than_two_precisions_are_each_compared_with_the_first(
         sweep.experiment,
         sweep.tracking_uri,
         precisions=("f32", "bf16", "bf16-mixed"),
-        n_resamples=RESAMPLES,
         with_curves=False,
     )
     tft = result.families["tft"]
@@ -361,10 +362,7 @@ def test_more_than_two_precisions_are_each_compared_with_the_first(
     a = VAL["tft"]["f32"]
     b = [v - 0.05 if math.isfinite(v) else 0.6 - 0.05 for v in VAL["tft"]["bf16"]]
     got = tft.contrasts["bf16-mixed_vs_f32"].val.to_dict()
-    assert (
-        _without_scipy_notes(got)
-        == compare_paired(a, b, labels=("f32", "bf16-mixed"), n_resamples=RESAMPLES).to_dict()
-    )
+    assert _without_scipy_notes(got) == compare_paired(a, b, labels=("f32", "bf16-mixed")).to_dict()
     assert tft.contrasts["bf16_vs_f32"].val.n_excluded_nonfinite == 1
 
 
@@ -373,7 +371,7 @@ def test_more_than_two_precisions_are_each_compared_with_the_first(
 
 
 def _bf16_vs_f32(trials: list, **kwargs: object):  # type: ignore[no-untyped-def]
-    result = compare_trials(trials, ("f32", "bf16"), n_resamples=RESAMPLES, **kwargs)
+    result = compare_trials(trials, ("f32", "bf16"), **kwargs)
     return result, result.families[trials[0].model].contrasts[CONTRAST]
 
 
@@ -549,3 +547,150 @@ def test_few_configurations_are_inconclusive_and_say_how_many_more() -> None:
     assert inference.pairs_needed is not None and inference.pairs_needed >= 2  # n >= 5
     assert f"about {inference.pairs_needed} more configurations needed" in inference.verdict
     assert "4 or fewer" in (inference.verdict_note or "")
+
+
+# ---------------------------------------------------------------------------------------
+# Selection on the joined validation Sharpe; return-series statistics (fixed data)
+
+RNG = np.random.default_rng(20261201)
+Z = RNG.standard_normal((4, 2, 120))  # (trial, fold, bar) fixed shocks
+Z_TEST = RNG.standard_normal((4, 60))
+
+
+def _folds(trial: int, means: tuple[float, float], vols: tuple[float, float]) -> list[np.ndarray]:
+    return [m + v * Z[trial, k] for k, (m, v) in enumerate(zip(means, vols, strict=True))]
+
+
+# Trial 0: a calm, strong fold and a volatile losing one; its fold-mean Sharpe is far above
+# trial 1's, its joined track far below (the volatile fold dominates the joined variance).
+LUCKY_FOLD = _folds(0, (0.004, -0.002), (0.002, 0.03))
+STEADY = _folds(1, (0.0015, 0.0015), (0.01, 0.01))
+
+
+@pytest.mark.parametrize("val_sharpe", ["joined", "fold_mean"])
+def test_the_best_trial_is_the_best_joined_validation_track(val_sharpe: str) -> None:
+    lucky = record_with_returns("tft", "f32", 0, 0, LUCKY_FOLD, Z_TEST[0], val_sharpe=val_sharpe)
+    steady = record_with_returns("tft", "f32", 1, 0, STEADY, Z_TEST[1], val_sharpe=val_sharpe)
+    joined = {r.trial_id: r.sharpe_per_period for r in (lucky, steady)}
+    fold_mean = {
+        r.trial_id: np.mean([sharpe_moments(f).sr for f in folds])
+        for r, folds in ((lucky, LUCKY_FOLD), (steady, STEADY))
+    }
+    # The data disagree: the fold mean prefers the lucky trial, the joined track the steady.
+    assert fold_mean[lucky.trial_id] > 2 * fold_mean[steady.trial_id]
+    assert joined[steady.trial_id] > 2 * joined[lucky.trial_id] > 0
+    result = compare_trials([lucky, steady], ("f32", "bf16"))
+    selection = result.families["tft"].selection["f32"]
+    assert selection.best_trial_id == steady.trial_id
+    assert selection.best_sharpe_per_period == joined[steady.trial_id]
+    srs = np.array([joined[lucky.trial_id], joined[steady.trial_id]])
+    assert selection.sr_variance == pytest.approx(np.var(srs, ddof=1), rel=1e-12)
+    assert selection.dsr == deflated_sharpe_ratio(
+        steady.sharpe_per_period, selection.sr_variance, 2, steady.n_obs, steady.skew,
+        steady.kurtosis,
+    )  # fmt: skip
+
+
+def _pair(group: int, shift: float, skip_ref: int = 0) -> list:  # type: ignore[type-arg]
+    """f32 and bf16 members of configuration ``group``: bf16's returns are f32's plus a
+    small perturbation and ``shift`` per bar; f32 misses its first ``skip_ref`` bars."""
+    base = _folds(group % 4, (0.001, 0.0012), (0.01, 0.012))
+    other = [f + shift + 0.001 * Z[(group + 1) % 4, k] for k, f in enumerate(base)]
+    test = 0.0008 + 0.01 * Z_TEST[group % 4]
+    return [
+        record_with_returns("tft", "f32", group, 0, base, test, skip=skip_ref),
+        record_with_returns("tft", "bf16", group, 0, other, test + shift),
+    ]
+
+
+def test_pair_tests_are_jkm_and_hac_on_the_bars_both_members_have() -> None:
+    trials = _pair(0, 0.0004, skip_ref=5)  # f32 lacks the first 5 bars of each segment
+    _, contrast = _bf16_vs_f32(trials)
+    for split in ("val", "test"):
+        got = contrast.pair_tests[pair_id("tft", 0)][split]
+        # Reference per segment: bars 5.. of each fold (val) or of the test period.
+        if split == "val":
+            a = np.concatenate([f[5:] for f in _folds(0, (0.001, 0.0012), (0.01, 0.012))])
+            b = np.concatenate(
+                [
+                    (f + 0.0004 + 0.001 * Z[1, k])[5:]
+                    for k, f in enumerate(_folds(0, (0.001, 0.0012), (0.01, 0.012)))
+                ]
+            )
+        else:
+            a = (0.0008 + 0.01 * Z_TEST[0])[5:]
+            b = a + 0.0004
+        assert got.n_bars == a.size == (230 if split == "val" else 55)
+        jkm = sharpe_difference_test(b, a, method="jkm")
+        hac = sharpe_difference_test(b, a, method="hac")
+        assert (got.jkm_statistic, got.jkm_pvalue) == (jkm.statistic, jkm.pvalue)
+        assert (got.hac_statistic, got.hac_pvalue) == (hac.statistic, hac.pvalue)
+        assert got.difference == jkm.difference > 0  # bf16 earns more: positive statistic
+        assert got.jkm_statistic > 0 and got.note is None
+
+
+def _family(n_groups: int) -> list:  # type: ignore[type-arg]
+    return [t for g in range(n_groups) for t in _pair(g, 0.0002 * (g - 1))]
+
+
+def test_pbo_min_trl_and_spearman_of_a_family_from_its_completed_trials() -> None:
+    trials = _family(4)
+    result, _ = _bf16_vs_f32(trials)
+    fit = result.families["tft"].overfitting
+    # Every trial has the same 240 validation bars; columns in the comparison's trial order.
+    matrix = np.column_stack([t.returns.returns["val"] for t in result.trials])
+    assert fit.n_completed == 8 and fit.pbo_n_bars == 240 and fit.pbo_n_blocks == 16
+    assert fit.pbo == probability_of_backtest_overfitting(matrix, n_blocks=16)
+    assert fit.pbo_note is None
+    best = max(result.trials, key=lambda t: t.sharpe_per_period)
+    assert fit.min_trl_trial_id == best.trial_id and fit.min_trl_n_obs == 240
+    assert fit.min_trl == min_track_record_length(
+        best.sharpe_per_period, 0.0, best.skew, best.kurtosis, 0.95
+    )
+    rho = stats.spearmanr(
+        [t.val_sharpe for t in result.trials], [t.test_sharpe for t in result.trials]
+    )
+    assert fit.val_test_spearman == rho.statistic and fit.spearman_n == 8
+    metrics = comparison_metrics(result)
+    assert metrics["cmp.tft.pbo"] == fit.pbo
+    assert metrics["cmp.tft.min_trl"] == fit.min_trl
+    assert metrics["cmp.tft.val_test_spearman"] == fit.val_test_spearman
+    pair_tests = result.families["tft"].contrasts[CONTRAST].pair_tests
+    assert len(pair_tests) == 4
+    assert metrics[f"cmp.tft.{CONTRAST}.test.{pair_id('tft', 2)}.hac_p"] == (
+        pair_tests[pair_id("tft", 2)]["test"].hac_pvalue
+    )
+
+
+def test_pbo_uses_fewer_blocks_on_few_common_bars() -> None:
+    short = [
+        record_with_returns(
+            "tft", p, g, 0, [f[:11] for f in _folds(g, (0.001, 0.0), (0.01, 0.01))], Z_TEST[g]
+        )
+        for g in range(3)
+        for p in ("f32", "bf16")
+    ]
+    fit = compare_trials(short, ("f32", "bf16")).families["tft"].overfitting
+    assert (fit.pbo_n_bars, fit.pbo_n_blocks) == (22, 10)  # 22 bars: 10 blocks of 2 or 3
+    matrix = np.column_stack([t.returns.returns["val"] for t in sorted(short, key=_order)])
+    assert fit.pbo == probability_of_backtest_overfitting(matrix, n_blocks=10)
+    assert "10 blocks instead of 16" in fit.pbo_note
+
+
+def _order(t: TrialRecord) -> tuple[str, str, int, str]:
+    return (t.model, t.pair_id, ("f32", "bf16").index(t.precision), t.trial_id)
+
+
+def test_a_missing_returns_artifact_makes_those_numbers_not_available() -> None:
+    trials = _family(3)
+    trials[2].returns, trials[2].returns_note = None, "no returns artifact returns/returns.csv"
+    result, contrast = _bf16_vs_f32(trials)
+    fit = result.families["tft"].overfitting
+    assert math.isnan(fit.pbo) and fit.pbo_note.startswith("not available: 1 of 6")
+    broken = contrast.pair_tests[trials[2].pair_id]["val"]
+    assert math.isnan(broken.jkm_pvalue) and "no returns artifact" in broken.note
+    assert math.isfinite(contrast.pair_tests[trials[0].pair_id]["val"].jkm_pvalue)
+    metrics = comparison_metrics(result)
+    assert "cmp.tft.pbo" not in metrics and "cmp.tft.min_trl" in metrics  # moments suffice
+    json.dumps(result.to_dict(), allow_nan=False)
+    assert result.to_dict()["trials"][0]["returns"] == {"n_bars_val": 240, "n_bars_test": 60}
