@@ -91,6 +91,18 @@ class ResourcesSpec(_Strict):
         return value
 
 
+class ComparisonSpec(_Strict):
+    """``[comparison]``: settings of the paired comparison (``compare = true``), fixed
+    before the results are seen. A table of its own because ``compare`` is the bool that
+    turns the mode on."""
+
+    margin: float = Field(0.1, gt=0.0)
+    """Equivalence margin on the paired difference of annualised Sharpe ratios: bf16 is
+    "as good" when the 90% Hodges-Lehmann interval of the per-configuration differences
+    lies inside +-margin (the TOST verdict). Default 0.1 (``hpo.compare.DEFAULT_MARGIN``;
+    README "The f32-versus-bf16 comparison" says why)."""
+
+
 class SweepSpec(_Strict):
     name: str
     """Sweep name: the MLflow experiment and the results folder."""
@@ -107,6 +119,7 @@ class SweepSpec(_Strict):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     compare: bool = False
     """Paired f32-vs-bf16 mode: every sampled config and seed runs once per precision."""
+    comparison: ComparisonSpec = ComparisonSpec()
     max_concurrent: int | None = Field(None, ge=1)
     max_failures: int = Field(2, ge=0)
     """Retries of a trial whose process died (from its newest checkpoint)."""

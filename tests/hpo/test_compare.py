@@ -694,3 +694,27 @@ def test_a_missing_returns_artifact_makes_those_numbers_not_available() -> None:
     assert "cmp.tft.pbo" not in metrics and "cmp.tft.min_trl" in metrics  # moments suffice
     json.dumps(result.to_dict(), allow_nan=False)
     assert result.to_dict()["trials"][0]["returns"] == {"n_bars_val": 240, "n_bars_test": 60}
+
+
+# ---------------------------------------------------------------------------------------
+# The margin comes from the spec's [comparison] table
+
+
+def test_the_spec_fixes_the_margin_in_a_comparison_table(tmp_path: Path) -> None:
+    from hpo.spec import ComparisonSpec, SpecError, load_spec
+
+    assert ComparisonSpec().margin == DEFAULT_MARGIN  # one default, documented in both
+    path = tmp_path / "cmp.toml"
+    base = 'name = "m"\nmodels = ["tft"]\ncompare = true\n'
+    path.write_text(base + "[comparison]\nmargin = 0.25\n")
+    assert load_spec(path).comparison.margin == 0.25
+    for bad, message in (("0", "greater than 0"), ("-0.1", "greater than 0"), ("nan", "")):
+        path.write_text(base + f"[comparison]\nmargin = {bad}\n")
+        with pytest.raises(SpecError) as raised:
+            load_spec(path)
+        assert any(
+            p.startswith("comparison.margin:") and message in p for p in raised.value.problems
+        )
+    path.write_text(base + "[comparison]\nmargn = 0.2\n")
+    with pytest.raises(SpecError, match=r"comparison\.margn: unknown field; allowed: \['margin'\]"):
+        load_spec(path)
