@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpo.location import SweepLocation
 from hpo.spec import SweepSpec, parse_spec
+
+if TYPE_CHECKING:  # imports ray; loaded when a sweep starts
+    from hpo.recovery import StopOnRepeatedError
 
 log = logging.getLogger("hpo.sweep")
 
@@ -152,7 +155,7 @@ def _trial_dirname(trial: Any) -> str:
     return f"{config.get('model', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
 
 
-def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> Any:
+def build_tuner(spec: SweepSpec, record: SweepRecord, watchers: SweepWatchers) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -197,22 +200,44 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, callbacks: list[Any]) -> A
             storage_path=record.sweep_dir.parent.uri,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=callbacks,
+            callbacks=watchers.callbacks,
+            stop=watchers.stop,
             verbose=0,
         ),
     )
 
 
-def _callbacks(record: SweepRecord, on_event: Callable[[str], None] | None) -> list[Any]:
+@dataclass(frozen=True)
+class SweepWatchers:
+    """What watches a sweep's trials: Tune callbacks, and the stopper among them that ends
+    a sweep whose first trials all fail alike (its ``reason`` says why)."""
+
+    callbacks: list[Any]
+    stop: StopOnRepeatedError
+
+
+def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> SweepWatchers:
     from hpo.progress import SweepProgress
-    from hpo.recovery import AdoptReportedCheckpoint
+    from hpo.recovery import TRIALS_TO_STOP, AdoptReportedCheckpoint, StopOnRepeatedError
     from hpo.tracking import MlflowSweepCallback
 
-    return [
+    stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_trials))
+    callbacks = [
         MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id),
         SweepProgress(total=record.spec.n_trials, on_event=on_event),
         AdoptReportedCheckpoint(),
+        stop,
     ]
+    return SweepWatchers(callbacks=callbacks, stop=stop)
+
+
+def _finish_or_refuse(record: SweepRecord, watchers: SweepWatchers) -> list[TrialRow]:
+    """The sweep's rows after it ended; a sweep its stopper called off is summarized the
+    same way, then reported as a SweepError naming the error and the fix."""
+    rows = finish_sweep(record)
+    if watchers.stop.reason is not None:
+        raise SweepError(watchers.stop.reason)
+    return rows
 
 
 def run_sweep(
@@ -244,10 +269,11 @@ def run_sweep(
         spec=spec, sweep_dir=sweep_dir, parent_run_id=parent, tracking_uri=spec.tracking_uri
     )
     record.write()
-    tuner = build_tuner(spec, record, _callbacks(record, on_event))
+    watchers = _watchers(record, on_event)
+    tuner = build_tuner(spec, record, watchers)
     with _sigterm_stops_gracefully():
         tuner.fit()
-    return finish_sweep(record)
+    return _finish_or_refuse(record, watchers)
 
 
 def resume_sweep(
@@ -276,10 +302,11 @@ def resume_sweep(
         resume_unfinished=True,
         resume_errored=True,
     )
-    _replace_callbacks(tuner, _callbacks(record, on_event))
+    watchers = _watchers(record, on_event)
+    _replace_watchers(tuner, watchers)
     with _sigterm_stops_gracefully():
         tuner.fit()
-    return finish_sweep(record)
+    return _finish_or_refuse(record, watchers)
 
 
 def _join_cluster(spec: SweepSpec, storage: str, address: str | None, **kwargs: Any) -> None:
@@ -296,11 +323,13 @@ def _join_cluster(spec: SweepSpec, storage: str, address: str | None, **kwargs: 
         raise SweepError(str(exc)) from exc
 
 
-def _replace_callbacks(tuner: Any, callbacks: list[Any]) -> None:
-    """Fresh callbacks after a restore (MLflow clients and consoles are not restored);
-    their saved state (child run ids) is loaded by Tune from the experiment checkpoint."""
+def _replace_watchers(tuner: Any, watchers: SweepWatchers) -> None:
+    """Fresh callbacks and stopper after a restore (MLflow clients and consoles are not
+    restored); the callbacks' saved state (child run ids) is loaded by Tune from the
+    experiment checkpoint."""
     internal = tuner._local_tuner
-    internal._run_config.callbacks = callbacks
+    internal._run_config.callbacks = watchers.callbacks
+    internal._run_config.stop = watchers.stop
 
 
 def trial_rows(where: str | Path | SweepLocation) -> list[TrialRow]:

@@ -1,15 +1,25 @@
-"""A retried trial resumes from the checkpoint its last recorded result names."""
+"""A retried trial resumes from the checkpoint its last recorded result names; a sweep
+whose first trials fail alike stops with that error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import cloudpickle
+import pytest
 from pyarrow import fs as pafs
+from ray.exceptions import RayTaskError, WorkerCrashedError
 from ray.tune import Checkpoint
 
-from hpo.recovery import AdoptReportedCheckpoint, adopt_reported_checkpoint
+from hpo.recovery import (
+    AdoptReportedCheckpoint,
+    StopOnRepeatedError,
+    adopt_reported_checkpoint,
+    error_signature,
+)
 
 
 @dataclass
@@ -81,3 +91,80 @@ def test_a_resumed_sweep_adopts_for_unfinished_trials_once(tmp_path: Path) -> No
     pending.checkpoint = Checkpoint(str(tmp_path / "checkpoint_000001"))
     callback.on_step_begin(1, [pending, finished])  # later steps leave trials alone
     assert len(pending.registered) == 1
+
+
+def _failed(trial_id: str, error: BaseException | None, root: Path) -> SimpleNamespace:
+    """The part of a failed Tune trial StopOnRepeatedError reads: Tune pickles the error
+    into the trial's driver-side directory before it calls the callbacks."""
+    staging = root / "staging" / trial_id
+    staging.mkdir(parents=True, exist_ok=True)
+    if error is not None:
+        (staging / "error.pkl").write_bytes(cloudpickle.dumps(error))
+    return SimpleNamespace(
+        trial_id=trial_id,
+        path=f"/sweeps/x/{trial_id}",
+        pickled_error_file=str(staging / "error.pkl"),
+    )
+
+
+def _raised_by_trial(cause: BaseException) -> RayTaskError:
+    """How Ray hands over an exception a trial's own code raised."""
+    return RayTaskError("run_trial", "Traceback: ...", cause, "ray::t", 1, "127.0.0.1")
+
+
+MISSING = FileNotFoundError("data source '/data/bars' does not exist")
+
+
+def test_the_sweep_stops_when_its_first_failures_are_one_error_in_two_trials(
+    tmp_path: Path,
+) -> None:
+    stop = StopOnRepeatedError(repeats=3, trials=2)
+    stop.on_trial_recover(0, [], _failed("a", _raised_by_trial(MISSING), tmp_path))
+    stop.on_trial_recover(0, [], _failed("a", _raised_by_trial(MISSING), tmp_path))  # a retry
+    assert not stop.stop_all() and stop(trial_id="a", result={}) is False
+    stop.on_trial_error(0, [], _failed("b", _raised_by_trial(MISSING), tmp_path))
+    assert stop.stop_all()
+    assert stop.reason is not None
+    assert "its first 3 failures, in 2 trials, were the same error" in stop.reason
+    assert "FileNotFoundError: data source '/data/bars' does not exist" in stop.reason
+    assert "/sweeps/x/b/error.txt" in stop.reason and "Fix what the error names" in stop.reason
+
+
+def test_faults_finished_trials_mixed_errors_or_one_trial_leave_the_sweep_to_its_retries(
+    tmp_path: Path,
+) -> None:
+    def missing(trial_id: str) -> SimpleNamespace:
+        return _failed(trial_id, _raised_by_trial(MISSING), tmp_path)
+
+    finished_first = StopOnRepeatedError(repeats=2)
+    finished_first.on_trial_complete(0, [], _failed("a", None, tmp_path))
+    fault_first = StopOnRepeatedError(repeats=2)
+    fault_first.on_trial_recover(0, [], _failed("a", WorkerCrashedError(), tmp_path))
+    mixed = StopOnRepeatedError(repeats=2)
+    mixed.on_trial_error(0, [], _failed("x", _raised_by_trial(ValueError("lr=-1")), tmp_path))
+    one_trial = StopOnRepeatedError(repeats=3, trials=2)
+    for _ in range(3):
+        one_trial.on_trial_recover(0, [], missing("a"))
+    for stop in (finished_first, fault_first, mixed):
+        for trial_id in "bcd":
+            stop.on_trial_error(0, [], missing(trial_id))
+    for stop in (finished_first, fault_first, mixed, one_trial):
+        assert not stop.stop_all() and stop.reason is None
+
+
+@pytest.mark.parametrize(
+    ("error", "signature"),
+    [
+        (_raised_by_trial(ValueError("lr must be > 0")), "ValueError: lr must be > 0"),
+        (_raised_by_trial(MISSING), f"FileNotFoundError: {MISSING}"),
+        (_raised_by_trial(ConnectionResetError("peer reset")), None),  # the network
+        (_raised_by_trial(TimeoutError("read timed out")), None),
+        (_raised_by_trial(WorkerCrashedError()), None),  # Ray's own fault, as a cause
+        (WorkerCrashedError(), None),  # a dead worker
+        (None, None),  # no pickled error
+    ],
+)
+def test_error_signature_counts_the_trials_own_errors_only(
+    error: BaseException | None, signature: str | None
+) -> None:
+    assert error_signature(error) == signature

@@ -12,9 +12,10 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from hpo.cli import app
-from hpo.sweep import SweepRecord, run_sweep, trial_rows
+from hpo.sweep import SweepError, SweepRecord, run_sweep, trial_rows
 from hpo.tracking import TAG_PARENT, TAG_ROLE
 from tests.hpo.sweep_helpers import tiny_spec
+from trainables.data import synthetic_bars
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EXPECTED_DTYPE = {"f32": "F32", "bf16": "BF16"}
@@ -106,3 +107,23 @@ def test_status_and_best_then_continue_the_best_bf16_trial_in_f32(finished_sweep
     assert result.exit_code == 0, result.output
     assert "resuming at epoch 2" in result.output
     assert (out / "checkpoints" / "epoch_0003" / "meta.json").exists()
+
+
+def test_a_sweep_whose_trials_all_fail_alike_stops_with_the_error(ray_session, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The bars vanish after the spec checked them: every trial would fail the same way,
+    so the sweep stops after its first three failures and says why, instead of running
+    all four trials with their FailureConfig retries (three attempts each)."""
+    csv = tmp_path / "bars.csv"
+    synthetic_bars(n_assets=2, n_bars=600, seed=1).to_frame().to_csv(csv, index=False)
+    spec = tiny_spec(tmp_path, name="vanished", data={"source": str(csv)}, max_failures=2)
+    csv.unlink()
+    with pytest.raises(SweepError) as stopped:
+        run_sweep(spec)
+    message = str(stopped.value)
+    assert "its first 3 failures, in 2 trials, were the same error" in message, message
+    assert f"data source {str(csv)!r} does not exist" in message, message
+    sweep_dir = Path(spec.storage) / spec.name
+    attempts = sum(p.read_text().count("Failure #") for p in sweep_dir.glob("*/error.txt"))
+    assert 3 <= attempts < spec.n_trials * (spec.max_failures + 1), attempts
+    # Trials still waiting were stopped before they ran (Tune marks those TERMINATED).
+    assert all(r.epochs == 0 for r in trial_rows(sweep_dir))
