@@ -207,6 +207,41 @@ class RLLearner(Protocol):
     def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
+# --------------------------------------------------------------------------------------
+# Confidence (ensembles): what each family already computes, as a number in [0, 1]
+
+
+@dataclass(frozen=True)
+class ForecastSignal:
+    """A forecaster's position with what its confidence is read from, for one batch.
+
+    Confidence = erf(|move| / (sqrt(2) sigma)) = 2 Phi(|move| / sigma) - 1, with sigma the
+    predicted ``spread`` or, for point forecasts (``spread`` None), the forecast's RMSE on
+    validation windows (trainables.ensemble measures it).
+    """
+
+    positions: torch.Tensor  # (B, A) f32, exactly ``positions(batch)``
+    move: torch.Tensor  # (B, A) f32 predicted next move, units of the target's std
+    spread: torch.Tensor | None  # (B, A) f32 predicted std of the move; None: point forecast
+
+
+@runtime_checkable
+class ConfidentForecaster(Protocol):
+    """A forecast family's module that reports its confidence (every one here does)."""
+
+    def forecast_signal(self, batch: Batch) -> ForecastSignal: ...
+
+
+@runtime_checkable
+class ConfidentLearner(Protocol):
+    """An rl family's module that reports its confidence (every one here does)."""
+
+    def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N,) greedy actions, exactly ``act(obs)`` (one call advances a recurrent state
+        once, as ``act`` does), and (N,) f32 confidences in [0, 1]."""
+        ...
+
+
 def action_to_position(action: torch.Tensor, n_actions: int) -> torch.Tensor:
     """Action index -> position: n_actions evenly spaced points of [-1, 1] (3: short/flat/long)."""
     return action.to(torch.float32) * (2.0 / (n_actions - 1)) - 1.0
@@ -231,6 +266,9 @@ class Family:
     paper: str
     keeps_f32: str  # what stays f32 under bf16, and why (shown by `hpo models`)
     summary: str = ""
+    confidence: str = ""
+    """How its confidence in [0, 1] (ensembles, ``forecast_signal`` / ``act_and_confidence``)
+    is read off what it computes; beside the position mapping in ``summary``."""
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Settings renamed since an earlier release, old name -> new name. A config (a spec, a
     checkpoint's saved config) that still uses an old name is refused with the new one,

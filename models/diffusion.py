@@ -106,6 +106,7 @@ from models.base import (
     DataShape,
     Family,
     Float,
+    ForecastSignal,
     Int,
     SearchSpace,
     check_choices,
@@ -556,6 +557,17 @@ class ConditionalDiffusion(nn.Module):
         """(B, A) f32 positions tanh(scale * mean / std) of the sampled next return."""
         return samples_to_positions(self.sample(batch.x), self.config.position_scale)
 
+    @torch.no_grad()
+    def forecast_signal(self, batch: Batch) -> ForecastSignal:
+        """Position, the samples' mean next return and their std: confidence = the mean
+        relative to the spread of the samples."""
+        samples = self.sample(batch.x)  # (B, A, S, H) f32
+        positions = samples_to_positions(samples, self.config.position_scale)
+        nxt = f32(samples[..., 0])  # (B, A, S)
+        half = nxt.shape[-1] // 2
+        mean = (nxt[..., :half] + nxt[..., half:]).mean(dim=-1) / 2  # as the position's
+        return ForecastSignal(positions, mean, nxt.std(dim=-1))
+
 
 def build(config: DiffusionConfig, shape: DataShape) -> ConditionalDiffusion:
     return ConditionalDiffusion(config, shape)
@@ -582,6 +594,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="diffusion",
+    confidence="the samples' mean next return relative to their std: erf(|mean| / (sqrt(2) std))",
     kind="forecast",
     config_cls=DiffusionConfig,
     build=build,

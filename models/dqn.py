@@ -54,6 +54,8 @@ from models.base import (
 from models.ops import F32, f32
 from models.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
 
+MARGIN_EPS = 1e-12  # confidence: action values this close count as a tie (confidence 0)
+
 # --------------------------------------------------------------------------------------
 # Config
 
@@ -485,6 +487,19 @@ class DQNLearner(nn.Module):
         """(N,) f32 greedy positions in [-1, 1]: the family's output-to-position mapping."""
         return action_to_position(self.act(obs), self.n_actions)
 
+    @torch.no_grad()
+    def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy actions and confidence (Q_1 - Q_2) / (Q_1 - Q_min): the margin of the best
+        over the second-best action value relative to the spread of all of them (0 when
+        all are equal)."""
+        values = self.q_values(obs)  # (N, n_actions)
+        action = values.argmax(-1)  # exactly act()
+        top2 = f32(values).topk(2, dim=-1).values
+        spread = top2[:, 0] - f32(values).min(dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        ok = spread > MARGIN_EPS
+        return action, torch.where(ok, margin / spread.clamp_min(MARGIN_EPS), 0.0)
+
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return self.online.parameters()
 
@@ -531,6 +546,7 @@ def build(config: DQNConfig, shape: DataShape) -> DQNLearner:
 
 FAMILY = Family(
     name="dqn",
+    confidence="the margin of the best over the second-best action value relative to the spread of all: (Q_1 - Q_2) / (Q_1 - Q_min)",
     kind="rl",
     config_cls=DQNConfig,
     build=build,

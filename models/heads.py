@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import Batch, check_choices, check_positive
+from models.base import Batch, ForecastSignal, check_choices, check_positive
 from models.ops import f32
 
 LossKind = Literal["huber", "mse"]
@@ -91,3 +91,11 @@ class RegressionHead(nn.Module, Generic[C]):
     def positions(self, batch: Batch) -> torch.Tensor:
         """(B, A) f32 positions tanh(position_scale * forecast) in [-1, 1]."""
         return forecast_positions(self.forecast(batch), self.config.position_scale)
+
+    @torch.no_grad()
+    def forecast_signal(self, batch: Batch) -> ForecastSignal:
+        """Position and the point forecast; confidence = the forecast relative to its
+        validation RMSE (no predicted spread: ``spread`` is None)."""
+        forecast = self.forecast(batch)
+        positions = forecast_positions(forecast, self.config.position_scale)
+        return ForecastSignal(positions, f32(forecast), None)

@@ -409,6 +409,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="kan",
+    confidence="the point forecast relative to its validation RMSE: erf(|f| / (sqrt(2) RMSE_val))",
     kind="forecast",
     config_cls=KANConfig,
     build=build,

@@ -284,6 +284,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="liquid",
+    confidence="the point forecast relative to its validation RMSE: erf(|f| / (sqrt(2) RMSE_val))",
     kind="forecast",
     config_cls=LiquidConfig,
     build=build,

@@ -406,6 +406,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="mamba2",
+    confidence="the point forecast relative to its validation RMSE: erf(|f| / (sqrt(2) RMSE_val))",
     kind="forecast",
     config_cls=Mamba2Config,
     build=build,

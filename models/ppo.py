@@ -653,18 +653,32 @@ class PPOLearner(nn.Module):
     def act(self, obs: Obs) -> torch.Tensor:
         """(N,) greedy action indices. Recurrent: call once per bar in time order; the state
         carries from call to call (reset rules in the module docstring)."""
+        return self._greedy_logits(obs).argmax(-1)
+
+    def _greedy_logits(self, obs: Obs) -> torch.Tensor:
+        """(N, n_actions) policy logits of one eval-time step (advances the LSTM state)."""
         z = self.net.features(obs)  # (N, H)
         if self.net.lstm is not None:
             state = self._eval_state
             if state is None or state[0].shape != z.shape or state[0].device != z.device:
                 state = self.net.zero_state(z.shape[0], z)
             z, self._eval_state = self.net.core(z, state)
-        return self.net.policy(z).argmax(-1)  # the value head is not needed to act
+        logits: torch.Tensor = self.net.policy(z)  # the value head is not needed to act
+        return logits
 
     @torch.no_grad()
     def positions(self, obs: Obs) -> torch.Tensor:
         """(N,) f32 greedy positions in [-1, 1]: the family's output-to-position mapping."""
         return action_to_position(self.act(obs), self.n_actions)
+
+    @torch.no_grad()
+    def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy actions (one recurrent step, exactly as ``act``) and confidence = the
+        policy's probability of the chosen action (softmax in f32)."""
+        logits = self._greedy_logits(obs)
+        action = logits.argmax(-1)
+        probs = F.softmax(f32(logits), dim=-1)
+        return action, probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return self.net.parameters()
@@ -721,6 +735,7 @@ def build(config: PPOConfig, shape: DataShape) -> PPOLearner:
 
 FAMILY = Family(
     name="ppo",
+    confidence="the policy's probability of the chosen (greedy) action",
     kind="rl",
     config_cls=PPOConfig,
     build=build,

@@ -57,6 +57,7 @@ from models.base import (
     DataShape,
     Family,
     Float,
+    ForecastSignal,
     Int,
     SearchSpace,
     check_int,
@@ -512,6 +513,19 @@ class TFT(nn.Module):
             self(batch.x), self.config.median_index, self.config.position_scale
         )
 
+    @torch.no_grad()
+    def forecast_signal(self, batch: Batch) -> ForecastSignal:
+        """Position, the median forecast and the spread of the quantiles as a normal std,
+        (q_hi - q_lo) / (z_hi - z_lo): confidence = the median relative to that spread."""
+        cfg = self.config
+        q = self(batch.x)  # (B, A, Q)
+        positions = quantiles_to_positions(q, cfg.median_index, cfg.position_scale)
+        q32 = f32(q)
+        normal = NormalDist()
+        z_width = normal.inv_cdf(cfg.quantiles[-1]) - normal.inv_cdf(cfg.quantiles[0])
+        spread = (q32[..., -1] - q32[..., 0]) / z_width
+        return ForecastSignal(positions, q32[..., cfg.median_index], spread)
+
 
 def build(config: TFTConfig, shape: DataShape) -> TFT:
     return TFT(config, shape)
@@ -533,6 +547,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="tft",
+    confidence="the median forecast relative to the spread of its quantiles as a normal std: erf(|q50| / (sqrt(2) (q_hi - q_lo) / (z_hi - z_lo)))",
     kind="forecast",
     config_cls=TFTConfig,
     build=build,

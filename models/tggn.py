@@ -385,6 +385,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="tggn",
+    confidence="the point forecast relative to its validation RMSE: erf(|f| / (sqrt(2) RMSE_val))",
     kind="forecast",
     config_cls=TGGNConfig,
     build=build,

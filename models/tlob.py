@@ -333,6 +333,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="tlob",
+    confidence="the point forecast relative to its validation RMSE: erf(|f| / (sqrt(2) RMSE_val))",
     kind="forecast",
     config_cls=TLOBConfig,
     build=build,

@@ -460,6 +460,7 @@ SEARCH_SPACE: SearchSpace = {
 
 FAMILY = Family(
     name="xlstm",
+    confidence="the point forecast relative to its validation RMSE: erf(|f| / (sqrt(2) RMSE_val))",
     kind="forecast",
     config_cls=XLSTMConfig,
     build=build,

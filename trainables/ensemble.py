@@ -26,9 +26,10 @@ probability mass the family's own predictive distribution puts on the predicted 
 zero beyond what a coin puts there: 0 for a forecast of no move, -> 1 for a move far
 outside the predicted (or, for point forecasters, the historically realised) error.
 
-A family module may implement the protocol itself (:class:`ConfidentForecaster` /
-:class:`ConfidentLearner`); until then the adapters below compute the same quantities
-from the family's public outputs, bit-identical positions included.
+Each family module implements the protocol of :mod:`models.base`
+(``forecast_signal`` -> :class:`~models.base.ForecastSignal` for forecasters,
+``act_and_confidence`` for rl learners; the mapping is also each ``Family.confidence``),
+with positions bit-identical to its ``positions`` / ``act``.
 
 Combination (one asset, one bar; M members with validation weights w_i >= 0, sum 1, and
 typical confidences cbar_i, each member's mean confidence over its validation bars)::
@@ -69,19 +70,26 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import NormalDist
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models import get_family
-from models.base import Batch, DataShape, Family, Obs, action_to_position
+from models.base import (
+    Batch,
+    ConfidentForecaster,
+    ConfidentLearner,
+    DataShape,
+    Family,
+    ForecastSignal,
+    Obs,
+    action_to_position,
+)
 from trainables.backtest import BacktestResult, backtest
 from trainables.checkpoint import (
     META_FILE,
@@ -99,16 +107,12 @@ ENSEMBLE_SCHEMA = 1
 MEMBERS_DIR = "members"
 POSITIONS_FILE = "positions.csv"
 EVAL_CHUNK = 512  # decision bars per forward pass, as the trainer and predict use
-MARGIN_EPS = 1e-12  # DQN: all action values equal -> confidence 0, not NaN
 SQRT2 = math.sqrt(2.0)
 
 __all__ = [
     "ENSEMBLE_FILE",
-    "ConfidentForecaster",
-    "ConfidentLearner",
     "EnsembleCheckpoint",
     "EnsemblePrediction",
-    "ForecastSignal",
     "MemberRun",
     "MemberSpec",
     "Track",
@@ -122,28 +126,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------
-# The protocol a family module may implement
-
-
-@dataclass(frozen=True)
-class ForecastSignal:
-    """What a forecaster computes for one batch, in units of the standardized target."""
-
-    positions: torch.Tensor  # (B, A) f32, exactly ``model.positions(batch)``
-    move: torch.Tensor  # (B, A) f32 predicted next-bar move (median, mean or point)
-    spread: torch.Tensor | None  # (B, A) f32 predicted std; None: a point forecast
-
-
-@runtime_checkable
-class ConfidentForecaster(Protocol):
-    def forecast_signal(self, batch: Batch) -> ForecastSignal: ...
-
-
-@runtime_checkable
-class ConfidentLearner(Protocol):
-    def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N,) greedy actions, exactly ``act(obs)``, and (N,) f32 confidences in [0, 1]."""
-        ...
+# The protocol every family module implements (models.base)
 
 
 def move_confidence(move: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
@@ -155,96 +138,18 @@ def move_confidence(move: torch.Tensor, sigma: torch.Tensor | float) -> torch.Te
     return torch.where(ok, torch.erf(ratio / SQRT2), torch.zeros_like(ratio))
 
 
-# -- adapters: the protocol computed from each family's public outputs ------------------
-
-
-def _tft_signal(model: nn.Module, batch: Batch) -> ForecastSignal:
-    from models.tft import quantiles_to_positions
-
-    cfg = model.config  # type: ignore[attr-defined]
-    q = model(batch.x)  # (B, A, Q)
-    positions = quantiles_to_positions(q, cfg.median_index, cfg.position_scale)
-    q32 = q.float()
-    normal = NormalDist()
-    z_width = normal.inv_cdf(cfg.quantiles[-1]) - normal.inv_cdf(cfg.quantiles[0])
-    spread = (q32[..., -1] - q32[..., 0]) / z_width
-    return ForecastSignal(positions, q32[..., cfg.median_index], spread)
-
-
-def _diffusion_signal(model: nn.Module, batch: Batch) -> ForecastSignal:
-    from models.diffusion import samples_to_positions
-
-    samples = model.sample(batch.x)  # type: ignore[operator]  # (B, A, S, H) f32
-    positions = samples_to_positions(samples, model.config.position_scale)  # type: ignore[attr-defined]
-    nxt = samples[..., 0].float()  # (B, A, S)
-    half = nxt.shape[-1] // 2
-    mean = (nxt[..., :half] + nxt[..., half:]).mean(dim=-1) / 2  # as the position uses
-    return ForecastSignal(positions, mean, nxt.std(dim=-1))
-
-
-def _regression_signal(model: nn.Module, batch: Batch) -> ForecastSignal:
-    from models.heads import forecast_positions
-
-    forecast = model.forecast(batch)  # type: ignore[operator]
-    positions = forecast_positions(forecast, model.config.position_scale)  # type: ignore[attr-defined]
-    return ForecastSignal(positions, forecast.float(), None)
-
-
-def _dqn_act(model: nn.Module, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
-    values = model.q_values(obs)  # type: ignore[operator]  # (N, n_actions)
-    action = values.argmax(-1)  # exactly DQNLearner.act
-    q = values.float()
-    top2 = q.topk(2, dim=-1).values
-    margin = top2[:, 0] - top2[:, 1]
-    span = top2[:, 0] - q.min(dim=-1).values
-    return action, torch.where(span > MARGIN_EPS, margin / span.clamp_min(MARGIN_EPS), 0.0)
-
-
-def _ppo_act(model: nn.Module, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
-    # PPOLearner.act, which also gives the logits it takes the argmax of: one recurrent
-    # step per call, carrying the eval-time LSTM state the same way.
-    net = model.net  # type: ignore[attr-defined]
-    z = net.features(obs)
-    if net.lstm is not None:
-        state = model._eval_state  # type: ignore[attr-defined]
-        if state is None or state[0].shape != z.shape or state[0].device != z.device:
-            state = net.zero_state(z.shape[0], z)
-        z, model._eval_state = net.core(z, state)  # type: ignore[attr-defined]
-    logits = net.policy(z)
-    action = logits.argmax(-1)
-    probs = F.softmax(logits.float(), dim=-1)
-    return action, probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-
-
-_FORECAST_ADAPTERS: dict[str, Callable[[nn.Module, Batch], ForecastSignal]] = {
-    "tft": _tft_signal,
-    "diffusion": _diffusion_signal,
-    **{name: _regression_signal for name in ("mamba2", "xlstm", "tggn", "tlob", "liquid", "kan")},
-}
-_RL_ADAPTERS: dict[str, Callable[[nn.Module, Obs], tuple[torch.Tensor, torch.Tensor]]] = {
-    "dqn": _dqn_act,
-    "ppo": _ppo_act,
-}
-
-
 def forecast_signal(family: Family, model: nn.Module, batch: Batch) -> ForecastSignal:
-    if isinstance(model, ConfidentForecaster):
-        return model.forecast_signal(batch)
-    try:
-        return _FORECAST_ADAPTERS[family.name](model, batch)
-    except KeyError:
-        raise ValueError(f"model {family.name!r} has no confidence mapping") from None
+    if not isinstance(model, ConfidentForecaster):
+        raise ValueError(f"model {family.name!r} does not report a confidence (forecast_signal)")
+    return model.forecast_signal(batch)
 
 
 def act_and_confidence(
     family: Family, model: nn.Module, obs: Obs
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(model, ConfidentLearner):
-        return model.act_and_confidence(obs)
-    try:
-        return _RL_ADAPTERS[family.name](model, obs)
-    except KeyError:
-        raise ValueError(f"model {family.name!r} has no confidence mapping") from None
+    if not isinstance(model, ConfidentLearner):
+        raise ValueError(f"model {family.name!r} does not report a confidence (act_and_confidence)")
+    return model.act_and_confidence(obs)
 
 
 # --------------------------------------------------------------------------------------
