@@ -4,28 +4,33 @@ A trial's GPU share is
 
     fraction = (peak * (1 + headroom) + context) / device_total
 
-rounded UP to a multiple of 1/k and capped at 1.0, where ``peak`` and ``context`` come from
-the trial shape's :class:`~cluster.profiler.MemoryProfile` (measured on CUDA, estimated
-from tensor bytes without; cached in :mod:`cluster.vram_table`). The headroom multiplies
-the peak only: the context is a fixed per-process cost.
+rounded UP at Ray's resolution (GPU quantities are fixed-point with four decimals:
+``RAY_GPU_STEPS = 10_000`` steps per GPU) and capped at 1.0, where ``peak`` and ``context``
+come from the trial shape's :class:`~cluster.profiler.MemoryProfile` (measured on CUDA,
+estimated from tensor bytes without; cached in :mod:`cluster.vram_table`). The headroom
+multiplies the peak only: the context is a fixed per-process cost.
 
 Choices, with their reasons:
 
-* ``k = DEFAULT_GRID = 20``: shares are multiples of 0.05 GPU (4 GiB of an 80 GiB H100), so
-  at most 20 trials share a GPU. A coarse grid keeps Ray's per-GPU bin packing from
-  fragmenting into slivers no trial fits, and 20 processes already time-slice one GPU
-  (and spend 20 CUDA contexts, ~10 GiB) -- past that, more trials rarely finish sooner.
-* The device total: the profiled GPU's when the profile was measured; otherwise
-  ``HPO_GPU_TOTAL_GB`` (in GiB) or ``DEFAULT_DEVICE_TOTAL_BYTES`` = 80 GiB, an H100 80GB.
+* No coarse grid. A 1/20 grid capped a GPU at 20 trials and rounded every share up by up
+  to 0.05 GPU (7 GB of an H200): at seed scale (DQN, a 1,000,000-transition replay,
+  lookback 64, 141 GB) it packed 10 f32 / 20 bf16 trials where memory holds ~14 / ~27.
+  Rounding at Ray's own resolution loses at most one trial per GPU, and only when the
+  exact share lies within 1e-4 of 1/n.
+* The device total: the profiled GPU's (measured, or the GPU memory a node declares, see
+  :mod:`cluster.gpu_types`); otherwise ``HPO_GPU_TOTAL_GB`` (in GiB) or
+  ``DEFAULT_DEVICE_TOTAL_BYTES`` = 80 GiB, an H100 80GB.
 * Where profiles come from (``HPO_VRAM_MODE``): ``auto`` measures when the process asking
-  (the Tune driver) has CUDA and estimates otherwise; ``measure`` insists on CUDA;
-  ``estimate`` never touches a GPU (use it when the driver's GPUs are busy with trials).
+  has CUDA and estimates otherwise; ``measure`` insists on CUDA; ``estimate`` never
+  touches a GPU. A sweep on Ray profiles on the GPU nodes instead
+  (:mod:`cluster.packing_plan`), and this module's per-process functions serve the CLI
+  (``hpo profile``) and the trial itself.
 
 Ray does not enforce fractions, so every trial caps its own allocator with
 :func:`apply_memory_cap`. A trial that still runs out of memory calls
 :func:`retry_fraction_after_oom`: it marks the shape's profile as too small, re-measures,
-and returns a larger fraction (headroom doubled per OOM of that shape, and at least one
-grid step more than before), which the retried trial carries in its config
+and returns a larger fraction (headroom doubled per OOM of that shape, and at least
+``1 + headroom`` times the share that ran out), which the retried trial carries in its config
 (:attr:`trainables.config.TrialConfig.gpu_fraction_floor`) -- :func:`gpu_fraction_for_trial`
 never returns less than that floor.
 
@@ -39,12 +44,13 @@ import gc
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from cluster.gpu_types import GpuType
 from cluster.profiler import (
     ESTIMATE_DEVICE_NAME,
     GiB,
@@ -53,12 +59,12 @@ from cluster.profiler import (
     cuda_device,
     profile_trial,
 )
-from cluster.vram_table import VramTable, profile_key, table_at
+from cluster.vram_table import SharedVramCache, VramTable, profile_key, table_at, type_key
 from trainables.config import RETRY_FLOOR_KEY, TrainConfig, TrialConfig
 
 log = logging.getLogger("cluster.packing")
 
-DEFAULT_GRID = 20
+RAY_GPU_STEPS = 10_000  # Ray keeps resource quantities as fixed point with 4 decimals
 DEFAULT_HEADROOM = 0.15  # the sweep spec's default ([resources] headroom)
 DEFAULT_DEVICE_TOTAL_BYTES = 80 * GiB  # H100 80GB, when no GPU is visible to ask
 GPU_TOTAL_ENV = "HPO_GPU_TOTAL_GB"
@@ -82,19 +88,33 @@ def gpu_fraction(
     context_bytes: int,
     device_total_bytes: int,
     headroom: float = DEFAULT_HEADROOM,
-    grid: int = DEFAULT_GRID,
+    steps: int = RAY_GPU_STEPS,
 ) -> float:
-    """(peak * (1 + headroom) + context) / total, rounded up to the 1/grid grid, in
-    [1/grid, 1.0]."""
+    """(peak * (1 + headroom) + context) / total at a resolution of 1/steps (Ray's by
+    default), in [1/steps, 1.0].
+
+    Rounded up, except in one case: where the share one step lower lets one more trial
+    fit on a GPU (the exact share lies within a step above 1/n) and gives up at most half
+    the headroom, that one is taken. Without it a share of 0.0714023 (14.005 per GPU by
+    memory) would be asked as 0.0715 and pack 13.
+    """
     if device_total_bytes <= 0:
         raise ValueError(f"device_total_bytes must be > 0, got {device_total_bytes}")
-    if grid < 1:
-        raise ValueError(f"grid must be an integer >= 1, got {grid}")
+    if steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps}")
     if headroom < 0:
         raise ValueError(f"headroom must be >= 0, got {headroom}")
     raw = (peak_bytes * (1.0 + headroom) + context_bytes) / device_total_bytes
-    steps = max(1, math.ceil(raw * grid - _EPS))  # the epsilon: 0.15 * 20 = 3.0000000000000004
-    return round(min(steps, grid) / grid, 9)
+    # the epsilon: float products land a hair above an exact step (0.15 * 20 = 3.0000000000000004)
+    up = max(1, math.ceil(raw * steps - _EPS * steps))
+    if up >= steps:
+        return 1.0
+    by_memory = math.floor(1.0 / raw + _EPS)
+    if math.floor(steps / up) < by_memory:
+        down = steps // by_memory  # the largest share that lets by_memory trials fit
+        if down >= 1 and raw - down / steps <= 0.5 * headroom * peak_bytes / device_total_bytes:
+            return round(down / steps, 9)
+    return round(up / steps, 9)
 
 
 def trials_per_gpu(fraction: float) -> int:
@@ -120,26 +140,32 @@ def device_total_bytes(profile: MemoryProfile | None = None) -> int:
 class Packing:
     """What a profile implies for one GPU."""
 
-    fraction: float  # on the grid: what Ray is asked for
+    fraction: float  # what Ray is asked for: rounded up at 1/grid
     raw_fraction: float  # before rounding and capping
     trials_per_gpu: int  # at ``fraction``
-    trials_per_gpu_unrounded: int  # what memory alone would allow (no grid)
+    trials_per_gpu_unrounded: int  # what memory alone would allow (no rounding)
     device_total_bytes: int
     headroom: float
-    grid: int
+    grid: int  # steps per GPU the fraction is rounded at (Ray's resolution: 10_000)
 
     @property
     def fits(self) -> bool:
         return self.raw_fraction <= 1.0 + _EPS
 
+    @property
+    def of_memory_bound(self) -> float:
+        """Trials per GPU at ``fraction`` over what memory alone allows (1.0: no loss)."""
+        bound = self.trials_per_gpu_unrounded
+        return self.trials_per_gpu / bound if bound else 1.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "fits": self.fits}
+        return {**asdict(self), "fits": self.fits, "of_memory_bound": self.of_memory_bound}
 
 
 def plan(
     profile: MemoryProfile,
     headroom: float = DEFAULT_HEADROOM,
-    grid: int = DEFAULT_GRID,
+    grid: int = RAY_GPU_STEPS,
     device_total: int | None = None,
 ) -> Packing:
     total = device_total or device_total_bytes(profile)
@@ -212,7 +238,7 @@ def gpu_fraction_for_trial(
     headroom: float = DEFAULT_HEADROOM,
     *,
     floor: float = 0.0,
-    grid: int = DEFAULT_GRID,
+    grid: int = RAY_GPU_STEPS,
     table: VramTable | None = None,
     mode: str | None = None,
 ) -> float:
@@ -269,36 +295,58 @@ def retry_fraction_after_oom(
     previous_fraction: float,
     headroom: float = DEFAULT_HEADROOM,
     *,
-    grid: int = DEFAULT_GRID,
+    grid: int = RAY_GPU_STEPS,
     table: VramTable | None = None,
     mode: str | None = None,
+    shared: SharedVramCache | None = None,
+    gpu_type: GpuType | None = None,
 ) -> float:
     """After a CUDA OOM at ``previous_fraction``: a larger fraction to retry the trial with.
 
-    Records the OOM against the trial's shape (later trials of that shape get the doubled
-    headroom too), re-measures the shape with the allocator cap lifted (falling back to
+    Records the OOM against the trial's shape -- in the sweep's shared cache under this
+    node's GPU type when ``shared`` and ``gpu_type`` are given (the driver reads it there,
+    so later trials of the shape get the doubled headroom), else in the process's
+    ``table`` -- re-measures the shape here with the allocator cap lifted (falling back to
     the estimate when the crowded GPU cannot hold even the measurement), and returns
-    ``max(fraction at headroom x 2**ooms, previous + 1/grid)`` capped at 1.0. Raises
-    :class:`TrialDoesNotFit` when ``previous_fraction`` was already a whole GPU. Free the
-    failed trainer first (``del trainer; gc.collect(); torch.cuda.empty_cache()``).
+    ``max(fraction at headroom x 2**ooms, previous x (1 + headroom))`` capped at 1.0.
+    Raises :class:`TrialDoesNotFit` when ``previous_fraction`` was already a whole GPU.
+    The caller must have dropped the failed trainer and the exception first: their frames
+    hold every tensor of the failed step.
     """
     if previous_fraction >= 1.0 - _EPS:
         raise TrialDoesNotFit(
             f"{config.model}/{config.precision} ran out of memory on a whole GPU; "
             "shrink it (batch size, model size, replay capacity) or use a larger GPU"
         )
-    table = table if table is not None else table_at()
     device, name = _target(mode)
-    key = profile_key(config, device, name)
-    ooms = table.record_oom(key)
-    profile = _remeasure(config, device)
-    if profile.device_name == name:  # a fallback estimate is not stored under a GPU's key
-        table.put(key, profile)
-    fraction = plan(profile, _boosted(headroom, ooms), grid).fraction
-    step_up = math.ceil((previous_fraction + 1.0 / grid) * grid - _EPS) / grid
-    new = round(min(1.0, max(fraction, step_up)), 9)
+    if shared is not None and gpu_type is not None:
+        from cluster.remote_profile import profile_on_node
+
+        key = type_key(config, gpu_type)
+        ooms = shared.record_oom(key)
+        profile = _remeasure(config, device, lambda: profile_on_node(config, gpu_type, _mode(mode)))
+        if profile.method == "measured" or device.type != "cuda":
+            shared.put(key, profile)
+        declared = gpu_type.memory_bytes if profile.method == "estimated" else None
+        total = declared or profile.device_total_bytes or device_total_bytes()
+    else:
+        table = table if table is not None else table_at()
+        key = profile_key(config, device, name)
+        ooms = table.record_oom(key)
+        profile = _remeasure(
+            config,
+            device,
+            lambda: profile_trial(config, device=device, measure=device.type == "cuda"),
+        )
+        if profile.device_name == name:  # a fallback estimate is not stored under a GPU's key
+            table.put(key, profile)
+        total = device_total_bytes(profile)
+    boosted = _boosted(headroom, ooms)
+    fraction = plan(profile, boosted, grid, device_total=total).fraction
+    grown = math.ceil(previous_fraction * (1.0 + max(headroom, DEFAULT_HEADROOM)) * grid) / grid
+    new = round(min(1.0, max(fraction, grown)), 9)
     log.warning(
-        "%s/%s ran out of memory at GPU fraction %.2f (OOM %d of this shape); retry at %.2f",
+        "%s/%s ran out of memory at GPU fraction %.4f (OOM %d of this shape); retry at %.4f",
         config.model,
         config.precision,
         previous_fraction,
@@ -308,14 +356,16 @@ def retry_fraction_after_oom(
     return new
 
 
-def _remeasure(config: TrainConfig, device: torch.device) -> MemoryProfile:
-    if device.type != "cuda":
-        return profile_trial(config, device=device, measure=False)
+def _remeasure(
+    config: TrainConfig, device: torch.device, measure: Callable[[], MemoryProfile]
+) -> MemoryProfile:
     gc.collect()
+    if device.type != "cuda":
+        return measure()
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(1.0, device)
     try:
-        return profile_trial(config, device=device, measure=True)
+        return measure()
     except torch.cuda.OutOfMemoryError:
         log.warning("re-measuring after an OOM ran out of memory too; using the estimate")
         gc.collect()
@@ -356,10 +406,10 @@ def trial_memory_metrics(
 
 __all__ = [
     "DEFAULT_DEVICE_TOTAL_BYTES",
-    "DEFAULT_GRID",
     "DEFAULT_HEADROOM",
     "GPU_TOTAL_ENV",
     "MODE_ENV",
+    "RAY_GPU_STEPS",
     "RETRY_FLOOR_KEY",
     "Packing",
     "TrialDoesNotFit",

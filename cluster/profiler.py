@@ -102,6 +102,11 @@ class MemoryProfile:
     context_bytes: int  # CUDA context (outside the allocator)
     measured_allocated_bytes: int | None = None  # CUDA: max_memory_allocated above baseline
     measured_reserved_bytes: int | None = None  # CUDA: max_memory_reserved above baseline
+    # Where it was profiled, when a Ray profiling task did it (cluster.remote_profile):
+    gpu_type: str | None = None  # the node's accelerator type (``GPU`` when it names none)
+    node_id: str | None = None  # the Ray node
+    pid: int | None = None  # the worker process
+    device_total_source: str | None = None  # "nvml", "torch", "declared" or None (default)
 
     @property
     def estimated_peak_bytes(self) -> int:
@@ -206,7 +211,13 @@ class CudaDevice:
 
 def cuda_device(device: torch.device) -> CudaDevice:
     """Name and total memory from NVML (the device torch calls ``device``), torch's own
-    figures when NVML cannot answer (no library, containers, MIG)."""
+    figures when NVML cannot answer (no library, containers).
+
+    MIG-aware: a MIG instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``, or the instance of a
+    MIG-enabled GPU whose UUID torch reports) has its own name and memory, a slice of the
+    parent's; those are what a share is a fraction of. ``nvml_index`` is None for a MIG
+    instance: NVML does not list its processes' memory, so the context allowance applies.
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     name, total, nvml_index = props.name, int(props.total_memory), None
@@ -214,11 +225,7 @@ def cuda_device(device: torch.device) -> CudaDevice:
         import pynvml
 
         pynvml.nvmlInit()
-        try:
-            nvml_index = int(torch.cuda._get_nvml_device_index(index))  # CUDA_VISIBLE_DEVICES
-        except Exception:
-            nvml_index = index
-        handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+        handle, nvml_index = _nvml_handle(pynvml, index, props)
         raw = pynvml.nvmlDeviceGetName(handle)
         name = raw.decode() if isinstance(raw, bytes) else str(raw)
         total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
@@ -228,6 +235,33 @@ def cuda_device(device: torch.device) -> CudaDevice:
         capability=(props.major, props.minor),
         nvml_index=nvml_index,
     )
+
+
+def _nvml_handle(pynvml: Any, index: int, props: Any) -> tuple[Any, int | None]:
+    """NVML handle of torch's device ``index``: a MIG instance's own handle where the
+    process sees one, else the physical GPU's (with its NVML index)."""
+    visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    if index < len(visible) and visible[index].startswith("MIG-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(visible[index]), None
+    try:
+        nvml_index = int(torch.cuda._get_nvml_device_index(index))  # CUDA_VISIBLE_DEVICES
+    except Exception:
+        nvml_index = index
+    handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+    with contextlib.suppress(Exception):
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        if current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            wanted = str(getattr(props, "uuid", "")).removeprefix("MIG-").removeprefix("GPU-")
+            for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+                try:
+                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except Exception:
+                    continue  # an empty slot
+                uuid = pynvml.nvmlDeviceGetUUID(mig)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+                if wanted and uuid.removeprefix("MIG-").removeprefix("GPU-") == wanted:
+                    return mig, None
+    return handle, nvml_index
 
 
 def measured_context_bytes(device: torch.device, info: CudaDevice) -> int | None:

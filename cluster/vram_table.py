@@ -19,6 +19,11 @@ memory and nothing else:
 
 Writes are atomic (a temporary file renamed over the table) and serialized between
 processes with an ``flock`` on ``vram.json.lock``, merging with what others wrote.
+
+A sweep on a cluster also keeps a :class:`SharedVramCache` in its storage (a shared path
+or an object store, through pyarrow as Tune's own storage): one small JSON file per shape
+and GPU type (:func:`type_key`), so the profiling tasks on the GPU nodes, the trials that
+run out of memory and the driver that sizes shares all read and write the same records.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import importlib
 import json
 import logging
@@ -38,6 +44,7 @@ from typing import Any
 
 import torch
 
+from cluster.gpu_types import GpuType
 from cluster.profiler import (
     ESTIMATE_DEVICE_NAME,
     MemoryProfile,
@@ -116,6 +123,17 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
             "context": context_allowance(),
             "workspace": cublas_workspace_bytes(),
         }
+    return key
+
+
+def type_key(config: TrainConfig, gpu_type: GpuType) -> dict[str, Any]:
+    """The shape key of ``config`` on a cluster's GPU type: the same fields as
+    :func:`profile_key`, the type's name instead of a device name (the profiling task
+    decides on the node whether it measures or estimates), and the allowances an
+    estimate depends on. The declared memory is not part of it: an estimate's bytes do
+    not depend on it, and the share reads the type's current declaration."""
+    key = profile_key(config, torch.device("cpu"), ESTIMATE_DEVICE_NAME)
+    key["device"] = f"ray-type:{gpu_type.name}"
     return key
 
 
@@ -255,6 +273,97 @@ class VramTable:
         return profile
 
 
+class SharedVramCache:
+    """Profiles and OOM counts by shape key, one JSON file per key under ``root`` on a
+    pyarrow filesystem (the sweep's storage: every node sees it).
+
+    Each file is replaced whole (a rename locally, a single PUT on an object store), so a
+    reader never sees half a record. Two trials of one shape running out of memory at
+    the same moment may count as one OOM (read-modify-write without a lock): the count
+    only raises the headroom, and the next OOM raises it again.
+    """
+
+    DIRNAME = ".hpo-vram"
+
+    def __init__(self, filesystem: Any, root: str) -> None:
+        self.filesystem = filesystem
+        self.root = root.rstrip("/")
+
+    @classmethod
+    def in_storage(cls, filesystem: Any, storage_fs_path: str) -> SharedVramCache:
+        """The cache of every sweep stored under ``storage_fs_path`` on ``filesystem``."""
+        return cls(filesystem, f"{storage_fs_path.rstrip('/')}/{cls.DIRNAME}")
+
+    @classmethod
+    def at(cls, storage: str) -> SharedVramCache:
+        """The cache under a storage path or URI (``/shared/hpo``, ``s3://bucket/hpo``)."""
+        from hpo.location import SweepLocation
+
+        filesystem, path = SweepLocation.parse(storage).filesystem()
+        return cls.in_storage(filesystem, path)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pyarrow filesystems pickle; keep it explicit
+        return (SharedVramCache, (self.filesystem, self.root))
+
+    def _path(self, key: dict[str, Any]) -> str:
+        digest = hashlib.sha256(key_string(key).encode()).hexdigest()[:32]
+        return f"{self.root}/{key['family']}-{digest}.json"
+
+    def entry(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        from pyarrow import ArrowException
+
+        try:
+            with self.filesystem.open_input_stream(self._path(key)) as stream:
+                found = json.loads(bytes(stream.read()).decode())
+        except (FileNotFoundError, ArrowException, OSError, json.JSONDecodeError):
+            return None
+        if not isinstance(found, dict) or found.get("key") != json.loads(key_string(key)):
+            return None  # a hash collision, or a record from another schema
+        return found
+
+    def get(self, key: dict[str, Any]) -> MemoryProfile | None:
+        found = self.entry(key)
+        if not found or "profile" not in found:
+            return None
+        return MemoryProfile.from_dict(found["profile"])
+
+    def oom_count(self, key: dict[str, Any]) -> int:
+        found = self.entry(key)
+        return int(found.get("oom_count", 0)) if found else 0
+
+    def _write(self, key: dict[str, Any], record: dict[str, Any]) -> None:
+        self.filesystem.create_dir(self.root, recursive=True)
+        text = json.dumps(record, indent=1, sort_keys=True).encode()
+        path = self._path(key)
+        if type(self.filesystem).__name__ == "LocalFileSystem":
+            tmp = f"{path}.tmp{os.getpid()}"
+            with self.filesystem.open_output_stream(tmp) as stream:
+                stream.write(text)
+            os.replace(tmp, path)
+            return
+        with self.filesystem.open_output_stream(path) as stream:
+            stream.write(text)
+
+    def put(self, key: dict[str, Any], profile: MemoryProfile) -> None:
+        old = self.entry(key) or {}
+        self._write(
+            key,
+            {
+                "key": json.loads(key_string(key)),
+                "profile": profile.to_dict(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "oom_count": int(old.get("oom_count", 0)),
+            },
+        )
+
+    def record_oom(self, key: dict[str, Any]) -> int:
+        """One more OOM of this shape on this type; returns the new count."""
+        record = self.entry(key) or {"key": json.loads(key_string(key))}
+        record["oom_count"] = int(record.get("oom_count", 0)) + 1
+        self._write(key, record)
+        return int(record["oom_count"])
+
+
 _TABLES: dict[Path, VramTable] = {}
 
 
@@ -269,10 +378,12 @@ def table_at(path: Path | str | None = None) -> VramTable:
 __all__ = [
     "CACHE_ENV",
     "SCHEMA_VERSION",
+    "SharedVramCache",
     "VramTable",
     "default_cache_path",
     "key_string",
     "memory_neutral",
     "profile_key",
     "table_at",
+    "type_key",
 ]

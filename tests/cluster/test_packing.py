@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,28 +35,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    ("peak", "context", "total", "headroom", "grid", "expected"),
+    ("peak", "context", "total", "headroom", "steps", "expected"),
     [
-        # (10 * 1.15 + 0.5) / 80 = 0.15 exactly: 3 steps of 0.05, not 4 (0.15 * 20 > 3 in floats)
+        # (10 * 1.15 + 0.5) / 80 = 0.15 exactly: not a step more (0.15 * 20 > 3 in floats)
         (10 * GiB, GiB // 2, 80 * GiB, 0.15, 20, 0.15),
-        # a MiB more tips it into the next step
-        (10 * GiB + MiB, GiB // 2, 80 * GiB, 0.15, 20, 0.20),
-        # (6 * 1.0 + 2) / 80 = 0.1 on the 1/20 grid; 0.1 -> 0.1 on a 1/10 grid too
-        (6 * GiB, 2 * GiB, 80 * GiB, 0.0, 20, 0.10),
-        (6 * GiB, 2 * GiB, 80 * GiB, 0.0, 10, 0.10),
-        # (3 * 1.5 + 0.5) / 40 = 0.125 -> 0.15 (grid 20), 0.2 (grid 10), 0.125 (grid 8)
-        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 20, 0.15),
-        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 10, 0.2),
-        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 8, 0.125),
-        # a tiny trial still takes one grid step; a huge one is capped at the whole GPU
-        (1 * MiB, 0, 80 * GiB, 0.15, 20, 0.05),
-        (200 * GiB, GiB // 2, 80 * GiB, 0.15, 20, 1.0),
+        (10 * GiB, GiB // 2, 80 * GiB, 0.15, 10_000, 0.15),
+        # a MiB more is one of Ray's 1e-4 steps more, not a 0.05 grid step (the old 0.20)
+        (10 * GiB + MiB, GiB // 2, 80 * GiB, 0.15, 10_000, 0.1501),
+        # (3 * 1.5 + 0.5) / 40 = 0.125: exact at Ray's resolution (the grid made it 0.15)
+        (3 * GiB, GiB // 2, 40 * GiB, 0.5, 10_000, 0.125),
+        # (3 * 1.0 + 0.1) / 41 = 0.0756097...: up to 0.0757
+        (3 * GiB, GiB // 10, 41 * GiB, 0.0, 10_000, 0.0757),
+        # seed-scale DQN f32 on an H200: 0.0714023 rounds DOWN to 0.0714 (14 per GPU, not
+        # 13), giving up 2e-6 of the GPU, far less than half its headroom
+        (8_287_693_952, 512 * MiB, 141 * 10**9, 0.15, 10_000, 0.0714),
+        # ... but not without headroom to give: up to 0.0715
+        (int(8_287_693_952 * 1.15), 512 * MiB, 141 * 10**9, 0.0, 10_000, 0.0715),
+        # a tiny trial still takes one step; a huge one is capped at the whole GPU
+        (1 * MiB, 0, 80 * GiB, 0.15, 10_000, 0.0001),
+        (200 * GiB, GiB // 2, 80 * GiB, 0.15, 10_000, 1.0),
     ],
 )
-def test_fraction_rounds_up_on_the_grid(
-    peak: int, context: int, total: int, headroom: float, grid: int, expected: float
+def test_fraction_rounds_at_rays_resolution(
+    peak: int, context: int, total: int, headroom: float, steps: int, expected: float
 ) -> None:
-    assert gpu_fraction(peak, context, total, headroom, grid) == expected
+    assert gpu_fraction(peak, context, total, headroom, steps) == expected
 
 
 def test_trials_per_gpu() -> None:
@@ -75,7 +79,7 @@ def test_plan_uses_the_gpu_size_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("HPO_GPU_TOTAL_GB", raising=False)
     at_80 = plan(profile, headroom=0.15)
     assert (at_80.device_total_bytes, at_80.fraction, at_80.trials_per_gpu) == (80 * GiB, 0.15, 6)
-    assert at_80.trials_per_gpu_unrounded == 6  # 80 / 12
+    assert at_80.trials_per_gpu_unrounded == 6 and at_80.grid == 10_000  # 80 / 12
     monkeypatch.setenv("HPO_GPU_TOTAL_GB", "40")
     at_40 = plan(profile, headroom=0.15)
     assert (at_40.device_total_bytes, at_40.fraction, at_40.trials_per_gpu) == (40 * GiB, 0.3, 3)
@@ -87,7 +91,7 @@ def test_plan_uses_the_gpu_size_from_the_environment(monkeypatch: pytest.MonkeyP
         measured_reserved_bytes=11 * GiB,
     )
     # A measured profile packs its reserved peak against its own GPU: (11*1.15+0.5)/120.
-    assert plan(measured, headroom=0.15).fraction == 0.15
+    assert plan(measured, headroom=0.15).fraction == 0.1096
 
 
 def trial_config(**extra: Any) -> dict[str, Any]:
@@ -131,8 +135,8 @@ def test_trial_fraction_from_the_table_with_oom_boost_and_floor(
     assert fraction() == 0.15  # (10 * 1.15 + 0.5) / 80
     assert fraction(seed=7, params={"d_model": 8, "n_heads": 1, "lr": 3e-4}) == 0.15
     assert table.measurements == 0  # found in the table: nothing profiled
-    table.record_oom(key)  # headroom doubles: (10 * 1.3 + 0.5) / 80 = 0.16875 -> 0.2
-    assert fraction() == 0.2
+    table.record_oom(key)  # headroom doubles: (10 * 1.3 + 0.5) / 80 = 0.16875 -> 0.1688
+    assert fraction() == 0.1688
     assert fraction(floor=0.35) == 0.35
     # The Tune trial dict (what hpo.sweep's resources callable holds) decodes to the same,
     # floor included.
@@ -151,10 +155,16 @@ def test_retry_after_oom_grows_the_fraction(
     table = VramTable(tmp_path / "vram.json")
     config = train_config()
     first = gpu_fraction_for_trial(config, table=table, mode="estimate")
-    assert first == 0.05 and table.measurements == 1  # a tiny TFT: one grid step
-    retry = retry_fraction_after_oom(config, first, table=table, mode="estimate")
-    assert retry == 0.1  # at least one grid step more
     key = profile_key(config, torch.device("cpu"), "estimate")
+    profile = table.get(key)
+    assert profile is not None and table.measurements == 1
+    # a tiny TFT: little more than its context, exactly (no grid step of 0.05)
+    assert first == plan(profile, 0.15).fraction < 0.01
+    retry = retry_fraction_after_oom(config, first, table=table, mode="estimate")
+    # at least 15% more; here the doubled headroom on the re-measured peak
+    assert retry >= first * 1.15 - 1e-4 and retry == max(
+        plan(profile, 0.3).fraction, math.ceil(first * 1.15 * 10_000) / 10_000
+    )
     assert table.oom_count(key) == 1
     with pytest.raises(TrialDoesNotFit, match="whole GPU"):
         retry_fraction_after_oom(config, 1.0, table=table, mode="estimate")

@@ -1,0 +1,283 @@
+"""The packing plan of a sweep on a Ray cluster: per GPU type, the share of every trial
+shape, measured on a node of that type, and where each trial may run.
+
+:class:`ClusterPacker` is what the sweep hands Tune as the resources callable
+(``tune.with_resources(run_trial, resources=packer)``) once it has planned:
+
+1. ``packer.prefetch(configs)`` profiles every shape known before launch on every GPU type,
+   each in one Ray task on a node of that type (:mod:`cluster.remote_profile`), reading
+   the sweep storage's :class:`~cluster.vram_table.SharedVramCache` first. A shape met
+   only later (a searched model size) is profiled the same way when its first trial
+   is created.
+2. Per type the share is ``(peak x (1 + headroom x 2**ooms) + context) / that type's GPU
+   memory`` rounded up at Ray's resolution (:func:`cluster.packing.plan`); the OOM count
+   is read from the shared cache, where a trial that ran out of memory recorded it.
+3. Each trial goes to ONE type where it fits: the one whose GPUs would be least full
+   (each trial placed so far taking 1 / its trials per GPU, over the type's GPU count),
+   so the types fill evenly whatever their sizes, and a shape that fits one type only
+   still counts against that type. Its bundle is ``{"CPU": c, "GPU": share_of_that_type,
+   "accelerator_type:<TYPE>": 0.001}``; the last entry keeps it on that type (a bundle
+   cannot say "0.5 of an L4 or 0.2 of an H200"). On a cluster of one type the constraint
+   is left out. A trial that fits no type asks for a whole GPU of the largest.
+
+:func:`plan_rows` / :func:`render_plan` give the table ``hpo sweep SPEC --plan`` prints:
+per (model, precision, GPU type) the peak and how it was obtained, the share, trials per
+GPU and per node, and the binding constraint (GPU memory, or CPUs per node).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.gpu_types import GpuType
+from cluster.packing import (
+    DEFAULT_HEADROOM,
+    Packing,
+    _boosted,
+    device_total_bytes,
+    plan,
+)
+from cluster.profiler import GiB, MemoryProfile
+from cluster.vram_table import SharedVramCache, key_string, type_key
+from trainables.config import TrainConfig, TrialConfig
+
+log = logging.getLogger("cluster.packing_plan")
+
+
+@dataclass(frozen=True)
+class TypeShare:
+    """One trial shape on one GPU type."""
+
+    gpu_type: GpuType
+    profile: MemoryProfile
+    packing: Packing
+    oom_count: int
+
+    @property
+    def capacity(self) -> int:
+        """Trials of this shape the type holds at once (GPU memory only)."""
+        return math.floor(self.gpu_type.gpus + 1e-9) * self.packing.trials_per_gpu
+
+    @property
+    def trials_per_node_by_gpu(self) -> int:
+        # Ray places a fractional request inside one GPU: a node holds gpus x per-GPU count.
+        return math.floor(self.gpu_type.gpus_per_node + 1e-9) * self.packing.trials_per_gpu
+
+
+class ClusterPacker:
+    """Per-type GPU shares of trial configs, from profiles taken on the types' nodes.
+
+    Picklable (Tune stores the resources callable in its experiment state): it holds the
+    types, the shared cache's filesystem and path, and the profiles found so far.
+    """
+
+    def __init__(
+        self,
+        types: list[GpuType],
+        *,
+        headroom: float = DEFAULT_HEADROOM,
+        cpu_per_trial: float = 1.0,
+        cache: SharedVramCache | None = None,
+        mode: str = "auto",
+    ) -> None:
+        if not types:
+            raise ValueError("no GPU nodes in the cluster: nothing to pack")
+        self.types = sorted(types, key=lambda t: t.name)
+        self.headroom = headroom
+        self.cpu_per_trial = cpu_per_trial
+        self.cache = cache
+        self.mode = mode
+        self.profiles: dict[str, MemoryProfile] = {}  # the driver's table, by type key
+        self._placed: dict[str, str] = {}  # trial identity -> type name
+        self._load: dict[str, float] = {}  # type name -> GPU shares placed
+
+    # -- profiles ----------------------------------------------------------------------------
+    def prefetch(self, configs: Iterable[TrainConfig]) -> list[MemoryProfile]:
+        """Profile every (config, type) not yet known: shared cache first, then one Ray
+        task per missing pair, all in parallel. Returns the new profiles."""
+        from cluster.remote_profile import profile_on_types
+
+        missing: dict[str, tuple[TrainConfig, GpuType]] = {}
+        for config in configs:
+            for gpu_type in self.types:
+                key = type_key(config, gpu_type)
+                text = key_string(key)
+                if text in self.profiles or text in missing:
+                    continue
+                found = self.cache.get(key) if self.cache is not None else None
+                if found is not None:
+                    self.profiles[text] = found
+                else:
+                    missing[text] = (config, gpu_type)
+        if not missing:
+            return []
+        profiled = profile_on_types(list(missing.values()), mode=self.mode, cache=self.cache)
+        for text, profile in zip(missing, profiled, strict=True):
+            self.profiles[text] = profile
+        return profiled
+
+    def _profile(self, config: TrainConfig, gpu_type: GpuType) -> MemoryProfile:
+        text = key_string(type_key(config, gpu_type))
+        if text not in self.profiles:
+            self.prefetch([config])
+        return self.profiles[text]
+
+    # -- shares ------------------------------------------------------------------------------
+    def shares(self, config: TrainConfig) -> list[TypeShare]:
+        """This shape on every type, with the OOMs recorded against it there."""
+        out = []
+        for gpu_type in self.types:
+            profile = self._profile(config, gpu_type)
+            key = type_key(config, gpu_type)
+            ooms = self.cache.oom_count(key) if self.cache is not None else 0
+            # An estimate is a fraction of what the type declares now (a measurement of
+            # the device it ran on); the declaration may have changed since it was cached.
+            declared = gpu_type.memory_bytes if profile.method == "estimated" else None
+            total = declared or profile.device_total_bytes or device_total_bytes()
+            packing = plan(profile, _boosted(self.headroom, ooms), device_total=total)
+            out.append(TypeShare(gpu_type, profile, packing, ooms))
+        return out
+
+    def place(self, identity: str, shares: list[TypeShare]) -> TypeShare:
+        """The type a trial goes to (the same one every time Tune asks for it)."""
+        by_name = {s.gpu_type.name: s for s in shares}
+        if identity in self._placed and self._placed[identity] in by_name:
+            return by_name[self._placed[identity]]
+        fitting = [s for s in shares if s.packing.fits and s.capacity > 0]
+        if not fitting:
+            chosen = max(shares, key=lambda s: s.packing.device_total_bytes)
+            log.warning(
+                "%s/%s fits no GPU type (needs %.2f of a %.0f GiB %s); asking for a whole GPU",
+                chosen.profile.model,
+                chosen.profile.precision,
+                chosen.packing.raw_fraction,
+                chosen.packing.device_total_bytes / GiB,
+                chosen.gpu_type.name,
+            )
+        else:
+            chosen = min(fitting, key=lambda s: (self.fill(s), -s.capacity))
+        self._placed[identity] = chosen.gpu_type.name
+        name = chosen.gpu_type.name
+        self._load[name] = self._load.get(name, 0.0) + self.slot(chosen)
+        return chosen
+
+    @staticmethod
+    def slot(share: TypeShare) -> float:
+        """The GPU a trial takes up: 1 / trials per GPU, not its share, as Ray packs whole
+        trials into one GPU (three 0.26 shares fill an L4: the 0.22 left holds no fourth)."""
+        return 1.0 / share.packing.trials_per_gpu if share.packing.trials_per_gpu else 1.0
+
+    def fill(self, share: TypeShare) -> float:
+        """How full the type's GPUs would be with one more trial of ``share``."""
+        used = self._load.get(share.gpu_type.name, 0.0) + self.slot(share)
+        return used / share.gpu_type.gpus
+
+    def resources_of(self, trial: TrialConfig) -> dict[str, float]:
+        """The bundle of one trial: CPUs, its share of the chosen type's GPU (never below
+        its OOM floor) and, on a mixed cluster, the type constraint."""
+        shares = self.shares(trial.train_config())
+        identity = json.dumps(
+            [trial.group_id, trial.member, trial.seed, trial.model, trial.precision,
+             dict(trial.params), trial.gpu_fraction_floor],
+            sort_keys=True,
+            default=str,
+        )  # fmt: skip
+        chosen = self.place(identity, shares)
+        share = chosen.packing.fraction if chosen.packing.fits else 1.0
+        bundle = {
+            "CPU": float(self.cpu_per_trial),
+            "GPU": max(share, min(1.0, trial.gpu_fraction_floor)),
+        }
+        if len(self.types) > 1:
+            bundle.update(chosen.gpu_type.constraint)
+        return bundle
+
+    def __call__(self, config: Mapping[str, Any]) -> Any:
+        """Tune's resources callable: a one-bundle placement group of :meth:`resources_of`."""
+        from ray.tune import PlacementGroupFactory
+
+        return PlacementGroupFactory([self.resources_of(TrialConfig.from_dict(config))])
+
+
+# ------------------------------------------------------------------------------------------
+# the plan table
+
+
+def plan_rows(packer: ClusterPacker, configs: Iterable[TrainConfig]) -> list[dict[str, Any]]:
+    """One row per (model, precision, GPU type) of ``configs`` (profiled as needed)."""
+    configs = list(configs)
+    packer.prefetch(configs)
+    rows = []
+    for config in configs:
+        for share in packer.shares(config):
+            by_gpu = share.trials_per_node_by_gpu
+            cpu = packer.cpu_per_trial
+            by_cpu = math.floor(share.gpu_type.cpus_per_node / cpu + 1e-9) if cpu > 0 else None
+            binding = "GPU memory" if by_cpu is None or by_gpu <= by_cpu else "CPUs per node"
+            if not share.packing.fits:
+                binding = "does not fit"
+            profile = share.profile
+            rows.append(
+                {
+                    "model": config.model,
+                    "precision": profile.precision,
+                    "batch_size": config.batch_size,
+                    "gpu_type": share.gpu_type.name,
+                    "method": profile.method,
+                    "peak_bytes": profile.peak_bytes,
+                    "context_bytes": profile.context_bytes,
+                    "device_total_bytes": share.packing.device_total_bytes,
+                    "device_total_source": profile.device_total_source,
+                    "oom_count": share.oom_count,
+                    "share": share.packing.fraction,
+                    "trials_per_gpu": share.packing.trials_per_gpu,
+                    "trials_per_gpu_by_memory": share.packing.trials_per_gpu_unrounded,
+                    "trials_per_node": by_gpu if by_cpu is None else min(by_gpu, by_cpu),
+                    "binding": binding,
+                    "profiled_on": profile.node_id,
+                    "profiled_pid": profile.pid,
+                }
+            )
+    return rows
+
+
+def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
+    """The plan as a fixed-width text table (what ``--plan`` prints and the parent run
+    stores as ``packing_plan.txt``)."""
+    header = [
+        "model", "precision", "gpu type", "peak GiB", "how", "GPU GiB", "share",
+        "trials/GPU", "by memory", "trials/node", "binding",
+    ]  # fmt: skip
+    body = [
+        [
+            r["model"],
+            r["precision"],
+            r["gpu_type"],
+            f"{r['peak_bytes'] / GiB:.2f}",
+            r["method"] + (f" +{r['oom_count']} OOM" if r["oom_count"] else ""),
+            f"{r['device_total_bytes'] / GiB:.1f}",
+            f"{r['share']:.4f}",
+            str(r["trials_per_gpu"]),
+            str(r["trials_per_gpu_by_memory"]),
+            str(r["trials_per_node"]),
+            r["binding"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = [
+        f"GPU packing plan: share = (peak x (1 + {headroom:g}) + context) / GPU memory, "
+        "rounded up at 1e-4",
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
+    return "\n".join(lines)
+
+
+__all__ = ["ClusterPacker", "TypeShare", "plan_rows", "render_plan"]
