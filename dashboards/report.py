@@ -19,6 +19,9 @@ family or ``overall``; names are reduced to ``[A-Za-z0-9_-]``):
 * ``table#stats-<scope>.stats-table`` - the paired statistics;
 * ``table#counts-<scope>``, ``table#selection-<scope>`` - trial states, PSR/DSR;
 * ``table#seeds-<scope>-<contrast>`` - every seed pair behind the configuration means;
+* ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, the Sharpe-difference
+  tests (JKM, HAC) of the two members' return series (model families only);
+* ``table#overfitting-<scope>`` - PBO, MinTRL of the best trial, val/test Spearman;
 * ``svg#dist-<scope>-<contrast>-<val|test>.plot-dist`` - the two Sharpe distributions
   (the configuration means the statistics use);
 * ``svg#diff-<scope>-<contrast>-<val|test>.plot-diff`` - paired differences per
@@ -55,7 +58,9 @@ from dashboards.tables import (
 )
 from hpo.compare import (
     ALL_PRECISIONS,
+    MIN_TRL_CONFIDENCE,
     OVERALL,
+    PBO_BLOCKS,
     SPLITS,
     VERDICT_SPLIT,
     Comparison,
@@ -313,6 +318,26 @@ def _reading_notes(c: Comparison) -> str:
         "the independent trials and the DSR is conservative; 'DSR by configs' uses the "
         "number of distinct configurations. A DSR below 0.95 means the best trial is not "
         "distinguishable from the luck of searching.",
+        "<b>Pair tests on the return series.</b> For each seed pair the two members' "
+        "returns over the bars both traded are compared directly: is one Sharpe ratio "
+        "higher? Jobson-Korkie with Memmel's correction (JKM) assumes independent, normal "
+        "returns; the Ledoit-Wolf HAC test allows serial correlation and heavy tails and is "
+        "the one to trust on daily strategy returns, which are rarely independent. They "
+        "answer a per-pair question (a difference within one backtest), while the verdict "
+        "answers the question across configurations; many small pair p-values with an "
+        "equivalent verdict mean real but tiny differences.",
+        "<b>Overfitting.</b> PBO (probability of backtest overfitting, combinatorially "
+        f"symmetric cross-validation) cuts the validation bars every completed trial has "
+        f"into {PBO_BLOCKS} contiguous blocks (fewer, with a note, when there are fewer "
+        "than 2 bars a block), picks the best trial on every half of the blocks and ranks "
+        "it on the other half: PBO is the share of splits where that pick lands at or below "
+        "the median. Near 0: selection finds trials that stay good; 0.5 or more: the "
+        "ranking is noise. With a handful of trials it is coarse (its ranks take few "
+        "values). MinTRL is the number of bars the best trial's validation track would need "
+        f"for its Sharpe to beat 0 at {MIN_TRL_CONFIDENCE:.0%} given its skew and kurtosis; a "
+        "track shorter than that is not yet evidence of skill. The val/test Spearman "
+        "correlation says how much of the validation ranking carries over to the held-out "
+        "test: near 0 or negative, selection on validation did not help.",
         "<b>Memory and throughput.</b> peak_mem_mb is the CUDA allocator peak on a GPU but "
         "the process's peak resident memory on CPU, which includes the Python runtime; bf16 "
         "savings show on GPU runs. steps_per_s is the last epoch's training throughput.",
@@ -355,8 +380,14 @@ def _scope_section(c: Comparison, scope: ScopeComparison, colours: dict[str, str
             parts.append(_curves(name, contrast, trials, colours))
         parts.append("<h3>Memory and throughput per precision</h3>")
         parts.append(_resources(c, scope, colours))
+    if name != OVERALL:
+        parts.append("<h3>Pair tests on the return series</h3>")
+        for contrast in scope.contrasts.values():
+            parts.append(_pair_tests_table(name, contrast))
     parts.append("<h3>Selection bias: PSR and deflated Sharpe of the best trial</h3>")
     parts.append(_selection_table(c, scope))
+    parts.append("<h3>Overfitting: PBO, minimum track record, validation vs test</h3>")
+    parts.append(_overfitting_table(scope))
     notes = list(scope.notes)
     for contrast in scope.contrasts.values():
         for split in SPLITS:
@@ -644,6 +675,63 @@ def _selection_table(c: Comparison, scope: ScopeComparison) -> str:
         f'<div class="table-wrap"><table id="{dom_id("selection", scope.scope)}" '
         f'class="selection-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
         "</table></div>"
+    )
+
+
+def _pair_tests_table(scope: str, contrast: Contrast) -> str:
+    """Per seed pair and split: the two members' Sharpe ratios compared on the bars both
+    traded (positive z: the other precision's Sharpe is higher)."""
+    head = (
+        "<tr><th class='text'>seed pair</th><th class='text'>split</th><th>bars</th>"
+        f"<th>ΔSR per bar ({escape(contrast.other)} - {escape(contrast.reference)})</th>"
+        "<th>JKM z</th><th>JKM p</th><th>HAC z</th><th>HAC p</th>"
+        "<th class='text'>note</th></tr>"
+    )
+    rows = []
+    for pair, by_split in contrast.pair_tests.items():
+        for split in SPLITS:
+            t = by_split[split]
+            rows.append(
+                f'<tr data-pair="{escape(pair)}" data-split="{split}">'
+                f'<td class="text">{escape(pair)}</td><td class="text">{split}</td>'
+                f"<td>{t.n_bars or '—'}</td><td>{_small(t.difference)}</td>"
+                f'<td>{format_num(t.jkm_statistic, True)}</td><td class="jkm-p">'
+                f"{format_p(t.jkm_pvalue)}</td><td>{format_num(t.hac_statistic, True)}</td>"
+                f'<td class="hac-p">{format_p(t.hac_pvalue)}</td>'
+                f'<td class="text">{escape(t.note or "")}</td></tr>'
+            )
+    if not rows:
+        rows.append('<tr><td class="text" colspan="9">no compared pair yet</td></tr>')
+    return (
+        f'<div class="table-wrap"><table id="{dom_id("pairtests", scope, contrast.key)}" '
+        f'class="pairtests-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
+        "</table></div>"
+    )
+
+
+def _overfitting_table(scope: ScopeComparison) -> str:
+    fit = scope.overfitting
+    trl = f"{math.ceil(fit.min_trl)}" if math.isfinite(fit.min_trl) else "—"
+    rows = [
+        ("PBO (CSCV)", format_num(fit.pbo), f"{fit.pbo_n_blocks} blocks of {fit.pbo_n_bars} "
+         f"common validation bars, {fit.n_completed} completed trials" if fit.pbo_n_blocks
+         else "", fit.pbo_note, "pbo"),
+        ("MinTRL, bars", trl, f"best trial {fit.min_trl_trial_id or '—'} has "
+         f"{fit.min_trl_n_obs} validation bars; SR > 0 at {MIN_TRL_CONFIDENCE:.0%}",
+         fit.min_trl_note, "min-trl"),
+        ("val/test Spearman", format_num(fit.val_test_spearman, True),
+         f"{fit.spearman_n} completed trials, p {format_p(fit.val_test_spearman_pvalue)}"
+         if math.isfinite(fit.val_test_spearman) else "", fit.spearman_note, "spearman"),
+    ]  # fmt: skip
+    body = "".join(
+        f'<tr class="{css}"><td class="text">{label}</td><td class="value">{value}</td>'
+        f'<td class="text">{escape(detail)}</td><td class="text">{escape(note or "")}</td></tr>'
+        for label, value, detail, note, css in rows
+    )
+    return (
+        f'<table id="{dom_id("overfitting", scope.scope)}" class="overfitting-table">'
+        "<thead><tr><th class='text'>quantity</th><th>value</th><th class='text'>from</th>"
+        f"<th class='text'>note</th></tr></thead><tbody>{body}</tbody></table>"
     )
 
 

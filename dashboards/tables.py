@@ -11,7 +11,14 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from hpo.compare import NOT_COMPUTED, SPLITS, VERDICT_SPLIT, Comparison, Contrast
+from hpo.compare import (
+    NOT_COMPUTED,
+    SPLITS,
+    VERDICT_SPLIT,
+    Comparison,
+    Contrast,
+    ScopeComparison,
+)
 from hpo.stats import PairedComparison
 
 __all__ = [
@@ -20,6 +27,7 @@ __all__ = [
     "format_interval",
     "format_num",
     "format_p",
+    "overfitting_text",
     "rich_tables",
     "verdict_headline",
     "verdict_sentence",
@@ -116,6 +124,24 @@ def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT)
     return f"{scope}: {verdict}: {interval}, wholly {side} the margin {margin} ({p})."
 
 
+def overfitting_text(scope: ScopeComparison) -> str:
+    """One line on how much of the scope's selection is luck: PBO, MinTRL, Spearman."""
+    fit = scope.overfitting
+    if math.isfinite(fit.pbo):
+        pbo = f"PBO {fit.pbo:.2f} ({fit.pbo_n_blocks} blocks, {fit.pbo_n_bars} bars)"
+    else:
+        pbo = f"PBO {fit.pbo_note or 'not available'}"
+    if math.isfinite(fit.min_trl):
+        trl = f"MinTRL {math.ceil(fit.min_trl)} bars (best trial's track: {fit.min_trl_n_obs})"
+    else:
+        trl = f"MinTRL {fit.min_trl_note or 'not available'}"
+    if math.isfinite(fit.val_test_spearman):
+        rho = f"val/test Spearman {fit.val_test_spearman:+.2f} (n {fit.spearman_n})"
+    else:
+        rho = f"val/test Spearman {fit.spearman_note or 'not available'}"
+    return f"{scope.scope}: {pbo}; {trl}; {rho}"
+
+
 def rich_tables(comparison: Comparison) -> Iterable[Any]:
     """The verdict headline, then one ``rich`` table per scope (model families, then
     overall), for ``hpo compare``."""
@@ -201,6 +227,7 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
                     else "",
                 )
         yield table
+        yield Text(overfitting_text(scope))
 
 
 def _short_method(method: str) -> str:

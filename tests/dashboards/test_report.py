@@ -3,6 +3,7 @@ opens in headless Chromium without console errors (screenshot kept in test-artif
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.report import CSP, dom_id, render_report, write_report
+from dashboards.tables import format_num, format_p
 from hpo.compare import Comparison, compare_trials, comparison_from_mlflow
 from tests.hpo.compare_helpers import SyntheticSweep, pair_id, paired_records, shared_sweep
 
@@ -297,7 +299,13 @@ def test_report_opens_in_headless_chromium_without_console_errors(
         assert parsed.ids[dom_id("stats", scope)] == "table"
         assert parsed.ids[dom_id("dist", scope, CONTRAST, "val")] == "svg"
         assert parsed.ids[dom_id("diff", scope, CONTRAST, "val")] == "svg"
+        assert parsed.ids[dom_id("overfitting", scope)] == "table"
+    assert parsed.ids[dom_id("pairtests", "tft", CONTRAST)] == "table"
     assert parsed.ids["summary-table"] == "table"
+    # The verdict comes first: the body's first element with text is h1#verdict.
+    body = [t for t, _ in parsed.tags].index("body")
+    assert parsed.tags[body + 2] == ("h1", {"id": "verdict"})
+    assert comparison.families["tft"].contrasts[CONTRAST].verdict() in dom.stdout
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "comparison-report.png"
@@ -310,3 +318,40 @@ def test_report_opens_in_headless_chromium_without_console_errors(
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000
     shutil.copy2(page, ARTIFACTS / "comparison-report.html")
+
+
+# ---------------------------------------------------------------------------------------
+# Return-series statistics: pair tests and overfitting
+
+
+def test_pair_tests_table_shows_jkm_and_hac_per_pair_and_split(
+    html: str, comparison: Comparison
+) -> None:
+    table = re.search(r'<table id="pairtests-tft-bf16_vs_f32".*?</table>', html, re.S)
+    assert table is not None
+    tests = comparison.families["tft"].contrasts[CONTRAST].pair_tests
+    rows = re.findall(r'<tr data-pair="([^"]+)" data-split="(val|test)">(.*?)</tr>', table.group(0))
+    assert [(p, s) for p, s, _ in rows] == [(p, s) for p in tests for s in ("val", "test")]
+    for pair, split, cells in rows:
+        t = tests[pair][split]
+        assert f'<td class="jkm-p">{format_p(t.jkm_pvalue)}</td>' in cells
+        assert f'<td class="hac-p">{format_p(t.hac_pvalue)}</td>' in cells
+    diverged = dict(((p, s), c) for p, s, c in rows)[(pair_id("tft", 2), "val")]
+    assert "not available" in diverged and "diverged" in diverged
+
+
+def test_overfitting_table_shows_pbo_min_trl_and_spearman(
+    html: str, comparison: Comparison
+) -> None:
+    for scope in ("tft", "dqn"):
+        fit = comparison.families[scope].overfitting
+        table = re.search(rf'<table id="overfitting-{scope}".*?</table>', html, re.S)
+        assert table is not None
+        values = dict(
+            re.findall(r'<tr class="([a-z-]+)">.*?<td class="value">([^<]*)</td>', table.group(0))
+        )
+        assert values["pbo"] == format_num(fit.pbo)
+        assert values["min-trl"] == str(math.ceil(fit.min_trl))
+        assert values["spearman"] == format_num(fit.val_test_spearman, True)
+    dqn = re.search(r'<table id="overfitting-dqn".*?</table>', html, re.S).group(0)  # type: ignore[union-attr]
+    assert "not available: 1 of 11 completed trials have no returns artifact" in dqn

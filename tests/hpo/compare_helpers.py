@@ -10,6 +10,11 @@ Known final values (3 epochs, the final one is the value below):
   so MLflow still holds the finite epoch-2 value); the bf16 member of g004 falls back to
   f32 and completes.
 * dqn, 6 pairs: the bf16 member of g005 is still running (2 of 3 epochs).
+
+Every completed trial has its returns artifact (:data:`hpo.compare.RETURNS_ARTIFACT`,
+:func:`synthetic_returns`: its validation track's Sharpe is exactly the logged
+per-period Sharpe) except the f32 member of dqn g000 (:data:`NO_RETURNS`), so dqn's PBO
+and that pair's tests are "not available".
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hpo.compare import TrialRecord, TrialReturns
+from hpo.compare import RETURNS_ARTIFACT, TrialRecord, TrialReturns
 from hpo.stats import probabilistic_sharpe_ratio, sharpe_moments
 from hpo.tracking import MlflowSweepCallback, start_sweep_run
 
@@ -55,6 +60,9 @@ TEST = {
 DIVERGED = {("tft", "bf16", 2)}
 FELL_BACK = {("tft", "bf16", 4)}
 UNFINISHED = {("dqn", "bf16", 5)}
+NO_RETURNS = {("dqn", "f32", 0)}
+VAL_BARS = 120  # validation bars per fold (2 folds), the same bars for every trial
+TEST_BARS = 80
 
 
 def pair_id(model: str, index: int, seed: int = 0) -> str:
@@ -156,7 +164,15 @@ def build_sweep(
                 )
                 _play(callback, trial, model, source, index, shift=source != precision)
                 assert callback.flush()
-                run_ids[(model, precision, index)] = callback.run_ids[trial.trial_id]
+                run_id = callback.run_ids[trial.trial_id]
+                run_ids[(model, precision, index)] = run_id
+                key = (model, precision, index)
+                ended = key not in DIVERGED | UNFINISHED or source != precision
+                if ended and key not in NO_RETURNS:
+                    sr = trial.last_result["val_sharpe_per_period"]
+                    sr_test = trial.last_result["test_sharpe"] / math.sqrt(PERIODS_PER_YEAR)
+                    text = synthetic_returns(sr, sr_test, seed=number)
+                    client.log_text(run_id, text, RETURNS_ARTIFACT)
     return SyntheticSweep(tracking_uri, name, parent, run_ids)
 
 
@@ -302,6 +318,25 @@ def paired_records(
 
 START = np.datetime64("2021-01-04T00:00:00", "ns")
 BAR = np.timedelta64(1, "D")
+
+
+def _exact_sharpe(z: np.ndarray, sr: float, vol: float = 0.01) -> np.ndarray:
+    """Returns with per-period Sharpe exactly ``sr`` (ddof=1) from shocks ``z``."""
+    z = (z - z.mean()) / z.std(ddof=1)
+    return vol * (sr + z)
+
+
+def synthetic_returns(sr_val: float, sr_test: float, seed: int) -> str:
+    """A trial's returns artifact: 2 validation folds of :data:`VAL_BARS` bars whose joined
+    Sharpe is ``sr_val`` per period, then :data:`TEST_BARS` test bars with Sharpe
+    ``sr_test``; the shocks are shared in part across trials (a common market) so the
+    PBO and the pair tests see correlated series, as real ones are."""
+    common = np.random.default_rng(7).standard_normal(2 * VAL_BARS + TEST_BARS)
+    own = np.random.default_rng(seed).standard_normal(2 * VAL_BARS + TEST_BARS)
+    z = 0.8 * common + 0.6 * own
+    val = _exact_sharpe(z[: 2 * VAL_BARS], sr_val)
+    test = _exact_sharpe(z[2 * VAL_BARS :], sr_test)
+    return returns_csv([val[:VAL_BARS], val[VAL_BARS:]], test)
 
 
 def returns_csv(

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +18,19 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 from typer.testing import CliRunner
 
+import hpo.compare as compare_module
 from dashboards.report import render_report
 from hpo.cli import app
 from hpo.compare import (
     ALL_PRECISIONS,
     DEFAULT_MARGIN,
     OVERALL,
+    RETURNS_ARTIFACT,
     VERDICT_SPLIT,
     Comparison,
     ComparisonError,
     TrialRecord,
+    TrialReturns,
     compare_trials,
     comparison_from_mlflow,
     comparison_metrics,
@@ -311,6 +315,15 @@ def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
     assert metrics["cmp.overall.dsr_best"] == pytest.approx(
         comparison.overall.selection[ALL_PRECISIONS].dsr
     )
+    tft = comparison.families["tft"]
+    assert metrics["cmp.tft.pbo"] == tft.overfitting.pbo
+    assert metrics["cmp.tft.min_trl"] == tft.overfitting.min_trl
+    assert metrics["cmp.tft.val_test_spearman"] == tft.overfitting.val_test_spearman
+    assert "cmp.dqn.pbo" not in metrics  # one dqn trial has no returns artifact
+    pair = pair_id("tft", 0)
+    test = tft.contrasts[CONTRAST].pair_tests[pair]["test"]
+    assert metrics[f"cmp.tft.{CONTRAST}.test.{pair}.hac_p"] == test.hac_pvalue
+    assert metrics[f"cmp.tft.{CONTRAST}.test.{pair}.jkm_z"] == test.jkm_statistic
     assert set(logged) <= set(metrics)
     assert parent.data.tags["cmp.reference"] == "f32"
     artifacts = {a.path for a in client.list_artifacts(private.parent_run_id, "comparison")}
@@ -718,3 +731,90 @@ def test_the_spec_fixes_the_margin_in_a_comparison_table(tmp_path: Path) -> None
     path.write_text(base + "[comparison]\nmargn = 0.2\n")
     with pytest.raises(SpecError, match=r"comparison\.margn: unknown field; allowed: \['margin'\]"):
         load_spec(path)
+
+
+# ---------------------------------------------------------------------------------------
+# Return series read from MLflow (the trials' returns artifacts)
+
+
+def _artifact(sweep: SyntheticSweep, model: str, precision: str, index: int) -> TrialReturns:
+    client = MlflowClient(sweep.tracking_uri)
+    run_id = sweep.run_ids[(model, precision, index)]
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(client.download_artifacts(run_id, RETURNS_ARTIFACT, tmp)).read_text()
+    return TrialReturns.from_csv(text)
+
+
+def test_pair_tests_and_pbo_are_recomputed_from_the_runs_artifacts(
+    comparison: Comparison, sweep: SyntheticSweep
+) -> None:
+    tft = comparison.families["tft"]
+    tracks = {
+        (t.precision, t.pair_id): _artifact(sweep, "tft", t.precision, int(t.pair_id[5:8]))
+        for t in comparison.trials_of("tft")
+        if t.state == "completed"
+    }
+    for (precision, pair), track in tracks.items():
+        record = next(t for t in comparison.trials if (t.precision, t.pair_id) == (precision, pair))
+        # The artifact's joined validation track is the one whose Sharpe was logged.
+        assert sharpe_moments(track.returns["val"]).sr == pytest.approx(
+            record.sharpe_per_period, rel=1e-9
+        )
+    pair = pair_id("tft", 1)
+    got = tft.contrasts[CONTRAST].pair_tests[pair]["val"]
+    a, b = tracks[("f32", pair)].returns["val"], tracks[("bf16", pair)].returns["val"]
+    assert got.n_bars == 240
+    assert got.hac_pvalue == sharpe_difference_test(b, a, method="hac").pvalue
+    assert got.jkm_pvalue == sharpe_difference_test(b, a, method="jkm").pvalue
+    completed = [t for t in comparison.trials_of("tft") if t.state == "completed"]
+    matrix = np.column_stack([tracks[(t.precision, t.pair_id)].returns["val"] for t in completed])
+    assert tft.overfitting.n_completed == 11  # 12 trials, one diverged
+    assert tft.overfitting.pbo == probability_of_backtest_overfitting(matrix, 16)
+    # The diverged pair (g002) has no test; dqn g000's f32 member has no artifact.
+    assert "diverged" in tft.contrasts[CONTRAST].pair_tests[pair_id("tft", 2)]["val"].note
+    dqn = comparison.families["dqn"]
+    missing = dqn.contrasts[CONTRAST].pair_tests[pair_id("dqn", 0)]["test"]
+    assert math.isnan(missing.hac_pvalue) and "no returns artifact" in missing.note
+    assert math.isnan(dqn.overfitting.pbo) and "1 of 11" in dqn.overfitting.pbo_note
+
+
+def test_returns_artifacts_are_downloaded_once_per_finished_run(
+    sweep: SyntheticSweep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    original = MlflowClient.download_artifacts
+
+    def counting(self, run_id, path, dst_path=None):  # type: ignore[no-untyped-def]
+        calls.append(run_id)
+        return original(self, run_id, path, dst_path)
+
+    monkeypatch.setattr(MlflowClient, "download_artifacts", counting)
+    monkeypatch.setattr(compare_module, "_RETURNS_CACHE", type(compare_module._RETURNS_CACHE)())
+    first = comparison_from_mlflow(
+        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), with_curves=False
+    )
+    completed = sum(t.state == "completed" for t in first.trials)
+    assert len(calls) == completed == 22  # 24 trials: one diverged, one unfinished
+    calls.clear()
+    second = comparison_from_mlflow(
+        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), with_curves=False
+    )
+    # Only the run without an artifact is asked again (a late upload would be seen).
+    assert calls == [sweep.run_ids[("dqn", "f32", 0)]]
+    assert second.families["tft"].overfitting.pbo == first.families["tft"].overfitting.pbo
+
+
+def test_without_returns_the_comparison_is_unchanged_and_says_not_available(
+    comparison: Comparison, sweep: SyntheticSweep
+) -> None:
+    bare = comparison_from_mlflow(
+        sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), with_returns=False
+    )
+    for name in ("tft", "dqn"):
+        fit = bare.families[name].overfitting
+        assert math.isnan(fit.pbo) and fit.pbo_note.startswith("not available")
+        assert fit.min_trl == comparison.families[name].overfitting.min_trl  # from moments
+        with_returns = comparison.families[name].contrasts[CONTRAST]
+        without = bare.families[name].contrasts[CONTRAST]
+        assert without.val.to_dict() == with_returns.val.to_dict()
+        assert without.inference == with_returns.inference
