@@ -13,21 +13,25 @@ raising: retrying a deterministic divergence would only repeat it.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from ray import tune
 
+from cluster.gpu_types import GpuType, declared_memory_bytes, node_type_name, this_node
 from cluster.packing import (
     TrialDoesNotFit,
     apply_memory_cap,
     retry_fraction_after_oom,
     trial_memory_metrics,
 )
+from cluster.vram_table import SharedVramCache
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from trainables.config import TrainConfig, TrialConfig
 from trainables.trainer import Trainer, TrialDiverged
@@ -45,16 +49,37 @@ def run_trial(config: dict[str, Any]) -> None:
     gpu_fraction = float(required.get("GPU", 0.0))
     apply_memory_cap(gpu_fraction or None)  # Ray does not enforce GPU shares; the trial does
     train_config = TrialConfig.from_dict(config).train_config()
+    node = _node()
+    progress = _Progress()
+    oom: str | None = None
+    try:
+        _train(train_config, gpu_fraction, node, progress)
+    except torch.cuda.OutOfMemoryError as exc:
+        # Building the trainer, restoring its checkpoint and every epoch are in here: an
+        # OOM anywhere is the share's fault. Only the message leaves this block: the
+        # exception's traceback holds _train's frame, and with it the trainer and every
+        # tensor of the failed step; Python drops ``exc`` at the end of the block.
+        oom = str(exc)
+    if oom is not None:
+        _report_oom(train_config, gpu_fraction, progress.epoch + 1, oom, node)
+
+
+@dataclass
+class _Progress:
+    epoch: int = 0  # epochs completed (what an OOM report counts from)
+
+
+def _train(
+    train_config: TrainConfig, gpu_fraction: float, node: dict[str, str], progress: _Progress
+) -> None:
     checkpoint = _restore_checkpoint()
     trainer = Trainer(train_config, checkpoint=checkpoint)
-    node = _node()
+    del checkpoint  # its tensors are the trainer's now
+    progress.epoch = trainer.epoch
     memory = trial_memory_metrics(train_config, gpu_fraction) if gpu_fraction > 0 else {}
     while trainer.epoch < train_config.epochs:
         try:
             metrics = trainer.train_epoch()
-        except torch.cuda.OutOfMemoryError as exc:
-            _report_oom(train_config, trainer, gpu_fraction, exc, node)
-            return
         except TrialDiverged as exc:
             # The epoch that diverged, reported once: no checkpoint (nothing worth resuming).
             tune.report(
@@ -70,34 +95,58 @@ def run_trial(config: dict[str, Any]) -> None:
             )
             return
         _report(trainer, {**metrics, "diverged": 0, **memory, **node})
+        progress.epoch = trainer.epoch
 
 
 def _report_oom(
-    config: TrainConfig,
-    trainer: Trainer,
-    fraction: float,
-    exc: BaseException,
-    node: dict[str, str],
+    config: TrainConfig, fraction: float, epoch: int, message: str, node: dict[str, str]
 ) -> None:
-    """The measured share was too small: record it against the shape and hand the searcher
-    a larger share to retry with. Reported, not raised: a FailureConfig retry would reuse
-    the same too-small share."""
-    import gc
-
-    epoch = trainer.epoch + 1
-    del trainer
+    """The measured share was too small: record it against the shape in the sweep's
+    shared VRAM cache (where the driver sizes shares), re-measure here with the memory of
+    the failed attempt freed, and hand the searcher a larger share to retry with.
+    Reported, not raised: a FailureConfig retry would reuse the same too-small share."""
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     report: dict[str, Any] = {"epoch": epoch, "val_sharpe": math.nan, "oom": 1, **node}
+    shared, gpu_type = _shared_cache(), _node_gpu_type()
     try:
-        retry = retry_fraction_after_oom(config, fraction)
+        retry = retry_fraction_after_oom(config, fraction, shared=shared, gpu_type=gpu_type)
         report["oom_retry_gpu_fraction"] = retry
         report["failure_reason"] = (
-            f"CUDA out of memory at GPU share {fraction:g}; retrying at {retry:g} ({exc})"
+            f"CUDA out of memory at GPU share {fraction:g}; retrying at {retry:g} ({message})"
         )
     except TrialDoesNotFit as too_big:
         report["failure_reason"] = f"CUDA out of memory on a whole GPU: {too_big}"
+    if gpu_type is not None:
+        report["gpu_type"] = gpu_type.name
     tune.report(report)
+
+
+def _shared_cache() -> SharedVramCache | None:
+    """The sweep storage's VRAM cache (every node and the driver see it)."""
+    try:
+        storage = tune.get_context().get_storage()
+        return SharedVramCache.in_storage(storage.storage_filesystem, storage.storage_fs_path)
+    except Exception as exc:  # outside Tune (a direct call in a test): no shared storage
+        log.warning("no sweep storage to record the OOM in (%s); using this node's table", exc)
+        return None
+
+
+def _node_gpu_type() -> GpuType | None:
+    """This node's GPU type, as the driver's :func:`cluster.gpu_types.gpu_types` sees it."""
+    try:
+        node_id, resources = this_node()
+    except Exception:
+        return None
+    return GpuType(
+        name=node_type_name(resources),
+        memory_bytes=declared_memory_bytes(resources),
+        gpus=float(resources.get("GPU", 0)),
+        gpus_per_node=float(resources.get("GPU", 0)),
+        cpus_per_node=float(resources.get("CPU", 0)),
+        node_ids=(node_id,),
+    )
 
 
 def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:
