@@ -276,7 +276,10 @@ def resume_cmd(
     ],
     address: RayAddress = None,
 ) -> None:
-    """Continue an interrupted sweep from its checkpoints (finished trials are not re-run)."""
+    """Continue an interrupted sweep from its checkpoints (finished trials are not re-run).
+
+    Ray Tune unpickles the sweep's saved state, which runs code as you: only resume
+    storage you trust. A local SWEEP_DIR that other users can write is refused."""
     from hpo.sweep import SweepError, SweepRecord, resume_sweep
 
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,3 +131,22 @@ def local_copy(where: str | Path) -> Iterator[Path]:
             destination_filesystem=pafs.LocalFileSystem(),
         )
         yield dest
+
+
+def writable_by_others(directory: Path) -> list[str]:
+    """Why other users could change what is read from ``directory``: the directory or
+    one of its entries is owned by another user, or group- or world-writable. Empty when
+    only this user can. ``hpo resume`` unpickles Ray Tune's experiment state from a sweep
+    directory (code runs as whoever resumes), so it refuses a directory others can
+    write. Entries are checked one level deep, where Tune keeps that state; a directory
+    replaced by another user shows as theirs."""
+    problems = []
+    me = os.getuid()
+    for path in (directory, *sorted(directory.iterdir())):
+        info = path.stat()
+        if info.st_uid != me:
+            problems.append(f"{path} is owned by uid {info.st_uid}, not by this user ({me})")
+        elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            who = "everyone" if info.st_mode & stat.S_IWOTH else "its group"
+            problems.append(f"{path} is writable by {who} (mode {stat.filemode(info.st_mode)})")
+    return problems

@@ -158,6 +158,7 @@ def _recorded_error(trial: Any) -> BaseException | None:
     if not path or not Path(path).is_file():
         return None
     with open(path, "rb") as f:
-        # Written by this driver's own Tune a moment ago, not read from shared storage.
+        # Written by this driver's Tune a moment ago, in its own staging directory; Tune
+        # unpickles the same record itself when it builds the ResultGrid after fit().
         error = cloudpickle.load(f)
     return error if isinstance(error, BaseException) else None

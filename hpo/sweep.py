@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.location import SweepLocation
+from hpo.location import SweepLocation, writable_by_others
 from hpo.spec import SweepSpec, parse_spec
 
 if TYPE_CHECKING:  # imports ray; loaded when a sweep starts
@@ -283,12 +283,16 @@ def resume_sweep(
     on_event: Callable[[str], None] | None = None,
 ) -> list[TrialRow]:
     """Continue an interrupted sweep: unfinished trials from their newest checkpoints,
-    finished ones kept as they are, the search continuing from its saved state."""
+    finished ones kept as they are, the search continuing from its saved state.
+
+    Ray Tune unpickles that state from the sweep's storage: resume only storage you
+    trust. A local sweep directory that other users can write is refused."""
     from ray import tune
 
     from trainables.trial import run_trial
 
     record = SweepRecord.read(sweep_dir)
+    _refuse_untrusted(record.sweep_dir)
     if not tune.Tuner.can_restore(record.sweep_dir.uri):
         raise SweepError(f"{record.sweep_dir} has no Ray Tune experiment state to resume yet")
     _join_cluster(record.spec, record.sweep_dir.parent.uri, address)
@@ -307,6 +311,23 @@ def resume_sweep(
     with _sigterm_stops_gracefully():
         tuner.fit()
     return _finish_or_refuse(record, watchers)
+
+
+def _refuse_untrusted(sweep_dir: SweepLocation) -> None:
+    """Restoring unpickles Tune's experiment state: whoever can write it runs code as the
+    user who resumes. Object stores are trusted as their access policy says."""
+    if not sweep_dir.is_local:
+        return
+    problems = writable_by_others(sweep_dir.local_path)
+    if problems:
+        raise SweepError(
+            f"refusing to resume {sweep_dir}: Ray Tune unpickles its saved state, so "
+            "anyone who can write it could run code as you; "
+            + "; ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+            + ". Check the files, then `chmod -R go-w` the directory (or copy it into one "
+            "only you can write) and resume that"
+        )
 
 
 def _join_cluster(spec: SweepSpec, storage: str, address: str | None, **kwargs: Any) -> None:
