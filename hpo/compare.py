@@ -172,6 +172,9 @@ difference inside it is one no backtest of that length could act on. Set it per 
 before looking at the results."""
 EQUIVALENCE_ALPHA = 0.05
 """Level of each one-sided test of the TOST (its interval is the 90% Hodges-Lehmann one)."""
+MARGIN_PARAM = "comparison.margin"
+"""Parent-run param holding the spec's ``[comparison] margin`` (what ``hpo compare`` uses
+unless told otherwise)."""
 RETURNS_ARTIFACT = "returns/returns.csv"
 """A trial run's artifact: the ``returns.csv`` of its newest checkpoint (the final epoch's
 out-of-sample returns), columns :data:`RETURNS_COLUMNS`."""
@@ -557,7 +560,7 @@ def comparison_from_mlflow(
     *,
     parent_run_id: str | None = None,
     confidence: float = 0.95,
-    margin: float = DEFAULT_MARGIN,
+    margin: float | None = None,
     with_curves: bool = True,
     with_returns: bool = True,
     n_resamples: int | None = None,
@@ -572,8 +575,10 @@ def comparison_from_mlflow(
             f32 first). Trials of other precisions are left out (and say so in ``notes``).
         parent_run_id: The sweep's parent run; default the newest one in the experiment.
         confidence: Requested confidence of the Hodges-Lehmann CI that is reported.
-        margin: Equivalence margin on the paired difference of annualised Sharpe ratios
-            (default :data:`DEFAULT_MARGIN`, 0.1), fixed before looking at the results.
+        margin: Equivalence margin on the paired difference of annualised Sharpe ratios,
+            fixed before looking at the results; None takes the sweep's own (the parent
+            run's param :data:`MARGIN_PARAM`, from the spec's ``[comparison] margin``),
+            else :data:`DEFAULT_MARGIN`.
         with_curves: Also read every trial's validation-Sharpe history (for the report).
         with_returns: Also download every completed trial's :data:`RETURNS_ARTIFACT` (the
             pair tests and the PBO need them; without, they are "not available").
@@ -602,6 +607,8 @@ def comparison_from_mlflow(
         f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_PARENT}` = '{parent.info.run_id}'",
     )
     chosen = _resolve_precisions(precisions, parent, children)
+    if margin is None:
+        margin = _sweep_margin(parent, notes)
     if parent.data.tags.get("compare") == "false":
         notes.append(
             "this sweep did not run in compare mode: each precision was searched on its own, "
@@ -722,6 +729,19 @@ def _parent_run(client: Any, experiment_id: str, run_id: str | None, notes: list
             f"{parents[0].info.run_id} (choose another with --parent-run-id)"
         )
     return parents[0]
+
+
+def _sweep_margin(parent: Any, notes: list[str]) -> float:
+    raw = parent.data.params.get(MARGIN_PARAM)
+    try:
+        value = float(raw) if raw is not None else math.nan
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value > 0.0:
+        return value
+    if raw is not None:
+        notes.append(f"parent run param {MARGIN_PARAM}={raw!r} is not a margin; used the default")
+    return DEFAULT_MARGIN
 
 
 def _resolve_precisions(

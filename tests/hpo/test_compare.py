@@ -24,6 +24,7 @@ from hpo.cli import app
 from hpo.compare import (
     ALL_PRECISIONS,
     DEFAULT_MARGIN,
+    MARGIN_PARAM,
     OVERALL,
     RETURNS_ARTIFACT,
     VERDICT_SPLIT,
@@ -818,3 +819,18 @@ def test_without_returns_the_comparison_is_unchanged_and_says_not_available(
         without = bare.families[name].contrasts[CONTRAST]
         assert without.val.to_dict() == with_returns.val.to_dict()
         assert without.inference == with_returns.inference
+
+
+def test_hpo_compare_uses_the_sweeps_margin_unless_told_otherwise(
+    sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    kwargs = {"precisions": ("f32", "bf16"), "with_curves": False, "with_returns": False}
+    default = comparison_from_mlflow(sweep.experiment, sweep.tracking_uri, **kwargs)
+    assert default.margin == DEFAULT_MARGIN  # the synthetic sweep's spec has no margin param
+    private = copy_sweep(sweep, tmp_path / "store")
+    MlflowClient(private.tracking_uri).log_param(private.parent_run_id, MARGIN_PARAM, "0.3")
+    own = comparison_from_mlflow(private.experiment, private.tracking_uri, **kwargs)
+    assert own.margin == 0.3
+    assert own.families["tft"].contrasts[CONTRAST].inference["test"].margin == 0.3
+    told = comparison_from_mlflow(private.experiment, private.tracking_uri, margin=0.05, **kwargs)
+    assert told.margin == 0.05

@@ -1,9 +1,12 @@
-"""A small comparison sweep end to end on local Ray: the parent run holds the statistics
-and the report, and `hpo compare` reproduces them from MLflow alone."""
+"""A small comparison sweep end to end on local Ray: the parent run holds the verdict, the
+per-pair Sharpe-difference tests and the PBO, every completed trial's run holds its
+returns artifact, and `hpo compare` reproduces all of it from MLflow alone."""
 
 from __future__ import annotations
 
 import json
+import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,35 +14,72 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from hpo.cli import app
-from hpo.compare import comparison_from_mlflow
+from hpo.compare import RETURNS_ARTIFACT, TrialReturns, comparison_from_mlflow
+from hpo.stats import sharpe_moments
 from hpo.sweep import SweepRecord, run_sweep
 from tests.hpo.sweep_helpers import tiny_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+CONTRAST = "bf16_vs_f32"
 
 
 def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
     ray_session, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    spec = tiny_spec(tmp_path, name="cmp-e2e", compare=True, samples=2)
+    spec = tiny_spec(tmp_path, name="cmp-e2e", compare=True, samples=2, comparison={"margin": 0.25})
     rows = run_sweep(spec)
     assert len(rows) == spec.n_trials == 8
     record = SweepRecord.read(Path(spec.storage) / spec.name)
     client = MlflowClient(spec.tracking_uri)
     parent = client.get_run(record.parent_run_id)
-    metrics = parent.data.metrics
+    metrics, tags = parent.data.metrics, parent.data.tags
+    assert tags["cmp.margin"] == "0.25"  # the spec's [comparison] margin
+    recomputed = comparison_from_mlflow(spec.name, spec.tracking_uri)
+    assert recomputed.margin == 0.25  # hpo compare defaults to the sweep's margin
     for model in ("tft", "dqn"):
+        family = recomputed.families[model]
+        contrast = family.contrasts[CONTRAST]
         # One seed: every configuration is one unit of inference.
         assert (
-            metrics[f"cmp.{model}.bf16_vs_f32.val.n_units"]
-            + metrics[f"cmp.{model}.bf16_vs_f32.val.n_excluded"]
+            metrics[f"cmp.{model}.{CONTRAST}.val.n_units"]
+            + metrics[f"cmp.{model}.{CONTRAST}.val.n_excluded"]
             == 2.0
         )
-        assert f"cmp.{model}.f32.n_trials" in metrics
         # Two configurations cannot show equivalence at 5%: the verdict says so.
-        assert parent.data.tags[f"cmp.{model}.verdict"].startswith(("inconclusive", "not computed"))
+        assert tags[f"cmp.{model}.verdict"] == (contrast.verdict() or "not computed")
+        assert tags[f"cmp.{model}.verdict"].startswith(("inconclusive", "not computed"))
+        # Per pair: JKM and HAC on the members' returns over the same bars.
+        completed = [t for t in recomputed.trials_of(model) if t.state == "completed"]
+        for pair, by_split in contrast.pair_tests.items():
+            for split, test in by_split.items():
+                key = f"cmp.{model}.{CONTRAST}.{split}.{pair}"
+                if math.isfinite(test.hac_pvalue):
+                    assert metrics[f"{key}.hac_p"] == pytest.approx(test.hac_pvalue, rel=1e-12)
+                    assert metrics[f"{key}.jkm_p"] == pytest.approx(test.jkm_pvalue, rel=1e-12)
+                    assert test.n_bars > 50 and 0.0 <= test.hac_pvalue <= 1.0
+        # PBO over every completed trial of the family (4 when none diverged).
+        fit = family.overfitting
+        if len(completed) >= 2:
+            assert fit.pbo_note is None or "blocks instead" in fit.pbo_note, fit.pbo_note
+            assert metrics[f"cmp.{model}.pbo"] == pytest.approx(fit.pbo, rel=1e-12)
+            assert 0.0 <= fit.pbo <= 1.0 and fit.pbo_n_blocks == 16
+        # Each completed trial's artifact is the validation track its val_sharpe is of.
+        for trial in completed:
+            with tempfile.TemporaryDirectory() as tmp:
+                local = client.download_artifacts(trial.run_id, RETURNS_ARTIFACT, tmp)
+                track = TrialReturns.from_csv(Path(local).read_text())
+            assert sharpe_moments(track.returns["val"]).sr == pytest.approx(
+                trial.sharpe_per_period, rel=1e-9
+            )
+            listed = client.list_artifacts(trial.run_id, "returns")
+            assert [a.path for a in listed] == [RETURNS_ARTIFACT]  # one, never duplicated
     artifacts = {a.path for a in client.list_artifacts(record.parent_run_id, "comparison")}
     assert artifacts == {"comparison/comparison.json", "comparison/report.html"}
+    with tempfile.TemporaryDirectory() as tmp:
+        html = Path(
+            client.download_artifacts(record.parent_run_id, "comparison/report.html", tmp)
+        ).read_text(encoding="utf-8")
+    assert html.index('<h1 id="verdict">') < html.index('id="summary-table"')
 
     out = tmp_path / "again.json"
     result = CliRunner().invoke(
@@ -55,18 +95,12 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
         ],
     )
     assert result.exit_code == 0, result.output
+    assert "PBO" in result.output
     again = json.loads(out.read_text())
-    local = client.download_artifacts(
-        record.parent_run_id, "comparison/comparison.json", str(tmp_path)
-    )
-    logged = json.loads(Path(local).read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(record.parent_run_id, "comparison/comparison.json", tmp)
+        logged = json.loads(Path(local).read_text())
     for payload in (again, logged):
         payload.pop("computed_at")
     assert again["families"] == logged["families"] and again["overall"] == logged["overall"]
-    assert again["margin"] == logged["margin"] == 0.1
-    recomputed = comparison_from_mlflow(spec.name, spec.tracking_uri)
-    val = recomputed.families["tft"].contrasts["bf16_vs_f32"].val
-    if val.n_pairs_used:
-        assert metrics["cmp.tft.bf16_vs_f32.val.median_diff"] == pytest.approx(
-            val.median_difference
-        )
+    assert again["margin"] == logged["margin"] == 0.25
