@@ -2,7 +2,7 @@
 
     hpo models                                         families and their search spaces
     hpo train --model tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
-    hpo train --resume runs/tft-bf16 [--precision f32] [--epochs 8]
+    hpo train --resume runs/tft-bf16 [--precision f32] [--epochs 8] [--device cpu]
     hpo predict --checkpoint runs/tft-bf16 --data bars.csv --out positions.csv
     hpo tracking-server --store ~/mlflow-store                  MLflow server on 127.0.0.1:5000
     hpo submit spec.toml --address http://HEAD:8265 --storage /shared/hpo \
@@ -144,7 +144,10 @@ def train_cmd(
             "(a path, or an object-store URI as `hpo best` prints it)."
         ),
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
+    device: Annotated[
+        str | None,
+        typer.Option(help="auto, cpu or cuda[:N] (default: auto; on resume: the run's own)."),
+    ] = None,
 ) -> None:
     """Train one trial in-process (no Ray) and write its checkpoints under --out."""
     from trainables.checkpoint import CheckpointError
@@ -163,12 +166,14 @@ def train_cmd(
                 precision=precision or "f32",
                 epochs=epochs or 10,
                 seed=seed,
-                device=device,
+                device=device or "auto",
             )
         except (ValueError, TypeError) as exc:
             _fail(str(exc))
     elif set_:
-        _fail("--set cannot change a resumed trial's settings (only --precision and --epochs)")
+        _fail(
+            "--set cannot change a resumed trial's settings (only --precision, --epochs and --device)"
+        )
     elif is_uri(resume) and out is None:
         _fail(
             "--out is required when resuming from a URI (the checkpoint is fetched to a temporary copy)"
@@ -183,6 +188,7 @@ def train_cmd(
                 resume=local_resume,
                 precision=precision if resume is not None else None,
                 epochs=epochs if resume is not None else None,
+                device=device if resume is not None else None,
                 on_epoch=progress.on_epoch,
                 on_start=progress.on_start,
             )

@@ -115,3 +115,18 @@ def test_predict_writes_positions_for_new_bars(tmp_path: Path) -> None:
     assert len(positions) == n_decisions * 2
     summary = json.loads((tmp_path / "pos.backtest.json").read_text())
     assert np.isfinite(summary["sharpe"]) and summary["n_periods"] == n_decisions
+
+
+def test_resume_honours_device_and_otherwise_keeps_the_runs_own(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _train("--model", "tft", "--epochs", "1", "--device", "cpu", "--out", str(out), *TINY)
+
+    def saved_device(epoch: int) -> str:
+        meta = json.loads((out / "checkpoints" / f"epoch_{epoch:04d}" / "meta.json").read_text())
+        return str(meta["config"]["device"])
+
+    assert saved_device(1) == "cpu"
+    _train("--resume", str(out), "--epochs", "2")  # no --device: the run's own
+    assert saved_device(2) == "cpu"
+    output = _train("--resume", str(out), "--epochs", "3", "--device", "auto")
+    assert saved_device(3) == "auto" and "device cpu" in output  # auto is the CPU here
