@@ -193,3 +193,72 @@ def test_estimate_within_ten_percent_of_cuda_measurement(model: str, precision: 
     assert allocated and reserved and reserved >= allocated
     assert abs(measured.estimated_peak_bytes / allocated - 1) <= 0.10, measured.to_dict()
     assert abs(cpu_estimate.estimated_peak_bytes / allocated - 1) <= 0.10, cpu_estimate.to_dict()
+
+
+class FakeNvml:
+    """pynvml's calls cuda_device makes, for one H100 split into MIG instances: the
+    parent has 80 GiB, the instance this process sees 10 GiB."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self) -> None:
+        self.parent, self.mig = object(), object()
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        assert index == 0
+        return self.parent
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> object:
+        assert uuid == "MIG-1234-abcd"
+        return self.mig
+
+    def nvmlDeviceGetMigMode(self, handle: object) -> tuple[int, int]:
+        return (1, 1) if handle is self.parent else (0, 0)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, slot: int) -> object:
+        if slot == 0:
+            return self.mig
+        raise RuntimeError("empty slot")
+
+    def nvmlDeviceGetUUID(self, handle: object) -> bytes:
+        return b"MIG-1234-abcd"
+
+    def nvmlDeviceGetName(self, handle: object) -> bytes:
+        return (
+            b"NVIDIA H100 80GB HBM3 MIG 1g.10gb" if handle is self.mig else b"NVIDIA H100 80GB HBM3"
+        )
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(total=(10 if handle is self.mig else 80) * 2**30)
+
+
+@pytest.mark.parametrize("visible", ["MIG-1234-abcd", ""])
+def test_cuda_device_reads_a_mig_instances_own_memory(
+    monkeypatch: pytest.MonkeyPatch, visible: str
+) -> None:
+    """By the MIG UUID in CUDA_VISIBLE_DEVICES, or by matching torch's device UUID among the
+    parent's MIG instances; never the parent GPU's 80 GiB."""
+    import sys
+    from types import SimpleNamespace
+
+    from cluster import profiler
+
+    props = SimpleNamespace(
+        name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30, major=9, minor=0, uuid="1234-abcd"
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda index: index)
+    info = profiler.cuda_device(torch.device("cuda", 0))
+    assert info.name == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    assert info.total_bytes == 10 * 2**30
+    assert info.nvml_index is None  # NVML lists no per-process memory for MIG instances
