@@ -93,9 +93,10 @@ def gpu_fraction(
     """(peak * (1 + headroom) + context) / total at a resolution of 1/steps (Ray's by
     default), in [1/steps, 1.0].
 
-    Rounded up, except in one case: where the share one step lower lets one more trial
-    fit on a GPU (the exact share lies within a step above 1/n) and gives up at most half
-    the headroom, that one is taken. Without it a share of 0.0714023 (14.005 per GPU by
+    Rounded up, except in one case: where the share one step lower lets exactly the
+    memory-alone count n fit on a GPU (the exact share lies within a step above 1/n, and
+    the lower one packs n, not more) and gives up at most half the headroom, that one is
+    taken. Without it a share of 0.0714023 (14.005 per GPU by
     memory) would be asked as 0.0715 and pack 13.
     """
     if device_total_bytes <= 0:
@@ -112,7 +113,9 @@ def gpu_fraction(
     by_memory = math.floor(1.0 / raw + _EPS)
     if math.floor(steps / up) < by_memory:
         down = steps // by_memory  # the largest share that lets by_memory trials fit
-        if down >= 1 and raw - down / steps <= 0.5 * headroom * peak_bytes / device_total_bytes:
+        # ... and no more than those: a smaller share would pack trials beyond the bound
+        exact = down >= 1 and steps // down == by_memory
+        if exact and raw - down / steps <= 0.5 * headroom * peak_bytes / device_total_bytes:
             return round(down / steps, 9)
     return round(up / steps, 9)
 

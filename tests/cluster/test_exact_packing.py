@@ -77,3 +77,19 @@ def test_every_family_at_default_size_packs_the_memory_bound() -> None:
     low = {name: r for name, r in ratios.items() if r[2] < 0.95}
     assert not low, ratios
     assert len(ratios) == 2 * len(family_names())
+
+
+def test_a_share_never_packs_beyond_the_memory_bound() -> None:
+    """Stepping down never buys trials memory does not hold: over a sweep of peaks, the
+    trials per GPU at the share are within [0.95, 1] x the memory-alone bound whenever
+    that bound is at least 20, and never above it."""
+    from cluster.packing import gpu_fraction, trials_per_gpu
+
+    for i in range(4000):
+        peak = int(2**20 * (30 + i * 7.3))  # 30 MiB .. 28 GiB
+        share = gpu_fraction(peak, 512 * 2**20, H200, 0.15)
+        bound = math.floor(H200 / (peak * 1.15 + 512 * 2**20) + 1e-9)
+        got = trials_per_gpu(share)
+        assert got <= bound, (peak, share, got, bound)
+        if bound >= 20:
+            assert got >= 0.95 * bound, (peak, share, got, bound)
