@@ -1,11 +1,19 @@
 """GPU packing benchmark: every family in f32 and bf16 at its default trial size -- measured
-peak vs the CPU estimate, GPU fraction, trials per GPU, and training steps/s.
+peak vs the CPU estimate, GPU share, trials per GPU, and training steps/s -- then one
+packed sweep of all of them on the GPU, counting OOMs.
 
     .venv/bin/python bench/gpu_packing.py                  # one CUDA GPU, under 8 minutes
     .venv/bin/python bench/gpu_packing.py --smoke          # CPU, estimates only, dqn + tft, tiny
     .venv/bin/python bench/gpu_packing.py --families dqn,tft --out bench/results
 
 Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/results).
+
+The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) starts
+a local Ray, profiles every (family, precision) in a Ray task on the GPU
+(:class:`cluster.packing_plan.ClusterPacker`, as a sweep does), prints the plan, then runs
+one short trial of each through the real trainable at its planned share, all at once
+where they fit, and reports the OOMs (the target is 0) and the most trials that ran at
+once.
 
 For each (family, precision) it runs the profiler twice: on the CPU (the estimate a driver
 without a GPU packs with) and, on CUDA, measured (``max_memory_allocated`` / ``reserved``
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from cluster.packing import DEFAULT_GRID, DEFAULT_HEADROOM, plan
+from cluster.packing import DEFAULT_HEADROOM, RAY_GPU_STEPS, plan
 from cluster.profiler import MemoryProfile, MiB, profile_trial, profiling_config
 from models import family_names, get_family
 from trainables.config import DataConfig, TrainConfig, TrialBase, TrialConfig
@@ -137,7 +146,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# GPU packing: {report['device']} (torch {report['torch']})",
         "",
-        f"headroom {report['headroom']}, grid 1/{report['grid']}; "
+        f"headroom {report['headroom']}, shares at 1/{report['grid']}; "
         f"{'GPU measured' if report['measured'] else 'NOT MEASURED ON A GPU: CPU estimates only'}",
         "",
         "| family | precision | params | estimate MiB | allocated MiB | reserved MiB | "
@@ -158,9 +167,102 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {family} | {ratio['peak']:.2f} | {ratio['trials']:.2f} | {ratio['steps']:.2f} |"
         )
+    sweep = report.get("sweep")
+    if sweep:
+        lines += [
+            "",
+            f"Packed sweep: {sweep['trials']} trials, {sweep['ooms']} OOMs, {sweep['errors']} "
+            f"errors, at most {sweep['most_at_once']} at once, {sweep['elapsed_s']} s",
+            "",
+            "```",
+            sweep["plan"],
+            "```",
+        ]
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(report["skipped"])]
     return "\n".join(lines) + "\n"
+
+
+class _TrialOf:
+    """The resources callable of the bench's trials, whose config is ``{"trial": dict}``."""
+
+    def __init__(self, packer: Any) -> None:
+        self.packer = packer
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        return self.packer(config["trial"])
+
+
+def _bench_trial(config: dict[str, Any]) -> None:
+    import time as clock
+
+    from ray import tune
+
+    from trainables.trial import run_trial
+
+    start = clock.time()
+    run_trial(config["trial"])
+    tune.report({"start": start, "end": clock.time(), "done": 1})
+
+
+def packed_sweep(
+    families: tuple[str, ...], smoke: bool, headroom: float, storage: Path
+) -> dict[str, Any]:
+    """One short trial per (family, precision) at its planned share, on a local Ray."""
+    import ray
+    from ray import tune
+
+    from cluster.gpu_types import cluster_gpu_types
+    from cluster.packing_plan import ClusterPacker, plan_rows, render_plan
+    from cluster.vram_table import SharedVramCache
+
+    if __name__ != "__main__" and __name__ in sys.modules:  # imported by name: Ray's workers
+        from ray import cloudpickle  # cannot import bench/, so ship its functions by value
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    if not ray.is_initialized():
+        from cluster.connect import ensure_ray
+
+        ensure_ray()
+    packer = ClusterPacker(
+        cluster_gpu_types(),
+        headroom=headroom,
+        cpu_per_trial=0 if smoke else 1,
+        cache=SharedVramCache.at(str(storage)),
+    )
+    trainer = {**(SMOKE_TRAINER if smoke else {}), "max_steps_per_epoch": 10, "rl_iterations": 4}
+    trials = [
+        TrialConfig(
+            model=family,
+            precision=precision,
+            seed=0,
+            params=SMOKE_MODEL.get(family, {}) if smoke else {},
+            base=TrialBase(epochs=1, trainer=trainer, data=SMOKE_DATA if smoke else DataConfig()),
+            member=f"{precision}/0",
+        )
+        for family in families
+        for precision in PRECISIONS
+    ]
+    started = time.perf_counter()
+    rows = plan_rows(packer, [t.train_config() for t in trials])
+    tuner = tune.Tuner(
+        tune.with_resources(_bench_trial, _TrialOf(packer)),
+        param_space={"trial": tune.grid_search([t.to_dict() for t in trials])},
+        run_config=tune.RunConfig(name="gpu-packing", storage_path=str(storage), verbose=0),
+    )
+    results = tuner.fit()
+    metrics = [results[i].metrics or {} for i in range(len(results))]
+    spans = [(m["start"], m["end"]) for m in metrics if "start" in m]
+    most = max((sum(s <= t < e for s, e in spans) for t, _ in spans), default=0)
+    return {
+        "trials": len(trials),
+        "ooms": sum(int(m.get("oom", 0)) for m in metrics),
+        "errors": results.num_errors,
+        "most_at_once": most,
+        "plan_rows": rows,
+        "plan": render_plan(rows, headroom),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -169,7 +271,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--families", default=None, help="comma-separated (default: all)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM)
-    parser.add_argument("--grid", type=int, default=DEFAULT_GRID)
+    parser.add_argument("--grid", type=int, default=RAY_GPU_STEPS, help="steps per GPU")
+    parser.add_argument(
+        "--sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the packed sweep (default: with CUDA)",
+    )
     parser.add_argument("--seconds", type=float, default=None, help="timing per row")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args(argv)
@@ -197,6 +305,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 skipped.append(f"{family}/{precision} ({type(exc).__name__}: {exc})")
             print(f"{family}/{precision} done at {time.perf_counter() - started:.0f}s", flush=True)
 
+    sweep = None
+    if args.sweep or (args.sweep is None and device.type == "cuda"):
+        with tempfile.TemporaryDirectory(prefix="hpo-bench-packing-") as storage:
+            sweep = packed_sweep(
+                tuple(f for f in families if not any(f in s for s in skipped)),
+                args.smoke,
+                args.headroom,
+                Path(storage),
+            )
+        print(sweep["plan"], flush=True)
+
     ratios: dict[str, dict[str, float]] = {}
     by_key = {(r["family"], r["precision"]): r for r in rows}
     for family in families:
@@ -217,6 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows": rows,
         "ratios": ratios,
         "skipped": skipped,
+        "sweep": sweep,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -41,3 +41,20 @@ def test_profiles_come_from_a_gpu_worker_and_are_shared(ray_session: Any, tmp_pa
     (row,) = plan_rows(other, [config])
     assert row["profiled_pid"] == profile.pid and row["binding"] == "GPU memory"
     assert row["share"] == other.shares(config)[0].packing.fraction < 0.01
+
+
+@pytest.mark.slow
+def test_benchmarks_packed_sweep_runs_at_the_planned_shares(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """bench/gpu_packing.py's sweep (smoke shapes): profiled in workers, both trials at once
+    on the logical GPUs, no OOM, no error."""
+    from tests.cluster.test_packing import load_bench
+
+    sweep = load_bench().packed_sweep(("tft",), smoke=True, headroom=0.15, storage=tmp_path)
+    assert (sweep["trials"], sweep["ooms"], sweep["errors"]) == (2, 0, 0)
+    assert sweep["most_at_once"] == 2
+    rows = sweep["plan_rows"]
+    assert [r["precision"] for r in rows] == ["f32", "bf16"]
+    assert all(r["share"] < 0.01 and r["profiled_pid"] != os.getpid() for r in rows)
+    assert "trials/GPU" in sweep["plan"]
