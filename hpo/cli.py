@@ -111,10 +111,8 @@ def models_cmd(as_json: JsonFlag = False) -> None:
         console.print_json(json.dumps(payload))
         return
     for family in families:
-        table = Table(title=f"{family.name} ({family.kind}) — {family.paper}", title_justify="left")
-        table.add_column("hyperparameter")
-        table.add_column("range")
-        table.add_column("default")
+        title = f"{family.name} ({family.kind}) — {family.paper}"
+        table = _table(title, "hyperparameter", "range", "default")
         defaults = family.default_config()
         for key, dim in family.search_space.items():
             table.add_row(key, describe_dim(dim), repr(getattr(defaults, key, "—")))
@@ -316,22 +314,9 @@ def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
             )
         )
         return
-    table = Table(
-        title=f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started",
-        title_justify="left",
-    )
-    for column in (
-        "trial",
-        "model",
-        "precision",
-        "seed",
-        "pair",
-        "status",
-        "epochs",
-        "val Sharpe",
-        "note",
-    ):
-        table.add_column(column)
+    title = f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started"
+    columns = ("trial", "model", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
+    table = _table(title, *columns, "note")
     for r in rows:
         note = "diverged" if r.diverged else "fell back to f32" if r.fell_back_to_f32 else ""
         table.add_row(
@@ -684,9 +669,8 @@ def jobs_cmd(address: JobsAddress = None, as_json: JsonFlag = False) -> None:
     if as_json:
         console.print_json(json.dumps([r.to_dict() for r in rows]))
         return
-    table = Table(title=f"{len(rows)} job(s)", title_justify="left")
-    for column in ("job", "status", "sweep", "entrypoint", "start", "end", "message"):
-        table.add_column(column, overflow="fold")
+    columns = ("job", "status", "sweep", "entrypoint", "start", "end", "message")
+    table = _table(f"{len(rows)} job(s)", *columns, overflow="fold")
     for r in rows:
         table.add_row(r.job_id, r.status, r.sweep, r.entrypoint, r.start, r.end, r.message)
     console.print(table)
@@ -807,24 +791,24 @@ def _sweep_dir(storage: str, name: str) -> SweepLocation:
     return SweepLocation.parse(storage).child(name)
 
 
+def _table(title: str, *columns: str, **column_style: Any) -> Table:
+    """A left-titled table with these columns, all styled alike (``overflow=...``)."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, **column_style)
+    return table
+
+
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:+.3f}"
 
 
 def _print_best(best: list[Any]) -> None:
-    table = Table(
-        title="best trial per model and precision (final validation Sharpe)", title_justify="left"
+    table = _table(
+        "best trial per model and precision (final validation Sharpe)",
+        *("model", "precision", "val Sharpe", "test Sharpe", "trial", "config", "checkpoint"),
+        overflow="fold",
     )
-    for column in (
-        "model",
-        "precision",
-        "val Sharpe",
-        "test Sharpe",
-        "trial",
-        "config",
-        "checkpoint",
-    ):
-        table.add_column(column, overflow="fold")
     for r in best:
         config = ", ".join(f"{k}={_short(v)}" for k, v in sorted(r.params.items()))
         table.add_row(
