@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import models
+from cluster.packing import gpu_fraction, trials_per_gpu
 from hpo.cli import app
 
 runner = CliRunner()
@@ -44,12 +45,16 @@ def test_profile_one_trial_as_json_then_from_the_table(tmp_path: Path) -> None:
             "context",
         )
     )
-    assert (packing["fraction"], packing["trials_per_gpu"], packing["grid"]) == (0.05, 20, 20)
+    # The share cluster.packing gives this peak at the default headroom on HPO_GPU_TOTAL_GB.
+    share = gpu_fraction(profile["peak_bytes"], profile["context_bytes"], 80 * 2**30, 0.15)
+    assert (packing["fraction"], packing["headroom"]) == (share, 0.15)
+    assert packing["trials_per_gpu"] == trials_per_gpu(share) > 1
     assert json.loads((tmp_path / "vram.json").read_text())["entries"]
 
     text = runner.invoke(app, [*args, *TINY])
     assert text.exit_code == 0, text.output
-    assert "GPU fraction 0.05" in text.output and "20 trials per GPU" in text.output
+    assert f"GPU fraction {share:g}" in text.output
+    assert f"{trials_per_gpu(share)} trials per GPU" in text.output
 
 
 def test_profile_all_skips_families_that_do_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
