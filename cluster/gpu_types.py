@@ -9,10 +9,11 @@ A node can also declare the memory of one of its GPUs, so that a share can be co
 a node that cannot measure it (no CUDA in the profiling process, logical GPUs in tests):
 
     ray start --address HEAD:6379 --num-gpus 4 \\
-        --resources '{"accelerator_type:L4": 1, "hpo_gpu_memory_gib": 22.5}'
+        --resources '{"accelerator_type:L4": 1, "hpo_gpu_memory_mib": 23034}'
 
-``hpo_gpu_memory_gib`` is the memory of ONE GPU of that node in GiB (for MIG, of one
-instance); a node is never asked for it (trials request only ``GPU`` and a sliver of
+``hpo_gpu_memory_mib`` is the memory of ONE GPU of that node in MiB (for MIG, of one
+instance; ``nvidia-smi --query-gpu=memory.total --format=csv`` prints it); MiB because
+Ray accepts only whole numbers as a node's custom resource quantities. A node is never asked for it (trials request only ``GPU`` and a sliver of
 ``accelerator_type:<NAME>``). Without a declaration, a node that measures reports its
 device's own total (pynvml), and an estimate falls back to ``HPO_GPU_TOTAL_GB`` or 80 GiB.
 
@@ -28,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACCELERATOR_PREFIX = "accelerator_type:"
-GPU_MEMORY_RESOURCE = "hpo_gpu_memory_gib"
+GPU_MEMORY_RESOURCE = "hpo_gpu_memory_mib"
 UNTYPED = "GPU"
 TYPE_CONSTRAINT = 0.001  # a node's accelerator_type resource is 1: up to 1000 trials fit
-GiB = 2**30
+MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def node_type_name(resources: Mapping[str, float]) -> str:
 
 def declared_memory_bytes(resources: Mapping[str, float]) -> int | None:
     value = resources.get(GPU_MEMORY_RESOURCE)
-    return int(float(value) * GiB) if value else None
+    return int(float(value) * MiB) if value else None
 
 
 def gpu_types(nodes: Iterable[Mapping[str, Any]]) -> list[GpuType]:

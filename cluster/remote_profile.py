@@ -8,7 +8,7 @@ it never profiles itself. For each distinct shape and GPU type it runs
 * where the task sees CUDA it measures (warm step + validation forward, the allocator's
   peak statistics; name and total memory from pynvml, MIG-aware);
 * elsewhere (logical GPUs, a CPU-only torch) it estimates from tensor bytes and takes the
-  device total from the node's declared GPU memory (``hpo_gpu_memory_gib``, see
+  device total from the node's declared GPU memory (``hpo_gpu_memory_mib``, see
   :mod:`cluster.gpu_types`).
 
 The task records its Ray node id and process id in the profile, writes it to the sweep's

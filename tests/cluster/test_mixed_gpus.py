@@ -52,12 +52,22 @@ def test_types_come_from_node_resources() -> None:
         {
             "NodeID": "a",
             "Alive": True,
-            "Resources": {"CPU": 8, "GPU": 4, "accelerator_type:L4": 1, "hpo_gpu_memory_gib": 22.5},
+            "Resources": {
+                "CPU": 8,
+                "GPU": 4,
+                "accelerator_type:L4": 1,
+                "hpo_gpu_memory_mib": 23040,
+            },
         },
         {
             "NodeID": "b",
             "Alive": True,
-            "Resources": {"CPU": 4, "GPU": 2, "accelerator_type:L4": 1, "hpo_gpu_memory_gib": 24},
+            "Resources": {
+                "CPU": 4,
+                "GPU": 2,
+                "accelerator_type:L4": 1,
+                "hpo_gpu_memory_mib": 24576,
+            },
         },
         {"NodeID": "c", "Alive": True, "Resources": {"CPU": 4, "GPU": 1}},
         {
