@@ -119,9 +119,10 @@ def test_mixed_f32_and_bf16_fractions_pack_to_the_gpus_and_never_beyond(
     ray_session: Any, tmp_path: Path
 ) -> None:
     # Measured-style fractions: an f32 trial peaking at 34 GiB and its bf16 twin at
-    # 16.5 GiB, 0.5 GiB context, 15% headroom, 80 GiB GPUs.
-    f32 = gpu_fraction(34 * GiB, GiB // 2, 80 * GiB, 0.15)
-    bf16 = gpu_fraction(int(16.5 * GiB), GiB // 2, 80 * GiB, 0.15)
+    # 16.5 GiB, 0.5 GiB context, 15% headroom, 80 GiB GPUs; rounded at 1/20 here (exact:
+    # 0.495 and 0.2435) so that full GPUs add up to exactly 4.
+    f32 = gpu_fraction(34 * GiB, GiB // 2, 80 * GiB, 0.15, steps=20)
+    bf16 = gpu_fraction(int(16.5 * GiB), GiB // 2, 80 * GiB, 0.15, steps=20)
     assert (f32, bf16) == (0.5, 0.25)
     trials = (
         [{"frac": f32, "precision": "f32", "i": i} for i in range(4)]
