@@ -25,6 +25,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
 PROBE_TIMEOUT_S = 3.0
 
 
@@ -49,7 +50,9 @@ def ensure_ray(
     address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None
 ) -> ClusterInfo:
     """Start (or join) Ray once per process and describe what it offers."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault(LOOPBACK_ENV, "0")
+    if address is None:
+        _keep_local_ray_on_loopback()
     import ray
 
     started = False
@@ -84,6 +87,21 @@ def ensure_ray(
         ),
         scalable_node_resources=_autoscaler_node_types(),
     )
+
+
+def _keep_local_ray_on_loopback() -> None:
+    """A local Ray binds to loopback unless the user set ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``.
+
+    The variable is read twice: by the processes Ray starts (they inherit it from the
+    environment) and by this process's ``ray._private.ray_constants`` at its import. The CLI sets it before
+    anything imports ray; a library caller (a notebook, the tests) usually imported ray
+    first, so the already-read constant is set too (``services.get_node_ip_address`` reads
+    it at call time). An explicit user setting wins in both places."""
+    import sys
+
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and os.environ[LOOPBACK_ENV] == "0":
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
 
 
 # Ray Client starts one server process per connecting job on the head; on a loaded head

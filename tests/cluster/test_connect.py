@@ -62,3 +62,32 @@ def test_other_connection_errors_are_not_retried() -> None:
     with pytest.raises(ConnectionAbortedError, match="version mismatch"):
         connect._init_with_client_retry(ray, {})
     assert ray.calls == 1
+
+
+@pytest.mark.ray
+def test_a_local_ray_started_after_ray_was_imported_listens_on_loopback_only(
+    ray_session: Any,
+) -> None:
+    """A library caller (a notebook, these tests) imports ray before ``ensure_ray``, so an
+    environment variable set there comes too late for this process: the local Ray must
+    still bind to loopback only."""
+    import ipaddress
+
+    import psutil
+
+    listening = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    listening.add((proc.name(), conn.laddr.ip, conn.laddr.port))
+        except psutil.Error:
+            continue
+    assert listening, "no Ray process of this session was found listening"
+    exposed = {
+        entry
+        for entry in listening
+        if not ipaddress.ip_address(entry[1].split("%", 1)[0]).is_loopback
+        and not (entry[1].startswith("::ffff:127."))
+    }
+    assert not exposed, f"Ray processes listen beyond loopback: {sorted(exposed)}"
