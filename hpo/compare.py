@@ -113,6 +113,8 @@ from hpo.stats import (
     sharpe_difference_test,
 )
 from hpo.tracking import (
+    MARGIN_PARAM,
+    RETURNS_ARTIFACT,
     ROLE_SWEEP,
     ROLE_TRIAL,
     TAG_FAILURE,
@@ -130,7 +132,9 @@ from hpo.tracking import (
 
 __all__ = [
     "DEFAULT_MARGIN",
+    "MARGIN_PARAM",
     "OVERALL",
+    "RETURNS_ARTIFACT",
     "VERDICT_SPLIT",
     "Comparison",
     "ComparisonError",
@@ -172,12 +176,6 @@ difference inside it is one no backtest of that length could act on. Set it per 
 before looking at the results."""
 EQUIVALENCE_ALPHA = 0.05
 """Level of each one-sided test of the TOST (its interval is the 90% Hodges-Lehmann one)."""
-MARGIN_PARAM = "comparison.margin"
-"""Parent-run param holding the spec's ``[comparison] margin`` (what ``hpo compare`` uses
-unless told otherwise)."""
-RETURNS_ARTIFACT = "returns/returns.csv"
-"""A trial run's artifact: the ``returns.csv`` of its newest checkpoint (the final epoch's
-out-of-sample returns), columns :data:`RETURNS_COLUMNS`."""
 RETURNS_COLUMNS = ("split", "fold", "timestamp", "return")
 """Header of :data:`RETURNS_ARTIFACT` (``trainables.checkpoint.RETURNS_COLUMNS``; not
 imported from there, so that reading MLflow needs no torch)."""

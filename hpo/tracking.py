@@ -59,6 +59,12 @@ ROLE_SWEEP, ROLE_TRIAL = "sweep", "trial"
 # and charts of model training. The key and values are those of MLflow's UI bundle.
 TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND_TRAINING = "custom_model_development"
+RETURNS_ARTIFACT = "returns/returns.csv"
+"""A trial run's artifact: the ``returns.csv`` of the trial's newest checkpoint (the final
+epoch's out-of-sample returns: split, fold, timestamp, return), logged when the trial
+ends; a resumed trial that ends again overwrites it (one file per run, never two)."""
+MARGIN_PARAM = "comparison.margin"
+"""Parent-run param: the spec's ``[comparison] margin`` (what ``hpo compare`` uses)."""
 METRIC_DROPPED = "hpo.dropped_writes"  # parent run: calls the store rejected, so far
 TAG_LAST_DROPPED = "hpo.last_dropped_write"
 
@@ -144,16 +150,23 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
 def start_sweep_run(
     client: MlflowClient, sweep_name: str, spec_payload: Mapping[str, Any], compare: bool
 ) -> str:
-    """The sweep's parent run; its params are the spec's top-level scalars."""
+    """The sweep's parent run; its params are the spec's top-level scalars and the scalars
+    of its tables as ``<table>.<key>`` (``comparison.margin``, ``data.n_bars``, ...)."""
     experiment_id = ensure_experiment(client, experiment_name(sweep_name))
     run = client.create_run(
         experiment_id,
         run_name=f"sweep-{sweep_name}",
         tags={TAG_ROLE: ROLE_SWEEP, TAG_SWEEP: sweep_name, "compare": str(compare).lower()},
     )
+    flat: dict[str, Any] = {}
+    for key, value in spec_payload.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
     params = [
         Param(k, _param_value(v))
-        for k, v in spec_payload.items()
+        for k, v in flat.items()
         if isinstance(v, str | int | float | bool | list) and not is_secret(k)
     ]
     if params:
@@ -367,6 +380,8 @@ class MlflowSweepCallback(Callback):
             self._finish(trial, "FAILED", "oom", str(result.get("failure_reason", "")))
             return
         diverged = bool(result.get("diverged"))
+        if not diverged:
+            self._log_returns(trial)
         self._finish(
             trial, "FAILED" if diverged else "FINISHED", "diverged" if diverged else "completed"
         )
@@ -493,6 +508,29 @@ class MlflowSweepCallback(Callback):
         history = self.client.get_metric_history(run_id, "val_sharpe")
         return max((m.step for m in history), default=0)
 
+    def _log_returns(self, trial: Any) -> None:
+        """Queue the trial's final returns (its newest checkpoint's returns.csv) as the run
+        artifact :data:`RETURNS_ARTIFACT`, ahead of closing the run: a run that reads as
+        ended has its artifact. Read in the outbox thread, so an object store never
+        stalls Tune's loop; a checkpoint without the file (or with a bad checksum) is
+        logged and skipped, and ``hpo compare`` says the series is not available."""
+        self._ensure_run(trial)
+        checkpoint = getattr(trial, "checkpoint", None)
+        if checkpoint is None:
+            return
+        trial_id = trial.trial_id
+
+        def upload() -> None:
+            try:
+                text = checkpoint_returns(checkpoint)
+            except (OSError, ValueError) as exc:
+                log.warning("trial %s: returns not logged: %s", trial_id, exc)
+                return
+            if text is not None:
+                self.client.log_text(self.run_ids[trial_id], text, RETURNS_ARTIFACT)
+
+        self.outbox.send(f"returns of {trial_id}", upload)
+
     def _finish(self, trial: Any, status: str, label: str, reason: str = "") -> None:
         self._ensure_run(trial)
         trial_id = trial.trial_id
@@ -514,6 +552,35 @@ class MlflowSweepCallback(Callback):
     def set_state(self, state: dict[str, Any]) -> None:
         self.run_ids.update(state.get("run_ids", {}))
         self.last_epoch.update(state.get("last_epoch", {}))
+
+
+def checkpoint_returns(checkpoint: Any) -> str | None:
+    """The text of the returns file in a reported Tune checkpoint (local or in an object
+    store, through the checkpoint's pyarrow filesystem), verified against the checksum in
+    its meta.json; None when the checkpoint has none (saved before an evaluation).
+
+    Raises:
+        ValueError: the file does not match its checksum.
+        OSError: the storage could not be read.
+    """
+    import hashlib
+    import json
+
+    from trainables.checkpoint import META_FILE, RETURNS_FILE
+    from trainables.trial import CKPT_SUBDIR
+
+    fs, root = checkpoint.filesystem, f"{checkpoint.path.rstrip('/')}/{CKPT_SUBDIR}"
+    path = f"{root}/{RETURNS_FILE}"
+    if fs.get_file_info(path).type.name != "File":
+        return None
+    with fs.open_input_stream(path) as stream:
+        data = stream.read()
+    with fs.open_input_stream(f"{root}/{META_FILE}") as stream:
+        checksums = json.loads(stream.read()).get("checksums") or {}
+    expected = checksums.get(RETURNS_FILE)
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise ValueError(f"{path}: checksum mismatch (truncated or corrupted file)")
+    return data.decode("utf-8")
 
 
 def _is_number(value: Any) -> bool:

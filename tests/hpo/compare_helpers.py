@@ -11,10 +11,11 @@ Known final values (3 epochs, the final one is the value below):
   f32 and completes.
 * dqn, 6 pairs: the bf16 member of g005 is still running (2 of 3 epochs).
 
-Every completed trial has its returns artifact (:data:`hpo.compare.RETURNS_ARTIFACT`,
-:func:`synthetic_returns`: its validation track's Sharpe is exactly the logged
-per-period Sharpe) except the f32 member of dqn g000 (:data:`NO_RETURNS`), so dqn's PBO
-and that pair's tests are "not available".
+Every epoch reports a checkpoint with a ``returns.csv`` (:func:`synthetic_returns`: its
+validation track's Sharpe is exactly that epoch's logged per-period Sharpe), and the
+callback logs the final one as the run's artifact (:data:`hpo.tracking.RETURNS_ARTIFACT`),
+except for the f32 member of dqn g000 (:data:`NO_RETURNS`: checkpoints without the file),
+so dqn's PBO and that pair's tests are "not available".
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hpo.compare import RETURNS_ARTIFACT, TrialRecord, TrialReturns
+from hpo.compare import TrialRecord, TrialReturns
 from hpo.stats import probabilistic_sharpe_ratio, sharpe_moments
 from hpo.tracking import MlflowSweepCallback, start_sweep_run
 
@@ -96,6 +97,29 @@ class FakeTrial:
     config: dict[str, Any]
     last_result: dict[str, Any] = field(default_factory=dict)
     error_file: str | None = None
+    checkpoint: Any = None
+    """The newest reported ``ray.tune.Checkpoint`` (Tune's ``Trial.checkpoint``)."""
+
+
+def tune_checkpoint(directory: Path, returns_text: str | None) -> Any:
+    """A reported Tune checkpoint laid out as trainables.trial reports it: the trainer's
+    checkpoint in ``state/`` with ``returns.csv`` checksummed in ``meta.json``."""
+    import hashlib
+    import json
+
+    from ray import tune
+
+    from trainables.checkpoint import META_FILE, RETURNS_FILE
+    from trainables.trial import CKPT_SUBDIR
+
+    state = directory / CKPT_SUBDIR
+    state.mkdir(parents=True, exist_ok=True)
+    checksums = {}
+    if returns_text is not None:
+        (state / RETURNS_FILE).write_text(returns_text)
+        checksums[RETURNS_FILE] = hashlib.sha256(returns_text.encode()).hexdigest()
+    (state / META_FILE).write_text(json.dumps({"schema": 2, "checksums": checksums}))
+    return tune.Checkpoint.from_directory(str(directory))
 
 
 @dataclass
@@ -162,17 +186,20 @@ def build_sweep(
                         "params": {"lr": 1e-3 * (index + 1)},
                     },
                 )
-                _play(callback, trial, model, source, index, shift=source != precision)
-                assert callback.flush()
-                run_id = callback.run_ids[trial.trial_id]
-                run_ids[(model, precision, index)] = run_id
                 key = (model, precision, index)
-                ended = key not in DIVERGED | UNFINISHED or source != precision
-                if ended and key not in NO_RETURNS:
-                    sr = trial.last_result["val_sharpe_per_period"]
-                    sr_test = trial.last_result["test_sharpe"] / math.sqrt(PERIODS_PER_YEAR)
-                    text = synthetic_returns(sr, sr_test, seed=number)
-                    client.log_text(run_id, text, RETURNS_ARTIFACT)
+                _play(
+                    callback,
+                    trial,
+                    model,
+                    source,
+                    index,
+                    shift=source != precision,
+                    checkpoint_dir=tmp_path / "checkpoints" / trial.trial_id,
+                    with_returns=key not in NO_RETURNS,
+                    seed=number,
+                )
+                assert callback.flush()
+                run_ids[key] = callback.run_ids[trial.trial_id]
     return SyntheticSweep(tracking_uri, name, parent, run_ids)
 
 
@@ -183,6 +210,9 @@ def _play(
     precision: str,
     index: int,
     shift: bool,
+    checkpoint_dir: Path,
+    with_returns: bool,
+    seed: int,
 ) -> None:
     key = (model, precision, index)
     diverged = key in DIVERGED and not shift
@@ -197,6 +227,12 @@ def _play(
             result["val_sharpe_per_period"] -= 0.05 / math.sqrt(PERIODS_PER_YEAR)
             result["fell_back_to_f32"] = 0
         trial.last_result = result
+        # Each epoch reports a checkpoint whose returns are that epoch's (the callback
+        # logs only the last one, when the trial ends).
+        sr = result["val_sharpe_per_period"]
+        sr_test = result["test_sharpe"] / math.sqrt(PERIODS_PER_YEAR)
+        text = synthetic_returns(sr, sr_test, seed=seed) if with_returns else None
+        trial.checkpoint = tune_checkpoint(checkpoint_dir / f"epoch{epoch}", text)
         callback.on_trial_result(0, [], trial, result)
     if unfinished:
         return

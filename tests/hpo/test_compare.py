@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,9 +49,11 @@ from hpo.stats import (
     sharpe_difference_test,
     sharpe_moments,
 )
+from hpo.tracking import MlflowSweepCallback
 from tests.hpo.compare_helpers import (
     EPOCHS,
     VAL,
+    FakeTrial,
     SyntheticSweep,
     copy_sweep,
     finite_pairs,
@@ -59,6 +62,8 @@ from tests.hpo.compare_helpers import (
     paired_records,
     record_with_returns,
     shared_sweep,
+    synthetic_returns,
+    tune_checkpoint,
 )
 
 CONTRAST = "bf16_vs_f32"
@@ -834,3 +839,56 @@ def test_hpo_compare_uses_the_sweeps_margin_unless_told_otherwise(
     assert own.families["tft"].contrasts[CONTRAST].inference["test"].margin == 0.3
     told = comparison_from_mlflow(private.experiment, private.tracking_uri, margin=0.05, **kwargs)
     assert told.margin == 0.05
+
+
+def test_a_resumed_trial_overwrites_its_returns_artifact(
+    sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    private = copy_sweep(sweep, tmp_path / "store")
+    client = MlflowClient(private.tracking_uri)
+    config = {
+        "model": "tft", "precision": "f32", "seed": 0, "group_id": "tft-g099",
+        "pair_id": "tft-g099-s0", "params": {"lr": 1e-3},
+    }  # fmt: skip
+    first, second = synthetic_returns(0.05, 0.01, seed=1), synthetic_returns(0.08, 0.02, seed=2)
+    state: dict[str, Any] = {}
+    for epoch, text in ((1, first), (2, second)):
+        # A fresh callback each time, restored from the state Tune saved: a resumed sweep.
+        callback = MlflowSweepCallback(
+            private.tracking_uri, private.experiment, private.parent_run_id
+        )
+        callback.set_state(state)
+        trial = FakeTrial("t-resumed", config)
+        trial.checkpoint = tune_checkpoint(tmp_path / f"ckpt{epoch}", text)
+        callback.on_trial_start(0, [], trial)
+        trial.last_result = {"epoch": epoch, "val_sharpe": 0.5 * epoch}
+        callback.on_trial_result(0, [], trial, trial.last_result)
+        callback.on_trial_complete(0, [], trial)
+        assert callback.flush()
+        state = callback.get_state()
+    run_id = state["run_ids"]["t-resumed"]
+    assert [a.path for a in client.list_artifacts(run_id, "returns")] == [RETURNS_ARTIFACT]
+    with tempfile.TemporaryDirectory() as tmp:
+        assert Path(client.download_artifacts(run_id, RETURNS_ARTIFACT, tmp)).read_text() == second
+
+
+def test_a_corrupt_returns_file_is_not_logged(
+    sweep: SyntheticSweep, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    private = copy_sweep(sweep, tmp_path / "store")
+    callback = MlflowSweepCallback(private.tracking_uri, private.experiment, private.parent_run_id)
+    config = {
+        "model": "tft", "precision": "f32", "seed": 0, "group_id": "tft-g098",
+        "pair_id": "tft-g098-s0", "params": {"lr": 1e-3},
+    }  # fmt: skip
+    trial = FakeTrial("t-corrupt", config)
+    trial.checkpoint = tune_checkpoint(tmp_path / "ckpt", synthetic_returns(0.05, 0.01, seed=1))
+    returns_file = tmp_path / "ckpt" / "state" / "returns.csv"
+    returns_file.write_text(returns_file.read_text()[:-20])  # truncated after the checksum
+    callback.on_trial_start(0, [], trial)
+    callback.on_trial_complete(0, [], trial)
+    with caplog.at_level("WARNING", logger="hpo.tracking"):
+        assert callback.flush()
+    assert any("checksum mismatch" in r.message for r in caplog.records)
+    run_id = callback.run_ids["t-corrupt"]
+    assert MlflowClient(private.tracking_uri).list_artifacts(run_id, "returns") == []
