@@ -132,18 +132,17 @@ def measure(family: str, policy_name: str, steps: int, repeats: int) -> Row:
     )
 
 
-def table(rows: list[Row]) -> str:
-    lines = [
-        "| family | policy | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
-        "| trainer ms/step | bare ms/step | ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.family} | {r.policy} | {r.tensors} | {r.fwd_bwd} | {r.opt_guard} | {r.fused} "
-            f"| {r.trainer_ms:.2f} | {r.bare_ms:.2f} | {r.trainer_ms / r.bare_ms:.2f}x |"
-        )
-    return "\n".join(lines)
+HEADER = (
+    "| family | policy | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
+    "| trainer ms/step | bare ms/step | ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def table_row(r: Row) -> str:
+    return (
+        f"| {r.family} | {r.policy} | {r.tensors} | {r.fwd_bwd} | {r.opt_guard} | {r.fused} "
+        f"| {r.trainer_ms:.2f} | {r.bare_ms:.2f} | {r.trainer_ms / r.bare_ms:.2f}x |"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,8 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         families = args.families or [f for f in family_names() if get_family(f).kind != "rl"]
         policies, steps, repeats = POLICIES, args.steps, args.repeats
-    rows = [measure(f, p, steps, repeats) for f in families for p in policies]
-    print(table(rows))
+    print(HEADER, flush=True)
+    rows = []
+    for family in families:
+        for policy in policies:
+            rows.append(measure(family, policy, steps, repeats))
+            print(table_row(rows[-1]), flush=True)  # a row as soon as it is measured
     worst = max(rows, key=lambda r: r.opt_guard)
     print(f"\nmost optimizer+guard ops: {worst.opt_guard} ({worst.family}, {worst.policy})")
 
