@@ -387,11 +387,25 @@ def compare_cmd(
     parent_run_id: Annotated[
         str | None, typer.Option(help="The sweep's parent run (default: the newest).")
     ] = None,
-    resamples: Annotated[int, typer.Option(min=1, help="Bootstrap resamples of the CI.")] = 9999,
+    margin: Annotated[
+        float | None,
+        typer.Option(
+            help="Equivalence margin on the paired annualised Sharpe difference (> 0; "
+            "default: the sweep's [comparison] margin, else 0.1).",
+        ),
+    ] = None,
 ) -> None:
-    """Paired precision comparison of a sweep, recomputed from MLflow alone (finished or not):
-    Wilcoxon, BCa CI of the median Sharpe difference, MWU/KS, diverged/fallback counts, DSR."""
-    from hpo.compare import ComparisonError, comparison_from_mlflow, log_comparison, rich_tables
+    """Paired precision comparison of a sweep, recomputed from MLflow alone (finished or not).
+
+    Prints the TOST equivalence verdict (overall and per family, against the margin), then
+    per family the Wilcoxon signed-rank test and Hodges-Lehmann CI of the per-configuration
+    Sharpe differences (MWU/KS descriptive), diverged/fallback counts, the DSR of the best
+    trial, and PBO, MinTRL and the val/test Spearman; the report adds the per-pair JKM/HAC
+    tests on the trials' return series (their returns/returns.csv artifacts).
+    """
+    from dashboards.report import render_report
+    from dashboards.tables import rich_tables
+    from hpo.compare import ComparisonError, comparison_from_mlflow, log_comparison
 
     try:
         comparison = comparison_from_mlflow(
@@ -399,7 +413,7 @@ def compare_cmd(
             tracking_uri,
             precisions=precision or None,
             parent_run_id=parent_run_id,
-            n_resamples=resamples,
+            margin=margin,
         )
     except ComparisonError as exc:
         _fail(str(exc))
@@ -409,8 +423,6 @@ def compare_cmd(
         console.print(f"[yellow]note:[/] {note}")
     html = None
     if html_path is not None or log:
-        from dashboards.report import render_report
-
         html = render_report(comparison)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -421,7 +433,9 @@ def compare_cmd(
         html_path.write_text(html, encoding="utf-8")
         console.print(f"report: {html_path}")
     if log:
-        logged = log_comparison(comparison, tracking_uri, comparison.parent_run_id, html=html)
+        logged = log_comparison(
+            comparison, tracking_uri, comparison.parent_run_id, report_html=html
+        )
         console.print(
             f"logged {len(logged)} cmp.* metrics and comparison/report.html on parent run "
             f"{comparison.parent_run_id}"

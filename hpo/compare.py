@@ -561,7 +561,6 @@ def comparison_from_mlflow(
     margin: float | None = None,
     with_curves: bool = True,
     with_returns: bool = True,
-    n_resamples: int | None = None,
 ) -> Comparison:
     """Recompute the paired comparison of a sweep from its MLflow runs alone.
 
@@ -580,14 +579,12 @@ def comparison_from_mlflow(
         with_curves: Also read every trial's validation-Sharpe history (for the report).
         with_returns: Also download every completed trial's :data:`RETURNS_ARTIFACT` (the
             pair tests and the PBO need them; without, they are "not available").
-        n_resamples: Ignored (there is no bootstrap any more).
 
     Raises:
         ComparisonError: no such experiment or parent run, or fewer than two precisions.
     """
     from mlflow.tracking import MlflowClient
 
-    del n_resamples  # TODO(H7): drop once hpo/cli.py no longer passes it
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -1378,7 +1375,6 @@ def log_comparison(
     parent_run_id: str | None = None,
     *,
     report_html: str | None = None,
-    html: str | None = None,
 ) -> dict[str, float]:
     """Write the comparison onto the sweep's parent run; returns the metrics logged.
 
@@ -1398,15 +1394,6 @@ def log_comparison(
     run_id = parent_run_id or comparison.parent_run_id
     if run_id is None:
         raise ComparisonError("no parent run to log the comparison on")
-    # TODO(H7): remove after cli/sweep switch: ``html=`` is the old name of
-    # ``report_html=`` (hpo/cli.py), and rendering here when neither is given keeps the
-    # report of sweeps whose hpo/sweep.py does not render it yet.
-    if report_html is None:
-        report_html = html
-    if report_html is None:
-        from dashboards.report import render_report
-
-        report_html = render_report(comparison)
     client = MlflowClient(tracking_uri)
     stamp = int(time.time() * 1000)
     metrics = comparison_metrics(comparison)
@@ -1421,17 +1408,3 @@ def log_comparison(
     if report_html is not None:
         client.log_text(run_id, report_html, f"{ARTIFACT_DIR}/{HTML_ARTIFACT}")
     return metrics
-
-
-# TODO(H7): remove after cli/sweep switch. The formatting moved to dashboards.tables;
-# hpo/cli.py still imports ``rich_tables`` from here. Lazy, so hpo.compare never imports
-# dashboards at import time (dashboards.tables imports hpo.compare).
-_MOVED_TO_DASHBOARDS_TABLES = frozenset({"format_ci", "format_num", "format_p", "rich_tables"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_DASHBOARDS_TABLES:
-        from dashboards import tables
-
-        return getattr(tables, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -443,6 +443,7 @@ def _log_comparison(record: SweepRecord) -> None:
     raised: the trials and the summary are already saved, and the comparison can be
     recomputed at any time.
     """
+    from dashboards.report import render_report
     from hpo.compare import comparison_from_mlflow, log_comparison
     from hpo.tracking import experiment_name
 
@@ -453,8 +454,14 @@ def _log_comparison(record: SweepRecord) -> None:
             record.tracking_uri,
             precisions=tuple(record.spec.precisions),
             parent_run_id=record.parent_run_id,
+            margin=record.spec.comparison.margin,
         )
-        log_comparison(comparison, record.tracking_uri, record.parent_run_id)
+        log_comparison(
+            comparison,
+            record.tracking_uri,
+            record.parent_run_id,
+            report_html=render_report(comparison),
+        )
     except Exception as exc:  # keep the sweep's own results; say how to redo this part
         log.warning(
             "comparison statistics not logged (%s: %s); recompute with "

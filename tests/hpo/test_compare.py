@@ -67,7 +67,6 @@ from tests.hpo.compare_helpers import (
 )
 
 CONTRAST = "bf16_vs_f32"
-RESAMPLES = 999  # TODO(H7): the CLI still takes --resamples (ignored) until cli_sweep is released
 
 
 @pytest.fixture(scope="module")
@@ -256,8 +255,6 @@ def test_cli_json_reproduces_the_comparison(
             sweep.tracking_uri,
             "--json",
             str(out),
-            "--resamples",
-            str(RESAMPLES),
             "--precision",
             "f32",
             "--precision",
@@ -350,6 +347,34 @@ def test_compare_is_computation_and_io_without_presentation() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+    import hpo.compare
+
+    assert not hasattr(hpo.compare, "rich_tables")  # the formatting lives in dashboards
+
+
+def test_log_comparison_without_a_report_logs_the_json_only(
+    comparison: Comparison, sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    private = copy_sweep(sweep, tmp_path / "store")
+    client = MlflowClient(private.tracking_uri)
+    run_id = client.create_run(client.get_run(private.parent_run_id).info.experiment_id).info.run_id
+    log_comparison(comparison, private.tracking_uri, run_id)
+    assert [a.path for a in client.list_artifacts(run_id, "comparison")] == [
+        "comparison/comparison.json"
+    ]
+
+
+def test_cli_margin_option_and_no_bootstrap_option(sweep: SyntheticSweep, tmp_path: Path) -> None:
+    out = tmp_path / "m.json"
+    args = ["compare", "--experiment", sweep.experiment, "--tracking-uri", sweep.tracking_uri]
+    result = CliRunner().invoke(app, [*args, "--margin", "0.2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["margin"] == 0.2
+    assert "\u00b10.20" in result.output or "±0.20" in result.output
+    refused = CliRunner().invoke(app, [*args, "--resamples", "99"])
+    assert refused.exit_code == 2 and "--resamples" in refused.output
+    bad = CliRunner().invoke(app, [*args, "--margin", "0"])
+    assert bad.exit_code != 0 and "margin must be" in str(bad.exception or bad.output)
 
 
 def test_a_sweep_not_in_compare_mode_says_why_nothing_pairs(
