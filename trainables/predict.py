@@ -4,7 +4,8 @@ The checkpoint's newest good epoch is loaded into the family module of its last 
 model trained on the most data) under the ``auto`` policy for this device (bf16 on an
 Ampere-or-newer GPU, f32 elsewhere), features of the new bars are scaled with the
 training statistics saved in the checkpoint, and every bar with a full window gets a
-position. The backtest of those positions over the same bars is returned alongside.
+position. The backtest of those positions over the same bars is returned alongside. An ensemble
+directory (``hpo ensemble``) is served the same way, with a confidence per asset and bar.
 A model whose positions are not finite is refused with an error (never served as flat).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +27,9 @@ from trainables.data import load_ohlcv, make_features
 from trainables.dataset import normalize_features
 from trainables.env import greedy_positions
 from trainables.precision import F32, default_device, get_policy
+
+if TYPE_CHECKING:
+    from trainables.ensemble import EnsemblePrediction
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,13 @@ def predict(
     data: Path | str,
     device: torch.device | None = None,
     precision: str = "auto",
-) -> Prediction:
+) -> Prediction | EnsemblePrediction:
+    """Positions for ``data``'s bars from a trial checkpoint, or from an ensemble directory
+    (``hpo ensemble``), whose prediction adds a confidence per asset and bar."""
+    from trainables.ensemble import is_ensemble_dir, predict_ensemble
+
+    if is_ensemble_dir(checkpoint_dir):
+        return predict_ensemble(Path(checkpoint_dir), data, device=device, precision=precision)
     device = device or default_device()
     ckpt = load_for_inference(Path(checkpoint_dir), device)
     meta = ckpt.meta
