@@ -50,6 +50,13 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
         assert tags[f"cmp.{model}.verdict"].startswith(("inconclusive", "not computed"))
         # Per pair: JKM and HAC on the members' returns over the same bars.
         completed = [t for t in recomputed.trials_of(model) if t.state == "completed"]
+        done = {t.pair_id for t in completed if t.precision == "bf16"} & {
+            t.pair_id for t in completed if t.precision == "f32"
+        }
+        tested = {
+            p for p, by in contrast.pair_tests.items() if math.isfinite(by["test"].hac_pvalue)
+        }
+        assert tested == done  # every pair with both members completed has its tests
         for pair, by_split in contrast.pair_tests.items():
             for split, test in by_split.items():
                 key = f"cmp.{model}.{CONTRAST}.{split}.{pair}"
@@ -73,6 +80,15 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
             )
             listed = client.list_artifacts(trial.run_id, "returns")
             assert [a.path for a in listed] == [RETURNS_ARTIFACT]  # one, never duplicated
+        print(  # the measured numbers, for the record (pytest -s)
+            model,
+            tags[f"cmp.{model}.verdict"],
+            {p: (round(by["test"].jkm_pvalue, 4), round(by["test"].hac_pvalue, 4))
+             for p, by in contrast.pair_tests.items()},
+            f"PBO={fit.pbo} blocks={fit.pbo_n_blocks} bars={fit.pbo_n_bars}",
+            f"MinTRL={fit.min_trl:.1f} (track {fit.min_trl_n_obs})",
+            f"rho={fit.val_test_spearman}",
+        )  # fmt: skip
     artifacts = {a.path for a in client.list_artifacts(record.parent_run_id, "comparison")}
     assert artifacts == {"comparison/comparison.json", "comparison/report.html"}
     with tempfile.TemporaryDirectory() as tmp:
