@@ -49,7 +49,11 @@ def _spec(search: str, **overrides: Any) -> SweepSpec:
         "search_seed": 3,
         "search_space": {
             "tft": {"n_heads": 1, "lstm_layers": {"low": 1, "high": 2}},
-            "kan": {"n_layers": 1, "spline_order": 3, "lr": {"low": 1e-4, "high": 1e-1, "log": True}},
+            "kan": {
+                "n_layers": 1,
+                "spline_order": 3,
+                "lr": {"low": 1e-4, "high": 1e-1, "log": True},
+            },
         },
     }
     payload.update(overrides)
