@@ -359,6 +359,16 @@ def best_cmd(
     )
 
 
+def _register_ensemble() -> None:
+    # The command's body lives in hpo/cli_ensemble.py; its options are declared there.
+    from hpo.cli_ensemble import ensemble_cmd
+
+    app.command("ensemble")(ensemble_cmd)
+
+
+_register_ensemble()
+
+
 @app.command("compare")
 def compare_cmd(
     experiment: Annotated[str, typer.Option(help="MLflow experiment (= the sweep name).")],

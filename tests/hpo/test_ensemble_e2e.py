@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from trainables.data import synthetic_bars
 from trainables.ensemble import ENSEMBLE_FILE, load_ensemble, predict_ensemble
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
+HPO = Path(sys.executable).with_name("hpo")  # the console script, as a user runs it
 
 
 def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -30,12 +29,10 @@ def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None: 
     assert all(r.status == "TERMINATED" for r in rows) and len(rows) == 8
     sweep_dir = Path(spec.storage) / spec.name
     out = tmp_path / "ensemble"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "hpo.cli_ensemble",
+            str(HPO),
+            "ensemble",
             str(sweep_dir),
             "--out",
             str(out),
@@ -47,8 +44,7 @@ def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None: 
             "cpu",
             "--json",
         ],
-        cwd=ROOT,
-        env=env,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
@@ -105,12 +101,25 @@ def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None: 
     # serving new bars (same assets, another seed)
     bars = tmp_path / "bars.csv"
     synthetic_bars(n_assets=2, n_bars=300, seed=11).to_frame().to_csv(bars, index=False)
-    prediction = predict_ensemble(out, bars, precision="f32")
     positions_csv = tmp_path / "positions.csv"
-    prediction.write_csv(positions_csv)
+    served = subprocess.run(
+        [
+            *(str(HPO), "predict", "--checkpoint", str(out), "--data", str(bars)),
+            *("--out", str(positions_csv), "--precision", "f32"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    prediction = predict_ensemble(out, bars, precision="f32")
     with open(positions_csv) as fh:
         table = list(csv.DictReader(fh))
     assert len(table) == len(prediction.timestamps) * 2 > 400
+    assert [float(r["position"]) for r in table] == pytest.approx(
+        prediction.positions.ravel().tolist(), abs=1e-6
+    )
     pos = np.array([float(r["position"]) for r in table])
     conf = np.array([float(r["confidence"]) for r in table])
     assert np.all(np.abs(pos) <= 1) and np.all((conf >= 0) & (conf <= 1))
