@@ -44,7 +44,7 @@ def test_quick_example_is_the_cpu_demo() -> None:
         ),
         (
             {"precisions": ["f32", "fp8"]},
-            "precisions: Value error, unknown precision(s) ['fp8']; allowed: ['f32', 'bf16', 'bf16-mixed', 'fp16-mixed', 'auto']",
+            "precisions: Value error, unknown precision(s) ['fp8']; allowed: ['f32', 'tf32', 'bf16', 'bf16-mixed', 'fp16-mixed', 'auto']",
         ),
         ({"samples": -1}, "samples: Input should be greater than or equal to 1"),
         ({"search": "grid"}, "search: Input should be 'tpe', 'random' or 'pso'"),
