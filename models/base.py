@@ -269,6 +269,13 @@ class Family:
     confidence: str = ""
     """How its confidence in [0, 1] (ensembles, ``forecast_signal`` / ``act_and_confidence``)
     is read off what it computes; beside the position mapping in ``summary``."""
+    static_step: bool | None = None
+    """Whether one training step runs the same kernels on same-shaped tensors every time:
+    no host read, no data-dependent shape, no Python branch on a tensor value. Such a step
+    can be captured in a CUDA graph (``trainer.cuda_graphs = "auto"``). None: True for
+    forecast families (their step is ``model.loss`` on a fixed-size :class:`Batch`,
+    checked for every family by tests/models/test_step_contract.py), False for rl families
+    (their steps come from a Python generator over replay or rollouts)."""
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Settings renamed since an earlier release, old name -> new name. A config (a spec, a
     checkpoint's saved config) that still uses an old name is refused with the new one,
@@ -276,6 +283,11 @@ class Family:
 
     def default_config(self) -> Any:
         return self.config_cls()
+
+    @property
+    def step_is_static(self) -> bool:
+        """:attr:`static_step`, with its default resolved by kind."""
+        return self.kind == "forecast" if self.static_step is None else self.static_step
 
     def config_fields(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self.config_cls))

@@ -21,6 +21,8 @@ from typing import Any
 from models import get_family
 from trainables.precision import POLICY_NAMES
 
+CUDA_GRAPHS_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -84,6 +86,13 @@ class TrainConfig:
     """Optimizer steps between host reads of the device counters."""
     device: str = "auto"
     """auto (cuda when present), cpu or cuda[:N]."""
+    cuda_graphs: str = "auto"
+    """Capture each fold's training step (forward, loss, backward, guarded update, guard
+    counters) in a CUDA graph and replay it: ``auto`` on a CUDA device for a family whose
+    record declares its step static (``Family.static_step``), ``on`` on a CUDA device for
+    any forecast family, ``off`` never. Without CUDA, for rl families, and when a capture
+    fails, the step runs eagerly and the reason is logged; the ``cuda_graphs`` metric says
+    which ran (1 replayed, 0 eager)."""
     data: DataConfig = field(default_factory=DataConfig)
     model_config: Mapping[str, Any] = field(default_factory=dict)
     """The family's settings (fields of its config dataclass) that differ from defaults."""
@@ -101,6 +110,12 @@ class TrainConfig:
         _check(self.lookback >= 2, "lookback", self.lookback, "an integer >= 2")
         _check(self.n_folds >= 1, "n_folds", self.n_folds, "an integer >= 1")
         _check(self.cost >= 0, "cost", self.cost, "a number >= 0")
+        _check(
+            self.cuda_graphs in CUDA_GRAPHS_SETTINGS,
+            "cuda_graphs",
+            self.cuda_graphs,
+            f"one of {list(CUDA_GRAPHS_SETTINGS)}",
+        )
         _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, "an integer >= 1")
         get_family(self.model)  # unknown family -> error naming the known ones
 

@@ -24,6 +24,10 @@ Both training paths run through the same guarded step (:mod:`trainables.precisio
 
 The hot loop is built for a GPU: data, replay buffers and counters live on the training
 device, and the host reads device values once per ``log_every`` steps and at epoch end.
+A forecast step (forward, loss, backward, guarded update, guard counters) reads nothing on
+the host and sees batches of one shape (the last short batch of an epoch is dropped), so
+on CUDA :class:`ForecastStep` captures it in a CUDA graph and replays it
+(``trainer.cuda_graphs``); everywhere else it runs the same Python eagerly.
 
 Resume (:meth:`Trainer.save`, ``Trainer(config, checkpoint=...)``) is bit-exact on the
 device type the checkpoint was written on: generator states, the CPU default generator
@@ -39,7 +43,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import dataclasses
 import gc
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,7 +58,7 @@ import torch
 from torch import nn
 
 from models import get_family
-from models.base import DataShape, RLLearner
+from models.base import Batch, DataShape, Family, RLLearner
 from trainables.backtest import BacktestResult, backtest, sharpe_ratio
 from trainables.checkpoint import (
     RETURNS_FILE,
@@ -72,6 +78,7 @@ from trainables.precision import (
     LossScaler,
     PrecisionPolicy,
     StepGuard,
+    StepResult,
     default_device,
     dtype_name,
     get_policy,
@@ -82,6 +89,9 @@ from trainables.precision import (
 EVAL_CHUNK = 512  # decision bars per validation forward pass
 EPOCH_START_SAMPLE = 512  # windows shown to on_epoch_start hooks
 EpochCallback = Callable[["Trainer", dict[str, Any]], None]
+GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture (allocator, cuBLAS)
+
+log = logging.getLogger(__name__)
 
 
 class TrialDiverged(RuntimeError):
@@ -100,6 +110,7 @@ class FoldRun:
     scaler: LossScaler | None
     generator: torch.Generator  # minibatch order
     env: TradingEnv | None = None  # rl families only
+    step: ForecastStep | None = None  # forecast families: built on the first training step
 
 
 def resolve_device(name: str) -> torch.device:
@@ -233,17 +244,34 @@ class Trainer:
             on_epoch_start(run.data.batch(order[: max(batch_size, EPOCH_START_SAMPLE)]))
         loss_sum = torch.zeros((), dtype=F32, device=self.device)
         n_ok = torch.zeros((), dtype=F32, device=self.device)
-        for i in range(n_batches):
+        for i in range(n_batches):  # every batch has batch_size windows: a short tail is dropped
             batch = run.data.batch(order[i * batch_size : (i + 1) * batch_size])
-            with self.policy.autocast():
-                loss = run.model.loss(batch)  # type: ignore[operator]
-            result = self.policy.backward_and_step(
-                loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler
-            )
-            loss_sum += torch.where(result.ok, result.loss, 0.0)
-            n_ok += result.ok
+            loss, ok = self._fold_step(run)(batch)
+            loss_sum += torch.where(ok, loss, 0.0)
+            n_ok += ok
             self._after_step()
         return loss_sum, n_ok
+
+    def _fold_step(self, run: FoldRun) -> ForecastStep:
+        """The fold's step runner, built again after a fallback dropped it."""
+        if run.step is None:
+            capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
+            run.step = ForecastStep(self, run, capture, why_not)
+        return run.step
+
+    def forecast_step(self, run: FoldRun, batch: Batch) -> StepResult:
+        """One eager forecast training step: forward + loss, backward, guarded update."""
+        with self.policy.autocast():
+            loss = run.model.loss(batch)  # type: ignore[operator]
+        return self.policy.backward_and_step(
+            loss, run.optimizer, run.guard, self.config.grad_clip, run.scaler
+        )
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the folds' training steps are replayed from CUDA graphs (all of them)."""
+        steps = [run.step for run in self.folds]
+        return bool(steps) and all(s is not None and s.replaying for s in steps)
 
     def _train_rl(self, run: FoldRun) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
@@ -321,6 +349,7 @@ class Trainer:
                 # The learner rebuilds its replay storage in its (now f32) parameter dtype.
                 learner.load_buffer_state(learner.buffer_state())
             run.guard.reset_streak()
+            run.step = None  # a captured graph holds the bf16 tensors: capture again
         self.policy = f32_policy
         self.fell_back_to_f32 = True
         self.fallback_epoch = self.epoch + 1
@@ -385,6 +414,7 @@ class Trainer:
             "steps_per_s": steps / train_seconds if train_seconds > 0 else 0.0,
             "peak_mem_mb": self.memory.peak_mb(),
             "fell_back_to_f32": int(self.fell_back_to_f32),
+            "cuda_graphs": int(self.cuda_graphs),
         }
 
     # ------------------------------------------------------------------------------------
@@ -616,6 +646,131 @@ def resumed_precision(config: TrainConfig, checkpoint: Checkpoint | None) -> str
     if meta.get("fell_back_to_f32") and requested == config.precision:
         return str(meta.get("precision", "f32"))
     return config.precision
+
+
+# ----------------------------------------------------------------------------------------
+# the forecast step, eager or replayed from a CUDA graph
+
+
+def cuda_graphs_supported(device: torch.device) -> bool:
+    """The device fact graph capture needs (tests fake it to run the capture path on CPU)."""
+    return device.type == "cuda"
+
+
+def graph_plan(setting: str, device: torch.device, family: Family) -> tuple[bool, str]:
+    """(capture the step?, why not) for ``trainer.cuda_graphs = setting``."""
+    if setting == "off":
+        return False, "trainer.cuda_graphs is off"
+    if family.kind == "rl":
+        return False, f"{family.name} is an rl family: its steps come from a loss generator"
+    if not cuda_graphs_supported(device):
+        return False, f"no CUDA graphs on a {device.type} device"
+    if setting == "auto" and not family.step_is_static:
+        return False, f"{family.name} does not declare its step static (Family.static_step)"
+    return True, ""
+
+
+def capture_cuda_graph(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """Record one call of ``step`` in a CUDA graph (nothing runs); returns its replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device), torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+@contextlib.contextmanager
+def _side_stream(device: torch.device) -> Iterator[None]:
+    """Warm-up steps run on a side stream, as capture requires; no-op off CUDA."""
+    if device.type != "cuda":
+        yield
+        return
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        yield
+    current.wait_stream(side)
+
+
+class ForecastStep:
+    """One fold's training step, called with each batch; returns (f32 loss, ok) tensors.
+
+    Eager: :meth:`Trainer.forecast_step` on the batch. Captured (``capture`` True): the
+    batch is copied into static input tensors and the step runs on them; the first
+    :data:`GRAPH_WARMUP_STEPS` calls eagerly on a side stream, the next one is recorded
+    with :func:`capture_cuda_graph` and replayed, and so is every later one. Warm-up and
+    capture train on the batches they are given, so a trial takes the same steps either
+    way. A capture that fails is logged with its reason and the step runs eagerly from
+    then on. The outputs of a replayed step are the same two tensors each time: consume
+    them before the next call (the trainer adds them into its epoch sums at once).
+    """
+
+    def __init__(self, trainer: Trainer, run: FoldRun, capture: bool, why_not: str) -> None:
+        self.trainer, self.run = trainer, run
+        self.capture = capture
+        self.why_not = why_not
+        self.replay: Callable[[], None] | None = None
+        self.warmed = 0
+        self.static: Batch | None = None
+        device = trainer.device
+        self.loss = torch.zeros((), dtype=F32, device=device)
+        self.ok = torch.zeros((), dtype=torch.bool, device=device)
+        if not capture and trainer.config.cuda_graphs == "on":
+            log.warning("trainer.cuda_graphs=on, stepping eagerly: %s", why_not)
+
+    @property
+    def replaying(self) -> bool:
+        return self.replay is not None
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.capture:
+            result = self.trainer.forecast_step(self.run, batch)
+            return result.loss, result.ok
+        self._load(batch)
+        if self.replay is None:
+            device = self.trainer.device
+            if self.warmed < GRAPH_WARMUP_STEPS:
+                self.warmed += 1
+                with _side_stream(device):
+                    self._static_step()
+                return self.loss, self.ok
+            try:
+                self.replay = capture_cuda_graph(self._static_step, device)
+            except Exception as exc:  # any capture failure: train on, eagerly
+                self.capture = False
+                self.why_not = f"capture failed: {type(exc).__name__}: {exc}"
+                log.warning(
+                    "%s fold %d: CUDA graph %s; stepping eagerly",
+                    self.trainer.family.name,
+                    self.run.index,
+                    self.why_not,
+                )
+                return self(batch)
+        self.replay()
+        return self.loss, self.ok
+
+    def _load(self, batch: Batch) -> None:
+        """Copy ``batch`` into the static inputs (allocated from the first batch)."""
+        if self.static is None:
+            self.static = Batch(**{f.name: getattr(batch, f.name).clone() for f in _FIELDS})
+            return
+        for f in _FIELDS:
+            static, new = getattr(self.static, f.name), getattr(batch, f.name)
+            if new.shape != static.shape:
+                raise ValueError(
+                    f"a captured step needs static shapes: batch.{f.name} is "
+                    f"{tuple(new.shape)}, the captured one {tuple(static.shape)}"
+                )
+            static.copy_(new)
+
+    def _static_step(self) -> None:
+        assert self.static is not None
+        result = self.trainer.forecast_step(self.run, self.static)
+        self.loss.copy_(result.loss)
+        self.ok.copy_(result.ok)
+
+
+_FIELDS = dataclasses.fields(Batch)
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,0 +1,222 @@
+"""The training step every family and policy runs is capturable: it reads nothing on the
+host and it sees inputs of one shape.
+
+* :class:`~tests.models.rl_loop.NoHostReads` around the trainer's whole training loop of
+  one fold (batch gather, forward, loss, backward, the guarded optimizer update, the guard
+  counters, the loss sums; for rl families also collect and ``after_step``), for all ten
+  families x f32, bf16, bf16-mixed and fp16-mixed. What the trainer reads on purpose
+  (the divergence check every ``log_every`` steps) is pushed out of the run, and KAN's
+  once-per-epoch grid refit, which runs before the first step, is allowed explicitly.
+* every batch a forecast step sees has ``batch_size`` windows when the training split is
+  not a multiple of it (the short tail is dropped);
+* the captured-step path of :class:`trainables.trainer.ForecastStep` on CPU, with only the
+  device facts faked: a capture that "records" by keeping the step (its replay calls it
+  on the static inputs) trains to exactly the eager numbers; a capture that raises falls
+  back to eager with the reason logged and ``cuda_graphs`` 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import trainables.trainer as trainer_module
+from models import family_names, get_family
+from models.base import Batch
+from tests.models.rl_loop import NoHostReads
+from tests.models.test_contract import POLICIES, TINY
+from tests.trainables.helpers import tiny_config
+from trainables.config import DataConfig, TrainConfig
+from trainables.trainer import Trainer
+
+# Fewer warm-up transitions than the contract's tiny DQN, so two collects already learn.
+STEP_OVERRIDES: dict[str, dict[str, Any]] = {"dqn": {"learning_starts": 16}}
+
+
+def _config(model: str, policy: str, **overrides: Any) -> TrainConfig:
+    values: dict[str, Any] = {
+        "model": model,
+        "precision": policy,
+        "epochs": 1,
+        "max_steps_per_epoch": 2,
+        "rl_iterations": 2,
+        "log_every": 10**6,  # the trainer's own host read is not part of the step
+        "model_config": {**TINY[model], **STEP_OVERRIDES.get(model, {})},
+        "data": DataConfig(n_bars=400, n_assets=2),
+    }
+    values.update(overrides)
+    return tiny_config(**values)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("model", family_names())
+def test_the_training_step_reads_nothing_on_the_host(
+    model: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = Trainer(_config(model, policy))
+    run = trainer.folds[0]
+    guard = NoHostReads(monkeypatch)
+    refit = getattr(run.model, "on_epoch_start", None)
+    if refit is not None:  # once per epoch, before the first step: not part of the step
+
+        def allowed_refit(batch: Batch) -> None:
+            with guard.allowed():
+                refit(batch)
+
+        monkeypatch.setattr(run.model, "on_epoch_start", allowed_refit)
+    train = trainer._train_rl if trainer.is_rl else trainer._train_forecast
+    with guard:
+        loss_sum, n_ok = train(run)
+    steps = trainer.global_step
+    assert steps >= 2, f"{model} took {steps} steps: the guard saw no step"
+    skipped = int(run.guard.skipped)
+    assert float(n_ok) + skipped == steps  # every step ran and was counted
+    # fp16 may skip while its loss scale backs off from 2^16; nothing else skips here.
+    assert skipped == 0 or policy == "fp16-mixed"
+    assert torch.isfinite(loss_sum)
+
+
+class _SyncInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * torch.nonzero(grad).shape[0]
+
+
+@pytest.mark.parametrize(
+    "hot_loop",
+    [
+        lambda x: x.sum().item(),
+        lambda x: float(x.detach().sum()),
+        lambda x: x[x > 0].sum(),  # boolean mask: a nonzero inside
+        lambda x: torch.nonzero(x),
+        lambda x: x.repeat_interleave((x > 0).long()),
+        lambda x: _SyncInBackward.apply(x).sum().backward(),  # only backward syncs
+    ],
+)
+def test_the_guard_catches_host_syncs(
+    hot_loop: Callable[[torch.Tensor], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = torch.randn(8, requires_grad=True)
+    with pytest.raises(AssertionError, match="host"), NoHostReads(monkeypatch):
+        hot_loop(x)
+    hot_loop(x)  # and nothing is left patched
+
+
+@pytest.mark.parametrize("model", [f for f in family_names() if get_family(f).kind == "forecast"])
+def test_every_forecast_step_sees_a_full_batch(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = Trainer(_config(model, "f32", batch_size=48, max_steps_per_epoch=None))
+    run = trainer.folds[0]
+    n_train = run.data.decision_times(run.data.train).numel()
+    assert n_train % 48 != 0, "the split must leave a short tail for this test"
+    shapes: list[tuple[tuple[int, ...], ...]] = []
+    step = trainer.forecast_step
+
+    def recording_step(run_: Any, batch: Batch) -> Any:
+        shapes.append((tuple(batch.x.shape), tuple(batch.y.shape), tuple(batch.gaps.shape)))
+        return step(run_, batch)
+
+    monkeypatch.setattr(trainer, "forecast_step", recording_step)
+    trainer._train_forecast(run)
+    assert len(shapes) == n_train // 48  # the short tail is dropped, never stepped
+    assert set(shapes) == {((48, 2, 16, trainer.shape.n_features), (48, 2), (48, 16))}
+
+
+# ----------------------------------------------------------------------------------------
+# the captured path on CPU, device facts faked
+
+
+def _fake_capture(calls: list[str]) -> Callable[..., Callable[[], None]]:
+    def capture(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        calls.append(device.type)  # records, runs nothing: the replay runs the step
+        return step
+
+    return capture
+
+
+def _weights(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for run in trainer.folds for p in run.model.parameters()]
+
+
+@pytest.mark.parametrize("policy", ["f32", "bf16", "fp16-mixed"])
+def test_a_replayed_step_trains_to_the_eager_numbers(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _config("tlob", policy, epochs=2, max_steps_per_epoch=6, n_folds=2)
+    config = config.replace(data=DataConfig(n_bars=600, n_assets=2))
+    eager = Trainer(config.replace(cuda_graphs="off"))
+    eager_metrics = eager.fit()
+
+    calls: list[str] = []
+    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(trainer_module, "capture_cuda_graph", _fake_capture(calls))
+    graphed = Trainer(config)  # auto: tlob declares its step static
+    graphed_metrics = graphed.fit()
+
+    assert calls == ["cpu", "cpu"]  # one capture per fold, after the warm-up steps
+    assert [m["cuda_graphs"] for m in graphed_metrics] == [1, 1]
+    assert [m["cuda_graphs"] for m in eager_metrics] == [0, 0]
+    for a, b in zip(_weights(eager), _weights(graphed), strict=True):
+        assert torch.equal(a, b)
+    for key in ("train_loss", "val_sharpe", "skipped_steps"):
+        assert [m[key] for m in eager_metrics] == [m[key] for m in graphed_metrics], key
+
+
+def test_a_failed_capture_steps_eagerly_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing_capture(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    config = _config("tlob", "f32", max_steps_per_epoch=6)
+    eager = Trainer(config.replace(cuda_graphs="off"))
+    eager.fit()
+    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(trainer_module, "capture_cuda_graph", failing_capture)
+    trainer = Trainer(config.replace(cuda_graphs="on"))
+    with caplog.at_level(logging.WARNING, logger="trainables.trainer"):
+        metrics = trainer.fit()
+    step = trainer.folds[0].step
+    assert step is not None and not step.replaying
+    assert (
+        step.why_not
+        == "capture failed: RuntimeError: operation not permitted when stream is capturing"
+    )
+    assert metrics[-1]["cuda_graphs"] == 0
+    assert any(
+        "stepping eagerly" in r.message and "capture failed" in r.message for r in caplog.records
+    )
+    assert trainer.global_step == eager.global_step == 6  # the failed capture's batch was stepped
+    for a, b in zip(_weights(eager), _weights(trainer), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "model", "expected"),
+    [
+        ("auto", "cuda", "tlob", (True, "")),
+        ("auto", "cpu", "tlob", (False, "no CUDA graphs on a cpu device")),
+        ("off", "cuda", "tlob", (False, "trainer.cuda_graphs is off")),
+        ("on", "cuda", "dqn", (False, "dqn is an rl family: its steps come from a loss generator")),
+        (
+            "auto",
+            "cuda",
+            "ppo",
+            (False, "ppo is an rl family: its steps come from a loss generator"),
+        ),
+    ],
+)
+def test_graph_plan(setting: str, device: str, model: str, expected: tuple[bool, str]) -> None:
+    assert trainer_module.graph_plan(setting, torch.device(device), get_family(model)) == expected
+
+
+def test_cuda_graphs_setting_is_validated() -> None:
+    with pytest.raises(ValueError, match="cuda_graphs must be one of"):
+        TrainConfig(cuda_graphs="yes")
