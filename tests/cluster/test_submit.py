@@ -32,6 +32,7 @@ from hpo.cli import app
 from hpo.spec import load_spec
 from tests.cluster.local_cluster import free_port
 from tests.hpo.sweep_helpers import tiny_spec
+from trainables.data import synthetic_bars
 
 TOKEN = "0123456789abcdef" * 4
 
@@ -117,7 +118,10 @@ def test_snapshot_holds_the_project_and_the_spec_but_no_clutter(tmp_path: Path) 
     (project / "hpo").mkdir(parents=True)
     (project / "hpo" / "cli.py").write_text("# code\n")
     (project / "data").mkdir()
-    (project / "data" / "bars.csv").write_text("timestamp,open\n")
+    # real bars: the spec builds its walk-forward splits on them when it is parsed
+    synthetic_bars(n_assets=2, n_bars=600, seed=1).to_frame().to_csv(
+        project / "data" / "bars.csv", index=False
+    )
     for clutter in (
         ".venv/bin/python",
         ".git/HEAD",
