@@ -1,9 +1,9 @@
 """ATen ops and CPU time per training step, per family and precision policy, against a
 bare loop with ``torch.optim.AdamW(fused=True)`` on the same module and batches.
 
-    .venv/bin/python bench/step_ops.py            # forecast families x all policies (minutes)
-    .venv/bin/python bench/step_ops.py --smoke    # one tiny family, two policies, few steps
-    .venv/bin/python bench/step_ops.py tlob tft   # chosen families
+    .venv/bin/python bench/step_ops.py            # every family x all policies (minutes)
+    .venv/bin/python bench/step_ops.py --smoke    # kan and dqn, two policies, few steps
+    .venv/bin/python bench/step_ops.py tlob dqn   # chosen families
 
 Ops are top-level ATen ops counted with ``torch.profiler`` on CPU (a proxy for GPU kernel
 launches): "fwd+bwd" is forward, loss and backward alone (gradients zeroed outside the
@@ -11,8 +11,11 @@ count), "opt+guard" is what the trainer's guarded step adds on top (norm, clip, 
 mask, AdamW, Kahan, counters, zeroing), "fused" the same for the bare loop
 (``clip_grad_norm_(foreach=True)`` + fused AdamW + ``zero_grad``). Milliseconds are the
 median over interleaved blocks of steps on one CPU thread, measured side by side in one
-run; "ratio" is trainer / bare. The rl families (dqn, ppo) are left out: their steps come
-from a replay/rollout loop, not from one batch.
+run; "ratio" is trainer / bare. The rl families' update step is measured the same way on
+fixed batches of their own: DQN on replay samples (``learner.loss(sample)`` after the
+replay holds ``learning_starts`` transitions), PPO on the minibatches of one collected
+rollout (``learner.loss(indices)``); collecting and ``after_step`` (priorities, target
+updates) stay outside the count, on both sides.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from models import family_names, get_family
+from models import family_names
+from models.base import RLLearner
 from trainables.config import DataConfig, build_train_config
 from trainables.trainer import Trainer
 
@@ -74,27 +78,25 @@ def measure(family: str, policy_name: str, steps: int, repeats: int) -> Row:
     )
     trainer = Trainer(cfg, device=torch.device("cpu"))
     run, policy = trainer.folds[0], trainer.policy
-    times = run.data.decision_times(run.data.train)
-    size = min(cfg.batch_size, times.numel())
-    batches = [run.data.batch(times[i * size : (i + 1) * size]) for i in range(4)]
     model = run.model
+    loss_of, batches = _rl_batches(trainer) if trainer.is_rl else _forecast_batches(trainer)
     params = [p for p in model.parameters() if p.requires_grad]
     bare = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     clip = cfg.grad_clip
 
     def trainer_step(batch: object) -> None:
         with policy.autocast():
-            loss = model.loss(batch)  # type: ignore[operator]
+            loss = loss_of(batch)
         policy.backward_and_step(loss, run.optimizer, run.guard, clip, run.scaler)
 
     def forward_backward(batch: object) -> None:
         with policy.autocast():
-            loss = model.loss(batch)  # type: ignore[operator]
+            loss = loss_of(batch)
         loss.float().backward()
 
     def bare_step(batch: object) -> None:
         with policy.autocast():
-            loss = model.loss(batch)  # type: ignore[operator]
+            loss = loss_of(batch)
         loss.float().backward()
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
@@ -132,6 +134,38 @@ def measure(family: str, policy_name: str, steps: int, repeats: int) -> Row:
     )
 
 
+LossOf = Callable[[object], torch.Tensor]
+
+
+def _forecast_batches(trainer: Trainer) -> tuple[LossOf, list[object]]:
+    run = trainer.folds[0]
+    times = run.data.decision_times(run.data.train)
+    size = min(trainer.config.batch_size, times.numel())
+    batches: list[object] = [run.data.batch(times[i * size : (i + 1) * size]) for i in range(4)]
+    return run.model.loss, batches  # type: ignore[return-value]
+
+
+def _rl_batches(trainer: Trainer) -> tuple[LossOf, list[object]]:
+    """The learner's loss and four batches of its own: replay samples (DQN) or one
+    rollout's minibatch indices (PPO)."""
+    run = trainer.folds[0]
+    learner: RLLearner = run.model  # type: ignore[assignment]
+    assert run.env is not None
+    cfg = learner.config  # type: ignore[attr-defined]
+    with torch.no_grad(), trainer.policy.autocast():
+        learner.collect(run.env, 0.0)
+        replay = getattr(learner, "replay", None)
+        while replay is not None and replay.count < cfg.learning_starts:
+            learner.collect(run.env, 0.0)
+    if replay is not None:  # DQN: loss(sample) -> (loss, priority signal)
+        samples: list[object] = [replay.sample(cfg.replay_batch_size, 1.0) for _ in range(4)]
+        return (lambda batch: learner.loss(batch)[0]), samples  # type: ignore[attr-defined]
+    items = cfg.num_envs * cfg.n_steps // (cfg.bptt if cfg.recurrent else 1)
+    order = torch.randperm(items, generator=torch.Generator().manual_seed(0))
+    minibatches: list[object] = list(order.tensor_split(cfg.minibatches))
+    return learner.loss, minibatches  # type: ignore[attr-defined]
+
+
 HEADER = (
     "| family | policy | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
     "| trainer ms/step | bare ms/step | ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -147,7 +181,7 @@ def table_row(r: Row) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("families", nargs="*", help="default: every forecast family")
+    parser.add_argument("families", nargs="*", help="default: every family")
     parser.add_argument("--smoke", action="store_true", help="one tiny family, few steps")
     parser.add_argument("--steps", type=int, default=20, help="steps per timed block")
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks per loop")
@@ -155,9 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     policies: tuple[str, ...]
     if args.smoke:
-        families, policies, steps, repeats = ["kan"], ("f32", "bf16"), 2, 1
+        families, policies, steps, repeats = ["kan", "dqn"], ("f32", "bf16"), 2, 1
     else:
-        families = args.families or [f for f in family_names() if get_family(f).kind != "rl"]
+        families = args.families or list(family_names())
         policies, steps, repeats = POLICIES, args.steps, args.repeats
     print(HEADER, flush=True)
     rows = []

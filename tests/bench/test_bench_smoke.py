@@ -124,8 +124,9 @@ def test_asha_rule_matches_rays_scheduler(case: int) -> None:
 
 @pytest.mark.slow
 def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
-    """bench/step_ops.py --smoke: per policy, the optimizer + guard stays within the
-    40-op budget and the time ratio against the bare fused loop is a positive number."""
+    """bench/step_ops.py --smoke: a forecast family and an rl learner (kan, dqn) under f32
+    and bf16; the optimizer + guard stays within the 40-op budget and the time ratio
+    against the bare fused loop is a positive number."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--smoke"],
         cwd=ROOT,
@@ -137,7 +138,8 @@ def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    assert {row[header.index("policy")] for row in rows} == {"f32", "bf16"}, proc.stdout
+    cases = {(row[header.index("family")], row[header.index("policy")]) for row in rows}
+    assert cases == {(f, p) for f in ("kan", "dqn") for p in ("f32", "bf16")}, proc.stdout
     for row in rows:
         assert int(row[header.index("fwd+bwd ops")]) > 0
         assert 0 < int(row[header.index("opt+guard ops")]) <= 40, row
