@@ -198,6 +198,28 @@ def test_a_failed_capture_steps_eagerly_and_says_why(
         assert torch.equal(a, b)
 
 
+def test_a_fallback_to_f32_captures_the_step_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(trainer_module, "capture_cuda_graph", _fake_capture(calls))
+    config = _config("tlob", "bf16", max_steps_per_epoch=10, fallback_after=3, log_every=6)
+    trainer = Trainer(config.replace(data=DataConfig(n_bars=600, n_assets=2)))
+    run = trainer.folds[0]
+    original, seen = run.model.loss, []  # type: ignore[attr-defined]
+
+    def poisoned(batch: Batch) -> torch.Tensor:  # steps 3-5 (the first replays) are NaN
+        seen.append(len(seen))
+        value = original(batch)
+        return value * float("nan") if 3 <= seen[-1] <= 5 else value
+
+    monkeypatch.setattr(run.model, "loss", poisoned)
+    metrics = trainer.train_epoch()
+    assert metrics["fell_back_to_f32"] == 1 and metrics["skipped_steps"] == 3
+    assert calls == ["cpu", "cpu"]  # captured under bf16, dropped, captured again in f32
+    assert metrics["cuda_graphs"] == 1 and metrics["step"] == 10
+    assert {p.dtype for p in run.model.parameters()} == {torch.float32}
+
+
 @pytest.mark.parametrize(
     ("setting", "device", "model", "expected"),
     [
