@@ -23,7 +23,7 @@ Choices, with their reasons:
 * Where profiles come from (``HPO_VRAM_MODE``): ``auto`` measures when the process asking
   has CUDA and estimates otherwise; ``measure`` insists on CUDA; ``estimate`` never
   touches a GPU. A sweep on Ray profiles on the GPU nodes instead
-  (:mod:`cluster.packing_plan`), and this module's per-process functions serve the CLI
+  (:class:`cluster.packing_plan.ClusterPacker`), and this module's per-process functions serve the CLI
   (``hpo profile``) and the trial itself.
 
 Ray does not enforce fractions, so every trial caps its own allocator with
@@ -44,7 +44,7 @@ import gc
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ from cluster.profiler import (
     profile_trial,
 )
 from cluster.vram_table import SharedVramCache, VramTable, profile_key, table_at, type_key
-from trainables.config import RETRY_FLOOR_KEY, TrainConfig, TrialConfig
+from trainables.config import RETRY_FLOOR_KEY, TrainConfig
 
 log = logging.getLogger("cluster.packing")
 
@@ -237,7 +237,7 @@ def _boosted(headroom: float, oom_count: int) -> float:
 
 
 def gpu_fraction_for_trial(
-    config: TrainConfig | Mapping[str, Any],
+    config: TrainConfig,
     headroom: float = DEFAULT_HEADROOM,
     *,
     floor: float = 0.0,
@@ -248,13 +248,7 @@ def gpu_fraction_for_trial(
     """The GPU fraction of a trial: its shape's profile through the table, the headroom
     doubled for each OOM recorded against the shape, and never below ``floor`` (the
     trial's :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` after an OOM).
-
-    A Tune trial dict is still accepted and decoded here (floor included) for
-    ``hpo.sweep.TrialResources``; new callers pass the decoded ``TrainConfig``.
     """
-    if not isinstance(config, TrainConfig):
-        trial = TrialConfig.from_dict(config)
-        config, floor = trial.train_config(), max(floor, trial.gpu_fraction_floor)
     table = table if table is not None else table_at()
     key, profile = profile_for_config(config, table=table, mode=mode)
     packing = plan(profile, _boosted(headroom, table.oom_count(key)), grid)

@@ -1,5 +1,13 @@
-"""The packing plan of a sweep on a Ray cluster: per GPU type, the share of every trial
-shape, measured on a node of that type, and where each trial may run.
+"""The plan: what GPU share each trial shape asks for and how many trials that packs.
+
+This module holds every plan the tool shows:
+
+* a sweep's, on a Ray cluster (:class:`ClusterPacker`, :func:`plan_rows`,
+  :func:`render_plan`; ``hpo sweep SPEC --plan`` and the first lines of a sweep): per GPU
+  type the share of every trial shape, profiled on a node of that type, and where each
+  trial may run;
+* one shape's, or every family's in f32 and bf16, profiled in this process
+  (:func:`shape_plan`, :func:`family_plans`; ``hpo profile --model`` / ``--all``).
 
 :class:`ClusterPacker` is what the sweep hands Tune as the resources callable
 (``tune.with_resources(run_trial, resources=packer)``) once it has planned:
@@ -18,11 +26,14 @@ shape, measured on a node of that type, and where each trial may run.
    still counts against that type. Its bundle is ``{"CPU": c, "GPU": share_of_that_type,
    "accelerator_type:<TYPE>": 0.001}``; the last entry keeps it on that type (a bundle
    cannot say "0.5 of an L4 or 0.2 of an H200"). On a cluster of one type the constraint
-   is left out. A trial that fits no type asks for a whole GPU of the largest.
+   is left out. A trial that fits no type asks for a whole GPU of the largest. An OOM
+   retry (the same member again, with a floor) keeps the type its member was placed on.
 
-:func:`plan_rows` / :func:`render_plan` give the table ``hpo sweep SPEC --plan`` prints:
-per (model, precision, GPU type) the peak and how it was obtained, the share, trials per
-GPU and per node, and the binding constraint (GPU memory, or CPUs per node).
+:func:`plan_rows` / :func:`render_plan` give the table ``hpo sweep SPEC --plan`` prints
+(and a sweep logs to its parent run): per (model, precision, GPU type) the peak and how it
+was obtained, the share, trials per GPU and per node, and the binding constraint (GPU
+memory, or CPUs per node). A sweep with a fixed GPU number per trial, or no GPUs, has no
+measured shares: :func:`render_fixed_plan` says what each trial asks for instead.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.gpu_types import GpuType
@@ -41,6 +52,7 @@ from cluster.packing import (
     _boosted,
     device_total_bytes,
     plan,
+    profile_for_config,
 )
 from cluster.profiler import GiB, MemoryProfile
 from cluster.vram_table import SharedVramCache, key_string, type_key
@@ -181,9 +193,11 @@ class ClusterPacker:
         """The bundle of one trial: CPUs, its share of the chosen type's GPU (never below
         its OOM floor) and, on a mixed cluster, the type constraint."""
         shares = self.shares(trial.train_config())
+        # The member, not the attempt: an OOM retry (the same member with a floor) stays
+        # on the type it ran out of memory on, as its floor is a share of that type's GPU.
         identity = json.dumps(
             [trial.group_id, trial.member, trial.seed, trial.model, trial.precision,
-             dict(trial.params), trial.gpu_fraction_floor],
+             dict(trial.params)],
             sort_keys=True,
             default=str,
         )  # fmt: skip
@@ -272,7 +286,7 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = [
         f"GPU packing plan: share = (peak x (1 + {headroom:g}) + context) / GPU memory, "
-        "rounded up at 1e-4",
+        "rounded at Ray's 1e-4",
         "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
         "  ".join("-" * w for w in widths),
     ]
@@ -280,4 +294,107 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ClusterPacker", "TypeShare", "plan_rows", "render_plan"]
+def render_fixed_plan(gpu: float | str, cpu: float) -> str:
+    """The plan of a sweep without measured shares: a fixed GPU number per trial, no GPUs
+    asked, or ``"measured"`` on a cluster without GPU nodes (the packer needs one)."""
+    if gpu == "measured":
+        return (
+            "GPU packing plan: resources.gpu = 'measured', but the cluster has no GPU nodes: "
+            "nothing to profile or pack (add GPU nodes, or set resources.gpu = 0 to train on CPUs)"
+        )
+    share = float(gpu)
+    if share <= 0:
+        return (
+            f"GPU packing plan: no GPUs asked (resources.gpu = 0): each trial takes {cpu:g} CPU(s)"
+        )
+    per_gpu = f"{math.floor(1 / share + 1e-9)} trials per GPU" if share < 1 else "whole GPUs"
+    return (
+        f"GPU packing plan: a fixed resources.gpu = {share:g} per trial ({per_gpu}, "
+        f"{cpu:g} CPU(s) each; not measured: set resources.gpu = 'measured' to size shares "
+        "from each trial's VRAM)"
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# one shape, or every family, profiled in this process (`hpo profile`)
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """What to profile besides the model and precision: the ``--set`` overrides, the
+    batch size (None: the trainer's), the headroom, and where profiles come from."""
+
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    batch_size: int | None = None
+    headroom: float = DEFAULT_HEADROOM
+    mode: str | None = None  # cluster.packing's HPO_VRAM_MODE values; None: the env's
+    refresh: bool = False
+
+
+def shape_plan(model: str, precision: str, request: ShapeRequest) -> tuple[MemoryProfile, Packing]:
+    """The (model, precision) trial's profile (from the VRAM table, or profiled now) and
+    its packing."""
+    from trainables.config import build_train_config
+
+    base: dict[str, Any] = {} if request.batch_size is None else {"batch_size": request.batch_size}
+    config = build_train_config(model, dict(request.overrides), precision=precision, **base)
+    _, profile = profile_for_config(config, mode=request.mode, refresh=request.refresh)
+    return profile, plan(profile, request.headroom)
+
+
+@dataclass(frozen=True)
+class FamilyPlans:
+    """One row per family that profiled, plus a line per family that did not."""
+
+    rows: list[dict[str, Any]]
+    skipped: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "skipped": self.skipped}
+
+
+def family_plans(request: ShapeRequest) -> FamilyPlans:
+    """Every registered family in f32 and bf16. A row holds each precision's profile and
+    packing (as dicts) and ``bf16_over_f32_peak`` / ``bf16_over_f32_trials``. A family
+    that cannot be imported (a module being written) or profiled is skipped with the
+    reason, so one broken family does not hide the others."""
+    from models import family_names, get_family
+
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for name in family_names():
+        try:
+            get_family(name)
+        except Exception as exc:
+            skipped.append(f"{name}: cannot import ({type(exc).__name__}: {exc})")
+            continue
+        row: dict[str, Any] = {"model": name}
+        try:
+            for precision in ("f32", "bf16"):
+                profile, packing = shape_plan(name, precision, request)
+                row[precision] = {"profile": profile.to_dict(), "packing": packing.to_dict()}
+        except Exception as exc:
+            skipped.append(f"{name}: profiling failed ({type(exc).__name__}: {exc})")
+            continue
+        reference, other = row["f32"], row["bf16"]
+        row["bf16_over_f32_peak"] = (
+            other["profile"]["peak_bytes"] / reference["profile"]["peak_bytes"]
+        )
+        row["bf16_over_f32_trials"] = (
+            other["packing"]["trials_per_gpu"] / reference["packing"]["trials_per_gpu"]
+        )
+        rows.append(row)
+    return FamilyPlans(rows=rows, skipped=skipped)
+
+
+__all__ = [
+    "ClusterPacker",
+    "FamilyPlans",
+    "ShapeRequest",
+    "TypeShare",
+    "family_plans",
+    "plan_rows",
+    "render_fixed_plan",
+    "render_plan",
+    "shape_plan",
+]

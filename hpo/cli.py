@@ -252,17 +252,41 @@ def sweep_cmd(
     ] = None,
     name: NameOption = None,
     compare: CompareFlag = False,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Print the GPU packing plan (profiled on the GPU nodes) and exit without "
+            "launching: no sweep directory, no MLflow run.",
+        ),
+    ] = False,
+    num_gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="Local Ray only: the GPUs it offers (default: those it detects; logical "
+            "GPUs without CUDA are packed from estimates)."
+        ),
+    ] = None,
 ) -> None:
     """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
-    from hpo.sweep import SweepError, run_sweep
+    from hpo.sweep import SweepError, plan_only, run_sweep
 
     spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
+    if num_gpus is not None and address is not None:
+        _fail("--num-gpus sets up a local Ray; a cluster at --address declares its own GPUs")
+    if plan:
+        try:
+            text = plan_only(spec, address=address, num_gpus=num_gpus).text
+        except SweepError as exc:
+            _fail(str(exc))
+        console.print(text, markup=False, highlight=False)
+        return
     console.print(
         f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials ({', '.join(spec.models)} x "
         f"{', '.join(spec.precisions)}; {spec.search} + {spec.scheduler}), MLflow at {spec.tracking_uri}"
     )
     try:
-        rows = run_sweep(spec, address=address, on_event=console.print)
+        rows = run_sweep(spec, address=address, on_event=_print_event, num_gpus=num_gpus)
     except SweepError as exc:
         _fail(str(exc))
     _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
@@ -289,7 +313,7 @@ def resume_cmd(
     try:
         record = SweepRecord.read(sweep_dir)
         console.print(f"resuming sweep [bold]{record.spec.name}[/] in {record.sweep_dir}")
-        rows = resume_sweep(sweep_dir, address=address, on_event=console.print)
+        rows = resume_sweep(sweep_dir, address=address, on_event=_print_event)
     except SweepError as exc:
         _fail(str(exc))
     _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
@@ -478,7 +502,7 @@ def profile_cmd(
 ) -> None:
     """A trial's GPU memory by component (measured on CUDA, estimated without), the GPU
     fraction it packs at and the trials per GPU that implies."""
-    from cluster.plan import ShapeRequest, family_plans, shape_plan
+    from cluster.packing_plan import ShapeRequest, family_plans, shape_plan
     from trainables.config import parse_assignments
 
     if all_ == (model is not None):
@@ -534,7 +558,7 @@ def profile_cmd(
         f"peak {_mib(profile.peak_bytes)} MiB x (1 + {headroom:g}) + context "
         f"{_mib(profile.context_bytes)} MiB of {packing.device_total_bytes / 2**30:.1f} GiB "
         f"= {packing.raw_fraction:.4f} -> GPU fraction [bold]{packing.fraction:g}[/] "
-        f"(grid 1/{packing.grid}): [bold]{packing.trials_per_gpu}[/] trials per GPU "
+        f"(rounded at Ray's {1 / packing.grid:g}): [bold]{packing.trials_per_gpu}[/] trials per GPU "
         f"({packing.trials_per_gpu_unrounded} by memory alone)"
     )
 
@@ -768,9 +792,14 @@ def tracking_server_cmd(
 EXIT_INTERRUPTED = 3
 
 
+def _print_event(line: str) -> None:
+    """A sweep's progress line or plan, as it is (no rich markup in trial names or tables)."""
+    console.print(line, markup=False, highlight=False)
+
+
 def _exit_if_interrupted(rows: list[TrialRow], planned: int) -> None:
     """A sweep that stopped before every planned trial ended exits 3 (resumable)."""
-    if sum(r.status.finished for r in rows) < planned:
+    if sum(r.done for r in rows) < planned:
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
@@ -856,7 +885,7 @@ def _print_sweep_result(
 ) -> None:
     from hpo.sweep import best_rows
 
-    done = sum(r.status.finished for r in rows)
+    done = sum(r.done for r in rows)
     diverged = sum(r.diverged for r in rows)
     fell_back = sum(r.fell_back_to_f32 for r in rows)
     console.print(

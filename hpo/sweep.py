@@ -23,13 +23,20 @@ from typing import TYPE_CHECKING, Any
 from hpo.location import SweepLocation, writable_by_others
 from hpo.spec import SweepSpec, parse_spec
 
-if TYPE_CHECKING:  # imports ray; loaded when a sweep starts
+if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
+    from mlflow.tracking import MlflowClient
+
+    from cluster.gpu_types import GpuType
+    from cluster.packing_plan import ClusterPacker
     from hpo.recovery import StopOnRepeatedError
+    from trainables.config import TrainConfig
 
 log = logging.getLogger("hpo.sweep")
 
 SWEEP_FILE = "hpo-sweep.json"
 SUMMARY_FILE = "hpo-summary.json"
+PLAN_TEXT = "packing_plan.txt"  # parent-run artifacts: the plan the sweep launched with
+PLAN_JSON = "packing_plan.json"
 
 
 class SweepError(RuntimeError):
@@ -100,6 +107,15 @@ class TrialRow:
     diverged: bool
     params: dict[str, Any]
     checkpoint: str | None
+    group_id: str = ""
+    member: str = ""  # ``precision/seed`` in its group: one member, one or more attempts
+    gpu_fraction_floor: float = 0.0  # > 0: an OOM retry's attempt
+    oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
+
+    @property
+    def done(self) -> bool:
+        """Ran to its end, and is not an OOM attempt whose retry is still to run."""
+        return self.status.finished and self.oom_retry_gpu_fraction is None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -115,20 +131,103 @@ class TrialResources:
         self.cpu = spec.resources.cpu
         self.gpu = spec.resources.gpu
         self.headroom = spec.resources.headroom
-        self.base = spec.base_trial_settings()
 
     def __call__(self, config: dict[str, Any]) -> Any:
         from ray.tune import PlacementGroupFactory
 
         gpu = self.gpu
-        if gpu == "measured":
+        if gpu == "measured":  # no GPU types to plan for (sweep_resources): this process sizes it
             from cluster.packing import gpu_fraction_for_trial
+            from trainables.config import TrialConfig
 
-            gpu = gpu_fraction_for_trial(config, headroom=self.headroom)
+            trial = TrialConfig.from_dict(config)
+            gpu = gpu_fraction_for_trial(
+                trial.train_config(), headroom=self.headroom, floor=trial.gpu_fraction_floor
+            )
         bundle = {"CPU": float(self.cpu)}
         if float(gpu) > 0:
             bundle["GPU"] = float(gpu)
         return PlacementGroupFactory([bundle])
+
+
+def sweep_resources(
+    spec: SweepSpec, storage: str, types: list[GpuType] | None = None
+) -> TrialResources | ClusterPacker:
+    """What sizes each trial's bundle: with ``resources.gpu = "measured"`` on a cluster
+    with GPU nodes, a :class:`~cluster.packing_plan.ClusterPacker` over its GPU types
+    (``types``; default: the connected cluster's), profiling on those nodes into the VRAM
+    cache of ``storage`` (the sweep's storage, which every node sees); otherwise the
+    spec's fixed numbers (:class:`TrialResources`)."""
+    if spec.resources.gpu != "measured":
+        return TrialResources(spec)
+    from cluster.gpu_types import cluster_gpu_types
+    from cluster.packing_plan import ClusterPacker
+    from cluster.vram_table import SharedVramCache
+
+    types = cluster_gpu_types() if types is None else types
+    if not types:
+        return TrialResources(spec)
+    return ClusterPacker(
+        types,
+        headroom=spec.resources.headroom,
+        cpu_per_trial=spec.resources.cpu,
+        cache=SharedVramCache.at(storage),
+    )
+
+
+def plan_configs(spec: SweepSpec) -> list[TrainConfig]:
+    """The trial shapes known before launch: one per (model, precision) stream, at the
+    settings its search space fixes. A shape a searcher samples (a searched model size or
+    batch size) is profiled when its first trial is created."""
+    from hpo.search.space import trial_space
+    from trainables.config import TrialConfig
+
+    base = spec.trial_base()
+    configs = []
+    for model in spec.models:
+        fixed = trial_space(model, spec.search_space.get(model)).fixed
+        for precision in spec.precisions:
+            trial = TrialConfig(model=model, precision=precision, seed=0, params=fixed, base=base)
+            configs.append(trial.train_config())
+    return configs
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The GPU packing plan a sweep launches with (``hpo sweep SPEC --plan`` prints it)."""
+
+    text: str
+    rows: list[dict[str, Any]]  # cluster.packing_plan.plan_rows (none without measured shares)
+
+    def log_to(self, client: MlflowClient, run_id: str) -> None:
+        client.log_text(run_id, self.text, PLAN_TEXT)
+        client.log_dict(run_id, {"rows": self.rows}, PLAN_JSON)
+
+
+def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> SweepPlan:
+    """The plan of ``spec`` with these resources; a packer profiles every shape of
+    :func:`plan_configs` on every GPU type first (Ray tasks on those nodes)."""
+    from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
+
+    if not isinstance(resources, ClusterPacker):
+        return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu), [])
+    rows = plan_rows(resources, plan_configs(spec))
+    return SweepPlan(render_plan(rows, spec.resources.headroom), rows)
+
+
+def plan_only(
+    spec: SweepSpec,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+) -> SweepPlan:
+    """The plan of ``spec`` on the cluster, without launching: no sweep directory, no
+    MLflow run (the profiles it takes are cached in the storage's VRAM cache, where the
+    sweep finds them). A spec the cluster cannot run raises the SweepError a sweep would."""
+    storage = SweepLocation.parse(spec.storage)
+    _join_cluster(spec, storage.uri, address, num_cpus=num_cpus, num_gpus=num_gpus)
+    return sweep_plan(spec, sweep_resources(spec, storage.uri))
 
 
 @contextlib.contextmanager
@@ -155,7 +254,12 @@ def _trial_dirname(trial: Any) -> str:
     return f"{config.get('model', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
 
 
-def build_tuner(spec: SweepSpec, record: SweepRecord, watchers: SweepWatchers) -> Any:
+def build_tuner(
+    spec: SweepSpec,
+    record: SweepRecord,
+    watchers: SweepWatchers,
+    resources: TrialResources | ClusterPacker | None = None,
+) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -182,7 +286,9 @@ def build_tuner(spec: SweepSpec, record: SweepRecord, watchers: SweepWatchers) -
     # 9223372036854775807", as the searcher, not num_samples, ends the sweep) and a
     # TensorBoard hint; hpo.progress reports the sweep instead.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    trainable = tune.with_resources(run_trial, resources=TrialResources(spec))
+    if resources is None:
+        resources = sweep_resources(spec, record.sweep_dir.parent.uri)
+    trainable = tune.with_resources(run_trial, resources=resources)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -261,16 +367,23 @@ def run_sweep(
             f"`hpo resume {sweep_dir}` or pick another --name"
         )
     _join_cluster(spec, storage.uri, address, num_cpus=num_cpus, num_gpus=num_gpus)
+    # Profiled on the GPU nodes before anything is recorded: a shape that cannot be
+    # profiled stops the sweep without leaving a parent run behind.
+    resources = sweep_resources(spec, storage.uri)
+    plan = sweep_plan(spec, resources)
+    if on_event is not None:
+        on_event(plan.text)
     client = MlflowClient(spec.tracking_uri)
     parent = start_sweep_run(
         client, spec.name, spec.model_dump(exclude={"search_space", "trainer"}), spec.compare
     )
+    plan.log_to(client, parent)
     record = SweepRecord(
         spec=spec, sweep_dir=sweep_dir, parent_run_id=parent, tracking_uri=spec.tracking_uri
     )
     record.write()
     watchers = _watchers(record, on_event)
-    tuner = build_tuner(spec, record, watchers)
+    tuner = build_tuner(spec, record, watchers, resources)
     with _sigterm_stops_gracefully():
         tuner.fit()
     return _finish_or_refuse(record, watchers)
@@ -299,7 +412,10 @@ def resume_sweep(
     from mlflow.tracking import MlflowClient
 
     MlflowClient(record.tracking_uri).update_run(record.parent_run_id, status="RUNNING")
-    trainable = tune.with_resources(run_trial, resources=TrialResources(record.spec))
+    # Restored trials keep the bundles Tune saved with them; this sizes the trials still to
+    # be created (the shared VRAM cache holds the profiles the first run took).
+    resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
+    trainable = tune.with_resources(run_trial, resources=resources)
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,
@@ -353,10 +469,15 @@ def _replace_watchers(tuner: Any, watchers: SweepWatchers) -> None:
     internal._run_config.stop = watchers.stop
 
 
-def trial_rows(where: str | Path | SweepLocation) -> list[TrialRow]:
-    """Every trial of a sweep with its status, final metrics and newest checkpoint."""
+def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> list[TrialRow]:
+    """Every trial of a sweep with its status, final metrics and newest checkpoint.
+
+    A member that ran out of GPU memory runs again as a new Tune trial: its rows are the
+    attempts. Only the newest attempt of each member is a row unless ``retried``; the OOM
+    attempts it replaced are left out (see :func:`latest_attempts`)."""
     from ray.tune import ExperimentAnalysis
 
+    from trainables.config import RETRY_FLOOR_KEY
     from trainables.trial import CKPT_SUBDIR
 
     sweep_dir = SweepLocation.parse(where)
@@ -383,9 +504,39 @@ def trial_rows(where: str | Path | SweepLocation) -> list[TrialRow]:
                 checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{CKPT_SUBDIR}")
                 if checkpoint is not None
                 else None,
+                group_id=str(config.get("group_id", "")),
+                member=str(config.get("member", "")),
+                gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
+                oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
+                if result.get("oom")
+                else None,
             )
         )
-    return rows
+    return rows if retried else latest_attempts(rows)
+
+
+def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
+    """``rows`` without the OOM attempts that a retry of the same member replaced.
+
+    Trial ids are not chronological; attempts are: each retry carries a larger
+    :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` than the attempt that ran
+    out of memory, so a member's newest attempt is the one with the largest floor."""
+    newest: dict[tuple[str, str], TrialRow] = {}
+    for row in rows:
+        key = (row.group_id, row.member)
+        if row.group_id and (
+            key not in newest or row.gpu_fraction_floor > newest[key].gpu_fraction_floor
+        ):
+            newest[key] = row
+    return [
+        r
+        for r in rows
+        if not (
+            r.group_id
+            and r.oom_retry_gpu_fraction is not None
+            and newest[(r.group_id, r.member)] is not r
+        )
+    ]
 
 
 def best_rows(
@@ -431,7 +582,9 @@ def finish_sweep(record: SweepRecord) -> list[TrialRow]:
     client.log_dict(record.parent_run_id, summary, SUMMARY_FILE)
     if record.spec.compare:
         _log_comparison(record)
-    finished = all(r.status.finished for r in rows) and len(rows) == record.spec.n_trials
+    # One row per planned member (latest_attempts): an OOM retry adds a Tune trial, not a
+    # member; an OOM attempt whose retry has not run yet is not done.
+    finished = all(r.done for r in rows) and len(rows) == record.spec.n_trials
     client.set_terminated(record.parent_run_id, status="FINISHED" if finished else "KILLED")
     return rows
 

@@ -166,3 +166,15 @@ def test_type_key_differs_by_type_only(config: TrainConfig) -> None:
     assert {k: v for k, v in a.items() if k != "device"} == {
         k: v for k, v in b.items() if k != "device"
     }
+
+
+def test_an_oom_retry_stays_on_the_type_it_ran_out_of_memory_on() -> None:
+    """Its floor is a share of that type's GPU: on another type it would mean nothing."""
+    packer = packer_with({8: 5, 16: 30})
+    first = packer.resources_of(trial(8, seed=0))
+    assert first == {"CPU": 1.0, "GPU": 0.0444, "accelerator_type:H200": 0.001}
+    for seed in range(1, 5):  # big trials fill the H200s: the L4s are now the emptier type
+        packer.resources_of(trial(16, seed))
+    assert "accelerator_type:L4" in packer.resources_of(trial(8, seed=5))
+    retry = packer.resources_of(trial(8, seed=0, floor=0.05))
+    assert retry == {"CPU": 1.0, "GPU": 0.05, "accelerator_type:H200": 0.001}

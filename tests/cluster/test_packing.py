@@ -15,7 +15,6 @@ import torch
 
 from cluster import packing
 from cluster.packing import (
-    RETRY_FLOOR_KEY,
     TrialDoesNotFit,
     apply_memory_cap,
     gpu_fraction,
@@ -138,10 +137,6 @@ def test_trial_fraction_from_the_table_with_oom_boost_and_floor(
     table.record_oom(key)  # headroom doubles: (10 * 1.3 + 0.5) / 80 = 0.16875 -> 0.1688
     assert fraction() == 0.1688
     assert fraction(floor=0.35) == 0.35
-    # The Tune trial dict (what hpo.sweep's resources callable holds) decodes to the same,
-    # floor included.
-    as_dict = trial_config(**{RETRY_FLOOR_KEY: 0.35})
-    assert gpu_fraction_for_trial(as_dict, table=table, mode="estimate") == 0.35
     metrics = trial_memory_metrics(train_config(), 0.2, table=table, mode="estimate")
     assert metrics["vram_gpu_fraction"] == 0.2
     assert metrics["vram_predicted_peak_mb"] == 10 * 1024
