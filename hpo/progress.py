@@ -40,7 +40,12 @@ class SweepProgress(Callback):
 
     def _counts(self, trials: list) -> str:
         running = sum(t.status == "RUNNING" for t in trials)
-        done = sum(TrialStatus(t.status).finished for t in trials)
+        # An OOM attempt ends as TERMINATED too, but its member runs again (a new trial).
+        done = sum(
+            TrialStatus(t.status).finished
+            and not (t.last_result or {}).get("oom_retry_gpu_fraction")
+            for t in trials
+        )
         errored = sum(t.status == "ERROR" for t in trials)
         best = f"  best val Sharpe {self.best[0]:+.2f} ({self.best[1]})" if self.best else ""
         return f"[{done + errored}/{self.total}] running {running}, done {done}, errored {errored}{best}"
@@ -70,8 +75,11 @@ class SweepProgress(Callback):
         shown = (
             f"{value:+.2f}" if isinstance(value, int | float) and math.isfinite(value) else "n/a"
         )
+        retry = result.get("oom_retry_gpu_fraction")
         note = (
-            " (diverged)"
+            f" (out of GPU memory: retrying at a {retry:g} share)"
+            if isinstance(retry, int | float) and result.get("oom")
+            else " (diverged)"
             if result.get("diverged")
             else " (fell back to f32)"
             if result.get("fell_back_to_f32")

@@ -11,6 +11,11 @@
   sweep's parent run (and remembered in the callback state Tune saves with the sweep), so
   a resumed trial continues its own run; metric points already logged for an epoch are
   not logged twice.
+* One run per member, not per attempt: a trial that ran out of GPU memory runs again as
+  a new Tune trial (same group and member, a larger share), and that retry continues the
+  member's run, found by its ``group_id`` + ``member`` tags. The run's ``trial_id`` tag
+  becomes the retry's, the OOM attempts are listed in ``hpo.oom_attempts``, and the
+  retry's epochs are logged again from epoch 1 (later points of a step are the latest).
 * Tune's event loop never waits for MLflow: calls are queued and sent in order by one
   background thread. Nothing is lost when the tracking server is briefly away: a call that
   failed on the connection or the server's side (:func:`may_succeed_later`) is retried with
@@ -47,6 +52,8 @@ TAG_PRECISION = "precision"
 TAG_SEED = "seed"
 TAG_PAIR = "pair_id"
 TAG_GROUP = "group_id"
+TAG_MEMBER = "member"  # precision/seed in the group: with group_id, the run's identity
+TAG_OOM_ATTEMPTS = "hpo.oom_attempts"  # trial ids of the attempts that ran out of GPU memory
 TAG_TRIAL = "trial_id"
 TAG_FELL_BACK = "fell_back_to_f32"
 TAG_NODE = "node_id"
@@ -296,6 +303,7 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id = parent_run_id
         self.run_ids: dict[str, str] = {}  # trial_id -> child run id
         self.last_epoch: dict[str, int] = {}  # trial_id -> last epoch logged
+        self.member_runs: dict[str, str] = {}  # "group_id|member" -> child run id
         self._connect()
 
     def _connect(self) -> None:
@@ -321,6 +329,7 @@ class MlflowSweepCallback(Callback):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("member_runs", {})  # pickled before runs were per member
         self._connect()
 
     # -- Tune hooks ------------------------------------------------------------------------
@@ -356,6 +365,9 @@ class MlflowSweepCallback(Callback):
             # The final point of a diverged trial is an explicit NaN, so readers of the
             # last value (hpo compare) see the failure instead of an earlier epoch's Sharpe.
             metrics.append(Metric("val_sharpe", math.nan, stamp, epoch))
+        if _is_retry(trial.config) and "oom" not in result:
+            # The member's run holds the OOM attempt's oom = 1: the retry's epochs say 0.
+            metrics.append(Metric("oom", 0.0, stamp, epoch))
         tags = [RunTag(TAG_FELL_BACK, str(bool(result.get("fell_back_to_f32"))).lower())]
         if result.get("node_id"):
             tags += [
@@ -441,6 +453,8 @@ class MlflowSweepCallback(Callback):
             logged = self._logged_epochs(run_id)
             self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
             self.client.update_run(run_id, status="RUNNING")
+        elif _is_retry(config) and (run_id := self._continue_member_run(trial_id, config)):
+            self.client.update_run(run_id, status="RUNNING")
         else:
             tags = {
                 TAG_PARENT: self.parent_run_id,
@@ -451,6 +465,7 @@ class MlflowSweepCallback(Callback):
                 TAG_SEED: str(config["seed"]),
                 TAG_PAIR: config["pair_id"],
                 TAG_GROUP: config["group_id"],
+                TAG_MEMBER: config.get("member", ""),
                 TAG_TRIAL: trial_id,
                 TAG_FELL_BACK: "false",
                 TAG_STATUS: "running",
@@ -461,11 +476,44 @@ class MlflowSweepCallback(Callback):
             run_id = run.info.run_id
             self.last_epoch[trial_id] = 0
         self.run_ids[trial_id] = run_id
+        self.member_runs.setdefault(_member_key(config), run_id)
         # Params last, and on a reopened run too (MLflow accepts a param logged again with
         # its value): a retry after a failure here still logs them, and a rejected param
         # leaves the run known, so the trial's metrics still land.
         params = [Param(k, v) for k, v in trial_params(config).items()]
         self.client.log_batch(run_id, params=params)
+
+    def _continue_member_run(self, trial_id: str, config: Mapping[str, Any]) -> str | None:
+        """The run of the member an OOM retry belongs to, taken over by the retry (None:
+        the first attempt has no run, so the retry opens one)."""
+        assert self.experiment_id is not None
+        run_id = self.member_runs.get(_member_key(config))
+        if run_id is None:
+            runs = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=(
+                    f"tags.{TAG_GROUP} = '{config['group_id']}' and "
+                    f"tags.{TAG_MEMBER} = '{config['member']}' and "
+                    f"tags.`{TAG_PARENT}` = '{self.parent_run_id}'"
+                ),
+                max_results=1,
+            )
+            run_id = runs[0].info.run_id if runs else None
+        if run_id is None:
+            return None
+        tags = self.client.get_run(run_id).data.tags
+        attempts = [a for a in tags.get(TAG_OOM_ATTEMPTS, "").split(",") if a]
+        previous = tags.get(TAG_TRIAL)
+        if previous and previous != trial_id and previous not in attempts:
+            attempts.append(previous)
+        self.client.log_batch(
+            run_id,
+            tags=[RunTag(TAG_TRIAL, trial_id), RunTag(TAG_OOM_ATTEMPTS, ",".join(attempts))],
+        )
+        if TAG_FAILURE in tags:  # the OOM's reason; the retry's own outcome replaces it
+            self.client.delete_tag(run_id, TAG_FAILURE)
+        self.last_epoch[trial_id] = 0  # a fresh attempt: its epochs are logged from 1 again
+        return run_id
 
     def _delete_orphans(self, known: set[str]) -> None:
         """Child runs of trials the resumed sweep does not know: a driver killed between
@@ -547,11 +595,27 @@ class MlflowSweepCallback(Callback):
 
     # -- state saved with the sweep (Tune experiment checkpoints) ---------------------------
     def get_state(self) -> dict[str, Any]:
-        return {"run_ids": dict(self.run_ids), "last_epoch": dict(self.last_epoch)}
+        return {
+            "run_ids": dict(self.run_ids),
+            "last_epoch": dict(self.last_epoch),
+            "member_runs": dict(self.member_runs),
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.run_ids.update(state.get("run_ids", {}))
         self.last_epoch.update(state.get("last_epoch", {}))
+        self.member_runs.update(state.get("member_runs", {}))
+
+
+def _is_retry(config: Mapping[str, Any]) -> bool:
+    """An OOM retry's trial config (it carries the larger share it must get)."""
+    from trainables.config import RETRY_FLOOR_KEY
+
+    return bool(config.get(RETRY_FLOOR_KEY))
+
+
+def _member_key(config: Mapping[str, Any]) -> str:
+    return f"{config.get('group_id', '')}|{config.get('member', '')}"
 
 
 def checkpoint_returns(checkpoint: Any) -> str | None:

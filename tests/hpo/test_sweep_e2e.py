@@ -127,3 +127,100 @@ def test_a_sweep_whose_trials_all_fail_alike_stops_with_the_error(ray_session, t
     assert 3 <= attempts < spec.n_trials * (spec.max_failures + 1), attempts
     # Trials still waiting were stopped before they ran (Tune marks those TERMINATED).
     assert all(r.epochs == 0 for r in trial_rows(sweep_dir))
+
+
+def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
+    """The real ``run_trial``, whose first bf16 attempt runs out of CUDA memory in its
+    second epoch's training step (after epoch 1 was reported and logged)."""
+
+    def run_trial_with_a_planted_oom(config):  # type: ignore[no-untyped-def]
+        import torch
+
+        from trainables import trial as trial_module
+        from trainables.trainer import Trainer
+
+        marker = Path(folder) / "oom-planted"
+        if config["precision"] != "bf16" or marker.exists():
+            trial_module.run_trial(config)
+            return
+        marker.write_text(config["member"])
+        original = Trainer.train_epoch
+        epochs = [0]
+
+        def step(self):  # type: ignore[no-untyped-def]
+            epochs[0] += 1
+            if epochs[0] == 2:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted in a step)")
+            return original(self)
+
+        Trainer.train_epoch = step  # type: ignore[method-assign]
+        try:
+            trial_module.run_trial(config)
+        finally:  # the actor may be reused by the next trial
+            Trainer.train_epoch = original  # type: ignore[method-assign]
+
+    return run_trial_with_a_planted_oom
+
+
+def test_an_oom_retry_continues_its_run_resolves_its_pair_and_the_sweep_finishes(
+    ray_session, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A compare sweep of one pair with measured shares on the session's 4 logical GPUs
+    (the ClusterPacker): the bf16 member runs out of memory in epoch 2 and is retried with
+    a larger share; MLflow then holds one run per member, the retry's, the pair is
+    compared, and the parent run is FINISHED."""
+    from hpo.compare import comparison_from_mlflow
+    from trainables import trial as trial_module
+
+    folder = tmp_path / "events"
+    folder.mkdir()
+    monkeypatch.setattr(trial_module, "run_trial", _run_trial_with_a_planted_oom(str(folder)))
+    spec = tiny_spec(
+        tmp_path,
+        name="oom-retry",
+        models=["tft"],
+        search_space={"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}},
+        compare=True,
+        resources={"cpu": 1, "gpu": "measured"},
+    )
+    events: list[str] = []
+    rows = run_sweep(spec, on_event=events.append)
+    assert events[0].startswith("GPU packing plan:")  # printed before launch
+    assert len(rows) == spec.n_trials == 2 and all(r.done for r in rows)
+    attempts = trial_rows(Path(spec.storage) / spec.name, retried=True)
+    (oomed,) = [r for r in attempts if r.oom_retry_gpu_fraction is not None]
+    retry = next(r for r in rows if r.precision == "bf16")
+    assert len(attempts) == 3 and oomed.member == retry.member == "bf16/0"
+    assert oomed.epochs == 2 and retry.epochs == 2
+    assert retry.gpu_fraction_floor == oomed.oom_retry_gpu_fraction > 0
+    assert any("out of GPU memory: retrying" in e for e in events)
+
+    client = MlflowClient(spec.tracking_uri)
+    experiment = client.get_experiment_by_name(spec.name)
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get(TAG_ROLE) == "sweep"]
+    children = [r for r in runs if r.data.tags.get(TAG_ROLE) == "trial"]
+    assert parent.info.status == "FINISHED"
+    assert len(children) == 2  # one run per member: the retry continued the bf16 run
+    bf16 = next(r for r in children if r.data.tags["precision"] == "bf16")
+    tags = bf16.data.tags
+    assert bf16.info.status == "FINISHED" and tags["trial_status"] == "completed"
+    assert tags["trial_id"] == retry.trial_id and tags["hpo.oom_attempts"] == oomed.trial_id
+    assert "failure_reason" not in tags and bf16.data.metrics["oom"] == 0
+    # the run's latest val_sharpe is the retry's last epoch, after the OOM's NaN
+    assert bf16.data.metrics["val_sharpe"] == pytest.approx(retry.val_sharpe)
+    history = client.get_metric_history(bf16.info.run_id, "val_sharpe")
+    assert sorted(m.step for m in history) == [
+        1,
+        1,
+        2,
+    ]  # attempt 1: epoch 1 (OOM in 2); retry: 1, 2
+    plan_text = client.download_artifacts(parent.info.run_id, "packing_plan.txt", str(tmp_path))
+    assert Path(plan_text).read_text() == events[0]
+
+    comparison = comparison_from_mlflow(
+        spec.name, spec.tracking_uri, parent_run_id=parent.info.run_id, with_returns=False
+    )
+    (contrast,) = comparison.families["tft"].contrasts.values()
+    assert contrast.pair_ids == [retry.pair_id] and contrast.incomplete == {}

@@ -280,3 +280,36 @@ def test_ending_runs_prints_no_view_run_links(
     # fail here): no request, no output.
     server._tracking_client._log_url("0" * 32)
     assert capsys.readouterr().out == ""
+
+
+def test_an_oom_retry_continues_its_members_run(mlflow_uri: str) -> None:
+    """The retry (a new trial id, the same group and member, a floor) continues the run
+    the OOM closed, even from a driver that restarted in between (found by its tags)."""
+    callback, client, parent = _setup(mlflow_uri)
+    first = _trial("t9")
+    first.config["member"] = "bf16/0"
+    callback.on_trial_start(0, [], first)
+    callback.on_trial_result(0, [], first, {"epoch": 1, "val_sharpe": 0.2})
+    first.last_result = {"epoch": 2, "oom": 1, "oom_retry_gpu_fraction": 0.3,
+                         "failure_reason": "CUDA out of memory"}  # fmt: skip
+    callback.on_trial_result(0, [], first, first.last_result)
+    callback.on_trial_complete(0, [], first)
+    assert callback.flush()
+    for driver in ("same", "restarted"):
+        runner = callback if driver == "same" else MlflowSweepCallback(mlflow_uri, "track", parent)
+        retry = _trial(f"t1-{driver}")  # ids are not chronological: t1 < t9
+        retry.config.update(member="bf16/0", gpu_fraction_floor=0.3)
+        runner.on_trial_start(0, [], retry)
+        for epoch in (1, 2):
+            runner.on_trial_result(0, [], retry, {"epoch": epoch, "val_sharpe": 0.5 * epoch})
+        retry.last_result = {"epoch": 2, "val_sharpe": 1.0}
+        runner.on_trial_complete(0, [], retry)
+        assert runner.flush()
+    (run,) = client.search_runs([callback.experiment_id], filter_string="tags.member = 'bf16/0'")
+    tags = run.data.tags
+    assert run.info.status == "FINISHED" and tags["trial_status"] == "completed"
+    assert tags["trial_id"] == "t1-restarted" and tags["hpo.oom_attempts"] == "t9,t1-same"
+    assert "failure_reason" not in tags
+    assert (run.data.metrics["val_sharpe"], run.data.metrics["oom"]) == (1.0, 0.0)
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+    assert sorted(steps) == [1, 1, 1, 2, 2]
