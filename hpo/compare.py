@@ -876,6 +876,10 @@ class _Settings(NamedTuple):
     margin: float
 
 
+# Which of two runs of one member the comparison keeps: the one that got furthest.
+_STATE_RANK = {"error": 0, "unfinished": 1, "diverged": 2, "completed": 3}
+
+
 def _scope(
     scope: str, trials: list[TrialRecord], precisions: list[str], settings: _Settings
 ) -> ScopeComparison:
@@ -885,10 +889,19 @@ def _scope(
     by_pair: dict[tuple[str, str], dict[str, TrialRecord]] = {}
     for t in trials:
         members = by_pair.setdefault((t.model, t.pair_id), {})
-        if t.precision in members:
+        kept = members.get(t.precision)
+        if kept is not None:
+            # Two runs of one member: a sweep from before OOM retries continued their
+            # member's run left the failed attempt beside the retry. Trial ids are not
+            # chronological, so keep the attempt that got furthest, not the first id.
+            dropped = kept
+            if _STATE_RANK[t.state] > _STATE_RANK[kept.state]:
+                members[t.precision] = kept = t
+            else:
+                dropped = t
             notes.append(
                 f"pair {t.pair_id} has two {t.precision} trials "
-                f"({members[t.precision].trial_id}, {t.trial_id}); kept the first"
+                f"({kept.trial_id}, {dropped.trial_id}); kept {kept.trial_id} ({kept.state})"
             )
             continue
         members[t.precision] = t

@@ -917,3 +917,18 @@ def test_a_corrupt_returns_file_is_not_logged(
     assert any("checksum mismatch" in r.message for r in caplog.records)
     run_id = callback.run_ids["t-corrupt"]
     assert MlflowClient(private.tracking_uri).list_artifacts(run_id, "returns") == []
+
+
+def test_of_two_runs_of_one_member_the_one_that_got_furthest_is_kept() -> None:
+    # A sweep from before OOM retries continued their member's run left the failed
+    # attempt (an errored run) beside the retry; its trial id sorts first ("a" < "b"), and
+    # the first id is not the retry. The completed retry is the member's result.
+    import dataclasses
+
+    records = paired_records("tft", [[0.2], [0.4]], [[0.3], [0.6]])
+    failed = dataclasses.replace(
+        records[1], run_id="run-oom", trial_id="a-oom", state="error", val_sharpe=math.nan
+    )
+    _, contrast = _bf16_vs_f32([failed, *records])
+    assert contrast.val.n_pairs_used == 2
+    assert contrast.val.mean_difference == pytest.approx(np.mean([0.1, 0.2]), rel=1e-12)
