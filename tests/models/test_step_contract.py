@@ -145,7 +145,7 @@ def _weights(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for run in trainer.folds for p in run.model.parameters()]
 
 
-@pytest.mark.parametrize("policy", ["f32", "bf16", "fp16-mixed"])
+@pytest.mark.parametrize("policy", ["f32", "fp16-mixed"])
 def test_a_replayed_step_trains_to_the_eager_numbers(
     policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
