@@ -290,8 +290,9 @@ def _reading_notes(c: Comparison) -> str:
         "Read the Hodges-Lehmann interval instead (the median of the pairwise averages of "
         "the differences, with the exact signed-rank interval that matches the Wilcoxon "
         "test): every difference inside it is compatible with the data. Its confidence is "
-        "discrete at small n, so the confidence it achieves is shown; with 5 or fewer "
-        f"configurations {c.confidence:.0%} is out of reach and the interval is the range "
+        "discrete at small n, so the confidence it achieves is shown; with "
+        f"{_max_unreachable_n(c.confidence)} or fewer configurations "
+        f"{c.confidence:.0%} is out of reach and the interval is the range "
         "of the differences, at the lower confidence stated. The plain median of the "
         "differences is kept as a descriptive number.",
         "<b>Descriptive checks.</b> Mann-Whitney U and Kolmogorov-Smirnov compare the two "
@@ -338,8 +339,9 @@ def _reading_notes(c: Comparison) -> str:
         "track shorter than that is not yet evidence of skill. The val/test Spearman "
         "correlation says how much of the validation ranking carries over to the held-out "
         "test: near 0 or negative, selection on validation did not help.",
-        "<b>Memory and throughput.</b> peak_mem_mb is the CUDA allocator peak on a GPU but "
-        "the process's peak resident memory on CPU, which includes the Python runtime; bf16 "
+        "<b>Memory and throughput.</b> peak_mem_mb is the trial's own peak: on a GPU the "
+        "CUDA allocator peak since the trial started, on CPU the growth of the process's "
+        "resident memory over the trial (all host memory it added, not only tensors); bf16 "
         "savings show on GPU runs. steps_per_s is the last epoch's training throughput.",
         f"<b>Overall.</b> The {OVERALL} scope pools the pairs of every family, treating them "
         "as exchangeable; a family with many pairs dominates it.",
@@ -737,3 +739,12 @@ def _overfitting_table(scope: ScopeComparison) -> str:
 
 def _small(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else "—"
+
+
+def _max_unreachable_n(confidence: float) -> int:
+    """The largest number of configurations whose widest signed-rank interval, [min, max]
+    with confidence 1 - 2^(1-n), still falls short of ``confidence``."""
+    n = 1
+    while 1.0 - 2.0 ** (1 - (n + 1)) < confidence:
+        n += 1
+    return n

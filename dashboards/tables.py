@@ -116,10 +116,15 @@ def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT)
         return f"{scope}: equivalent: {interval}, inside the margin {margin} ({p})."
     if verdict.startswith("inconclusive"):
         tail = f"; {inference.verdict_note}" if inference.verdict_note else ""
-        return (
-            f"{scope}: {verdict}: {interval}, which reaches beyond the margin {margin} "
-            f"without lying wholly outside it ({p}{tail})."
-        )
+        low, high, m = inference.tost_low, inference.tost_high, inference.margin
+        if -m < low and high < m:
+            where = f"inside the margin {margin}, but too few configurations to say so"
+        elif high < -m or low > m:
+            side = "below" if high < -m else "above"
+            where = f"wholly {side} the margin {margin}, but too few configurations to say so"
+        else:
+            where = f"which reaches beyond the margin {margin} without lying wholly outside it"
+        return f"{scope}: {verdict}: {interval}, {where} ({p}{tail})."
     side = "below" if verdict.endswith("worse") else "above"
     return f"{scope}: {verdict}: {interval}, wholly {side} the margin {margin} ({p})."
 

@@ -497,7 +497,7 @@ class HodgesLehmann(NamedTuple):
     requested_confidence: float
     """The confidence asked for."""
     n: int
-    """Number of differences (zeros included: they are data, not ties at the null)."""
+    """Number of differences used (without zeros unless ``zeros="keep"``)."""
     method: Literal["exact", "normal"]
     """How ``k`` and ``confidence`` were found: the exact signed-rank distribution
     (n <= 50), or its normal approximation with continuity correction."""
@@ -509,7 +509,9 @@ class HodgesLehmann(NamedTuple):
 
 
 def hodges_lehmann_interval(
-    diffs: Sequence[float] | np.ndarray, confidence: float = 0.95
+    diffs: Sequence[float] | np.ndarray,
+    confidence: float = 0.95,
+    zeros: Literal["drop", "keep"] = "drop",
 ) -> HodgesLehmann:
     """Hodges-Lehmann estimate and exact signed-rank CI of the centre of ``diffs``.
 
@@ -529,8 +531,12 @@ def hodges_lehmann_interval(
     confidence ``1 - 2^(1-n)`` (n = 4: 87.5%); ``achieved`` is then False. One difference
     gives the point ``[d, d]`` with confidence 0.
 
-    All differences are used, zeros included: a zero difference is an observation at 0,
-    which only matters to a test *at* 0 (:func:`paired_signed_rank_test` drops it there).
+    Zero differences are dropped by default (``zeros="drop"``), as R's ``wilcox.test``
+    drops them before the estimate and the interval: then the interval and
+    :func:`paired_signed_rank_test` (which drops them too) agree on whether 0 is
+    plausible. All differences zero gives the point ``[0, 0]`` with confidence 0.
+    ``zeros="keep"`` treats them as observations at 0, which is right for a test at
+    another point (the equivalence test's ``±margin``).
     Ties among Walsh averages need no special treatment: with discrete data the closed
     interval covers at least as often. For n > 50, ``k`` comes from the normal
     approximation with continuity correction (R's non-exact CI solves the same normal
@@ -542,6 +548,12 @@ def hodges_lehmann_interval(
     """
     d = _check_diffs(diffs)
     confidence = _probability("confidence", confidence)
+    if zeros == "drop":
+        d = d[d != 0.0]
+        if d.size == 0:
+            return HodgesLehmann(0.0, 0.0, 0.0, 0.0, confidence, 0, "exact")
+    elif zeros != "keep":
+        raise ValueError(f"zeros must be 'drop' or 'keep', got {zeros!r}")
     n = int(d.size)
     walsh = _walsh_averages(d)
     c = _critical_count(n, (1.0 - confidence) / 2.0)
@@ -558,11 +570,13 @@ def hodges_lehmann_interval(
 
 
 def hodges_lehmann(
-    diffs: Sequence[float] | np.ndarray, confidence: float = 0.95
+    diffs: Sequence[float] | np.ndarray,
+    confidence: float = 0.95,
+    zeros: Literal["drop", "keep"] = "drop",
 ) -> tuple[float, float, float]:
     """``(estimate, low, high)`` of :func:`hodges_lehmann_interval` (see there, including
     what is returned when ``confidence`` is not achievable at this n)."""
-    result = hodges_lehmann_interval(diffs, confidence)
+    result = hodges_lehmann_interval(diffs, confidence, zeros)
     return result.estimate, result.low, result.high
 
 
@@ -673,7 +687,8 @@ def equivalence_test(
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
     n = int(d.size)
     walsh = _walsh_averages(d)
-    interval = hodges_lehmann_interval(d, 1.0 - 2.0 * alpha)
+    # Tested at +-margin, not at 0: a zero difference is an observation here.
+    interval = hodges_lehmann_interval(d, 1.0 - 2.0 * alpha, zeros="keep")
 
     # P(T+ <= count): T+ is symmetric under the null, so each tail uses the lower CDF.
     p_upper = _signed_rank_cdf(n, int(np.count_nonzero(walsh >= margin)))

@@ -520,23 +520,43 @@ HL_CASES = [
 
 @pytest.mark.parametrize("confidence", [0.5, 0.8, 0.9, 0.95, 0.99])
 @pytest.mark.parametrize("case", range(len(HL_CASES)))
-def test_hodges_lehmann_equals_enumeration(case: int, confidence: float) -> None:
+@pytest.mark.parametrize("zeros", ["drop", "keep"])
+def test_hodges_lehmann_equals_enumeration(case: int, confidence: float, zeros: str) -> None:
+    # R's wilcox.test drops zero differences before the estimate and the interval (as the
+    # test does); "keep" treats them as observations at 0 (the equivalence test's use).
     d = HL_CASES[case]
-    result = hodges_lehmann_interval(d, confidence)
-    estimate, low, high, achieved = brute_hl(d, confidence)
+    used = [x for x in d if x != 0.0] if zeros == "drop" else d
+    result = hodges_lehmann_interval(d, confidence, zeros=zeros)  # type: ignore[arg-type]
+    estimate, low, high, achieved = brute_hl(used, confidence)
     assert (result.estimate, result.low, result.high) == pytest.approx((estimate, low, high))
     assert result.confidence == pytest.approx(achieved, abs=1e-15)
     assert result.achieved == (achieved >= confidence)
-    assert result.n == len(d) and result.method == "exact"
+    assert result.n == len(used) and result.method == "exact"
+
+
+def test_the_hodges_lehmann_interval_agrees_with_the_signed_rank_test_when_zeros_occur() -> None:
+    # One zero difference added: the test drops it (p stays 0.0547 > 0.05), so the 95%
+    # interval must still contain 0; with the zero kept it was [-0.36, -0.05].
+    d9 = [-0.44, -0.45, -0.53, -0.23, -0.19, -0.10, -0.17, 0.33, -0.24]
+    d10 = [*d9, 0.0]
+    assert paired_signed_rank_test(d10).pvalue == pytest.approx(0.0546875)
+    assert paired_signed_rank_test(d10).pvalue > 0.05
+    low, high = hodges_lehmann_interval(d10, 0.95)[1:3]
+    assert low < 0.0 < high
+    assert (low, high) == hodges_lehmann_interval(d9, 0.95)[1:3]
+    kept = hodges_lehmann_interval(d10, 0.95, zeros="keep")
+    assert kept.high < 0.0
 
 
 def test_hodges_lehmann_edge_cases() -> None:
     one = hodges_lehmann_interval([0.3])
     assert (one.estimate, one.low, one.high, one.confidence) == (0.3, 0.3, 0.3, 0.0)
     zeros = hodges_lehmann_interval([0.0] * 8)
-    assert (zeros.estimate, zeros.low, zeros.high) == (0.0, 0.0, 0.0)
+    assert (zeros.estimate, zeros.low, zeros.high, zeros.confidence, zeros.n) == (0, 0, 0, 0, 0)
+    kept = hodges_lehmann_interval([0.0] * 8, zeros="keep")
+    assert (kept.estimate, kept.low, kept.high) == (0.0, 0.0, 0.0)
     # n = 8: P(T+ <= 3) = 5/256 <= 0.025 < P(T+ <= 4) = 7/256, so k = 4, confidence 1 - 10/256.
-    assert zeros.confidence == 1 - 2 * 5 / 256
+    assert kept.confidence == 1 - 2 * 5 / 256
     with pytest.raises(ValueError, match="index 1 is inf"):
         hodges_lehmann([0.1, float("inf")])
     with pytest.raises(ValueError, match="confidence"):

@@ -1,0 +1,26 @@
+"""The verdict's one-sentence explanation says where the interval lies."""
+
+from __future__ import annotations
+
+from dashboards.tables import verdict_sentence
+from hpo.compare import compare_trials
+from tests.hpo.compare_helpers import paired_records
+
+
+def _sentence(diffs: list[float]) -> str:
+    records = paired_records("tft", [[0.5]] * len(diffs), [[0.5 + d] for d in diffs])
+    comparison = compare_trials(records, ("f32", "bf16"), margin=0.1)
+    return verdict_sentence("tft", comparison.families["tft"].contrasts["bf16_vs_f32"])
+
+
+def test_an_inconclusive_verdict_with_few_configurations_says_where_the_interval_lies() -> None:
+    # With 4 configurations no 90% signed-rank interval exists (the widest covers 87.5%),
+    # so the verdict is inconclusive whatever the data: the sentence must not claim the
+    # interval "reaches beyond the margin" when it lies inside it or wholly below it.
+    inside = _sentence([0.01, 0.0, -0.01, 0.02])
+    assert "inconclusive" in inside and "inside the margin" in inside
+    assert "reaches beyond" not in inside
+    below = _sentence([-1.0, -1.0, -1.0, -1.0])
+    assert "inconclusive" in below and "wholly below the margin" in below
+    straddles = _sentence([-0.3, 0.05, 0.2, -0.15, 0.4, -0.05, 0.1, 0.25])
+    assert "reaches beyond the margin" in straddles
