@@ -198,6 +198,10 @@ class RLLearner(Protocol):
         """(N,) greedy action indices."""
         ...
 
+    def positions(self, obs: Obs) -> torch.Tensor:
+        """(N,) f32 greedy positions (:func:`greedy_position`: NaN where a score is not finite)."""
+        ...
+
     def trainable_parameters(self) -> Iterator[nn.Parameter]: ...
 
     def buffer_state(self) -> dict[str, torch.Tensor]:
@@ -245,6 +249,16 @@ class ConfidentLearner(Protocol):
 def action_to_position(action: torch.Tensor, n_actions: int) -> torch.Tensor:
     """Action index -> position: n_actions evenly spaced points of [-1, 1] (3: short/flat/long)."""
     return action.to(torch.float32) * (2.0 / (n_actions - 1)) - 1.0
+
+
+def greedy_position(scores: torch.Tensor) -> torch.Tensor:
+    """(N, n_actions) action scores (Q-values, policy logits) -> (N,) f32 greedy positions.
+
+    A row with a non-finite score gives a NaN position rather than an argmax, which would
+    turn a NaN model into a valid-looking strategy; the trainer then ends the trial as
+    diverged. Masked on the device (no host sync)."""
+    position = action_to_position(scores.argmax(-1), scores.shape[-1])
+    return torch.where(torch.isfinite(scores).all(-1), position, torch.nan)
 
 
 # --------------------------------------------------------------------------------------

@@ -48,8 +48,8 @@ from models.base import (
     Obs,
     SearchSpace,
     TradingEnvLike,
-    action_to_position,
     check_int,
+    greedy_position,
 )
 from models.ops import F32, f32
 from models.replay import NStepAccumulator, PrioritizedReplay, ReplaySample
@@ -485,7 +485,7 @@ class DQNLearner(nn.Module):
     @torch.no_grad()
     def positions(self, obs: Obs) -> torch.Tensor:
         """(N,) f32 greedy positions in [-1, 1]: the family's output-to-position mapping."""
-        return action_to_position(self.act(obs), self.n_actions)
+        return greedy_position(self.q_values(obs))
 
     @torch.no_grad()
     def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,8 +65,8 @@ from models.base import (
     Obs,
     SearchSpace,
     TradingEnvLike,
-    action_to_position,
     check_int,
+    greedy_position,
 )
 from models.ops import F32, f32, like
 
@@ -669,7 +669,7 @@ class PPOLearner(nn.Module):
     @torch.no_grad()
     def positions(self, obs: Obs) -> torch.Tensor:
         """(N,) f32 greedy positions in [-1, 1]: the family's output-to-position mapping."""
-        return action_to_position(self.act(obs), self.n_actions)
+        return greedy_position(self._greedy_logits(obs))
 
     @torch.no_grad()
     def act_and_confidence(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:

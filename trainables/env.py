@@ -132,13 +132,13 @@ class TradingEnv:
 
 @torch.no_grad()
 def greedy_positions(
-    act: Callable[[Obs], torch.Tensor],
+    positions: Callable[[Obs], torch.Tensor],
     features: torch.Tensor,  # (T, A, F)
     lookback: int,
     decision_range: tuple[int, int],
-    n_actions: int,
 ) -> torch.Tensor:
-    """Trade every asset through ``decision_range`` with the greedy policy: (T_range, A) f32.
+    """Trade every asset through ``decision_range`` with the learner's greedy ``positions``
+    (its family's score-to-position mapping, NaN where a score is not finite): (T_range, A) f32.
 
     Sequential in time (the position is part of the state) and batched over assets.
     """
@@ -149,7 +149,6 @@ def greedy_positions(
     out = torch.empty(stop - start, n_assets, dtype=torch.float32, device=features.device)
     for i, t in enumerate(range(start, stop)):
         window = windows[t - (lookback - 1)].transpose(1, 2)  # (A, L, F)
-        action = act((window, position))
-        out[i] = action_to_position(action, n_actions)
+        out[i] = positions((window, position))
         position = out[i].to(features.dtype)
     return out

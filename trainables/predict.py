@@ -124,7 +124,7 @@ def predict(
     with policy.autocast():
         if family.kind == "rl":
             learner: RLLearner = model  # type: ignore[assignment]
-            positions = greedy_positions(learner.act, features, lookback, span, shape.n_actions)
+            positions = greedy_positions(learner.positions, features, lookback, span)
         else:
             windows = features.unfold(0, lookback, 1)  # (T-L+1, A, F, L)
             gaps = torch.as_tensor(fs.time_gaps, dtype=F32, device=device).unfold(0, lookback, 1)

@@ -365,7 +365,7 @@ class Trainer:
             if self.is_rl:
                 learner: RLLearner = run.model  # type: ignore[assignment]
                 out = greedy_positions(
-                    learner.act, run.data.features, self.config.lookback, span, self.shape.n_actions
+                    learner.positions, run.data.features, self.config.lookback, span
                 )
             else:
                 times = run.data.decision_times(span)

@@ -309,7 +309,7 @@ def test_recurrent_greedy_evaluation_is_deterministic() -> None:
 
     def trade() -> torch.Tensor:
         learner.eval()  # what the trainer does before every evaluation span
-        return greedy_positions(learner.act, features, SHAPE.lookback, (10, 60), SHAPE.n_actions)
+        return greedy_positions(learner.positions, features, SHAPE.lookback, (10, 60))
 
     first = trade()
     assert learner._eval_state is not None  # the state is carried from bar to bar
