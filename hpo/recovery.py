@@ -95,12 +95,14 @@ def error_signature(error: BaseException | None) -> str | None:
 
 
 class StopOnRepeatedError(Callback, Stopper):
-    """Tune callback and stopper: when the sweep's first ``repeats`` failures (retries
-    included) are one error of the trial's own code, in at least ``trials`` different
-    trials, and no trial has finished, the sweep stops and :attr:`reason` says why and
-    what to do. A fault among those first failures, a finished trial or two different
-    errors leave the sweep to Tune's FailureConfig. Two trials, not one: a single trial
-    can fail on a value only its sampled configuration has."""
+    """Tune callback and stopper: when the sweep's failures so far (retries included) are
+    at least ``repeats``, all one error of the trial's own code, in at least ``trials``
+    different trials, and no trial has finished, the sweep stops and :attr:`reason` says
+    why and what to do. A fault among them, a finished trial or a second, different error
+    leave the sweep to Tune's FailureConfig for good. Two trials, not one: a single trial
+    can fail on a value only its sampled configuration has. The trials are counted however
+    the failures interleave: one trial at a time (``max_concurrent = 1``, one GPU), Tune
+    retries a failed trial before it starts the next, so its retries come first."""
 
     def __init__(self, repeats: int = REPEATS_TO_STOP, trials: int = TRIALS_TO_STOP) -> None:
         self.repeats = max(1, repeats)
@@ -133,12 +135,13 @@ class StopOnRepeatedError(Callback, Stopper):
         if signature is None:
             self.watching = False  # a fault: leave this sweep to the retries
             return
-        self.failures.append((trial.trial_id, signature))
-        if len(self.failures) < self.repeats:
+        if self.failures and signature != self.failures[0][1]:
+            self.watching = False  # two different errors: not one cause every trial meets
             return
-        self.watching = False
+        self.failures.append((trial.trial_id, signature))
         in_trials = {trial_id for trial_id, _ in self.failures}
-        if len({sig for _, sig in self.failures}) == 1 and len(in_trials) >= self.trials:
+        if len(self.failures) >= self.repeats and len(in_trials) >= self.trials:
+            self.watching = False
             self.reason = (
                 f"stopped the sweep: its first {len(self.failures)} failures, in "
                 f"{len(in_trials)} trials, were the same error before any trial finished, "

@@ -130,6 +130,20 @@ def test_the_sweep_stops_when_its_first_failures_are_one_error_in_two_trials(
     assert "/sweeps/x/b/error.txt" in stop.reason and "Fix what the error names" in stop.reason
 
 
+def test_one_trial_at_a_time_its_retries_first_still_stops_at_the_second_trial(
+    tmp_path: Path,
+) -> None:
+    # max_concurrent = 1: Tune retries trial a (max_failures = 2) before it starts b, so
+    # the first three failures are all a's; the sweep stops at b's first failure.
+    stop = StopOnRepeatedError(repeats=3, trials=2)
+    for _ in range(3):
+        stop.on_trial_recover(0, [], _failed("a", _raised_by_trial(MISSING), tmp_path))
+    assert not stop.stop_all()
+    stop.on_trial_error(0, [], _failed("b", _raised_by_trial(MISSING), tmp_path))
+    assert stop.stop_all()
+    assert stop.reason is not None and "its first 4 failures, in 2 trials" in stop.reason
+
+
 def test_faults_finished_trials_mixed_errors_or_one_trial_leave_the_sweep_to_its_retries(
     tmp_path: Path,
 ) -> None:
