@@ -22,7 +22,9 @@
   backoff before anything newer, and the sweep's end waits for the queue to drain. A call
   the server rejects (an invalid value, a missing run) can never succeed: it is logged and
   dropped, counted on the parent run (metric ``hpo.dropped_writes``, tag
-  ``hpo.last_dropped_write``), so one bad write does not hold back every later one.
+  ``hpo.last_dropped_write``), so one bad write does not hold back every later one. A
+  store's INTERNAL_ERROR wrapping an error of its own gets a few retries, then the same
+  (:func:`retry_limit`).
 """
 
 from __future__ import annotations
@@ -185,9 +187,32 @@ def may_succeed_later(exc: BaseException) -> bool:
     """Whether a failed MLflow call is worth sending again: the network or the server
     failed (connection refused or reset, a timeout, HTTP 5xx/429, a locked SQLite file),
     not the call itself. MLflow wraps a ``requests`` failure in an MlflowException with
-    INTERNAL_ERROR, which counts as transient either way."""
+    INTERNAL_ERROR, which counts as transient either way (but see :func:`retry_limit`)."""
     if isinstance(exc, MlflowException):
         return exc.error_code in _TRANSIENT_CODES
+    return _network_failure(exc)
+
+
+# A store's INTERNAL_ERROR that wraps an exception of its own (MLflow's SQL store raises it
+# for any exception it does not classify) may be deterministic: it gets this many retries
+# (0.5 + 1 + 2 + 4 + 8 s of backoff), then it is dropped like a rejection, so one bad call
+# cannot block every later write of the sweep.
+INTERNAL_ERROR_RETRIES = 5
+
+
+def retry_limit(exc: BaseException) -> int | None:
+    """How often to send a failed call again: ``None`` until it passes (the network or
+    the server is down), a number for an ambiguous failure, 0 for a rejection."""
+    if not may_succeed_later(exc):
+        return 0
+    if isinstance(exc, MlflowException) and exc.error_code == "INTERNAL_ERROR":
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and not _network_failure(cause):
+            return INTERNAL_ERROR_RETRIES
+    return None
+
+
+def _network_failure(exc: BaseException) -> bool:
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -252,6 +277,7 @@ class _Outbox:
 
     def _send_all(self) -> None:
         backoff = 0.5
+        retries = 0  # of the call at the head of the queue
         while True:
             with self._changed:
                 while not self.pending and not self._closed:
@@ -262,7 +288,9 @@ class _Outbox:
             try:
                 call()
             except Exception as exc:
-                if may_succeed_later(exc):
+                limit = retry_limit(exc)
+                if limit is None or retries < limit:
+                    retries += 1
                     log.warning(
                         "MLflow unavailable (%s), %d call(s) buffered: %s",
                         what,
@@ -287,6 +315,7 @@ class _Outbox:
                 self.pending.popleft()
                 self._changed.notify_all()
             backoff = 0.5
+            retries = 0
 
 
 class MlflowSweepCallback(Callback):

@@ -217,6 +217,37 @@ def test_the_outbox_retries_transient_failures_in_order_and_drops_rejections() -
     assert reported == ["a"] and [what for what, _ in outbox.dropped] == ["a"]
 
 
+def test_a_stores_internal_error_gets_a_few_retries_then_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # MLflow's SQL store raises INTERNAL_ERROR for any exception it does not classify,
+    # deterministic ones included: retried forever, one such call blocked every later one.
+    import hpo.tracking as tracking
+
+    monkeypatch.setattr(tracking, "INTERNAL_ERROR_RETRIES", 2)
+    tries: list[str] = []
+
+    def broken() -> None:
+        tries.append("a")
+        try:
+            raise ValueError("cannot serialize this value")
+        except ValueError as exc:
+            raise MlflowException(str(exc), error_code="INTERNAL_ERROR") from exc
+
+    sent: list[str] = []
+    outbox = tracking._Outbox(max_backoff_s=0.01)
+    outbox.send("a", broken)
+    outbox.send("b", lambda: sent.append("b"))
+    assert outbox.flush(timeout_s=20)
+    outbox.close()
+    assert len(tries) == 3 and sent == ["b"]  # 1 try + 2 retries, then b goes through
+    assert [what for what, _ in outbox.dropped] == ["a"]
+    # A connection failure MLflow wraps as INTERNAL_ERROR keeps its unlimited retries.
+    assert tracking.retry_limit(_raised_from(requests.ConnectionError("refused"))) is None
+    assert tracking.retry_limit(_rejected("INTERNAL_ERROR")) is None  # a server's 500
+    assert tracking.retry_limit(_rejected("INVALID_PARAMETER_VALUE")) == 0
+
+
 def _raised_from(cause: BaseException) -> MlflowException:
     """MLflow's REST client wraps a requests failure into a plain MlflowException."""
     try:
