@@ -60,7 +60,7 @@ from cluster.profiler import (
     profile_trial,
 )
 from cluster.vram_table import SharedVramCache, VramTable, profile_key, table_at, type_key
-from trainables.config import RETRY_FLOOR_KEY, TrainConfig
+from trainables.config import TrainConfig
 
 log = logging.getLogger("cluster.packing")
 
@@ -407,7 +407,6 @@ __all__ = [
     "GPU_TOTAL_ENV",
     "MODE_ENV",
     "RAY_GPU_STEPS",
-    "RETRY_FLOOR_KEY",
     "Packing",
     "TrialDoesNotFit",
     "apply_memory_cap",

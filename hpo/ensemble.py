@@ -85,14 +85,14 @@ def select_members(
     models: Sequence[str] | None = None,
     precisions: Sequence[str] | None = None,
 ) -> list[TrialRow]:
-    """The best ``top`` finished trials per family by validation Sharpe (family order as
-    the rows first name them, best first within a family)."""
+    """The best ``top`` finished trials per family by validation Sharpe (families in
+    alphabetical order, best first within a family)."""
     if top < 1:
         raise EnsembleError(f"--top must be >= 1, got {top}")
     eligible = [
         r
         for r in rows
-        if r.status.finished
+        if r.done  # not an OOM attempt whose retry is still to run
         and not r.diverged
         and r.val_sharpe is not None
         and r.checkpoint is not None

@@ -7,7 +7,7 @@ trained in (a bf16 trial hands its positions over as float64 via
 ``tensor.float().cpu().numpy()``), otherwise an f32-vs-bf16 comparison would partly
 measure the backtest's own rounding.
 
-Conventions (design.md, "Evaluation"):
+Conventions (README.md, "Data" and "Backtest"):
 
 * ``positions[t]`` is the target weight decided with information up to the close of bar
   ``t`` and held over bar ``t + 1``; ``bar_returns[t]`` is the simple (not log) return of
