@@ -5,7 +5,6 @@ the RLLearner cycle under f32 and bf16 without host reads, and exact resume from
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -39,15 +38,6 @@ SMALL = DQNConfig(
     gradient_steps=2,
     target_update_period=3,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: intra-op threads only add contention on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _env(config: DQNConfig, dtype_policy: str = "f32", seed: int = 0) -> TradingEnv:

@@ -138,13 +138,10 @@ def test_output_shape_loss_and_positions() -> None:
     batch = _batch()
     forecast = model(batch.x)
     assert forecast.shape == (B, SHAPE.n_assets) and forecast.dtype == torch.float32
-    torch.testing.assert_close(model.loss(batch), F.huber_loss(forecast, batch.y, delta=1.0))
-    mse = _model(Mamba2Config(loss="mse"))
-    torch.testing.assert_close(mse.loss(batch), F.mse_loss(mse(batch.x), batch.y))
+    # loss and position mapping: the shared head's, pinned in tests/models/test_heads.py
     pos = model.positions(batch)
     assert pos.shape == (B, SHAPE.n_assets) and pos.dtype == torch.float32
     assert not pos.requires_grad
-    torch.testing.assert_close(pos, torch.tanh(4.0 * forecast.detach()))
     assert bool((pos.abs() <= 1).all())
 
 

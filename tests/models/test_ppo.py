@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,15 +35,6 @@ SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
 SMALL = PPOConfig(
     hidden=8, num_envs=4, n_steps=8, bptt=4, minibatches=2, ppo_epochs=2, episode_len=5
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: intra-op threads only add contention on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _env(config: PPOConfig, policy: str = "f32", seed: int = 0) -> TradingEnv:

@@ -3,8 +3,6 @@ frequencies, importance weights, priority bookkeeping, dtypes and checkpoint rou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -14,15 +12,6 @@ from scipy import stats
 
 from models.base import Transition
 from models.replay import NStepAccumulator, NStepTransition, PrioritizedReplay
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: intra-op threads only add contention on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _items(values: list[float], dtype: torch.dtype = torch.float32) -> NStepTransition:
