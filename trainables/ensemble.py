@@ -64,7 +64,6 @@ sibling and renamed, like trial checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -79,7 +78,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from models import get_family
 from models.base import (
     Batch,
     ConfidentForecaster,
@@ -95,24 +93,35 @@ from trainables.checkpoint import (
     META_FILE,
     Checkpoint,
     CheckpointError,
+    _sha256,
+    _write_json,
     load_checkpoint,
     save_checkpoint,
 )
 from trainables.config import TrainConfig
-from trainables.dataset import FoldData, Market, build_fold, build_market, normalize_features
-from trainables.precision import F32, PrecisionPolicy, default_device, get_policy
+from trainables.dataset import FoldData, Market, build_fold, build_market
+from trainables.env import greedy_positions
+from trainables.precision import PrecisionPolicy, default_device, get_policy
+from trainables.predict import (
+    EVAL_CHUNK,
+    Prediction,
+    check_fits,
+    clipped_positions,
+    fold_indices,
+    inference_data,
+    load_fold_model,
+    read_features,
+)
 
 ENSEMBLE_FILE = "ensemble.json"
 ENSEMBLE_SCHEMA = 1
 MEMBERS_DIR = "members"
 POSITIONS_FILE = "positions.csv"
-EVAL_CHUNK = 512  # decision bars per forward pass, as the trainer and predict use
 SQRT2 = math.sqrt(2.0)
 
 __all__ = [
     "ENSEMBLE_FILE",
     "EnsembleCheckpoint",
-    "EnsemblePrediction",
     "MemberRun",
     "MemberSpec",
     "Track",
@@ -207,61 +216,25 @@ def span_signal(
                 sq_error, n = float(err.double().sum()), err.numel()
                 scale = error_scale if error_scale is not None else math.sqrt(sq_error / n)
                 confidence = move_confidence(move, scale)
-    host = positions.double().cpu().numpy()
-    bad = ~np.isfinite(host)
-    if bad.any():
-        raise ValueError(
-            f"{family.name}: non-finite positions on {int(bad.sum())} of {bad.size} bars x "
-            "assets (a diverged trial?)"
-        )
+    host = clipped_positions(positions, f"{family.name}: the model")
     conf = np.nan_to_num(confidence.double().cpu().numpy(), nan=0.0)
-    return SpanSignal(np.clip(host, -1.0, 1.0), np.clip(conf, 0.0, 1.0), sq_error, n)
+    return SpanSignal(host, np.clip(conf, 0.0, 1.0), sq_error, n)
 
 
 def _greedy(
     family: Family, model: nn.Module, data: FoldData, span: tuple[int, int], n_actions: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """trainables.env.greedy_positions, also collecting each step's confidence."""
-    features, lookback = data.features, data.lookback
-    start, stop = span
-    windows = features.unfold(0, lookback, 1)  # (T-L+1, A, F, L)
-    n_assets = features.shape[1]
-    position = torch.zeros(n_assets, dtype=features.dtype, device=features.device)
-    out = torch.empty(stop - start, n_assets, dtype=torch.float32, device=features.device)
-    conf = torch.empty_like(out)
-    for i, t in enumerate(range(start, stop)):
-        window = windows[t - (lookback - 1)].transpose(1, 2)  # (A, L, F)
-        action, confidence = act_and_confidence(family, model, (window, position))
-        out[i] = action_to_position(action, n_actions)
-        conf[i] = confidence.float()
-        position = out[i].to(features.dtype)
-    return out, conf
+    """trainables.env.greedy_positions with the learner's act_and_confidence, also
+    collecting each step's confidence: (N, A) positions and (N, A) confidences, f32."""
+    confidences: list[torch.Tensor] = []
 
+    def act(obs: Obs) -> torch.Tensor:
+        action, confidence = act_and_confidence(family, model, obs)
+        confidences.append(confidence.float())
+        return action_to_position(action, n_actions)
 
-def load_fold_model(
-    ckpt: Checkpoint, fold: int, policy: PrecisionPolicy
-) -> tuple[Family, nn.Module, TrainConfig, DataShape]:
-    """Fold ``fold``'s module of a checkpoint, cast to ``policy`` (as trainables.predict)."""
-    meta = ckpt.meta
-    config = TrainConfig.from_dict(meta["config"])
-    family = get_family(meta["family"])
-    shape = DataShape(**meta["data_shape"])
-    model = policy.convert_module(family.build(family.make_config(config.model_config), shape))
-    prefix = f"fold{fold}."
-    with torch.no_grad():
-        for name, target in model.state_dict().items():
-            key = prefix + name
-            if key not in ckpt.weights:
-                raise CheckpointError(ckpt.path / "model.safetensors", f"has no tensor {key!r}")
-            target.copy_(ckpt.weights[key].to(target.dtype))
-    model.eval()
-    return family, model, config, shape
-
-
-def fold_indices(ckpt: Checkpoint) -> list[int]:
-    return sorted(
-        {int(k.split(".", 1)[0].removeprefix("fold")) for k in ckpt.weights if k.startswith("fold")}
-    )
+    positions = greedy_positions(act, data.features, data.lookback, span)
+    return positions, torch.stack(confidences)
 
 
 # --------------------------------------------------------------------------------------
@@ -548,10 +521,7 @@ def save_ensemble(
             "members": [spec.to_dict() for spec, _ in members],
             "checksums": checksums,
         }
-        with open(tmp / ENSEMBLE_FILE, "w") as fh:
-            json.dump(payload, fh, indent=1, sort_keys=True, default=_json_default)
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_json(tmp / ENSEMBLE_FILE, payload)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(tmp, directory)
@@ -607,83 +577,28 @@ def load_ensemble(directory: Path, device: torch.device | str = "cpu") -> Ensemb
 # Serving
 
 
-@dataclass(frozen=True)
-class EnsemblePrediction:
-    timestamps: np.ndarray  # (N,) decision bars
-    assets: tuple[str, ...]
-    positions: np.ndarray  # (N, A) in [-1, 1]
-    confidence: np.ndarray  # (N, A) in [0, 1]
-    backtest: BacktestResult
-    checkpoint: Path
-    precision: str
-
-    def write_csv(self, path: Path) -> None:
-        """Long format: timestamp, asset, position, confidence."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write("timestamp,asset,position,confidence\n")
-            for t, row, crow in zip(self.timestamps, self.positions, self.confidence, strict=True):
-                stamp = np.datetime_as_string(t, unit="s")
-                for asset, w, c in zip(self.assets, row, crow, strict=True):
-                    fh.write(f"{stamp},{asset},{w:.6f},{c:.6f}\n")
-
-
 def predict_ensemble(
     directory: Path,
     data: Path | str,
     device: torch.device | None = None,
     precision: str = "auto",
-) -> EnsemblePrediction:
+) -> Prediction:
     """Positions and confidences of an ensemble for new bars, each member run as
     trainables.predict runs a trial checkpoint, combined on the bars where every member
     has a full window; with the backtest of those bars."""
-    from trainables.data import load_ohlcv, make_features
-    from trainables.dataset import load_bars_source
-
     device = device or default_device()
     ensemble = load_ensemble(Path(directory), device="cpu")
     policy = get_policy(precision, device)
     first_config = TrainConfig.from_dict(ensemble.checkpoints[0].meta["config"])
-    bars = (
-        load_ohlcv(Path(data)) if str(data) != "synthetic" else load_bars_source(first_config.data)
-    )
-    fs = make_features(bars)
+    fs = read_features(data, first_config)
     tracks = []
     for spec, ckpt in zip(ensemble.members, ensemble.checkpoints, strict=True):
+        check_fits(fs, ckpt, data, f"member {spec.name}")
         shape = DataShape(**ckpt.meta["data_shape"])
-        if fs.features.shape[2] != shape.n_features or len(fs.assets) != shape.n_assets:
-            raise ValueError(
-                f"{data}: {len(fs.assets)} assets x {fs.features.shape[2]} features, member "
-                f"{spec.name} was trained on {shape.n_assets} {ckpt.meta.get('assets')} x "
-                f"{shape.n_features}"
-            )
         fold = fold_indices(ckpt)[-1]
         family, model, config, _ = load_fold_model(ckpt, fold, policy)
-        mean = ckpt.state[f"fold{fold}.feature_mean"].numpy()
-        std = ckpt.state[f"fold{fold}.feature_std"].numpy()
-        features = policy.convert_input(
-            torch.as_tensor(normalize_features(fs.features, mean, std), dtype=F32)
-        )
-        n = features.shape[0]
-        window_data = FoldData(
-            features=features,
-            targets=torch.zeros(n, features.shape[1], dtype=F32, device=device),
-            bar_returns=torch.zeros(n, features.shape[1], dtype=F32, device=device),
-            gaps=torch.as_tensor(fs.time_gaps, dtype=F32, device=device),
-            lookback=config.lookback,
-            train=(0, 1),
-            val=(0, 1),
-            test=(0, 1),
-            feature_mean=mean,
-            feature_std=std,
-        )
-        span = (fs.first_valid + config.lookback - 1, n)
-        if span[1] - span[0] < 2:
-            raise ValueError(f"{data}: {n} bars, need more than {span[0] + 1} for one window")
-        signal = span_signal(
-            family, model, window_data, span, policy, shape.n_actions, spec.error_scale
-        )
+        bars, span = inference_data(fs, ckpt, fold, config.lookback, policy, data)
+        signal = span_signal(family, model, bars, span, policy, shape.n_actions, spec.error_scale)
         stamps = fs.timestamps[span[0] : span[1]]
         tracks.append(Track(stamps, signal.positions, signal.confidence, np.zeros(len(stamps))))
     combined = combine_tracks(tracks, ensemble.weights, ensemble.typical)
@@ -694,7 +609,7 @@ def predict_ensemble(
         cost=first_config.cost,
         periods_per_year=first_config.periods_per_year,
     )
-    return EnsemblePrediction(
+    return Prediction(
         timestamps=combined.timestamps,
         assets=tuple(fs.assets),
         positions=combined.positions,
@@ -714,21 +629,3 @@ def positions_csv(tracks: Mapping[str, Track], assets: Sequence[str]) -> str:
             for asset, w, c in zip(assets, row, crow, strict=True):
                 lines.append(f"{split},{stamp},{asset},{float(w)!r},{float(c)!r}")
     return "\n".join(lines) + "\n"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, tuple | set | frozenset):
-        return list(value)
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"cannot store {type(value).__name__} in an ensemble manifest")

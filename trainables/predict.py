@@ -11,25 +11,25 @@ A model whose positions are not finite is refused with an error (never served as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch import nn
 
 from models import get_family
-from models.base import Batch, DataShape, RLLearner
+from models.base import DataShape, Family, RLLearner
 from trainables.backtest import BacktestResult, backtest
 from trainables.checkpoint import Checkpoint, CheckpointError, latest_good_checkpoint
 from trainables.config import TrainConfig
-from trainables.data import load_ohlcv, make_features
-from trainables.dataset import normalize_features
+from trainables.data import FeatureSet, load_ohlcv, make_features
+from trainables.dataset import FoldData, normalize_features
 from trainables.env import greedy_positions
-from trainables.precision import F32, default_device, get_policy
+from trainables.precision import F32, PrecisionPolicy, default_device, get_policy
 
-if TYPE_CHECKING:
-    from trainables.ensemble import EnsemblePrediction
+EVAL_CHUNK = 512  # decision bars per forward pass, as the trainer uses
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,21 @@ class Prediction:
     backtest: BacktestResult
     checkpoint: Path
     precision: str
+    confidence: np.ndarray | None = None  # (N, A) in [0, 1]: ensembles only
 
     def write_csv(self, path: Path) -> None:
-        """Long format: timestamp, asset, position (one row per bar and asset)."""
+        """Long format: timestamp, asset, position[, confidence] (one row per bar and asset)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        confidence = self.confidence
         with open(path, "w") as fh:
-            fh.write("timestamp,asset,position\n")
-            for t, row in zip(self.timestamps, self.positions, strict=True):
+            fh.write("timestamp,asset,position" + (",confidence" if confidence is not None else ""))
+            fh.write("\n")
+            for i, (t, row) in enumerate(zip(self.timestamps, self.positions, strict=True)):
                 stamp = np.datetime_as_string(t, unit="s")
-                for asset, w in zip(self.assets, row, strict=True):
-                    fh.write(f"{stamp},{asset},{w:.6f}\n")
+                for a, (asset, w) in enumerate(zip(self.assets, row, strict=True)):
+                    extra = f",{confidence[i, a]:.6f}" if confidence is not None else ""
+                    fh.write(f"{stamp},{asset},{w:.6f}{extra}\n")
 
 
 def load_for_inference(source: Path, device: torch.device) -> Checkpoint:
@@ -63,13 +67,135 @@ def load_for_inference(source: Path, device: torch.device) -> Checkpoint:
     return ckpt
 
 
+# --------------------------------------------------------------------------------------
+# One trial checkpoint on new bars (also each member of an ensemble)
+
+
+def fold_indices(ckpt: Checkpoint) -> list[int]:
+    return sorted(
+        {int(k.split(".", 1)[0].removeprefix("fold")) for k in ckpt.weights if k.startswith("fold")}
+    )
+
+
+def load_fold_model(
+    ckpt: Checkpoint, fold: int, policy: PrecisionPolicy
+) -> tuple[Family, nn.Module, TrainConfig, DataShape]:
+    """Fold ``fold``'s module of a checkpoint, cast to ``policy``, in eval mode."""
+    meta = ckpt.meta
+    config = TrainConfig.from_dict(meta["config"])
+    family = get_family(meta["family"])
+    shape = DataShape(**meta["data_shape"])
+    model = policy.convert_module(family.build(family.make_config(config.model_config), shape))
+    prefix = f"fold{fold}."
+    with torch.no_grad():
+        for name, target in model.state_dict().items():
+            key = prefix + name
+            if key not in ckpt.weights:
+                raise CheckpointError(ckpt.path / "model.safetensors", f"has no tensor {key!r}")
+            target.copy_(ckpt.weights[key].to(target.dtype))
+    model.eval()
+    return family, model, config, shape
+
+
+def read_features(data: Path | str, config: TrainConfig) -> FeatureSet:
+    """Features of the bars in ``data``, or of the trial's own data source for 'synthetic'."""
+    if str(data) != "synthetic":
+        return make_features(load_ohlcv(Path(data)))
+    from trainables.dataset import load_bars_source
+
+    return make_features(load_bars_source(config.data))
+
+
+def check_fits(fs: FeatureSet, ckpt: Checkpoint, data: Path | str, who: str) -> None:
+    """Refuse bars whose assets or features differ from what ``ckpt`` was trained on."""
+    shape = DataShape(**ckpt.meta["data_shape"])
+    if fs.features.shape[2] != shape.n_features or len(fs.assets) != shape.n_assets:
+        raise ValueError(
+            f"{data}: {len(fs.assets)} assets {list(fs.assets)} x {fs.features.shape[2]} "
+            f"features, {who} was trained on {shape.n_assets} {ckpt.meta.get('assets')} x "
+            f"{shape.n_features}"
+        )
+
+
+def inference_data(
+    fs: FeatureSet,
+    ckpt: Checkpoint,
+    fold: int,
+    lookback: int,
+    policy: PrecisionPolicy,
+    data: Path | str,
+) -> tuple[FoldData, tuple[int, int]]:
+    """The new bars scaled with fold ``fold``'s training statistics, as the evaluation loops
+    read them (no labels: targets are 0), and the decision bars with a full window."""
+    mean = ckpt.state[f"fold{fold}.feature_mean"].numpy()
+    std = ckpt.state[f"fold{fold}.feature_std"].numpy()
+    features = policy.convert_input(
+        torch.as_tensor(normalize_features(fs.features, mean, std), dtype=F32)
+    )
+    n, n_assets = features.shape[0], features.shape[1]
+    device = features.device
+    bars = FoldData(
+        features=features,
+        targets=torch.zeros(n, n_assets, dtype=F32, device=device),
+        bar_returns=torch.zeros(n, n_assets, dtype=F32, device=device),
+        gaps=torch.as_tensor(fs.time_gaps, dtype=F32, device=device),
+        lookback=lookback,
+        train=(0, 1),
+        val=(0, 1),
+        test=(0, 1),
+        feature_mean=mean,
+        feature_std=std,
+    )
+    first = fs.first_valid + lookback - 1
+    if n - first < 2:
+        raise ValueError(f"{data}: {n} bars, need more than {first + 1} for one full window")
+    return bars, (first, n)
+
+
+def span_positions(
+    family: Family, model: nn.Module, bars: FoldData, span: tuple[int, int]
+) -> torch.Tensor:
+    """The model's positions at decision bars ``span`` (the trainer's evaluation loop);
+    run inside the policy's autocast."""
+    if family.kind == "rl":
+        learner: RLLearner = model  # type: ignore[assignment]
+        return greedy_positions(learner.positions, bars.features, bars.lookback, span)
+    chunks = []
+    for t in bars.decision_times(span).split(EVAL_CHUNK):
+        chunks.append(model.positions(bars.batch(t)).float())  # type: ignore[operator]
+    return torch.cat(chunks)
+
+
+def clipped_positions(
+    positions: torch.Tensor,
+    who: str,
+    stamps: np.ndarray | None = None,
+    assets: Sequence[str] = (),
+) -> np.ndarray:
+    """Positions as float64 on the host, clipped to [-1, 1]; non-finite ones refuse the
+    model (never served as flat), naming the first bar and asset when ``stamps`` are given."""
+    host = positions.double().cpu().numpy()  # (N, A)
+    bad = ~np.isfinite(host)
+    if bad.any():
+        where = ""
+        if stamps is not None:
+            t, a = (int(i) for i in np.argwhere(bad)[0])
+            where = f", first at {np.datetime_as_string(stamps[t], unit='s')} for {assets[a]}"
+        raise ValueError(
+            f"{who} gives non-finite positions (NaN or inf) on {int(bad.sum())} of {bad.size} "
+            f"bars x assets{where}; its weights are unusable (a diverged trial?), no positions "
+            "written"
+        )
+    return np.clip(host, -1.0, 1.0)
+
+
 @torch.no_grad()
 def predict(
     checkpoint_dir: Path,
     data: Path | str,
     device: torch.device | None = None,
     precision: str = "auto",
-) -> Prediction | EnsemblePrediction:
+) -> Prediction:
     """Positions for ``data``'s bars from a trial checkpoint, or from an ensemble directory
     (``hpo ensemble``), whose prediction adds a confidence per asset and bar."""
     from trainables.ensemble import is_ensemble_dir, predict_ensemble
@@ -78,75 +204,17 @@ def predict(
         return predict_ensemble(Path(checkpoint_dir), data, device=device, precision=precision)
     device = device or default_device()
     ckpt = load_for_inference(Path(checkpoint_dir), device)
-    meta = ckpt.meta
-    config = TrainConfig.from_dict(meta["config"])
-    family = get_family(meta["family"])
-    shape = DataShape(**meta["data_shape"])
-    bars = load_ohlcv(Path(data)) if str(data) != "synthetic" else None
-    if bars is None:
-        from trainables.dataset import load_bars_source
-
-        bars = load_bars_source(config.data)
-    fs = make_features(bars)
-    if fs.features.shape[2] != shape.n_features:
-        raise ValueError(
-            f"{data}: {fs.features.shape[2]} features, the checkpoint expects {shape.n_features}"
-        )
-    if len(fs.assets) != shape.n_assets:
-        raise ValueError(
-            f"{data}: {len(fs.assets)} assets {list(fs.assets)}, the checkpoint was trained on "
-            f"{shape.n_assets} {meta.get('assets')}"
-        )
-    last = _last_fold(ckpt)
+    config = TrainConfig.from_dict(ckpt.meta["config"])
+    fs = read_features(data, config)
+    check_fits(fs, ckpt, data, "the checkpoint")
+    last = fold_indices(ckpt)[-1]
     policy = get_policy(precision, device)
-    model = policy.convert_module(family.build(family.make_config(config.model_config), shape))
-    prefix = f"fold{last}."
-    state = model.state_dict()
-    for name, target in state.items():
-        key = prefix + name
-        if key not in ckpt.weights:
-            raise CheckpointError(ckpt.path / "model.safetensors", f"has no tensor {key!r}")
-        target.copy_(ckpt.weights[key].to(target.dtype))
-    model.eval()
-
-    mean = ckpt.state[f"{prefix}feature_mean"].numpy()
-    std = ckpt.state[f"{prefix}feature_std"].numpy()
-    lookback = config.lookback
-    features = policy.convert_input(
-        torch.as_tensor(normalize_features(fs.features, mean, std), dtype=F32)
-    )
-    first = fs.first_valid + lookback - 1
-    span = (first, features.shape[0])
-    if span[1] - span[0] < 2:
-        raise ValueError(
-            f"{data}: {features.shape[0]} bars, need more than {first + 1} for one full window"
-        )
+    family, model, _, _ = load_fold_model(ckpt, last, policy)
+    bars, span = inference_data(fs, ckpt, last, config.lookback, policy, data)
+    stamps = fs.timestamps[span[0] : span[1]]
     with policy.autocast():
-        if family.kind == "rl":
-            learner: RLLearner = model  # type: ignore[assignment]
-            positions = greedy_positions(learner.positions, features, lookback, span)
-        else:
-            windows = features.unfold(0, lookback, 1)  # (T-L+1, A, F, L)
-            gaps = torch.as_tensor(fs.time_gaps, dtype=F32, device=device).unfold(0, lookback, 1)
-            chunks = []
-            for t in torch.arange(*span, device=device).split(512):
-                start = t - (lookback - 1)
-                batch = Batch(
-                    x=windows[start].permute(0, 1, 3, 2), y=torch.zeros(0), gaps=gaps[start]
-                )
-                chunks.append(model.positions(batch).float())  # type: ignore[operator]
-            positions = torch.cat(chunks)
-    host = positions.double().cpu().numpy()  # (N, A)
-    bad = ~np.isfinite(host)
-    if bad.any():
-        t, a = (int(i) for i in np.argwhere(bad)[0])
-        stamp = np.datetime_as_string(fs.timestamps[span[0] + t], unit="s")
-        raise ValueError(
-            f"{ckpt.path}: the model gives non-finite positions (NaN or inf) on "
-            f"{int(bad.sum())} of {bad.size} bars x assets of {data}, first at {stamp} for "
-            f"{fs.assets[a]}; its weights are unusable (a diverged trial?), no positions written"
-        )
-    host = np.clip(host, -1.0, 1.0)
+        positions = span_positions(family, model, bars, span)
+    host = clipped_positions(positions, f"{ckpt.path}: the model on {data}", stamps, fs.assets)
     result = backtest(
         host,
         fs.bar_returns[span[0] : span[1]],
@@ -154,17 +222,10 @@ def predict(
         periods_per_year=config.periods_per_year,
     )
     return Prediction(
-        timestamps=fs.timestamps[span[0] : span[1]],
+        timestamps=stamps,
         assets=tuple(fs.assets),
         positions=host,
         backtest=result,
         checkpoint=ckpt.path,
         precision=policy.name,
     )
-
-
-def _last_fold(ckpt: Checkpoint) -> int:
-    folds = {
-        int(k.split(".", 1)[0].removeprefix("fold")) for k in ckpt.weights if k.startswith("fold")
-    }
-    return max(folds)
