@@ -23,17 +23,30 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import contextlib
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from cluster.storage import is_uri
+from hpo.cli_options import (
+    Assignments,
+    CompareFlag,
+    JobsAddress,
+    JsonFlag,
+    NameOption,
+    RayAddress,
+    SpecArg,
+    SweepDirArg,
+    UserError,
+    console,
+    err_console,
+    exit_on_user_error,
+    fail,
+    titled_table,
+)
 
 if TYPE_CHECKING:
     from hpo.location import SweepLocation
@@ -47,47 +60,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-# Wide enough for the result tables when output goes to a log or a pipe (rich would use 80).
-_WIDTH = None if sys.stdout.isatty() else 160
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=_WIDTH)
-
-# Options several commands share, defined once.
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-RayAddress = Annotated[
-    str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
-]
-JobsAddress = Annotated[
-    str | None,
-    typer.Option(
-        help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or http://127.0.0.1:8265)."
-    ),
-]
-Assignments = Annotated[
-    list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
-]
-SpecArg = Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")]
-SweepDirArg = Annotated[
-    str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
-]
-CompareFlag = Annotated[bool, typer.Option("--compare", help="Paired precision comparison mode.")]
-NameOption = Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")]
-
-
-class UserError(Exception):
-    """An error caused by input; printed without a traceback, exit code 2."""
+__all__ = ["UserError", "app", "main"]
 
 
 def main() -> None:
-    try:
-        app()
-    except UserError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        sys.exit(2)
-
-
-def _fail(message: str) -> NoReturn:
-    raise UserError(message)
+    exit_on_user_error(app)
 
 
 @app.command("models")
@@ -112,7 +89,7 @@ def models_cmd(as_json: JsonFlag = False) -> None:
         return
     for family in families:
         title = f"{family.name} ({family.kind}) — {family.paper}"
-        table = _table(title, "hyperparameter", "range", "default")
+        table = titled_table(title, "hyperparameter", "range", "default")
         defaults = family.default_config()
         for key, dim in family.search_space.items():
             table.add_row(key, describe_dim(dim), repr(getattr(defaults, key, "—")))
@@ -155,7 +132,7 @@ def train_cmd(
     config = None
     if resume is None:
         if model is None or out is None:
-            _fail("hpo train needs --model and --out (or --resume DIR)")
+            fail("hpo train needs --model and --out (or --resume DIR)")
         try:
             config = build_train_config(
                 model,
@@ -167,13 +144,13 @@ def train_cmd(
                 device=device or "auto",
             )
         except (ValueError, TypeError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
     elif set_:
-        _fail(
+        fail(
             "--set cannot change a resumed trial's settings (only --precision, --epochs and --device)"
         )
     elif is_uri(resume) and out is None:
-        _fail(
+        fail(
             "--out is required when resuming from a URI (the checkpoint is fetched to a temporary copy)"
         )
 
@@ -191,7 +168,7 @@ def train_cmd(
                 on_start=progress.on_start,
             )
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for skipped in run.skipped_checkpoints:
         err_console.print(f"[yellow]skipped a bad checkpoint:[/] {skipped}")
     _print_summary(run.final, title=f"final metrics ({run.precision})")
@@ -228,7 +205,7 @@ def predict_cmd(
             assert local is not None
             prediction = predict(local, data, precision=precision)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     prediction.write_csv(out)
     summary = prediction.backtest.to_dict()
     summary_path = out.with_suffix(".backtest.json")
@@ -273,12 +250,12 @@ def sweep_cmd(
 
     spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
     if num_gpus is not None and address is not None:
-        _fail("--num-gpus sets up a local Ray; a cluster at --address declares its own GPUs")
+        fail("--num-gpus sets up a local Ray; a cluster at --address declares its own GPUs")
     if plan:
         try:
             text = plan_only(spec, address=address, num_gpus=num_gpus).text
         except SweepError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         console.print(text, markup=False, highlight=False)
         return
     console.print(
@@ -288,7 +265,7 @@ def sweep_cmd(
     try:
         rows = run_sweep(spec, address=address, on_event=_print_event, num_gpus=num_gpus)
     except SweepError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
     _exit_if_interrupted(rows, spec.n_trials)
 
@@ -315,7 +292,7 @@ def resume_cmd(
         console.print(f"resuming sweep [bold]{record.spec.name}[/] in {record.sweep_dir}")
         rows = resume_sweep(sweep_dir, address=address, on_event=_print_event)
     except SweepError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
     _exit_if_interrupted(rows, record.spec.n_trials)
 
@@ -328,7 +305,7 @@ def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
     try:
         record = SweepRecord.read(sweep_dir)
     except SweepError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     rows = trial_rows(record.sweep_dir)
     if as_json:
         console.print_json(
@@ -340,7 +317,7 @@ def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
         return
     title = f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started"
     columns = ("trial", "model", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
-    table = _table(title, *columns, "note")
+    table = titled_table(title, *columns, "note")
     for r in rows:
         note = "diverged" if r.diverged else "fell back to f32" if r.fell_back_to_f32 else ""
         table.add_row(
@@ -370,13 +347,13 @@ def best_cmd(
     try:
         record = SweepRecord.read(sweep_dir)
     except SweepError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     best = best_rows(trial_rows(record.sweep_dir), model=model, precision=precision)
     if as_json:
         console.print_json(json.dumps([r.to_dict() for r in best], default=str))
         return
     if not best:
-        _fail("no finished trial with a validation Sharpe matches")
+        fail("no finished trial with a validation Sharpe matches")
     _print_best(best)
     console.print(
         "continue one alone: hpo train --resume CHECKPOINT --out DIR [--precision f32] [--epochs N]"
@@ -450,7 +427,7 @@ def compare_cmd(
             margin=margin,
         )
     except ComparisonError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for table in rich_tables(comparison):
         console.print(table)
     for note in comparison.notes:
@@ -506,11 +483,11 @@ def profile_cmd(
     from trainables.config import parse_assignments
 
     if all_ == (model is not None):
-        _fail("hpo profile needs --model NAME or --all")
+        fail("hpo profile needs --model NAME or --all")
     try:
         overrides = parse_assignments(set_ or [])
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     request = ShapeRequest(
         overrides=overrides,
         batch_size=batch_size,
@@ -528,7 +505,7 @@ def profile_cmd(
     try:
         profile, packing = shape_plan(model, precision, request)
     except (ValueError, TypeError, RuntimeError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         console.print_json(json.dumps({"profile": profile.to_dict(), "packing": packing.to_dict()}))
         return
@@ -537,13 +514,12 @@ def profile_cmd(
         if profile.method == "measured"
         else f"estimated from tensor bytes ({profile.device_name})"
     )
-    table = Table(
-        title=f"{profile.model} / {profile.precision}: {how}; {profile.n_params:,} "
+    table = titled_table(
+        f"{profile.model} / {profile.precision}: {how}; {profile.n_params:,} "
         f"parameters per fold, {profile.n_folds} fold(s)",
-        title_justify="left",
+        *("component", "MiB"),
+        right={"MiB"},
     )
-    table.add_column("component")
-    table.add_column("MiB", justify="right")
     for name, value in profile.components().items():
         table.add_row(name, _mib(value))
     table.add_row("estimated peak (no context)", _mib(profile.estimated_peak_bytes))
@@ -570,12 +546,7 @@ def _mib(n: float | None) -> str:
 def _print_family_plans(rows: list[dict[str, Any]], skipped: list[str], headroom: float) -> None:
     first = rows[0]["f32"]["profile"] if rows else None
     where = f"{first['method']}, {first['device_name']}" if first else "no family profiled"
-    table = Table(
-        title=f"GPU memory per trial, f32 vs bf16 ({where}; headroom {headroom:g}); MiB",
-        title_justify="left",
-    )
-    for column in (
-        "model",
+    numbers = (
         "params",
         "f32 peak",
         "bf16 peak",
@@ -587,8 +558,12 @@ def _print_family_plans(rows: list[dict[str, Any]], skipped: list[str], headroom
         "bf16",
         "by memory f32",
         "bf16",
-    ):
-        table.add_column(column, justify="left" if column == "model" else "right")
+    )
+    table = titled_table(
+        f"GPU memory per trial, f32 vs bf16 ({where}; headroom {headroom:g}); MiB",
+        *("model", *numbers),
+        right=numbers,
+    )
     for row in rows:
         f, b = row["f32"], row["bf16"]
         table.add_row(
@@ -675,7 +650,7 @@ def submit_cmd(
             client=client,
         )
     except ClusterError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     console.print(f"submitted job: {submission.job_id}", soft_wrap=True, highlight=False)
     console.print(
         f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials -> {submission.sweep_dir}; "
@@ -713,12 +688,12 @@ def jobs_cmd(address: JobsAddress = None, as_json: JsonFlag = False) -> None:
     try:
         rows = list_jobs(job_client(address))
     except ClusterError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         console.print_json(json.dumps([r.to_dict() for r in rows]))
         return
     columns = ("job", "status", "sweep", "entrypoint", "start", "end", "message")
-    table = _table(f"{len(rows)} job(s)", *columns, overflow="fold")
+    table = titled_table(f"{len(rows)} job(s)", *columns, overflow="fold")
     for r in rows:
         table.add_row(r.job_id, r.status, r.sweep, r.entrypoint, r.start, r.end, r.message)
     console.print(table)
@@ -764,7 +739,7 @@ def tracking_server_cmd(
             store, host=host, port=port, workers=workers, allowed_hosts=allowed_hosts
         )
     except TrackingServerError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     console.print(f"tracking URI: {server.uri}", highlight=False, soft_wrap=True)
     console.print(
         f"store {server.backend_store_uri}, artifacts {server.artifacts_dir}; UI at {server.uri}; "
@@ -816,7 +791,7 @@ def _local_checkpoint(where: str | None) -> Iterator[Path | None]:
         try:
             local = stack.enter_context(local_copy(where))
         except OSError as exc:  # pyarrow's network and permission errors are OSErrors
-            _fail(f"cannot fetch the checkpoint {where}: {exc}")
+            fail(f"cannot fetch the checkpoint {where}: {exc}")
         if is_uri(where):
             err_console.print(f"fetched {escape(where)} to {local}")
         yield local
@@ -835,7 +810,7 @@ def _load_sweep_spec(
     try:
         return load_spec(spec_path, overrides)
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _sweep_dir(storage: str, name: str) -> SweepLocation:
@@ -844,20 +819,12 @@ def _sweep_dir(storage: str, name: str) -> SweepLocation:
     return SweepLocation.parse(storage).child(name)
 
 
-def _table(title: str, *columns: str, **column_style: Any) -> Table:
-    """A left-titled table with these columns, all styled alike (``overflow=...``)."""
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, **column_style)
-    return table
-
-
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:+.3f}"
 
 
 def _print_best(best: list[Any]) -> None:
-    table = _table(
+    table = titled_table(
         "best trial per model and precision (final validation Sharpe)",
         *("model", "precision", "val Sharpe", "test Sharpe", "trial", "config", "checkpoint"),
         overflow="fold",
@@ -926,9 +893,7 @@ class _EpochPrinter:
 
 
 def _print_summary(metrics: dict[str, Any], title: str) -> None:
-    table = Table(title=title, title_justify="left")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table = titled_table(title, "metric", "value", right={"value"})
     for key, value in metrics.items():
         if isinstance(value, float):
             table.add_row(key, f"{value:.4f}")

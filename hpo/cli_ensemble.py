@@ -15,12 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-console = Console(width=160)
-err_console = Console(stderr=True, width=160)
+from hpo.cli_options import JsonFlag, SweepDirArg, console, exit_on_user_error, fail, titled_table
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -67,11 +63,10 @@ def run_ensemble_command(
     if as_json:
         console.print_json(json.dumps(summary, default=str))
         return summary
-    table = Table(
-        title=f"ensemble ({weighting}) of {len(result.specs)} trials", title_justify="left"
+    table = titled_table(
+        f"ensemble ({weighting}) of {len(result.specs)} trials",
+        *("member", "trial", "model", "precision", "val Sharpe", "weight"),
     )
-    for column in ("member", "trial", "model", "precision", "val Sharpe", "weight"):
-        table.add_column(column)
     for i, spec in enumerate(result.specs):
         mark = " *" if i == result.best_member else ""
         table.add_row(
@@ -83,9 +78,11 @@ def run_ensemble_command(
             f"{spec.weight:.3f}",
         )
     console.print(table)
-    compare = Table(title="held-out test: ensemble vs best single member (*)", title_justify="left")
-    for column in ("metric", "ensemble", "best member"):
-        compare.add_column(column, justify="right")
+    compare = titled_table(
+        "held-out test: ensemble vs best single member (*)",
+        *("metric", "ensemble", "best member"),
+        justify="right",
+    )
     for key in ("sharpe", "sortino", "max_drawdown", "turnover", "hit_rate"):
         m = result.metrics
         compare.add_row(key, f"{m[f'test_{key}']:.4f}", f"{m[f'best_member.test_{key}']:.4f}")
@@ -102,9 +99,7 @@ def run_ensemble_command(
 
 
 def ensemble_cmd(
-    sweep_dir: Annotated[
-        str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
-    ],
+    sweep_dir: SweepDirArg,
     out: Annotated[Path, typer.Option(help="Directory to write the ensemble checkpoint to.")],
     top: Annotated[int, typer.Option(min=1, help="Best trials per family (by val Sharpe).")] = 1,
     models: Annotated[
@@ -120,7 +115,7 @@ def ensemble_cmd(
         str, typer.Option(help="Policy members run in; auto = bf16 on Ampere+, else f32.")
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Combine the best trials per family, chosen and weighted on validation only."""
     from hpo.ensemble import EnsembleError
@@ -132,12 +127,11 @@ def ensemble_cmd(
             sweep_dir, out, top, models, precision, weighting, policy, device, as_json
         )
     except (EnsembleError, SweepError, CheckpointError, FileNotFoundError, ValueError) as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
 
 
 if __name__ == "__main__":
     import os
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    typer.run(ensemble_cmd)
+    exit_on_user_error(lambda: typer.run(ensemble_cmd))

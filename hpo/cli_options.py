@@ -1,0 +1,72 @@
+"""What the ``hpo`` commands share: consoles, option and argument types, tables and the
+error-and-exit path (used by :mod:`hpo.cli` and :mod:`hpo.cli_ensemble`).
+
+typer and rich only: ``hpo --help`` imports this module, so it stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+# Wide enough for the result tables when output goes to a log or a pipe (rich would use 80).
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(width=_WIDTH)
+err_console = Console(stderr=True, width=_WIDTH)
+
+# Options several commands share, defined once.
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+RayAddress = Annotated[
+    str | None, typer.Option(help="Ray cluster address (default: start a local Ray).")
+]
+JobsAddress = Annotated[
+    str | None,
+    typer.Option(
+        help="Ray Jobs API of the head (default: $RAY_API_SERVER_ADDRESS or http://127.0.0.1:8265)."
+    ),
+]
+Assignments = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a setting: key=value (repeatable).")
+]
+SpecArg = Annotated[Path, typer.Argument(metavar="SPEC", help="Sweep spec (TOML or YAML).")]
+SweepDirArg = Annotated[
+    str, typer.Argument(metavar="SWEEP_DIR", help="STORAGE/NAME (a path or a URI).")
+]
+CompareFlag = Annotated[bool, typer.Option("--compare", help="Paired precision comparison mode.")]
+NameOption = Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")]
+
+
+class UserError(Exception):
+    """An error caused by input; printed without a traceback, exit code 2."""
+
+
+def fail(message: str) -> NoReturn:
+    raise UserError(message)
+
+
+def exit_on_user_error(command: Callable[[], object]) -> None:
+    """Run a command line; a UserError is printed (never read as markup) and exits 2."""
+    try:
+        command()
+    except UserError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        sys.exit(2)
+
+
+def titled_table(
+    title: str, *columns: str, right: Collection[str] = (), **column_style: Any
+) -> Table:
+    """A left-titled table with these columns, all styled alike (``overflow=...``); the
+    columns named in ``right`` are right-justified (numbers)."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        style = {"justify": "right", **column_style} if column in right else column_style
+        table.add_column(column, **style)
+    return table
