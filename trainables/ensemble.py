@@ -105,6 +105,7 @@ from trainables.precision import PrecisionPolicy, default_device, get_policy
 from trainables.predict import (
     EVAL_CHUNK,
     Prediction,
+    bars_backtest,
     check_fits,
     clipped_positions,
     fold_indices,
@@ -408,13 +409,7 @@ def track_returns(track: Track, market: Market, config: TrainConfig) -> np.ndarr
 
 def track_backtest(track: Track, market: Market, config: TrainConfig) -> BacktestResult:
     """One backtest over the whole track (the test period is one segment)."""
-    index = np.searchsorted(market.features.timestamps, track.timestamps)
-    return backtest(
-        track.positions,
-        market.features.bar_returns[index],
-        cost=config.cost,
-        periods_per_year=config.periods_per_year,
-    )
+    return bars_backtest(track.positions, market.features, track.timestamps, config)
 
 
 # --------------------------------------------------------------------------------------
@@ -602,19 +597,12 @@ def predict_ensemble(
         stamps = fs.timestamps[span[0] : span[1]]
         tracks.append(Track(stamps, signal.positions, signal.confidence, np.zeros(len(stamps))))
     combined = combine_tracks(tracks, ensemble.weights, ensemble.typical)
-    index = np.searchsorted(fs.timestamps, combined.timestamps)
-    result = backtest(
-        combined.positions,
-        fs.bar_returns[index],
-        cost=first_config.cost,
-        periods_per_year=first_config.periods_per_year,
-    )
     return Prediction(
         timestamps=combined.timestamps,
         assets=tuple(fs.assets),
         positions=combined.positions,
         confidence=combined.confidence,
-        backtest=result,
+        backtest=bars_backtest(combined.positions, fs, combined.timestamps, first_config),
         checkpoint=ensemble.path,
         precision=policy.name,
     )

@@ -189,6 +189,19 @@ def clipped_positions(
     return np.clip(host, -1.0, 1.0)
 
 
+def bars_backtest(
+    positions: np.ndarray, fs: FeatureSet, stamps: np.ndarray, config: TrainConfig
+) -> BacktestResult:
+    """One backtest of ``positions`` held at the decision bars ``stamps`` of ``fs``."""
+    index = np.searchsorted(fs.timestamps, stamps)
+    return backtest(
+        positions,
+        fs.bar_returns[index],
+        cost=config.cost,
+        periods_per_year=config.periods_per_year,
+    )
+
+
 @torch.no_grad()
 def predict(
     checkpoint_dir: Path,
@@ -215,17 +228,11 @@ def predict(
     with policy.autocast():
         positions = span_positions(family, model, bars, span)
     host = clipped_positions(positions, f"{ckpt.path}: the model on {data}", stamps, fs.assets)
-    result = backtest(
-        host,
-        fs.bar_returns[span[0] : span[1]],
-        cost=config.cost,
-        periods_per_year=config.periods_per_year,
-    )
     return Prediction(
         timestamps=stamps,
         assets=tuple(fs.assets),
         positions=host,
-        backtest=result,
+        backtest=bars_backtest(host, fs, stamps, config),
         checkpoint=ckpt.path,
         precision=policy.name,
     )
