@@ -72,9 +72,10 @@ def trial_config(family: str, precision: str, smoke: bool) -> TrainConfig:
 
 def steps_per_second(
     config: TrainConfig, device: torch.device, seconds: float, per_call: int = 20
-) -> float:
-    """Optimizer steps per second on fold 0, after one warm call; each timed call runs
-    ``per_call`` minibatches (rl: ``per_call // 5`` collect-and-learn cycles)."""
+) -> tuple[float, bool]:
+    """Optimizer steps per second on fold 0, after one warm call, and whether the steps
+    were replayed from a CUDA graph; each timed call runs ``per_call`` minibatches (rl:
+    ``per_call // 5`` collect-and-learn cycles)."""
     from trainables.trainer import Trainer
 
     cfg = profiling_config(config, device).replace(
@@ -99,7 +100,8 @@ def steps_per_second(
         sync()
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return (trainer.global_step - first) / elapsed
+            replayed = run.step is not None and run.step.replaying
+            return (trainer.global_step - first) / elapsed, replayed
 
 
 def mib(n: int | None) -> float | None:
@@ -115,7 +117,14 @@ def bench_one(
     if device.type == "cuda":
         measured = profile_trial(config, device=device, measure=True)
     packing = plan(measured or estimate, args.headroom, args.grid)
-    speed = steps_per_second(config, device, args.seconds, per_call=2 if args.smoke else 20)
+    per_call = 2 if args.smoke else 20
+    # trainer.cuda_graphs = auto: replayed from CUDA graphs where the family's step is static
+    speed, replayed = steps_per_second(config, device, args.seconds, per_call=per_call)
+    eager = speed
+    if replayed:  # the same step eagerly, side by side: what the graphs save
+        eager, _ = steps_per_second(
+            config.replace(cuda_graphs="off"), device, args.seconds, per_call=per_call
+        )
     row: dict[str, Any] = {
         "family": family,
         "precision": estimate.precision,
@@ -129,6 +138,9 @@ def bench_one(
         "trials_per_gpu": packing.trials_per_gpu,
         "trials_per_gpu_by_memory": packing.trials_per_gpu_unrounded,
         "steps_per_s": round(speed, 2),
+        "cuda_graphs": replayed,
+        "ms_per_step": round(1000.0 / max(speed, 1e-9), 3),
+        "ms_per_step_eager": round(1000.0 / max(eager, 1e-9), 3),
         "device": measured.device_name if measured else "cpu (estimate only)",
     }
     if measured is not None and measured.measured_allocated_bytes:
@@ -150,8 +162,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{'GPU measured' if report['measured'] else 'NOT MEASURED ON A GPU: CPU estimates only'}",
         "",
         "| family | precision | params | estimate MiB | allocated MiB | reserved MiB | "
-        "est. error | context MiB | fraction | trials/GPU | by memory | steps/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "est. error | context MiB | fraction | trials/GPU | by memory | steps/s | "
+        "ms/step (graphs) | ms/step (eager) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:
         lines.append(
@@ -159,13 +172,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"{cell(r['measured_allocated_mib'])} | {cell(r['measured_reserved_mib'])} | "
             f"{cell(r.get('estimate_error'), '{:+.1%}')} | {cell(r['context_mib'])} | "
             f"{r['fraction']:g} | {r['trials_per_gpu']} | {r['trials_per_gpu_by_memory']} | "
-            f"{r['steps_per_s']:.1f} |"
+            f"{r['steps_per_s']:.1f} | "
+            f"{cell(r['ms_per_step'] if r['cuda_graphs'] else None)} | {r['ms_per_step_eager']} |"
         )
-    lines += ["", "| family | bf16/f32 peak | bf16/f32 trials per GPU | bf16/f32 steps/s |"]
-    lines.append("|---|---:|---:|---:|")
+    lines += [
+        "",
+        "| family | bf16/f32 peak | bf16/f32 trials per GPU | bf16/f32 steps/s "
+        "| bf16/f32 ms/step eager |",
+    ]
+    lines.append("|---|---:|---:|---:|---:|")
     for family, ratio in report["ratios"].items():
         lines.append(
-            f"| {family} | {ratio['peak']:.2f} | {ratio['trials']:.2f} | {ratio['steps']:.2f} |"
+            f"| {family} | {ratio['peak']:.2f} | {ratio['trials']:.2f} | {ratio['steps']:.2f} "
+            f"| {ratio['eager_ms']:.2f} |"
         )
     sweep = report.get("sweep")
     if sweep:
@@ -326,6 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "peak": bf16[peak] / f32[peak],
                 "trials": bf16["trials_per_gpu"] / f32["trials_per_gpu"],
                 "steps": bf16["steps_per_s"] / max(f32["steps_per_s"], 1e-9),
+                "eager_ms": bf16["ms_per_step_eager"] / max(f32["ms_per_step_eager"], 1e-9),
             }
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -210,6 +210,9 @@ def test_benchmark_smoke_writes_json_and_markdown(tmp_path: Path) -> None:
         assert 0.006 < row["fraction"] < 0.01 and row["trials_per_gpu"] > 100
         assert row["trials_per_gpu"] >= 0.95 * row["trials_per_gpu_by_memory"]
         assert row["steps_per_s"] > 0
+        # no CUDA: nothing replayed from a graph, the eager step is the one timed
+        assert row["cuda_graphs"] is False and row["ms_per_step_eager"] == row["ms_per_step"]
+        assert row["ms_per_step"] == pytest.approx(1000 / row["steps_per_s"], rel=0.01)
     assert set(stored["ratios"]) == {"dqn", "tft"}
     assert stored["ratios"]["dqn"]["peak"] < 1.0
     text = (tmp_path / "gpu_packing.md").read_text()
