@@ -114,14 +114,14 @@ def save_checkpoint(
         for name, tensors in ((WEIGHTS_FILE, weights), (OPTIM_FILE, optim), (STATE_FILE, state)):
             path = tmp / name
             save_file(_contiguous_cpu(tensors), str(path))
-            checksums[name] = _sha256(path)
+            checksums[name] = sha256_file(path)
         for name, text in (files or {}).items():
             if name in checksums or name == META_FILE or Path(name).name != name:
                 raise ValueError(f"cannot store an extra checkpoint file named {name!r}")
             _write_text(tmp / name, text)
-            checksums[name] = _sha256(tmp / name)
+            checksums[name] = sha256_file(tmp / name)
         full_meta = {**meta, "schema_version": SCHEMA_VERSION, "checksums": checksums}
-        _write_json(tmp / META_FILE, full_meta)
+        write_json(tmp / META_FILE, full_meta)
         _fsync_dir(tmp)
         if directory.exists():  # re-saving the same epoch (a retried trial): replace it
             shutil.rmtree(directory)
@@ -201,7 +201,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 
 def _verify(path: Path, checksums: Mapping[str, str] | None) -> None:
-    if checksums is not None and _sha256(path) != checksums.get(path.name):
+    if checksums is not None and sha256_file(path) != checksums.get(path.name):
         raise CheckpointError(path, "checksum mismatch (truncated or corrupted file)")
 
 
@@ -377,7 +377,7 @@ def _contiguous_cpu(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -392,7 +392,7 @@ def _write_text(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     with open(path, "w") as fh:
         json.dump(payload, fh, indent=1, sort_keys=True, default=_json_default)
         fh.flush()

@@ -93,10 +93,10 @@ from trainables.checkpoint import (
     META_FILE,
     Checkpoint,
     CheckpointError,
-    _sha256,
-    _write_json,
     load_checkpoint,
     save_checkpoint,
+    sha256_file,
+    write_json,
 )
 from trainables.config import TrainConfig
 from trainables.dataset import FoldData, Market, build_fold, build_market
@@ -505,10 +505,10 @@ def save_ensemble(
             )
             member = tmp / MEMBERS_DIR / spec.name
             save_checkpoint(member, weights, {}, state, meta)
-            checksums[f"{MEMBERS_DIR}/{spec.name}/{META_FILE}"] = _sha256(member / META_FILE)
+            checksums[f"{MEMBERS_DIR}/{spec.name}/{META_FILE}"] = sha256_file(member / META_FILE)
         if positions_csv:
             (tmp / POSITIONS_FILE).write_text(positions_csv)
-            checksums[POSITIONS_FILE] = _sha256(tmp / POSITIONS_FILE)
+            checksums[POSITIONS_FILE] = sha256_file(tmp / POSITIONS_FILE)
         payload = {
             **manifest,
             "schema_version": ENSEMBLE_SCHEMA,
@@ -516,7 +516,7 @@ def save_ensemble(
             "members": [spec.to_dict() for spec, _ in members],
             "checksums": checksums,
         }
-        _write_json(tmp / ENSEMBLE_FILE, payload)
+        write_json(tmp / ENSEMBLE_FILE, payload)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(tmp, directory)
@@ -554,7 +554,7 @@ def load_ensemble(directory: Path, device: torch.device | str = "cpu") -> Ensemb
             raise CheckpointError(path, f"lists a file outside it: {name!r}")
         if not file.is_file():
             raise CheckpointError(file, "missing (listed in ensemble.json)")
-        if _sha256(file) != digest:
+        if sha256_file(file) != digest:
             raise CheckpointError(file, "checksum mismatch (truncated or corrupted file)")
     members = [MemberSpec(**m) for m in manifest.get("members", [])]
     if not members:
