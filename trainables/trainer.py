@@ -382,7 +382,7 @@ class Trainer:
         if bad.any():
             t, a = (int(i) for i in np.argwhere(bad)[0])
             raise TrialDiverged(
-                f"{self.family.name} under {self.policy.name}: non-finite positions in "
+                f"{self.family.name} diverged under {self.policy.name}: non-finite positions in "
                 f"fold {run.index} {split} at epoch {self.epoch + 1}: {int(bad.sum())} of "
                 f"{bad.size} (first at bar {span[0] + t}, asset "
                 f"{self.market.features.assets[a]}); the model's output is NaN or inf"
