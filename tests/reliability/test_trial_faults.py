@@ -32,9 +32,11 @@ EPOCHS = 8
 
 
 def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> None:
-    # Epochs long enough (~0.5 s) that both trials are seen together between epoch 2 and
-    # their last epochs; they are frozen the moment they are.
-    trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 40}
+    # Epochs long enough (~1 s) that both trials are seen together between epoch 2 and
+    # their last epochs; they are frozen the moment they are. (40 steps stopped being
+    # enough when the multi-tensor optimizer made a step cheaper: both trials finished
+    # before the poll saw them in that window.)
+    trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 120}
     spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS, trainer=trainer)
     sweep_dir = tmp_path / "results" / "faults"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
