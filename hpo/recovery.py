@@ -74,7 +74,16 @@ def adopt_reported_checkpoint(trial: Any) -> bool:
     if info.type != pafs.FileType.Directory:
         return False
     checkpoint = Checkpoint(path=path, filesystem=storage.storage_filesystem)
-    trial.on_checkpoint(_TrainingResult(checkpoint=checkpoint, metrics=dict(result)))
+    try:
+        trial.on_checkpoint(_TrainingResult(checkpoint=checkpoint, metrics=dict(result)))
+    except FileNotFoundError as exc:
+        # Registering it made Tune delete a checkpoint beyond num_to_keep that is already
+        # gone (a killed driver's trial may have cleaned it up itself). Tune updates its list
+        # before deleting, so the adoption stands; finish what on_checkpoint does after it.
+        log.info("trial %s: an old checkpoint was already deleted (%s)", trial.trial_id, exc)
+        trial.storage._update_checkpoint_index(result)
+        trial.invalidate_json_state()
+        trial.run_metadata.invalidate_cache()
     log.info("trial %s will resume from %s, its last reported checkpoint", trial.trial_id, name)
     return True
 

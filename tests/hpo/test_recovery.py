@@ -182,3 +182,26 @@ def test_error_signature_counts_the_trials_own_errors_only(
     error: BaseException | None, signature: str | None
 ) -> None:
     assert error_signature(error) == signature
+
+
+def test_an_old_checkpoint_already_gone_does_not_stop_the_adoption(tmp_path: Path) -> None:
+    # Seen in CI on `hpo resume` after a killed driver: registering the reported
+    # checkpoint made Tune delete one beyond num_to_keep that was already gone, and the
+    # FileNotFoundError ended the resumed sweep. Tune updates its list before deleting.
+    calls: list[str] = []
+
+    class _Gone(_Trial):
+        def on_checkpoint(self, result: Any) -> None:
+            super().on_checkpoint(result)
+            raise FileNotFoundError("Path not found: checkpoint_000000")
+
+        def invalidate_json_state(self) -> None:
+            calls.append("json")
+
+    trial = _trial(tmp_path, reported="checkpoint_000002", registered="checkpoint_000001")
+    gone = _Gone(trial.storage, trial.last_result, trial.checkpoint)
+    gone.storage._update_checkpoint_index = lambda metrics: calls.append("index")  # type: ignore[attr-defined]
+    gone.run_metadata = SimpleNamespace(invalidate_cache=lambda: calls.append("cache"))  # type: ignore[attr-defined]
+    assert adopt_reported_checkpoint(gone)
+    assert gone.checkpoint is not None and gone.checkpoint.path.endswith("checkpoint_000002")
+    assert calls == ["index", "json", "cache"]
