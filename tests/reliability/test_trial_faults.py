@@ -28,7 +28,7 @@ from tests.reliability.sweep_process import (
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-EPOCHS = 8
+EPOCHS = 12  # a window of epochs 2..8 in which both trials are frozen together
 
 
 def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> None:
