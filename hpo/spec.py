@@ -398,7 +398,7 @@ def _splits_problem(
     """Build the walk-forward splits of ``model``'s trials on the spec's bars, with every
     searched split setting at the end that needs the most bars, exactly as a trial builds
     them (:func:`trainables.data.walk_forward`); the problem names the spec fields."""
-    from trainables.data import walk_forward
+    from trainables.dataset import market_splits
 
     params = dict(space.fixed)
     for key, high in _SPLIT_SETTINGS.items():
@@ -426,16 +426,7 @@ def _splits_problem(
     except (OSError, ValueError) as exc:
         return f"{names(['data.n_bars'])}: cannot build features from the bars: {exc}"
     try:
-        # The same arguments as trainables.dataset.build_market.
-        walk_forward(
-            n_bars=n_bars,
-            first_valid=warmup + config.lookback - 1,
-            n_folds=config.n_folds,
-            test_fraction=config.test_fraction,
-            val_fraction=config.val_fraction,
-            purge=config.purge,
-            embargo=config.embargo,
-        )
+        market_splits(n_bars, warmup, config)  # exactly what each trial builds
     except ValueError as exc:
         named = set(re.findall(r"\b(" + "|".join(_SPLIT_ARGUMENTS) + r")\b", str(exc)))
         keys = {k for arg in named for k in _SPLIT_ARGUMENTS[arg]}

@@ -57,18 +57,24 @@ def load_bars_source(data: DataConfig):
     return load_ohlcv(path)
 
 
-def build_market(config: TrainConfig) -> Market:
-    features = make_features(load_bars_source(config.data))
-    first_decision = features.first_valid + config.lookback - 1
-    splits = walk_forward(
-        n_bars=features.features.shape[0],
-        first_valid=first_decision,
+def market_splits(n_bars: int, first_valid: int, config: TrainConfig) -> Splits:
+    """The walk-forward splits of ``n_bars`` bars whose features are valid from bar
+    ``first_valid``: the first decision needs a full ``lookback`` window of them. The one
+    place this is decided (trials build it; the sweep spec checks it at parse time)."""
+    return walk_forward(
+        n_bars=n_bars,
+        first_valid=first_valid + config.lookback - 1,
         n_folds=config.n_folds,
         test_fraction=config.test_fraction,
         val_fraction=config.val_fraction,
         purge=config.purge,
         embargo=config.embargo,
     )
+
+
+def build_market(config: TrainConfig) -> Market:
+    features = make_features(load_bars_source(config.data))
+    splits = market_splits(features.features.shape[0], features.first_valid, config)
     return Market(features=features, splits=splits)
 
 

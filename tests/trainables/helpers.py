@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from trainables.config import DataConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from trainables.trainer import Trainer
 
 TINY_TFT = {"d_model": 8, "n_heads": 1, "dropout": 0.0}
 
@@ -43,3 +48,12 @@ def untrained_and_trained_sharpe(
         untrained.append(trainer._evaluate(trainer.folds[0], trainer.folds[0].data.val).sharpe)
         trained.append(trainer.fit()[-1]["val_sharpe"])
     return untrained, trained
+
+
+def fold_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Every fold's weights, cloned, keyed ``<fold>.<name>`` (to compare two trainers)."""
+    return {
+        f"{run.index}.{k}": v.clone()
+        for run in trainer.folds
+        for k, v in run.model.state_dict().items()
+    }

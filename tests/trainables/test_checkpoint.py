@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainables.helpers import tiny_config
+from tests.trainables.helpers import fold_weights, tiny_config
 from trainables.checkpoint import (
     META_FILE,
     OPTIM_FILE,
@@ -30,14 +30,6 @@ from trainables.precision import BF16, F32
 from trainables.trainer import Trainer
 
 
-def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {
-        f"{run.index}.{k}": v.clone()
-        for run in trainer.folds
-        for k, v in run.model.state_dict().items()
-    }
-
-
 def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
     trainer = Trainer(tiny_config(precision="bf16", epochs=1))
     trainer.fit()
@@ -53,8 +45,8 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
                 assert value.dtype in (F32, BF16)
     assert ckpt.meta["precision"] == "bf16" and ckpt.meta["weights_dtype"] == "bfloat16"
     restored = Trainer(tiny_config(precision="bf16", epochs=1), checkpoint=ckpt)
-    for name, tensor in _weights(trainer).items():
-        assert torch.equal(_weights(restored)[name], tensor), name
+    for name, tensor in fold_weights(trainer).items():
+        assert torch.equal(fold_weights(restored)[name], tensor), name
 
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
@@ -71,8 +63,8 @@ def test_resumed_training_equals_uninterrupted(tmp_path: Path, precision: str) -
     assert resumed.epoch == 1
     resumed.fit()
 
-    for name, tensor in _weights(straight).items():
-        assert torch.equal(_weights(resumed)[name], tensor), name
+    for name, tensor in fold_weights(straight).items():
+        assert torch.equal(fold_weights(resumed)[name], tensor), name
     assert resumed.history[-1]["val_sharpe"] == straight.history[-1]["val_sharpe"]
     assert resumed.history[-1]["train_loss"] == straight.history[-1]["train_loss"]
     assert [m["epoch"] for m in resumed.history] == [1, 2]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from models.base import Batch
-from tests.trainables.helpers import tiny_config
+from tests.trainables.helpers import fold_weights, tiny_config
 from trainables.checkpoint import (
     META_FILE,
     load_checkpoint,
@@ -23,14 +23,6 @@ from trainables.config import DataConfig, TrainConfig
 from trainables.local import train_local
 from trainables.precision import BF16, F32
 from trainables.trainer import Trainer
-
-
-def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {
-        f"{run.index}.{k}": v.clone()
-        for run in trainer.folds
-        for k, v in run.model.state_dict().items()
-    }
 
 
 def _philox_state(seed: int, offset: int) -> torch.Tensor:
@@ -81,7 +73,7 @@ def test_checkpoint_with_cuda_generator_states_resumes_on_cpu(
         assert trainer.epoch == 2
         assert torch.isfinite(torch.tensor(trainer.history[-1]["train_loss"]))
     # Continuing on another device is deterministic: the same checkpoint, the same numbers.
-    first, second = (_weights(t) for t in resumed)
+    first, second = (fold_weights(t) for t in resumed)
     for name, tensor in first.items():
         assert torch.equal(second[name], tensor), name
     assert resumed[0].history[-1]["val_sharpe"] == resumed[1].history[-1]["val_sharpe"]
@@ -151,7 +143,7 @@ def test_fallen_back_trial_resumes_in_f32_with_its_master_weights(tmp_path: Path
     straight.train_epoch()
     assert straight.fell_back_to_f32 and straight.policy.name == "f32"
     straight.save(tmp_path / "epoch1")
-    saved = _weights(straight)
+    saved = fold_weights(straight)
 
     # The same config (precision = "bf16") as a Tune retry or `hpo resume` rebuilds it.
     resumed = Trainer(config, checkpoint=load_checkpoint(tmp_path / "epoch1"))
@@ -161,15 +153,15 @@ def test_fallen_back_trial_resumes_in_f32_with_its_master_weights(tmp_path: Path
         assert run.data.features.dtype == F32
         assert {p.dtype for p in run.model.parameters()} == {F32}
         assert all("compensation" not in s for s in run.optimizer.state.values())
-    for name, tensor in _weights(resumed).items():
+    for name, tensor in fold_weights(resumed).items():
         assert tensor.dtype == saved[name].dtype
         assert torch.equal(tensor, saved[name]), name  # the f32 masters, not rounded to bf16
 
     # ... and it goes on exactly as the trial that never stopped.
     straight.train_epoch()
     resumed.train_epoch()
-    for name, tensor in _weights(straight).items():
-        assert torch.equal(_weights(resumed)[name], tensor), name
+    for name, tensor in fold_weights(straight).items():
+        assert torch.equal(fold_weights(resumed)[name], tensor), name
     assert resumed.history[-1]["val_sharpe"] == straight.history[-1]["val_sharpe"]
 
 
