@@ -109,8 +109,9 @@ def _keep_local_ray_on_loopback() -> None:
 # come up ("Starting Ray client server failed"), or its shim process exits before the
 # proxier reads its command line with psutil, whose ZombieProcess / NoSuchProcess then
 # reaches the client as the proxier's traceback. Each ray.init connects with a new client
-# id and a failed connect disconnects cleanly, so retrying is safe.
-CLIENT_SERVER_RETRIES = 2
+# id and a failed connect disconnects cleanly, so retrying is safe. Two failures in a row
+# were seen on a loaded 2-core CI machine, hence three retries.
+CLIENT_SERVER_RETRIES = 3
 CLIENT_SERVER_START_FAILURES = (
     "Starting Ray client server failed",
     "psutil.ZombieProcess",
@@ -127,8 +128,20 @@ def _init_with_client_retry(ray: Any, kwargs: dict[str, Any]) -> None:
             flaky = any(sign in str(exc) for sign in CLIENT_SERVER_START_FAILURES)
             if not flaky or attempt == CLIENT_SERVER_RETRIES:
                 raise
-            log.warning("Ray Client's server did not start on the head; retrying (%s)", exc)
+            log.warning(
+                "Ray Client's server did not start on the head (%s); retrying, attempt %d of %d",
+                _last_line(str(exc)),
+                attempt + 2,
+                CLIENT_SERVER_RETRIES + 1,
+            )
             time.sleep(2.0 * (attempt + 1))
+
+
+def _last_line(message: str) -> str:
+    """The exception line of a server-side traceback that Ray forwards verbatim: the reason,
+    without the frames (a retried transient should not look like a crash)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else message
 
 
 def parse_address(address: str) -> tuple[str, str, int] | None:

@@ -50,6 +50,33 @@ def test_a_client_server_whose_process_turned_zombie_is_asked_again() -> None:
     assert ray.calls == 3
 
 
+# What CI saw when the per-job server did not come up within the proxier's channel check:
+# the proxier's traceback, verbatim, which the retry warning printed to the user whole.
+TIMED_OUT = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    '  File ".../ray/util/client/server/proxier.py", line 772, in Datapath\n'
+    "    raise RuntimeError(\n"
+    "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err "
+    "for detailed logs.\n"
+)
+
+
+def test_the_retry_warning_is_one_line_naming_the_reason_without_the_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ray = _FakeRay([TIMED_OUT, ZOMBIE])
+    with caplog.at_level("WARNING", logger=connect.log.name):
+        connect._init_with_client_retry(ray, {})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert all("Traceback" not in w and "\n" not in w for w in warnings)
+    assert "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err" in (
+        warnings[0]
+    )
+    assert "attempt 2 of" in warnings[0]
+    assert "psutil.ZombieProcess: PID still exists" in warnings[1]
+
+
 def test_it_gives_up_after_the_retries() -> None:
     ray = _FakeRay([FLAKY] * (connect.CLIENT_SERVER_RETRIES + 1))
     with pytest.raises(ConnectionAbortedError, match="client server failed"):
