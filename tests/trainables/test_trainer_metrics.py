@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 import torch
 
 from models.base import Batch
@@ -24,7 +25,8 @@ from trainables.checkpoint import (
 )
 from trainables.config import DataConfig
 from trainables.predict import predict
-from trainables.trainer import Trainer, TrialDiverged, TrialMemory, validation_metrics
+from trainables.memory import TrialMemory
+from trainables.trainer import Trainer, TrialDiverged, validation_metrics
 
 PPY = 252.0
 
@@ -57,6 +59,11 @@ def test_val_sharpe_is_the_sharpe_of_the_joined_validation_returns() -> None:
     assert metrics["val_sharpe_per_period"] == pytest.approx(per_period, rel=1e-12)
     assert metrics["val_sharpe"] == pytest.approx(per_period * math.sqrt(PPY), rel=1e-12)
     assert metrics["val_n_obs"] == returns.size
+    # Skew and raw kurtosis as scipy defines them (biased), computed without scipy.
+    assert metrics["val_skew"] == pytest.approx(stats.skew(returns), rel=1e-12)
+    assert metrics["val_kurtosis"] == pytest.approx(
+        stats.kurtosis(returns, fisher=False), rel=1e-12
+    )
 
 
 def _two_fold_trainer() -> Trainer:
