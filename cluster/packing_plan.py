@@ -155,9 +155,13 @@ class ClusterPacker:
             out.append(TypeShare(gpu_type, profile, packing, ooms))
         return out
 
-    def place(self, identity: str, shares: list[TypeShare]) -> TypeShare:
-        """The type a trial goes to (the same one every time Tune asks for it)."""
+    def place(self, identity: str, shares: list[TypeShare], pinned: str = "") -> TypeShare:
+        """The type a trial goes to (the same one every time Tune asks for it; ``pinned``,
+        an OOM retry's type, where the cluster still has it)."""
         by_name = {s.gpu_type.name: s for s in shares}
+        if identity not in self._placed and pinned in by_name:
+            self._placed[identity] = pinned
+            self._load[pinned] = self._load.get(pinned, 0.0) + self.slot(by_name[pinned])
         if identity in self._placed and self._placed[identity] in by_name:
             return by_name[self._placed[identity]]
         fitting = [s for s in shares if s.packing.fits and s.capacity > 0]
@@ -194,14 +198,15 @@ class ClusterPacker:
         its OOM floor) and, on a mixed cluster, the type constraint."""
         shares = self.shares(trial.train_config())
         # The member, not the attempt: an OOM retry (the same member with a floor) stays
-        # on the type it ran out of memory on, as its floor is a share of that type's GPU.
+        # on the type it ran out of memory on, as its floor is a share of that type's GPU;
+        # its config names that type too, for a packer that never placed its first try.
         identity = json.dumps(
             [trial.group_id, trial.member, trial.seed, trial.model, trial.precision,
              dict(trial.params)],
             sort_keys=True,
             default=str,
         )  # fmt: skip
-        chosen = self.place(identity, shares)
+        chosen = self.place(identity, shares, pinned=trial.gpu_type)
         share = chosen.packing.fraction if chosen.packing.fits else 1.0
         bundle = {
             "CPU": float(self.cpu_per_trial),

@@ -15,7 +15,9 @@
   a new Tune trial (same group and member, a larger share), and that retry continues the
   member's run, found by its ``group_id`` + ``member`` tags. The run's ``trial_id`` tag
   becomes the retry's, the OOM attempts are listed in ``hpo.oom_attempts``, and the
-  retry's epochs are logged again from epoch 1 (later points of a step are the latest).
+  retry's epochs are logged again from epoch 1 (later points of a step are the latest);
+  ``hpo.attempt_started_ms`` marks where the retry's points begin, so a retry resumed
+  part-way logs the epochs it re-reports past the ones its OOM attempt had logged.
 * Tune's event loop never waits for MLflow: calls are queued and sent in order by one
   background thread. Nothing is lost when the tracking server is briefly away: a call that
   failed on the connection or the server's side (:func:`may_succeed_later`) is retried with
@@ -56,6 +58,9 @@ TAG_PAIR = "pair_id"
 TAG_GROUP = "group_id"
 TAG_MEMBER = "member"  # precision/seed in the group: with group_id, the run's identity
 TAG_OOM_ATTEMPTS = "hpo.oom_attempts"  # trial ids of the attempts that ran out of GPU memory
+# When an OOM retry took over its member's run (ms since the epoch, the driver's clock): the
+# retry's metric points are the ones logged from then on, the attempts' are older.
+TAG_ATTEMPT_START = "hpo.attempt_started_ms"
 TAG_TRIAL = "trial_id"
 TAG_FELL_BACK = "fell_back_to_f32"
 TAG_NODE = "node_id"
@@ -535,9 +540,15 @@ class MlflowSweepCallback(Callback):
         previous = tags.get(TAG_TRIAL)
         if previous and previous != trial_id and previous not in attempts:
             attempts.append(previous)
+        started = int(time.time() * 1000)
+        self._last_stamp[trial_id] = max(self._last_stamp.get(trial_id, 0), started)
         self.client.log_batch(
             run_id,
-            tags=[RunTag(TAG_TRIAL, trial_id), RunTag(TAG_OOM_ATTEMPTS, ",".join(attempts))],
+            tags=[
+                RunTag(TAG_TRIAL, trial_id),
+                RunTag(TAG_OOM_ATTEMPTS, ",".join(attempts)),
+                RunTag(TAG_ATTEMPT_START, str(started)),
+            ],
         )
         if TAG_FAILURE in tags:  # the OOM's reason; the retry's own outcome replaces it
             self.client.delete_tag(run_id, TAG_FAILURE)
@@ -582,8 +593,12 @@ class MlflowSweepCallback(Callback):
         return runs[0].info.run_id if runs else None
 
     def _logged_epochs(self, run_id: str) -> int:
+        """The last epoch the run's current attempt logged: an OOM retry's run also holds
+        the points of the attempts before it (:data:`TAG_ATTEMPT_START` tells them apart),
+        and a resumed retry must still log its epochs past theirs."""
+        since = int(self.client.get_run(run_id).data.tags.get(TAG_ATTEMPT_START, 0))
         history = self.client.get_metric_history(run_id, "val_sharpe")
-        return max((m.step for m in history), default=0)
+        return max((m.step for m in history if m.timestamp >= since), default=0)
 
     def _log_returns(self, trial: Any) -> None:
         """Queue the trial's final returns (its newest checkpoint's returns.csv) as the run

@@ -182,9 +182,10 @@ def build_train_config(
 
 
 RETRY_FLOOR_KEY = "gpu_fraction_floor"
+RETRY_GPU_TYPE_KEY = "gpu_type"
 """Trial-dict key of :attr:`TrialConfig.gpu_fraction_floor` (present only after an OOM)."""
 _TRIAL_REQUIRED = ("model", "precision", "seed", "params", "base")
-_TRIAL_OPTIONAL = ("group_id", "pair_id", "member", RETRY_FLOOR_KEY)
+_TRIAL_OPTIONAL = ("group_id", "pair_id", "member", RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY)
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,8 @@ class TrialConfig:
     """One Ray Tune trial's config. Its dict form (:meth:`to_dict`) is::
 
     {"model", "precision", "seed", "group_id", "pair_id", "member",
-     "params": {flat settings}, "base": TrialBase.to_dict()[, "gpu_fraction_floor"]}
+     "params": {flat settings}, "base": TrialBase.to_dict()
+     [, "gpu_fraction_floor", "gpu_type"]}
     """
 
     model: str
@@ -235,6 +237,10 @@ class TrialConfig:
     """``precision/seed``: this trial's place in its group."""
     gpu_fraction_floor: float = 0.0
     """The least GPU share after a CUDA OOM (0: none); packing never asks for less."""
+    gpu_type: str = ""
+    """After a CUDA OOM, the GPU type it ran out of memory on: the floor is a share of that
+    type's GPU, so the retry goes there again, also from a resumed sweep whose packer has
+    placed nothing yet ("": the packer chooses)."""
 
     def train_config(self) -> TrainConfig:
         """The shared trainer's config of this trial."""
@@ -248,8 +254,9 @@ class TrialConfig:
             **self.base.trainer,
         )
 
-    def with_floor(self, floor: float) -> TrialConfig:
-        return dataclasses.replace(self, gpu_fraction_floor=float(floor))
+    def with_floor(self, floor: float, gpu_type: str = "") -> TrialConfig:
+        """The OOM retry of this trial: at least ``floor`` of a ``gpu_type`` GPU."""
+        return dataclasses.replace(self, gpu_fraction_floor=float(floor), gpu_type=gpu_type)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -264,6 +271,8 @@ class TrialConfig:
         }
         if self.gpu_fraction_floor > 0:
             out[RETRY_FLOOR_KEY] = self.gpu_fraction_floor
+        if self.gpu_type:
+            out[RETRY_GPU_TYPE_KEY] = self.gpu_type
         return out
 
     @classmethod
@@ -286,6 +295,7 @@ class TrialConfig:
             pair_id=str(config.get("pair_id", "")),
             member=str(config.get("member", "")),
             gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
+            gpu_type=str(config.get(RETRY_GPU_TYPE_KEY) or ""),
         )
 
 

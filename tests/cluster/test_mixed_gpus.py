@@ -5,6 +5,7 @@ the same on a loopback cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -178,3 +179,21 @@ def test_an_oom_retry_stays_on_the_type_it_ran_out_of_memory_on() -> None:
     assert "accelerator_type:L4" in packer.resources_of(trial(8, seed=5))
     retry = packer.resources_of(trial(8, seed=0, floor=0.05))
     assert retry == {"CPU": 1.0, "GPU": 0.05, "accelerator_type:H200": 0.001}
+
+
+def test_an_oom_retry_keeps_its_type_in_a_packer_that_never_placed_it() -> None:
+    """After `hpo resume` the driver's packer is new and has placed nothing: the retry's
+    config itself names the type it ran out of memory on, and the packer honours it even
+    where it would now choose the other type."""
+    fresh = packer_with({8: 5})
+    assert "accelerator_type:H200" in fresh.resources_of(trial(8, seed=7))  # its own choice
+    retry = dataclasses.replace(trial(8, seed=0, floor=0.3), gpu_type="L4")
+    assert TrialConfig.from_dict(retry.to_dict()) == retry  # the pin survives the codec
+    assert packer_with({8: 5}).resources_of(retry) == {
+        "CPU": 1.0,
+        "GPU": 0.3,
+        "accelerator_type:L4": 0.001,
+    }
+    # A type no longer in the cluster: the packer chooses again (the floor still holds).
+    gone = dataclasses.replace(retry, gpu_type="A100")
+    assert packer_with({8: 5}).resources_of(gone)["GPU"] == 0.3

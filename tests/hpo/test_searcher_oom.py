@@ -9,7 +9,7 @@ from ray.tune.search import Searcher
 
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import parse_spec
-from trainables.config import RETRY_FLOOR_KEY, TrialConfig
+from trainables.config import RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY, TrialConfig
 
 
 def test_oom_requeues_the_same_member_with_a_floor() -> None:
@@ -32,6 +32,22 @@ def test_oom_requeues_the_same_member_with_a_floor() -> None:
     searcher.on_trial_complete("t2", {"val_sharpe": 0.5})
     assert searcher.suggest("t6") == Searcher.FINISHED
     assert searcher.searchers[0].n_told == 2  # the OOM itself was not told as a result
+
+
+def test_an_oom_retry_names_the_gpu_type_it_ran_out_of_memory_on() -> None:
+    """The floor is a share of that type's GPU, so the retry's config carries the type
+    (the packer of a resumed sweep has placed nothing yet)."""
+    spec = parse_spec(
+        {"name": "oom", "models": ["kan"], "precisions": ["bf16"], "samples": 1, "search": "random"}
+    )
+    searcher = SweepSearcher(spec)
+    first = searcher.suggest("t1")
+    assert isinstance(first, dict) and RETRY_GPU_TYPE_KEY not in first
+    searcher.on_trial_complete("t1", {"oom": 1, "oom_retry_gpu_fraction": 0.3, "gpu_type": "L4"})
+    retry = searcher.suggest("t2")
+    assert isinstance(retry, dict)
+    assert retry[RETRY_GPU_TYPE_KEY] == "L4" and retry[RETRY_FLOOR_KEY] == 0.3
+    assert TrialConfig.from_dict(retry).gpu_type == "L4"
 
 
 def test_trial_dicts_round_trip_through_the_codec() -> None:

@@ -344,3 +344,41 @@ def test_an_oom_retry_continues_its_members_run(mlflow_uri: str) -> None:
     assert (run.data.metrics["val_sharpe"], run.data.metrics["oom"]) == (1.0, 0.0)
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
     assert sorted(steps) == [1, 1, 1, 2, 2]
+
+
+def test_a_resumed_oom_retry_logs_its_own_epochs_past_those_of_the_attempt_before(
+    mlflow_uri: str,
+) -> None:
+    """The OOM attempt logged epochs 1-3 into the member's run; its retry logged epoch 1
+    and the driver stopped. After the restart the retry re-reports epochs 2 and 3 from its
+    checkpoint: they are the retry's and must land, not be taken for points already
+    logged (the attempt's epochs 2 and 3 are someone else's)."""
+    callback, client, parent = _setup(mlflow_uri)
+    attempt = _trial("t9")
+    attempt.config["member"] = "bf16/0"
+    callback.on_trial_start(0, [], attempt)
+    for epoch in (1, 2, 3):
+        callback.on_trial_result(0, [], attempt, {"epoch": epoch, "val_sharpe": -1.0})
+    attempt.last_result = {"epoch": 4, "oom": 1, "oom_retry_gpu_fraction": 0.3}
+    callback.on_trial_result(0, [], attempt, attempt.last_result)
+    callback.on_trial_complete(0, [], attempt)
+    retry = _trial("t1")
+    retry.config.update(member="bf16/0", gpu_fraction_floor=0.3)
+    callback.on_trial_start(0, [], retry)
+    callback.on_trial_result(0, [], retry, {"epoch": 1, "val_sharpe": 1.0})
+    assert callback.flush()
+    state = callback.get_state()  # what Tune saved with the sweep
+
+    resumed = MlflowSweepCallback(mlflow_uri, "track", parent)
+    resumed.set_state(state)
+    resumed.on_trial_start(0, [], retry)
+    for epoch in (2, 3):
+        resumed.on_trial_result(0, [], retry, {"epoch": epoch, "val_sharpe": float(epoch)})
+    retry.last_result = {"epoch": 3, "val_sharpe": 3.0}
+    resumed.on_trial_complete(0, [], retry)
+    assert resumed.flush()
+    (run,) = client.search_runs([callback.experiment_id], filter_string="tags.member = 'bf16/0'")
+    assert run.data.metrics["val_sharpe"] == 3.0
+    history = client.get_metric_history(run.info.run_id, "val_sharpe")
+    retry_points = sorted((m.step, m.value) for m in history if m.value >= 0)
+    assert retry_points == [(1, 1.0), (2, 2.0), (3, 3.0)]
