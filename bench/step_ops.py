@@ -4,6 +4,7 @@ bare loop with ``torch.optim.AdamW(fused=True)`` on the same module and batches.
     .venv/bin/python bench/step_ops.py            # every family x all policies (minutes)
     .venv/bin/python bench/step_ops.py --smoke    # kan and dqn, two policies, few steps
     .venv/bin/python bench/step_ops.py tlob dqn   # chosen families
+    .venv/bin/python bench/step_ops.py --policies f32 bf16   # chosen policies
 
 Ops are top-level ATen ops counted with ``torch.profiler`` on CPU (a proxy for GPU kernel
 launches): "fwd+bwd" is forward, loss and backward alone (gradients zeroed outside the
@@ -185,6 +186,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="one tiny family, few steps")
     parser.add_argument("--steps", type=int, default=20, help="steps per timed block")
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks per loop")
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        choices=POLICIES,
+        default=list(POLICIES),
+        metavar="POLICY",
+        help=f"default: all of {', '.join(POLICIES)}",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     policies: tuple[str, ...]
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         families, policies, steps, repeats = ["kan", "dqn"], ("f32", "bf16"), 2, 1
     else:
         families = args.families or list(family_names())
-        policies, steps, repeats = POLICIES, args.steps, args.repeats
+        policies, steps, repeats = tuple(args.policies), args.steps, args.repeats
     print(HEADER, flush=True)
     rows = []
     for family in families:
