@@ -135,9 +135,9 @@ def main() -> None:
     print(f"in-process Optuna loop                : {in_process:7.1f} s")
     print(f"hpo Ray path, cold (Ray + store start): {cold:7.1f} s   {cold / in_process:.2f}x")
     print(f"hpo Ray path, warm (running Ray/store): {warm:7.1f} s   {warm / in_process:.2f}x")
-    print(f"  of which trial actors' start-up     : {actors:7.1f} s")
-    rest = warm - actors
-    print(f"  warm without the actors' start-up   : {rest:7.1f} s   {rest / in_process:.2f}x")
+    print(f"  trial actors' start-up, alone       : {actors:7.1f} s")
+    rest = warm - actors  # an estimate: inside the sweep the start-up overlaps driver work
+    print(f"  warm minus that start-up (estimate) : {rest:7.1f} s   {rest / in_process:.2f}x")
     print(f"fixed start-up cost (cold - warm)     : {cold - warm:7.1f} s")
 
 

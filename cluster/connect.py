@@ -110,7 +110,8 @@ def _keep_local_ray_on_loopback() -> None:
 # proxier reads its command line with psutil, whose ZombieProcess / NoSuchProcess then
 # reaches the client as the proxier's traceback. Each ray.init connects with a new client
 # id and a failed connect disconnects cleanly, so retrying is safe. Two failures in a row
-# were seen on a loaded 2-core CI machine, hence three retries.
+# were seen on a loaded 2-core CI machine, hence three retries (waits of 2, 4 and 6 s
+# between them, on top of the proxier's own 30-s channel check per failed start).
 CLIENT_SERVER_RETRIES = 3
 CLIENT_SERVER_START_FAILURES = (
     "Starting Ray client server failed",

@@ -159,9 +159,16 @@ class ClusterPacker:
         """The type a trial goes to (the same one every time Tune asks for it; ``pinned``,
         an OOM retry's type, where the cluster still has it)."""
         by_name = {s.gpu_type.name: s for s in shares}
-        if identity not in self._placed and pinned in by_name:
-            self._placed[identity] = pinned
-            self._load[pinned] = self._load.get(pinned, 0.0) + self.slot(by_name[pinned])
+        if identity not in self._placed and pinned:
+            if pinned in by_name:
+                self._placed[identity] = pinned
+                self._load[pinned] = self._load.get(pinned, 0.0) + self.slot(by_name[pinned])
+            else:
+                log.warning(
+                    "an OOM retry ran out of memory on GPU type %s, which the cluster no longer "
+                    "has; placing it again (its share floor was sized for that type)",
+                    pinned,
+                )
         if identity in self._placed and self._placed[identity] in by_name:
             return by_name[self._placed[identity]]
         fitting = [s for s in shares if s.packing.fits and s.capacity > 0]

@@ -475,9 +475,14 @@ class MlflowSweepCallback(Callback):
             return
         self._queued.add(trial_id)
         config = trial.config
-        self.outbox.send(f"run of {trial_id}", lambda: self._open_run(trial_id, config))
+        # Stamped here, on Tune's thread, like the metric points: with calls backed up in
+        # the outbox, the run may open after this trial's first epochs were queued. Later
+        # than every point stamped so far (an OOM attempt's last ones may share the ms).
+        started = max(int(time.time() * 1000), max(self._last_stamp.values(), default=0) + 1)
+        self._last_stamp[trial_id] = started
+        self.outbox.send(f"run of {trial_id}", lambda: self._open_run(trial_id, config, started))
 
-    def _open_run(self, trial_id: str, config: dict[str, Any]) -> None:
+    def _open_run(self, trial_id: str, config: dict[str, Any], started: int) -> None:
         if self.experiment_id is None:
             self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
         run_id = self.run_ids.get(trial_id) or self._find_child(trial_id)
@@ -487,7 +492,7 @@ class MlflowSweepCallback(Callback):
             logged = self._logged_epochs(run_id)
             self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
             self.client.update_run(run_id, status="RUNNING")
-        elif _is_retry(config) and (run_id := self._continue_member_run(trial_id, config)):
+        elif _is_retry(config) and (run_id := self._continue_member_run(trial_id, config, started)):
             self.client.update_run(run_id, status="RUNNING")
         else:
             tags = {
@@ -517,7 +522,9 @@ class MlflowSweepCallback(Callback):
         params = [Param(k, v) for k, v in trial_params(config).items()]
         self.client.log_batch(run_id, params=params)
 
-    def _continue_member_run(self, trial_id: str, config: Mapping[str, Any]) -> str | None:
+    def _continue_member_run(
+        self, trial_id: str, config: Mapping[str, Any], started: int
+    ) -> str | None:
         """The run of the member an OOM retry belongs to, taken over by the retry (None:
         the first attempt has no run, so the retry opens one)."""
         assert self.experiment_id is not None
@@ -540,8 +547,6 @@ class MlflowSweepCallback(Callback):
         previous = tags.get(TAG_TRIAL)
         if previous and previous != trial_id and previous not in attempts:
             attempts.append(previous)
-        started = int(time.time() * 1000)
-        self._last_stamp[trial_id] = max(self._last_stamp.get(trial_id, 0), started)
         self.client.log_batch(
             run_id,
             tags=[

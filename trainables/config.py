@@ -182,8 +182,9 @@ def build_train_config(
 
 
 RETRY_FLOOR_KEY = "gpu_fraction_floor"
-RETRY_GPU_TYPE_KEY = "gpu_type"
 """Trial-dict key of :attr:`TrialConfig.gpu_fraction_floor` (present only after an OOM)."""
+RETRY_GPU_TYPE_KEY = "gpu_type"
+"""Trial-dict key of :attr:`TrialConfig.gpu_type` (present only after an OOM on a typed node)."""
 _TRIAL_REQUIRED = ("model", "precision", "seed", "params", "base")
 _TRIAL_OPTIONAL = ("group_id", "pair_id", "member", RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY)
 
@@ -255,8 +256,11 @@ class TrialConfig:
         )
 
     def with_floor(self, floor: float, gpu_type: str = "") -> TrialConfig:
-        """The OOM retry of this trial: at least ``floor`` of a ``gpu_type`` GPU."""
-        return dataclasses.replace(self, gpu_fraction_floor=float(floor), gpu_type=gpu_type)
+        """The OOM retry of this trial: at least ``floor`` of a ``gpu_type`` GPU (the type
+        it had, where the OOM report names none)."""
+        return dataclasses.replace(
+            self, gpu_fraction_floor=float(floor), gpu_type=gpu_type or self.gpu_type
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -2,8 +2,9 @@
 
 Tune reuses a worker for several trials (``reuse_actors``), so process-wide figures
 (``torch.cuda.max_memory_allocated``, the resident set's high-water mark) would report an
-earlier trial's peak. :class:`TrialMemory` is created at the trainer's construction,
-before anything of the trial is allocated, and measures from there.
+earlier trial's peak. :class:`TrialMemory` is created at the start of the trainer's
+construction and measures from there. :func:`freeze_long_lived_objects` keeps the
+collection it starts with cheap in a Tune worker.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class TrialMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._sampled = 0
-        collect_previous_trial()  # its cycles (models, optimizers) are freed first
+        gc.collect()  # a previous trial's cycles (models, optimizers) are freed first
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             self._baseline = torch.cuda.memory_allocated(device)
@@ -57,21 +58,36 @@ class TrialMemory:
         return max(peak - self._baseline, 0) / 2**20
 
 
-def collect_previous_trial() -> None:
-    """Free what earlier trials in this process left in reference cycles.
+# How many more trial starts freeze what survived (see freeze_long_lived_objects).
+_FREEZES_LEFT = [2]
 
-    A full ``gc.collect()`` walks every object in the process: about 285,000 in a Tune
-    worker (torch, Ray, Tune, pandas), 0.15 s on an idle core and more under load, paid at
-    every trial start, which a py-spy profile of ``bench/ray_overhead.py`` put at a fifth
-    of a short trial's time in the worker. So the first call collects and then freezes
-    what is left (``gc.freeze``: the imported modules and the worker's own state, alive
-    for the process's lifetime) into the permanent generation, which later collections
-    skip; every later call walks only what was created since, which is where the earlier
-    trials' garbage is. Frozen objects are still freed by reference counting; only a
-    cycle among them that becomes garbage later is kept, a bounded one-off."""
+
+def freeze_long_lived_objects() -> None:
+    """Called by the Tune trainable at the top of each trial, before anything of the trial
+    exists: collect, then move the survivors into gc's permanent generation, which later
+    collections skip, at the first two trial starts of the process.
+
+    The full ``gc.collect()`` that :class:`TrialMemory` runs at each trial start (so that
+    an earlier trial's cycles are freed before the baseline is read) walks every object in
+    the process: about 290,000 in a Tune worker (torch, Ray, Tune, pandas), 0.15 s on an
+    idle core and more under load, which a py-spy profile of ``bench/ray_overhead.py`` put
+    at a fifth of a short trial's time in the worker. After the first freeze (the imports
+    done when the actor loaded) about 116,000 objects are still young: what the first
+    trial imported lazily (``torch._dynamo`` at the first optimizer, the family's module);
+    the second freeze takes those, and from then on a collection walks only what the
+    current trial created (a few thousand objects).
+
+    Nothing of ours is alive at these two points (the previous trial's objects were just
+    collected, this one's not built yet), so nothing of a trial is frozen: a frozen
+    object is still freed by reference counting, but one that becomes garbage inside a
+    reference cycle never is. What Tune itself set up for those two trials is frozen with
+    the rest: a bounded one-off. Not called outside Tune workers (the CLI's ``hpo train``,
+    the profiler, tests): there the trainer's plain collection stays."""
+    if _FREEZES_LEFT[0] <= 0:
+        return
     gc.collect()
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
+    gc.freeze()
+    _FREEZES_LEFT[0] -= 1
 
 
 def _return_freed_heap() -> None:

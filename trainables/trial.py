@@ -34,6 +34,7 @@ from cluster.packing import (
 from cluster.vram_table import SharedVramCache
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from trainables.config import TrainConfig, TrialConfig
+from trainables.memory import freeze_long_lived_objects
 from trainables.trainer import Trainer, TrialDiverged
 
 log = logging.getLogger("trainables.trial")
@@ -43,6 +44,7 @@ CKPT_SUBDIR = "state"  # inside each reported Tune checkpoint directory
 
 def run_trial(config: dict[str, Any]) -> None:
     """Ray Tune function trainable."""
+    freeze_long_lived_objects()  # first, while nothing of this trial exists yet
     resources = tune.get_context().get_trial_resources()
     required = resources.required_resources if resources is not None else {}
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))

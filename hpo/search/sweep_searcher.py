@@ -94,9 +94,8 @@ class SweepSearcher(Searcher):
             # Ran out of GPU memory: the same member again, with at least the larger share
             # of the same type's GPU (the trial reports the type of the node it ran on).
             trial = TrialConfig.from_dict(self.trial_config[trial_id])
-            retry = trial.with_floor(
-                float(result["oom_retry_gpu_fraction"]), gpu_type=str(result.get("gpu_type") or "")
-            )
+            ran_on = str(result.get("gpu_type") or "")
+            retry = trial.with_floor(float(result["oom_retry_gpu_fraction"]), gpu_type=ran_on)
             self.queue.appendleft(retry.to_dict())
             return
         group_id, member = located

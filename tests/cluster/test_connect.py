@@ -70,8 +70,9 @@ def test_the_retry_warning_is_one_line_naming_the_reason_without_the_traceback(
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 2
     assert all("Traceback" not in w and "\n" not in w for w in warnings)
-    assert "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err" in (
-        warnings[0]
+    assert (
+        "RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err"
+        in (warnings[0])
     )
     assert "attempt 2 of" in warnings[0]
     assert "psutil.ZombieProcess: PID still exists" in warnings[1]

@@ -1,5 +1,5 @@
-"""A trial's start-up collection frees what earlier trials in the worker left behind
-without walking the whole process again at every trial."""
+"""A trial's start-up collection frees what earlier trials left behind, and in a Tune
+worker it stops walking the whole process at every trial without freezing any trial."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from trainables.memory import TrialMemory
+import trainables.memory as memory
+from tests.trainables.helpers import tiny_config
+from trainables.memory import TrialMemory, freeze_long_lived_objects
+from trainables.trainer import Trainer
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture
-def unfrozen() -> Iterator[None]:
-    """A process in which no trial has started yet."""
+def fresh_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A process in which no trial has started yet; unfrozen again afterwards."""
     gc.unfreeze()
+    monkeypatch.setattr(memory, "_FREEZES_LEFT", [2])
     yield
+    gc.unfreeze()
 
 
 class _Node:
@@ -34,8 +39,7 @@ def _cycle() -> weakref.ref[_Node]:
     return weakref.ref(a)
 
 
-def test_each_trial_start_frees_the_cycles_an_earlier_trial_left(unfrozen: None) -> None:
-    TrialMemory(CPU)  # the first trial in this worker
+def test_each_trial_start_frees_the_cycles_an_earlier_trial_left(fresh_worker: None) -> None:
     gc.disable()  # no automatic collection may do the work for TrialMemory
     try:
         for _ in range(3):
@@ -47,11 +51,32 @@ def test_each_trial_start_frees_the_cycles_an_earlier_trial_left(unfrozen: None)
         gc.enable()
 
 
-def test_the_objects_alive_at_the_first_trial_are_not_walked_again(unfrozen: None) -> None:
+def test_a_workers_first_trainer_is_freed_when_its_trial_ends(fresh_worker: None) -> None:
+    """The freezes happen where the Tune trainable starts a trial, before its trainer
+    exists: a trainer (which holds reference cycles: its steps point back at it) built
+    after them is never frozen, so it is freed once its trial is over."""
+    trainers = []
+    for _ in range(3):  # three trials in one reused worker
+        freeze_long_lived_objects()  # the top of run_trial
+        trainer = Trainer(tiny_config(epochs=1))
+        trainer.fit()
+        trainers.append(weakref.ref(trainer))
+        del trainer
+    TrialMemory(CPU)  # the next trial's start
+    assert [ref() for ref in trainers] == [None, None, None]
+
+
+def test_after_two_trials_a_collection_walks_only_the_trials_own_objects(
+    fresh_worker: None,
+) -> None:
     alive = len(gc.get_objects())  # the imports, pytest, torch: tens of thousands
     assert alive > 50_000
+    for _ in range(2):
+        freeze_long_lived_objects()
+        Trainer(tiny_config(epochs=1)).fit()
+    frozen = gc.get_freeze_count()
+    assert frozen >= 0.9 * alive
+    freeze_long_lived_objects()  # the third trial: nothing more is frozen
+    assert gc.get_freeze_count() == frozen
     TrialMemory(CPU)
-    assert gc.get_freeze_count() >= 0.9 * alive
-    assert len(gc.get_objects()) < 0.05 * alive  # what a later collection walks
-    TrialMemory(CPU)
-    assert len(gc.get_objects()) < 0.05 * alive
+    assert len(gc.get_objects()) < 0.05 * alive  # what each later collection walks

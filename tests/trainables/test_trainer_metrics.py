@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 import torch
+from scipy import stats
 
 from models.base import Batch
 from tests.trainables.helpers import tiny_config
@@ -24,8 +24,8 @@ from trainables.checkpoint import (
     save_checkpoint,
 )
 from trainables.config import DataConfig
-from trainables.predict import predict
 from trainables.memory import TrialMemory
+from trainables.predict import predict
 from trainables.trainer import Trainer, TrialDiverged, validation_metrics
 
 PPY = 252.0
