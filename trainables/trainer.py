@@ -558,8 +558,8 @@ class Trainer:
         self.epoch = int(meta["epoch"])
         self.global_step = int(meta["global_step"])
         self.history = list(meta.get("history", []))
-        self.fell_back_to_f32 = bool(meta.get("fell_back_to_f32", False))
-        self.fallback_epoch = meta.get("fallback_epoch")
+        self.fell_back_to_f32 = _stays_fallen_back(self.config, meta)
+        self.fallback_epoch = meta.get("fallback_epoch") if self.fell_back_to_f32 else None
         restore_default_rng(meta, self.device)
 
 
@@ -642,13 +642,16 @@ def resumed_precision(config: TrainConfig, checkpoint: Checkpoint | None) -> str
     back from bf16 to f32 stays f32 when it is resumed under the precision it fell back
     from (a Tune retry, ``hpo resume``, ``hpo train --resume``). Asking for another
     precision on resume is honoured."""
-    if checkpoint is None:
-        return config.precision
-    meta = checkpoint.meta
-    requested = meta.get("requested_precision", config.precision)
-    if meta.get("fell_back_to_f32") and requested == config.precision:
-        return str(meta.get("precision", "f32"))
+    if checkpoint is not None and _stays_fallen_back(config, checkpoint.meta):
+        return str(checkpoint.meta.get("precision", "f32"))
     return config.precision
+
+
+def _stays_fallen_back(config: TrainConfig, meta: Mapping[str, Any]) -> bool:
+    """A fallback holds while the trial is resumed under the precision it fell back from;
+    a precision asked for on resume is a policy of its own, not a fallback."""
+    requested = meta.get("requested_precision", config.precision)
+    return bool(meta.get("fell_back_to_f32")) and requested == config.precision
 
 
 # ----------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ f32, and ``train_local`` resumes on the device it is told."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import json
 from pathlib import Path
@@ -163,6 +165,29 @@ def test_fallen_back_trial_resumes_in_f32_with_its_master_weights(tmp_path: Path
     for name, tensor in fold_weights(straight).items():
         assert torch.equal(fold_weights(resumed)[name], tensor), name
     assert resumed.history[-1]["val_sharpe"] == straight.history[-1]["val_sharpe"]
+
+
+def test_a_fallen_back_trial_resumed_under_another_precision_is_no_longer_fallen_back(
+    tmp_path: Path,
+) -> None:
+    """`hpo train --resume CKPT --precision bf16-mixed` asks for a policy of its own: the
+    trial runs under it, and neither its metrics nor its next checkpoint say it fell back
+    (which would mark a bf16-mixed run as an f32 one in the comparison)."""
+    k = 4
+    config = tiny_config(precision="bf16", epochs=1, max_steps_per_epoch=10, fallback_after=k)
+    trainer = Trainer(config)
+    _poison(trainer, range(2, 2 + k))
+    trainer.train_epoch()
+    assert trainer.fell_back_to_f32
+    trainer.save(tmp_path / "epoch1")
+    again = dataclasses.replace(config, precision="bf16-mixed", epochs=2)
+    resumed = Trainer(again, checkpoint=load_checkpoint(tmp_path / "epoch1"))
+    assert resumed.policy.name == "bf16-mixed" and not resumed.fell_back_to_f32
+    assert resumed.fallback_epoch is None
+    assert resumed.train_epoch()["fell_back_to_f32"] == 0
+    resumed.save(tmp_path / "epoch2")
+    meta = json.loads((tmp_path / "epoch2" / META_FILE).read_text())
+    assert not meta["fell_back_to_f32"] and meta["requested_precision"] == "bf16-mixed"
 
 
 def test_bf16_trial_that_did_not_fall_back_resumes_in_bf16(tmp_path: Path) -> None:
