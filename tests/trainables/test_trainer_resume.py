@@ -5,7 +5,6 @@ f32, and ``train_local`` resumes on the device it is told."""
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import json
 from pathlib import Path
