@@ -303,7 +303,7 @@ def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
     from hpo.sweep import SweepError, SweepRecord, trial_rows
 
     try:
-        record = SweepRecord.read(sweep_dir)
+        record = SweepRecord.read(sweep_dir, check_data=False)
     except SweepError as exc:
         fail(str(exc))
     rows = trial_rows(record.sweep_dir)
@@ -345,7 +345,7 @@ def best_cmd(
     from hpo.sweep import SweepError, SweepRecord, best_rows, trial_rows
 
     try:
-        record = SweepRecord.read(sweep_dir)
+        record = SweepRecord.read(sweep_dir, check_data=False)
     except SweepError as exc:
         fail(str(exc))
     best = best_rows(trial_rows(record.sweep_dir), model=model, precision=precision)

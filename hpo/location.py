@@ -10,6 +10,7 @@ endpoints come from the same environment (``AWS_*``, ``GOOGLE_APPLICATION_CREDEN
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import stat
 import tempfile
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from cluster.storage import is_uri
+
+TUNE_SNAPSHOT_GLOB = "experiment_state-*.json"  # Ray Tune's experiment snapshots
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,17 @@ class SweepLocation:
 
         filesystem, path = self.filesystem()
         return bool(filesystem.get_file_info(f"{path}/{name}").type != pafs.FileType.NotFound)
+
+    def has_tune_state(self) -> bool:
+        """Whether Ray Tune has written its first experiment snapshot here (a sweep that
+        has just started, or whose driver stopped before that, has none yet)."""
+        if self.is_local:
+            return any(self.local_path.glob(TUNE_SNAPSHOT_GLOB))
+        from pyarrow import fs as pafs
+
+        filesystem, path = self.filesystem()
+        listing = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return any(fnmatch.fnmatch(info.base_name, TUNE_SNAPSHOT_GLOB) for info in listing)
 
     def read_text(self, name: str) -> str:
         if self.is_local:

@@ -233,15 +233,25 @@ _SPEC_LEVEL_KEYS = frozenset(WalkForwardSpec.model_fields)
 
 
 def parse_spec(
-    payload: dict[str, Any], source: str = "<spec>", base_dir: Path | None = None
+    payload: dict[str, Any],
+    source: str = "<spec>",
+    base_dir: Path | None = None,
+    *,
+    check_data: bool = True,
 ) -> SweepSpec:
-    """Validate a parsed spec; raises :class:`SpecError` naming every bad field."""
+    """Validate a parsed spec; raises :class:`SpecError` naming every bad field.
+
+    ``check_data=False`` skips what needs the data source (that it exists, and the
+    walk-forward splits on its bars): for reading back a sweep that was checked when it
+    started, from where the data may not be mounted."""
     try:
         spec = SweepSpec.model_validate(payload)
     except ValidationError as exc:
         raise SpecError(source, [_describe(err) for err in exc.errors()]) from None
-    spec, problems = _with_absolute_data(spec, base_dir or Path.cwd())
-    problems = [*_model_problems(spec, data_ok=not problems), *problems]
+    problems: list[str] = []
+    if check_data:
+        spec, problems = _with_absolute_data(spec, base_dir or Path.cwd())
+    problems = [*_model_problems(spec, data_ok=check_data and not problems), *problems]
     if problems:
         raise SpecError(source, problems)
     return spec

@@ -62,7 +62,9 @@ class SweepRecord:
         self.sweep_dir.write_text(SWEEP_FILE, json.dumps(payload, indent=1))
 
     @classmethod
-    def read(cls, where: str | Path | SweepLocation) -> SweepRecord:
+    def read(cls, where: str | Path | SweepLocation, *, check_data: bool = True) -> SweepRecord:
+        """The record in ``where``, its spec validated again; ``check_data=False`` for
+        readers that do not train (status, best): the data need not be reachable there."""
         sweep_dir = SweepLocation.parse(where)
         try:
             found = sweep_dir.exists(SWEEP_FILE)
@@ -74,7 +76,9 @@ class SweepRecord:
                 f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
             )
         payload = json.loads(text)
-        spec = parse_spec(payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}")
+        spec = parse_spec(
+            payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}", check_data=check_data
+        )
         return cls(
             spec=spec,
             sweep_dir=sweep_dir,
@@ -481,6 +485,8 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     from trainables.trial import CKPT_SUBDIR
 
     sweep_dir = SweepLocation.parse(where)
+    if not sweep_dir.has_tune_state():
+        return []  # no trial has been recorded yet
     analysis = ExperimentAnalysis(sweep_dir.uri)
     rows = []
     for trial in analysis.trials:

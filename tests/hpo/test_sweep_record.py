@@ -1,0 +1,53 @@
+"""A sweep's record is read back without its data: `hpo status` and `hpo best` answer from
+a machine that does not mount the bars (or after they moved), while `hpo resume`, which
+trains on them, still says the data is gone before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hpo.cli import UserError, app
+from hpo.location import SweepLocation
+from hpo.spec import SpecError
+from hpo.sweep import SweepRecord
+from tests.hpo.sweep_helpers import tiny_spec
+from trainables.data.synthetic import synthetic_bars
+
+runner = CliRunner()
+
+
+def _sweep_on_a_file(tmp_path: Path) -> tuple[Path, Path]:
+    bars = tmp_path / "data" / "bars.csv"
+    bars.parent.mkdir()
+    synthetic_bars(n_assets=2, n_bars=900, seed=1).to_frame().to_csv(bars, index=False)
+    spec = tiny_spec(tmp_path, data={"source": str(bars)})
+    where = SweepLocation.parse(tmp_path / "results").child(spec.name)
+    SweepRecord(spec, where, parent_run_id="0" * 32, tracking_uri=spec.tracking_uri).write()
+    return where.local_path, bars
+
+
+def test_status_and_best_do_not_need_the_sweeps_data(tmp_path: Path) -> None:
+    """Also before Tune's first snapshot: no trial is recorded yet, which is an answer."""
+    sweep_dir, bars = _sweep_on_a_file(tmp_path)
+    bars.unlink()
+    assert SweepRecord.read(sweep_dir, check_data=False).spec.data.source == str(bars)
+    status = runner.invoke(app, ["status", str(sweep_dir)])
+    assert status.exit_code == 0, status.output
+    assert "e2e: 0 of 4 trials started" in status.output
+    best = runner.invoke(app, ["best", str(sweep_dir)])
+    assert isinstance(best.exception, UserError), best.output
+    assert "no finished trial" in str(best.exception)
+    assert "does not exist" not in str(best.exception)
+
+
+def test_resume_still_names_the_missing_data(tmp_path: Path) -> None:
+    sweep_dir, bars = _sweep_on_a_file(tmp_path)
+    bars.unlink()
+    with pytest.raises(SpecError, match=r"data\.source: .* does not exist"):
+        SweepRecord.read(sweep_dir)
+    result = runner.invoke(app, ["resume", str(sweep_dir)])
+    assert isinstance(result.exception, UserError | SpecError), result.output
+    assert "does not exist" in str(result.exception)
