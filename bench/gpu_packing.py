@@ -2,11 +2,15 @@
 peak vs the CPU estimate, GPU share, trials per GPU, and training steps/s -- then one
 packed sweep of all of them on the GPU, counting OOMs.
 
-    .venv/bin/python bench/gpu_packing.py                  # one CUDA GPU, under 8 minutes
+    .venv/bin/python bench/gpu_packing.py --require-cuda --out "$OUT"   # one GPU, < 8 minutes
     .venv/bin/python bench/gpu_packing.py --smoke          # CPU, estimates only, dqn + tft, tiny
     .venv/bin/python bench/gpu_packing.py --families dqn,tft --out bench/results
 
-Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/results).
+Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/results) after
+every row, so a run stopped by its time limit keeps what it measured; each row is also
+printed as one JSON line. ``--budget-s`` (default 420) stops starting rows, and skips the
+packed sweep, when the time left would not fit them. The sweep's Tune storage (with its
+trials' error logs) is kept under OUT. A failed sweep is recorded with its traceback.
 
 The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) starts
 a local Ray, profiles every (family, precision) in a Ray task on the GPU
@@ -27,9 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,8 @@ from models import family_names, get_family
 from trainables.config import DataConfig, TrainConfig, TrialBase, TrialConfig
 
 PRECISIONS = ("f32", "bf16")
+SWEEP_RESERVE_S = 150.0  # what the packed sweep needs of the budget (Ray, 20 profiles, trials)
+PROFILE_TIMEOUT_S = 180.0  # one profiling task on the GPU; the sweep's default is 900
 SMOKE_FAMILIES = ("dqn", "tft")
 # Smoke: tiny data and models, so the CPU run takes seconds.
 SMOKE_TRAINER = {"n_folds": 1, "lookback": 16, "batch_size": 32}
@@ -155,9 +162,11 @@ def markdown(report: dict[str, Any]) -> str:
     def cell(value: Any, fmt: str = "{}") -> str:
         return "—" if value is None else fmt.format(value)
 
+    gpu = report.get("gpu") or {}
     lines = [
         f"# GPU packing: {report['device']} (torch {report['torch']})",
         "",
+        *([f"GPU: {', '.join(f'{k} {v}' for k, v in gpu.items())}", ""] if gpu else []),
         f"headroom {report['headroom']}, shares at 1/{report['grid']}; "
         f"{'GPU measured' if report['measured'] else 'NOT MEASURED ON A GPU: CPU estimates only'}",
         "",
@@ -197,6 +206,9 @@ def markdown(report: dict[str, Any]) -> str:
             sweep["plan"],
             "```",
         ]
+        lines += [f"- {failure}" for failure in sweep.get("failures", [])]
+    if report.get("sweep_error"):
+        lines += ["", "Packed sweep did not run to its end:", "```", report["sweep_error"], "```"]
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(report["skipped"])]
     return "\n".join(lines) + "\n"
@@ -210,6 +222,34 @@ class _TrialOf:
 
     def __call__(self, config: dict[str, Any]) -> Any:
         return self.packer(config["trial"])
+
+
+def sweep_outcome(results: Any) -> dict[str, Any]:
+    """OOMs, errors and overlap of the bench sweep's trials. An OOM is a result the trial
+    reports and then returns from (``run_trial`` hands the searcher a retry share), so it
+    is found in each trial's whole metric history, not in its last result (the bench's
+    own ``done`` report comes after it)."""
+    ooms, failures, spans = 0, [], []
+    for i in range(len(results)):
+        result = results[i]
+        history = result.metrics_dataframe
+        if history is not None and "oom" in history:
+            oomed = history["oom"].fillna(0) > 0
+            ooms += int(oomed.any())
+            if oomed.any() and "failure_reason" in history:
+                failures.append(str(history.loc[oomed, "failure_reason"].iloc[-1]))
+        if result.error is not None:
+            failures.append(f"{type(result.error).__name__}: {result.error}"[:2000])
+        last = result.metrics or {}
+        if "start" in last:
+            spans.append((last["start"], last["end"]))
+    most = max((sum(s <= t < e for s, e in spans) for t, _ in spans), default=0)
+    return {
+        "ooms": ooms,
+        "errors": results.num_errors,
+        "failures": failures,
+        "most_at_once": most,
+    }
 
 
 def _bench_trial(config: dict[str, Any]) -> None:
@@ -242,12 +282,15 @@ def packed_sweep(
     if not ray.is_initialized():
         from cluster.connect import ensure_ray
 
-        ensure_ray()
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network on GPU hosts
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else None
+        ensure_ray(num_gpus=gpus)
     packer = ClusterPacker(
         cluster_gpu_types(),
         headroom=headroom,
         cpu_per_trial=0 if smoke else 1,
         cache=SharedVramCache.at(str(storage)),
+        profile_timeout_s=PROFILE_TIMEOUT_S,
     )
     trainer = {**(SMOKE_TRAINER if smoke else {}), "max_steps_per_epoch": 10, "rl_iterations": 4}
     trials = [
@@ -270,18 +313,64 @@ def packed_sweep(
         run_config=tune.RunConfig(name="gpu-packing", storage_path=str(storage), verbose=0),
     )
     results = tuner.fit()
-    metrics = [results[i].metrics or {} for i in range(len(results))]
-    spans = [(m["start"], m["end"]) for m in metrics if "start" in m]
-    most = max((sum(s <= t < e for s, e in spans) for t, _ in spans), default=0)
     return {
         "trials": len(trials),
-        "ooms": sum(int(m.get("oom", 0)) for m in metrics),
-        "errors": results.num_errors,
-        "most_at_once": most,
+        **sweep_outcome(results),
         "plan_rows": rows,
         "plan": render_plan(rows, headroom),
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
+
+
+def gpu_facts(device: torch.device) -> dict[str, Any]:
+    """What the run should know about its GPU first: packing several trial processes on
+    one GPU needs the Default compute mode (Exclusive_Process admits one)."""
+    if device.type != "cuda":
+        return {}
+    facts: dict[str, Any] = {
+        "name": torch.cuda.get_device_name(device),
+        "cuda": torch.version.cuda,
+        "total_mib": round(torch.cuda.get_device_properties(device).total_memory / MiB),
+    }
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))
+        modes = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+        facts["compute_mode"] = modes.get(pynvml.nvmlDeviceGetComputeMode(handle), "unknown")
+    except Exception as exc:  # no NVML here: the run goes on without the fact
+        facts["compute_mode"] = f"unknown ({type(exc).__name__}: {exc})"
+    return facts
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """Both files, replaced whole: called after every row, so a run stopped by its time
+    limit keeps every row it measured."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (
+        ("gpu_packing.json", json.dumps(report, indent=1)),
+        ("gpu_packing.md", markdown(report)),
+    ):
+        partial = out / f".{name}.partial"
+        partial.write_text(text)
+        partial.replace(out / name)
+
+
+def bf16_ratios(rows: list[dict[str, Any]], families: tuple[str, ...]) -> dict[str, Any]:
+    ratios: dict[str, dict[str, float]] = {}
+    by_key = {(r["family"], r["precision"]): r for r in rows}
+    for family in families:
+        f32, bf16 = by_key.get((family, "f32")), by_key.get((family, "bf16"))
+        if f32 and bf16:
+            peak = "measured_reserved_mib" if f32["measured_reserved_mib"] else "estimate_mib"
+            ratios[family] = {
+                "peak": bf16[peak] / f32[peak],
+                "trials": bf16["trials_per_gpu"] / f32["trials_per_gpu"],
+                "steps": bf16["steps_per_s"] / max(f32["steps_per_s"], 1e-9),
+                "eager_ms": bf16["ms_per_step_eager"] / max(f32["ms_per_step_eager"], 1e-9),
+            }
+    return ratios
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -299,7 +388,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--seconds", type=float, default=None, help="timing per row")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help=f"stop starting rows when the time left would not fit them and the sweep "
+        f"({SWEEP_RESERVE_S:.0f} s)",
+    )
+    parser.add_argument(
+        "--require-cuda",
+        action="store_true",
+        help="stop at once unless torch sees a CUDA GPU (a GPU run must not fall back to CPU)",
+    )
     args = parser.parse_args(argv)
+    if args.require_cuda and not (torch.version.cuda and torch.cuda.is_available()):
+        raise SystemExit(
+            f"--require-cuda: torch {torch.__version__} sees no CUDA GPU "
+            f"(torch.version.cuda = {torch.version.cuda}); install a CUDA build of torch"
+        )
     args.seconds = args.seconds if args.seconds is not None else (0.3 if args.smoke else 3.0)
     torch.set_num_threads(args.threads or (1 if args.smoke else 4))
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -307,61 +413,70 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         families = tuple(args.families.split(","))
     else:
         families = SMOKE_FAMILIES if args.smoke else family_names()
+    run_sweep = bool(args.sweep or (args.sweep is None and device.type == "cuda"))
 
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpu": gpu_facts(device),
+        "measured": device.type == "cuda",
+        "torch": torch.__version__,
+        "headroom": args.headroom,
+        "grid": args.grid,
+        "rows": [],
+        "ratios": {},
+        "skipped": [],
+        "sweep": None,
+        "elapsed_s": 0.0,
+    }
+    print(json.dumps({"gpu": report["gpu"] or "cpu"}), flush=True)
+    rows: list[dict[str, Any]] = report["rows"]
+    skipped: list[str] = report["skipped"]
+    failed: set[str] = set()  # families the sweep leaves out: a row of theirs failed
+    row_s = 0.0  # the slowest row so far: what the next one is assumed to need
     for family in families:
         try:
             get_family(family)
         except Exception as exc:  # a family module not written yet, or broken
             skipped.append(f"{family} (cannot import: {type(exc).__name__}: {exc})")
+            failed.add(family)
             continue
         for precision in PRECISIONS:
+            elapsed = time.perf_counter() - started
+            reserve = SWEEP_RESERVE_S if run_sweep else 0.0
+            if elapsed + row_s + reserve > args.budget_s:
+                skipped.append(f"{family}/{precision} (time budget: {elapsed:.0f} s used)")
+                failed.add(family)
+                continue
+            row_start = time.perf_counter()
             try:
                 rows.append(bench_one(family, precision, device, args))
+                print(json.dumps(rows[-1]), flush=True)
             except Exception as exc:
                 skipped.append(f"{family}/{precision} ({type(exc).__name__}: {exc})")
-            print(f"{family}/{precision} done at {time.perf_counter() - started:.0f}s", flush=True)
+                failed.add(family)
+            row_s = max(row_s, time.perf_counter() - row_start)
+            report["ratios"] = bf16_ratios(rows, families)
+            report["elapsed_s"] = round(time.perf_counter() - started, 1)
+            write_report(args.out, report)
 
-    sweep = None
-    if args.sweep or (args.sweep is None and device.type == "cuda"):
-        with tempfile.TemporaryDirectory(prefix="hpo-bench-packing-") as storage:
-            sweep = packed_sweep(
-                tuple(f for f in families if not any(f in s for s in skipped)),
-                args.smoke,
-                args.headroom,
-                Path(storage),
-            )
-        print(sweep["plan"], flush=True)
+    if run_sweep:
+        elapsed = time.perf_counter() - started
+        chosen = tuple(f for f in families if f not in failed)
+        if elapsed > args.budget_s - SWEEP_RESERVE_S / 2:  # the rows ran over their share
+            report["sweep_error"] = f"skipped: the time budget was spent ({elapsed:.0f} s)"
+        elif chosen:
+            try:
+                report["sweep"] = packed_sweep(
+                    chosen, args.smoke, args.headroom, args.out / "sweep-storage"
+                )
+                print(report["sweep"]["plan"], flush=True)
+            except Exception:
+                report["sweep_error"] = traceback.format_exc()
+                print(report["sweep_error"], file=sys.stderr, flush=True)
 
-    ratios: dict[str, dict[str, float]] = {}
-    by_key = {(r["family"], r["precision"]): r for r in rows}
-    for family in families:
-        f32, bf16 = by_key.get((family, "f32")), by_key.get((family, "bf16"))
-        if f32 and bf16:
-            peak = "measured_reserved_mib" if f32["measured_reserved_mib"] else "estimate_mib"
-            ratios[family] = {
-                "peak": bf16[peak] / f32[peak],
-                "trials": bf16["trials_per_gpu"] / f32["trials_per_gpu"],
-                "steps": bf16["steps_per_s"] / max(f32["steps_per_s"], 1e-9),
-                "eager_ms": bf16["ms_per_step_eager"] / max(f32["ms_per_step_eager"], 1e-9),
-            }
-    report = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "measured": device.type == "cuda",
-        "torch": torch.__version__,
-        "headroom": args.headroom,
-        "grid": args.grid,
-        "rows": rows,
-        "ratios": ratios,
-        "skipped": skipped,
-        "sweep": sweep,
-        "elapsed_s": round(time.perf_counter() - started, 1),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_packing.json").write_text(json.dumps(report, indent=1))
-    (args.out / "gpu_packing.md").write_text(markdown(report))
+    report["elapsed_s"] = round(time.perf_counter() - started, 1)
+    write_report(args.out, report)
     print(markdown(report))
     return report
 

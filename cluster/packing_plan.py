@@ -96,6 +96,7 @@ class ClusterPacker:
         cpu_per_trial: float = 1.0,
         cache: SharedVramCache | None = None,
         mode: str = "auto",
+        profile_timeout_s: float | None = None,
     ) -> None:
         if not types:
             raise ValueError("no GPU nodes in the cluster: nothing to pack")
@@ -104,6 +105,7 @@ class ClusterPacker:
         self.cpu_per_trial = cpu_per_trial
         self.cache = cache
         self.mode = mode
+        self.profile_timeout_s = profile_timeout_s  # None: remote_profile's default
         self.profiles: dict[str, MemoryProfile] = {}  # the driver's table, by type key
         self._placed: dict[str, str] = {}  # trial identity -> type name
         self._load: dict[str, float] = {}  # type name -> GPU shares placed
@@ -112,7 +114,7 @@ class ClusterPacker:
     def prefetch(self, configs: Iterable[TrainConfig]) -> list[MemoryProfile]:
         """Profile every (config, type) not yet known: shared cache first, then one Ray
         task per missing pair, all in parallel. Returns the new profiles."""
-        from cluster.remote_profile import profile_on_types
+        from cluster.remote_profile import PROFILE_TIMEOUT_S, profile_on_types
 
         missing: dict[str, tuple[TrainConfig, GpuType]] = {}
         for config in configs:
@@ -128,7 +130,12 @@ class ClusterPacker:
                     missing[text] = (config, gpu_type)
         if not missing:
             return []
-        profiled = profile_on_types(list(missing.values()), mode=self.mode, cache=self.cache)
+        profiled = profile_on_types(
+            list(missing.values()),
+            mode=self.mode,
+            cache=self.cache,
+            timeout_s=self.profile_timeout_s or PROFILE_TIMEOUT_S,
+        )
         for text, profile in zip(missing, profiled, strict=True):
             self.profiles[text] = profile
         return profiled

@@ -220,3 +220,83 @@ def test_benchmark_smoke_writes_json_and_markdown(tmp_path: Path) -> None:
     assert (
         stored["sweep"] is None
     )  # the packed sweep needs Ray: tests/cluster/test_profile_on_worker.py
+
+
+def test_benchmark_keeps_each_row_when_a_later_one_fails_or_the_budget_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU run is one command with a time limit: every row is on disk as soon as it is
+    measured, a failing row is named and skipped, and rows that would not fit the budget
+    are listed as skipped instead of being started."""
+    bench = load_bench()
+    measure = bench.bench_one
+    on_disk: list[int] = []
+
+    def bench_one(family: str, precision: str, *args: Any) -> dict[str, Any]:
+        if (family, precision) == ("dqn", "bf16"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if family == "tft":  # the first row was written before this one started
+            on_disk.append(len(json.loads((tmp_path / "gpu_packing.json").read_text())["rows"]))
+        return measure(family, precision, *args)
+
+    monkeypatch.setattr(bench, "bench_one", bench_one)
+    report = bench.main(["--smoke", "--seconds", "0.05", "--out", str(tmp_path)])
+    assert [(r["family"], r["precision"]) for r in report["rows"]] == [
+        ("dqn", "f32"),
+        ("tft", "f32"),
+        ("tft", "bf16"),
+    ]
+    assert on_disk == [1, 2]
+    assert report["skipped"] == ["dqn/bf16 (RuntimeError: CUDA error: an illegal memory access "
+                                 "was encountered)"]  # fmt: skip
+
+    out_of_time = bench.main(
+        ["--smoke", "--seconds", "0.05", "--out", str(tmp_path / "late"), "--budget-s", "0"]
+    )
+    assert out_of_time["rows"] == []
+    assert all("time budget" in s for s in out_of_time["skipped"])
+    assert len(out_of_time["skipped"]) == 4
+    assert json.loads((tmp_path / "late" / "gpu_packing.json").read_text())["skipped"]
+
+
+class _Results:
+    """Ray Tune's ResultGrid as the bench reads it: per trial its metric history, its last
+    result and its error."""
+
+    def __init__(self, histories: list[list[dict[str, Any]]], errors: list[Any]) -> None:
+        import pandas as pd
+
+        self.items = [
+            SimpleNamespace(
+                metrics_dataframe=pd.DataFrame(history), metrics=history[-1], error=error
+            )
+            for history, error in zip(histories, errors, strict=True)
+        ]
+        self.num_errors = sum(e is not None for e in errors)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+def test_the_bench_sweep_counts_an_oom_reported_before_the_trials_last_result() -> None:
+    """run_trial reports the OOM and returns; the bench's trial then reports its span, so
+    the OOM is in the history, not in the last result (which the old count read: 0)."""
+    bench = load_bench()
+    oom = {"epoch": 1, "oom": 1, "failure_reason": "CUDA out of memory at GPU share 0.05"}
+    results = _Results(
+        [
+            [oom, {"start": 0.0, "end": 5.0, "done": 1}],
+            [{"epoch": 1, "val_sharpe": 0.1}, {"start": 1.0, "end": 4.0, "done": 1}],
+            [{"start": 6.0, "end": 7.0, "done": 1}],
+        ],
+        [None, None, RuntimeError("worker died")],
+    )
+    outcome = bench.sweep_outcome(results)
+    assert (outcome["ooms"], outcome["errors"], outcome["most_at_once"]) == (1, 1, 2)
+    assert outcome["failures"] == [
+        "CUDA out of memory at GPU share 0.05",
+        "RuntimeError: worker died",
+    ]
