@@ -359,6 +359,19 @@ class _Counts:
     context: int | None
 
 
+def _until_replayed(trainer: Any, run: Any) -> None:
+    """Step ``run`` until a step the trainer captures in a CUDA graph is captured and
+    replayed, so the graph's private memory pool is in the reservation measured (the
+    trial's allocator cap counts it too); returns at once for an eager step."""
+    from trainables.trainer import GRAPH_WARMUP_STEPS
+
+    for _ in range(GRAPH_WARMUP_STEPS + 1):
+        step = getattr(run, "step", None)
+        if step is None or not step.capture or step.replaying:
+            return
+        _train_step(trainer, run)
+
+
 def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[int, int]) -> _Counts:
     for run in trainer.folds:  # warm: grads, optimizer state, replay storage, workspace
         _train_step(trainer, run)
@@ -378,6 +391,10 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
 
     allocated = reserved = context = None
     if measure:
+        # After the instrumented step, which must run eagerly (fold 0's second call: a
+        # captured step is still warming up then) for its saved tensors to be seen.
+        for run in trainer.folds:
+            _until_replayed(trainer, run)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         for run in trainer.folds:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import time
@@ -676,22 +677,50 @@ def graph_plan(setting: str, device: torch.device, family: Family) -> tuple[bool
     return True, ""
 
 
-def capture_cuda_graph(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """Record one call of ``step`` in a CUDA graph (nothing runs); returns its replay."""
+def capture_cuda_graph(
+    step: Callable[[], None], device: torch.device, stream: Any = None
+) -> Callable[[], None]:
+    """Record one call of ``step`` in a CUDA graph (nothing runs); returns its replay.
+
+    On ``stream``, the one the warm-up ran on (cuBLAS keeps a workspace per stream), into
+    the graph's own memory pool (one per fold: sharing one across the folds would save
+    memory but makes every later capture's allocations a hazard to check; the profiler
+    measures the same per-fold pools the trial has). Written out instead of
+    ``with torch.cuda.graph(...)``, whose exit ends the capture before restoring the
+    stream: when the step fails inside the capture, ``capture_end`` raises too and the
+    process stays on the capture stream, with the failed capture's pool held. Here the
+    capture is ended (its error dropped), the caller's stream restored, and the step's
+    own error raised, so the eager fallback runs where it should and says why."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(graph):
-        step()
+    with torch.cuda.device(device):
+        previous = torch.cuda.current_stream(device)
+        stream = stream if stream is not None else torch.cuda.Stream(device)
+        torch.cuda.synchronize(device)
+        gc.collect()  # as torch.cuda.graph does: no stale block is recorded into the pool
+        torch.cuda.empty_cache()
+        stream.wait_stream(previous)
+        with torch.cuda.stream(stream):  # restores ``previous`` on the way out, raised or not
+            graph.capture_begin()
+            try:
+                step()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    graph.capture_end()  # "a previous error during capture": not the news
+                with contextlib.suppress(Exception):
+                    graph.reset()  # the failed capture's memory pool goes back
+                raise
+            graph.capture_end()
+        previous.wait_stream(stream)
     return graph.replay
 
 
 @contextlib.contextmanager
-def _side_stream(device: torch.device) -> Iterator[None]:
+def _on_stream(device: torch.device, side: Any) -> Iterator[None]:
     """Warm-up steps run on a side stream, as capture requires; no-op off CUDA."""
     if device.type != "cuda":
         yield
         return
     current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
     side.wait_stream(current)
     with torch.cuda.stream(side):
         yield
@@ -719,6 +748,9 @@ class ForecastStep:
         self.warmed = 0
         self.static: Batch | None = None
         device = trainer.device
+        # One side stream for the warm-up steps and the capture (a new stream per call
+        # would cost a cuBLAS workspace each).
+        self.stream = torch.cuda.Stream(device) if capture and device.type == "cuda" else None
         self.loss = torch.zeros((), dtype=F32, device=device)
         self.ok = torch.zeros((), dtype=torch.bool, device=device)
         if not capture and trainer.config.cuda_graphs == "on":
@@ -737,11 +769,11 @@ class ForecastStep:
             device = self.trainer.device
             if self.warmed < GRAPH_WARMUP_STEPS:
                 self.warmed += 1
-                with _side_stream(device):
+                with _on_stream(device, self.stream):
                     self._static_step()
                 return self.loss, self.ok
             try:
-                self.replay = capture_cuda_graph(self._static_step, device)
+                self.replay = capture_cuda_graph(self._static_step, device, self.stream)
             except Exception as exc:  # any capture failure: train on, eagerly
                 self.capture = False
                 self.why_not = f"capture failed: {type(exc).__name__}: {exc}"

@@ -262,3 +262,40 @@ def test_cuda_device_reads_a_mig_instances_own_memory(
     assert info.name == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
     assert info.total_bytes == 10 * 2**30
     assert info.nvml_index is None  # NVML lists no per-process memory for MIG instances
+
+
+def test_the_measured_step_is_a_replay_where_the_trial_captures_its_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU a trial's forecast step is captured after its warm-up, and the graph's
+    private pool counts against the trial's memory cap: the profiler steps each fold
+    until its step replays before it reads the peaks (device facts faked on CPU: a
+    capture that keeps the step). The instrumented step before it is still eager."""
+    import cluster.profiler as profiler
+    import trainables.trainer as trainer_module
+    from trainables.trainer import GRAPH_WARMUP_STEPS, Trainer
+
+    captured: list[int] = []
+
+    def capture(step: Any, device: torch.device, stream: object = None) -> Any:
+        captured.append(1)
+        return step
+
+    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(trainer_module, "capture_cuda_graph", capture)
+    config = profiling_config(tiny_config("tlob", n_folds=2), torch.device("cpu"))
+    trainer = Trainer(config.replace(cuda_graphs="on"))
+    for run in trainer.folds:
+        profiler._train_step(trainer, run)  # the warm-up pass and the instrumented step
+    profiler._train_step(trainer, trainer.folds[0])
+    assert GRAPH_WARMUP_STEPS >= 2 and not any(run.step.replaying for run in trainer.folds)
+    for run in trainer.folds:
+        profiler._until_replayed(trainer, run)
+    assert [run.step.replaying for run in trainer.folds] == [True, True]
+    assert len(captured) == 2  # one capture per fold
+
+    eager = Trainer(config.replace(cuda_graphs="off"))
+    profiler._train_step(eager, eager.folds[0])
+    before = eager.global_step
+    profiler._until_replayed(eager, eager.folds[0])
+    assert eager.global_step == before  # nothing to capture: no extra step

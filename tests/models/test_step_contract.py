@@ -17,8 +17,9 @@ host and it sees inputs of one shape.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -134,7 +135,9 @@ def test_every_forecast_step_sees_a_full_batch(model: str, monkeypatch: pytest.M
 
 
 def _fake_capture(calls: list[str]) -> Callable[..., Callable[[], None]]:
-    def capture(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    def capture(
+        step: Callable[[], None], device: torch.device, stream: object = None
+    ) -> Callable[[], None]:
         calls.append(device.type)  # records, runs nothing: the replay runs the step
         return step
 
@@ -172,7 +175,9 @@ def test_a_replayed_step_trains_to_the_eager_numbers(
 def test_a_failed_capture_steps_eagerly_and_says_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def failing_capture(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    def failing_capture(
+        step: Callable[[], None], device: torch.device, stream: object = None
+    ) -> Callable[[], None]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
     config = _config("tlob", "f32", max_steps_per_epoch=6)
@@ -242,3 +247,98 @@ def test_graph_plan(setting: str, device: str, model: str, expected: tuple[bool,
 def test_cuda_graphs_setting_is_validated() -> None:
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         TrainConfig(cuda_graphs="yes")
+
+
+# ----------------------------------------------------------------------------------------
+# capture_cuda_graph itself, on faked torch.cuda calls (the order and the stream facts)
+
+
+class _Stream:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: _Stream) -> None:
+        self.log.append(f"{self.name} waits for {other.name}")
+
+
+class _FakeCuda:
+    """The torch.cuda calls capture_cuda_graph makes: streams, device, graph, cache."""
+
+    def __init__(self, step_error: Exception | None) -> None:
+        self.log: list[str] = []
+        self.default = _Stream("default", self.log)
+        self.current = self.default
+        self.step_error = step_error
+        fake = self
+
+        class Graph:
+            def capture_begin(self) -> None:
+                fake.log.append(f"capture begins on {fake.current.name}")
+
+            def capture_end(self) -> None:
+                if fake.step_error is not None:  # an invalidated capture fails to end too
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                fake.log.append("capture ends")
+
+            def reset(self) -> None:
+                fake.log.append("graph reset")
+
+            def replay(self) -> None:
+                fake.log.append("replay")
+
+        self.Graph = Graph
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        @contextlib.contextmanager
+        def on_stream(stream: _Stream) -> Iterator[None]:
+            previous, self.current = self.current, stream
+            try:
+                yield
+            finally:
+                self.current = previous
+
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "CUDAGraph", self.Graph)
+        monkeypatch.setattr(cuda, "Stream", lambda device=None: _Stream("side", self.log))
+        monkeypatch.setattr(cuda, "current_stream", lambda device=None: self.current)
+        monkeypatch.setattr(cuda, "stream", on_stream)
+        monkeypatch.setattr(cuda, "device", lambda device: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+
+    def step(self) -> None:
+        self.log.append(f"step on {self.current.name}")
+        if self.step_error is not None:
+            raise self.step_error
+
+
+def test_a_capture_records_on_the_given_stream_and_returns_to_the_callers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeCuda(step_error=None)
+    fake.install(monkeypatch)
+    warm_up_stream = _Stream("warm-up", fake.log)
+    replay = trainer_module.capture_cuda_graph(fake.step, torch.device("cuda", 0), warm_up_stream)
+    assert fake.log == [
+        "warm-up waits for default",
+        "capture begins on warm-up",
+        "step on warm-up",
+        "capture ends",
+        "default waits for warm-up",
+    ]
+    assert fake.current is fake.default
+    replay()
+    assert fake.log[-1] == "replay"
+
+
+def test_a_step_that_fails_inside_the_capture_raises_its_own_error_on_the_callers_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.cuda.graph's exit ends the capture before restoring the stream, so a failed
+    step left the process on the capture stream and reported capture_end's error."""
+    fake = _FakeCuda(step_error=RuntimeError("operation not permitted when stream is capturing"))
+    fake.install(monkeypatch)
+    with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+        trainer_module.capture_cuda_graph(fake.step, torch.device("cuda", 0))
+    assert fake.current is fake.default  # the eager fallback steps on the caller's stream
+    assert fake.log[-1] == "graph reset"  # the failed capture's pool is given back
