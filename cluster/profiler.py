@@ -207,6 +207,7 @@ class CudaDevice:
     total_bytes: int
     capability: tuple[int, int]
     nvml_index: int | None
+    total_source: str = "torch"  # "nvml" where NVML answered for the device
 
 
 def cuda_device(device: torch.device) -> CudaDevice:
@@ -220,7 +221,7 @@ def cuda_device(device: torch.device) -> CudaDevice:
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
-    name, total, nvml_index = props.name, int(props.total_memory), None
+    name, total, nvml_index, source = props.name, int(props.total_memory), None, "torch"
     with contextlib.suppress(Exception):
         import pynvml
 
@@ -228,12 +229,13 @@ def cuda_device(device: torch.device) -> CudaDevice:
         handle, nvml_index = _nvml_handle(pynvml, index, props)
         raw = pynvml.nvmlDeviceGetName(handle)
         name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        total, source = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), "nvml"
     return CudaDevice(
         name=name,
         total_bytes=total,
         capability=(props.major, props.minor),
         nvml_index=nvml_index,
+        total_source=source,
     )
 
 
@@ -455,6 +457,7 @@ def profile_trial(
         method="measured" if measure else "estimated",
         device_name=info.name if info is not None else ESTIMATE_DEVICE_NAME,
         device_total_bytes=info.total_bytes if info is not None else None,
+        device_total_source=info.total_source if info is not None else None,
         torch_version=torch.__version__,
         params_bytes=counts.state.params,
         grads_bytes=counts.state.grads,

@@ -41,10 +41,11 @@ def profile_on_node(config: TrainConfig, gpu_type: GpuType, mode: str = "auto") 
     """Profile ``config`` in this process (a Ray worker on a node of ``gpu_type``)."""
     node_id, resources = this_node()
     declared = gpu_type.memory_bytes or declared_memory_bytes(resources)
+    source: str | None
     if mode != "estimate" and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         profile = profile_trial(config, device=device, measure=True)
-        total, source = profile.device_total_bytes, "nvml"
+        total, source = profile.device_total_bytes, profile.device_total_source
     elif mode == "measure":
         raise RuntimeError(
             f"profiling needs CUDA (mode 'measure') but node {node_id} of type "

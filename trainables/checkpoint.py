@@ -325,7 +325,8 @@ def returns_csv(segments: Sequence[tuple[str, int, np.ndarray, np.ndarray]]) -> 
                 f"{split} fold {fold}: {len(stamps)} timestamps, {len(values)} returns"
             )
         stamps = np.asarray(stamps, dtype="datetime64[ns]")
-        text = np.datetime_as_string(stamps, unit=_exact_unit(stamps), timezone="UTC")
+        unit: Any = _exact_unit(stamps)  # one of numpy's unit literals
+        text = np.datetime_as_string(stamps, unit=unit, timezone="UTC")
         for stamp, value in zip(text, np.asarray(values, dtype=np.float64), strict=True):
             out.write(f"{split},{fold},{stamp},{float(value)!r}\n")
     return out.getvalue()

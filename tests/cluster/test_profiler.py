@@ -262,6 +262,11 @@ def test_cuda_device_reads_a_mig_instances_own_memory(
     assert info.name == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
     assert info.total_bytes == 10 * 2**30
     assert info.nvml_index is None  # NVML lists no per-process memory for MIG instances
+    assert info.total_source == "nvml"
+    # Without NVML (a container without the library): torch's figure, said so.
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    plain = profiler.cuda_device(torch.device("cuda", 0))
+    assert (plain.total_bytes, plain.total_source) == (80 * 2**30, "torch")
 
 
 def test_the_measured_step_is_a_replay_where_the_trial_captures_its_step(
