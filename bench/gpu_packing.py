@@ -141,6 +141,7 @@ def bench_one(
         "measured_allocated_mib": mib(measured.measured_allocated_bytes) if measured else None,
         "measured_reserved_mib": mib(measured.measured_reserved_bytes) if measured else None,
         "context_mib": mib((measured or estimate).context_bytes),
+        "context_measured": (measured or estimate).context_measured,  # else the allowance
         "fraction": packing.fraction,
         "trials_per_gpu": packing.trials_per_gpu,
         "trials_per_gpu_by_memory": packing.trials_per_gpu_unrounded,

@@ -107,6 +107,7 @@ class MemoryProfile:
     node_id: str | None = None  # the Ray node
     pid: int | None = None  # the worker process
     device_total_source: str | None = None  # "nvml", "torch", "declared" or None (default)
+    context_measured: bool = False  # context_bytes from NVML (else the allowance)
 
     @property
     def estimated_peak_bytes(self) -> int:
@@ -470,6 +471,7 @@ def profile_trial(
             info.capability if info is not None else ASSUMED_CAPABILITY
         ),
         context_bytes=counts.context if counts.context is not None else context_allowance(),
+        context_measured=counts.context is not None,
         measured_allocated_bytes=counts.allocated,
         measured_reserved_bytes=counts.reserved,
     )

@@ -206,6 +206,7 @@ def test_benchmark_smoke_writes_json_and_markdown(tmp_path: Path) -> None:
     ]
     for row in stored["rows"]:
         assert row["estimate_mib"] > 32  # at least the cuBLAS workspace
+        assert row["context_measured"] is False and row["context_mib"] == 512  # the allowance
         # exact shares of an 80 GiB GPU: ~0.0065 (the 1/20 grid gave 0.05, 20 per GPU)
         assert 0.006 < row["fraction"] < 0.01 and row["trials_per_gpu"] > 100
         assert row["trials_per_gpu"] >= 0.95 * row["trials_per_gpu_by_memory"]
