@@ -8,8 +8,9 @@ packed sweep of all of them on the GPU, counting OOMs.
 
 Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/results) after
 every row, so a run stopped by its time limit keeps what it measured; each row is also
-printed as one JSON line. ``--budget-s`` (default 420) stops starting rows, and skips the
-packed sweep, when the time left would not fit them. The sweep's Tune storage (with its
+printed as one JSON line. ``--budget-s`` (default 420) is the whole run: a row starts only
+if it (as long as the slowest so far) and the packed sweep's reserve still fit, the sweep
+only if its reserve fits, and Tune stops the sweep's trials at the budget's end. The sweep's Tune storage (with its
 trials' error logs) is kept under OUT. A failed sweep is recorded with its traceback.
 
 The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) starts
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -49,7 +51,8 @@ from trainables.config import DataConfig, TrainConfig, TrialBase, TrialConfig
 
 PRECISIONS = ("f32", "bf16")
 SWEEP_RESERVE_S = 150.0  # what the packed sweep needs of the budget (Ray, 20 profiles, trials)
-PROFILE_TIMEOUT_S = 180.0  # one profiling task on the GPU; the sweep's default is 900
+# All profiling tasks together (one ray.get): a sweep waits up to 900 s, this run cannot.
+PROFILING_TIMEOUT_S = 90.0
 SMOKE_FAMILIES = ("dqn", "tft")
 # Smoke: tiny data and models, so the CPU run takes seconds.
 SMOKE_TRAINER = {"n_folds": 1, "lookback": 16, "batch_size": 32}
@@ -210,6 +213,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {failure}" for failure in sweep.get("failures", [])]
     if report.get("sweep_error"):
         lines += ["", "Packed sweep did not run to its end:", "```", report["sweep_error"], "```"]
+    if report.get("sweep_skipped"):
+        lines += ["", f"Packed sweep not run: {report['sweep_skipped']}"]
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(report["skipped"])]
     return "\n".join(lines) + "\n"
@@ -266,9 +271,15 @@ def _bench_trial(config: dict[str, Any]) -> None:
 
 
 def packed_sweep(
-    families: tuple[str, ...], smoke: bool, headroom: float, storage: Path
+    families: tuple[str, ...],
+    smoke: bool,
+    headroom: float,
+    storage: Path,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """One short trial per (family, precision) at its planned share, on a local Ray."""
+    """One short trial per (family, precision) at its planned share, on a local Ray;
+    Tune stops the trials at ``deadline`` (a ``time.perf_counter`` value) and the outcome
+    covers what ran by then."""
     import ray
     from ray import tune
 
@@ -291,7 +302,7 @@ def packed_sweep(
         headroom=headroom,
         cpu_per_trial=0 if smoke else 1,
         cache=SharedVramCache.at(str(storage)),
-        profile_timeout_s=PROFILE_TIMEOUT_S,
+        profile_timeout_s=PROFILING_TIMEOUT_S,
     )
     trainer = {**(SMOKE_TRAINER if smoke else {}), "max_steps_per_epoch": 10, "rl_iterations": 4}
     trials = [
@@ -308,9 +319,11 @@ def packed_sweep(
     ]
     started = time.perf_counter()
     rows = plan_rows(packer, [t.train_config() for t in trials])
+    left = None if deadline is None else max(30.0, deadline - time.perf_counter())
     tuner = tune.Tuner(
         tune.with_resources(_bench_trial, _TrialOf(packer)),
         param_space={"trial": tune.grid_search([t.to_dict() for t in trials])},
+        tune_config=tune.TuneConfig(time_budget_s=left),
         run_config=tune.RunConfig(name="gpu-packing", storage_path=str(storage), verbose=0),
     )
     results = tuner.fit()
@@ -328,6 +341,8 @@ def gpu_facts(device: torch.device) -> dict[str, Any]:
     one GPU needs the Default compute mode (Exclusive_Process admits one)."""
     if device.type != "cuda":
         return {}
+    from cluster.profiler import nvml_handle
+
     facts: dict[str, Any] = {
         "name": torch.cuda.get_device_name(device),
         "cuda": torch.version.cuda,
@@ -336,10 +351,10 @@ def gpu_facts(device: torch.device) -> dict[str, Any]:
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))
+        mode = pynvml.nvmlDeviceGetComputeMode(nvml_handle(device))
         modes = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
-        facts["compute_mode"] = modes.get(pynvml.nvmlDeviceGetComputeMode(handle), "unknown")
+        facts["compute_mode"] = modes.get(mode, f"unknown ({mode})")
+        pynvml.nvmlShutdown()
     except Exception as exc:  # no NVML here: the run goes on without the fact
         facts["compute_mode"] = f"unknown ({type(exc).__name__}: {exc})"
     return facts
@@ -433,21 +448,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps({"gpu": report["gpu"] or "cpu"}), flush=True)
     rows: list[dict[str, Any]] = report["rows"]
     skipped: list[str] = report["skipped"]
-    failed: set[str] = set()  # families the sweep leaves out: a row of theirs failed
+    left_out: set[str] = set()  # families the sweep leaves out: a row failed or was skipped
     row_s = 0.0  # the slowest row so far: what the next one is assumed to need
+    reserve = SWEEP_RESERVE_S if run_sweep else 0.0
+
+    def fits(needed_s: float) -> bool:
+        """The one budget rule: what is started must end, with the sweep's reserve after
+        it, within ``--budget-s``."""
+        return time.perf_counter() - started + needed_s + reserve <= args.budget_s
+
     for family in families:
         try:
             get_family(family)
         except Exception as exc:  # a family module not written yet, or broken
             skipped.append(f"{family} (cannot import: {type(exc).__name__}: {exc})")
-            failed.add(family)
+            left_out.add(family)
             continue
         for precision in PRECISIONS:
-            elapsed = time.perf_counter() - started
-            reserve = SWEEP_RESERVE_S if run_sweep else 0.0
-            if elapsed + row_s + reserve > args.budget_s:
-                skipped.append(f"{family}/{precision} (time budget: {elapsed:.0f} s used)")
-                failed.add(family)
+            if not fits(row_s):
+                used = time.perf_counter() - started
+                skipped.append(f"{family}/{precision} (time budget: {used:.0f} s used)")
+                left_out.add(family)
                 continue
             row_start = time.perf_counter()
             try:
@@ -455,21 +476,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(json.dumps(rows[-1]), flush=True)
             except Exception as exc:
                 skipped.append(f"{family}/{precision} ({type(exc).__name__}: {exc})")
-                failed.add(family)
+                left_out.add(family)
             row_s = max(row_s, time.perf_counter() - row_start)
             report["ratios"] = bf16_ratios(rows, families)
             report["elapsed_s"] = round(time.perf_counter() - started, 1)
             write_report(args.out, report)
 
     if run_sweep:
-        elapsed = time.perf_counter() - started
-        chosen = tuple(f for f in families if f not in failed)
-        if elapsed > args.budget_s - SWEEP_RESERVE_S / 2:  # the rows ran over their share
-            report["sweep_error"] = f"skipped: the time budget was spent ({elapsed:.0f} s)"
-        elif chosen:
+        reserve = 0.0  # from here on the reserve is the sweep's own time
+        chosen = tuple(f for f in families if f not in left_out)
+        used = time.perf_counter() - started
+        if not chosen:
+            report["sweep_skipped"] = "no family has both rows measured"
+        elif not fits(SWEEP_RESERVE_S):
+            report["sweep_skipped"] = f"the time budget was spent ({used:.0f} s used)"
+        else:
+            storage = args.out / "sweep-storage"
+            shutil.rmtree(storage, ignore_errors=True)  # an earlier run's profiles: measure anew
             try:
                 report["sweep"] = packed_sweep(
-                    chosen, args.smoke, args.headroom, args.out / "sweep-storage"
+                    chosen,
+                    args.smoke,
+                    args.headroom,
+                    storage,
+                    deadline=started + args.budget_s,
                 )
                 print(report["sweep"]["plan"], flush=True)
             except Exception:

@@ -134,7 +134,9 @@ class ClusterPacker:
             list(missing.values()),
             mode=self.mode,
             cache=self.cache,
-            timeout_s=self.profile_timeout_s or PROFILE_TIMEOUT_S,
+            timeout_s=PROFILE_TIMEOUT_S
+            if self.profile_timeout_s is None
+            else self.profile_timeout_s,
         )
         for text, profile in zip(missing, profiled, strict=True):
             self.profiles[text] = profile

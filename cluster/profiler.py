@@ -240,6 +240,16 @@ def cuda_device(device: torch.device) -> CudaDevice:
     )
 
 
+def nvml_handle(device: torch.device) -> Any:
+    """NVML handle of ``device`` as :func:`cuda_device` finds it (MIG-aware); raises where
+    NVML cannot answer."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _nvml_handle(pynvml, index, torch.cuda.get_device_properties(index))[0]
+
+
 def _nvml_handle(pynvml: Any, index: int, props: Any) -> tuple[Any, int | None]:
     """NVML handle of torch's device ``index``: a MIG instance's own handle where the
     process sees one, else the physical GPU's (with its NVML index)."""
@@ -394,17 +404,20 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
 
     allocated = reserved = context = None
     if measure:
-        # After the instrumented step, which must run eagerly (fold 0's second call: a
-        # captured step is still warming up then) for its saved tensors to be seen.
-        for run in trainer.folds:
-            _until_replayed(trainer, run)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        # Eager steps (a step the trainer captures is still warming up: at most its third
+        # call), so the allocator sees every activation: a replay allocates nothing.
         for run in trainer.folds:
             _train_step(trainer, run)
         _eval_forwards(trainer)
         torch.cuda.synchronize(device)
         allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
+        # Then captured and replayed where a trial's step is: the graphs' private pools
+        # are reserved memory the trial's allocator cap counts.
+        for run in trainer.folds:
+            _until_replayed(trainer, run)
+        torch.cuda.synchronize(device)
         reserved = torch.cuda.max_memory_reserved(device) - baseline[1]
         context = measured_context_bytes(device, cuda_device(device))
     return _Counts(

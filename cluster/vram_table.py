@@ -58,7 +58,9 @@ from trainables.config import TrainConfig
 log = logging.getLogger("cluster.vram_table")
 
 CACHE_ENV = "HPO_VRAM_CACHE"
-SCHEMA_VERSION = 1
+# 2: measured reservations include the CUDA graphs' pools (profiled after capture), and a
+# profile says whether its context was measured; profiles of schema 1 are measured again.
+SCHEMA_VERSION = 2
 
 
 def default_cache_path() -> Path:

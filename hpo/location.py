@@ -21,8 +21,6 @@ from typing import Any
 
 from cluster.storage import is_uri
 
-TUNE_SNAPSHOT_GLOB = "experiment_state-*.json"  # Ray Tune's experiment snapshots
-
 
 @dataclass(frozen=True)
 class SweepLocation:
@@ -93,13 +91,15 @@ class SweepLocation:
     def has_tune_state(self) -> bool:
         """Whether Ray Tune has written its first experiment snapshot here (a sweep that
         has just started, or whose driver stopped before that, has none yet)."""
-        if self.is_local:
-            return any(self.local_path.glob(TUNE_SNAPSHOT_GLOB))
         from pyarrow import fs as pafs
+        from ray.tune.execution.tune_controller import TuneController
 
+        snapshot = TuneController.CKPT_FILE_TMPL.format("*")  # experiment_state-*.json
+        if self.is_local:
+            return any(self.local_path.glob(snapshot))
         filesystem, path = self.filesystem()
         listing = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        return any(fnmatch.fnmatch(info.base_name, TUNE_SNAPSHOT_GLOB) for info in listing)
+        return any(fnmatch.fnmatch(info.base_name, snapshot) for info in listing)
 
     def read_text(self, name: str) -> str:
         if self.is_local:

@@ -241,9 +241,10 @@ def parse_spec(
 ) -> SweepSpec:
     """Validate a parsed spec; raises :class:`SpecError` naming every bad field.
 
-    ``check_data=False`` skips what needs the data source (that it exists, and the
-    walk-forward splits on its bars): for reading back a sweep that was checked when it
-    started, from where the data may not be mounted."""
+    ``check_data=False`` skips the data checks (that the source exists, and the
+    walk-forward splits on its bars, synthetic ones included): for reading back a sweep
+    whose spec was checked in full when it started (its data path is stored absolute),
+    from where the data may not be mounted."""
     try:
         spec = SweepSpec.model_validate(payload)
     except ValidationError as exc:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import gc
 import logging
 import math
 import time
@@ -695,8 +694,7 @@ def capture_cuda_graph(
     with torch.cuda.device(device):
         previous = torch.cuda.current_stream(device)
         stream = stream if stream is not None else torch.cuda.Stream(device)
-        torch.cuda.synchronize(device)
-        gc.collect()  # as torch.cuda.graph does: no stale block is recorded into the pool
+        torch.cuda.synchronize(device)  # as torch.cuda.graph does before it begins
         torch.cuda.empty_cache()
         stream.wait_stream(previous)
         with torch.cuda.stream(stream):  # restores ``previous`` on the way out, raised or not
@@ -706,12 +704,21 @@ def capture_cuda_graph(
             except BaseException:
                 with contextlib.suppress(Exception):
                     graph.capture_end()  # "a previous error during capture": not the news
-                with contextlib.suppress(Exception):
-                    graph.reset()  # the failed capture's memory pool goes back
+                _give_back(graph)
                 raise
-            graph.capture_end()
+            try:
+                graph.capture_end()
+            except BaseException:
+                _give_back(graph)
+                raise
         previous.wait_stream(stream)
     return graph.replay
+
+
+def _give_back(graph: Any) -> None:
+    """Release a failed capture's memory pool now, not when the graph is collected."""
+    with contextlib.suppress(Exception):
+        graph.reset()
 
 
 @contextlib.contextmanager

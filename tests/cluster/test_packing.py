@@ -251,12 +251,59 @@ def test_benchmark_keeps_each_row_when_a_later_one_fails_or_the_budget_ends(
     assert report["skipped"] == ["dqn/bf16 (RuntimeError: CUDA error: an illegal memory access "
                                  "was encountered)"]  # fmt: skip
 
-    out_of_time = bench.main(
-        ["--smoke", "--seconds", "0.05", "--out", str(tmp_path / "late"), "--budget-s", "0"]
-    )
-    assert out_of_time["rows"] == []
-    assert all("time budget" in s for s in out_of_time["skipped"])
-    assert len(out_of_time["skipped"]) == 4
+
+class _Clock:
+    """perf_counter for the bench: each measured row takes ``row_s`` seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_budget_starts_a_row_only_if_it_and_the_sweeps_reserve_still_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of 100 s each against a 420-s budget: with the sweep's 150-s reserve two rows
+    fit (0 + 100 + 150, then 100 + 100 + 150 <= 420; the third would end at 450), then the
+    sweep starts (200 + 150 <= 420) with the budget's end as its deadline. Without the
+    sweep four rows fit. Nothing that was skipped is lost from the report."""
+    bench = load_bench()
+    clock = _Clock()
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+
+    def bench_one(family: str, precision: str, *args: Any) -> dict[str, Any]:
+        clock.now += 100.0
+        return {"family": family, "precision": precision}
+
+    sweeps: list[tuple[tuple[str, ...], float | None]] = []
+
+    def packed_sweep(families: tuple[str, ...], *args: Any, deadline: float | None) -> Any:
+        sweeps.append((families, deadline))
+        return {"trials": 2, "ooms": 0, "errors": 0, "most_at_once": 2, "plan": "", "elapsed_s": 1}
+
+    monkeypatch.setattr(bench, "bench_one", bench_one)
+    monkeypatch.setattr(bench, "markdown", lambda report: "")
+    monkeypatch.setattr(bench, "bf16_ratios", lambda rows, families: {})
+    monkeypatch.setattr(bench, "packed_sweep", packed_sweep)
+    report = bench.main(["--smoke", "--sweep", "--out", str(tmp_path)])
+    assert [(r["family"], r["precision"]) for r in report["rows"]] == [
+        ("dqn", "f32"),
+        ("dqn", "bf16"),
+    ]
+    assert report["skipped"] == ["tft/f32 (time budget: 200 s used)",
+                                 "tft/bf16 (time budget: 200 s used)"]  # fmt: skip
+    assert sweeps == [(("dqn",), 420.0)]  # tft was left out; the deadline is the budget's end
+
+    clock.now = 0.0
+    alone = bench.main(["--smoke", "--no-sweep", "--out", str(tmp_path / "alone")])
+    assert len(alone["rows"]) == 4 and alone["skipped"] == []
+
+    clock.now = 0.0
+    late = bench.main(["--smoke", "--sweep", "--out", str(tmp_path / "late"), "--budget-s", "0"])
+    assert late["rows"] == [] and len(late["skipped"]) == 4 and len(sweeps) == 1
+    assert late["sweep_skipped"] == "no family has both rows measured"
     assert json.loads((tmp_path / "late" / "gpu_packing.json").read_text())["skipped"]
 
 
@@ -295,6 +342,7 @@ def test_the_bench_sweep_counts_an_oom_reported_before_the_trials_last_result() 
         ],
         [None, None, RuntimeError("worker died")],
     )
+    results.items[2].metrics_dataframe = None  # a trial that died before its first result
     outcome = bench.sweep_outcome(results)
     assert (outcome["ooms"], outcome["errors"], outcome["most_at_once"]) == (1, 1, 2)
     assert outcome["failures"] == [

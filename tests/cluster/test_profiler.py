@@ -269,38 +269,44 @@ def test_cuda_device_reads_a_mig_instances_own_memory(
     assert (plain.total_bytes, plain.total_source) == (80 * 2**30, "torch")
 
 
-def test_the_measured_step_is_a_replay_where_the_trial_captures_its_step(
+def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capture(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On a GPU a trial's forecast step is captured after its warm-up, and the graph's
-    private pool counts against the trial's memory cap: the profiler steps each fold
-    until its step replays before it reads the peaks (device facts faked on CPU: a
-    capture that keeps the step). The instrumented step before it is still eager."""
+    """On a GPU a trial's forecast step is captured after its warm-up. A replay allocates
+    nothing, so the allocated peak must come from eager steps; the graphs' private pools
+    are reserved memory the trial's allocator cap counts, so the reserved peak is read
+    after each fold's step is captured and replayed. `_count` on CPU with the device facts
+    faked: a capture that keeps the step, and allocator statistics that log when read."""
     import cluster.profiler as profiler
     import trainables.trainer as trainer_module
     from trainables.trainer import GRAPH_WARMUP_STEPS, Trainer
 
-    captured: list[int] = []
+    events: list[str] = []
 
     def capture(step: Any, device: torch.device, stream: object = None) -> Any:
-        captured.append(1)
+        events.append("capture")
         return step
+
+    def read(name: str) -> Any:
+        return lambda device=None: events.append(name) or 0
 
     monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
     monkeypatch.setattr(trainer_module, "capture_cuda_graph", capture)
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", read("allocated peak read"))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", read("reserved peak read"))
+    monkeypatch.setattr(profiler, "cuda_device", lambda device: None)
+    monkeypatch.setattr(profiler, "measured_context_bytes", lambda device, info: None)
+
     config = profiling_config(tiny_config("tlob", n_folds=2), torch.device("cpu"))
     trainer = Trainer(config.replace(cuda_graphs="on"))
-    for run in trainer.folds:
-        profiler._train_step(trainer, run)  # the warm-up pass and the instrumented step
-    profiler._train_step(trainer, trainer.folds[0])
-    assert GRAPH_WARMUP_STEPS >= 2 and not any(run.step.replaying for run in trainer.folds)
-    for run in trainer.folds:
-        profiler._until_replayed(trainer, run)
+    profiler._count(trainer, torch.device("cpu"), measure=True, baseline=(0, 0))
+    assert GRAPH_WARMUP_STEPS >= 3  # fold 0's eager measured step is its third call
+    assert events == ["allocated peak read", "capture", "capture", "reserved peak read"]
     assert [run.step.replaying for run in trainer.folds] == [True, True]
-    assert len(captured) == 2  # one capture per fold
 
+    events.clear()
     eager = Trainer(config.replace(cuda_graphs="off"))
-    profiler._train_step(eager, eager.folds[0])
-    before = eager.global_step
-    profiler._until_replayed(eager, eager.folds[0])
-    assert eager.global_step == before  # nothing to capture: no extra step
+    profiler._count(eager, torch.device("cpu"), measure=True, baseline=(0, 0))
+    assert events == ["allocated peak read", "reserved peak read"]  # nothing captured

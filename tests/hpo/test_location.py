@@ -68,3 +68,34 @@ def test_an_unreachable_store_is_a_clear_error_not_a_traceback(tmp_path: Path) -
     assert done.returncode == 2, text
     assert "cannot read s3://no-bucket/sweeps/x/hpo-sweep.json" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("store", ["local", "object store"])
+def test_tune_state_is_there_once_the_first_experiment_snapshot_is(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hpo status` before Tune's first snapshot has no trials to show, not Ray's error.
+    The object store is pyarrow's in-memory mock filesystem behind an s3:// location."""
+    from pyarrow import fs as pafs
+
+    if store == "local":
+        where = SweepLocation.parse(tmp_path / "sweep")
+        (tmp_path / "sweep").mkdir()
+
+        def put(name: str) -> None:
+            (tmp_path / "sweep" / name).write_text("{}")
+    else:
+        mock = pafs._MockFileSystem()
+        mock.create_dir("bucket/hpo/sweep")
+        where = SweepLocation.parse("s3://bucket/hpo/sweep")
+        monkeypatch.setattr(SweepLocation, "filesystem", lambda self: (mock, "bucket/hpo/sweep"))
+
+        def put(name: str) -> None:
+            with mock.open_output_stream(f"bucket/hpo/sweep/{name}") as out:
+                out.write(b"{}")
+
+    put("hpo-sweep.json")
+    put("experiment_state-2026-12-01.json.tmp")  # not a snapshot yet
+    assert not where.has_tune_state()
+    put("experiment_state-2026-12-01_22-00-00.json")
+    assert where.has_tune_state()
