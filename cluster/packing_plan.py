@@ -55,6 +55,7 @@ from cluster.packing import (
     profile_for_config,
 )
 from cluster.profiler import GiB, MemoryProfile
+from cluster.remote_profile import PROFILE_TIMEOUT_S, profile_on_types
 from cluster.vram_table import SharedVramCache, key_string, type_key
 from trainables.config import TrainConfig, TrialConfig
 
@@ -96,7 +97,7 @@ class ClusterPacker:
         cpu_per_trial: float = 1.0,
         cache: SharedVramCache | None = None,
         mode: str = "auto",
-        profile_timeout_s: float | None = None,
+        profile_timeout_s: float = PROFILE_TIMEOUT_S,
     ) -> None:
         if not types:
             raise ValueError("no GPU nodes in the cluster: nothing to pack")
@@ -105,7 +106,7 @@ class ClusterPacker:
         self.cpu_per_trial = cpu_per_trial
         self.cache = cache
         self.mode = mode
-        self.profile_timeout_s = profile_timeout_s  # None: remote_profile's default
+        self.profile_timeout_s = profile_timeout_s  # all of one prefetch's profiles together
         self.profiles: dict[str, MemoryProfile] = {}  # the driver's table, by type key
         self._placed: dict[str, str] = {}  # trial identity -> type name
         self._load: dict[str, float] = {}  # type name -> GPU shares placed
@@ -114,8 +115,6 @@ class ClusterPacker:
     def prefetch(self, configs: Iterable[TrainConfig]) -> list[MemoryProfile]:
         """Profile every (config, type) not yet known: shared cache first, then one Ray
         task per missing pair, all in parallel. Returns the new profiles."""
-        from cluster.remote_profile import PROFILE_TIMEOUT_S, profile_on_types
-
         missing: dict[str, tuple[TrainConfig, GpuType]] = {}
         for config in configs:
             for gpu_type in self.types:
@@ -134,9 +133,7 @@ class ClusterPacker:
             list(missing.values()),
             mode=self.mode,
             cache=self.cache,
-            timeout_s=PROFILE_TIMEOUT_S
-            if self.profile_timeout_s is None
-            else self.profile_timeout_s,
+            timeout_s=self.profile_timeout_s,
         )
         for text, profile in zip(missing, profiled, strict=True):
             self.profiles[text] = profile
