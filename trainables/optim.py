@@ -33,17 +33,31 @@ the numbers are identical) and spread over the elements with one ``take``.
 
 The arenas are rebuilt (a host-side copy, outside the hot loop) when the set of
 parameters that have gradients changes, when a parameter changes dtype (the bf16 -> f32
-fallback) or when the state dict object was replaced (``load_state_dict``).
+fallback) or when the ``state`` dict object was replaced.
+
+Why not a subclass of ``torch.optim.Optimizer``: its ``add_param_group`` (called by its
+``__init__``), ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped in
+``torch._disable_dynamo``, whose first call imports ``torch._dynamo``: 1.1 s and 67 MiB in
+every trial process, which compiles nothing. Its step wrapper (profiler label, hooks) is
+another ~10 us per step. The trainer uses none of its machinery (no LR scheduler, no
+``GradScaler``; checkpoints read ``state`` directly), so this class keeps only the parts
+callers use: ``param_groups``, ``state``, ``zero_grad``, ``state_dict`` /
+``load_state_dict`` in torch's format, and ``register_step_post_hook``. A torch LR
+scheduler would need an ``Optimizer`` instance; an lr schedule belongs in the trainer,
+which sets ``group["lr"]`` (read at every step).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 _STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
@@ -116,11 +130,20 @@ class _Arena:
         self.ratio = torch.zeros((2, total), dtype=sd, device=device)
         self.update, self.denom = self.ratio[0], self.ratio[1]
         self.bias = torch.zeros((2, total), dtype=sd, device=device)
-        owner = torch.repeat_interleave(
+        # Bias corrections per parameter: b1^s_i and b2^s_i are computed in place in
+        # ``powers`` (0-d views, so the scalar pow kernel of the per-parameter code), then
+        # 1 - powers is spread over each parameter's elements by ``owner``.
+        self.safe_steps = torch.ones((n,), dtype=sd, device=device)  # max(step, 1)
+        self.exponents = list(self.safe_steps.unbind()) * 2
+        self.powers = torch.zeros((2, n), dtype=sd, device=device)
+        self.power_views = list(self.powers.view(-1).unbind())
+        self.bias_per_param = torch.zeros((2, n), dtype=sd, device=device)
+        self.beta_rows = torch.zeros((2, n), dtype=sd, device=device)  # set_hyper fills it
+        self.one = torch.ones((), dtype=sd, device=device)
+        self.owner = torch.repeat_interleave(  # element -> index of its parameter
             torch.arange(n, device=device),
             torch.tensor([p.numel() for p in self.params], device=device),
         )
-        self.owner = torch.stack([owner, owner + n])  # (2, N): element -> its b1 / b2 slot
         self.regions: list[_Region] = []
         offset = 0
         index = 0
@@ -144,7 +167,6 @@ class _Arena:
             self.regions.append(region)
             offset += size
             index += len(ps)
-        self.betas: list[torch.Tensor] = []  # 0-d [b1]*n + [b2]*n, set with the hyperparameters
         self.true = torch.ones((), dtype=torch.bool, device=device)
         self.zero = torch.zeros((), dtype=sd, device=device)
         self.gathered = False
@@ -200,9 +222,8 @@ class _Arena:
         self.scalars_skip = rows[1].to(self.device)
         self.scalars = torch.zeros(3, dtype=sd, device=self.device)
         self.w1, self.f2, self.neg_lr = self.scalars.unbind()
-        b1 = torch.full((), beta1, dtype=sd, device=self.device)
-        b2 = torch.full((), beta2, dtype=sd, device=self.device)
-        self.betas = [b1] * self.n + [b2] * self.n
+        self.beta_rows[0].fill_(beta1)
+        self.beta_rows[1].fill_(beta2)
 
     def grad_lists(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
         return [(r.grad_views, [p.grad for p in r.params]) for r in self.regions]  # type: ignore[misc]
@@ -222,7 +243,7 @@ def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]
     return views
 
 
-class MultiTensorGuardedAdamW(torch.optim.Optimizer):
+class MultiTensorGuardedAdamW:
     """AdamW whose moments are held in ``state_dtype`` and whose update can be masked off
     on the device; see the module docstring for the layout.
 
@@ -231,11 +252,15 @@ class MultiTensorGuardedAdamW(torch.optim.Optimizer):
     :meth:`grad_norm` gathers the gradients first and returns their global f32 L2 norm, so
     a guarded step reads every gradient once. The gathered f32 copy is what ``step`` uses;
     the parameters' ``.grad`` tensors are left as they are.
+
+    ``params`` is an iterable of parameters or of param-group dicts, as for torch's
+    optimizers; ``param_groups`` and ``state`` have torch's layout (``state[p]`` holds
+    ``step``, ``exp_avg``, ``exp_avg_sq`` and, for Kahan weights, ``compensation``).
     """
 
     def __init__(
         self,
-        params: Iterable[nn.Parameter],
+        params: Iterable[nn.Parameter] | Iterable[dict[str, Any]],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -246,11 +271,25 @@ class MultiTensorGuardedAdamW(torch.optim.Optimizer):
     ) -> None:
         if lr <= 0 or not math.isfinite(lr):
             raise ValueError(f"lr must be a positive finite number, got {lr}")
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults)
+        self.defaults: dict[str, Any] = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+        }
+        self.param_groups: list[dict[str, Any]] = _param_groups(params, self.defaults)
+        self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
         self.kahan = kahan
         self.state_dtype = state_dtype
         self._arenas: dict[tuple[int, torch.device], _Arena] = {}
+        self._step_post_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(str(len(g["params"])) for g in self.param_groups)
+        return (
+            f"{type(self).__name__}(lr={self.defaults['lr']}, param groups of [{sizes}] "
+            f"tensors, state {self.state_dtype}, kahan={self.kahan})"
+        )
 
     # -- layout ---------------------------------------------------------------------------
     def init_state(self) -> None:
@@ -299,14 +338,16 @@ class MultiTensorGuardedAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
         if set_to_none:
-            super().zero_grad(set_to_none=True)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = None
             return
         for _, arena in self._current_arenas():
             for _, grads in arena.grad_lists():
                 torch._foreach_zero_(grads)
 
     @torch.no_grad()
-    def step(  # type: ignore[override]
+    def step(
         self,
         closure: None = None,
         *,
@@ -320,6 +361,65 @@ class MultiTensorGuardedAdamW(torch.optim.Optimizer):
                 arena.gather()
             arena.gathered = False
             self._step_arena(group, arena, ok, grad_scale)
+        for hook in list(self._step_post_hooks.values()):
+            hook(self, (), {"ok": ok, "grad_scale": grad_scale})
+
+    def register_step_post_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(optimizer, args, kwargs)`` after every step (torch's signature)."""
+        handle = RemovableHandle(self._step_post_hooks)
+        self._step_post_hooks[handle.id] = hook
+        return handle
+
+    # -- torch's state-dict format ----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {index: {...}}, "param_groups": [...]}``, parameters numbered in
+        group order as torch numbers them. The tensors are the live state (views of the
+        arenas), not copies."""
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: dict(values) for p, values in self.state.items() if values}
+        return {"state": state, "param_groups": groups}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict in torch's format (this class's, or a torch AdamW's).
+
+        Values are copied into the existing state tensors (the arenas stay where they
+        are), cast to the moments' dtype, or the weight's for ``compensation``; a
+        parameter's keys become the saved ones. lr, betas, eps and weight decay come from
+        the saved groups (a torch AdamW's other options have no meaning here).
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"the state dict has {len(saved_groups)} param groups, "
+                f"this optimizer {len(self.param_groups)}"
+            )
+        by_index: dict[int, torch.Tensor] = {}
+        for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"param group {g}: the state dict has {len(saved['params'])} "
+                    f"parameters, this optimizer {len(group['params'])}"
+                )
+            by_index.update(zip(saved["params"], group["params"], strict=True))
+        for saved, group in zip(saved_groups, self.param_groups, strict=True):
+            group.update({k: saved[k] for k in self.defaults if k in saved})
+        for index, values in state_dict["state"].items():
+            p = by_index[int(index)]
+            current = self.state[p]
+            for key in [k for k in current if k not in values]:
+                del current[key]
+            for key, value in values.items():
+                dtype = p.dtype if key == "compensation" else self.state_dtype
+                if key in current and current[key].shape == value.shape:
+                    current[key].copy_(value)
+                else:
+                    current[key] = value.detach().to(device=p.device, dtype=dtype, copy=True)
 
     def _step_arena(
         self,
@@ -342,9 +442,11 @@ class MultiTensorGuardedAdamW(torch.optim.Optimizer):
         a.exp_avg.lerp_(grad, a.w1)
         a.exp_avg_sq.mul_(a.f2).addcmul_(grad, grad, value=1 - beta2)
         # A skipped step added (1-beta2)*0*0 above: the moments are untouched.
-        safe = torch._foreach_clamp_min(a.step_views, 1.0)
-        powers = torch._foreach_pow(a.betas, list(safe) + list(safe))  # [b1^s_i] + [b2^s_i]
-        torch.take(torch.rsub(torch.stack(powers), 1), a.owner, out=a.bias)
+        torch.clamp(a.steps, min=1.0, out=a.safe_steps)
+        a.powers.copy_(a.beta_rows)
+        torch._foreach_pow_(a.power_views, a.exponents)  # [b1^s_i], [b2^s_i]
+        torch.sub(a.one, a.powers, out=a.bias_per_param)
+        torch.index_select(a.bias_per_param, 1, a.owner, out=a.bias)
         torch.div(a.moments, a.bias, out=a.ratio)  # m / (1 - b1^s), v / (1 - b2^s)
         a.denom.sqrt_().add_(eps)
         update = a.update.div_(a.denom)
@@ -386,3 +488,33 @@ def _apply(region: _Region, update: torch.Tensor) -> None:
     torch._foreach_copy_(region.params, region.rounded_views)
     torch.sub(region.rounded, region.before, out=region.carry)  # what the weight moved
     torch.sub(wanted, region.carry, out=region.compensation)
+
+
+def _param_groups(
+    params: Iterable[nn.Parameter] | Iterable[dict[str, Any]], defaults: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """torch's param-group rules: a list of parameters is one group; dicts are groups whose
+    missing hyperparameters come from ``defaults``; no parameter in two places."""
+    items = list(params)
+    if not items:
+        raise ValueError("the optimizer got an empty parameter list")
+    raw = items if isinstance(items[0], dict) else [{"params": items}]
+    groups, seen = [], set()
+    for g, group in enumerate(raw):
+        if not isinstance(group, dict):
+            raise TypeError(f"param group {g}: expected a dict, got {type(group).__name__}")
+        group_params = group["params"]
+        group_params = (
+            [group_params] if isinstance(group_params, torch.Tensor) else list(group_params)
+        )
+        for p in group_params:
+            if not isinstance(p, torch.Tensor) or not p.is_leaf:
+                raise ValueError(f"param group {g}: can only optimize leaf tensors")
+            if id(p) in seen:
+                raise ValueError(f"param group {g}: a parameter appears in more than one place")
+            seen.add(id(p))
+        unknown = set(group) - set(defaults) - {"params"}
+        if unknown:
+            raise ValueError(f"param group {g}: unknown hyperparameters {sorted(unknown)}")
+        groups.append({**defaults, **group, "params": group_params})
+    return groups

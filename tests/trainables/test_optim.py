@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import math
+import subprocess
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,8 +228,9 @@ def test_checkpoint_state_keeps_keys_shapes_and_dtypes() -> None:
 
 
 def test_restore_by_copy_and_replaced_state_both_reach_the_update() -> None:
-    """The trainer restores by copying into the state tensors; torch's load_state_dict
-    replaces them. Both must be what the next step reads."""
+    """The trainer restores by copying into the state tensors; load_state_dict takes
+    torch's format (here a torch.optim.Optimizer's). Both must be what the next step
+    reads."""
     old_net, new_net, old, new = _pair(F32, 0.0, True)
     for net, opt in ((old_net, old), (new_net, new)):
         net(torch.ones(2, 7)).sum().backward()
@@ -236,13 +240,102 @@ def test_restore_by_copy_and_replaced_state_both_reach_the_update() -> None:
         opt.step()
     for p, q in zip(old_net.parameters(), new_net.parameters(), strict=True):
         assert torch.equal(p, q)
-    new.load_state_dict(copy.deepcopy(old.state_dict()))  # replaces the state tensors
+    new.load_state_dict(copy.deepcopy(old.state_dict()))  # torch's format, copied in
     for net, opt in ((old_net, old), (new_net, new)):
         net.zero_grad(set_to_none=False)
         net(torch.ones(2, 7)).square().sum().backward()
         opt.step()
     for p, q in zip(old_net.parameters(), new_net.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_a_state_dict_round_trip_continues_bit_for_bit() -> None:
+    """state_dict -> load_state_dict into a fresh optimizer (bf16 weights: Kahan
+    compensation, a skipped step) continues exactly as the original does."""
+    _, net, _, opt = _pair(BF16, 0.01, True)
+    for k, (keep, scale, poison) in enumerate(STEPS[:3]):
+        net.zero_grad(set_to_none=False)
+        net(
+            torch.randn(5, 7, generator=torch.Generator().manual_seed(k))
+        ).square().mean().backward()
+        if poison:
+            net.net[0].weight.grad[0, 0] = float("nan")
+        opt.step(ok=torch.tensor(keep), grad_scale=None if scale is None else torch.tensor(scale))
+    twin = copy.deepcopy(net)
+    saved = copy.deepcopy(opt.state_dict())
+    keys = [sorted(values) for values in saved["state"].values()]
+    assert ["compensation", "exp_avg", "exp_avg_sq", "step"] in keys  # the bf16 weights
+    assert saved["param_groups"][0]["params"] == list(range(len(list(net.parameters()))))
+    other = GuardedAdamW(twin.parameters(), lr=1.0)  # lr comes from the state dict
+    other.init_state()
+    other.load_state_dict(saved)
+    assert other.param_groups[0]["lr"] == 3e-3
+    for model, optimizer in ((net, opt), (twin, other)):
+        for k in range(3):
+            model.zero_grad(set_to_none=False)
+            x = torch.randn(5, 7, generator=torch.Generator().manual_seed(10 + k))
+            model(x).square().mean().backward()
+            optimizer.step(ok=torch.tensor(True))
+    for (name, p), q in zip(net.named_parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q), name
+        for key, value in opt.state[p].items():
+            assert torch.equal(value, other.state[q][key]), (name, key)
+
+
+def test_param_groups_follow_torchs_rules_and_name_what_is_wrong() -> None:
+    a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3))
+    opt = GuardedAdamW([{"params": [a]}, {"params": b, "lr": 0.5}], lr=0.1)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+    assert opt.param_groups[1]["params"] == [b] and opt.param_groups[0]["betas"] == (0.9, 0.999)
+    with pytest.raises(ValueError, match="more than one place"):
+        GuardedAdamW([{"params": [a]}, {"params": [a, b]}])
+    with pytest.raises(
+        ValueError, match=r"param group 0: unknown hyperparameters \['weight_decy'\]"
+    ):
+        GuardedAdamW([{"params": [a], "weight_decy": 0.1}])
+    with pytest.raises(ValueError, match="empty parameter list"):
+        GuardedAdamW([])
+    with pytest.raises(ValueError, match="param group 0: the state dict has 1 parameters"):
+        GuardedAdamW([a, b]).load_state_dict(GuardedAdamW([a]).state_dict())
+
+
+def test_step_post_hooks_run_after_each_step_until_removed() -> None:
+    w = nn.Parameter(torch.ones(3))
+    opt = GuardedAdamW([w], lr=0.1)
+    seen: list[float] = []
+    handle = opt.register_step_post_hook(lambda optimizer, *_: seen.append(float(w[0])))
+    for _ in range(2):
+        w.sum().backward()
+        opt.step()
+    handle.remove()
+    w.sum().backward()
+    opt.step()
+    assert len(seen) == 2 and seen[0] < 1.0 and seen[1] < seen[0]  # after the update
+
+
+def test_training_and_resuming_never_import_torch_dynamo(tmp_path: Path) -> None:
+    """torch.optim.Optimizer's methods import torch._dynamo on first call (about a second
+    and 67 MiB in every trial process); the trainer's optimizer is not one. A fresh
+    process trains bf16, checkpoints, resumes and trains on, as a trial does."""
+    script = f"""
+import sys
+import trainables.trial  # what a Ray trial actor imports
+from tests.trainables.helpers import tiny_config
+from trainables.checkpoint import load_checkpoint
+from trainables.trainer import Trainer
+first = Trainer(tiny_config(precision="bf16", epochs=1, max_steps_per_epoch=2))
+first.fit()
+first.save(__import__("pathlib").Path({str(tmp_path)!r}) / "ckpt")
+ckpt = load_checkpoint({str(tmp_path)!r} + "/ckpt")
+Trainer(tiny_config(precision="bf16", epochs=2, max_steps_per_epoch=2), checkpoint=ckpt).fit()
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "dynamo imported: False"
 
 
 def test_a_parameter_that_gets_its_gradient_later_keeps_its_own_step_count() -> None:
