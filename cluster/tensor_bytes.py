@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -99,9 +99,19 @@ class StateBytes:
     keys: frozenset[int]  # storages counted, for the other counters to leave out
 
 
+class OptimizerState(Protocol):
+    """What the counters read of an optimizer (torch's, or the trainer's GuardedAdamW)."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def state(self) -> Mapping[Any, Any]: ...
+
+
 def state_bytes(
     modules: Iterable[nn.Module],
-    optimizers: Iterable[torch.optim.Optimizer],
+    optimizers: Iterable[OptimizerState],
     device: torch.device,
 ) -> StateBytes:
     """Parameters and buffers of ``modules``, the gradients of their parameters and every

@@ -28,8 +28,9 @@ per-parameter tensors are read or written (gradients in, weights out).
 
 Per-parameter step counts are kept (a parameter that first receives a gradient later has
 its own count, as before); the bias corrections ``1 - beta ** step`` are computed with
-one ``_foreach_pow`` over 0-d views (the same scalar kernel as the per-parameter code, so
-the numbers are identical) and spread over the elements with one ``take``.
+one in-place ``_foreach_pow_`` over 0-d views of one buffer (the same scalar kernel as the
+per-parameter code, so the numbers are identical) and spread over the elements with one
+``index_select``.
 
 The arenas are rebuilt (a host-side copy, outside the hot loop) when the set of
 parameters that have gradients changes, when a parameter changes dtype (the bf16 -> f32
@@ -235,6 +236,10 @@ class _Arena:
         self.gathered = True
 
 
+def _state_shape(key: str, p: torch.Tensor) -> torch.Size:
+    return torch.Size([]) if key == "step" else p.shape
+
+
 def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
     views, offset = [], 0
     for p in params:
@@ -388,10 +393,13 @@ class MultiTensorGuardedAdamW:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict in torch's format (this class's, or a torch AdamW's).
 
-        Values are copied into the existing state tensors (the arenas stay where they
-        are), cast to the moments' dtype, or the weight's for ``compensation``; a
-        parameter's keys become the saved ones. lr, betas, eps and weight decay come from
-        the saved groups (a torch AdamW's other options have no meaning here).
+        Values are copied into this optimizer's state tensors (views of the arenas, which
+        stay where they are), cast to their dtypes: f32 moments stay f32 for bf16 weights.
+        A parameter without saved state starts fresh (zeros), a Kahan weight whose saved
+        state has no compensation gets a zero one (as a checkpoint restore does), and a
+        saved compensation for a weight not compensated here is ignored. lr, betas, eps and
+        weight decay come from the saved groups; a torch AdamW's other options have no
+        meaning here. Raises ValueError naming the group or parameter that does not fit.
         """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
@@ -407,19 +415,30 @@ class MultiTensorGuardedAdamW:
                     f"parameters, this optimizer {len(group['params'])}"
                 )
             by_index.update(zip(saved["params"], group["params"], strict=True))
+        saved_state = {int(index): values for index, values in state_dict["state"].items()}
+        for index, values in saved_state.items():
+            unknown = set(values) - {*_STATE_KEYS, "compensation"}
+            if index not in by_index or unknown:
+                what = f"state keys {sorted(unknown)}" if unknown else "no such parameter"
+                raise ValueError(f"parameter {index} of the state dict: {what}")
+            p = by_index[index]
+            for key in (*_STATE_KEYS, "compensation"):
+                if key in values and torch.as_tensor(values[key]).shape != _state_shape(key, p):
+                    raise ValueError(
+                        f"parameter {index} of the state dict: {key} has shape "
+                        f"{tuple(torch.as_tensor(values[key]).shape)}, this parameter "
+                        f"{tuple(_state_shape(key, p))}"
+                    )
         for saved, group in zip(saved_groups, self.param_groups, strict=True):
             group.update({k: saved[k] for k in self.defaults if k in saved})
-        for index, values in state_dict["state"].items():
-            p = by_index[int(index)]
-            current = self.state[p]
-            for key in [k for k in current if k not in values]:
-                del current[key]
-            for key, value in values.items():
-                dtype = p.dtype if key == "compensation" else self.state_dtype
-                if key in current and current[key].shape == value.shape:
-                    current[key].copy_(value)
+        self.init_state()  # every parameter has state tensors to copy into
+        for index, p in by_index.items():
+            values = saved_state.get(index, {})
+            for key, slot in self.state[p].items():
+                if key in values:
+                    slot.copy_(torch.as_tensor(values[key]).reshape(slot.shape))
                 else:
-                    current[key] = value.detach().to(device=p.device, dtype=dtype, copy=True)
+                    slot.zero_()
 
     def _step_arena(
         self,

@@ -282,6 +282,50 @@ def test_a_state_dict_round_trip_continues_bit_for_bit() -> None:
             assert torch.equal(value, other.state[q][key]), (name, key)
 
 
+def test_load_state_dict_fills_what_the_saved_state_lacks_and_refuses_what_does_not_fit() -> None:
+    """A torch AdamW's state (no compensation) keeps Kahan on with a zero compensation; a
+    parameter the saved state lacks starts fresh; a wrong shape or amsgrad's extra moment
+    is refused naming the parameter, before anything is changed."""
+    torch.manual_seed(0)
+    w16 = nn.Parameter(torch.randn(4).to(BF16))
+    w32 = nn.Parameter(torch.randn(3))
+    opt = GuardedAdamW([w16, w32], lr=1e-2)
+    for _ in range(2):
+        (w16.float().square().sum() + w32.square().sum()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    assert float(opt.state[w16]["compensation"].abs().sum()) > 0
+    plain = {
+        "state": {
+            0: {"step": 5.0, "exp_avg": torch.ones(4), "exp_avg_sq": torch.ones(4)}
+        },  # a python-number step, as older torch saved it; parameter 1 has no state
+        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "params": [0, 1]}],
+    }
+    arena_moments = opt._arenas[(0, CPU)].moments
+    opt.load_state_dict(plain)
+    assert float(opt.state[w16]["step"]) == 5.0 and opt.state[w16]["exp_avg"].dtype == F32
+    assert torch.equal(opt.state[w16]["compensation"], torch.zeros(4, dtype=BF16))
+    assert float(opt.state[w32]["step"]) == 0.0 and not opt.state[w32]["exp_avg"].any()
+    assert opt._arenas[(0, CPU)].moments is arena_moments  # copied in, not replaced
+    (w16.float().square().sum() + w32.square().sum()).backward()
+    opt.step()
+    assert float(opt.state[w16]["step"]) == 6.0 and float(opt.state[w32]["step"]) == 1.0
+    assert float(opt.state[w16]["compensation"].abs().sum()) > 0  # Kahan still on
+    before = {k: v.clone() for k, v in opt.state[w16].items()}
+    wrong = copy.deepcopy(plain)
+    wrong["state"][0]["exp_avg"] = torch.ones(2, 2)
+    with pytest.raises(
+        ValueError, match=r"parameter 0 of the state dict: exp_avg has shape \(2, 2\)"
+    ):
+        opt.load_state_dict(wrong)
+    amsgrad = copy.deepcopy(plain)
+    amsgrad["state"][0]["max_exp_avg_sq"] = torch.ones(4)
+    with pytest.raises(ValueError, match=r"state keys \['max_exp_avg_sq'\]"):
+        opt.load_state_dict(amsgrad)
+    for key, value in before.items():
+        assert torch.equal(opt.state[w16][key], value), key
+
+
 def test_param_groups_follow_torchs_rules_and_name_what_is_wrong() -> None:
     a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3))
     opt = GuardedAdamW([{"params": [a]}, {"params": b, "lr": 0.5}], lr=0.1)
@@ -318,7 +362,13 @@ def test_training_and_resuming_never_import_torch_dynamo(tmp_path: Path) -> None
     and 67 MiB in every trial process); the trainer's optimizer is not one. A fresh
     process trains bf16, checkpoints, resumes and trains on, as a trial does."""
     script = f"""
-import sys
+import importlib.abc, sys, traceback
+importer = []
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch._dynamo" and not importer:
+            importer.append("".join(traceback.format_stack(limit=12)))
+sys.meta_path.insert(0, Watch())
 import trainables.trial  # what a Ray trial actor imports
 from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint
@@ -328,6 +378,7 @@ first.fit()
 first.save(__import__("pathlib").Path({str(tmp_path)!r}) / "ckpt")
 ckpt = load_checkpoint({str(tmp_path)!r} + "/ckpt")
 Trainer(tiny_config(precision="bf16", epochs=2, max_steps_per_epoch=2), checkpoint=ckpt).fit()
+print(*importer, file=sys.stderr)
 print("dynamo imported:", "torch._dynamo" in sys.modules)
 """
     root = Path(__file__).resolve().parents[2]
@@ -335,7 +386,7 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "dynamo imported: False"
+    assert done.stdout.strip().splitlines()[-1] == "dynamo imported: False", done.stderr[-3000:]
 
 
 def test_a_parameter_that_gets_its_gradient_later_keeps_its_own_step_count() -> None:
