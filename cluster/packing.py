@@ -57,7 +57,6 @@ from cluster.profiler import (
     MemoryProfile,
     context_allowance,
     cuda_device,
-    measured_context_bytes,
     profile_trial,
 )
 from cluster.vram_table import SharedVramCache, VramTable, profile_key, table_at, type_key
@@ -273,21 +272,14 @@ def apply_memory_cap(fraction: float | None, *, context_bytes: int | None = None
 
     ``fraction`` is the trial's GPU resource (Ray's ``required_resources["GPU"]``). The
     share covers the CUDA context too, which lives outside the allocator, so the cap is
-    ``fraction - context / total`` (never below half the share). The context is this
-    process's own, as NVML sees it now that CUDA is initialised, or the allowance where
-    NVML cannot see the process (another PID namespace, MIG). No-op (None) without CUDA,
-    for 0 / no GPU, and for whole GPUs.
+    ``fraction - context / total`` (never below half the share). No-op (None) without
+    CUDA, for 0 / no GPU, and for whole GPUs.
     """
     global _applied_cap
     if not fraction or fraction <= 0 or fraction >= 1.0 or not torch.cuda.is_available():
         return None
     device = torch.cuda.current_device()  # Ray's CUDA_VISIBLE_DEVICES makes it the trial's GPU
     total = torch.cuda.get_device_properties(device).total_memory
-    if context_bytes is None:
-        cuda = torch.device("cuda", device)
-        context_bytes = measured_context_bytes(cuda, cuda_device(cuda))
-        source = "measured" if context_bytes is not None else "allowance"
-        log.info("CUDA context of this trial: %s", source)
     context = context_allowance() if context_bytes is None else context_bytes
     cap = min(1.0, max(fraction - context / total, fraction / 2))
     torch.cuda.set_per_process_memory_fraction(cap, device)

@@ -185,33 +185,6 @@ def test_memory_cap_leaves_the_context_out(monkeypatch: pytest.MonkeyPatch) -> N
     assert apply_memory_cap(0.004, context_bytes=GiB // 2) == pytest.approx(0.002)
 
 
-def test_memory_cap_takes_the_context_this_process_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A trial's cap leaves out its own CUDA context where NVML sees it (here 300 MiB,
-    not the 512 MiB allowance the share was planned with), else the allowance."""
-    monkeypatch.setattr(packing, "_applied_cap", None)
-    calls: list[float] = []
-    fake_cuda = SimpleNamespace(
-        is_available=lambda: True,
-        current_device=lambda: 0,
-        get_device_properties=lambda _: SimpleNamespace(total_memory=80 * GiB),
-        set_per_process_memory_fraction=lambda f, d: calls.append(f),
-    )
-    monkeypatch.setattr(packing.torch, "cuda", fake_cuda)
-    monkeypatch.setattr(packing, "cuda_device", lambda device: SimpleNamespace(nvml_index=0))
-    seen: list[object] = []
-
-    def context(device: torch.device, info: object) -> int | None:
-        seen.append(device)
-        return 300 * 2**20
-
-    monkeypatch.setattr(packing, "measured_context_bytes", context)
-    assert apply_memory_cap(0.25) == pytest.approx(0.25 - 300 / (80 * 1024))
-    assert seen == [torch.device("cuda", 0)]
-    monkeypatch.setattr(packing, "measured_context_bytes", lambda device, info: None)
-    assert apply_memory_cap(0.25) == pytest.approx(0.25 - 0.5 / 80)  # the 512 MiB allowance
-    assert calls == [pytest.approx(0.25 - 300 / (80 * 1024)), pytest.approx(0.24375)]
-
-
 def load_bench() -> Any:
     spec = importlib.util.spec_from_file_location("gpu_packing", ROOT / "bench" / "gpu_packing.py")
     assert spec is not None and spec.loader is not None
