@@ -61,6 +61,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 _STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
+_UNSUPPORTED_OPTIONS = ("amsgrad", "maximize")  # torch AdamW options load_state_dict refuses
 
 
 def _carries_less(dtype: torch.dtype, than: torch.dtype) -> bool:
@@ -398,8 +399,10 @@ class MultiTensorGuardedAdamW:
         A parameter without saved state starts fresh (zeros), a Kahan weight whose saved
         state has no compensation gets a zero one (as a checkpoint restore does), and a
         saved compensation for a weight not compensated here is ignored. lr, betas, eps and
-        weight decay come from the saved groups; a torch AdamW's other options have no
-        meaning here. Raises ValueError naming the group or parameter that does not fit.
+        weight decay come from the saved groups; of a torch AdamW's other options, those
+        that change the update (``amsgrad``, ``maximize``) are refused when set, the rest
+        (``foreach``, ``fused``, ...) have no meaning here. Raises ValueError naming the
+        group or parameter that does not fit, before anything is changed.
         """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
@@ -414,7 +417,13 @@ class MultiTensorGuardedAdamW:
                     f"param group {g}: the state dict has {len(saved['params'])} "
                     f"parameters, this optimizer {len(group['params'])}"
                 )
-            by_index.update(zip(saved["params"], group["params"], strict=True))
+            for option in _UNSUPPORTED_OPTIONS:  # a torch AdamW's, changing the update
+                if saved.get(option):
+                    raise ValueError(f"param group {g}: {option}=True is not supported here")
+            indices = [int(i) for i in saved["params"]]
+            if len(set(indices) | set(by_index)) != len(by_index) + len(indices):
+                raise ValueError(f"param group {g}: a parameter index appears twice")
+            by_index.update(zip(indices, group["params"], strict=True))
         saved_state = {int(index): values for index, values in state_dict["state"].items()}
         for index, values in saved_state.items():
             unknown = set(values) - {*_STATE_KEYS, "compensation"}
@@ -431,6 +440,10 @@ class MultiTensorGuardedAdamW:
                     )
         for saved, group in zip(saved_groups, self.param_groups, strict=True):
             group.update({k: saved[k] for k in self.defaults if k in saved})
+        if any(not set(_STATE_KEYS) <= set(self.state.get(p, ())) for p in by_index.values()):
+            # A parameter that never had a gradient is in no arena yet (``_current_arenas``
+            # builds them from the parameters with gradients): lay every group out again.
+            self._arenas.clear()
         self.init_state()  # every parameter has state tensors to copy into
         for index, p in by_index.items():
             values = saved_state.get(index, {})

@@ -326,6 +326,38 @@ def test_load_state_dict_fills_what_the_saved_state_lacks_and_refuses_what_does_
         assert torch.equal(opt.state[w16][key], value), key
 
 
+def test_load_state_dict_reaches_a_parameter_that_never_had_a_gradient() -> None:
+    """Arenas are built from the parameters with gradients; a loaded state for one that
+    never had one must still be what its first step reads (it was dropped silently)."""
+    a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3))
+    opt = GuardedAdamW([a, b], lr=0.1)
+    a.sum().backward()
+    opt.step()  # only a is in an arena
+    saved = opt.state_dict()
+    saved["state"][1] = {
+        "step": torch.tensor(7.0),
+        "exp_avg": torch.full((3,), 2.0),
+        "exp_avg_sq": torch.full((3,), 4.0),
+    }
+    saved["param_groups"][0]["params"] = [0, 1]
+    opt.load_state_dict(saved)
+    assert float(opt.state[b]["step"]) == 7.0 and torch.equal(
+        opt.state[b]["exp_avg"], torch.full((3,), 2.0)
+    )
+    b.sum().backward()
+    opt.step()
+    assert float(opt.state[b]["step"]) == 8.0
+    assert torch.allclose(opt.state[b]["exp_avg"], torch.full((3,), 0.9 * 2.0 + 0.1))
+    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
+        opt.load_state_dict(
+            {**saved, "param_groups": [{**saved["param_groups"][0], "amsgrad": True}]}
+        )
+    with pytest.raises(ValueError, match="a parameter index appears twice"):
+        opt.load_state_dict(
+            {**saved, "param_groups": [{**saved["param_groups"][0], "params": [0, 0]}]}
+        )
+
+
 def test_param_groups_follow_torchs_rules_and_name_what_is_wrong() -> None:
     a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3))
     opt = GuardedAdamW([{"params": [a]}, {"params": b, "lr": 0.5}], lr=0.1)
