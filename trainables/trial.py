@@ -31,7 +31,7 @@ from cluster.packing import (
     retry_fraction_after_oom,
     trial_memory_metrics,
 )
-from cluster.vram_table import SharedVramCache
+from cluster.vram_table import SharedVramCache, type_key
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from trainables.config import TrainConfig, TrialConfig
 from trainables.memory import freeze_long_lived_objects
@@ -49,8 +49,8 @@ def run_trial(config: dict[str, Any]) -> None:
     required = resources.required_resources if resources is not None else {}
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))
     gpu_fraction = float(required.get("GPU", 0.0))
-    apply_memory_cap(gpu_fraction or None)  # Ray does not enforce GPU shares; the trial does
     train_config = TrialConfig.from_dict(config).train_config()
+    _cap_memory(train_config, gpu_fraction)  # Ray does not enforce GPU shares; the trial does
     node = _node()
     progress = _Progress()
     oom: str | None = None
@@ -125,13 +125,35 @@ def _report_oom(
     tune.report(report)
 
 
+def _cap_memory(config: TrainConfig, gpu_fraction: float) -> float | None:
+    """Cap the allocator to the trial's share less the CUDA context its share was planned
+    with: the profile's (measured on the node, or the allowance), from the sweep's shared
+    cache under this node's GPU type; the allowance where no profile is found there."""
+    context = None
+    if 0 < gpu_fraction < 1 and torch.cuda.is_available():
+        context = _planned_context_bytes(config)
+    return apply_memory_cap(gpu_fraction or None, context_bytes=context)
+
+
+def _planned_context_bytes(config: TrainConfig) -> int | None:
+    shared, gpu_type = _shared_cache(), _node_gpu_type()
+    if shared is None or gpu_type is None:
+        return None
+    try:
+        profile = shared.get(type_key(config, gpu_type))
+    except Exception as exc:  # an unreadable cache costs the exact cap, not the trial
+        log.warning("no profile in the sweep's VRAM cache (%s); capping with the allowance", exc)
+        return None
+    return profile.context_bytes if profile is not None else None
+
+
 def _shared_cache() -> SharedVramCache | None:
     """The sweep storage's VRAM cache (every node and the driver see it)."""
     try:
         storage = tune.get_context().get_storage()
         return SharedVramCache.in_storage(storage.storage_filesystem, storage.storage_fs_path)
     except Exception as exc:  # outside Tune (a direct call in a test): no shared storage
-        log.warning("no sweep storage to record the OOM in (%s); using this node's table", exc)
+        log.warning("no sweep storage for the VRAM cache (%s); using this node's table", exc)
         return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyarrow import fs as pafs
@@ -197,3 +198,41 @@ def test_an_oom_retry_keeps_its_type_in_a_packer_that_never_placed_it() -> None:
     # A type no longer in the cluster: the packer chooses again (the floor still holds).
     gone = dataclasses.replace(retry, gpu_type="A100")
     assert packer_with({8: 5}).resources_of(gone)["GPU"] == 0.3
+
+
+def test_a_trials_memory_cap_leaves_out_the_context_its_share_was_planned_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The share is (peak x headroom + the profile's context) / total; the trial's cap
+    must leave out that same context (here a measured 300 MiB), not the 512 MiB allowance,
+    or the allocator gets less than the plan gave it. No profile for the node's type:
+    the allowance."""
+    import torch
+
+    from cluster import packing
+    from trainables import trial as trial_module
+
+    cache = SharedVramCache.in_storage(pafs.LocalFileSystem(), str(tmp_path))
+    config = trial(8).train_config()
+    measured = fake_profile(5 * 1024, method="measured", context_bytes=300 * 2**20)
+    cache.put(type_key(config, H200), measured)
+    node_type = H200
+    monkeypatch.setattr(trial_module, "_shared_cache", lambda: cache)
+    monkeypatch.setattr(trial_module, "_node_gpu_type", lambda: node_type)
+    monkeypatch.setattr(packing, "_applied_cap", None)
+    caps: list[float] = []
+    fake_cuda = SimpleNamespace(
+        is_available=lambda: True,
+        current_device=lambda: 0,
+        get_device_properties=lambda _: SimpleNamespace(total_memory=141 * GiB),
+        set_per_process_memory_fraction=lambda fraction, device: caps.append(fraction),
+    )
+    monkeypatch.setattr(torch, "cuda", fake_cuda)
+    assert trial_module._cap_memory(config, 0.05) == pytest.approx(0.05 - 300 / (141 * 1024))
+    node_type = L4  # no profile of this shape cached for L4 nodes
+    assert trial_module._cap_memory(config, 0.05) == pytest.approx(0.05 - 512 / (141 * 1024))
+    assert trial_module._cap_memory(config, 1.0) is None  # a whole GPU is not capped
+    assert caps == [
+        pytest.approx(0.05 - 300 / (141 * 1024)),
+        pytest.approx(0.05 - 512 / (141 * 1024)),
+    ]
