@@ -164,11 +164,13 @@ STEPS = [
 ]
 
 
-def _pair(dtype: torch.dtype, wd: float, kahan: bool) -> tuple[Net, Net, object, GuardedAdamW]:
+def _pair(
+    dtype: torch.dtype, wd: float, kahan: bool, device: torch.device = CPU
+) -> tuple[Net, Net, object, GuardedAdamW]:
     torch.manual_seed(0)
-    old_net = Net(dtype)
+    old_net = Net(dtype).to(device)
     torch.manual_seed(0)
-    new_net = Net(dtype)
+    new_net = Net(dtype).to(device)
     old = ReferenceGuardedAdamW(old_net.parameters(), lr=3e-3, weight_decay=wd, kahan=kahan)
     new = GuardedAdamW(new_net.parameters(), lr=3e-3, weight_decay=wd, kahan=kahan)
     old.init_state()
@@ -176,6 +178,13 @@ def _pair(dtype: torch.dtype, wd: float, kahan: bool) -> tuple[Net, Net, object,
     return old_net, new_net, old, new
 
 
+CUDA_OR_SKIP = pytest.param(
+    "cuda",
+    marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA_OR_SKIP])  # CUDA: the multi-tensor kernels
 @pytest.mark.parametrize(
     ("dtype", "wd", "kahan"),
     [
@@ -188,19 +197,19 @@ def _pair(dtype: torch.dtype, wd: float, kahan: bool) -> tuple[Net, Net, object,
     ],
 )
 def test_multi_tensor_step_matches_the_per_parameter_one_bit_for_bit(
-    dtype: torch.dtype, wd: float, kahan: bool
+    dtype: torch.dtype, wd: float, kahan: bool, device: str
 ) -> None:
-    old_net, new_net, old, new = _pair(dtype, wd, kahan)
+    old_net, new_net, old, new = _pair(dtype, wd, kahan, torch.device(device))
     for k, (keep, scale, poison) in enumerate(STEPS):
-        x = torch.randn(5, 7, generator=torch.Generator().manual_seed(k))
+        x = torch.randn(5, 7, generator=torch.Generator().manual_seed(k)).to(device)
         for net in (old_net, new_net):
             net.zero_grad(set_to_none=False)
             loss = net(x).square().mean() * (2.0**16 if scale == 2.0**-16 else 1.0)
             loss.backward()
             if poison:
                 net.net[0].weight.grad[0, 0] = float("nan")
-        ok = torch.tensor(keep)
-        grad_scale = None if scale is None else torch.tensor(scale)
+        ok = torch.tensor(keep, device=device)
+        grad_scale = None if scale is None else torch.tensor(scale, device=device)
         old.step(ok=ok, grad_scale=grad_scale)
         new.step(ok=ok, grad_scale=grad_scale)
         for (name, p), q in zip(old_net.named_parameters(), new_net.parameters(), strict=True):
