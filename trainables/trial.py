@@ -153,7 +153,7 @@ def _shared_cache() -> SharedVramCache | None:
         storage = tune.get_context().get_storage()
         return SharedVramCache.in_storage(storage.storage_filesystem, storage.storage_fs_path)
     except Exception as exc:  # outside Tune (a direct call in a test): no shared storage
-        log.warning("no sweep storage for the VRAM cache (%s); using this node's table", exc)
+        log.warning("no sweep storage for the VRAM cache (%s)", exc)
         return None
 
 
