@@ -401,6 +401,7 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
             hook.remove()
     with LiveTensors(device) as live_eval:
         _eval_forwards(trainer)
+    data.held.clear()  # the counts are taken: let transients go before the CUDA peaks
 
     allocated = reserved = context = None
     if measure:
