@@ -43,7 +43,7 @@ import gc
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -401,7 +401,10 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
             hook.remove()
     with LiveTensors(device) as live_eval:
         _eval_forwards(trainer)
-    data.held.clear()  # the counts are taken: let transients go before the CUDA peaks
+    # The counts are taken: let the held storages go (transients before the CUDA peaks,
+    # and nothing of the trainer outlives the profile through them).
+    data.held.clear()
+    state = replace(state, held=())
 
     allocated = reserved = context = None
     if measure:

@@ -72,7 +72,7 @@ class StorageSet:
     """
 
     sizes: dict[int, int] = field(default_factory=dict)
-    held: list[torch.UntypedStorage] = field(default_factory=list, repr=False)
+    held: list[torch.UntypedStorage] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, t: torch.Tensor) -> bool:
         key = storage_key(t)
