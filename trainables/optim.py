@@ -39,8 +39,8 @@ fallback) or when the ``state`` dict object was replaced.
 Why not a subclass of ``torch.optim.Optimizer``: its ``add_param_group`` (called by its
 ``__init__``), ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped in
 ``torch._disable_dynamo``, whose first call imports ``torch._dynamo``: 1.1 s and 67 MiB in
-every trial process, which compiles nothing. Its step wrapper (profiler label, hooks) is
-another ~10 us per step. The trainer uses none of its machinery (no LR scheduler, no
+every trial process, which compiles nothing. Its step wrapper (a profiler label and hook
+lookups around every step) goes too. The trainer uses none of its machinery (no LR scheduler, no
 ``GradScaler``; checkpoints read ``state`` directly), so this class keeps only the parts
 callers use: ``param_groups``, ``state``, ``zero_grad``, ``state_dict`` /
 ``load_state_dict`` in torch's format, and ``register_step_post_hook``. A torch LR
