@@ -267,6 +267,12 @@ def gpu_fraction_for_trial(
 # inside the trial
 
 
+def caps_memory(fraction: float | None) -> bool:
+    """Whether a trial with GPU share ``fraction`` caps its allocator: a part of a GPU,
+    on CUDA (0, None and whole GPUs are not capped)."""
+    return fraction is not None and 0 < fraction < 1.0 and torch.cuda.is_available()
+
+
 def apply_memory_cap(fraction: float | None, *, context_bytes: int | None = None) -> float | None:
     """Cap this process's CUDA allocator to its share of the GPU; returns the cap set.
 
@@ -276,7 +282,7 @@ def apply_memory_cap(fraction: float | None, *, context_bytes: int | None = None
     CUDA, for 0 / no GPU, and for whole GPUs.
     """
     global _applied_cap
-    if not fraction or fraction <= 0 or fraction >= 1.0 or not torch.cuda.is_available():
+    if fraction is None or not caps_memory(fraction):
         return None
     device = torch.cuda.current_device()  # Ray's CUDA_VISIBLE_DEVICES makes it the trial's GPU
     total = torch.cuda.get_device_properties(device).total_memory
@@ -410,6 +416,7 @@ __all__ = [
     "Packing",
     "TrialDoesNotFit",
     "apply_memory_cap",
+    "caps_memory",
     "device_total_bytes",
     "gpu_fraction",
     "gpu_fraction_for_trial",

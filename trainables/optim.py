@@ -431,12 +431,12 @@ class MultiTensorGuardedAdamW:
                 what = f"state keys {sorted(unknown)}" if unknown else "no such parameter"
                 raise ValueError(f"parameter {index} of the state dict: {what}")
             p = by_index[index]
-            for key in (*_STATE_KEYS, "compensation"):
-                if key in values and torch.as_tensor(values[key]).shape != _state_shape(key, p):
+            for key, value in values.items():
+                shape, wanted = torch.as_tensor(value).shape, _state_shape(key, p)
+                if shape != wanted:
                     raise ValueError(
                         f"parameter {index} of the state dict: {key} has shape "
-                        f"{tuple(torch.as_tensor(values[key]).shape)}, this parameter "
-                        f"{tuple(_state_shape(key, p))}"
+                        f"{tuple(shape)}, this parameter {tuple(wanted)}"
                     )
         for saved, group in zip(saved_groups, self.param_groups, strict=True):
             group.update({k: saved[k] for k in self.defaults if k in saved})

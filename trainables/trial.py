@@ -28,6 +28,7 @@ from cluster.gpu_types import GpuType, declared_memory_bytes, node_type_name, th
 from cluster.packing import (
     TrialDoesNotFit,
     apply_memory_cap,
+    caps_memory,
     retry_fraction_after_oom,
     trial_memory_metrics,
 )
@@ -129,9 +130,7 @@ def _cap_memory(config: TrainConfig, gpu_fraction: float) -> float | None:
     """Cap the allocator to the trial's share less the CUDA context its share was planned
     with: the profile's (measured on the node, or the allowance), from the sweep's shared
     cache under this node's GPU type; the allowance where no profile is found there."""
-    context = None
-    if 0 < gpu_fraction < 1 and torch.cuda.is_available():
-        context = _planned_context_bytes(config)
+    context = _planned_context_bytes(config) if caps_memory(gpu_fraction) else None
     return apply_memory_cap(gpu_fraction or None, context_bytes=context)
 
 
