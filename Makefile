@@ -6,7 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean chromium
+.PHONY: setup demo test lint typecheck clean chromium
+
+SOURCES := hpo trainables models cluster dashboards
+LINTED := $(SOURCES) tests bench
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,12 +26,17 @@ chromium:
 demo: $(STAMP)
 	$(BIN)/hpo sweep examples/quick.toml --name quick-$$(date +%Y%m%d-%H%M%S)
 
-test: $(STAMP) chromium
+# Style and types first (seconds, then about a minute): CI keeps them without anyone
+# remembering to. The layering is a test (tests/test_layers.py).
+test: lint typecheck chromium
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check hpo trainables models cluster dashboards tests bench
-	$(BIN)/ruff format --check hpo trainables models cluster dashboards tests bench
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+
+typecheck: $(STAMP)
+	$(BIN)/mypy $(SOURCES)
 
 clean:
 	rm -rf $(VENV) runs mlflow.db mlruns .pytest_cache

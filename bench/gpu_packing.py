@@ -10,22 +10,14 @@ Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/result
 every row, so a run stopped by its time limit keeps what it measured; each row is also
 printed as one JSON line. ``--budget-s`` (default 420) is the whole run: a row starts only
 if it (as long as the slowest so far) and the packed sweep's reserve still fit, the sweep
-only if its reserve fits, and Tune stops the sweep's trials at the budget's end. The sweep's Tune storage (with its
-trials' error logs) is kept under OUT. A failed sweep is recorded with its traceback.
+only if its reserve fits, and Tune stops the sweep's trials at the budget's end. The
+sweep's Tune storage (with its trials' error logs) is kept under OUT; a failed sweep is
+recorded with its traceback.
 
-The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) starts
-a local Ray, profiles every (family, precision) in a Ray task on the GPU
-(:class:`cluster.packing_plan.ClusterPacker`, as a sweep does), prints the plan, then runs
-one short trial of each through the real trainable at its planned share, all at once
-where they fit, and reports the OOMs (the target is 0) and the most trials that ran at
-once.
-
-For each (family, precision) it runs the profiler twice: on the CPU (the estimate a driver
-without a GPU packs with) and, on CUDA, measured (``max_memory_allocated`` / ``reserved``
-of a warm step and validation forward on every fold). The fraction uses the measurement
-where there is one. Steps/s counts optimizer steps of fold 0 through the trainer's own
-step (rl: collect + learn, as in training) over ``--seconds`` after one warm call.
-Families whose module does not import are listed as skipped, not failed.
+The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) reports
+the OOMs (the target is 0) and the most trials that ran at once. ``--seconds`` sets how
+long steps/s is timed. Families whose module does not import are listed as skipped, not
+failed. What each row and the sweep measure: docs/packing.md#the-packing-benchmark
 """
 
 from __future__ import annotations
@@ -67,7 +59,7 @@ def trial_config(family: str, precision: str, smoke: bool) -> TrainConfig:
     """The trainer config a sweep trial of ``family`` gets, decoded as the trainable does
     (the adapter's defaults; smoke: tiny shapes)."""
     trial = TrialConfig(
-        model=family,
+        family=family,
         precision=precision,
         seed=0,
         params=SMOKE_MODEL.get(family, {}) if smoke else {},
@@ -263,10 +255,11 @@ def _bench_trial(config: dict[str, Any]) -> None:
 
     from ray import tune
 
+    from cluster.trial_share import PackedShare
     from trainables.trial import run_trial
 
     start = clock.time()
-    run_trial(config["trial"])
+    run_trial(config["trial"], PackedShare())
     tune.report({"start": start, "end": clock.time(), "done": 1})
 
 
@@ -307,7 +300,7 @@ def packed_sweep(
     trainer = {**(SMOKE_TRAINER if smoke else {}), "max_steps_per_epoch": 10, "rl_iterations": 4}
     trials = [
         TrialConfig(
-            model=family,
+            family=family,
             precision=precision,
             seed=0,
             params=SMOKE_MODEL.get(family, {}) if smoke else {},

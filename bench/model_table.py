@@ -28,7 +28,7 @@ from trainables.trainer import Trainer
 
 def measure(model: str, steps: int) -> tuple[int, float]:
     config = TrainConfig(
-        model=model,
+        family=model,
         precision="f32",
         epochs=2,
         n_folds=1,

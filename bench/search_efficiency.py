@@ -10,52 +10,17 @@ validation Sharpe on the synthetic task, side by side in one run.
 
 Results, settings and machine notes: bench/README.md, "Search efficiency".
 
-What runs. Every searcher is hpo's own :class:`~hpo.search.sweep_searcher.SweepSearcher`
-(the Ray Tune ``Searcher`` a sweep uses, built from a parsed sweep spec: ``search = tpe |
-random | pso``), driven in-process the way Tune drives it (``suggest`` / ``on_trial_complete``
-with the trial's last result), with ``concurrency`` trials running at once. Every trial is
-the real shared :class:`~trainables.trainer.Trainer` on a KAN (``models/kan.py``) over the
-synthetic bars with a planted lag-1 signal (``signal = 0.3``), its config built by
-``TrialConfig.from_dict(config).train_config()`` (:mod:`trainables.config`) exactly as the
-Ray trainable does, one ``train_epoch()`` per reported epoch; the metric is ``val_sharpe``.
-
-Search space: the KAN adapter and the trainer space with spec overrides: ``lr`` widened to
-log [1e-5, 1] (too low never learns in the budget, too high is unstable), ``width`` (log
-int 2..32) and ``window`` (int 1..8) from the adapter; every other key is fixed (passes
-through). The known-good region is lr ~1e-3..1e-2 with a short window; the best
-configurations reach a validation Sharpe of ~7 after 8 epochs (the planted signal caps
-what any model can earn).
-
-Memoized learning curves (a tabular benchmark over the real trainer). The trial seed is
-fixed (a sweep's ``seeds = [0]``), so a configuration's learning curve is a deterministic
-function of its parameters. Before training, parameters are snapped to a grid (log floats
-to 1/4 decade, linear floats to 1/8 of their range, log ints to powers of two; other ints
-and choices as they are), and each snapped configuration's curve is computed once, lazily,
-epoch by epoch (a trial stopped at epoch 2 trains 2 epochs; a later trial of the same
-configuration continues that trainer), with each trainer's global torch RNG state kept
-apart, as if it ran in its own process. Searchers see the unsnapped space; the objective
-is a step function of it. Cost is counted in *trial-epochs* as if every trial ran: the
-memo only saves wall time. Runs differ in the searcher's seed (``search_seed``).
-
-ASHA, emulated in-process with the rule of ``ray.tune.schedulers.ASHAScheduler(
-time_attr="epoch", mode="max", max_t=T, grace_period=1, reduction_factor=2)`` (one bracket,
-``stop_last_trials=True``; see :class:`AshaRungs`, cross-checked against Ray's class in
-``tests/bench/test_bench_smoke.py``). Trials run in lockstep virtual time on
-``concurrency`` equal slots (every epoch costs one unit); a free slot takes the next
-suggestion at once, so the rungs fill asynchronously as in Tune.
-
-Measure. A run has a budget of trial-epochs (1024 = 128 full trials: enough for random
-search's median to be observed, not censored, up to 0.97 x best); it reaches the target
-at the first trial completion (finished, or stopped by ASHA: its last reported value, what
-``hpo best`` ranks by) whose ``val_sharpe`` >= target, and costs the trial-epochs spent by
-then (trials still running included). Target = ``target_fraction`` (0.9) x the best
-completion value found across all runs of all searchers. Per searcher: median trial-epochs
-to target (runs that miss it count as +inf), ratio to random search's median (when
-random's median is censored only an upper bound ``<x`` = median / budget is known), a 95%
-percentile-bootstrap interval of that ratio, and the share of runs that reached the target
-within the budget; a second table repeats it for other target fractions. TPE and random
-with the same seed draw the same first 4 configurations (TPE's random start-up), so the two
-are compared on common random numbers for those.
+Every searcher is hpo's own :class:`~hpo.search.sweep_searcher.SweepSearcher`, driven
+in-process the way Tune drives it, ``concurrency`` trials at once; every trial is the real
+:class:`~trainables.trainer.Trainer` on a KAN over the synthetic bars (``signal = 0.3``),
+metric ``val_sharpe``. Sampled parameters are snapped to a grid (log floats to 1/4 decade,
+linear floats to 1/8 of their range, log ints to powers of two; other ints and choices as
+they are) and each snapped configuration's learning curve is computed once, lazily; cost
+counts trial-epochs as if every trial ran. ASHA is emulated in-process (:class:`AshaRungs`,
+Ray's rule). A run reaches the target (``target_fraction`` x the best value any run found)
+at the first trial completion at or above it. Per searcher: median trial-epochs to target,
+its ratio to random search's with a 95% bootstrap interval, and the share of runs that
+reached the target. Method in full: docs/search.md#the-search-efficiency-benchmark
 """
 
 from __future__ import annotations

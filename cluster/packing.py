@@ -4,38 +4,24 @@ A trial's GPU share is
 
     fraction = (peak * (1 + headroom) + context) / device_total
 
-rounded UP at Ray's resolution (GPU quantities are fixed-point with four decimals:
-``RAY_GPU_STEPS = 10_000`` steps per GPU) and capped at 1.0, where ``peak`` and ``context``
-come from the trial shape's :class:`~cluster.profiler.MemoryProfile` (measured on CUDA,
-estimated from tensor bytes without; cached in :mod:`cluster.vram_table`). The headroom
-multiplies the peak only: the context is a fixed per-process cost.
+rounded UP at Ray's resolution (``RAY_GPU_STEPS = 10_000`` steps per GPU) and capped at
+1.0, where ``peak`` and ``context`` come from the trial shape's
+:class:`~cluster.profiler.MemoryProfile` (measured on CUDA, estimated from tensor bytes
+without; cached in :mod:`cluster.vram_table`); the headroom multiplies the peak only.
+``device_total`` is the profiled GPU's (measured, or declared by its node:
+:mod:`cluster.gpu_types`), else ``HPO_GPU_TOTAL_GB`` (GiB), else
+``DEFAULT_DEVICE_TOTAL_BYTES`` = 80 GiB (an H100 80GB). ``HPO_VRAM_MODE``: ``auto``
+measures when this process has CUDA and estimates otherwise, ``measure`` insists on CUDA,
+``estimate`` never touches a GPU (a sweep on Ray profiles on its GPU nodes instead:
+:mod:`cluster.packing_plan`).
 
-Choices, with their reasons:
-
-* No coarse grid. A 1/20 grid capped a GPU at 20 trials and rounded every share up by up
-  to 0.05 GPU (7 GB of an H200): at seed scale (DQN, a 1,000,000-transition replay,
-  lookback 64, 141 GB) it packed 10 f32 / 20 bf16 trials where memory holds ~14 / ~27.
-  Rounding at Ray's own resolution loses at most one trial per GPU, and only when the
-  exact share lies within 1e-4 of 1/n.
-* The device total: the profiled GPU's (measured, or the GPU memory a node declares, see
-  :mod:`cluster.gpu_types`); otherwise ``HPO_GPU_TOTAL_GB`` (in GiB) or
-  ``DEFAULT_DEVICE_TOTAL_BYTES`` = 80 GiB, an H100 80GB.
-* Where profiles come from (``HPO_VRAM_MODE``): ``auto`` measures when the process asking
-  has CUDA and estimates otherwise; ``measure`` insists on CUDA; ``estimate`` never
-  touches a GPU. A sweep on Ray profiles on the GPU nodes instead
-  (:class:`cluster.packing_plan.ClusterPacker`), and this module's per-process functions serve the CLI
-  (``hpo profile``) and the trial itself.
-
-Ray does not enforce fractions, so every trial caps its own allocator with
-:func:`apply_memory_cap`. A trial that still runs out of memory calls
-:func:`retry_fraction_after_oom`: it marks the shape's profile as too small, re-measures,
-and returns a larger fraction (headroom doubled per OOM of that shape, and at least
-``1 + headroom`` times the share that ran out), which the retried trial carries in its config
-(:attr:`trainables.config.TrialConfig.gpu_fraction_floor`) -- :func:`gpu_fraction_for_trial`
-never returns less than that floor.
-
-Every function here takes the trial's :class:`~trainables.config.TrainConfig`; a caller
-holding a Tune trial dict decodes it with ``TrialConfig.from_dict(config)``.
+Every trial caps its own allocator with :func:`apply_memory_cap` (Ray does not enforce
+fractions). After an OOM, :func:`retry_fraction_after_oom` marks the shape's profile as too
+small, re-measures and returns a larger fraction (headroom doubled per OOM of that shape,
+at least ``1 + headroom`` times the share that ran out); the retried trial carries it as
+:attr:`trainables.config.TrialConfig.gpu_fraction_floor`, and :func:`gpu_fraction_for_trial`
+never returns less. Every function takes a :class:`~trainables.config.TrainConfig` (decode
+a Tune trial dict with ``TrialConfig.from_dict``). Why: docs/packing.md#fractional-shares
 """
 
 from __future__ import annotations
@@ -318,7 +304,7 @@ def retry_fraction_after_oom(
     """
     if previous_fraction >= 1.0 - _EPS:
         raise TrialDoesNotFit(
-            f"{config.model}/{config.precision} ran out of memory on a whole GPU; "
+            f"{config.family}/{config.precision} ran out of memory on a whole GPU; "
             "shrink it (batch size, model size, replay capacity) or use a larger GPU"
         )
     device, name = _target(mode)
@@ -350,7 +336,7 @@ def retry_fraction_after_oom(
     new = round(min(1.0, max(fraction, grown)), 9)
     log.warning(
         "%s/%s ran out of memory at GPU fraction %.4f (OOM %d of this shape); retry at %.4f",
-        config.model,
+        config.family,
         config.precision,
         previous_fraction,
         ooms,

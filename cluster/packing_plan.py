@@ -1,39 +1,26 @@
 """The plan: what GPU share each trial shape asks for and how many trials that packs.
 
-This module holds every plan the tool shows:
-
-* a sweep's, on a Ray cluster (:class:`ClusterPacker`, :func:`plan_rows`,
-  :func:`render_plan`; ``hpo sweep SPEC --plan`` and the first lines of a sweep): per GPU
-  type the share of every trial shape, profiled on a node of that type, and where each
-  trial may run;
-* one shape's, or every family's in f32 and bf16, profiled in this process
+* A sweep's plan on a Ray cluster (:class:`ClusterPacker`, :func:`plan_rows`,
+  :func:`render_plan`; ``hpo sweep SPEC --plan`` and the first lines of a sweep): per
+  (model, precision, GPU type) the peak and its source, the share, trials per GPU and per
+  node, and the binding constraint; :func:`render_fixed_plan` when a sweep asks for a fixed
+  GPU number per trial, or no GPUs.
+* One shape's, or every family's in f32 and bf16, profiled in this process
   (:func:`shape_plan`, :func:`family_plans`; ``hpo profile --model`` / ``--all``).
 
-:class:`ClusterPacker` is what the sweep hands Tune as the resources callable
-(``tune.with_resources(run_trial, resources=packer)``) once it has planned:
+:class:`ClusterPacker` is the resources callable the sweep hands Tune
+(``tune.with_resources(run_trial, resources=packer)``):
 
-1. ``packer.prefetch(configs)`` profiles every shape known before launch on every GPU type,
-   each in one Ray task on a node of that type (:mod:`cluster.remote_profile`), reading
-   the sweep storage's :class:`~cluster.vram_table.SharedVramCache` first. A shape met
-   only later (a searched model size) is profiled the same way when its first trial
-   is created.
-2. Per type the share is ``(peak x (1 + headroom x 2**ooms) + context) / that type's GPU
-   memory`` rounded up at Ray's resolution (:func:`cluster.packing.plan`); the OOM count
-   is read from the shared cache, where a trial that ran out of memory recorded it.
-3. Each trial goes to ONE type where it fits: the one whose GPUs would be least full
-   (each trial placed so far taking 1 / its trials per GPU, over the type's GPU count),
-   so the types fill evenly whatever their sizes, and a shape that fits one type only
-   still counts against that type. Its bundle is ``{"CPU": c, "GPU": share_of_that_type,
-   "accelerator_type:<TYPE>": 0.001}``; the last entry keeps it on that type (a bundle
-   cannot say "0.5 of an L4 or 0.2 of an H200"). On a cluster of one type the constraint
-   is left out. A trial that fits no type asks for a whole GPU of the largest. An OOM
-   retry (the same member again, with a floor) keeps the type its member was placed on.
-
-:func:`plan_rows` / :func:`render_plan` give the table ``hpo sweep SPEC --plan`` prints
-(and a sweep logs to its parent run): per (model, precision, GPU type) the peak and how it
-was obtained, the share, trials per GPU and per node, and the binding constraint (GPU
-memory, or CPUs per node). A sweep with a fixed GPU number per trial, or no GPUs, has no
-measured shares: :func:`render_fixed_plan` says what each trial asks for instead.
+1. ``packer.prefetch(configs)`` profiles every shape known before launch on every GPU
+   type, in one Ray task on a node of that type (:mod:`cluster.remote_profile`), reading
+   the storage's :class:`~cluster.vram_table.SharedVramCache` first; a shape met later is
+   profiled the same way when its first trial is created.
+2. Per type the share is :func:`cluster.packing.plan`'s, the headroom doubled per OOM of
+   that shape recorded in the shared cache.
+3. Each trial goes to ONE type where it fits, the one whose GPUs would be least full; its
+   bundle is ``{"CPU": c, "GPU": share, "accelerator_type:<TYPE>": 0.001}`` (the last entry
+   only on a cluster of several types). A trial that fits no type asks for a whole GPU of
+   the largest; an OOM retry keeps its member's type. Why: docs/packing.md#the-plan
 """
 
 from __future__ import annotations
@@ -214,7 +201,7 @@ class ClusterPacker:
         # on the type it ran out of memory on, as its floor is a share of that type's GPU;
         # its config names that type too, for a packer that never placed its first try.
         identity = json.dumps(
-            [trial.group_id, trial.member, trial.seed, trial.model, trial.precision,
+            [trial.config_id, trial.member, trial.seed, trial.family, trial.precision,
              dict(trial.params)],
             sort_keys=True,
             default=str,
@@ -256,7 +243,7 @@ def plan_rows(packer: ClusterPacker, configs: Iterable[TrainConfig]) -> list[dic
             profile = share.profile
             rows.append(
                 {
-                    "model": config.model,
+                    "model": config.family,
                     "precision": profile.precision,
                     "batch_size": config.batch_size,
                     "gpu_type": share.gpu_type.name,

@@ -1,39 +1,26 @@
 """Device memory of one trial shape: measured on CUDA, estimated from tensor bytes without.
 
-The trial is built by the shared :class:`~trainables.trainer.Trainer` itself (every
-walk-forward fold: model, ``GuardedAdamW``, dataset tensors, environment and replay), so
-the profile sees exactly what a trial allocates. Then:
+The trial is built by the shared :class:`~trainables.trainer.Trainer` itself (every fold's
+model, ``GuardedAdamW``, dataset tensors, environment and replay), so the profile sees
+exactly what a trial allocates. After a warm-up of one optimizer step per fold through the
+trainer's own step:
 
-1. warm-up: one optimizer step per fold, through the trainer's own step
-   (``_train_forecast`` capped at one minibatch; for rl families ``_train_rl`` with one
-   collect-and-learn cycle, repeated until the learner yields a loss, with
-   ``learning_starts`` lowered so the replay is "filled enough" after a few collects).
-   Gradients, optimizer state, replay/rollout storage and the cuBLAS workspace now exist;
-2. estimate, on any device: parameters + gradients + optimizer state (exact, from the
-   tensors) + data (dataset tensors, replay buffers, environment state; they live on the
-   training device in this design) + activations saved for backward in one step
-   (``saved_tensors_hooks``, by storage) + temporaries (what else is alive at the busiest
-   moment of a step or of the validation forward, followed op by op) + 512-byte allocator
-   rounding + the cuBLAS workspace + the CUDA context allowance;
-3. on CUDA also measure: ``reset_peak_memory_stats``, then a step and a validation
-   forward on every fold, and ``max_memory_allocated`` / ``max_memory_reserved`` above the
-   process's baseline; the device's name and total memory come from pynvml (nvidia-ml-py),
-   from torch when NVML cannot answer; the context is what NVML sees the process use
-   beyond the allocator's reservation.
+* estimate, on any device: parameters + gradients + optimizer state + data + activations
+  saved for backward + temporaries at the busiest moment of a step or validation forward
+  + 512-byte allocator rounding + the cuBLAS workspace + the CUDA context allowance;
+* on CUDA also measure: ``max_memory_allocated`` / ``max_memory_reserved`` of a step and a
+  validation forward on every fold, above the process's baseline; the device's name and
+  total memory from pynvml (torch when NVML cannot answer); the context as what NVML sees
+  the process use beyond the allocator's reservation.
 
 The peak a packing uses is the measured reservation on CUDA, the estimate elsewhere; the
-context is kept apart because the fraction adds it outside the headroom.
+context is kept apart (the fraction adds it outside the headroom).
 
-Allowances (documented constants, overridable by environment):
-
-* ``HPO_CUDA_CONTEXT_MB`` (default 512): per-process CUDA context, cuBLAS/cuDNN handles and
-  loaded kernels, outside the caching allocator. Typical for torch 2.x on Hopper with lazy
-  module loading: 300-600 MiB.
-* ``CUBLAS_WORKSPACE_CONFIG`` (torch's own variable): the cuBLAS workspace (one per handle
-  and stream, allocated through the caching allocator; unified with cuBLASLt's in torch
-  2.13). Default when unset: 32 MiB on compute capability >= 9 (Hopper, Blackwell), else
-  8 MiB + 128 KiB -- the values torch picks. An estimate made without a GPU assumes the
-  H100 the packing assumes (see :mod:`cluster.packing`).
+Allowances: ``HPO_CUDA_CONTEXT_MB`` (default 512) for the per-process CUDA context;
+``CUBLAS_WORKSPACE_CONFIG`` (torch's variable) for the cuBLAS workspace, by default 32 MiB
+on compute capability >= 9, else 8 MiB + 128 KiB (torch's own values). An estimate made
+without a GPU assumes the H100 the packing assumes (:mod:`cluster.packing`).
+Method and constants: docs/packing.md#profiling
 """
 
 from __future__ import annotations
@@ -308,7 +295,7 @@ def profiling_config(config: TrainConfig, device: torch.device) -> TrainConfig:
     """``config`` with only what does not change memory cut short: one minibatch per
     forecast step call, one collect-and-learn cycle per rl call, ``learning_starts``
     lowered to one replay batch, on ``device``."""
-    family = get_family(config.model)
+    family = get_family(config.family)
     changes: dict[str, Any] = {
         "device": str(device),
         "precision": target_precision(config.precision, device),
@@ -467,7 +454,7 @@ def profile_trial(
             torch.cuda.empty_cache()
 
     return MemoryProfile(
-        model=config.model,
+        model=config.family,
         precision=counts.precision,
         batch_size=config.batch_size,
         n_folds=counts.n_folds,

@@ -93,7 +93,7 @@ def profile_on_types(
             num_gpus=PROFILE_GPU_SHARE,
             resources=gpu_type.constraint,
             max_retries=0,
-            name=f"hpo-profile:{config.model}/{config.precision}@{gpu_type.name}",
+            name=f"hpo-profile:{config.family}/{config.precision}@{gpu_type.name}",
         ).remote(config.to_dict(), gpu_type.to_dict(), mode, cache)
         for config, gpu_type in requests
     ]

@@ -67,8 +67,8 @@ class StorageSet:
     The storages are held while the set lives: their keys are addresses, and a counter
     told to leave these keys out must not meet another tensor at one of them. (A
     transient the walk found, such as the last step's batch, freed during the counted
-    step would otherwise lend its address to an activation, which was then left out:
-    a dqn estimate moved by 256 bytes with the heap's history.)
+    step would otherwise lend its address to an activation, which would then be left out:
+    docs/packing.md#profiling.)
     """
 
     sizes: dict[int, int] = field(default_factory=dict)

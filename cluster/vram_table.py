@@ -6,13 +6,9 @@ memory and nothing else:
 
 * family, precision (``auto`` resolved), trainer batch size;
 * the model's size settings: every field of the family's config by value, except the
-  floats the family's adapter searches (its ``search_space``: dropout, discounts, scales),
-  which count only by whether they are zero (a dropout of 0 vs > 0 changes the saved masks;
-  0.1 vs 0.3 does not), so continuous hyperparameters a searcher draws fresh for every
-  trial do not force a new profile. Every other float counts by value: some set widths
-  (xLSTM's ``proj_factor`` and ``ffn_factor``), and a float fixed for the whole sweep costs
-  one profile either way. A family module may list settings that never change memory
-  (schedules, periods) in an optional ``MEMORY_NEUTRAL`` tuple; those are left out;
+  floats the family's adapter searches (its ``search_space``), which count only by whether
+  they are zero, and the settings a family module lists in an optional ``MEMORY_NEUTRAL``
+  tuple, which are left out;
 * the data's shape: lookback, folds, validation/test shares, data source, assets, bars;
 * the device name (``estimate`` for estimates, which also record their allowances) and
   the torch version; and a schema version, bumped when the estimator changes.
@@ -22,8 +18,9 @@ processes with an ``flock`` on ``vram.json.lock``, merging with what others wrot
 
 A sweep on a cluster also keeps a :class:`SharedVramCache` in its storage (a shared path
 or an object store, through pyarrow as Tune's own storage): one small JSON file per shape
-and GPU type (:func:`type_key`), so the profiling tasks on the GPU nodes, the trials that
-run out of memory and the driver that sizes shares all read and write the same records.
+and GPU type (:func:`type_key`), read and written by the profiling tasks on the GPU nodes,
+the trials that run out of memory and the driver that sizes shares.
+Why the key is built this way: docs/packing.md#the-vram-table
 """
 
 from __future__ import annotations
@@ -52,6 +49,7 @@ from cluster.profiler import (
     cublas_workspace_bytes,
     target_precision,
 )
+from cluster.storage import SweepLocation
 from models import FAMILY_MODULES, get_family
 from trainables.config import TrainConfig
 
@@ -92,8 +90,8 @@ def memory_neutral(model: str) -> frozenset[str]:
 
 def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> dict[str, Any]:
     """The shape key of ``config`` profiled on ``device`` (named ``device_name``)."""
-    family = get_family(config.model)
-    neutral = memory_neutral(config.model)
+    family = get_family(config.family)
+    neutral = memory_neutral(config.family)
     model_config = {
         name: value
         for name, value in dataclasses.asdict(family.make_config(config.model_config)).items()
@@ -101,7 +99,7 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
     }
     key: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
-        "family": config.model,
+        "family": config.family,
         "precision": target_precision(config.precision, device),
         "batch_size": config.batch_size,
         "size": {
@@ -299,8 +297,6 @@ class SharedVramCache:
     @classmethod
     def at(cls, storage: str) -> SharedVramCache:
         """The cache under a storage path or URI (``/shared/hpo``, ``s3://bucket/hpo``)."""
-        from hpo.location import SweepLocation
-
         filesystem, path = SweepLocation.parse(storage).filesystem()
         return cls.in_storage(filesystem, path)
 

@@ -2,34 +2,26 @@
 
     hpo compare --experiment NAME --html report.html     # recomputed from MLflow, any time
 
-(``hpo sweep --compare`` also attaches it to the sweep's parent run as
-``comparison/report.html``.)
+``hpo sweep --compare`` attaches it to the parent run as ``comparison/report.html``. It
+makes no network request (a Content-Security-Policy ``default-src 'none'``), so it opens the
+same anywhere, air-gapped included. Its reading notes are ``reading_notes.html`` beside it.
 
-It makes no network request: every plot is inline SVG, and a Content-Security-Policy
-(``default-src 'none'``) makes the browser refuse anything else, so it opens the same from
-an MLflow artifact view, an e-mail attachment or an air-gapped machine.
+Stable hooks (``<scope>``: a model family or ``overall``, reduced to ``[A-Za-z0-9_-]``):
 
-Stable hooks for browser tests and for readers who link to a part (``<scope>`` is a model
-family or ``overall``; names are reduced to ``[A-Za-z0-9_-]``):
-
-* ``h1#verdict`` - the first line: the verdict, overall and per family;
-  ``ul#verdicts`` - one sentence per family that explains it;
+* ``h1#verdict`` - the verdict, overall and per family; ``ul#verdicts`` - why, per family;
 * ``#summary-table`` - one row per scope, contrast and split;
 * ``section#family-<scope>.family`` - everything about one scope;
-* ``table#stats-<scope>.stats-table`` - the paired statistics;
-* ``table#counts-<scope>``, ``table#selection-<scope>`` - trial states, PSR/DSR;
+* ``table#stats-<scope>.stats-table``, ``table#counts-<scope>``, ``table#selection-<scope>``
+  - the paired statistics, trial states, PSR/DSR;
 * ``table#seeds-<scope>-<contrast>`` - every seed pair behind the configuration means;
-* ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, the Sharpe-difference
-  tests (JKM, HAC) of the two members' return series (model families only);
+* ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, JKM and HAC tests
+  (model families only);
 * ``table#overfitting-<scope>`` - PBO, MinTRL of the best trial, val/test Spearman;
-* ``svg#dist-<scope>-<contrast>-<val|test>.plot-dist`` - the two Sharpe distributions
-  (the configuration means the statistics use);
-* ``svg#diff-<scope>-<contrast>-<val|test>.plot-diff`` - paired differences per
-  configuration, zero line;
+* ``svg#dist-<scope>-<contrast>-<val|test>.plot-dist`` / ``svg#diff-...`` (same suffix,
+  ``.plot-diff``) - the configuration means' Sharpe distributions / paired differences;
 * ``svg#curves-<scope>-<contrast>.plot-curves`` - validation Sharpe per epoch, per pair;
-* ``svg#resources-<scope>.plot-bars`` - peak memory and throughput per precision (or a
-  ``p#resources-<scope>.not-recorded``);
-* ``section#reading-notes`` - how to read the numbers.
+* ``svg#resources-<scope>.plot-bars`` (or ``p#resources-<scope>.not-recorded``) - peak
+  memory and throughput per precision; ``section#reading-notes`` - how to read the numbers.
 """
 
 from __future__ import annotations
@@ -38,6 +30,7 @@ import math
 import re
 from html import escape
 from pathlib import Path
+from string import Template
 
 from dashboards._svg import (
     PALETTE,
@@ -251,7 +244,6 @@ def _summary(c: Comparison) -> str:
 
 
 def _reading_notes(c: Comparison) -> str:
-    ref = escape(c.reference)
     n_tests = sorted(
         {
             contrast.inference[split].bh_n_tests
@@ -262,92 +254,21 @@ def _reading_notes(c: Comparison) -> str:
         }
     )
     tests = " or ".join(str(n) for n in n_tests) if n_tests else "no"
-    items = [
-        f"<b>Verdict.</b> The question is whether the other precision is <i>as good as</i> "
-        f"{ref}, which \u201cnot significantly different\u201d does not answer. The verdict "
-        "is a two one-sided tests (TOST) equivalence test, each one-sided test an exact "
-        "signed-rank test, of the centre of the configuration differences against a margin "
-        f"of \u00b1{c.margin:.2f} annualised Sharpe fixed before the results: "
-        "<i>equivalent</i> when the 90% Hodges-Lehmann interval lies inside the margin (both "
-        "one-sided tests reject at 5%), <i>worse</i> or <i>better</i> when it lies wholly "
-        "beyond it, otherwise <i>inconclusive</i>, with about how many more configurations "
-        "would decide it if the spread stays as observed. With 4 or fewer configurations no "
-        "test at 5% can reject, so the verdict is inconclusive whatever the data. The "
-        f"headline uses the {'held-out test' if VERDICT_SPLIT == 'test' else 'validation'} "
-        "Sharpe.",
-        "<b>Paired design.</b> Each pair is one sampled configuration and seed trained once "
-        "per precision. The unit of inference is the configuration: the paired differences "
-        "of its seeds are averaged first, since seeds that share every hyperparameter are "
-        "not independent pairs (the per-seed values are in each family's seed table). The "
-        f"Wilcoxon signed-rank test asks whether these differences (other - {ref}) are "
-        "centred on zero; zero differences are dropped and the p-value is exact up to 50 "
-        "non-zero differences (the 'computed' column says how each was obtained). Its "
-        "p-value is the probability of differences at least this one-sided if precision "
-        "made no difference; it is <i>not</i> the probability that precision makes no "
-        "difference.",
-        "<b>Absence of evidence.</b> A large p-value from a handful of configurations says "
-        "little: with 5 non-zero differences the smallest possible two-sided p is 0.0625. "
-        "Read the Hodges-Lehmann interval instead (the median of the pairwise averages of "
-        "the differences, with the exact signed-rank interval that matches the Wilcoxon "
-        "test): every difference inside it is compatible with the data. Its confidence is "
-        "discrete at small n, so the confidence it achieves is shown; with "
-        f"{_max_unreachable_n(c.confidence)} or fewer configurations "
-        f"{c.confidence:.0%} is out of reach and the interval is the range "
-        "of the differences, at the lower confidence stated. The plain median of the "
-        "differences is kept as a descriptive number.",
-        "<b>Descriptive checks.</b> Mann-Whitney U and Kolmogorov-Smirnov compare the two "
-        "distributions while ignoring the pairing; they describe the distributions and are "
-        "not the test, so their p-values are never emphasised, whatever their size.",
-        "<b>Many families.</b> The BH q column adjusts the Wilcoxon p-values of one contrast "
-        "and one split across the model families (Benjamini-Hochberg false discovery rate): "
-        f"{tests} tests per adjustment here, one per family with a p-value. Validation and "
-        "test are adjusted separately, as two questions; with ten families one p below "
-        "0.05 among the ten of a split is what chance produces.",
-        "<b>Validation versus test.</b> Configurations were selected on validation Sharpe; the "
-        "held-out test Sharpe was never used for selection. A precision effect that shows on "
-        "validation but not on test is more likely noise or selection than precision.",
-        "<b>Diverged and fallen-back trials.</b> A trial whose Sharpe is not finite (it "
-        "diverged even after the bf16 to f32 fallback) is excluded from the statistics with "
-        "its pair and counted: compare the diverged counts across precisions. Trials that "
-        "fell back to f32 stay in, as the outcome of the bf16 policy (fallback included). "
-        "Pending pairs (a member unfinished, errored or missing) are listed, not compared.",
-        "<b>Selection bias.</b> PSR is the probability that a trial's true per-period Sharpe "
-        "exceeds 0 given the length, skewness and kurtosis of its validation returns. The "
-        "deflated Sharpe ratio (DSR) of the best trial asks the same against the Sharpe "
-        "that the best of N unskilled trials reaches by luck, with N = every trial tried. "
-        "Pair members and seeds of one configuration are correlated, so that N overstates "
-        "the independent trials and the DSR is conservative; 'DSR by configs' uses the "
-        "number of distinct configurations. A DSR below 0.95 means the best trial is not "
-        "distinguishable from the luck of searching.",
-        "<b>Pair tests on the return series.</b> For each seed pair the two members' "
-        "returns over the bars both traded are compared directly: is one Sharpe ratio "
-        "higher? Jobson-Korkie with Memmel's correction (JKM) assumes independent, normal "
-        "returns; the Ledoit-Wolf HAC test allows serial correlation and heavy tails and is "
-        "the one to trust on daily strategy returns, which are rarely independent. They "
-        "answer a per-pair question (a difference within one backtest), while the verdict "
-        "answers the question across configurations; many small pair p-values with an "
-        "equivalent verdict mean real but tiny differences.",
-        "<b>Overfitting.</b> PBO (probability of backtest overfitting, combinatorially "
-        f"symmetric cross-validation) cuts the validation bars every completed trial has "
-        f"into {PBO_BLOCKS} contiguous blocks (fewer, with a note, when there are fewer "
-        "than 2 bars a block), picks the best trial on every half of the blocks and ranks "
-        "it on the other half: PBO is the share of splits where that pick lands at or below "
-        "the median. Near 0: selection finds trials that stay good; 0.5 or more: the "
-        "ranking is noise. With a handful of trials it is coarse (its ranks take few "
-        "values). MinTRL is the number of bars the best trial's validation track would need "
-        f"for its Sharpe to beat 0 at {MIN_TRL_CONFIDENCE:.0%} given its skew and kurtosis; a "
-        "track shorter than that is not yet evidence of skill. The val/test Spearman "
-        "correlation says how much of the validation ranking carries over to the held-out "
-        "test: near 0 or negative, selection on validation did not help.",
-        "<b>Memory and throughput.</b> peak_mem_mb is the trial's own peak: on a GPU the "
-        "CUDA allocator peak since the trial started, on CPU the growth of the process's "
-        "resident memory over the trial (all host memory it added, not only tensors); bf16 "
-        "savings show on GPU runs. steps_per_s is the last epoch's training throughput.",
-        f"<b>Overall.</b> The {OVERALL} scope pools the pairs of every family, treating them "
-        "as exchangeable; a family with many pairs dominates it.",
-    ]
-    body = "".join(f"<li>{i}</li>" for i in items)
-    return f'<section id="reading-notes"><h2>How to read this</h2><ul>{body}</ul></section>'
+    # The prose lives in reading_notes.html beside this file (a string.Template); the
+    # template is wrapped for reading: one space between words and none between tags here.
+    raw = Path(__file__).with_name("reading_notes.html").read_text(encoding="utf-8")
+    template = Template(re.sub(r">\s+<", "><", " ".join(raw.split())))
+    return template.substitute(
+        ref=escape(c.reference),
+        margin=f"{c.margin:.2f}",
+        headline_split="held-out test" if VERDICT_SPLIT == "test" else "validation",
+        max_unreachable_n=_max_unreachable_n(c.confidence),
+        confidence=f"{c.confidence:.0%}",
+        tests=tests,
+        pbo_blocks=PBO_BLOCKS,
+        min_trl_confidence=f"{MIN_TRL_CONFIDENCE:.0%}",
+        overall=OVERALL,
+    )
 
 
 def _scope_section(c: Comparison, scope: ScopeComparison, colours: dict[str, str]) -> str:
@@ -469,19 +390,19 @@ def _used_units(
     by_key = {(t.pair_id, t.precision): t for t in trials}
     excluded = set(contrast.split(split).excluded_indices)
     used = []
-    for i, unit in enumerate(contrast.unit_ids):
+    for i, config_id in enumerate(contrast.config_ids):
         if i in excluded:
             continue
         members = [
             (by_key.get((p, contrast.reference)), by_key.get((p, contrast.other)))
-            for p in contrast.unit_pairs[unit]
+            for p in contrast.config_pairs[config_id]
         ]
         pairs = [(a, b) for a, b in members if a is not None and b is not None]
         if len(pairs) < len(members):
             continue
         a_mean = sum(_split_value(a, split) for a, _ in pairs) / len(pairs)
         b_mean = sum(_split_value(b, split) for _, b in pairs) / len(pairs)
-        used.append((unit, a_mean, b_mean))
+        used.append((config_id, a_mean, b_mean))
     return used
 
 
@@ -597,10 +518,10 @@ def _seeds_table(scope: str, contrast: Contrast, trials: list[TrialRecord]) -> s
         )
         + "</tr>"
     )
-    excluded = {split: set(contrast.excluded_unit_ids(split)) for split in SPLITS}
+    excluded = {split: set(contrast.excluded_config_ids(split)) for split in SPLITS}
     rows = []
-    for unit in contrast.unit_ids:
-        pairs = contrast.unit_pairs[unit]
+    for config_id in contrast.config_ids:
+        pairs = contrast.config_pairs[config_id]
         diffs: dict[str, list[float]] = {split: [] for split in SPLITS}
         cells = []
         for pair in pairs:
@@ -619,16 +540,18 @@ def _seeds_table(scope: str, contrast: Contrast, trials: list[TrialRecord]) -> s
                 if i == 0:
                     mean = (
                         "excluded (diverged)"
-                        if unit in excluded[split]
+                        if config_id in excluded[split]
                         else format_num(sum(diffs[split]) / len(diffs[split]), True)
                     )
                 tds.append(
                     f"<td>{format_num(va)}</td><td>{format_num(vb)}</td>"
                     f"<td>{format_num(d, True)}</td><td class='unit-mean'>{mean}</td>"
                 )
-            first = f'<td class="text">{escape(unit)}</td>' if i == 0 else '<td class="text"></td>'
+            first = (
+                f'<td class="text">{escape(config_id)}</td>' if i == 0 else '<td class="text"></td>'
+            )
             rows.append(
-                f'<tr data-unit="{escape(unit)}" data-pair="{escape(pair)}">{first}'
+                f'<tr data-unit="{escape(config_id)}" data-pair="{escape(pair)}">{first}'
                 f'<td class="text">{escape(pair)}</td>{"".join(tds)}</tr>'
             )
     return (

@@ -49,9 +49,9 @@ from hpo.cli_options import (
 )
 
 if TYPE_CHECKING:
-    from hpo.location import SweepLocation
+    from cluster.storage import SweepLocation
     from hpo.spec import SweepSpec
-    from hpo.sweep import TrialRow
+    from hpo.trials import TrialRow
 
 app = typer.Typer(
     name="hpo",
@@ -191,8 +191,8 @@ def predict_cmd(
         str, typer.Option(help="CSV/Parquet bars (same assets as training), or 'synthetic'.")
     ],
     out: Annotated[Path, typer.Option(help="CSV of positions (timestamp, asset, position).")],
-    precision: Annotated[
-        str, typer.Option(help="Policy to run in; auto = bf16 on Ampere+, else f32.")
+    policy: Annotated[
+        str, typer.Option(help="Precision policy to run in; auto = bf16 on Ampere+, else f32.")
     ] = "auto",
 ) -> None:
     """Positions for new bars from a checkpoint, plus the backtest of those bars."""
@@ -203,7 +203,7 @@ def predict_cmd(
     try:
         with _local_checkpoint(checkpoint) as local:
             assert local is not None
-            prediction = predict(local, data, precision=precision)
+            prediction = predict(local, data, policy=policy)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     prediction.write_csv(out)
@@ -213,7 +213,7 @@ def predict_cmd(
     _print_summary(summary, title="backtest of the new bars")
     console.print(
         f"{len(prediction.timestamps)} bars x {len(prediction.assets)} assets -> {out} "
-        f"(ran in {prediction.precision}; checkpoint {prediction.checkpoint})"
+        f"(ran in {prediction.policy}; checkpoint {prediction.checkpoint})"
     )
 
 
@@ -246,7 +246,9 @@ def sweep_cmd(
     ] = None,
 ) -> None:
     """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
-    from hpo.sweep import SweepError, plan_only, run_sweep
+    from dashboards.report import render_report
+    from hpo.record import SweepError
+    from hpo.sweep import plan_only, run_sweep
 
     spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
     if num_gpus is not None and address is not None:
@@ -263,7 +265,13 @@ def sweep_cmd(
         f"{', '.join(spec.precisions)}; {spec.search} + {spec.scheduler}), MLflow at {spec.tracking_uri}"
     )
     try:
-        rows = run_sweep(spec, address=address, on_event=_print_event, num_gpus=num_gpus)
+        rows = run_sweep(
+            spec,
+            address=address,
+            on_event=_print_event,
+            num_gpus=num_gpus,
+            render_report=render_report,
+        )
     except SweepError as exc:
         fail(str(exc))
     _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
@@ -285,12 +293,16 @@ def resume_cmd(
 
     Ray Tune unpickles the sweep's saved state, which runs code as you: only resume
     storage you trust. A local SWEEP_DIR that other users can write is refused."""
-    from hpo.sweep import SweepError, SweepRecord, resume_sweep
+    from dashboards.report import render_report
+    from hpo.record import SweepError, SweepRecord
+    from hpo.sweep import resume_sweep
 
     try:
         record = SweepRecord.read(sweep_dir)
         console.print(f"resuming sweep [bold]{record.spec.name}[/] in {record.sweep_dir}")
-        rows = resume_sweep(sweep_dir, address=address, on_event=_print_event)
+        rows = resume_sweep(
+            sweep_dir, address=address, on_event=_print_event, render_report=render_report
+        )
     except SweepError as exc:
         fail(str(exc))
     _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
@@ -300,7 +312,8 @@ def resume_cmd(
 @app.command("status")
 def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
     """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
-    from hpo.sweep import SweepError, SweepRecord, trial_rows
+    from hpo.record import SweepError, SweepRecord
+    from hpo.trials import trial_rows
 
     try:
         record = SweepRecord.read(sweep_dir, check_data=False)
@@ -342,7 +355,8 @@ def best_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """The best trial per model and precision, with the checkpoint `hpo train --resume` takes."""
-    from hpo.sweep import SweepError, SweepRecord, best_rows, trial_rows
+    from hpo.record import SweepError, SweepRecord
+    from hpo.trials import best_rows, trial_rows
 
     try:
         record = SweepRecord.read(sweep_dir, check_data=False)
@@ -782,7 +796,7 @@ def _exit_if_interrupted(rows: list[TrialRow], planned: int) -> None:
 def _local_checkpoint(where: str | None) -> Iterator[Path | None]:
     """A checkpoint argument as a local directory: an object-store URI is fetched into a
     temporary copy for the command's duration."""
-    from hpo.location import local_copy
+    from cluster.storage import local_copy
 
     if where is None:
         yield None
@@ -814,7 +828,7 @@ def _load_sweep_spec(
 
 
 def _sweep_dir(storage: str, name: str) -> SweepLocation:
-    from hpo.location import SweepLocation
+    from cluster.storage import SweepLocation
 
     return SweepLocation.parse(storage).child(name)
 
@@ -850,7 +864,7 @@ def _short(value: Any) -> str:
 def _print_sweep_result(
     rows: list[TrialRow], planned: int, sweep_dir: SweepLocation, tracking_uri: str
 ) -> None:
-    from hpo.sweep import best_rows
+    from hpo.trials import best_rows
 
     done = sum(r.done for r in rows)
     diverged = sum(r.diverged for r in rows)
@@ -880,7 +894,7 @@ class _EpochPrinter:
         cfg = trainer.config
         where = f"resuming at epoch {trainer.epoch}" if trainer.epoch else "starting"
         console.print(
-            f"[bold]{cfg.model}[/] {where}: policy {trainer.policy.name}, device {trainer.device}, "
+            f"[bold]{cfg.family}[/] {where}: policy {trainer.policy.name}, device {trainer.device}, "
             f"{len(trainer.folds)} fold(s), {cfg.epochs} epochs"
         )
 

@@ -119,7 +119,7 @@ def ensemble_cmd(
 ) -> None:
     """Combine the best trials per family, chosen and weighted on validation only."""
     from hpo.ensemble import EnsembleError
-    from hpo.sweep import SweepError
+    from hpo.record import SweepError
     from trainables.checkpoint import CheckpointError
 
     try:

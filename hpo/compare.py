@@ -3,85 +3,25 @@
     hpo compare --experiment NAME [--tracking-uri URI] [--json FILE] [--html FILE] [--log]
 
 :func:`comparison_from_mlflow` reads the sweep's parent run and its child (trial) runs,
-nothing else: no Ray state, no sweep directory, so it works on any sweep, finished or not,
-from any machine that reaches the tracking store. :func:`log_comparison` writes the result
-back onto the parent run (metrics ``cmp.*``, tags, and the JSON + HTML report artifacts).
+nothing else (no Ray state, no sweep directory), so it works on any sweep, finished or
+not, from any machine that reaches the tracking store. :func:`log_comparison` writes the
+result back onto the parent run (metrics ``cmp.*``, tags, the JSON + HTML report).
 
-How trials become statistics (the decisions, in one place):
+* A trial's Sharpe ratios are its final ones (last logged epoch). Trials are paired by
+  ``(model, pair_id)``; every precision is compared with the first (the reference,
+  normally f32): contrast ``bf16_vs_f32`` is ``bf16 - f32``. The unit of inference is the
+  configuration (``config_id``): its seeds are averaged per precision.
+* The verdict is a TOST equivalence test against ``margin`` (:data:`DEFAULT_MARGIN`), per
+  family and overall, per split; :data:`VERDICT_SPLIT` is the headline.
+* Trial states: ``completed``, ``diverged``, ``error``, ``unfinished``. A configuration
+  enters when every member of every seed pair is completed or diverged (a diverged member
+  makes it NaN: excluded and counted); the others are listed with the reason in
+  ``Contrast.incomplete``. A bf16 trial that fell back to f32 counts as bf16. Nothing is
+  dropped silently; configurations are ordered by ``(model, config_id)``.
+* Return-based numbers (pair tests, PBO) read each run's :data:`RETURNS_ARTIFACT`;
+  without it they are "not available", with a note.
 
-* A trial's Sharpe ratios are its *final* ones (last logged epoch). Validation Sharpe is
-  what selection uses; the held-out test Sharpe is compared separately and only reported.
-* Trials are paired by ``(model, pair_id)``; with more than two precisions every precision
-  is compared with the first one (the reference, normally f32): contrast ``bf16_vs_f32``
-  is ``bf16 - f32``.
-* The unit of inference is the sampled configuration (``group_id``; ``pair_id`` is the
-  group plus the seed): the seeds of one configuration are not independent pairs (they
-  share every hyperparameter), so each configuration's Sharpe is the mean over its seeds,
-  per precision, and the tests see one paired difference per configuration. Counting
-  seeds as pairs made the type-I error 22% at a nominal 5% (6 configurations x 3 seeds).
-  The per-seed pairs stay in ``Contrast.unit_pairs`` and the report.
-* The paired test is the one in :func:`hpo.stats.compare_paired`
-  (:func:`hpo.stats.paired_signed_rank_test`): Wilcoxon signed-rank on the non-zero
-  differences, exact up to 50 of them (ties included); each split's
-  ``SplitInference.wilcoxon_method`` says which computation gave the p-value.
-  Mann-Whitney U and KS ignore the pairing and are descriptive only.
-* The answer to "is bf16 as good as f32?" is a TOST equivalence verdict on the paired
-  differences against a margin fixed in advance (``margin``, :data:`DEFAULT_MARGIN`),
-  per family and overall, per split (:func:`hpo.stats.equivalence_test`: two exact
-  one-sided signed-rank tests); :data:`VERDICT_SPLIT` is the headline. The centre and
-  its CI are the Hodges-Lehmann estimate and exact signed-rank interval of
-  :func:`compare_paired` (``hl_*``) at the confidence it achieves. There is no bootstrap.
-* Return series: each completed trial's final out-of-sample returns are its run's
-  artifact :data:`RETURNS_ARTIFACT` (the ``returns.csv`` of its newest checkpoint:
-  split, fold, timestamp, return). Per seed pair, the two members' returns over the bars
-  both have (inner join on timestamp and fold) get the Sharpe-difference tests
-  (:func:`hpo.stats.sharpe_difference_test`, Jobson-Korkie-Memmel and Ledoit-Wolf HAC;
-  ``Contrast.pair_tests``). Per scope, the validation returns of every completed trial on
-  their common bars form the T x N matrix of the PBO (:class:`Overfitting`). A trial
-  without the artifact (a sweep logged before it existed, a write that failed) makes
-  those numbers "not available" with a note; the rest of the comparison is unchanged.
-  Artifacts are downloaded once per finished run and process (:data:`_RETURNS_CACHE`).
-* Trial states: ``completed``; ``diverged`` (non-finite Sharpe even after the bf16 -> f32
-  fallback: the ``diverged`` metric, the ``trial_status = diverged`` tag, or a finished run
-  without a finite final ``val_sharpe``); ``error`` (the trial process failed); and
-  ``unfinished`` (still running, or interrupted and not resumed).
-* A configuration enters the statistics when every member of every seed pair of it is
-  ``completed`` or ``diverged``. A diverged member makes the configuration's Sharpe NaN:
-  :func:`hpo.stats.compare_paired` excludes and counts it (``n_excluded_nonfinite``),
-  because a precision that diverges more often is itself a finding. Pairs with a missing,
-  unfinished or errored member, and the other seeds of their configuration, are not
-  compared yet; they are listed with the reason in ``Contrast.incomplete``. Nothing is
-  dropped silently.
-* A bf16 trial that fell back to f32 stays in the comparison (it is what the bf16 policy
-  delivers, fallback included) and is counted per precision.
-* Configurations are ordered by ``(model, group_id)``, so a report is reproducible and
-  equals :func:`hpo.stats.compare_paired` called on the same lists.
-* Selection bias, per scope (a model family, or ``overall``) and per precision (and
-  ``all`` precisions pooled): the PSR of every completed trial against a zero benchmark,
-  and the DSR of the best trial with ``n_trials`` = every trial tried in that scope
-  (diverged and unfinished included: they were tried) and ``sr_variance`` = sample
-  variance (ddof = 1) of the per-period validation Sharpe of the completed trials.
-  Selection, ranking, deflation and the reported number are one quantity: the Sharpe of
-  the joined validation returns (the folds' windows in time order). The trainer logs it
-  annualised as ``val_sharpe`` and per period as ``val_sharpe_per_period`` with that
-  series' skew, kurtosis and length; the best trial is the one with the highest
-  ``val_sharpe_per_period``, the very number the DSR deflates (runs logged before
-  ``val_sharpe`` was the joined Sharpe held the fold mean there: ranking by it would
-  pick on one track and deflate another). Members of a pair and seeds of one
-  configuration are correlated, so ``n_trials`` overstates the number of independent
-  trials and this DSR is conservative; ``dsr_by_configs`` uses the number of distinct
-  sampled configurations instead.
-* Overfitting, per scope over its completed trials of every precision
-  (:class:`Overfitting`): the PBO by CSCV on the validation returns (16 blocks, fewer
-  when the common bars are too few for 2 bars a block), the MinTRL of the best trial
-  against a zero Sharpe at 95%, and the Spearman correlation of validation and test
-  Sharpe across trials (how much of the selection carries over to unseen data).
-* Across model families the Wilcoxon p-values of one contrast and one split are also
-  given Benjamini-Hochberg adjusted (``scipy.stats.false_discovery_control``), one test
-  per family (``SplitInference.bh_n_tests``): with ten families, one p < 0.05 among the
-  ten is what chance produces. Validation and test are adjusted separately (two
-  questions), so the adjustment and the report both speak of one test per family and
-  split.
+Every decision and its reason: docs/statistics.md
 """
 
 from __future__ import annotations
@@ -117,9 +57,9 @@ from hpo.tracking import (
     RETURNS_ARTIFACT,
     ROLE_SWEEP,
     ROLE_TRIAL,
+    TAG_CONFIG,
     TAG_FAILURE,
     TAG_FELL_BACK,
-    TAG_GROUP,
     TAG_MODEL,
     TAG_PAIR,
     TAG_PARENT,
@@ -187,6 +127,8 @@ MIN_TRL_CONFIDENCE = 0.95
 PAIR_TEST_MIN_BARS = 8
 """Fewest common bars for a pair's Sharpe-difference test (hpo.stats' minimum)."""
 
+# completed: done with a finite validation Sharpe; diverged: done without one (the words
+# of hpo.trials); error: Tune gave up on it; unfinished: still to run or running.
 TrialState = Literal["completed", "diverged", "error", "unfinished"]
 _TERMINAL: frozenset[str] = frozenset({"completed", "diverged"})
 
@@ -273,7 +215,8 @@ class TrialRecord:
     precision: str
     seed: str
     pair_id: str
-    group_id: str
+    config_id: str
+    """The sampled configuration (the seeds of one configuration are averaged)."""
     state: TrialState
     epochs: int
     """Last epoch with a logged validation Sharpe (0 when the curves were not read)."""
@@ -331,7 +274,7 @@ class SplitInference:
     """The (1 - 2 alpha) HL interval the verdict reads: equivalent iff inside +-margin."""
     tost_confidence: float = math.nan
     """Achieved confidence of ``[tost_low, tost_high]``."""
-    pairs_needed: int | None = None
+    configs_needed: int | None = None
     """When inconclusive: about how many more configurations would decide it."""
     verdict_note: str | None = None
 
@@ -361,18 +304,18 @@ class PairSharpeTest:
 class Contrast:
     """One precision against the reference, paired, on both splits.
 
-    The unit of inference is the sampled configuration (``group_id``): the paired
+    The unit of inference is the sampled configuration (``config_id``): the paired
     differences of its seeds are averaged first, because seeds of one configuration are
     not independent pairs. ``val`` / ``test`` are :func:`compare_paired` over those
-    configuration means; the per-seed pairs stay listed in ``unit_pairs``.
+    configuration means; the per-seed pairs stay listed in ``config_pairs``.
     """
 
     reference: str
     other: str
-    unit_ids: list[str]
+    config_ids: list[str]
     """Configurations passed to :func:`compare_paired`, in that order
     (``excluded_indices`` index it)."""
-    unit_pairs: dict[str, list[str]]
+    config_pairs: dict[str, list[str]]
     """Configuration -> its seed pairs (pair ids), every one of them complete."""
     incomplete: dict[str, str]
     """Pairs not compared (yet): pair_id -> why (missing, unfinished or errored member, or
@@ -391,7 +334,7 @@ class Contrast:
     @property
     def pair_ids(self) -> list[str]:
         """Every seed pair of the compared configurations, in configuration order."""
-        return [p for unit in self.unit_ids for p in self.unit_pairs[unit]]
+        return [p for config in self.config_ids for p in self.config_pairs[config]]
 
     def split(self, name: str) -> PairedComparison:
         return self.val if name == "val" else self.test
@@ -399,12 +342,12 @@ class Contrast:
     def verdict(self, split: str | None = None) -> str | None:
         return self.inference[split or VERDICT_SPLIT].verdict
 
-    def excluded_unit_ids(self, split: str = "val") -> list[str]:
+    def excluded_config_ids(self, split: str = "val") -> list[str]:
         """Configurations left out of ``split``: a member of one of their seeds diverged."""
-        return [self.unit_ids[i] for i in self.split(split).excluded_indices]
+        return [self.config_ids[i] for i in self.split(split).excluded_indices]
 
     def excluded_pair_ids(self, split: str = "val") -> list[str]:
-        return [p for unit in self.excluded_unit_ids(split) for p in self.unit_pairs[unit]]
+        return [p for config in self.excluded_config_ids(split) for p in self.config_pairs[config]]
 
 
 @dataclass
@@ -806,7 +749,8 @@ def _trial_record(client: Any, run: Any, with_curves: bool) -> TrialRecord:
         precision=tags.get(TAG_PRECISION, "?"),
         seed=tags.get(TAG_SEED, ""),
         pair_id=tags.get(TAG_PAIR, run.info.run_id),
-        group_id=tags.get(TAG_GROUP, tags.get(TAG_PAIR, run.info.run_id)),
+        # Runs logged before the tag was named config_id carry it as group_id.
+        config_id=tags.get(TAG_CONFIG, tags.get("group_id", tags.get(TAG_PAIR, run.info.run_id))),
         state=state,
         epochs=curve[-1][0] if curve else 0,
         val_sharpe=val if completed else math.nan,
@@ -1013,36 +957,36 @@ def _contrast(
     settings: _Settings,
 ) -> Contrast:
     incomplete: dict[str, str] = {}
-    units: dict[tuple[str, str], list[tuple[str, TrialRecord, TrialRecord]]] = {}
+    seed_pairs: dict[tuple[str, str], list[tuple[str, TrialRecord, TrialRecord]]] = {}
     pending: set[tuple[str, str]] = set()
     for (model, pair_id), members in sorted(by_pair.items()):
         a, b = members.get(reference), members.get(other)
         if a is None and b is None:
             continue  # a pair of other precisions only
-        unit = (model, (a or b).group_id)  # type: ignore[union-attr]
+        config = (model, (a or b).config_id)  # type: ignore[union-attr]
         reasons = [w for w in (_not_ready(p, members.get(p)) for p in (reference, other)) if w]
         if reasons:
             incomplete[pair_id] = "; ".join(reasons)
-            pending.add(unit)
+            pending.add(config)
             continue
         assert a is not None and b is not None
-        units.setdefault(unit, []).append((pair_id, a, b))
+        seed_pairs.setdefault(config, []).append((pair_id, a, b))
     # A configuration enters once every seed of it is done: its mean must not change
     # meaning (2 seeds now, 3 later) from one computation to the next.
-    for unit in sorted(pending & units.keys()):
-        for pair_id, _, _ in units.pop(unit):
-            incomplete[pair_id] = f"configuration {unit[1]} has a pending seed"
-    ordered = sorted(units)
+    for config in sorted(pending & seed_pairs.keys()):
+        for pair_id, _, _ in seed_pairs.pop(config):
+            incomplete[pair_id] = f"configuration {config[1]} has a pending seed"
+    ordered = sorted(seed_pairs)
     kwargs: dict[str, Any] = {"labels": (reference, other), "confidence": settings.confidence}
     results: dict[str, PairedComparison] = {}
     inference: dict[str, SplitInference] = {}
     for split in SPLITS:
         # Mean over the configuration's seeds; one diverged member makes it NaN, and
         # compare_paired excludes and counts it.
-        ref = [float(np.mean([_value(a, split) for _, a, _ in units[u]])) for u in ordered]
-        oth = [float(np.mean([_value(b, split) for _, _, b in units[u]])) for u in ordered]
+        ref = [float(np.mean([_value(a, split) for _, a, _ in seed_pairs[c]])) for c in ordered]
+        oth = [float(np.mean([_value(b, split) for _, _, b in seed_pairs[c]])) for c in ordered]
         results[split], inference[split] = _paired(ref, oth, kwargs, settings.margin)
-        n_seeds = sum(len(units[u]) for u in ordered)
+        n_seeds = sum(len(seed_pairs[c]) for c in ordered)
         if n_seeds > len(ordered):
             results[split].notes.append(
                 f"{len(ordered)} configuration(s) from {n_seeds} seed pairs: the paired "
@@ -1051,16 +995,18 @@ def _contrast(
     return Contrast(
         reference=reference,
         other=other,
-        unit_ids=[group for _, group in ordered],
-        unit_pairs={group: [p for p, _, _ in units[(m, group)]] for m, group in ordered},
+        config_ids=[config_id for _, config_id in ordered],
+        config_pairs={
+            config_id: [p for p, _, _ in seed_pairs[(m, config_id)]] for m, config_id in ordered
+        },
         incomplete=incomplete,
         val=results["val"],
         test=results["test"],
         inference=inference,
         pair_tests={
             pair_id: {split: _pair_test(a, b, split) for split in SPLITS}
-            for u in ordered
-            for pair_id, a, b in units[u]
+            for c in ordered
+            for pair_id, a, b in seed_pairs[c]
         },
     )
 
@@ -1133,7 +1079,7 @@ def _equivalence(diff: np.ndarray, margin: float, other: str, inference: SplitIn
     inference.tost_confidence = tost.confidence
     inference.verdict = tost.verdict
     if tost.verdict == "inconclusive":
-        inference.pairs_needed = tost.pairs_needed
+        inference.configs_needed = tost.pairs_needed
         if tost.pairs_needed:
             noun = "configuration" if tost.pairs_needed == 1 else "configurations"
             inference.verdict = f"inconclusive: about {tost.pairs_needed} more {noun} needed"
@@ -1175,7 +1121,7 @@ def _selection(precision: str, trials: list[TrialRecord]) -> Selection:
         if t.state == "completed" and math.isfinite(t.val_sharpe) and math.isfinite(t.psr)
     ]
     n_trials = len(trials)
-    n_configs = len({(t.model, t.group_id) for t in trials})
+    n_configs = len({(t.model, t.config_id) for t in trials})
     srs = np.array([t.sharpe_per_period for t in candidates], dtype=np.float64)
     variance = float(np.var(srs, ddof=1)) if srs.size >= 2 else 0.0
     selection = Selection(
@@ -1280,11 +1226,13 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
             for split in SPLITS:
                 r = contrast.split(split)
                 inference = contrast.inference[split]
-                excluded = set(contrast.excluded_unit_ids(split))
+                excluded = set(contrast.excluded_config_ids(split))
                 values = {
                     "n_units": r.n_pairs_used,
                     "n_seed_pairs": sum(
-                        len(pairs) for u, pairs in contrast.unit_pairs.items() if u not in excluded
+                        len(pairs)
+                        for u, pairs in contrast.config_pairs.items()
+                        if u not in excluded
                     ),
                     "n_excluded": r.n_excluded_nonfinite,
                     "n_incomplete": len(contrast.incomplete),

@@ -3,32 +3,24 @@
     hpo ensemble hpo-results/quick --top 2 --weighting stacked --out ensembles/quick
 
 1. Selection: per family, the ``top`` finished (Tune ``TERMINATED``, not diverged) trials
-   with a checkpoint, ranked by ``val_sharpe``, the Sharpe of the joined validation
-   returns (the quantity every searcher, ``hpo best`` and the DSR use); ties by trial id.
-   ``test_*`` never enters selection or weighting.
+   with a checkpoint, ranked by ``val_sharpe`` (ties by trial id). ``test_*`` never enters
+   selection or weighting.
 2. Evaluation: each member's checkpoint is loaded (any precision) and run under the
    inference policy (``auto``: bf16 on Ampere+, else f32) on its trial's own data: every
    fold's model on its validation window and the last fold's on the test period, with a
    confidence per asset and bar (:mod:`trainables.ensemble`).
-3. Weights, from the members' validation tracks only (:data:`WEIGHTINGS`):
-
-   * ``equal``: 1 / M.
-   * ``psr``: proportional to each member's Probabilistic Sharpe Ratio against 0 on its
-     joined validation returns (the probability its true Sharpe is positive).
-   * ``inverse-variance``: proportional to 1 / variance of its validation returns.
-   * ``stacked``: the non-negative weights (summing to 1) that maximise the Sharpe of the
-     *ensemble's* joined validation returns (combination, costs and all; SLSQP from equal
-     weights), shrunk toward equal weights: ``w = (1 - d) w* + d / M`` with
-     d = :data:`STACKED_SHRINKAGE` = 0.5. The optimum is fitted on the same validation
-     bars it is scored on, and 1/N is notoriously hard to beat out of sample (DeMiguel,
-     Garlappi & Uppal 2009), so half of the weight stays on 1/N.
-
+3. Weights, from the members' validation tracks only (:data:`WEIGHTINGS`): ``equal``
+   (1 / M); ``psr`` (proportional to each member's PSR against 0 on its joined validation
+   returns); ``inverse-variance`` (1 / variance of its validation returns); ``stacked``
+   (the non-negative weights summing to 1 that maximise the Sharpe of the ensemble's joined
+   validation returns, SLSQP from equal weights, shrunk toward equal weights:
+   ``w = (1 - d) w* + d / M``, d = :data:`STACKED_SHRINKAGE` = 0.5).
 4. Report: the ensemble backtested on the held-out test bars all members share, beside
-   the best single member (the one with the highest ``val_sharpe``) on the same bars;
-   the ensemble's deflated Sharpe counts it as one more thing tried (``n_trials + 1``,
-   with the ensemble's validation Sharpe among the variance's inputs).
-5. The ensemble directory (a checkpoint ``hpo predict`` serves) and an MLflow run under
-   the sweep's parent run, tag ``hpo.role = ensemble``.
+   the best single member on the same bars; its deflated Sharpe counts it as one more
+   thing tried (``n_trials + 1``, its validation Sharpe among the variance's inputs).
+5. Output: the ensemble directory (a checkpoint ``hpo predict`` serves) and an MLflow run
+   under the sweep's parent run, tag ``hpo.role = ensemble``.
+Why these weightings: docs/ensembles.md#weights
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hpo.location import local_copy
+from cluster.storage import local_copy
 from trainables.checkpoint import load_checkpoint
 from trainables.ensemble import (
     ENSEMBLE_FILE,
@@ -63,7 +55,8 @@ from trainables.ensemble import (
 if TYPE_CHECKING:
     import torch
 
-    from hpo.sweep import SweepRecord, TrialRow
+    from hpo.record import SweepRecord
+    from hpo.trials import TrialRow
 
 WEIGHTINGS = ("psr", "inverse-variance", "equal", "stacked")
 STACKED_SHRINKAGE = 0.5
@@ -221,7 +214,7 @@ def evaluate_ensemble(
         assert row.checkpoint is not None
         with local_copy(row.checkpoint) as local:
             ckpt = load_checkpoint(local)
-        members.append(evaluate_member(ckpt, device=device, precision=policy))
+        members.append(evaluate_member(ckpt, device=device, policy=policy))
     _check_same_data(rows, members)
     market, config = members[0].market, members[0].config
     val_returns = [track_returns(mr.val, market, config) for mr in members]
@@ -419,7 +412,8 @@ def build_ensemble(
     log_mlflow: bool = True,
 ) -> EnsembleResult:
     """The whole ``hpo ensemble`` command: select, evaluate, weight, write, log."""
-    from hpo.sweep import SweepRecord, trial_rows
+    from hpo.record import SweepRecord
+    from hpo.trials import trial_rows
 
     record = SweepRecord.read(sweep_dir)
     rows = trial_rows(record.sweep_dir)

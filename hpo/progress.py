@@ -13,7 +13,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from hpo.sweep import TrialStatus
+from hpo.trials import TrialStatus
 
 
 class SweepProgress(Callback):
@@ -42,7 +42,7 @@ class SweepProgress(Callback):
         running = sum(t.status == "RUNNING" for t in trials)
         # An OOM attempt ends as TERMINATED too, but its member runs again (a new trial).
         done = sum(
-            TrialStatus(t.status).finished
+            TrialStatus(t.status).terminated
             and not (t.last_result or {}).get("oom_retry_gpu_fraction")
             for t in trials
         )

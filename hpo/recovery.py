@@ -29,7 +29,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.tune import Callback, Checkpoint
 from ray.tune.stopper import Stopper
 
-from hpo.sweep import TrialStatus
+from hpo.trials import TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class AdoptReportedCheckpoint(Callback):
             return
         self._restored_checked = True  # the first step, before any trial (re)starts
         for trial in trials:
-            if not TrialStatus(trial.status).finished:
+            if not TrialStatus(trial.status).terminated:
                 adopt_reported_checkpoint(trial)
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -355,7 +355,7 @@ def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None
 
     sample = {k: d.options[0] if isinstance(d, Choice) else d.low for k, d in space.dims.items()}
     trial = TrialConfig(
-        model=model,
+        family=model,
         precision=spec.precisions[0],
         seed=spec.seeds[0],
         params={**space.fixed, **sample},
@@ -416,7 +416,7 @@ def _splits_problem(
         if key in space.dims:
             params[key] = _extreme(space.dims[key], high)
     trial = TrialConfig(
-        model=model,
+        family=model,
         precision=spec.precisions[0],
         seed=spec.seeds[0],
         params=params,

@@ -1,10 +1,7 @@
 """Comparison statistics of a paired f32-vs-bf16 run, and selection-bias corrections.
 
-Two questions are answered here, and they are kept apart on purpose:
-
-1. *Is bf16 as good as f32?* A comparison run is paired (every sampled configuration runs
-   once per precision; its seeds are averaged by the caller), so the evidence is the
-   per-configuration difference ``d = bf16 - f32``:
+1. *Is bf16 as good as f32?* The evidence is the per-configuration paired difference
+   ``d = bf16 - f32`` (seeds averaged by the caller):
 
    - :func:`paired_signed_rank_test`: Wilcoxon signed-rank, zeros dropped, exact up to 50
      non-zero differences (ties included), and which method gave the p-value;
@@ -17,22 +14,14 @@ Two questions are answered here, and they are kept apart on purpose:
 
    :func:`compare_paired` bundles the cross-pair numbers; its Mann-Whitney U and KS are
    descriptive only (they ignore the pairing).
-2. *Is the best trial's Sharpe better than luck?* The Probabilistic Sharpe Ratio (Bailey &
-   López de Prado 2012), the Deflated Sharpe Ratio (Bailey & López de Prado 2014), which
-   benchmarks against the expected maximum Sharpe of ``n_trials`` unskilled trials, the
-   Minimum Track Record Length (:func:`min_track_record_length`) and the Probability of
-   Backtest Overfitting by CSCV (:func:`probability_of_backtest_overfitting`).
+2. *Is the best trial's Sharpe better than luck?* The Probabilistic and the Deflated
+   Sharpe Ratio (Bailey & López de Prado 2012, 2014), the Minimum Track Record Length
+   (:func:`min_track_record_length`) and the Probability of Backtest Overfitting by CSCV
+   (:func:`probability_of_backtest_overfitting`).
 
-Units: every Sharpe ratio taken by the PSR/DSR functions is *per period* (not annualised),
-``n_obs`` counts those periods, and ``kurtosis`` is *raw* (non-excess; normal = 3). An
-annualised Sharpe must be divided by ``sqrt(periods_per_year)`` and an annualised Sharpe
-variance by ``periods_per_year`` first; otherwise the PSR saturates at 1.
-
-Distribution functions and tests come from :mod:`scipy.stats` where it has them. Two
-things scipy lacks are written here: the exact signed-rank null distribution *with ties*
-and its quantiles (for the Hodges-Lehmann interval), a knapsack count of sign patterns
-checked against 2^n enumeration in the tests; and the HAC covariance of the Ledoit-Wolf
-test (no statsmodels dependency).
+Units: the PSR/DSR functions take *per-period* Sharpe ratios (divide an annualised one by
+``sqrt(periods_per_year)``), ``n_obs`` counts those periods, and ``kurtosis`` is *raw*
+(normal = 3). Why these tests, and what is not taken from scipy: docs/statistics.md
 """
 
 from __future__ import annotations
@@ -1134,8 +1123,8 @@ def compare_paired(
     The Wilcoxon p-value is :func:`paired_signed_rank_test`'s (zeros dropped, exact up to
     50 non-zero differences); the Hodges-Lehmann interval (``hl_*``) is the CI to report,
     with ``hl_confidence`` its achieved confidence (a note says when the requested one is
-    out of reach at this n). There is no bootstrap: the BCa CI of the median it once
-    computed covered 49-87% at n = 2..4 for a stated 95%, and nothing read it.
+    out of reach at this n). There is no bootstrap: a BCa CI of the median covers 49-87%
+    at n = 2..4 for a stated 95% (docs/statistics.md).
 
     Returns:
         A :class:`PairedComparison`. With fewer than 2 usable pairs the tests and the CI

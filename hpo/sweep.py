@@ -1,9 +1,7 @@
-"""Run, resume and inspect sweeps: the spec becomes a Ray Tune ``Tuner``.
+"""Run and resume sweeps: the spec becomes a Ray Tune ``Tuner``.
 
-A sweep lives in ``STORAGE/NAME`` (Ray's experiment directory; a local or shared path, or
-an object-store URI, see :mod:`hpo.location`) next to ``hpo-sweep.json``, which records the
-validated spec, the MLflow parent run and the tracking URI, so that ``hpo resume DIR`` /
-``hpo status DIR`` / ``hpo best DIR`` need nothing but the directory.
+A sweep lives in ``STORAGE/NAME`` (Ray's experiment directory) beside its record
+(:mod:`hpo.record`); its trials are read back as rows by :mod:`hpo.trials`.
 """
 
 from __future__ import annotations
@@ -20,109 +18,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.location import SweepLocation, writable_by_others
-from hpo.spec import SweepSpec, parse_spec
+from cluster.storage import SweepLocation, writable_by_others
+from hpo.record import SUMMARY_FILE, SWEEP_FILE, SweepError, SweepRecord
+from hpo.spec import SweepSpec
+from hpo.trials import TrialRow, best_rows, trial_rows
 
 if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
     from mlflow.tracking import MlflowClient
 
     from cluster.gpu_types import GpuType
     from cluster.packing_plan import ClusterPacker
+    from hpo.compare import Comparison
     from hpo.recovery import StopOnRepeatedError
     from trainables.config import TrainConfig
 
 log = logging.getLogger("hpo.sweep")
 
-SWEEP_FILE = "hpo-sweep.json"
-SUMMARY_FILE = "hpo-summary.json"
+# Renders a comparison as the HTML report logged beside its statistics (the caller's
+# presentation layer: the CLI hands in dashboards.report.render_report).
+ReportRenderer = Callable[["Comparison"], str]
+
 PLAN_TEXT = "packing_plan.txt"  # parent-run artifacts: the plan the sweep launched with
 PLAN_JSON = "packing_plan.json"
-
-
-class SweepError(RuntimeError):
-    """A sweep cannot start or continue (the message says what to do)."""
-
-
-@dataclass(frozen=True)
-class SweepRecord:
-    """What ``hpo-sweep.json`` holds."""
-
-    spec: SweepSpec
-    sweep_dir: SweepLocation
-    parent_run_id: str
-    tracking_uri: str
-
-    def write(self) -> None:
-        payload = {
-            "spec": self.spec.model_dump(),
-            "parent_run_id": self.parent_run_id,
-            "tracking_uri": self.tracking_uri,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        self.sweep_dir.write_text(SWEEP_FILE, json.dumps(payload, indent=1))
-
-    @classmethod
-    def read(cls, where: str | Path | SweepLocation, *, check_data: bool = True) -> SweepRecord:
-        """The record in ``where``, its spec validated again; ``check_data=False`` for
-        readers that do not train (status, best): the data need not be reachable there."""
-        sweep_dir = SweepLocation.parse(where)
-        try:
-            found = sweep_dir.exists(SWEEP_FILE)
-            text = sweep_dir.read_text(SWEEP_FILE) if found else ""
-        except OSError as exc:  # an object store that refuses or cannot be reached
-            raise SweepError(f"cannot read {sweep_dir}/{SWEEP_FILE}: {exc}") from exc
-        if not found:
-            raise SweepError(
-                f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
-            )
-        payload = json.loads(text)
-        spec = parse_spec(
-            payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}", check_data=check_data
-        )
-        return cls(
-            spec=spec,
-            sweep_dir=sweep_dir,
-            parent_run_id=payload["parent_run_id"],
-            tracking_uri=payload["tracking_uri"],
-        )
-
-
-class TrialStatus(str):
-    """A trial's Tune status (``PENDING``, ``RUNNING``, ``PAUSED``, ``TERMINATED``,
-    ``ERROR``) that knows whether the trial ran to its end: Tune calls that TERMINATED."""
-
-    @property
-    def finished(self) -> bool:
-        return self == "TERMINATED"
-
-
-@dataclass(frozen=True)
-class TrialRow:
-    trial_id: str
-    model: str
-    precision: str
-    seed: int
-    pair_id: str
-    status: TrialStatus
-    epochs: int
-    val_sharpe: float | None
-    test_sharpe: float | None
-    fell_back_to_f32: bool
-    diverged: bool
-    params: dict[str, Any]
-    checkpoint: str | None
-    group_id: str = ""
-    member: str = ""  # ``precision/seed`` in its group: one member, one or more attempts
-    gpu_fraction_floor: float = 0.0  # > 0: an OOM retry's attempt
-    oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
-
-    @property
-    def done(self) -> bool:
-        """Ran to its end, and is not an OOM attempt whose retry is still to run."""
-        return self.status.finished and self.oom_retry_gpu_fraction is None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class TrialResources:
@@ -191,7 +108,7 @@ def plan_configs(spec: SweepSpec) -> list[TrainConfig]:
     for model in spec.models:
         fixed = trial_space(model, spec.search_space.get(model)).fixed
         for precision in spec.precisions:
-            trial = TrialConfig(model=model, precision=precision, seed=0, params=fixed, base=base)
+            trial = TrialConfig(family=model, precision=precision, seed=0, params=fixed, base=base)
             configs.append(trial.train_config())
     return configs
 
@@ -268,7 +185,6 @@ def build_tuner(
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from hpo.search.sweep_searcher import SweepSearcher
-    from trainables.trial import run_trial
 
     scheduler: Any
     if spec.scheduler == "asha":
@@ -292,7 +208,7 @@ def build_tuner(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resources is None:
         resources = sweep_resources(spec, record.sweep_dir.parent.uri)
-    trainable = tune.with_resources(run_trial, resources=resources)
+    trainable = _trainable(resources)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -314,6 +230,19 @@ def build_tuner(
             stop=watchers.stop,
             verbose=0,
         ),
+    )
+
+
+def _trainable(resources: TrialResources | ClusterPacker) -> Any:
+    """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
+    (:class:`cluster.trial_share.PackedShare`), sized by ``resources``."""
+    from ray import tune
+
+    from cluster.trial_share import PackedShare
+    from trainables.trial import run_trial
+
+    return tune.with_resources(
+        tune.with_parameters(run_trial, share=PackedShare()), resources=resources
     )
 
 
@@ -341,10 +270,12 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
     return SweepWatchers(callbacks=callbacks, stop=stop)
 
 
-def _finish_or_refuse(record: SweepRecord, watchers: SweepWatchers) -> list[TrialRow]:
+def _finish_or_refuse(
+    record: SweepRecord, watchers: SweepWatchers, render_report: ReportRenderer | None
+) -> list[TrialRow]:
     """The sweep's rows after it ended; a sweep its stopper called off is summarized the
     same way, then reported as a SweepError naming the error and the fix."""
-    rows = finish_sweep(record)
+    rows = finish_sweep(record, render_report)
     if watchers.stop.reason is not None:
         raise SweepError(watchers.stop.reason)
     return rows
@@ -357,8 +288,11 @@ def run_sweep(
     on_event: Callable[[str], None] | None = None,
     num_cpus: int | None = None,
     num_gpus: int | None = None,
+    render_report: ReportRenderer | None = None,
 ) -> list[TrialRow]:
-    """Run ``spec`` to completion (or until interrupted) and return every trial's row."""
+    """Run ``spec`` to completion (or until interrupted) and return every trial's row.
+    A compare sweep logs its statistics on the parent run, with the HTML report where
+    ``render_report`` is given."""
     from mlflow.tracking import MlflowClient
 
     from hpo.tracking import start_sweep_run
@@ -390,7 +324,7 @@ def run_sweep(
     tuner = build_tuner(spec, record, watchers, resources)
     with _sigterm_stops_gracefully():
         tuner.fit()
-    return _finish_or_refuse(record, watchers)
+    return _finish_or_refuse(record, watchers, render_report)
 
 
 def resume_sweep(
@@ -398,6 +332,7 @@ def resume_sweep(
     *,
     address: str | None = None,
     on_event: Callable[[str], None] | None = None,
+    render_report: ReportRenderer | None = None,
 ) -> list[TrialRow]:
     """Continue an interrupted sweep: unfinished trials from their newest checkpoints,
     finished ones kept as they are, the search continuing from its saved state.
@@ -405,8 +340,6 @@ def resume_sweep(
     Ray Tune unpickles that state from the sweep's storage: resume only storage you
     trust. A local sweep directory that other users can write is refused."""
     from ray import tune
-
-    from trainables.trial import run_trial
 
     record = SweepRecord.read(sweep_dir)
     _refuse_untrusted(record.sweep_dir)
@@ -419,7 +352,7 @@ def resume_sweep(
     # Restored trials keep the bundles Tune saved with them; this sizes the trials still to
     # be created (the shared VRAM cache holds the profiles the first run took).
     resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
-    trainable = tune.with_resources(run_trial, resources=resources)
+    trainable = _trainable(resources)
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,
@@ -430,7 +363,7 @@ def resume_sweep(
     _replace_watchers(tuner, watchers)
     with _sigterm_stops_gracefully():
         tuner.fit()
-    return _finish_or_refuse(record, watchers)
+    return _finish_or_refuse(record, watchers, render_report)
 
 
 def _refuse_untrusted(sweep_dir: SweepLocation) -> None:
@@ -473,98 +406,11 @@ def _replace_watchers(tuner: Any, watchers: SweepWatchers) -> None:
     internal._run_config.stop = watchers.stop
 
 
-def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> list[TrialRow]:
-    """Every trial of a sweep with its status, final metrics and newest checkpoint.
-
-    A member that ran out of GPU memory runs again as a new Tune trial: its rows are the
-    attempts. Only the newest attempt of each member is a row unless ``retried``; the OOM
-    attempts it replaced are left out (see :func:`latest_attempts`)."""
-    from ray.tune import ExperimentAnalysis
-
-    from trainables.config import RETRY_FLOOR_KEY
-    from trainables.trial import CKPT_SUBDIR
-
-    sweep_dir = SweepLocation.parse(where)
-    if not sweep_dir.has_tune_state():
-        return []  # no trial has been recorded yet
-    analysis = ExperimentAnalysis(sweep_dir.uri)
-    rows = []
-    for trial in analysis.trials:
-        config = trial.config
-        result = trial.last_result or {}
-        checkpoint = trial.checkpoint
-        rows.append(
-            TrialRow(
-                trial_id=trial.trial_id,
-                model=config.get("model", "?"),
-                precision=config.get("precision", "?"),
-                seed=int(config.get("seed", 0)),
-                pair_id=config.get("pair_id", ""),
-                status=TrialStatus(trial.status),
-                epochs=int(result.get("epoch", 0)),
-                val_sharpe=_finite(result.get("val_sharpe")),
-                test_sharpe=_finite(result.get("test_sharpe")),
-                fell_back_to_f32=bool(result.get("fell_back_to_f32")),
-                diverged=bool(result.get("diverged")),
-                params=dict(config.get("params", {})),
-                checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{CKPT_SUBDIR}")
-                if checkpoint is not None
-                else None,
-                group_id=str(config.get("group_id", "")),
-                member=str(config.get("member", "")),
-                gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
-                oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
-                if result.get("oom")
-                else None,
-            )
-        )
-    return rows if retried else latest_attempts(rows)
-
-
-def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
-    """``rows`` without the OOM attempts that a retry of the same member replaced.
-
-    Trial ids are not chronological; attempts are: each retry carries a larger
-    :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` than the attempt that ran
-    out of memory, so a member's newest attempt is the one with the largest floor."""
-    newest: dict[tuple[str, str], TrialRow] = {}
-    for row in rows:
-        key = (row.group_id, row.member)
-        if row.group_id and (
-            key not in newest or row.gpu_fraction_floor > newest[key].gpu_fraction_floor
-        ):
-            newest[key] = row
-    return [
-        r
-        for r in rows
-        if not (
-            r.group_id
-            and r.oom_retry_gpu_fraction is not None
-            and newest[(r.group_id, r.member)] is not r
-        )
-    ]
-
-
-def best_rows(
-    rows: list[TrialRow], model: str | None = None, precision: str | None = None
+def finish_sweep(
+    record: SweepRecord, render_report: ReportRenderer | None = None
 ) -> list[TrialRow]:
-    """The best trial (final validation Sharpe) per (model, precision)."""
-    best: dict[tuple[str, str], TrialRow] = {}
-    for row in rows:
-        if (
-            (model and row.model != model)
-            or (precision and row.precision != precision)
-            or row.val_sharpe is None
-        ):
-            continue
-        key = (row.model, row.precision)
-        if key not in best or row.val_sharpe > (best[key].val_sharpe or float("-inf")):
-            best[key] = row
-    return [best[k] for k in sorted(best)]
-
-
-def finish_sweep(record: SweepRecord) -> list[TrialRow]:
-    """Summarize into ``hpo-summary.json`` and the MLflow parent run."""
+    """Summarize into ``hpo-summary.json`` and the MLflow parent run (with the comparison
+    in compare mode, see :func:`run_sweep`)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -587,7 +433,7 @@ def finish_sweep(record: SweepRecord) -> list[TrialRow]:
     client.log_batch(record.parent_run_id, metrics=metrics)
     client.log_dict(record.parent_run_id, summary, SUMMARY_FILE)
     if record.spec.compare:
-        _log_comparison(record)
+        _log_comparison(record, render_report)
     # One row per planned member (latest_attempts): an OOM retry adds a Tune trial, not a
     # member; an OOM attempt whose retry has not run yet is not done.
     finished = all(r.done for r in rows) and len(rows) == record.spec.n_trials
@@ -595,14 +441,14 @@ def finish_sweep(record: SweepRecord) -> list[TrialRow]:
     return rows
 
 
-def _log_comparison(record: SweepRecord) -> None:
-    """Paired precision statistics and the HTML report onto the parent run (compare mode).
+def _log_comparison(record: SweepRecord, render_report: ReportRenderer | None) -> None:
+    """Paired precision statistics (and the HTML report, rendered by ``render_report``)
+    onto the parent run (compare mode).
 
     Recomputed from MLflow alone, as ``hpo compare`` does. A failure here is reported, not
     raised: the trials and the summary are already saved, and the comparison can be
     recomputed at any time.
     """
-    from dashboards.report import render_report
     from hpo.compare import comparison_from_mlflow, log_comparison
     from hpo.tracking import experiment_name
 
@@ -619,7 +465,7 @@ def _log_comparison(record: SweepRecord) -> None:
             comparison,
             record.tracking_uri,
             record.parent_run_id,
-            report_html=render_report(comparison),
+            report_html=render_report(comparison) if render_report is not None else None,
         )
     except Exception as exc:  # keep the sweep's own results; say how to redo this part
         log.warning(
@@ -630,12 +476,6 @@ def _log_comparison(record: SweepRecord) -> None:
             experiment,
             record.tracking_uri,
         )
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, int | float) and value == value and abs(value) != float("inf"):
-        return float(value)
-    return None
 
 
 def _count(items: Any) -> dict[str, int]:

@@ -5,28 +5,22 @@
   seed, pair_id, trial_id, fell_back_to_f32; params = the sampled config; metrics per
   epoch with ``step = epoch``.
 * All logging happens in the sweep driver, from Tune's results: one writer per tracking
-  store (a SQLite file tolerates one writer far better than dozens of trial processes),
-  and trials on any node reach MLflow without credentials of their own.
+  store, and trials need no MLflow credentials of their own.
 * Resume-safe: a trial's child run is found again by its ``trial_id`` tag under the
   sweep's parent run (and remembered in the callback state Tune saves with the sweep), so
-  a resumed trial continues its own run; metric points already logged for an epoch are
-  not logged twice.
-* One run per member, not per attempt: a trial that ran out of GPU memory runs again as
-  a new Tune trial (same group and member, a larger share), and that retry continues the
-  member's run, found by its ``group_id`` + ``member`` tags. The run's ``trial_id`` tag
-  becomes the retry's, the OOM attempts are listed in ``hpo.oom_attempts``, and the
-  retry's epochs are logged again from epoch 1 (later points of a step are the latest);
-  ``hpo.attempt_started_ms`` marks where the retry's points begin, so a retry resumed
-  part-way logs the epochs it re-reports past the ones its OOM attempt had logged.
-* Tune's event loop never waits for MLflow: calls are queued and sent in order by one
-  background thread. Nothing is lost when the tracking server is briefly away: a call that
-  failed on the connection or the server's side (:func:`may_succeed_later`) is retried with
-  backoff before anything newer, and the sweep's end waits for the queue to drain. A call
-  the server rejects (an invalid value, a missing run) can never succeed: it is logged and
+  a resumed trial continues its own run; no epoch's metric point is logged twice.
+* One run per member, not per attempt: a retry after a GPU OOM (a new Tune trial, same
+  configuration and member, a larger share) continues the member's run, found by its
+  ``config_id`` + ``member`` tags; the ``trial_id`` tag becomes the retry's,
+  ``hpo.oom_attempts`` lists the OOM attempts and ``hpo.attempt_started_ms`` marks where
+  the retry's points begin.
+* Tune's event loop never waits for MLflow: one background thread sends queued calls in
+  order. A call that failed on the connection or the server's side
+  (:func:`may_succeed_later`) is retried with backoff before anything newer, and the
+  sweep's end waits for the queue to drain. A call the server rejects is logged and
   dropped, counted on the parent run (metric ``hpo.dropped_writes``, tag
-  ``hpo.last_dropped_write``), so one bad write does not hold back every later one. A
-  store's INTERNAL_ERROR wrapping an error of its own gets a few retries, then the same
-  (:func:`retry_limit`).
+  ``hpo.last_dropped_write``); a store's INTERNAL_ERROR wrapping an error of its own gets
+  :func:`retry_limit` retries, then the same. Why: docs/reliability.md#mlflow-tracking
 """
 
 from __future__ import annotations
@@ -55,8 +49,8 @@ TAG_MODEL = "model"
 TAG_PRECISION = "precision"
 TAG_SEED = "seed"
 TAG_PAIR = "pair_id"
-TAG_GROUP = "group_id"
-TAG_MEMBER = "member"  # precision/seed in the group: with group_id, the run's identity
+TAG_CONFIG = "config_id"
+TAG_MEMBER = "member"  # precision/seed in the configuration: with config_id, the run's identity
 TAG_OOM_ATTEMPTS = "hpo.oom_attempts"  # trial ids of the attempts that ran out of GPU memory
 # When an OOM retry took over its member's run (ms since the epoch, the driver's clock): the
 # retry's metric points are the ones logged from then on, the attempts' are older.
@@ -337,7 +331,7 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id = parent_run_id
         self.run_ids: dict[str, str] = {}  # trial_id -> child run id
         self.last_epoch: dict[str, int] = {}  # trial_id -> last epoch logged
-        self.member_runs: dict[str, str] = {}  # "group_id|member" -> child run id
+        self.member_runs: dict[str, str] = {}  # "config_id|member" -> child run id
         self._connect()
 
     def _connect(self) -> None:
@@ -503,7 +497,7 @@ class MlflowSweepCallback(Callback):
                 TAG_PRECISION: config["precision"],
                 TAG_SEED: str(config["seed"]),
                 TAG_PAIR: config["pair_id"],
-                TAG_GROUP: config["group_id"],
+                TAG_CONFIG: config["config_id"],
                 TAG_MEMBER: config.get("member", ""),
                 TAG_TRIAL: trial_id,
                 TAG_FELL_BACK: "false",
@@ -533,7 +527,7 @@ class MlflowSweepCallback(Callback):
             runs = self.client.search_runs(
                 [self.experiment_id],
                 filter_string=(
-                    f"tags.{TAG_GROUP} = '{config['group_id']}' and "
+                    f"tags.{TAG_CONFIG} = '{config['config_id']}' and "
                     f"tags.{TAG_MEMBER} = '{config['member']}' and "
                     f"tags.`{TAG_PARENT}` = '{self.parent_run_id}'"
                 ),
@@ -664,7 +658,7 @@ def _is_retry(config: Mapping[str, Any]) -> bool:
 
 
 def _member_key(config: Mapping[str, Any]) -> str:
-    return f"{config.get('group_id', '')}|{config.get('member', '')}"
+    return f"{config.get('config_id', '')}|{config.get('member', '')}"
 
 
 def checkpoint_returns(checkpoint: Any) -> str | None:

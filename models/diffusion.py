@@ -7,84 +7,19 @@ forecasting", ICML) and CSDI (Tashiro, Song, Song & Ermon 2021, NeurIPS); sample
 DDIM (Song, Meng & Ermon 2021, "Denoising Diffusion Implicit Models", ICLR); cosine noise
 schedule of Nichol & Dhariwal (2021, "Improved denoising diffusion probabilistic models").
 
-The model learns the conditional distribution of the path ``x0`` of the next ``H``
-standardized returns of one asset given that asset's window of ``L`` past bars (assets
-are folded into the batch):
+Given one asset's window of ``L`` past bars (assets are folded into the batch), the model
+learns the law of the path ``x0`` of the next ``H`` standardized returns; ``H = 1`` here
+(``Batch.y`` holds the next bar's return only). Loss: DDPM's noise MSE in f32, averaged over
+``noise_draws`` (timestep, noise) draws per window. Position: ``tanh(scale * mean / std)``
+of the next return over S DDIM samples (eta = 0). Positions are deterministic for a given
+model and window and do not depend on the other rows of the batch (every window uses the
+same antithetic noises, seeded by ``sampler_seed``); an untrained model's positions are 0.
 
-    history encoder   c = GRU(x_{1..L})[last]  (or an MLP of the flattened window)
-    forward process   x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps,  eps ~ N(0, I),
-                      t uniform in {0..T-1}, abar_t = prod_{s<=t} (1 - beta_s)
-    denoiser          eps_theta = sqrt(1 - abar_t) (x_t - sqrt(abar_t) mu(c))
-                                  + sqrt(abar_t) F(x_t, t, c)
-                      F: residual MLP; t enters through a sinusoidal embedding, c and t
-                      shift every block (FiLM-like); mu(c): a linear head
-    loss              mean || eps - eps_theta(x_t, t, c) ||^2     (DDPM's L_simple),
-                      K (timestep, noise) draws per window
-    position          S DDIM samples (eta = 0) of x0 given c from a fixed-seed set of
-                      initial noises; position = tanh(scale * mean / std) of the next
-                      return across the S samples
-
-Denoiser parameterization (deviation from a bare eps-MLP, both measured here). The first
-term of eps_theta is the exact noise posterior mean E[eps | x_t] when x0 ~ N(mu(c), I);
-the network F learns what the target's conditional law adds to that Gaussian (a
-heteroscedastic spread, fat tails). Two reasons:
-
-* Stable DDIM. The sampler forms x0_hat = (x_t - sqrt(1 - abar) eps) / sqrt(abar); with
-  eps from a bare network, its error is multiplied by ~2000 at the noisiest cosine step
-  (sqrt(abar) ~ 5e-4) and 10-step samples came out with std ~100 for a target of std ~1.
-  With the skip term x0_hat = sqrt(abar) x_t + sqrt(1 - abar) (mu - F) (for mu as here):
-  network errors are never amplified (the c_skip/c_out preconditioning of Karras et al.
-  2022; at the optimum F is the v-target of Salimans & Ho 2022 minus its Gaussian part).
-* Sample efficiency. The planted signal is a conditional mean shift of ~0.1 std. The
-  noise MSE weighs it by abar (1 - abar), ~1/8 on average over the schedule, so a bare
-  denoiser learns it slowly; giving the mean its own head mu(c), trained by the same
-  noise MSE, raised the mean validation Sharpe over 6 seeds of the trainer test below
-  (5 epochs, K=16) from 1.86 to 3.02. Averaging the loss over K = ``noise_draws``
-  (timestep, noise) pairs per window (one encoder pass) lowers the gradient noise
-  further: the target's own noise is shared by the K draws, the schedule's is not.
-
-``F``'s output layer and ``mu`` start at zero (as ADM zero-initializes output layers):
-an untrained model is the standard normal prior, its antithetic samples have mean exactly
-zero and every position is 0 (no spurious long/short tilt before any training).
-
-Horizon. ``Batch.y`` carries only the next bar's return, so the path here has ``H = 1``
-and ``x0 = y[..., None]``. Every part below (schedule, denoiser, sampler, position map) is
-written for a path of ``H`` returns: a longer horizon would come from the data, by having
-``trainables.dataset.FoldData.batch`` also return ``targets.unfold(0, H, 1)[t]`` (the
-standardized returns of bars t+1..t+H, shape (B, A, H)) in the ``Batch``, and
-``ConditionalDiffusion.loss`` would read that path instead of ``y[..., None]``; the
-position would then use the first step (or the sum over the holding period).
-
-Positions are deterministic for a given model and window: the S initial noises come from
-a generator seeded with ``sampler_seed`` on every call, the sampler is deterministic
-(DDIM with eta = 0), and every window uses the *same* S noises (common random numbers),
-so a window's position does not depend on the other rows of its batch or on how the
-trainer chunks the validation period. The noises are antithetic pairs (z, -z): their mean
-is exactly zero, so the sample mean carries no Monte-Carlo offset, which with common
-random numbers would otherwise be one long/short tilt shared by every window (with S = 16
-independent draws that offset has std 0.25, larger than the planted signal). With few
-DDIM steps the samples are slightly under-dispersed (10 steps: ~0.87-0.89 of the true
-std for a Gaussian target); that rescales mean/std alike for every window.
-
-Precision. The encoder (GRU included), the time-embedding MLP, the residual network F and
-the mean head run in the policy's dtype (bf16 under ``bf16``). What stays f32, and why:
-
-* the noise schedule (``schedule.betas``, ``schedule.alphas_cumprod``,
-  ``schedule.sqrt_alphas_cumprod``, ``schedule.sqrt_one_minus_alphas_cumprod``, buffers
-  named in ``keep_f32``), computed in float64 on the host and stored in f32. bf16 keeps
-  8 significant bits, so values of abar near 1 round to exactly 1: for the cosine
-  schedule with T = 1000 the first 21 timesteps get noise variance 1 - abar = 0, only 593
-  of the 1000 abar values stay distinct, and sqrt(1 - abar) formed from a bf16 abar is
-  off by up to 39%. ``sqrt(1 - abar)`` is therefore stored from the float64 product, not
-  formed at run time from ``abar``.
-* the timestep index and its sinusoidal embedding (``denoiser.time.freqs``): t is an
-  integer up to 999, and bf16 represents integers exactly only up to 256 (999 -> 1000).
-* the forward process ``q_sample``, the Gaussian term of eps_theta, the loss (from the
-  upcast network output) and every DDIM update: x0_hat divides a difference of two O(1)
-  numbers by sqrt(abar), ~5e-4 at the noisiest cosine step, so a bf16 rounding of either
-  term (4e-3 relative) would be amplified ~2000x. The sampler state x_t is carried in f32
-  between steps; only the network's input is cast to the network dtype.
-* the position mapping (mean and std over samples, then tanh), from f32 samples.
+Stays f32 under ``bf16``: the noise schedule (buffers in ``keep_f32``, from float64), the
+timestep and its sinusoidal embedding (``denoiser.time.freqs``), ``q_sample``, the Gaussian
+term of the denoiser, the loss, every DDIM update (the sampler state is carried in f32)
+and the position mapping; the encoder, time MLP, residual network and mean head run in the
+policy's dtype. Equations and the reasons: docs/models.md#diffusion
 
 Run ``.venv/bin/python -m pytest tests/models/test_diffusion.py -q`` to check this file.
 """

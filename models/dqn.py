@@ -15,18 +15,13 @@ Papers, and the piece each contributes:
   a categorical return distribution on a fixed support, trained by cross-entropy against
   the projected target distribution.
 
-Observation: the ``(N, L, F)`` window of one asset and the current position ``(N,)``. The
-window goes through a factorized encoder (a per-bar map shared across bars and learned
-per-channel lag weights, :class:`WindowEncoder`) rather than one linear layer over the
-flattened window, which memorizes the fixed training history (see the class docstring).
-Actions index ``n_actions`` positions evenly spaced over [-1, 1]
-(:func:`models.base.action_to_position`), so the greedy action is the position.
+Observation: the ``(N, L, F)`` window of one asset (through :class:`WindowEncoder`) and
+the current position ``(N,)``. Actions index ``n_actions`` positions evenly spaced over
+[-1, 1] (:func:`models.base.action_to_position`), so the greedy action is the position.
 
-Precision: the networks compute in their parameter dtype (bf16 under the ``bf16`` policy;
-inputs already arrive in it). What stays f32: the C51 atom support (``keep_f32``), the
-categorical projection and every log-softmax / softmax over atoms, and the TD targets
-(rewards and discounts are stored f32; a bf16 target would blur an n-step return to 3
-significant digits). The loss is therefore f32 already.
+Stays f32 under ``bf16``: the C51 atom support (``keep_f32``), the categorical projection,
+every (log-)softmax over atoms and the TD targets (rewards and discounts stored f32), so
+the loss is f32; the networks run in the parameter dtype. Why: docs/models.md#dqn
 """
 
 from __future__ import annotations

@@ -3,59 +3,23 @@
 Liu, Wang, Vaidya, Ruehle, Halverson, Soljačić, Hou & Tegmark (2024), "KAN:
 Kolmogorov-Arnold Networks", arXiv:2404.19756 (ICLR 2025).
 
-A KAN layer puts a learnable univariate function on every edge and sums at the nodes:
-``y_j = sum_i phi_ji(x_i) + bias_j`` with (the paper's residual activation function)
-
-    phi_ji(x) = w_b[j, i] * silu(x) + w_s[j, i] * sum_c c[j, i, c] B_c(x)
-
-where ``B_c`` are the ``G + k`` B-splines of order ``k`` on a grid of ``G`` intervals
-extended by ``k`` knots on each side (Cox-de Boor recursion), ``w_b`` is the base
-branch's weight, ``w_s`` the spline scale. Initialisation follows pykan: ``w_b`` uniform
-in +-1/sqrt(n_in), ``w_s = 1/sqrt(n_in)``, coefficients small noise, node biases 0.
-
-Each input dimension has its own grid. :meth:`KANLayer.update_grid` is the paper's grid
-update ("update of spline grids"; pykan's ``update_grid_from_samples``): the interior
-knots move to the quantiles of a sample of the layer's inputs (blended with a uniform
-grid by ``grid_eps``), and the coefficients are re-solved by least squares so that each
-edge's spline takes the same values on that sample as before. :meth:`KAN.on_epoch_start`
-does it for every layer (inputs of layer l+1 come from the updated layer l) during the
-first ``grid_update_epochs`` epochs; the counter is a buffer, so a resumed trial does not
-repeat updates. The refit is of the unscaled spline, so ``w_s`` keeps its meaning
-(efficient-kan refits the scaled spline into the coefficients and then scales it by
-``w_s`` again). The refit is a least-squares projection: exact when the old edge
-functions lie in the new spline space (any polynomial of degree <= k over the sample's
-range, for example); otherwise the output moves a little (0.5 % at the default init,
-0.5-2 % in the first training epochs on the synthetic data, measured), where keeping the
-old coefficients on the new knots would move it by 10-17 %. Beyond the sample's range the
-new spline fades to 0 over the k extension intervals (only the base branch is left), so
-the sample should be a batch of training windows, the larger the better.
-
-Regularization (the paper's sparsification, for simplification): the L1 norm of an edge
-is its mean absolute activation over the batch, ``|phi|_1 = mean_s |phi(x_s)|``; a
-layer's L1 is the sum over its edges and its entropy is ``-sum p log p`` with
-``p = |phi|_1 / |Phi|_1``. The loss adds ``reg_lambda * sum_l (|Phi_l|_1 + reg_entropy *
-S(Phi_l))``. It needs every edge's activation, ``(N, n_out, n_in)``, so training with
-``reg_lambda > 0`` evaluates the layers edge-wise; without it (and for positions) the
-layers run as two matmuls.
+A KAN layer puts a learnable univariate function on every edge and sums at the nodes,
+``y_j = sum_i phi_ji(x_i) + bias_j``, with the paper's residual activation
+``phi_ji(x) = w_b[j, i] * silu(x) + w_s[j, i] * sum_c c[j, i, c] B_c(x)`` (``B_c``: the
+B-splines of order ``k`` on a per-input grid of ``G`` intervals; pykan's initialisation).
+:meth:`KAN.on_epoch_start` runs the paper's grid update (:meth:`KANLayer.update_grid`) in
+the first ``grid_update_epochs`` epochs; the counter is a buffer, so a resumed trial does
+not repeat updates. ``reg_lambda > 0`` adds the paper's L1 + entropy sparsification.
 
 Input: the last ``window`` bars of each asset's window, flattened (``window * F`` inputs;
-assets folded into the batch). Output: the next standardized return. Loss and position come from the shared regression
-head (:mod:`models.heads`): Huber (default) or MSE in f32, plus the regularization;
-``tanh(position_scale * forecast)``.
+assets folded into the batch). Output: the next standardized return. Loss and position
+come from the shared regression head (:mod:`models.heads`): Huber (default) or MSE in f32,
+plus the regularization; ``tanh(position_scale * forecast)``.
 
-Precision. The matmuls over base weights and spline coefficients run in the parameter
-dtype. What stays f32, and why:
-
-* the knot grid (``grid`` in ``keep_f32``). After a grid update the knots are sample
-  quantiles that can lie closer together than bf16 resolves (~2^-8 relative); rounded, two
-  knots coincide and the recursion divides by zero, or basis functions lose their support.
-* the B-spline bases: the recursion divides differences of nearby knots and inputs;
-  computed in f32 from the upcast input, then cast to the input's dtype for the matmul
-  (values in [0, 1] summing to 1, which bf16 holds to 2^-9).
-* the grid update: quantiles, the old spline values and the least-squares solve
-  (autocast off), the new coefficients rounded once to the parameter dtype at the end.
-* the regularization (means over the batch, an entropy of ratios), the loss and the
-  position mapping.
+Stays f32 under ``bf16``: the knot grid (``grid`` in ``keep_f32``), the B-spline bases
+(cast to the input's dtype for the matmul), the grid update (quantiles, least-squares
+refit; coefficients rounded once at the end), the regularization, the loss and the
+position mapping. Grid update, regularization and the reasons: docs/models.md#kan
 
 Run ``.venv/bin/python -m pytest tests/models/test_kan.py -q`` to check this file.
 """

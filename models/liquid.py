@@ -3,51 +3,23 @@
 Hasani, Lechner, Amini, Liebenwein, Ray, Tschaikowski, Teschl & Rus (2022),
 "Closed-form continuous-time neural networks", Nature Machine Intelligence 4, 992-1003.
 
-A CfC cell approximates the closed-form solution of a liquid time-constant ODE, so the
-state moves across an elapsed time ``t`` in one step instead of an ODE solve. With
-``z = backbone([I_k, h_{k-1}])`` (a small MLP over the bar's input and the previous state)
-and four heads on ``z``, the gated CfC is
+A CfC cell moves the state across an elapsed time ``t`` in one step. With
+``z = backbone([I_k, h_{k-1}])`` and four heads on ``z``, the gated cell is
 
-    g     = tanh(W_g z)           the branch the closed gate holds
-    h_alt = tanh(W_h z)           the branch the state relaxes to as t grows (where f > 0)
-    f, b  = W_f z, W_b z          the time constant and the gate's bias, per unit
-    h_k   = sigma(-(f t + b)) * g + sigma(f t + b) * h_alt
+    h_k = sigma(-(f t + b)) * g + sigma(f t + b) * h_alt
+    g = tanh(W_g z),  h_alt = tanh(W_h z),  f, b = W_f z, W_b z
 
-The bias ``b`` is the authors' ``time_b`` (their ``torch_cfc.py`` and ``ncps``); the
-paper writes the gate as ``sigma(-f t)``, i.e. ``b = 0``, for which every unit is the
-midpoint ``(g + h_alt) / 2`` at ``t = 0`` and moves to ``h_alt`` (``f > 0``) or ``g``
-(``f < 0``) as ``t`` grows. With ``b << 0`` the gate starts closed (``h_k = g`` at
-``t -> 0``) and opens onto ``h_alt`` around ``t = -b / f``. ``mode="no_gate"`` is the
-authors' variant without the complementary gate, ``h_k = g + sigma(f t + b) * h_alt``
-(their ``no_gate``; ``gated`` is their ``default``). Their ``pure`` mode (the direct
-exponential solution) and mixed-memory (LSTM-augmented) cells are not implemented.
+(``b`` is the authors' ``time_b``; ``mode="no_gate"`` is their ``no_gate`` variant,
+``h_k = g + sigma(f t + b) * h_alt``). ``t`` is ``batch.gaps``: the time since the
+previous bar in units of the median bar spacing. Assets are folded into the batch, the
+recurrence runs over the L bars from a zero state, and a linear head on the final state
+predicts the next standardized return. Loss and position: the shared regression head
+(:mod:`models.heads`), Huber (default) or MSE in f32, ``tanh(position_scale * forecast)``.
 
-Here ``t`` is ``batch.gaps``: the time since the previous bar in units of the median bar
-spacing (so 1 on a regular grid, 3 across a weekend of daily bars, large across a data
-hole). Assets are folded into the batch (one sequence per asset window), the recurrence
-runs over the L bars from a zero state, and a linear head on the final state predicts the
-next standardized return. Loss and position come from the shared regression head
-(:mod:`models.heads`): Huber (default) or MSE in f32; ``tanh(position_scale * forecast)``.
-
-Implementation: the backbone's first layer is split into an input part, applied to all L
-bars in one matmul before the loop, and a recurrent part ``W_r h``; the four heads are
-one fused linear layer. Both are the same parameters as the reference's
-``Linear(F + H, U)`` and four ``Linear(U, H)``.
-
-Precision. The backbone and heads run in the parameter dtype (bf16 under ``bf16``). What
-stays f32, and why:
-
-* the time gate and the interpolation. ``t`` arrives f32 (in bf16 a gap near 1000 median
-  gaps is only known to a step of 4). Near a closed gate (``f t + b`` large and negative, the
-  long-memory regime the cell exists for) the complementary weight ``sigma(f t + b)`` is
-  small: in bf16 ``1 - gate`` would be a multiple of 2^-8 and flush a 1e-3 leak to zero,
-  so both weights are computed as sigmoids of opposite-signed f32 arguments, never as
-  ``1 - gate``.
-* the carried state ``h``: the recurrence is an accumulator over the L bars (like a
-  scan), so ``h`` is kept f32 between steps and rounded to the parameter dtype only as
-  the input of the next step's matmul; rounding errors then do not compound along the
-  window.
-* the loss and the position mapping (from the upcast forecast).
+Stays f32 under ``bf16``: the time gate and the interpolation (both weights are sigmoids
+of opposite-signed f32 arguments, never ``1 - gate``), the carried state ``h`` (rounded
+only as the next step's matmul input), the loss and the position mapping. The backbone and
+heads run in the parameter dtype. Gate semantics and the reasons: docs/models.md#liquid
 
 Run ``.venv/bin/python -m pytest tests/models/test_liquid.py -q`` to check this file.
 """

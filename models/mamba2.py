@@ -3,70 +3,23 @@
 Dao & Gu (2024), "Transformers are SSMs: Generalized Models and Efficient Algorithms
 Through Structured State Space Duality", ICML 2024 (arXiv:2405.21060).
 
-Each asset's window of ``L`` past bars is one sequence (assets are folded into the batch).
-The network is the paper's Mamba-2 architecture (the "parallel" block: x, B, C and dt are
-all projected from the block input at once) at a small size:
+Each asset's window of ``L`` past bars is one sequence (assets are folded into the batch),
+through the paper's Mamba-2 architecture (the "parallel" block) at a small size:
 
-    Linear(F -> d_model)
-    n_layers x [ x + Dropout(Mixer(RMSNorm(x))) ]
-    RMSNorm -> Linear(d_model -> 1) on the decision bar (the last one) -> forecast
+    Linear(F -> d_model) -> n_layers x [ x + Dropout(Mixer(RMSNorm(x))) ]
+    -> RMSNorm -> Linear(d_model -> 1) on the decision bar -> forecast
 
-    Mixer(u):  in_proj(u) -> z, xBC, dt                        one matmul, no bias
-               xBC <- SiLU(causal depthwise conv1d(xBC))       (kernel d_conv)
-               x, B, C <- split(xBC); x into heads (L, H, P)   B, C shared by every head
-               dt <- softplus(dt + dt_bias)                    (L, H), input dependent
-               y  <- SSD(x * dt, A * dt, B, C) + D * x         A = -exp(A_log) < 0
-               y  <- RMSNorm(y * SiLU(z)) * w                  gated RMSNorm
-               out_proj(y)
+The SSD layer uses the paper's chunked algorithm (Listing 1); :func:`ssd_sequential` is
+the plain recurrence, kept as the reference. ``chunk_size`` changes only the speed, not
+the function, so it is not searched. Loss: f32 Huber (or MSE) against the standardized
+next-bar return; position ``tanh(position_scale * forecast)``.
 
-The SSD layer computes the selective state space recurrence, per head h,
-
-    state_t = exp(dt_t A_h) state_{t-1} + (dt_t x_t) B_t^T        (P, N)
-    y_t     = state_t C_t                                         (P,)
-
-with the paper's chunked algorithm (Listing 1, ``ssd_minimal``): within a chunk of
-``chunk_size`` bars the output is a masked quadratic (attention-like) product whose mask is
-``exp(segsum(dt A))``; between chunks the states are passed on by a short recurrence over
-chunks. ``segsum`` builds the cumulative log-decays ``sum_{j < s <= i} a_s`` by masking and
-a cumulative sum of the segment itself, not as a difference of two long cumulative sums,
-so no large numbers cancel; entries above the diagonal are -inf and become exact zeros
-after ``exp``. A window whose length is not a multiple of ``chunk_size`` is padded at the
-end (zero input, zero log-decay), which leaves every earlier output and the final state
-unchanged. :func:`ssd_sequential` is the plain recurrence, kept as the reference.
-
-Initialization follows the reference implementation (``mamba_ssm``): ``dt_bias`` is the
-inverse softplus of dt drawn log-uniformly in [dt_min, dt_max] (floored at 1e-4), so the
-initial step sizes span that range; ``A_log = log(A)`` with A uniform in [1, 16]; ``D`` is
-ones. ``chunk_size`` does not change the function computed (only the speed), so it is not
-in the search space.
-
-The forecast is trained with an f32 Huber (or MSE) loss against the standardized next-bar
-return, and becomes a position as ``tanh(position_scale * forecast)``.
-
-Precision. Under ``bf16`` the projections, convolution, norms and residual stream run in
-bf16. What stays f32, and why:
-
-* ``A_log``, ``dt_bias`` and ``D`` (named in each mixer's ``keep_f32``). They set the
-  decay ``exp(dt A)`` that the scan multiplies together along the whole window: in bf16
-  ``A_log`` ~ 2.8 has a spacing of 1/64 (rounding moves A by up to 0.8 %) and
-  ``dt_bias`` ~ -7 a spacing of 1/32 (dt by up to 1.6 %), errors that compound over the
-  window through the cumulative sum; the optimizer's small updates to these scalars would
-  also fall below one bf16 step. ``D`` is the per-head skip gain; ``mamba_ssm`` keeps it
-  and ``A_log`` in f32 as well.
-* the whole SSD (dt, the decays, ``segsum``, the intra-chunk products, the inter-chunk
-  state recurrence and the ``D`` skip): its inputs are upcast with ``models.ops.f32`` and
-  the result cast back with ``models.ops.like``. The cumulative sums and the states are
-  accumulators; the reference Triton kernels likewise accumulate the scan in f32. At the
-  sizes here the SSD is a small share of the FLOPs.
-* the loss and the position mapping (from the upcast forecast).
-
-Under ``bf16-mixed`` / ``fp16-mixed`` autocast runs the SSD's matmuls in low precision
-(with f32 accumulation), while dt, the cumulative sums and the decays stay f32: they are
-elementwise ops on f32 inputs, which autocast leaves alone.
-
-Weight decay: the trainer's AdamW decays every parameter; ``mamba_ssm`` exempts ``A_log``,
-``D`` and ``dt_bias`` (decay would pull A towards 1 and dt towards softplus(0)). Sweeps
-that search weight decay should keep it small for this family.
+Stays f32 under ``bf16``: ``A_log``, ``dt_bias`` and ``D`` (each mixer's ``keep_f32``;
+bf16 rounding moves A by up to 0.8 % and dt by up to 1.6 %), the whole SSD (inputs upcast
+with ``models.ops.f32``, result cast back with ``models.ops.like``), the loss and the
+position mapping. Weight decay applies to every parameter, these three included: keep it
+small when searching it for this family.
+Mixer equations, initialization and the reasons: docs/models.md#mamba2
 
 Run ``.venv/bin/python -m pytest tests/models/test_mamba2.py -q`` to check this file.
 """

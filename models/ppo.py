@@ -1,49 +1,27 @@
 """PPO family: an on-policy actor-critic for the trading environment.
 
-Papers, and the piece each contributes:
+Papers: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (clipped surrogate,
+minibatch epochs over each rollout, entropy bonus, shared actor-critic loss); Schulman et
+al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation"
+(GAE(lambda), lambda-returns); OpenAI baselines' PPO2 (Dhariwal et al. 2017) as catalogued
+by Huang et al. 2022, "The 37 Implementation Details of PPO" (value clipping, per-minibatch
+advantage normalization, orthogonal init, 0.01-gain policy head); Pardo et al. 2018, "Time
+Limits in Reinforcement Learning" (GAE bootstraps from ``final_obs`` at a time-limit end);
+optional (``recurrent``) LSTM core (Hochreiter & Schmidhuber 1997) trained from stored
+states (R2D2's "stored state", Kapturowski et al. 2019).
 
-* Schulman et al. 2017, "Proximal Policy Optimization Algorithms": the clipped surrogate
-  objective ``E[min(r A, clip(r, 1 - eps, 1 + eps) A)]``, several epochs of minibatch steps
-  over each rollout, an entropy bonus and a shared actor-critic loss.
-* Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
-  Estimation": GAE(lambda) advantages and the lambda-returns the critic regresses on.
-* OpenAI baselines' PPO2 (Dhariwal et al. 2017), as catalogued by Huang et al. 2022 ("The
-  37 Implementation Details of PPO"): value clipping, per-minibatch advantage
-  normalization, orthogonal init with a 0.01-gain policy head.
-* Pardo et al. 2018, "Time Limits in Reinforcement Learning": the environment's episodes
-  end by a time limit (it hands ``final_obs``), so GAE bootstraps from the value of the state
-  before the reset instead of treating the end as terminal.
-* Hochreiter & Schmidhuber 1997 (LSTM), optional (``recurrent``): a residual recurrent
-  core between the torso and the heads, trained on truncated sequences that start from the
-  stored hidden state (the "stored state" strategy of Kapturowski et al. 2019, R2D2).
+Observation: one asset's ``(N, L, F)`` window and the current position ``(N,)``; actions
+index ``n_actions`` positions evenly spaced over [-1, 1] (:func:`models.base.action_to_position`);
+the greedy action is the validation position.
+Recurrent: the rollout is cut into ``bptt``-step chunks per environment, each replayed from
+its stored pre-step state (zeroed at episode starts); minibatches are whole chunks.
+:meth:`PPOLearner.act` (once per bar, in time order) carries an eval-time state and resets
+it to zero on every ``train()``/``eval()`` call, when the batch size or device changes,
+and on :meth:`PPOLearner.reset_eval_state`. Why: docs/models.md#ppo
 
-Observation: the ``(N, L, F)`` window of one asset and the current position ``(N,)``.
-Actions index ``n_actions`` positions evenly spaced over [-1, 1]
-(:func:`models.base.action_to_position`); the policy is categorical over them and the
-greedy action (argmax of the logits) is the validation position.
-
-Recurrent update (the documented choice): every step's pre-step LSTM state is stored in the
-rollout. The rollout of ``n_steps`` is cut into chunks of ``bptt`` steps per environment;
-each chunk is one sequence, replayed from its stored initial state with the state zeroed at
-every episode start inside it, and gradients flow through the chunk only (truncated BPTT).
-Minibatches are sets of whole chunks. The stored states were produced by the policy that
-collected the rollout, so after the first gradient step they are slightly stale (R2D2's
-"stored state" bias, small over a few PPO epochs); ``bptt = n_steps`` is cleanrl's
-``ppo_atari_lstm`` scheme (each sequence starts at the rollout start).
-
-Evaluation state of the LSTM: :meth:`PPOLearner.act` is called once per bar, in time order,
-by ``trainables.env.greedy_positions``; it carries an eval-time state from call to call and
-resets it to zero (a) on every ``train()``/``eval()`` call (the trainer and ``predict`` call
-``model.eval()`` before each evaluation span, so each span starts from zero and validation
-is deterministic), (b) when the batch size or device changes, and (c) on
-:meth:`PPOLearner.reset_eval_state`.
-
-Precision: the networks compute in their parameter dtype (bf16 under the ``bf16`` policy;
-inputs already arrive in it). What stays f32: the log-softmax over actions and every
-log-probability, the probability ratio and the clipped surrogate, the entropy, the stored
-values, GAE and the returns (rewards arrive f32), advantage normalization and the value
-loss. The rollout keeps observations (and LSTM states) in the data dtype, everything the
-objective reads in f32. The loss is therefore f32 already.
+Stays f32 under ``bf16``: log-softmax and log-probabilities, the ratio and the clipped
+surrogate, the entropy, stored values, GAE, returns, advantage normalization and the
+value loss; the rollout keeps observations and LSTM states in the data dtype.
 """
 
 from __future__ import annotations

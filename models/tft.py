@@ -3,39 +3,23 @@
 Lim, Arık, Loeff & Pfister (2021), "Temporal Fusion Transformers for interpretable
 multi-horizon time series forecasting", International Journal of Forecasting 37(4).
 
-Adapted here to the supervised contract of :mod:`models.base`: each asset's window of
-``L`` past bars is one sample (assets are folded into the batch), the only static
-covariate is the asset itself (a learned embedding indexed by the position along ``A``),
-there are no known-future inputs, and the horizon is the single next bar. The network
-follows the paper's Fig. 2:
+Adapted to the supervised contract of :mod:`models.base`: each asset's window of ``L``
+past bars is one sample (assets are folded into the batch), the only static covariate is
+the asset itself (a learned embedding indexed by the position along ``A``), there are no
+known-future inputs, and the horizon is the single next bar. The network follows the
+paper's Fig. 2 (static contexts, per-bar variable selection, LSTM encoder, static
+enrichment, causal interpretable multi-head attention, position-wise GRN) and ends in a
+quantile head on the decision bar.
 
-    asset embedding -> 4 static contexts (c_s selection, c_e enrichment, c_h / c_c LSTM state)
-    per-bar variable selection over the F features (conditioned on c_s)
-    LSTM encoder over the L bars (initial state c_h, c_c) + gated skip + LayerNorm
-    static enrichment GRN (conditioned on c_e)
-    interpretable multi-head self-attention (causal) + gated skip + LayerNorm
-    position-wise GRN + gated skip (back to the LSTM output) + LayerNorm
-    quantile head on the decision bar (the last one)
+The quantile head is non-crossing by construction (the median plus/minus cumulative
+softplus offsets, starting at the standard-normal quantile gaps), so the spread
+``q_hi - q_lo`` is never negative and the position
+``tanh(position_scale * q50 / (q_hi - q_lo + eps))`` has the sign of the median.
 
-Deviation from the paper: the quantile head is non-crossing by construction (the median
-plus/minus cumulative softplus offsets), so the predicted spread ``q_hi - q_lo`` is never
-negative and the position ``tanh(position_scale * q50 / (q_hi - q_lo + eps))`` always
-has the sign of the median. Its offsets start at the standard-normal quantile gaps, the
-distribution of the standardized target before anything is learned.
-
-Precision. Under ``bf16`` every weight and activation is bf16, including the
-``nn.LSTM``: in torch 2.13 it runs forward and backward in bf16 on CPU, and its output
-and cell state stay within one bf16 rounding of an f32 LSTM with the same (rounded)
-weights at L = 32 and at L = 256, because the forget gate makes the recurrence
-contractive (errors do not accumulate along the window); it is also faster than the
-f32 LSTM there (oneDNN). The cuDNN bf16 path has not been measured here. What stays
-f32, and why:
-
-* ``quantile_levels`` (a buffer named in ``keep_f32``): 0.1 is 0.10009765625 in bf16, and
-  the pinball loss must weigh the quantiles actually configured.
-* the non-crossing construction of the quantiles (a cumulative sum of offsets, an
-  accumulator), the pinball loss, and the position mapping: a spread is a difference of
-  nearby quantiles, and its ratio to the median is taken in f32 from the upcast outputs.
+Under ``bf16`` every weight and activation is bf16, the ``nn.LSTM`` included. Stays f32:
+``quantile_levels`` (a buffer in ``keep_f32``), the non-crossing construction of the
+quantiles, the pinball loss and the position mapping (from the upcast outputs).
+Layer by layer, and the reasons: docs/models.md#tft
 
 Run ``.venv/bin/python -m pytest tests/models/test_tft.py -q`` to check this file.
 """

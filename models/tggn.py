@@ -6,50 +6,20 @@ Multivariate Time Series Forecasting with Graph Neural Networks" (MTGNN), KDD.
 
 Unlike the single-asset families, TGGN reads the asset axis ``A`` of ``x (B, A, L, F)``
 jointly: the A assets are the nodes of a graph whose adjacency is learned, so asset i's
-forecast can use asset j's past bars (a lead-lag link, such as the one the synthetic data
-plants: asset k's next return loads on asset k-1's current one). The network:
+forecast can use asset j's past bars (a lead-lag link). The network:
 
     input projection F -> C per (asset, bar)
-    n_layers x temporal layer, each followed by graph propagation (TCN) or with graph
-        propagation inside its gates (GRU); residual + LayerNorm
-    skip connections at the decision bar from every temporal layer and from the last
-    layer's output (MTGNN's skipE, so the last propagation reaches the head) -> ReLU ->
-    MLP -> one forecast of the next standardized return per asset
+    n_layers x temporal layer (``tcn``: gated dilated causal convolution, then graph
+        propagation; ``gru``: graph GRU, propagation in its gates) + residual + LayerNorm
+    skip connections at the decision bar -> ReLU -> MLP -> one forecast per asset
     position = tanh(position_scale * forecast)
 
-* Learned adjacency (Graph WaveNet eq. 5, MTGNN's top-k sparsification): two node
-  embeddings E1, E2 (A, node_dim); logits relu(E1 E2^T); each row keeps its ``top_k``
-  largest logits and the softmax runs over those only, so row i has exactly top_k
-  nonzeros summing to 1. ``adj[i, j] > 0`` means node i reads node j.
-* Graph propagation over ``hops`` hops K, then information selection (a linear map of the
-  concatenated hops, MTGNN eq. 7):
-  ``mixhop`` (MTGNN eq. 6):  H_0 = X, H_k = beta X + (1 - beta) adj H_{k-1};
-  ``diffusion`` (Graph WaveNet eq. 6 with the adaptive matrix): H_k = adj^k X.
-* Temporal module:
-  ``tcn``: gated dilated causal convolution tanh(W_f * X) . sigmoid(W_g * X) (WaveNet),
-  dilation 2^i in layer i, followed by graph propagation (Graph WaveNet's block);
-  ``gru``: a graph GRU whose gates and candidate are graph propagations of
-  [x_t, h_{t-1}] (DCRNN / AGCRN style), one layer per ``n_layers``, stepped over L bars.
-
-Deviations: the convolution is causal with left zero-padding (the paper's valid
-convolution shrinks the window; here every layer keeps L bars and the skip connections
-read the decision bar only); LayerNorm over channels replaces BatchNorm (no statistics
-shared across windows); one learned adjacency direction (MTGNN also propagates along
-adj^T); the embeddings start non-negative, |N(0, 1 / sqrt(node_dim))|, so every logit
-starts positive and O(1): a row whose logits are all <= 0 gets no gradient through the
-relu and stays a uniform average of whichever assets topk's tie-break picks (measured: with
-signed embeddings, rows died at init and the lead-lag ring of the tests was not found);
-``top_k`` defaults to a dense graph for universes of up to 8 assets (see its docstring).
-
-Precision. Under ``bf16`` every weight and activation is bf16. What stays f32, and why:
-
-* the adjacency (logits, top-k and row softmax), computed from the upcast embeddings: it
-  is an A x A matrix (cheap), a bf16 logit has 3 significant digits, so near-ties would
-  flip the top-k selection, and a bf16 softmax row does not sum to 1 to better than 2^-8.
-  It is cast to the activation dtype for the propagation matmuls.
-* the graph-GRU hidden state: it is carried across the L bars like a scan accumulator
-  (h = z h + (1 - z) c in f32); its matmuls take the state cast to the activation dtype.
-* the loss and the position mapping, taken from the upcast forecast.
+Adjacency: each row keeps its ``top_k`` largest logits ``relu(E1 E2^T)`` and softmaxes
+them, so row i has exactly ``top_k`` nonzeros summing to 1; ``adj[i, j] > 0`` means node i
+reads node j. Propagation over ``hops`` hops: ``mixhop`` (MTGNN) or ``diffusion`` (Graph
+WaveNet). Stays f32 under ``bf16``: the adjacency (cast to the activation dtype for the
+propagation matmuls), the graph-GRU hidden state, the loss and the position mapping.
+Equations, deviations from the papers and the reasons: docs/models.md#tggn
 
 Run ``.venv/bin/python -m pytest tests/models/test_tggn.py -q`` to check this file.
 """

@@ -5,58 +5,21 @@ Price Trend Prediction with Limit Order Book Data", arXiv:2502.15757. Input norm
 Tran, Kanniainen, Gabbouj & Iosifidis (2021), "Data Normalization for Bilinear Structures
 in High-Frequency Financial Time-series", ICPR (BiN).
 
-TLOB reads one window of L bars x F features per sample; any (L, F) window works: the
-OHLCV-derived features of :mod:`trainables.data.features` (F = 8), or an order-book
-snapshot per bar (F = 4 * levels: ask price, ask size, bid price, bid size per level,
-F = 40 for the paper's 10 levels). Assets are folded into the batch (one forecast per
-asset). The network, as in the paper's Fig. 1 and reference code:
+TLOB reads one window of L bars x F features per sample (OHLCV features, F = 8, or an
+order-book snapshot per bar, F = 4 * levels); assets are folded into the batch:
 
     BiN over the (L, F) window -> linear embedding F -> d per bar -> + positional embedding
-    n_layers x [ time attention:    tokens are the L bars, each a d-vector   (L x L maps)
-                 feature attention: tokens are the d features, each an L-vector (d x d) ]
-    the last pair shrinks d -> d // 4 and L -> L // 4 (its MLPs project down)
-    flatten (L // 4) * (d // 4) -> MLP head (/4 per layer down to <= 128) -> 1 forecast
+    n_layers x [ time attention over the L bars, feature attention over the d features ]
+    (the last pair shrinks d -> d // 4 and L -> L // 4) -> flatten -> MLP -> next-return forecast
     position = tanh(position_scale * forecast)
 
-Each attention layer is the paper's: multi-head self-attention whose every head has the
-full width (q, k, v: dim -> n_heads * dim, then W0: n_heads * dim -> dim), residual +
-LayerNorm, then an MLP dim -> 4 dim -> out_dim with GELU, a residual when out_dim == dim,
-GELU and LayerNorm, and a second residual from the layer input when the width is kept.
+BiN mixes a temporal z-score (each feature over time) and a feature z-score (each bar over
+features) with weights ``softplus(mix) >= 0``; a standard deviation below 1e-4 counts as 1.
 
-BiN, for a window x (L, F) with unbiased standard deviations:
-
-    temporal:  Z_t[l, f] = (x[l, f] - mean_l x[:, f]) / std_l x[:, f]    (each feature over time)
-               T = time_scale[f] * Z_t + time_bias[f]
-    feature:   Z_f[l, f] = (x[l, f] - mean_f x[l, :]) / std_f x[l, :]    (each bar over features)
-               G = feature_scale[l] * Z_f + feature_bias[l]
-    BiN(x) = w_feature * G + w_time * T,   (w_feature, w_time) = softplus(mix) >= 0
-
-A standard deviation below 1e-4 is replaced by 1 (a constant slice passes through
-centred), as the reference code does for the temporal one.
-
-Deviations from the reference code: the regression head has one output (the next
-standardized return) instead of three trend classes; BiN's mixing weights are kept
-non-negative by a softplus (starting at 0.5 each, the paper's start) rather than by
-resetting negative values to 0.01 during the forward pass; BiN's scales start at 1
-(the identity normalization) rather than a Xavier draw with random signs; q, k, v are
-projected once (the reference projects them and then again inside
-``nn.MultiheadAttention``); optional dropout on the attention weights (0 by default, as in
-the paper).
-
-Precision. Under ``bf16`` every weight and activation is bf16. What stays f32, and why:
-
-* BiN's statistics and normalization: means and standard deviations are sums over L or
-  F entries, and a z-score divides a difference of nearby values by their spread
-  (cancellation), both of which lose digits in bf16; they are computed from the upcast
-  window, which is cast back to the activation dtype once normalized.
-* the softmax of every attention map (time and feature attention), from upcast scores.
-* the loss and the position mapping, taken from the upcast forecast.
-
-Order-book data under ``bf16``: the policy casts data to bf16 once, when the dataset
-tensor is built, and bf16 holds 8 significant bits: a raw price near 100 is kept to 0.5,
-so a book loses its tick-level spread before TLOB sees it. Feed prices as offsets from
-the mid (in ticks) or as returns, as LOBSTER / FI-2010 pipelines normalize anyway; sizes
-keep ~0.4% relative precision.
+Stays f32 under ``bf16``: BiN's statistics and normalization (cast back once normalized),
+the softmax of every attention map, the loss and the position mapping; every other weight
+and activation is bf16. Data is cast to bf16 once, so feed order-book prices as offsets
+from the mid or as returns, not raw. Formulas, deviations and reasons: docs/models.md#tlob
 
 Run ``.venv/bin/python -m pytest tests/models/test_tlob.py -q`` to check this file.
 """

@@ -9,77 +9,17 @@ sLSTM block; the paper's xLSTM[a:b] ratios are strings like "mmms"):
 
     Linear(F -> d_model) -> blocks -> LayerNorm -> Linear(d_model -> 1) on the decision bar
 
-mLSTM block (the paper's pre up-projection block), on x (N, L, d):
+mLSTM: the paper's pre up-projection block; its matrix-memory cell is computed in parallel
+form by :func:`mlstm_parallel` (:func:`mlstm_recurrent` is the step-by-step reference and
+gives the same h). sLSTM: the paper's post up-projection block, recurrent weights
+block-diagonal by heads. Loss: f32 Huber (or MSE) against the standardized next-bar
+return; position ``tanh(position_scale * forecast)``.
 
-    x_m, z   <- up-projection of LayerNorm(x) to 2 x inner (inner = proj_factor * d)
-    x_c      <- SiLU(causal conv1d(x_m))
-    q, k     <- block-diagonal linear maps of x_c;  v <- block-diagonal map of x_m
-    i~, f~   <- Linear([q, k, v]) per head (input / forget gate pre-activations)
-    h        <- mLSTM cell (below), per-head LayerNorm, + learnable skip * x_c
-    x + Dropout(down-projection(h * SiLU(z)))
-
-mLSTM cell: a matrix memory C (d_v x d_k) and normalizer n per head with exponential input
-gate and sigmoid forget gate, k scaled by 1/sqrt(d_k). Stabilized as in the paper, with
-log f = logsigmoid(f~):
-
-    m_t = max(log f_t + m_{t-1}, i~_t)                      m_0 = -inf
-    i'_t = exp(i~_t - m_t),  f'_t = exp(log f_t + m_{t-1} - m_t)
-    C_t = f'_t C_{t-1} + i'_t v_t k_t^T,   n_t = f'_t n_{t-1} + i'_t k_t
-    h_t = C_t q_t / (max(|n_t . q_t|, exp(-m_t)) + eps)
-
-:func:`mlstm_parallel` computes all t at once, as the paper's parallel form: the log gate
-matrix log D_tj = sum_{j < s <= t} log f_s + i~_j (a ``segsum`` of the log forget gates:
-cumulative sums of each masked segment, -inf above the diagonal), its row max as the
-stabilizer m_t, D' = exp(log D - m), then h = (Q K^T / sqrt(d) * D') V divided row-wise by
-max(|row sum|, exp(-m)) + eps. With m_0 = -inf the recurrence's m_t is exactly that row
-max, so :func:`mlstm_recurrent` (kept as the reference, and for step-by-step inference)
-gives the same h. (A zero-initialized state, m_0 = 0, would change the normalizer's clamp
-in the first few steps; the parallel form is the one trained.)
-
-sLSTM block (the paper's post up-projection block):
-
-    x_c      <- SiLU(causal conv1d(LayerNorm(x)))
-    i~, f~   <- block-diagonal (per head) maps of x_c;  z~, o~ <- same of LayerNorm(x)
-    h        <- sLSTM cell, with recurrent weights R block-diagonal by heads
-    x        <- x + Dropout(GroupNorm by heads(h))
-    x + Dropout(gated feed-forward(LayerNorm(x)))     GeLU gate, width ffn_factor * d
-
-sLSTM cell, per unit, with the exponential input gate stabilized by a state m:
-
-    [i~, f~, z~, o~]_t = W x_t + R h_{t-1} + b
-    m_t = max(log sigmoid(f~_t) + m_{t-1}, i~_t)             (m_1 = i~_1)
-    i'_t = exp(i~_t - m_t),  f'_t = exp(log sigmoid(f~_t) + m_{t-1} - m_t)
-    c_t = f'_t c_{t-1} + i'_t tanh(z~_t),  n_t = f'_t n_{t-1} + i'_t
-    h_t = sigmoid(o~_t) c_t / n_t                             (n_t >= 1 by construction)
-
-Initialization follows the authors' code: gate weights of the mLSTM zero, forget-gate
-biases linspace(3, 6) (long memory at the start), input-gate biases N(0, 0.1); sLSTM
-recurrent weights zero and forget-gate biases linspace(3, 6) within each head (the
-authors' power-law block-dependent init is simplified to this range).
-
-The forecast is trained with an f32 Huber (or MSE) loss against the standardized next-bar
-return, and becomes a position as ``tanh(position_scale * forecast)``.
-
-Precision. Under ``bf16`` the projections, convolutions, norms, feed-forward and
-residual stream run in bf16, and so does the sLSTM's recurrent product R h. What stays
-f32, and why:
-
-* the gate biases (``gate_bias`` of both block kinds, named in their ``keep_f32``). The
-  input-dependent part of each gate pre-activation comes out of a bf16 matmul and is
-  upcast; the bias is added after, in f32. A forget bias of 3-6 sets the memory
-  timescale 1 / (1 - sigmoid(b)) ~ e^b: rounded to bf16 (a spacing of 1/32 there) it
-  would move every timescale by up to 1.6 %, and the optimizer's small updates to it
-  would fall below one bf16 step (as for Mamba-2's ``dt_bias``).
-* the mLSTM cell: q, k, v and the gate pre-activations are upcast with ``models.ops.f32``;
-  the log forget-gate cumulative sums, the stabilizer max, exp(log D - m), the products
-  with it, the normalizer and the per-head LayerNorm run in f32, and the result returns
-  to bf16 with ``models.ops.like``. The cumulative sums are accumulators, and the
-  exponential input gate is only safe as exp(i~ - m) with both terms exact: in bf16 a
-  log-gate sum of 8 is a multiple of 1/16, up to a 3 % error in every exponentiated
-  weight.
-* the sLSTM cell's state: c, n and the stabilizer m are f32 accumulators over the window,
-  and so is h until it is cast back for R h and for the output.
-* the loss and the position mapping (from the upcast forecast).
+Stays f32 under ``bf16``: the gate biases (``gate_bias`` of both block kinds, in
+``keep_f32``), the mLSTM cell (inputs upcast with ``models.ops.f32``, result cast back with
+``models.ops.like``), the sLSTM cell state (c, n, m, and h until cast back for R h), the
+loss and the position mapping. Everything else, R h included, runs in bf16.
+Equations, initialization and the reasons: docs/models.md#xlstm
 
 Run ``.venv/bin/python -m pytest tests/models/test_xlstm.py -q`` to check this file.
 """

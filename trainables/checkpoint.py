@@ -12,21 +12,15 @@ A checkpoint is one directory::
                         metric history, default RNG states (base64), the device type the
                         generator states come from, and a SHA-256 of each file
 
-Loading a checkpoint cannot execute code: safetensors holds raw tensors and JSON holds
-data. ``meta.json`` is written last and lists the checksums, so a directory whose meta
-is missing, unparsable or disagrees with its files is not a checkpoint; together with
-the temp-directory + rename in :func:`save_checkpoint`, a crash mid-save never leaves a
-half checkpoint as the newest one. Checksums are mandatory from schema 2 on; a schema-1
-checkpoint without them still loads, unverified, with an
-:class:`UnverifiedCheckpointWarning`.
-
-Generator states are device-shaped (a CPU Mersenne Twister is 5056 bytes, a CUDA Philox
-generator 16: seed and offset). Every state tensor whose key ends in ``generator`` is one,
-and :func:`portable_generator_states` makes them loadable on any device: on the device
-type they were saved on they are restored as they are (resume is bit-exact); on another
-one the generator is seeded from a hash of the saved state, so the trial continues
-deterministically (the same checkpoint gives the same numbers) but, necessarily, with
-another random stream: a CPU and a CUDA generator draw different numbers from any state.
+Loading a checkpoint cannot execute code. ``meta.json`` is written last and lists the
+checksums, so a directory whose meta is missing, unparsable or disagrees with its files is
+not a checkpoint; with the temp-directory + rename of :func:`save_checkpoint`, a crash
+mid-save never leaves a half checkpoint as the newest. Checksums are mandatory from schema
+2 on; a schema-1 checkpoint without them loads unverified, with an
+:class:`UnverifiedCheckpointWarning`. Every state tensor whose key ends in ``generator`` is
+a device-shaped generator state: :func:`portable_generator_states` restores it unchanged on
+the device type it was saved on (bit-exact resume) and on another type seeds the generator
+from a hash of it (deterministic, another stream). Why: docs/reliability.md#checkpoints
 """
 
 from __future__ import annotations
@@ -57,6 +51,7 @@ OPTIM_FILE = "optim.safetensors"
 STATE_FILE = "state.safetensors"
 RETURNS_FILE = "returns.csv"
 META_FILE = "meta.json"
+CHECKPOINTS = "checkpoints"  # a run directory's epoch checkpoints (``hpo train --out DIR``)
 TENSOR_FILES = (WEIGHTS_FILE, OPTIM_FILE, STATE_FILE)
 GENERATOR_KEY = "generator"  # last component of every generator-state key in state.safetensors
 RETURNS_COLUMNS = ("split", "fold", "timestamp", "return")
@@ -216,6 +211,14 @@ def epoch_checkpoints(root: Path) -> list[Path]:
         if p.is_dir() and (m := EPOCH_DIR.match(p.name))
     ]
     return [p for _, p in sorted(found)]
+
+
+def checkpoint_source(path: Path) -> Path:
+    """Where to look for checkpoints given a run dir, its checkpoints dir or one checkpoint."""
+    path = Path(path)
+    if (path / META_FILE).exists() or not (path / CHECKPOINTS).is_dir():
+        return path
+    return path / CHECKPOINTS
 
 
 def latest_good_checkpoint(

@@ -44,8 +44,8 @@ class DataConfig:
 class TrainConfig:
     """Everything the shared trainer needs besides the family's own settings."""
 
-    model: str = "tft"
-    """Model family name (``hpo models`` lists them)."""
+    family: str = "tft"
+    """Model family name (``hpo models`` lists them; users call it the model)."""
     precision: str = "f32"
     """Precision policy: f32, bf16, bf16-mixed, fp16-mixed or auto."""
     epochs: int = 10
@@ -117,7 +117,7 @@ class TrainConfig:
             f"one of {list(CUDA_GRAPHS_SETTINGS)}",
         )
         _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, "an integer >= 1")
-        get_family(self.model)  # unknown family -> error naming the known ones
+        get_family(self.family)  # unknown family -> error naming the known ones
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -127,6 +127,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         values = dict(values)
+        if "model" in values:  # checkpoints written before the field was named ``family``
+            values["family"] = values.pop("model")
         data = DataConfig(**values.pop("data", {}))
         return cls(data=data, **values)
 
@@ -144,11 +146,10 @@ def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
 
 
 def split_trial_config(
-    model: str, flat: Mapping[str, Any]
+    family_name: str, flat: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Divide a flat config into (trainer keys, model keys, ``data.*`` keys); unknown keys raise."""
-    family = get_family(model)
-    model_keys = set(family.config_fields())
+    model_keys = set(get_family(family_name).config_fields())
     train: dict[str, Any] = {}
     model_values: dict[str, Any] = {}
     data_values: dict[str, Any] = {}
@@ -164,21 +165,21 @@ def split_trial_config(
             unknown.append(key)
     if unknown:
         raise ValueError(
-            f"unknown setting(s) {sorted(unknown)} for model {model!r}; trainer settings: "
+            f"unknown setting(s) {sorted(unknown)} for model {family_name!r}; trainer settings: "
             f"{sorted(TRAIN_KEYS)}; data settings: {sorted('data.' + k for k in DATA_KEYS)}; "
-            f"{model} settings: {sorted(model_keys)}"
+            f"{family_name} settings: {sorted(model_keys)}"
         )
     return train, model_values, data_values
 
 
 def build_train_config(
-    model: str, flat: Mapping[str, Any], data: DataConfig | None = None, **base: Any
+    family: str, flat: Mapping[str, Any], data: DataConfig | None = None, **base: Any
 ) -> TrainConfig:
     """A :class:`TrainConfig` from a flat dict of settings over ``base`` and ``data`` defaults."""
-    train, model_values, data_values = split_trial_config(model, flat)
+    train, model_values, data_values = split_trial_config(family, flat)
     data = dataclasses.replace(data or DataConfig(), **data_values)
     merged_model = {**base.pop("model_config", {}), **model_values}
-    return TrainConfig(model=model, data=data, model_config=merged_model, **{**base, **train})
+    return TrainConfig(family=family, data=data, model_config=merged_model, **{**base, **train})
 
 
 RETRY_FLOOR_KEY = "gpu_fraction_floor"
@@ -186,7 +187,7 @@ RETRY_FLOOR_KEY = "gpu_fraction_floor"
 RETRY_GPU_TYPE_KEY = "gpu_type"
 """Trial-dict key of :attr:`TrialConfig.gpu_type` (present only after an OOM on a typed node)."""
 _TRIAL_REQUIRED = ("model", "precision", "seed", "params", "base")
-_TRIAL_OPTIONAL = ("group_id", "pair_id", "member", RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY)
+_TRIAL_OPTIONAL = ("config_id", "pair_id", "member", RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY)
 
 
 @dataclass(frozen=True)
@@ -219,23 +220,27 @@ class TrialBase:
 class TrialConfig:
     """One Ray Tune trial's config. Its dict form (:meth:`to_dict`) is::
 
-    {"model", "precision", "seed", "group_id", "pair_id", "member",
+    {"model", "precision", "seed", "config_id", "pair_id", "member",
      "params": {flat settings}, "base": TrialBase.to_dict()
      [, "gpu_fraction_floor", "gpu_type"]}
+
+    where ``"model"`` holds :attr:`family`: the name users give the family everywhere
+    they see a trial (the spec's ``models``, Tune's trial table, MLflow's ``model`` tag).
     """
 
-    model: str
+    family: str
     precision: str
     seed: int
     params: Mapping[str, Any]
     """The flat settings of this trial: the stream's fixed keys plus the sampled ones."""
     base: TrialBase
-    group_id: str = ""
-    """The searcher's suggestion this trial belongs to (one per seed and precision)."""
+    config_id: str = ""
+    """The sampled configuration this trial runs (the searcher's suggestion): its seeds,
+    and in compare mode its precisions, are the configuration's members."""
     pair_id: str = ""
-    """Shared by the members of one group and seed that differ only in precision."""
+    """Shared by the members of one configuration and seed that differ only in precision."""
     member: str = ""
-    """``precision/seed``: this trial's place in its group."""
+    """``precision/seed``: this trial's place in its configuration."""
     gpu_fraction_floor: float = 0.0
     """The least GPU share after a CUDA OOM (0: none); packing never asks for less."""
     gpu_type: str = ""
@@ -246,7 +251,7 @@ class TrialConfig:
     def train_config(self) -> TrainConfig:
         """The shared trainer's config of this trial."""
         return build_train_config(
-            self.model,
+            self.family,
             self.params,
             data=self.base.data,
             precision=self.precision,
@@ -264,10 +269,10 @@ class TrialConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "model": self.model,
+            "model": self.family,
             "precision": self.precision,
             "seed": self.seed,
-            "group_id": self.group_id,
+            "config_id": self.config_id,
             "pair_id": self.pair_id,
             "member": self.member,
             "params": dict(self.params),
@@ -290,12 +295,12 @@ class TrialConfig:
                 f"{list(_TRIAL_REQUIRED)} and optionally {list(_TRIAL_OPTIONAL)}"
             )
         return cls(
-            model=str(config["model"]),
+            family=str(config["model"]),
             precision=str(config["precision"]),
             seed=int(config["seed"]),
             params=dict(config["params"]),
             base=TrialBase.from_dict(config["base"]),
-            group_id=str(config.get("group_id", "")),
+            config_id=str(config.get("config_id", "")),
             pair_id=str(config.get("pair_id", "")),
             member=str(config.get("member", "")),
             gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),

@@ -1,65 +1,26 @@
 """Ensembles of trial checkpoints: each member's position *and confidence* per bar, their
 bar-by-bar combination, and the ensemble checkpoint that ``hpo predict`` serves.
 
-Confidence protocol
--------------------
-Every member contributes, per asset and bar, its position p in [-1, 1] (exactly what the
-family's ``positions``/``act`` give; nothing about a member's trading changes) and a
-confidence c in [0, 1] read off what the family already computes:
+Every member contributes, per asset and bar, its position p in [-1, 1] (bit-identical to
+the family's ``positions`` / ``act``) and a confidence c in [0, 1] through the protocol of
+:mod:`models.base` (``forecast_signal`` for forecasters, ``act_and_confidence`` for rl
+learners; each ``Family.confidence`` states it): erf(|move| / (sqrt(2) sigma)) for
+forecasters (sigma: the predicted spread, or for point forecasters the fold's validation
+RMSE, kept in the manifest), the normalized best-action margin for DQN, the chosen
+action's probability for PPO.
 
-========================  ===============================================================
-family                    confidence
-========================  ===============================================================
-TFT                       erf(|m| / (sqrt(2) s)): m the median forecast, s the spread of
-                          its quantiles as a normal std, (q_hi - q_lo) / (z_hi - z_lo)
-Diffusion                 erf(|m| / (sqrt(2) s)): m the mean, s the std of its samples
-Mamba2, xLSTM, TGGN,      erf(|f| / (sqrt(2) e)): f the point forecast, e its validation
-TLOB, Liquid, KAN         RMSE against the standardized next return (one scalar per fold,
-                          measured on that fold's validation windows, kept in the manifest)
-DQN                       (Q_1 - Q_2) / (Q_1 - Q_min): margin of the best over the
-                          second-best action value, relative to the spread of all actions
-PPO                       the policy's probability of the chosen (argmax) action
-========================  ===============================================================
-
-For the forecasters erf(|move| / (sqrt(2) sigma)) = 2 Phi(|move| / sigma) - 1 is the
-probability mass the family's own predictive distribution puts on the predicted side of
-zero beyond what a coin puts there: 0 for a forecast of no move, -> 1 for a move far
-outside the predicted (or, for point forecasters, the historically realised) error.
-
-Each family module implements the protocol of :mod:`models.base`
-(``forecast_signal`` -> :class:`~models.base.ForecastSignal` for forecasters,
-``act_and_confidence`` for rl learners; the mapping is also each ``Family.confidence``),
-with positions bit-identical to its ``positions`` / ``act``.
-
-Combination (one asset, one bar; M members with validation weights w_i >= 0, sum 1, and
-typical confidences cbar_i, each member's mean confidence over its validation bars)::
+Combination (one asset, one bar; validation weights w_i >= 0 summing to 1, typical
+confidences cbar_i = each member's mean confidence over its validation bars)::
 
     alpha_i    = w_i (c_i / cbar_i) / sum_j w_j (c_j / cbar_j)   (= w_i when all c = 0)
     position   = clip(sum_i alpha_i p_i, -1, 1)
     confidence = (sum_i w_i c_i) * |sum_i alpha_i p_i| / sum_i alpha_i |p_i|
 
-a confidence-weighted vote. Confidence enters relative to the member's own typical level
-because the families' scales are not comparable (measured on tiny trials: TFT ~0.03,
-Mamba2 ~0.14, DQN ~0.8 on average): a raw vote would hand the ensemble to whichever
-family reports the largest numbers and make the validation weights moot. So over time a
-member's share averages about its weight, and a bar where it is unusually sure (or
-unsure) moves its share up (or down). The reported confidence is the weighted raw
-confidence times the members' agreement on the direction (1 when all trade the same side,
-0 when they cancel). With one member alpha = x / x = 1.0 exactly, so its positions and
-confidence are reproduced bit for bit.
-
-The ensemble checkpoint (a directory)::
-
-    ensemble.json         manifest: schema, weighting, members (trial id, family,
-                          precision, weight, validation RMSE), metrics, SHA-256 of files
-    members/NAME/         each member as a trial checkpoint (model/optim/state
-                          safetensors + meta.json, checksummed by trainables.checkpoint):
-                          the last fold's weights in the trial's dtype and its feature
-                          scaling, so ``hpo predict`` also serves one member alone
-    positions.csv         the ensemble's validation and test positions and confidences
-
-No pickle: safetensors and JSON only, so loading cannot execute code. Written to a temp
-sibling and renamed, like trial checkpoints.
+One member alone is reproduced bit for bit. The ensemble checkpoint is a directory:
+``ensemble.json`` (schema, weighting, members with trial id, family, precision, weight and
+validation RMSE, metrics, SHA-256 of files), ``members/NAME/`` (each a trial checkpoint of
+its last fold, which ``hpo predict`` also serves alone) and ``positions.csv``. Safetensors
+and JSON only, written to a temp sibling and renamed. Formulas and why: docs/ensembles.md
 """
 
 from __future__ import annotations
@@ -101,8 +62,7 @@ from trainables.checkpoint import (
 from trainables.config import TrainConfig
 from trainables.dataset import FoldData, Market, build_fold, build_market
 from trainables.env import greedy_positions
-from trainables.precision import PrecisionPolicy, default_device, get_policy
-from trainables.predict import (
+from trainables.inference import (
     EVAL_CHUNK,
     Prediction,
     bars_backtest,
@@ -113,6 +73,7 @@ from trainables.predict import (
     load_fold_model,
     read_features,
 )
+from trainables.precision import PrecisionPolicy, default_device, get_policy
 
 ENSEMBLE_FILE = "ensemble.json"
 ENSEMBLE_SCHEMA = 1
@@ -278,12 +239,12 @@ class MemberRun:
 
 
 def evaluate_member(
-    ckpt: Checkpoint, device: torch.device | None = None, precision: str = "auto"
+    ckpt: Checkpoint, device: torch.device | None = None, policy: str = "auto"
 ) -> MemberRun:
     """Every fold's model on its validation window, the last fold's on the test period,
     exactly as the trainer scores them (same data pipeline, folds and chunking)."""
     device = device or default_device()
-    policy = get_policy(precision, device)
+    run_policy = get_policy(policy, device)
     config = TrainConfig.from_dict(ckpt.meta["config"])
     market = build_market(config)
     stamps = market.features.timestamps
@@ -297,14 +258,14 @@ def evaluate_member(
     scales: list[float | None] = []
     test: SpanSignal | None = None
     for k in folds:
-        family, model, _, _ = load_fold_model(ckpt, k, policy)
-        data = build_fold(market, k, config.lookback, device, policy.data_dtype)
-        val = span_signal(family, model, data, data.val, policy, shape.n_actions)
+        family, model, _, _ = load_fold_model(ckpt, k, run_policy)
+        data = build_fold(market, k, config.lookback, device, run_policy.data_dtype)
+        val = span_signal(family, model, data, data.val, run_policy, shape.n_actions)
         scale = math.sqrt(val.sq_error / val.n) if val.n else None
         scales.append(scale)
         val_parts.append((k, data.val, val))
         if k == folds[-1]:
-            test = span_signal(family, model, data, data.test, policy, shape.n_actions, scale)
+            test = span_signal(family, model, data, data.test, run_policy, shape.n_actions, scale)
     assert test is not None
     val_track = Track(
         timestamps=np.concatenate([stamps[a:b] for _, (a, b), _ in val_parts]),
@@ -318,7 +279,7 @@ def evaluate_member(
         ckpt=ckpt,
         family=ckpt.meta["family"],
         precision=str(ckpt.meta.get("precision")),
-        ran_in=policy.name,
+        ran_in=run_policy.name,
         val=val_track,
         test=test_track,
         error_scales=scales,
@@ -576,14 +537,14 @@ def predict_ensemble(
     directory: Path,
     data: Path | str,
     device: torch.device | None = None,
-    precision: str = "auto",
+    policy: str = "auto",
 ) -> Prediction:
     """Positions and confidences of an ensemble for new bars, each member run as
     trainables.predict runs a trial checkpoint, combined on the bars where every member
     has a full window; with the backtest of those bars."""
     device = device or default_device()
     ensemble = load_ensemble(Path(directory), device="cpu")
-    policy = get_policy(precision, device)
+    run_policy = get_policy(policy, device)
     first_config = TrainConfig.from_dict(ensemble.checkpoints[0].meta["config"])
     fs = read_features(data, first_config)
     tracks = []
@@ -591,9 +552,11 @@ def predict_ensemble(
         check_fits(fs, ckpt, data, f"member {spec.name}")
         shape = DataShape(**ckpt.meta["data_shape"])
         fold = fold_indices(ckpt)[-1]
-        family, model, config, _ = load_fold_model(ckpt, fold, policy)
-        bars, span = inference_data(fs, ckpt, fold, config.lookback, policy, data)
-        signal = span_signal(family, model, bars, span, policy, shape.n_actions, spec.error_scale)
+        family, model, config, _ = load_fold_model(ckpt, fold, run_policy)
+        bars, span = inference_data(fs, ckpt, fold, config.lookback, run_policy, data)
+        signal = span_signal(
+            family, model, bars, span, run_policy, shape.n_actions, spec.error_scale
+        )
         stamps = fs.timestamps[span[0] : span[1]]
         tracks.append(Track(stamps, signal.positions, signal.confidence, np.zeros(len(stamps))))
     combined = combine_tracks(tracks, ensemble.weights, ensemble.typical)
@@ -604,7 +567,7 @@ def predict_ensemble(
         confidence=combined.confidence,
         backtest=bars_backtest(combined.positions, fs, combined.timestamps, first_config),
         checkpoint=ensemble.path,
-        precision=policy.name,
+        policy=run_policy.name,
     )
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from trainables.checkpoint import (
-    META_FILE,
+    CHECKPOINTS,
     CheckpointError,
+    checkpoint_source,
     epoch_dir_name,
     latest_good_checkpoint,
     prune_checkpoints,
@@ -29,7 +30,6 @@ from trainables.checkpoint import (
 from trainables.config import TrainConfig
 from trainables.trainer import Trainer
 
-CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.json"
 KEEP_CHECKPOINTS = 3
 
@@ -46,14 +46,6 @@ class LocalRun:
     @property
     def final(self) -> dict[str, Any]:
         return self.history[-1] if self.history else {}
-
-
-def checkpoint_source(path: Path) -> Path:
-    """Where to look for checkpoints given a run dir, its checkpoints dir or one checkpoint."""
-    path = Path(path)
-    if (path / META_FILE).exists() or not (path / CHECKPOINTS).is_dir():
-        return path
-    return path / CHECKPOINTS
 
 
 def train_local(

@@ -73,7 +73,7 @@ def freeze_long_lived_objects() -> None:
     idle core and more under load, which a py-spy profile of ``bench/ray_overhead.py`` put
     at a fifth of a short trial's time in the worker. After the first freeze (the imports
     done when the actor loaded) about 116,000 objects are still young: what the first
-    trial imported lazily (the family's module, and until session 5 ``torch._dynamo``);
+    trial imported lazily (the family's module, for one);
     the second freeze takes those, and from then on a collection walks only what the
     current trial created (a few thousand objects).
 

@@ -1,51 +1,26 @@
 """Multi-tensor guarded AdamW: a few dozen ATen ops per step, whatever the parameter count.
 
-The update is the one ``GuardedAdamW`` always made, element for element: f32 moments,
-a step that a boolean device tensor ``ok`` can turn into an exact no-op (moments, step
-counts and weights untouched, no host sync), one ``grad_scale`` tensor that folds
-gradient clipping and the fp16 unscale into the gradients, and Kahan compensation for
-weights held in a lower precision than the moments. See ``docs/precision.md``.
+The update: f32 moments; a step that a boolean device tensor ``ok`` turns into an exact
+no-op (moments, step counts and weights untouched, no host sync); one ``grad_scale``
+tensor that folds gradient clipping and the fp16 unscale into the gradients; and Kahan
+compensation for weights held in a lower precision than the moments.
 
-Why flat arenas and not torch's own AdamW:
+Layout: each (param group, device) gets contiguous *arenas*: the two moments as one
+``(2, N)`` f32 tensor, the step counts as one ``(n,)`` tensor, the compensation buffers as
+one tensor per low-precision dtype. The state the checkpoint code reads
+(``state[p]["exp_avg"]``, ``"exp_avg_sq"``, ``"compensation"``, shaped like ``p``, and a
+0-d ``"step"``) are non-overlapping views into them, so a restore that copies into the
+state tensors writes into the arenas. The update runs as flat elementwise ops on the
+arenas, with ``_foreach`` ops only where per-parameter tensors are read or written.
+Step counts are per parameter (a parameter that first receives a gradient later has its
+own count). The arenas are rebuilt (a host-side copy, outside the hot loop) when the set
+of parameters with gradients changes, when a parameter changes dtype (the bf16 -> f32
+fallback) or when the ``state`` dict object is replaced.
 
-* ``torch.optim.AdamW(fused=True)`` accepts ``grad_scale``/``found_inf``, but it keeps the
-  moments in the parameter dtype (bf16 moments lose what the f32 ones keep), has no
-  compensation buffer, applies weight decay before the update (``p *= 1 - lr * wd``,
-  another rounding than ours) and keeps the step count on the side of the skip. Matching
-  today's checkpoints and numbers with it is not possible.
-* ``_foreach_*`` ops over per-parameter lists cost one op each, but every per-parameter
-  scalar (bias corrections) becomes a list of 0-d tensors, which CUDA's multi-tensor
-  kernels do not broadcast (they fall back to one kernel per tensor).
-
-So each (param group, device) gets contiguous *arenas*: the two moments as one
-``(2, N)`` f32 tensor, the step counts as one ``(n,)`` tensor, the compensation buffers
-as one tensor per low-precision dtype. The optimizer state the checkpoint code reads
-(``state[p]["exp_avg"]``, ``"exp_avg_sq"``, ``"step"``, ``"compensation"``, same shapes
-and dtypes as before) are non-overlapping views into them, so checkpoints are unchanged
-and a restore that copies into the state tensors writes into the arenas. The update runs
-as flat elementwise ops on the arenas (one kernel each), with ``_foreach`` ops only where
-per-parameter tensors are read or written (gradients in, weights out).
-
-Per-parameter step counts are kept (a parameter that first receives a gradient later has
-its own count, as before); the bias corrections ``1 - beta ** step`` are computed with
-one in-place ``_foreach_pow_`` over 0-d views of one buffer (the same scalar kernel as the
-per-parameter code, so the numbers are identical) and spread over the elements with one
-``index_select``.
-
-The arenas are rebuilt (a host-side copy, outside the hot loop) when the set of
-parameters that have gradients changes, when a parameter changes dtype (the bf16 -> f32
-fallback) or when the ``state`` dict object was replaced.
-
-Why not a subclass of ``torch.optim.Optimizer``: its ``add_param_group`` (called by its
-``__init__``), ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped in
-``torch._disable_dynamo``, whose first call imports ``torch._dynamo``: 1.1 s and 67 MiB in
-every trial process, which compiles nothing. Its step wrapper (a profiler label and hook
-lookups around every step) goes too. The trainer uses none of its machinery (no LR scheduler, no
-``GradScaler``; checkpoints read ``state`` directly), so this class keeps only the parts
-callers use: ``param_groups``, ``state``, ``zero_grad``, ``state_dict`` /
-``load_state_dict`` in torch's format, and ``register_step_post_hook``. A torch LR
-scheduler would need an ``Optimizer`` instance; an lr schedule belongs in the trainer,
-which sets ``group["lr"]`` (read at every step).
+Interface: ``param_groups``, ``state``, ``zero_grad``, ``state_dict`` /
+``load_state_dict`` in torch's format, and ``register_step_post_hook``. It is not a
+``torch.optim.Optimizer``, so torch's LR schedulers do not apply: an lr schedule sets
+``group["lr"]``, which every step reads. Why this design: docs/precision.md, "The optimizer"
 """
 
 from __future__ import annotations
@@ -94,7 +69,7 @@ class _Arena:
 
     def __init__(
         self,
-        optimizer: MultiTensorGuardedAdamW,
+        optimizer: GuardedAdamW,
         group: dict,
         params: list[nn.Parameter],
     ) -> None:
@@ -174,7 +149,7 @@ class _Arena:
         self.gathered = False
         self.key = optimizer._key(params)  # in group order; compensation entries exist now
 
-    def _adopt_state(self, optimizer: MultiTensorGuardedAdamW, region: _Region, index: int) -> None:
+    def _adopt_state(self, optimizer: GuardedAdamW, region: _Region, index: int) -> None:
         """Copy existing state values into the arenas and point the state entries at them."""
         offset = region.start
         comp_views = (
@@ -249,9 +224,14 @@ def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]
     return views
 
 
-class MultiTensorGuardedAdamW:
-    """AdamW whose moments are held in ``state_dtype`` and whose update can be masked off
-    on the device; see the module docstring for the layout.
+class GuardedAdamW:
+    """AdamW whose moments are held in ``state_dtype`` (the precision policy passes f32)
+    and whose update can be masked off on the device; see the module docstring for the
+    layout.
+
+    Parameters held in bf16/fp16 get a compensation buffer of their own dtype (Kahan
+    summation, ``kahan=True``): the part of each update lost to rounding is carried to the
+    next step, so a 1e-4 update to a weight near 1.0 accumulates instead of rounding away.
 
     ``step(ok=..., grad_scale=...)``: ``ok`` is a boolean 0-d tensor (False: the step is
     an exact no-op), ``grad_scale`` an f32 0-d tensor multiplied into every gradient.

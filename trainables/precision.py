@@ -5,28 +5,23 @@ file) instead of naming ``torch.bfloat16`` itself, so a policy is one object tha
 which dtype the weights are held in, which dtype data is cast to once at the boundary,
 which autocast context wraps forward + loss, and how a loss becomes an optimizer step.
 
-Policies (the reasoning behind each, and the optimizer's layout: ``docs/precision.md``):
-
 ``f32``         everything f32, strict: f32 matmuls never run on TF32 tensor cores.
 ``tf32``        f32 weights, moments and data; f32 matmuls/convolutions on TF32 tensor
                 cores on CUDA Ampere or newer (scoped to the policy's regions); on a CPU
                 or an older GPU the same numbers as ``f32``.
 ``bf16``        "pure bf16": weights, activations and gradients in bf16; data cast once
-                when a dataset tensor or replay buffer is built; the loss scalar cast to f32
-                before backward. Round-to-nearest bf16 updates lose any step smaller than
-                ~2^-8 of the weight, so the optimizer keeps its moments in f32 and applies
-                the update with Kahan summation (a bf16 compensation buffer per weight).
+                when a dataset tensor or replay buffer is built; the loss cast to f32
+                before backward; f32 optimizer moments and a Kahan-compensated update.
 ``bf16-mixed``  f32 master weights; ``torch.autocast(bf16)`` around forward + loss.
 ``fp16-mixed``  f32 master weights; autocast fp16 and dynamic loss scaling (init 2^16,
                 x2 after 2000 clean steps, x0.5 and skip on inf/NaN) for pre-Ampere GPUs.
 ``auto``        CUDA compute capability >= 8.0 -> ``bf16``, anything else -> ``f32``.
 
-Every policy guards the step without a host sync: a non-finite loss or gradient norm turns
-the optimizer update into a no-op (through tensor masks, not Python branches) and is
-counted on the device. The optimizer (:mod:`trainables.optim`) updates every parameter
-with a fixed number of flat ops, so a guarded step costs about 30-40 ATen ops whatever
-the number of parameter tensors. :class:`StepGuard` keeps the counters; the trainer reads them once
-per logging interval and, under ``bf16``, falls back to ``f32`` after K consecutive skips.
+Every policy guards the step without a host sync: a non-finite loss or gradient norm makes
+the update (:mod:`trainables.optim`, about 30-40 ATen ops whatever the parameter count) an
+exact no-op, counted on the device by :class:`StepGuard`; the trainer reads the counters
+once per logging interval and, under ``bf16``, falls back to ``f32`` after K consecutive
+skips. Why each policy is built this way: docs/precision.md
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainables.optim import MultiTensorGuardedAdamW
+from trainables.optim import GuardedAdamW
 
 PolicyName = Literal["f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto"]
 POLICY_NAMES: tuple[str, ...] = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto")
@@ -67,16 +62,6 @@ def dtype_from_name(name: str) -> torch.dtype:
         raise ValueError(
             f"unknown dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}"
         ) from None
-
-
-def f32(x: torch.Tensor) -> torch.Tensor:
-    """Upcast for a numerically sensitive island (scans, log-softmax ratios, schedules)."""
-    return x.float()
-
-
-def like(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Cast ``x`` back to the dtype of ``ref`` after an f32 island."""
-    return x.to(ref.dtype)
 
 
 def is_low_precision(dtype: torch.dtype) -> bool:
@@ -180,44 +165,6 @@ class StepGuard:
 
 
 # --------------------------------------------------------------------------------------
-# Optimizer: AdamW with f32 moments, masked (skippable) updates and Kahan compensation
-
-
-class GuardedAdamW(MultiTensorGuardedAdamW):
-    """AdamW whose moments are always f32 and whose update can be masked off on-device.
-
-    ``step(ok=..., grad_scale=...)`` takes a boolean 0-d tensor: when it is False the
-    moments, the step count and the weights are left exactly as they were, with no Python
-    branch on the tensor (so no host sync). ``grad_scale`` multiplies every gradient before
-    use: it folds gradient clipping and fp16 loss-scale unscaling into the one f32 pass.
-
-    Parameters held in bf16/fp16 get a compensation buffer of their own dtype (Kahan
-    summation): the part of each update lost to rounding is carried to the next step, so a
-    1e-4 update to a weight near 1.0 accumulates instead of rounding away. The update runs
-    on flat arenas with a fixed number of ops per step (:mod:`trainables.optim`).
-    """
-
-    def __init__(
-        self,
-        params: Iterable[nn.Parameter],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        kahan: bool = True,
-    ) -> None:
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            kahan=kahan,
-            state_dtype=F32,
-        )
-
-
-# --------------------------------------------------------------------------------------
 # Dynamic loss scaling for fp16
 
 
@@ -317,7 +264,9 @@ class PrecisionPolicy:
     def make_optimizer(
         self, params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0
     ) -> GuardedAdamW:
-        optimizer = GuardedAdamW(params, lr=lr, weight_decay=weight_decay, kahan=True)
+        optimizer = GuardedAdamW(
+            params, lr=lr, weight_decay=weight_decay, kahan=True, state_dtype=F32
+        )
         optimizer.init_state()
         return optimizer
 

@@ -2,40 +2,26 @@
 Tune trial for sweeps).
 
 One :class:`Trainer` trains a model family under a precision policy on walk-forward folds:
-one model per fold, trained side by side, each validated on its own validation window
-every epoch. The reported ``val_sharpe`` is the annualised Sharpe of the *joined*
-out-of-sample validation returns (the folds' validation windows, which follow each other
-in time, concatenated): it is what searchers optimize, what ``hpo compare`` ranks and
-what the deflated Sharpe ratio deflates (``val_sharpe_per_period``, ``val_skew``,
-``val_kurtosis`` and ``val_n_obs`` are the moments of the same series), so a trial is
-selected and deflated on one quantity. Per-fold Sharpes stay as ``val_sharpe_fold{k}``,
-their mean as ``val_sharpe_fold_mean``. The last fold's model (trained on the most data)
-trades the held-out test period, reported as ``test_*`` and never used for selection.
-:meth:`Trainer.save` writes the epoch's return series beside the checkpoint
-(``returns.csv``: validation per fold and test), from which all of these are recomputed.
-
-A position that is not finite means the model diverged: the trial raises
-:class:`TrialDiverged` naming the fold and split instead of scoring the bar as flat.
+one model per fold, trained side by side, each validated on its own window every epoch.
+``val_sharpe`` is the annualised Sharpe of the *joined* validation returns (the folds'
+windows concatenated in time order); ``val_sharpe_per_period``, ``val_skew``,
+``val_kurtosis`` and ``val_n_obs`` describe the same series. Per-fold Sharpes stay as
+``val_sharpe_fold{k}``, their mean as ``val_sharpe_fold_mean``. The last fold's model
+trades the held-out test period (``test_*``, never used for selection). :meth:`Trainer.save`
+writes the epoch's return series beside the checkpoint (``returns.csv``: validation per
+fold and test). A position that is not finite raises :class:`TrialDiverged` naming the
+fold and split.
 
 Both training paths run through the same guarded step (:mod:`trainables.precision`):
+forecast families take shuffled minibatches of windows (an epoch's last short batch is
+dropped) -> ``model.loss(batch)``; rl families ``learner.collect(env)``, then one step per
+loss of ``learner.losses()``. The host reads device values once per ``log_every`` steps
+and at epoch end; on CUDA :class:`ForecastStep` captures a forecast step in a CUDA graph
+and replays it (``trainer.cuda_graphs``), elsewhere it runs eagerly.
 
-* forecast families: shuffled minibatches of windows -> ``model.loss(batch)``;
-* rl families: ``learner.collect(env)`` then one step per loss of ``learner.losses()``.
-
-The hot loop is built for a GPU: data, replay buffers and counters live on the training
-device, and the host reads device values once per ``log_every`` steps and at epoch end.
-A forecast step (forward, loss, backward, guarded update, guard counters) reads nothing on
-the host and sees batches of one shape (the last short batch of an epoch is dropped), so
-on CUDA :class:`ForecastStep` captures it in a CUDA graph and replays it
-(``trainer.cuda_graphs``); everywhere else it runs the same Python eagerly.
-
-Resume (:meth:`Trainer.save`, ``Trainer(config, checkpoint=...)``) is bit-exact on the
-device type the checkpoint was written on: generator states, the CPU default generator
-and, where CUDA is in use, the CUDA default generator (dropout, ``randn_like``) are
-restored. On another device type generator states are re-derived deterministically
-(:func:`trainables.checkpoint.portable_generator_states`). A trial that fell back from
-bf16 to f32 resumes in f32 (from its f32 master weights) under the precision it fell back
-from.
+Resume (``Trainer(config, checkpoint=...)``) is bit-exact on the device type the checkpoint
+was written on and deterministic on another; a trial that fell back from bf16 to f32
+resumes in f32. Why: docs/statistics.md#one-quantity, docs/precision.md#the-hot-loop
 """
 
 from __future__ import annotations
@@ -69,11 +55,12 @@ from trainables.checkpoint import (
 )
 from trainables.config import TrainConfig
 from trainables.dataset import FoldData, Market, build_fold, build_market
-from trainables.env import TradingEnv, greedy_positions
+from trainables.env import TradingEnv
+from trainables.inference import span_positions
 from trainables.memory import TrialMemory
+from trainables.optim import GuardedAdamW
 from trainables.precision import (
     F32,
-    GuardedAdamW,
     LossScaler,
     PrecisionPolicy,
     StepGuard,
@@ -85,7 +72,6 @@ from trainables.precision import (
     promote_to_f32,
 )
 
-EVAL_CHUNK = 512  # decision bars per validation forward pass
 EPOCH_START_SAMPLE = 512  # windows shown to on_epoch_start hooks
 EpochCallback = Callable[["Trainer", dict[str, Any]], None]
 GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture (allocator, cuBLAS)
@@ -127,7 +113,7 @@ class Trainer:
         self.config = config
         self.device = device or resolve_device(config.device)
         self.memory = TrialMemory(self.device)  # before anything of this trial is allocated
-        self.family = get_family(config.model)
+        self.family = get_family(config.family)
         self.policy: PrecisionPolicy = get_policy(
             resumed_precision(config, checkpoint), self.device
         )
@@ -361,19 +347,7 @@ class Trainer:
         """(T_span, A) f32 positions the fold's model takes at decision bars ``span``."""
         run.model.eval()
         with self.policy.autocast():
-            if self.is_rl:
-                learner: RLLearner = run.model  # type: ignore[assignment]
-                out = greedy_positions(
-                    learner.positions, run.data.features, self.config.lookback, span
-                )
-            else:
-                times = run.data.decision_times(span)
-                chunks = [
-                    run.model.positions(run.data.batch(t)).float()  # type: ignore[operator]
-                    for t in times.split(EVAL_CHUNK)
-                ]
-                out = torch.cat(chunks)
-        return out
+            return span_positions(self.family, run.model, run.data, span)
 
     def _evaluate(self, run: FoldRun, span: tuple[int, int], split: str = "val") -> BacktestResult:
         positions = self.positions(run, span).double().cpu().numpy()  # (T_span, A)

@@ -19,20 +19,11 @@ import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from ray import tune
 
-from cluster.gpu_types import GpuType, declared_memory_bytes, node_type_name, this_node
-from cluster.packing import (
-    TrialDoesNotFit,
-    apply_memory_cap,
-    caps_memory,
-    retry_fraction_after_oom,
-    trial_memory_metrics,
-)
-from cluster.vram_table import SharedVramCache, type_key
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from trainables.config import TrainConfig, TrialConfig
 from trainables.memory import freeze_long_lived_objects
@@ -43,28 +34,52 @@ log = logging.getLogger("trainables.trial")
 CKPT_SUBDIR = "state"  # inside each reported Tune checkpoint directory
 
 
-def run_trial(config: dict[str, Any]) -> None:
-    """Ray Tune function trainable."""
+class GpuShare(Protocol):
+    """What keeps a trial inside its GPU share: Ray does not enforce fractional shares.
+    The sweep hands in :class:`cluster.trial_share.PackedShare`."""
+
+    def cap_memory(self, config: TrainConfig, gpu_fraction: float) -> float | None:
+        """Cap this process's allocator before anything is built; the cap set, if any."""
+        ...
+
+    def memory_metrics(self, config: TrainConfig, gpu_fraction: float) -> dict[str, float]:
+        """Numbers reported with every epoch (the share, the shape's predicted peak)."""
+        ...
+
+    def after_oom(self, config: TrainConfig, gpu_fraction: float, message: str) -> dict[str, Any]:
+        """Fields of the OOM report (the share to retry at, or why none fits), called
+        once the failed attempt's memory is freed."""
+        ...
+
+
+def run_trial(config: dict[str, Any], share: GpuShare | None = None) -> None:
+    """Ray Tune function trainable. Without a ``share`` (a direct call) nothing is capped
+    and a CUDA out-of-memory error is raised."""
     freeze_long_lived_objects()  # first, while nothing of this trial exists yet
     resources = tune.get_context().get_trial_resources()
     required = resources.required_resources if resources is not None else {}
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))
     gpu_fraction = float(required.get("GPU", 0.0))
     train_config = TrialConfig.from_dict(config).train_config()
-    _cap_memory(train_config, gpu_fraction)  # Ray does not enforce GPU shares; the trial does
+    memory: dict[str, float] = {}
+    if share is not None:
+        share.cap_memory(train_config, gpu_fraction)
+        memory = share.memory_metrics(train_config, gpu_fraction)
     node = _node()
     progress = _Progress()
     oom: str | None = None
     try:
-        _train(train_config, gpu_fraction, node, progress)
+        _train(train_config, {**memory, **node}, node, progress)
     except torch.cuda.OutOfMemoryError as exc:
+        if share is None:
+            raise
         # Building the trainer, restoring its checkpoint and every epoch are in here: an
         # OOM anywhere is the share's fault. Only the message leaves this block: the
         # exception's traceback holds _train's frame, and with it the trainer and every
         # tensor of the failed step; Python drops ``exc`` at the end of the block.
         oom = str(exc)
-    if oom is not None:
-        _report_oom(train_config, gpu_fraction, progress.epoch + 1, oom, node)
+    if oom is not None and share is not None:
+        _report_oom(train_config, gpu_fraction, progress.epoch + 1, oom, node, share)
 
 
 @dataclass
@@ -73,13 +88,16 @@ class _Progress:
 
 
 def _train(
-    train_config: TrainConfig, gpu_fraction: float, node: dict[str, str], progress: _Progress
+    train_config: TrainConfig,
+    reported: dict[str, Any],
+    node: dict[str, str],
+    progress: _Progress,
 ) -> None:
+    """Train to the last epoch, reporting each with ``reported`` (memory, node) beside it."""
     checkpoint = _restore_checkpoint()
     trainer = Trainer(train_config, checkpoint=checkpoint)
     del checkpoint  # its tensors are the trainer's now
     progress.epoch = trainer.epoch
-    memory = trial_memory_metrics(train_config, gpu_fraction) if gpu_fraction > 0 else {}
     while trainer.epoch < train_config.epochs:
         try:
             metrics = trainer.train_epoch()
@@ -97,79 +115,27 @@ def _train(
                 }
             )
             return
-        _report(trainer, {**metrics, "diverged": 0, **memory, **node})
+        _report(trainer, {**metrics, "diverged": 0, **reported})
         progress.epoch = trainer.epoch
 
 
 def _report_oom(
-    config: TrainConfig, fraction: float, epoch: int, message: str, node: dict[str, str]
+    config: TrainConfig,
+    fraction: float,
+    epoch: int,
+    message: str,
+    node: dict[str, str],
+    share: GpuShare,
 ) -> None:
-    """The measured share was too small: record it against the shape in the sweep's
-    shared VRAM cache (where the driver sizes shares), re-measure here with the memory of
-    the failed attempt freed, and hand the searcher a larger share to retry with.
-    Reported, not raised: a FailureConfig retry would reuse the same too-small share."""
+    """The share was too small: report the OOM with what ``share`` makes of it (a larger
+    share for the retry). Reported, not raised: a FailureConfig retry would reuse the
+    same too-small share."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     report: dict[str, Any] = {"epoch": epoch, "val_sharpe": math.nan, "oom": 1, **node}
-    shared, gpu_type = _shared_cache(), _node_gpu_type()
-    try:
-        retry = retry_fraction_after_oom(config, fraction, shared=shared, gpu_type=gpu_type)
-        report["oom_retry_gpu_fraction"] = retry
-        report["failure_reason"] = (
-            f"CUDA out of memory at GPU share {fraction:g}; retrying at {retry:g} ({message})"
-        )
-    except TrialDoesNotFit as too_big:
-        report["failure_reason"] = f"CUDA out of memory on a whole GPU: {too_big}"
-    if gpu_type is not None:
-        report["gpu_type"] = gpu_type.name
+    report.update(share.after_oom(config, fraction, message))
     tune.report(report)
-
-
-def _cap_memory(config: TrainConfig, gpu_fraction: float) -> float | None:
-    """Cap the allocator to the trial's share less the CUDA context its share was planned
-    with: the profile's (measured on the node, or the allowance), from the sweep's shared
-    cache under this node's GPU type; the allowance where no profile is found there."""
-    context = _planned_context_bytes(config) if caps_memory(gpu_fraction) else None
-    return apply_memory_cap(gpu_fraction or None, context_bytes=context)
-
-
-def _planned_context_bytes(config: TrainConfig) -> int | None:
-    shared, gpu_type = _shared_cache(), _node_gpu_type()
-    if shared is None or gpu_type is None:
-        return None
-    try:
-        profile = shared.get(type_key(config, gpu_type))
-    except Exception as exc:  # an unreadable cache costs the exact cap, not the trial
-        log.warning("no profile in the sweep's VRAM cache (%s); capping with the allowance", exc)
-        return None
-    return profile.context_bytes if profile is not None else None
-
-
-def _shared_cache() -> SharedVramCache | None:
-    """The sweep storage's VRAM cache (every node and the driver see it)."""
-    try:
-        storage = tune.get_context().get_storage()
-        return SharedVramCache.in_storage(storage.storage_filesystem, storage.storage_fs_path)
-    except Exception as exc:  # outside Tune (a direct call in a test): no shared storage
-        log.warning("no sweep storage for the VRAM cache (%s)", exc)
-        return None
-
-
-def _node_gpu_type() -> GpuType | None:
-    """This node's GPU type, as the driver's :func:`cluster.gpu_types.gpu_types` sees it."""
-    try:
-        node_id, resources = this_node()
-    except Exception:
-        return None
-    return GpuType(
-        name=node_type_name(resources),
-        memory_bytes=declared_memory_bytes(resources),
-        gpus=float(resources.get("GPU", 0)),
-        gpus_per_node=float(resources.get("GPU", 0)),
-        cpus_per_node=float(resources.get("CPU", 0)),
-        node_ids=(node_id,),
-    )
 
 
 def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:

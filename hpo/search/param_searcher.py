@@ -1,4 +1,4 @@
-"""What a sweep stream's parameter searcher does, and the one place one is chosen.
+"""What a sweep stream's parameter searcher does (:func:`hpo.search.make_param_searcher` chooses one).
 
 :class:`ParamSearcher` is the interface :class:`~hpo.search.sweep_searcher.SweepSearcher`
 drives, as optuna's ``BaseSampler`` is the one its studies drive: ask for parameters under
@@ -10,12 +10,7 @@ a token, tell the token's result, and save / restore the whole state as plain JS
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from hpo.search.space import TrialSpace
-
-KINDS = ("tpe", "random", "pso")
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -47,16 +42,3 @@ class ParamSearcher(Protocol):
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state` of a searcher built over the same space."""
         ...
-
-
-def make_param_searcher(kind: str, space: TrialSpace, seed: int) -> ParamSearcher:
-    """The parameter searcher ``kind`` (one of :data:`KINDS`) over ``space``'s dimensions."""
-    if kind in ("tpe", "random"):
-        from hpo.search.optuna_searcher import OptunaParamSearcher
-
-        return OptunaParamSearcher(space.dims, kind=kind, seed=seed)
-    if kind == "pso":
-        from hpo.search.pso import PSOParamSearcher
-
-        return PSOParamSearcher(space.dims, seed=seed)
-    raise ValueError(f"unknown search algorithm {kind!r}; allowed: {list(KINDS)}")

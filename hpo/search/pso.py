@@ -1,56 +1,27 @@
-"""Asynchronous particle-swarm optimization over a mixed search space (the seed system's method).
+"""Asynchronous particle-swarm optimization over a mixed search space.
 
-PSO (Kennedy & Eberhart 1995) in the inertia-weight form (Shi & Eberhart 1998): particle
-``i`` at position ``x_i`` with velocity ``v_i`` remembers its personal best ``p_i`` and the
-swarm shares the global best ``g``; after an evaluation the particle moves by
+PSO (Kennedy & Eberhart 1995) in the inertia-weight form (Shi & Eberhart 1998): after an
+evaluation, particle ``i`` (position ``x_i``, velocity ``v_i``, personal best ``p_i``;
+swarm best ``g``) moves by
 
     v_i <- w * v_i + c1 * r1 * (p_i - x_i) + c2 * r2 * (g - x_i)      r1, r2 ~ U(0, 1) per dim
     x_i <- x_i + v_i
 
-Defaults ``w = 0.7298``, ``c1 = c2 = 1.49618`` are Clerc & Kennedy's (2002) constriction
-coefficients (chi = 0.7298, phi = 4.1) written in the inertia-weight form, the values
-SPSO 2007 and most libraries use.
+with ``w = 0.7298``, ``c1 = c2 = 1.49618`` by default (Clerc & Kennedy 2002). Every
+dimension lives on [0, 1]: ``Float`` linearly (or in log space), ``Int`` over
+``[low - 0.5, high + 0.5]`` then rounded (an equal share per integer), ``Choice`` by
+``floor`` over ``[0, n)`` in the listed order. Velocities are clamped per dimension to
+``[-v_max, v_max]`` (default 0.2); a position leaving [0, 1] is reflected off the wall.
 
-**Unit cube.** Every dimension lives on [0, 1] internally, so one velocity clamp fits all:
-
-* ``Float(low, high)``: ``low + u * (high - low)``; with ``log``, the same in log space.
-* ``Int(low, high)``: the interval is widened to ``[low - 0.5, high + 0.5]`` (in log space
-  when ``log``) and the decoded value rounded, so every integer owns an equal share of the
-  unit interval (an equal log-share when ``log``) and the end values are not half as likely.
-* ``Choice(options)``: a continuous position over ``[0, n)`` (scaled to [0, 1]) decoded by
-  ``floor``: option ``k`` owns ``[k/n, (k+1)/n)``. This imposes the options' listed order on
-  the swarm's moves, a known approximation that keeps one particle one point; it suits
-  the short ordered choice lists of the model adapters (sizes, depths) well.
-
-Velocities are clamped per dimension to ``[-v_max, v_max]`` (``v_max`` a fraction of the
-unit range, default 0.2: on 2-D and 4-D shifted spheres it reached the optimum in fewer
-evaluations than 0.3 or 0.5) and a position that leaves [0, 1] is reflected off the wall, its
-velocity component reversed.
-
-**Asynchronous.** Trials finish in any order (Ray Tune, ASHA stops some early), so there are
-no generations: ``ask`` hands out the current position of the longest-idle particle (FIFO)
-and ``tell`` updates that particle's personal best, the global best, and moves that particle
-at once; it is idle again and the next ``ask`` may hand it out from its new position. The
-swarm starts on a Latin hypercube (one point per stratum in every dimension) with random
-velocities in ``[-v_max, v_max]``.
-
-* All particles out (more concurrent trials than particles): ``ask`` returns an *extra*
-  point, the global best perturbed by ``N(0, explore_sigma^2)`` per unit dimension
-  (clipped into [0, 1]); before any result exists, a uniform random point. An extra's
-  value updates the global best if it is better, and moves no particle.
-* A failed trial (``None``, NaN, +-inf) counts as the worst value: no best is updated and
-  the particle restarts at a uniform random position with a fresh random velocity (its
-  personal best, if any, is kept).
-* Early-stopped trials report their last value, which is used like any other.
-
-Everything is maximized when ``maximize`` (the metric is validation Sharpe); with
-``maximize=False`` values are negated internally and reported in their own sign.
-
-**State.** :meth:`PSOParamSearcher.state` is plain JSON: positions, velocities, personal and
-global bests, the idle queue, the outstanding tokens (with the particle and position each
-was given) and the ``numpy.random.Generator`` (PCG64) state. Python floats and ints survive
-``json.dumps``/``json.loads`` exactly, so after :meth:`load_state` the next suggestions are
-exactly those of an uninterrupted run; tokens outstanding at the save may be told later.
+``ask`` hands out the longest-idle particle's position (FIFO); ``tell`` updates the bests
+and moves that particle at once. The swarm starts on a Latin hypercube. With every particle
+out, ``ask`` returns an *extra* point (the global best perturbed by
+``N(0, explore_sigma^2)``, uniform before any result) that moves no particle. A failed
+trial (``None``, NaN, +-inf) updates no best and restarts its particle at a random
+position; early-stopped trials report their last value. ``maximize=False`` negates values
+internally and reports them in their own sign. :meth:`PSOParamSearcher.state` is plain
+JSON; after :meth:`load_state` the next suggestions are those of an uninterrupted run.
+Why these choices: docs/search.md#pso
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 
 A sweep is a set of *streams*, each with its own parameter searcher (TPE, random or PSO)
 over one model's space: one stream per (model, precision) normally, one per model in
-compare mode. A stream's suggestion is a *group* that fans out into member trials, one per
-seed (and, in compare mode, per precision) with identical sampled parameters; members
-that differ only in precision share a ``pair_id``. When every member of a group has
-finished, the stream's searcher is told the mean of their finite metric values.
+compare mode. A stream's suggestion is a *configuration* (``config_id``) that fans out into
+member trials, one per seed (and, in compare mode, per precision) with identical sampled
+parameters; members that differ only in precision share a ``pair_id``. When every member
+of a configuration has finished, the stream's searcher is told the mean of their finite
+metric values.
 
 Streams are served round-robin so every model progresses at once, and the searcher says
-``FINISHED`` after ``samples`` groups per stream. Its whole state is JSON (``save`` /
+``FINISHED`` after ``samples`` configurations per stream. Its whole state is JSON (``save`` /
 ``restore``), written by Tune into the experiment directory, so ``hpo resume`` continues
 the same search instead of restarting it.
 """
@@ -24,21 +25,22 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from hpo.search.param_searcher import ParamSearcher, make_param_searcher
+from hpo.search import make_param_searcher
+from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
 from trainables.config import TrialConfig
 
 
 @dataclass
-class _Group:
+class _Configuration:
     stream: int
     members: list[str]  # member keys "precision/seed"
     results: dict[str, float | None] = field(default_factory=dict)
 
 
 class SweepSearcher(Searcher):
-    STATE_VERSION = 1
+    STATE_VERSION = 2  # 2: configurations (config_id), where 1 called them groups
     CKPT_FILE_TMPL = "sweep-searcher-{}.json"  # JSON, not the base class's pickle name
 
     def __init__(self, spec: SweepSpec) -> None:
@@ -58,11 +60,11 @@ class SweepSearcher(Searcher):
                 self.searchers.append(
                     make_param_searcher(spec.search, space, seed=spec.search_seed * 7919 + index)
                 )
-        self.groups_made = [0] * len(self.streams)
+        self.configs_made = [0] * len(self.streams)
         self.next_stream = 0
         self.queue: deque[dict[str, Any]] = deque()
-        self.groups: dict[str, _Group] = {}
-        self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (group_id, member key)
+        self.configs: dict[str, _Configuration] = {}
+        self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (config_id, member key)
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
 
     # -- Tune's Searcher interface ---------------------------------------------------------
@@ -72,17 +74,17 @@ class SweepSearcher(Searcher):
         return True  # everything comes from the sweep spec
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
-        if not self.queue and not self._new_group():
-            # Every group is out. Finished only when all have reported: until then a trial
+        if not self.queue and not self._new_config():
+            # Every configuration is out. Finished only when all have reported: until then a trial
             # may still come back for a retry (a CUDA OOM re-queues it with a larger share).
             return Searcher.FINISHED if self._all_reported() else None
         config = self.queue.popleft()
-        self.trial_member[trial_id] = (config["group_id"], config["member"])
+        self.trial_member[trial_id] = (config["config_id"], config["member"])
         self.trial_config[trial_id] = config
         return config
 
     def _all_reported(self) -> bool:
-        return all(len(g.results) == len(g.members) for g in self.groups.values())
+        return all(len(g.results) == len(g.members) for g in self.configs.values())
 
     def on_trial_complete(
         self, trial_id: str, result: dict | None = None, error: bool = False
@@ -98,33 +100,33 @@ class SweepSearcher(Searcher):
             retry = trial.with_floor(float(result["oom_retry_gpu_fraction"]), gpu_type=ran_on)
             self.queue.appendleft(retry.to_dict())
             return
-        group_id, member = located
-        group = self.groups[group_id]
+        config_id, member = located
+        group = self.configs[config_id]
         value = None if (error or not result) else result.get(self.spec.metric)
         group.results[member] = float(value) if isinstance(value, int | float) else None
         if len(group.results) == len(group.members):
             finite = [v for v in group.results.values() if v is not None and math.isfinite(v)]
             self.searchers[group.stream].tell(
-                group_id, sum(finite) / len(finite) if finite else None
+                config_id, sum(finite) / len(finite) if finite else None
             )
 
-    # -- groups ----------------------------------------------------------------------------
-    def _new_group(self) -> bool:
+    # -- configurations --------------------------------------------------------------------
+    def _new_config(self) -> bool:
         for _ in range(len(self.streams)):
             index = self.next_stream
             self.next_stream = (self.next_stream + 1) % len(self.streams)
-            if self.groups_made[index] < self.spec.samples:
+            if self.configs_made[index] < self.spec.samples:
                 self._emit(index)
                 return True
         return False
 
     def _emit(self, index: int) -> None:
         model, precision = self.streams[index]
-        number = self.groups_made[index]
-        self.groups_made[index] += 1
+        number = self.configs_made[index]
+        self.configs_made[index] += 1
         tag = model if precision is None else f"{model}-{precision}"
-        group_id = f"{tag}-g{number:03d}"
-        params = {**self.spaces[index].fixed, **self.searchers[index].ask(group_id)}
+        config_id = f"{tag}-g{number:03d}"
+        params = {**self.spaces[index].fixed, **self.searchers[index].ask(config_id)}
         precisions = list(self.spec.precisions) if precision is None else [precision]
         members = []
         for seed in self.spec.seeds:
@@ -132,28 +134,28 @@ class SweepSearcher(Searcher):
                 member = f"{p}/{seed}"
                 members.append(member)
                 trial = TrialConfig(
-                    model=model,
+                    family=model,
                     precision=p,
                     seed=seed,
                     params=params,
                     base=self.base,
-                    group_id=group_id,
-                    pair_id=f"{group_id}-s{seed}",
+                    config_id=config_id,
+                    pair_id=f"{config_id}-s{seed}",
                     member=member,
                 )
                 self.queue.append(trial.to_dict())
-        self.groups[group_id] = _Group(stream=index, members=members)
+        self.configs[config_id] = _Configuration(stream=index, members=members)
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {
             "version": self.STATE_VERSION,
-            "groups_made": self.groups_made,
+            "configs_made": self.configs_made,
             "next_stream": self.next_stream,
             "queue": list(self.queue),
-            "groups": {
+            "configs": {
                 k: {"stream": g.stream, "members": g.members, "results": g.results}
-                for k, g in self.groups.items()
+                for k, g in self.configs.items()
             },
             "trial_member": self.trial_member,
             "trial_config": self.trial_config,
@@ -163,14 +165,15 @@ class SweepSearcher(Searcher):
     def set_state(self, state: dict[str, Any]) -> None:
         if state.get("version") != self.STATE_VERSION:
             raise ValueError(
-                f"searcher state version {state.get('version')!r}, expected {self.STATE_VERSION}"
+                f"searcher state version {state.get('version')!r}, expected {self.STATE_VERSION}: "
+                "the sweep was started by another version of foxhunt-hpo; resume it with that one"
             )
-        self.groups_made = list(state["groups_made"])
+        self.configs_made = list(state["configs_made"])
         self.next_stream = int(state["next_stream"])
         self.queue = deque(state["queue"])
-        self.groups = {
-            k: _Group(stream=g["stream"], members=g["members"], results=g["results"])
-            for k, g in state["groups"].items()
+        self.configs = {
+            k: _Configuration(stream=g["stream"], members=g["members"], results=g["results"])
+            for k, g in state["configs"].items()
         }
         self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
         self.trial_config = dict(state.get("trial_config", {}))

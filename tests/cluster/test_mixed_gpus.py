@@ -26,7 +26,7 @@ H200 = GpuType("H200", 141 * GiB, gpus=2, gpus_per_node=2, cpus_per_node=8, node
 
 def trial(d_model: int, seed: int = 0, floor: float = 0.0) -> TrialConfig:
     return TrialConfig(
-        model="tft",
+        family="tft",
         precision="bf16",
         seed=seed,
         params={"d_model": d_model, "n_heads": 1},
@@ -161,7 +161,7 @@ def test_an_estimate_is_a_fraction_of_the_current_declaration() -> None:
     assert shares["L4"].packing.fraction == 0.1303  # (5 * 1.15 + 0.5) / 48
 
 
-@pytest.mark.parametrize("config", [TrainConfig(model="tft")])
+@pytest.mark.parametrize("config", [TrainConfig(family="tft")])
 def test_type_key_differs_by_type_only(config: TrainConfig) -> None:
     a, b = type_key(config, L4), type_key(config, H200)
     assert a["device"] == "ray-type:L4" and b["device"] == "ray-type:H200"
@@ -209,16 +209,15 @@ def test_a_trials_memory_cap_leaves_out_the_context_its_share_was_planned_with(
     the allowance."""
     import torch
 
-    from cluster import packing
-    from trainables import trial as trial_module
+    from cluster import packing, trial_share
 
     cache = SharedVramCache.in_storage(pafs.LocalFileSystem(), str(tmp_path))
     config = trial(8).train_config()
     measured = fake_profile(5 * 1024, method="measured", context_bytes=300 * 2**20)
     cache.put(type_key(config, H200), measured)
     node_type = H200
-    monkeypatch.setattr(trial_module, "_shared_cache", lambda: cache)
-    monkeypatch.setattr(trial_module, "_node_gpu_type", lambda: node_type)
+    monkeypatch.setattr(trial_share, "shared_cache", lambda: cache)
+    monkeypatch.setattr(trial_share, "node_gpu_type", lambda: node_type)
     monkeypatch.setattr(packing, "_applied_cap", None)
     caps: list[float] = []
     fake_cuda = SimpleNamespace(
@@ -228,10 +227,14 @@ def test_a_trials_memory_cap_leaves_out_the_context_its_share_was_planned_with(
         set_per_process_memory_fraction=lambda fraction, device: caps.append(fraction),
     )
     monkeypatch.setattr(torch, "cuda", fake_cuda)
-    assert trial_module._cap_memory(config, 0.05) == pytest.approx(0.05 - 300 / (141 * 1024))
+    assert trial_share.PackedShare().cap_memory(config, 0.05) == pytest.approx(
+        0.05 - 300 / (141 * 1024)
+    )
     node_type = L4  # no profile of this shape cached for L4 nodes
-    assert trial_module._cap_memory(config, 0.05) == pytest.approx(0.05 - 512 / (141 * 1024))
-    assert trial_module._cap_memory(config, 1.0) is None  # a whole GPU is not capped
+    assert trial_share.PackedShare().cap_memory(config, 0.05) == pytest.approx(
+        0.05 - 512 / (141 * 1024)
+    )
+    assert trial_share.PackedShare().cap_memory(config, 1.0) is None  # a whole GPU is not capped
     assert caps == [
         pytest.approx(0.05 - 300 / (141 * 1024)),
         pytest.approx(0.05 - 512 / (141 * 1024)),

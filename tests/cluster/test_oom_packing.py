@@ -33,6 +33,7 @@ def oom_trainable(folder: str) -> Any:
         import torch
 
         from cluster import packing
+        from cluster.trial_share import PackedShare
         from trainables import trial as trial_module
         from trainables.trainer import Trainer
 
@@ -60,7 +61,7 @@ def oom_trainable(folder: str) -> Any:
         Trainer.__init__ = init  # type: ignore[method-assign]
         Trainer.train_epoch = step  # type: ignore[method-assign]
         packing._remeasure = remeasure
-        trial_module.run_trial(config)
+        trial_module.run_trial(config, PackedShare())
 
     return trainable
 

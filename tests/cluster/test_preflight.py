@@ -247,7 +247,8 @@ def test_run_sweep_checks_resources_before_creating_anything(
 ) -> None:
     """On the session's real local Ray (2 CPUs): a 3-CPU trial is refused before the
     sweep folder or any MLflow run exists."""
-    from hpo.sweep import SweepError, run_sweep
+    from hpo.record import SweepError
+    from hpo.sweep import run_sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = tiny_spec(tmp_path, tracking_uri=uri, resources={"cpu": 3, "gpu": 0})

@@ -181,7 +181,7 @@ def build_sweep(
                         "model": model,
                         "precision": precision,
                         "seed": 0,
-                        "group_id": f"{model}-g{index:03d}",
+                        "config_id": f"{model}-g{index:03d}",
                         "pair_id": pair_id(model, index),
                         "params": {"lr": 1e-3 * (index + 1)},
                     },
@@ -310,8 +310,8 @@ def trial_record(
 ) -> TrialRecord:
     """A completed (by default) trial of configuration ``group`` and ``seed``, named as the
     sweep searcher names them (``<model>-g<NNN>``, pair ``<group>-s<seed>``)."""
-    group_id = f"{model}-g{group:03d}"
-    pair = f"{group_id}-s{seed}"
+    config_id = f"{model}-g{group:03d}"
+    pair = f"{config_id}-s{seed}"
     return TrialRecord(
         run_id=f"run-{model}-{precision}-{pair}",
         trial_id=f"{model}-{precision}-{pair}",
@@ -319,7 +319,7 @@ def trial_record(
         precision=precision,
         seed=str(seed),
         pair_id=pair,
-        group_id=group_id,
+        config_id=config_id,
         state=state,  # type: ignore[arg-type]
         epochs=EPOCHS,
         val_sharpe=val,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import hpo.location
+import cluster.storage
+from cluster.storage import SweepLocation
 from hpo.cli import UserError, app
-from hpo.location import SweepLocation
-from hpo.sweep import SweepRecord
+from hpo.record import SweepRecord
 from tests.hpo.sweep_helpers import tiny_spec
 
 runner = CliRunner()
@@ -58,7 +58,7 @@ def test_a_sweep_directory_of_another_user_is_refused(
 ) -> None:
     sweep_dir = _sweep_dir(tmp_path)
     owner = sweep_dir.stat().st_uid
-    monkeypatch.setattr(hpo.location.os, "getuid", lambda: owner + 1)  # we are someone else
+    monkeypatch.setattr(cluster.storage.os, "getuid", lambda: owner + 1)  # we are someone else
     output = _resume(sweep_dir)
     assert f"{sweep_dir} is owned by uid {owner}, not by this user ({owner + 1})" in output
 

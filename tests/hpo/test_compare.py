@@ -202,7 +202,7 @@ def test_dsr_of_the_best_trial_given_every_trial_tried(
     assert selection.dsr == pytest.approx(
         deflated_sharpe_ratio(m["val_sharpe_per_period"], variance, len(trials), *args), rel=1e-12
     )
-    n_configs = len({(t.model, t.group_id) for t in trials})
+    n_configs = len({(t.model, t.config_id) for t in trials})
     assert selection.dsr_by_configs == pytest.approx(
         deflated_sharpe_ratio(m["val_sharpe_per_period"], variance, n_configs, *args), rel=1e-12
     )
@@ -466,9 +466,9 @@ def test_seeds_of_one_configuration_are_averaged_into_one_unit() -> None:
     unit_diffs = [np.mean(np.subtract(b, a)) for a, b in zip(f32, bf16, strict=True)]
     assert val.mean_difference == pytest.approx(np.mean(unit_diffs), rel=1e-12)
     assert val.median_a == pytest.approx(np.median([np.mean(a) for a in f32]), rel=1e-12)
-    assert contrast.unit_ids == ["tft-g000", "tft-g001"]
+    assert contrast.config_ids == ["tft-g000", "tft-g001"]
     # The per-seed pairs are kept for the report.
-    assert contrast.unit_pairs == {
+    assert contrast.config_pairs == {
         "tft-g000": ["tft-g000-s0", "tft-g000-s1", "tft-g000-s2"],
         "tft-g001": ["tft-g001-s0", "tft-g001-s1", "tft-g001-s2"],
     }
@@ -486,7 +486,7 @@ def test_a_configuration_with_a_diverged_seed_is_excluded_as_one_unit() -> None:
             t.state = "diverged"
     _, contrast = _bf16_vs_f32(trials)
     assert contrast.val.n_pairs_total == 3 and contrast.val.n_pairs_used == 2
-    assert contrast.excluded_unit_ids("val") == ["tft-g001"]
+    assert contrast.excluded_config_ids("val") == ["tft-g001"]
     assert contrast.excluded_pair_ids("val") == ["tft-g001-s0", "tft-g001-s1"]
 
 
@@ -497,7 +497,7 @@ def test_a_configuration_with_a_pending_seed_waits_for_it() -> None:
     running = next(t for t in trials if t.pair_id == "tft-g001-s1" and t.precision == "bf16")
     running.state = "unfinished"
     _, contrast = _bf16_vs_f32(trials)
-    assert contrast.unit_ids == ["tft-g000", "tft-g002"]
+    assert contrast.config_ids == ["tft-g000", "tft-g002"]
     assert contrast.incomplete == {
         "tft-g001-s1": f"bf16 trial {running.trial_id} unfinished",
         "tft-g001-s0": "configuration tft-g001 has a pending seed",
@@ -588,8 +588,8 @@ def test_few_configurations_are_inconclusive_and_say_how_many_more() -> None:
     _, contrast = _bf16_vs_f32(paired_records("tft", f32, bf16))
     inference = contrast.inference["test"]
     assert inference.verdict is not None and inference.verdict.startswith("inconclusive")
-    assert inference.pairs_needed is not None and inference.pairs_needed >= 2  # n >= 5
-    assert f"about {inference.pairs_needed} more configurations needed" in inference.verdict
+    assert inference.configs_needed is not None and inference.configs_needed >= 2  # n >= 5
+    assert f"about {inference.configs_needed} more configurations needed" in inference.verdict
     assert "4 or fewer" in (inference.verdict_note or "")
 
 
@@ -872,7 +872,7 @@ def test_a_resumed_trial_overwrites_its_returns_artifact(
     private = copy_sweep(sweep, tmp_path / "store")
     client = MlflowClient(private.tracking_uri)
     config = {
-        "model": "tft", "precision": "f32", "seed": 0, "group_id": "tft-g099",
+        "model": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g099",
         "pair_id": "tft-g099-s0", "params": {"lr": 1e-3},
     }  # fmt: skip
     first, second = synthetic_returns(0.05, 0.01, seed=1), synthetic_returns(0.08, 0.02, seed=2)
@@ -903,7 +903,7 @@ def test_a_corrupt_returns_file_is_not_logged(
     private = copy_sweep(sweep, tmp_path / "store")
     callback = MlflowSweepCallback(private.tracking_uri, private.experiment, private.parent_run_id)
     config = {
-        "model": "tft", "precision": "f32", "seed": 0, "group_id": "tft-g098",
+        "model": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g098",
         "pair_id": "tft-g098-s0", "params": {"lr": 1e-3},
     }  # fmt: skip
     trial = FakeTrial("t-corrupt", config)

@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from hpo.cli import app
 from hpo.compare import RETURNS_ARTIFACT, TrialReturns, comparison_from_mlflow
+from hpo.record import SweepRecord
 from hpo.stats import sharpe_moments
-from hpo.sweep import SweepRecord, run_sweep
+from hpo.sweep import run_sweep
 from tests.hpo.sweep_helpers import tiny_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -78,7 +78,7 @@ def test_trial_dicts_round_trip_through_the_codec() -> None:
     decoded = TrialConfig.from_dict(retry)
     assert decoded.gpu_fraction_floor == 0.25 and RETRY_FLOOR_KEY not in first
     config = decoded.train_config()
-    assert (config.model, config.precision, config.seed, config.epochs) == ("kan", "bf16", 0, 3)
+    assert (config.family, config.precision, config.seed, config.epochs) == ("kan", "bf16", 0, 3)
     assert (config.lookback, config.batch_size, config.n_folds, config.embargo) == (12, 16, 1, 2)
     assert (config.data.n_assets, config.data.n_bars) == (3, 800)
     assert config.lr == first["params"]["lr"] and config.model_config["width"] == 5

@@ -27,7 +27,8 @@ import optuna
 import pytest
 
 import models
-from hpo.search.param_searcher import KINDS, ParamSearcher, make_param_searcher
+from hpo.search import KINDS, make_param_searcher
+from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TRAINER_SPACE, trial_space
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SweepSpec, parse_spec
@@ -328,7 +329,7 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for config in configs.values():
-        groups.setdefault(config["group_id"], []).append(config)
+        groups.setdefault(config["config_id"], []).append(config)
     assert len(groups) == 2 * 3  # samples groups per stream
     per_model = {m: sum(1 for g in groups.values() if g[0]["model"] == m) for m in ("tft", "kan")}
     assert per_model == {"tft": 3, "kan": 3}
@@ -352,8 +353,8 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
 
     # The stream's searcher is told once per group, after its last member, with the mean
     # of the members' finite values (a failed member does not count).
-    first = configs["t0"]["group_id"]
-    ids = [t for t, c in configs.items() if c["group_id"] == first]
+    first = configs["t0"]["config_id"]
+    ids = [t for t, c in configs.items() if c["config_id"] == first]
     stream = searcher.searchers[0]
     values = [1.0, 2.0, None, 4.0]
     for trial_id, value in zip(ids, values, strict=True):
@@ -384,7 +385,7 @@ def test_per_precision_streams_without_compare() -> None:
     assert len(configs) == spec.n_trials == 2 * 2 * 2 * 2
     assert _told_trials(searcher) == [2, 2, 2, 2]
     for config in configs:  # each group: one precision, one member per seed
-        group = [c for c in configs if c["group_id"] == config["group_id"]]
+        group = [c for c in configs if c["config_id"] == config["config_id"]]
         assert {c["precision"] for c in group} == {config["precision"]}
         assert sorted(c["seed"] for c in group) == [0, 1]
 
@@ -412,7 +413,7 @@ def test_every_family_space_comes_from_the_registry(search: str) -> None:
         assert param_searcher.dims == space.dims
     seen = set()
     for config in _run_to_finish(searcher):
-        seen.add(config["group_id"])
+        seen.add(config["config_id"])
         family = get_family(config["model"])
         params = config["params"]
         assert set(params) == set(TRAINER_SPACE) | set(family.search_space)

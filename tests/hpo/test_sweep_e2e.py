@@ -12,8 +12,10 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from hpo.cli import app
-from hpo.sweep import SweepError, SweepRecord, run_sweep, trial_rows
+from hpo.record import SweepError, SweepRecord
+from hpo.sweep import run_sweep
 from hpo.tracking import TAG_PARENT, TAG_ROLE
+from hpo.trials import trial_rows
 from tests.hpo.sweep_helpers import tiny_spec
 from trainables.data import synthetic_bars
 
@@ -133,7 +135,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
     """The real ``run_trial``, whose first bf16 attempt runs out of CUDA memory in its
     second epoch's training step (after epoch 1 was reported and logged)."""
 
-    def run_trial_with_a_planted_oom(config):  # type: ignore[no-untyped-def]
+    def run_trial_with_a_planted_oom(config, share):  # type: ignore[no-untyped-def]
         import torch
 
         from trainables import trial as trial_module
@@ -141,7 +143,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
 
         marker = Path(folder) / "oom-planted"
         if config["precision"] != "bf16" or marker.exists():
-            trial_module.run_trial(config)
+            trial_module.run_trial(config, share)
             return
         marker.write_text(config["member"])
         original = Trainer.train_epoch
@@ -155,7 +157,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
 
         Trainer.train_epoch = step  # type: ignore[method-assign]
         try:
-            trial_module.run_trial(config)
+            trial_module.run_trial(config, share)
         finally:  # the actor may be reused by the next trial
             Trainer.train_epoch = original  # type: ignore[method-assign]
 

@@ -46,7 +46,7 @@ def test_measured_shares_on_gpu_nodes_use_the_cluster_packer(tmp_path: Path) -> 
 
 def test_plan_configs_are_one_shape_per_model_and_precision(tmp_path: Path) -> None:
     spec = tiny_spec(tmp_path)
-    shapes = [(c.model, c.precision, c.batch_size, c.lookback) for c in plan_configs(spec)]
+    shapes = [(c.family, c.precision, c.batch_size, c.lookback) for c in plan_configs(spec)]
     assert shapes == [
         ("tft", "f32", 32, 16),
         ("tft", "bf16", 32, 16),
@@ -65,8 +65,8 @@ def test_fixed_resources_decode_the_trial_with_its_floor(
     monkeypatch.setenv("HPO_VRAM_MODE", "estimate")
     spec = tiny_spec(tmp_path, resources={"cpu": 1, "gpu": "measured"})
     trial = TrialConfig(
-        model="tft", precision="bf16", seed=0, params={"d_model": 8, "n_heads": 1},
-        base=spec.trial_base(), group_id="g", member="bf16/0",
+        family="tft", precision="bf16", seed=0, params={"d_model": 8, "n_heads": 1},
+        base=spec.trial_base(), config_id="g", member="bf16/0",
     )  # fmt: skip
     resources = TrialResources(spec)
     small = resources(trial.to_dict()).required_resources["GPU"]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cluster.storage import SweepLocation
 from hpo.cli import UserError, app
-from hpo.location import SweepLocation
+from hpo.record import SweepRecord
 from hpo.spec import SpecError
-from hpo.sweep import SweepRecord
 from tests.hpo.sweep_helpers import tiny_spec
 from trainables.data.synthetic import synthetic_bars
 

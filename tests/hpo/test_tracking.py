@@ -23,7 +23,7 @@ def _trial(trial_id: str, **params: Any) -> SimpleNamespace:
         "precision": "bf16",
         "seed": 0,
         "pair_id": "tft-g000-s0",
-        "group_id": "tft-g000",
+        "config_id": "tft-g000",
         "params": {"lr": 1e-3, **params},
         "base": {},
     }

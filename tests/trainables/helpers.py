@@ -16,7 +16,7 @@ TINY_TFT = {"d_model": 8, "n_heads": 1, "dropout": 0.0}
 
 def tiny_config(model: str = "tft", precision: str = "f32", **overrides: Any) -> TrainConfig:
     values: dict[str, Any] = {
-        "model": model,
+        "family": model,
         "precision": precision,
         "epochs": 2,
         "n_folds": 1,

@@ -20,7 +20,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from tests.models.rl_loop import NoHostReads
-from trainables.precision import BF16, FP16, POLICY_NAMES, GuardedAdamW, StepGuard, get_policy
+from trainables.optim import GuardedAdamW
+from trainables.precision import BF16, FP16, POLICY_NAMES, StepGuard, get_policy
 
 F32 = torch.float32
 CPU = torch.device("cpu")
@@ -172,7 +173,7 @@ def _pair(
     torch.manual_seed(0)
     new_net = Net(dtype).to(device)
     old = ReferenceGuardedAdamW(old_net.parameters(), lr=3e-3, weight_decay=wd, kahan=kahan)
-    new = GuardedAdamW(new_net.parameters(), lr=3e-3, weight_decay=wd, kahan=kahan)
+    new = GuardedAdamW(new_net.parameters(), lr=3e-3, weight_decay=wd, kahan=kahan, state_dtype=F32)
     old.init_state()
     new.init_state()
     return old_net, new_net, old, new
@@ -275,7 +276,7 @@ def test_a_state_dict_round_trip_continues_bit_for_bit() -> None:
     keys = [sorted(values) for values in saved["state"].values()]
     assert ["compensation", "exp_avg", "exp_avg_sq", "step"] in keys  # the bf16 weights
     assert saved["param_groups"][0]["params"] == list(range(len(list(net.parameters()))))
-    other = GuardedAdamW(twin.parameters(), lr=1.0)  # lr comes from the state dict
+    other = GuardedAdamW(twin.parameters(), lr=1.0, state_dtype=F32)  # lr comes from the state dict
     other.init_state()
     other.load_state_dict(saved)
     assert other.param_groups[0]["lr"] == 3e-3
@@ -298,7 +299,7 @@ def test_load_state_dict_fills_what_the_saved_state_lacks_and_refuses_what_does_
     torch.manual_seed(0)
     w16 = nn.Parameter(torch.randn(4).to(BF16))
     w32 = nn.Parameter(torch.randn(3))
-    opt = GuardedAdamW([w16, w32], lr=1e-2)
+    opt = GuardedAdamW([w16, w32], lr=1e-2, state_dtype=F32)
     for _ in range(2):
         (w16.float().square().sum() + w32.square().sum()).backward()
         opt.step()
@@ -339,7 +340,7 @@ def test_load_state_dict_reaches_a_parameter_that_never_had_a_gradient() -> None
     """Arenas are built from the parameters with gradients; a loaded state for one that
     never had one must still be what its first step reads (it was dropped silently)."""
     a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3))
-    opt = GuardedAdamW([a, b], lr=0.1)
+    opt = GuardedAdamW([a, b], lr=0.1, state_dtype=F32)
     a.sum().backward()
     opt.step()  # only a is in an arena
     saved = opt.state_dict()
@@ -369,24 +370,26 @@ def test_load_state_dict_reaches_a_parameter_that_never_had_a_gradient() -> None
 
 def test_param_groups_follow_torchs_rules_and_name_what_is_wrong() -> None:
     a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(3))
-    opt = GuardedAdamW([{"params": [a]}, {"params": b, "lr": 0.5}], lr=0.1)
+    opt = GuardedAdamW([{"params": [a]}, {"params": b, "lr": 0.5}], lr=0.1, state_dtype=F32)
     assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
     assert opt.param_groups[1]["params"] == [b] and opt.param_groups[0]["betas"] == (0.9, 0.999)
     with pytest.raises(ValueError, match="more than one place"):
-        GuardedAdamW([{"params": [a]}, {"params": [a, b]}])
+        GuardedAdamW([{"params": [a]}, {"params": [a, b]}], state_dtype=F32)
     with pytest.raises(
         ValueError, match=r"param group 0: unknown hyperparameters \['weight_decy'\]"
     ):
-        GuardedAdamW([{"params": [a], "weight_decy": 0.1}])
+        GuardedAdamW([{"params": [a], "weight_decy": 0.1}], state_dtype=F32)
     with pytest.raises(ValueError, match="empty parameter list"):
-        GuardedAdamW([])
+        GuardedAdamW([], state_dtype=F32)
     with pytest.raises(ValueError, match="param group 0: the state dict has 1 parameters"):
-        GuardedAdamW([a, b]).load_state_dict(GuardedAdamW([a]).state_dict())
+        GuardedAdamW([a, b], state_dtype=F32).load_state_dict(
+            GuardedAdamW([a], state_dtype=F32).state_dict()
+        )
 
 
 def test_step_post_hooks_run_after_each_step_until_removed() -> None:
     w = nn.Parameter(torch.ones(3))
-    opt = GuardedAdamW([w], lr=0.1)
+    opt = GuardedAdamW([w], lr=0.1, state_dtype=F32)
     seen: list[float] = []
     handle = opt.register_step_post_hook(lambda optimizer, *_: seen.append(float(w[0])))
     for _ in range(2):
@@ -435,7 +438,7 @@ def test_a_parameter_that_gets_its_gradient_later_keeps_its_own_step_count() -> 
     a_old, b_old = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(5))
     a_new, b_new = nn.Parameter(a_old.detach().clone()), nn.Parameter(b_old.detach().clone())
     old = ReferenceGuardedAdamW([a_old, b_old], lr=1e-2)
-    new = GuardedAdamW([a_new, b_new], lr=1e-2)
+    new = GuardedAdamW([a_new, b_new], lr=1e-2, state_dtype=F32)
     old.init_state()
     new.init_state()
     for k in range(4):

@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from trainables import precision
+from trainables.optim import GuardedAdamW
 from trainables.precision import (
     BF16,
     F32,
     FP16,
     POLICY_NAMES,
     DeviceInfo,
-    GuardedAdamW,
     LossScaler,
     StepGuard,
     get_policy,
@@ -107,7 +107,7 @@ def test_auto_resolves_to_f32_without_cuda() -> None:
 def _drift(param_dtype: torch.dtype, kahan: bool, steps: int = 2000, lr: float = 1e-4) -> float:
     """Move weights near 1.0 with a constant gradient; return the mean distance travelled."""
     w = nn.Parameter(torch.full((256,), 1.0, dtype=param_dtype))
-    opt = GuardedAdamW([w], lr=lr, kahan=kahan)
+    opt = GuardedAdamW([w], lr=lr, kahan=kahan, state_dtype=F32)
     for _ in range(steps):
         w.grad = torch.ones_like(w)  # Adam's normalized step is ~lr each time
         opt.step()

@@ -62,7 +62,7 @@ def test_checkpoint_with_cuda_generator_states_resumes_on_cpu(
     trainer.save(tmp_path / "cpu")
     n_generators = _as_if_saved_on_cuda(tmp_path / "cpu", tmp_path / "cuda")
     # tft: the fold's minibatch order; dqn also its env, learner and replay generators.
-    assert n_generators == (1 if config.model == "tft" else 4)
+    assert n_generators == (1 if config.family == "tft" else 4)
 
     resumed = [
         Trainer(config.replace(epochs=2), checkpoint=load_checkpoint(tmp_path / "cuda"))

@@ -19,13 +19,9 @@ ending at t (floored at 1e-8):
 ``gap``            log(open_t / close_{t-1}) / sigma_t
 =================  ===========================================================
 
-so F = 6 + len(windows) (8 for the defaults). Returns are divided by the trailing
-volatility so features stay O(1) across assets and regimes; values are clipped to
-[-20, 20] so a bad tick cannot dominate a batch. Per-feature standardization is fitted by
-the trainer on training folds only, not here, because fitting it on the whole series would
-leak the future.
-
-``first_valid = W``: before it some window is incomplete and every feature is 0.
+so F = 6 + len(windows) (8 for the defaults), clipped to [-20, 20]; the trainer fits the
+per-feature standardization on training folds only. ``first_valid = W``: before it some
+window is incomplete and every feature is 0. Why these definitions: docs/data.md#features
 """
 
 from __future__ import annotations

@@ -12,19 +12,16 @@ Layout (expanding, n_folds = 3; G = purge + embargo decision times left unused):
     |------- train 1 --------|G|- val 1 -|
     |------------ train 2 -------------|G|- val 2 -|G|------ test ------|
 
-- test: the final ``test_fraction`` of decision times (rounded up). It is never inside a
-  fold; hyperparameter selection must use the folds only, the test is reported.
+- test: the final ``test_fraction`` of decision times (rounded up), never inside a fold:
+  hyperparameter selection uses the folds only, the test is reported.
 - validation windows: ``n_folds`` consecutive blocks of ``floor(val_fraction * N)``
-  decision times each (N = all decision times), ending G before the test period, so a
-  model refit on everything before the last gap still never sees test labels.
-- purge: the label of decision time t is the return over bars (t, t+1], an interval that
-  touches bar t+1. Training decision times whose label interval reaches into the
-  validation window's first bar are dropped: ``purge`` = label horizon in bars (1 here).
-- embargo: ``embargo`` further decision times are dropped between train and validation, so
-  slowly decaying serial dependence (volatility clustering, rolling-window features that
-  straddle the boundary) cannot carry training information into validation.
+  decision times each (N = all decision times), ending G before the test period.
+- purge: training decision times whose label interval (t, t+1] reaches into the
+  validation window's first bar are dropped (``purge`` = label horizon in bars, 1 here).
+- embargo: ``embargo`` further decision times are dropped between train and validation.
 - expanding (default): every fold trains from ``first_valid``; rolling: every fold trains
   on the same number of decision times as fold 0, ending G before its validation window.
+Why the gaps: docs/data.md#splits
 """
 
 from __future__ import annotations

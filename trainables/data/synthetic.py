@@ -1,51 +1,26 @@
 """Synthetic OHLCV with a planted, learnable signal: the embedded default data set.
 
-Demos and tests need data without a download, and a model-selection pipeline needs data
-where the right answer is known: with ``signal > 0`` a model that reads past bars can earn a
-positive out-of-sample Sharpe; with ``signal = 0`` no model can, which makes it a null.
+With ``signal > 0`` a model that reads past bars can earn a positive out-of-sample Sharpe;
+with ``signal = 0`` no model can, which makes it a null. The output is a pure function of
+the arguments (every draw comes from ``np.random.default_rng(seed)``).
 
-Generating process (t = 0..T-1 bars, k = 0..A-1 assets, all draws from
-``np.random.default_rng(seed)``, so the output is a pure function of the arguments):
+Generating process (t = 0..T-1 bars, k = 0..A-1 assets):
 
-1. Market regime: a 2-state Markov chain s_t in {calm, volatile}, shared by all assets,
-   started from its stationary distribution, with sticky transitions
-
-       P = [[0.985, 0.015],     calm -> calm / volatile   (mean stay ~67 bars)
-            [0.040, 0.960]]     volatile -> calm / volatile (mean stay 25 bars)
-
-   volatility sigma(calm) = 0.8 %/bar, sigma(volatile) = 2.0 %/bar, and drift
-   mu(calm) = +0.03 %/bar, mu(volatile) = -0.05 %/bar (drift only when signal != 0).
-
-2. Standardized returns z_t (A-vector), a VAR(1) on a ring of assets:
-
-       z_{t,k} = signal * z_{t-1,k} + lead_lag * z_{t-1,k-1} + b * e_{t,k},
-       e_{t,k} ~ iid N(0, 1),  asset -1 means asset A-1,
-
-   with b chosen so that Var(z_{t,k}) = 1 exactly in the stationary state (solved from the
-   discrete Lyapunov equation); the chain runs 200 burn-in steps first. So
-   corr(z_{t,k}, z_{t-1,k}) = signal + lead_lag * corr(z_{t,k-1}, z_{t,k}) ~= signal (the
-   second term is O(signal * lead_lag^2)), and asset k's next standardized return loads on
-   asset k-1's current one with coefficient lead_lag. On a ring every asset is statistically
-   alike; with one asset there is no lead-lag term.
-
-3. Log close-to-close return  r_{t,k} = mu(s_t) + sigma(s_t) * v_k * z_{t,k}, with a fixed
-   per-asset volatility scale v_k ~ logUniform(0.8, 1.25).
-   close_{t,k} = close_{t-1,k} * exp(r_{t,k}), close_{-1,k} = p_k ~ Uniform(20, 200).
-
-4. Bars around the close path, each from the same bar's quantities only:
-   open_t   = close_{t-1} * exp(0.25 r_t + 0.25 sigma_t n1)          (gap near prev close)
-   high_t   = max(open_t, close_t) * exp(0.5 sigma_t |n2|)
-   low_t    = min(open_t, close_t) * exp(-0.5 sigma_t |n3|)
-   volume_t = base_k * exp(0.35 n4 + 0.6 (|z_t| - sqrt(2/pi)) + 0.3 [s_t = volatile]),
-   base_k ~ logUniform(1e5, 3e6), sigma_t = sigma(s_t) v_k, n1..n4 ~ iid N(0, 1).
-   So high >= max(open, close), low <= min(open, close), volume > 0, and volume spikes with
-   |return|.
+1. a 2-state Markov regime s_t in {calm, volatile}, shared by all assets, that sets the
+   volatility (0.8 % / 2.0 % per bar) and, when ``signal != 0``, the drift;
+2. standardized returns, a stationary VAR(1) with unit variance on a ring of assets:
+   ``z_{t,k} = signal * z_{t-1,k} + lead_lag * z_{t-1,k-1} + b * e_{t,k}``, so the lag-1
+   autocorrelation is ~= ``signal`` and asset k's next standardized return loads on asset
+   k-1's current one with coefficient ``lead_lag``;
+3. log returns ``r_{t,k} = mu(s_t) + sigma(s_t) * v_k * z_{t,k}`` (a fixed per-asset
+   volatility scale v_k), closes compounding from a per-asset start price;
+4. open, high, low and volume around the close path from the same bar's quantities only:
+   high >= max(open, close), low <= min(open, close), volume > 0.
 
 ``signal = 0`` is a strict null: it switches off the own-lag term, the lead-lag term and
-the regime drifts, leaving i.i.d. standardized shocks with regime-switching volatility;
-nothing in past bars then predicts the sign of the next return (volatility remains
-predictable, as in real markets, but with zero drift that earns nothing). Pass
-``lead_lag=0`` with ``signal > 0`` to plant only the own-asset signal.
+the regime drifts, leaving i.i.d. standardized shocks with regime-switching volatility.
+Pass ``lead_lag=0`` with ``signal > 0`` to plant only the own-asset signal.
+Every constant and equation, and why this null: docs/data.md#synthetic
 """
 
 from __future__ import annotations

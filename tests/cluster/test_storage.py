@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.location import SweepLocation, local_copy
+from cluster.storage import SweepLocation, local_copy
 
 
 def test_local_paths_are_absolute_and_uris_keep_their_scheme(

@@ -1,0 +1,160 @@
+"""A sweep's trials as rows: what ``hpo status``, ``hpo best``, ensembles and the summary read.
+
+Value types and pure functions over them; :func:`trial_rows` reads Ray Tune's experiment
+state (no MLflow, no data: it works from any machine that reaches the storage).
+
+Words for where a trial is, each for one idea:
+
+* *terminated* (:attr:`TrialStatus.terminated`): Tune's status TERMINATED: the trial ran
+  its course (to its last epoch, stopped by the scheduler, diverged, or out of memory),
+  as opposed to PENDING, RUNNING, PAUSED or ERROR;
+* *done* (:attr:`TrialRow.done`): a member with its final result: terminated, and not an
+  OOM attempt whose retry is still to run;
+* *completed* (``hpo.compare``'s trial state): done with a finite validation Sharpe, as
+  opposed to *diverged*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cluster.storage import SweepLocation
+
+
+class TrialStatus(str):
+    """A trial's Tune status (``PENDING``, ``RUNNING``, ``PAUSED``, ``TERMINATED``,
+    ``ERROR``)."""
+
+    @property
+    def terminated(self) -> bool:
+        """The trial ran its course (see the module docstring)."""
+        return self == "TERMINATED"
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial of a sweep as Tune last recorded it (one OOM attempt, for ``retried``)."""
+
+    trial_id: str
+    model: str
+    precision: str
+    seed: int
+    pair_id: str
+    status: TrialStatus
+    epochs: int
+    val_sharpe: float | None
+    test_sharpe: float | None
+    fell_back_to_f32: bool
+    diverged: bool
+    params: dict[str, Any]
+    checkpoint: str | None
+    config_id: str = ""
+    member: str = ""  # ``precision/seed`` in its configuration: one or more attempts
+    gpu_fraction_floor: float = 0.0  # > 0: an OOM retry's attempt
+    oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
+
+    @property
+    def done(self) -> bool:
+        """Ran to its end, and is not an OOM attempt whose retry is still to run."""
+        return self.status.terminated and self.oom_retry_gpu_fraction is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> list[TrialRow]:
+    """Every trial of a sweep with its status, final metrics and newest checkpoint.
+
+    A member that ran out of GPU memory runs again as a new Tune trial: its rows are the
+    attempts. Only the newest attempt of each member is a row unless ``retried``; the OOM
+    attempts it replaced are left out (see :func:`latest_attempts`)."""
+    from ray.tune import ExperimentAnalysis
+
+    from trainables.config import RETRY_FLOOR_KEY
+    from trainables.trial import CKPT_SUBDIR
+
+    sweep_dir = SweepLocation.parse(where)
+    if not sweep_dir.has_tune_state():
+        return []  # no trial has been recorded yet
+    analysis = ExperimentAnalysis(sweep_dir.uri)
+    rows = []
+    for trial in analysis.trials:
+        config = trial.config
+        result = trial.last_result or {}
+        checkpoint = trial.checkpoint
+        rows.append(
+            TrialRow(
+                trial_id=trial.trial_id,
+                model=config.get("model", "?"),
+                precision=config.get("precision", "?"),
+                seed=int(config.get("seed", 0)),
+                pair_id=config.get("pair_id", ""),
+                status=TrialStatus(trial.status),
+                epochs=int(result.get("epoch", 0)),
+                val_sharpe=_finite(result.get("val_sharpe")),
+                test_sharpe=_finite(result.get("test_sharpe")),
+                fell_back_to_f32=bool(result.get("fell_back_to_f32")),
+                diverged=bool(result.get("diverged")),
+                params=dict(config.get("params", {})),
+                checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{CKPT_SUBDIR}")
+                if checkpoint is not None
+                else None,
+                config_id=str(config.get("config_id", config.get("group_id", ""))),
+                member=str(config.get("member", "")),
+                gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
+                oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
+                if result.get("oom")
+                else None,
+            )
+        )
+    return rows if retried else latest_attempts(rows)
+
+
+def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
+    """``rows`` without the OOM attempts that a retry of the same member replaced.
+
+    Trial ids are not chronological; attempts are: each retry carries a larger
+    :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` than the attempt that ran
+    out of memory, so a member's newest attempt is the one with the largest floor."""
+    newest: dict[tuple[str, str], TrialRow] = {}
+    for row in rows:
+        key = (row.config_id, row.member)
+        if row.config_id and (
+            key not in newest or row.gpu_fraction_floor > newest[key].gpu_fraction_floor
+        ):
+            newest[key] = row
+    return [
+        r
+        for r in rows
+        if not (
+            r.config_id
+            and r.oom_retry_gpu_fraction is not None
+            and newest[(r.config_id, r.member)] is not r
+        )
+    ]
+
+
+def best_rows(
+    rows: list[TrialRow], model: str | None = None, precision: str | None = None
+) -> list[TrialRow]:
+    """The best trial (final validation Sharpe) per (model, precision)."""
+    best: dict[tuple[str, str], TrialRow] = {}
+    for row in rows:
+        if (
+            (model and row.model != model)
+            or (precision and row.precision != precision)
+            or row.val_sharpe is None
+        ):
+            continue
+        key = (row.model, row.precision)
+        if key not in best or row.val_sharpe > (best[key].val_sharpe or float("-inf")):
+            best[key] = row
+    return [best[k] for k in sorted(best)]
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and value == value and abs(value) != float("inf"):
+        return float(value)
+    return None
