@@ -27,12 +27,18 @@ from typing import Any
 
 import psutil
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
-from hpo.tracking import TAG_ROLE
 from tests.cluster.local_cluster import LocalCluster, free_port, marked_pids, start_cluster
-from tests.hpo.sweep_helpers import tiny_spec
+from tests.hpo.sweep_helpers import (
+    checkpointed_epochs,
+    results,
+    trial_dirs,
+    trial_id,
+    trial_runs,
+    write_tiny_spec,
+)
+from tests.processes import signal_all, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -65,9 +71,14 @@ def tracking_process(
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-        for child in psutil.process_iter(["cmdline"]):
-            if f"--port {port}" in " ".join(child.info["cmdline"] or []):
-                child.kill()
+        signal_all(
+            [
+                child
+                for child in psutil.process_iter(["cmdline"])
+                if f"--port {port}" in " ".join(child.info["cmdline"] or [])
+            ],
+            signal.SIGKILL,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +98,14 @@ def tracking(tracking_process: dict[str, Any]) -> tuple[str, Path]:
         tracking_process["uri"],
         tracking_process["log"],
     )
-    deadline = time.monotonic() + 240
-    while "tracking URI:" not in log.read_text():
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, f"tracking server silent:\n{log.read_text()}"
-        time.sleep(0.5)
+    wait_for(
+        lambda: "tracking URI:" in log.read_text(),
+        timeout=240,
+        what="the tracking server's 'tracking URI:' line",
+        proc=process,
+        interval=0.5,
+        detail=log.read_text,
+    )
     assert f"tracking URI: {uri}" in log.read_text()
     with urllib.request.urlopen(f"{uri}/health", timeout=10) as response:
         assert response.status == 200
@@ -101,17 +115,14 @@ def tracking(tracking_process: dict[str, Any]) -> tuple[str, Path]:
 def write_spec(tmp_path: Path, name: str, uri: str, **overrides: Any) -> Path:
     """The tiny end-to-end sweep as a YAML spec: trials ask for half a GPU, so they only
     fit on the two GPU workers (the head has none)."""
-    spec = tiny_spec(
+    return write_tiny_spec(
         tmp_path,
+        name,
         tracking_uri=uri,
-        name=name,
         storage=str(tmp_path / "shared"),
         resources={"cpu": 1, "gpu": 0.5},
         **overrides,
     )
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec.model_dump()))
-    return path
 
 
 def hpo(cluster: LocalCluster, *args: str, timeout: float = 360) -> subprocess.CompletedProcess:
@@ -142,23 +153,6 @@ def job_id(output: str) -> str:
     match = re.search(r"submitted job: (\S+)", output)
     assert match, output
     return match.group(1)
-
-
-def trial_runs(uri: str, experiment: str) -> list[Any]:
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return []
-    return [
-        r for r in client.search_runs([found.experiment_id]) if r.data.tags.get(TAG_ROLE) == "trial"
-    ]
-
-
-def results(trial_dir: Path) -> list[dict[str, Any]]:
-    path = trial_dir / "result.json"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def assert_no_token(token: str, *texts: str, store: Path | None = None) -> None:
@@ -199,9 +193,9 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
     # Results and checkpoints sit in the shared storage path, one folder per trial.
     sweep_dir = tmp_path / "shared" / "multinode"
     assert (sweep_dir / "hpo-sweep.json").is_file()
-    trial_dirs = sorted(d for d in sweep_dir.iterdir() if d.is_dir())
-    assert len(trial_dirs) == 4
-    for trial_dir in trial_dirs:
+    dirs = trial_dirs(sweep_dir)
+    assert len(dirs) == 4
+    for trial_dir in dirs:
         assert (trial_dir / "checkpoint_000001" / "state" / "model.safetensors").is_file()
 
     # The job is listed; the token never shows in hpo's output, job logs or the MLflow store.
@@ -290,24 +284,34 @@ def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_ch
     victim_node = cluster.nodes[2]  # worker2
     survivor = cluster.nodes[1]
     client = MlflowClient(uri)
+    sweep_dir = tmp_path / "shared" / "nodefault"
 
-    deadline = time.monotonic() + 300
-    victim = None
-    while victim is None:
-        assert time.monotonic() < deadline, "no trial reached epoch 1 on worker2"
+    def half_done_on_worker2() -> tuple[str, int] | None:
+        """A trial on worker2 with an epoch in MLflow and two or more epochs still to train
+        (by the checkpoints its worker wrote, which are never behind MLflow)."""
+        checkpointed = {trial_id(d): checkpointed_epochs(d) for d in trial_dirs(sweep_dir)}
         for run in trial_runs(uri, "nodefault"):
+            tid = run.data.tags["trial_id"]
+            if run.data.tags.get("node_id") != victim_node.node_id:
+                continue
             logged = len(client.get_metric_history(run.info.run_id, "val_sharpe"))
-            if run.data.tags.get("node_id") == victim_node.node_id and 1 <= logged < epochs - 1:
-                victim = (run.data.tags["trial_id"], logged)
-        time.sleep(0.3)
+            if logged >= 1 and checkpointed.get(tid, 0) < epochs - 1:
+                return tid, logged
+        return None
+
+    victim_id, killed_after = wait_for(
+        half_done_on_worker2, timeout=300, what="a trial half done on worker2"
+    )
     victim_node.kill()
     assert not victim_node.alive and not marked_pids(victim_node.mark)
-    trial_id, killed_after = victim
 
     jobs = job_client(cluster.dashboard_url, cluster.token)
-    while not jobs.get_job_status(job).is_terminal():
-        assert time.monotonic() < deadline + 200, "the sweep did not finish after the node stop"
-        time.sleep(1)
+    wait_for(
+        lambda: jobs.get_job_status(job).is_terminal(),
+        timeout=300,
+        what="the sweep job to end after the node stop",
+        interval=1.0,
+    )
     assert str(jobs.get_job_status(job).value) == "SUCCEEDED", jobs.get_job_logs(job)[-4000:]
 
     children = trial_runs(uri, "nodefault")
@@ -316,13 +320,12 @@ def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_ch
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
         assert sorted(steps) == list(range(1, epochs + 1))  # every epoch, exactly once
-    moved = next(r for r in children if r.data.tags["trial_id"] == trial_id)
+    moved = next(r for r in children if r.data.tags["trial_id"] == victim_id)
     assert moved.data.tags["node_id"] == survivor.node_id
 
     # Tune's own record of the trial: reported on worker2 up to the stop, then resumed on
     # the survivor from a checkpoint (not from scratch), and finished.
-    sweep_dir = tmp_path / "shared" / "nodefault"
-    trial_dir = next(d for d in sweep_dir.iterdir() if d.name.endswith(trial_id))
+    trial_dir = next(d for d in trial_dirs(sweep_dir) if trial_id(d) == victim_id)
     rows = results(trial_dir)
     on_victim = [r["epoch"] for r in rows if r["node_id"] == victim_node.node_id]
     on_survivor = [r["epoch"] for r in rows if r["node_id"] == survivor.node_id]

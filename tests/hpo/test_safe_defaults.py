@@ -12,32 +12,25 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
+
+from tests.hpo.sweep_helpers import ONE_TFT, write_tiny_spec
+from tests.processes import kill_tree
 
 HPO = Path(sys.executable).with_name("hpo")  # the console script (hpo = "hpo.cli:main")
 
 
 def _tiny_spec(tmp_path: Path, tracking_uri: str) -> Path:
-    spec = {
-        "name": "loopback",
-        "models": ["tft"],
-        "precisions": ["f32"],
-        "samples": 1,
-        "search": "random",
-        "scheduler": "fifo",
-        "max_epochs": 1,
-        "max_concurrent": 1,
-        "storage": str(tmp_path / "results"),
-        "tracking_uri": tracking_uri,
-        "data": {"n_assets": 2, "n_bars": 600},
-        "walk_forward": {"n_folds": 1},
-        "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 4},
-        "search_space": {"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}},
-        "resources": {"cpu": 1, "gpu": 0},
-    }
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 4}
+    return write_tiny_spec(
+        tmp_path,
+        "loopback",
+        tracking_uri,
+        **ONE_TFT,
+        max_epochs=1,
+        max_concurrent=1,
+        trainer=trainer,
+        resources={"cpu": 1, "gpu": 0},
+    )
 
 
 def _is_loopback(ip: str) -> bool:
@@ -87,8 +80,7 @@ def test_the_embedded_ray_of_a_sweep_listens_on_loopback_only(
         while driver.poll() is None and time.monotonic() < deadline:
             seen |= _listening(root)
             time.sleep(0.2)
-        if driver.poll() is None:
-            driver.kill()
+        kill_tree(driver)  # past the deadline: the sweep and its Ray (a no-op once ended)
     output = log_path.read_text()
     assert driver.wait(30) == 0, output[-3000:]
     assert "1/1 trials finished" in output, output[-3000:]

@@ -1,21 +1,25 @@
 """The trainer's RL loop in miniature, for learner tests (DQN, PPO): collect, then one
-guarded optimizer step per loss the learner yields, each followed by ``after_step``; and
-:class:`NoHostReads`, the CPU stand-in for a CUDA sync check that the step tests share."""
+guarded optimizer step per loss the learner yields, each followed by ``after_step``;
+the tiny environment and learners they run on; and :class:`NoHostReads`, the CPU stand-in
+for a CUDA sync check that the step tests share."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from models.base import DataShape
 from trainables.env import TradingEnv
 from trainables.precision import StepGuard, get_policy
 
 aten = torch.ops.aten
+SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
+T = TypeVar("T", bound=torch.nn.Module)
 
 # ATen ops whose CUDA kernels wait for the device: a scalar read, or an output whose size
 # depends on tensor values (which also breaks static shapes, so CUDA graph capture).
@@ -125,3 +129,32 @@ def train_learner(
                 learner.after_step()
     assert step_guard.skipped.item() == 0
     return losses
+
+
+def tiny_env(config: Any, policy: str = "f32", seed: int = 0) -> TradingEnv:
+    """80 bars of fixed random features and returns for ``SHAPE``, with the learner
+    config's ``num_envs`` and ``episode_len``; features in ``policy``'s input dtype."""
+    gen = torch.Generator().manual_seed(123)
+    bars, lookback = 80, SHAPE.lookback
+    features = torch.randn(bars, SHAPE.n_assets, SHAPE.n_features, generator=gen)
+    returns = 0.01 * torch.randn(bars, SHAPE.n_assets, generator=gen)
+    return TradingEnv(
+        get_policy(policy).convert_input(features),
+        returns,
+        lookback,
+        (lookback - 1, bars - 1),
+        config.num_envs,
+        config.episode_len,
+        cost=1e-3,
+        seed=seed,
+    )
+
+
+def tiny_learner(
+    build: Callable[[Any, DataShape], T], config: Any, policy: str = "f32", seed: int = 0
+) -> T:
+    """``build(config, SHAPE)`` with torch seeded by ``seed``, converted to ``policy``."""
+    torch.manual_seed(seed)
+    learner = build(config, SHAPE)
+    get_policy(policy).convert_module(learner)
+    return learner

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models.base import DataShape
 from models.dqn import (
     DQNConfig,
     DQNLearner,
@@ -20,11 +19,10 @@ from models.dqn import (
     categorical_projection,
 )
 from models.replay import ReplaySample
-from tests.models.rl_loop import train_learner
+from tests.models.rl_loop import SHAPE, tiny_env, tiny_learner, train_learner
 from trainables.env import TradingEnv
 from trainables.precision import floating_dtypes, get_policy
 
-SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
 SMALL = DQNConfig(
     hidden=16,
     gamma=0.99,
@@ -38,31 +36,6 @@ SMALL = DQNConfig(
     gradient_steps=2,
     target_update_period=3,
 )
-
-
-def _env(config: DQNConfig, dtype_policy: str = "f32", seed: int = 0) -> TradingEnv:
-    gen = torch.Generator().manual_seed(123)
-    bars, lookback = 80, SHAPE.lookback
-    features = torch.randn(bars, SHAPE.n_assets, SHAPE.n_features, generator=gen)
-    returns = 0.01 * torch.randn(bars, SHAPE.n_assets, generator=gen)
-    policy = get_policy(dtype_policy)
-    return TradingEnv(
-        policy.convert_input(features),
-        returns,
-        lookback,
-        (lookback - 1, bars - 1),
-        config.num_envs,
-        config.episode_len,
-        cost=1e-3,
-        seed=seed,
-    )
-
-
-def _learner(config: DQNConfig, policy: str = "f32", seed: int = 0) -> DQNLearner:
-    torch.manual_seed(seed)
-    learner = build(config, SHAPE)
-    get_policy(policy).convert_module(learner)
-    return learner
 
 
 # --------------------------------------------------------------------------------------
@@ -94,7 +67,7 @@ def test_epsilon_schedule_is_linear_then_flat() -> None:
 
 @pytest.mark.parametrize("distributional", [False, True])
 def test_dueling_advantage_is_zero_centred(distributional: bool) -> None:
-    learner = _learner(dataclasses.replace(SMALL, distributional=distributional))
+    learner = tiny_learner(build, dataclasses.replace(SMALL, distributional=distributional))
     obs = (torch.randn(5, SHAPE.lookback, SHAPE.n_features), torch.tensor([-1.0, 0, 1, 0, 1]))
     value, adv = learner.online.streams(obs)
     k = SMALL.n_atoms if distributional else 1
@@ -150,7 +123,7 @@ def _batch(
 
 
 def test_double_dqn_target_and_loss_hand_computed() -> None:
-    learner = _learner(dataclasses.replace(SMALL, hidden=2))
+    learner = tiny_learner(build, dataclasses.replace(SMALL, hidden=2))
     # online: A = [1, 3, 2] - 2 -> Q = [-1, 1, 0], argmax = action 1
     _constant_net(learner.online, 0.0, [1.0, 3.0, 2.0])
     # target: A = [5, 0, 7] - 4, V = 0.5 -> Q = [1.5, -3.5, 3.5]; it values action 1 at -3.5
@@ -203,7 +176,7 @@ def test_categorical_projection_conserves_mass_and_mean() -> None:
 
 
 def test_target_network_is_frozen_and_policy_cast() -> None:
-    learner = _learner(dataclasses.replace(SMALL, distributional=True), policy="bf16")
+    learner = tiny_learner(build, dataclasses.replace(SMALL, distributional=True), policy="bf16")
     trainable = {id(p) for p in learner.trainable_parameters()}
     assert trainable == {id(p) for p in learner.online.parameters()}
     assert all(not p.requires_grad for p in learner.target.parameters())
@@ -216,7 +189,7 @@ def test_target_network_is_frozen_and_policy_cast() -> None:
 
 @pytest.mark.parametrize("tau", [1.0, 0.25])
 def test_target_update_hard_and_soft(tau: float) -> None:
-    learner = _learner(dataclasses.replace(SMALL, tau=tau))
+    learner = tiny_learner(build, dataclasses.replace(SMALL, tau=tau))
     with torch.no_grad():
         for p in learner.online.parameters():
             p.fill_(2.0)
@@ -247,7 +220,7 @@ def test_time_limit_bootstraps_from_the_state_before_the_reset() -> None:
     """Episodes end by a time limit only: the env hands the state before its reset as
     ``final_obs`` and the stored transition bootstraps from it (done False)."""
     config = dataclasses.replace(SMALL, n_step=1, episode_len=2)
-    env, learner = _env(config), _learner(config)
+    env, learner = tiny_env(config), tiny_learner(build, config)
     env.step(torch.full((config.num_envs,), 2))  # long
     t, asset = env.t.clone(), env.asset.clone()
     last = env.step(torch.zeros(config.num_envs, dtype=torch.int64))  # short; episodes end
@@ -270,8 +243,8 @@ def test_collect_and_losses_cycle(
     policy: str, distributional: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = dataclasses.replace(SMALL, distributional=distributional)
-    learner = _learner(config, policy)
-    env = _env(config, policy)
+    learner = tiny_learner(build, config, policy)
+    env = tiny_env(config, policy)
     target_before = [p.detach().clone() for p in learner.target.parameters()]
     losses = _train(learner, env, policy, collects=12, monkeypatch=monkeypatch)
     # 12 collects x 2 steps x 4 envs = 96 env transitions, minus the n-1 = 2 steps of lag
@@ -334,7 +307,7 @@ def test_cycle_never_syncs_on_cuda(policy: str) -> None:
 @pytest.mark.parametrize("policy", ["f32", "bf16"])
 def test_buffer_state_round_trip_resumes_exactly(policy: str) -> None:
     config = dataclasses.replace(SMALL, distributional=True)
-    learner, env = _learner(config, policy, seed=0), _env(config, policy)
+    learner, env = tiny_learner(build, config, policy, seed=0), tiny_env(config, policy)
     _train(learner, env, policy, collects=9)
     saved = st_load(
         st_save(
@@ -349,7 +322,10 @@ def test_buffer_state_round_trip_resumes_exactly(policy: str) -> None:
     def section(prefix: str) -> dict[str, torch.Tensor]:
         return {k.removeprefix(prefix): v for k, v in saved.items() if k.startswith(prefix)}
 
-    resumed, resumed_env = _learner(config, policy, seed=5), _env(config, policy, seed=9)
+    resumed, resumed_env = (
+        tiny_learner(build, config, policy, seed=5),
+        tiny_env(config, policy, seed=9),
+    )
     resumed.load_state_dict(section("model."))
     resumed.load_buffer_state(section("buffer."))
     resumed_env.load_state_dict(section("env."))

@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models.base import DataShape
 from models.ppo import (
     PPOConfig,
     PPOLearner,
@@ -23,42 +22,17 @@ from models.ppo import (
     gae,
     value_loss,
 )
-from tests.models.rl_loop import train_learner
+from tests.models.rl_loop import SHAPE, tiny_env, tiny_learner, train_learner
 from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint
 from trainables.env import TradingEnv, greedy_positions
 from trainables.precision import floating_dtypes, get_policy
 from trainables.trainer import Trainer
 
-SHAPE = DataShape(n_features=3, lookback=4, n_assets=2)
 # episode_len 5 against bptt 4: episodes start inside training sequences.
 SMALL = PPOConfig(
     hidden=8, num_envs=4, n_steps=8, bptt=4, minibatches=2, ppo_epochs=2, episode_len=5
 )
-
-
-def _env(config: PPOConfig, policy: str = "f32", seed: int = 0) -> TradingEnv:
-    gen = torch.Generator().manual_seed(123)
-    bars, lookback = 80, SHAPE.lookback
-    features = torch.randn(bars, SHAPE.n_assets, SHAPE.n_features, generator=gen)
-    returns = 0.01 * torch.randn(bars, SHAPE.n_assets, generator=gen)
-    return TradingEnv(
-        get_policy(policy).convert_input(features),
-        returns,
-        lookback,
-        (lookback - 1, bars - 1),
-        config.num_envs,
-        config.episode_len,
-        cost=1e-3,
-        seed=seed,
-    )
-
-
-def _learner(config: PPOConfig, policy: str = "f32", seed: int = 0) -> PPOLearner:
-    torch.manual_seed(seed)
-    learner = build(config, SHAPE)
-    get_policy(policy).convert_module(learner)
-    return learner
 
 
 # --------------------------------------------------------------------------------------
@@ -173,8 +147,8 @@ def test_value_loss_hand_computed() -> None:
 def test_loss_wires_the_pieces_together() -> None:
     # Zero weights: every state gets logits = policy bias and value = value bias.
     config = dataclasses.replace(SMALL, recurrent=False)
-    learner = _learner(config)
-    learner.collect(_env(config), 0.0)
+    learner = tiny_learner(build, config)
+    learner.collect(tiny_env(config), 0.0)
     ro = learner.rollout
     assert ro is not None
     with torch.no_grad():
@@ -206,7 +180,7 @@ def test_log_probs_and_returns_are_f32_under_bf16(
     recurrent: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = dataclasses.replace(SMALL, recurrent=recurrent)
-    learner = _learner(config, "bf16")
+    learner = tiny_learner(build, config, "bf16")
     assert set(floating_dtypes(learner).values()) == {torch.bfloat16}
     seen: list[torch.dtype] = []
     log_softmax = torch.nn.functional.log_softmax
@@ -216,7 +190,7 @@ def test_log_probs_and_returns_are_f32_under_bf16(
         return log_softmax(x, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(torch.nn.functional, "log_softmax", spy)
-    learner.collect(_env(config, "bf16"), 0.0)
+    learner.collect(tiny_env(config, "bf16"), 0.0)
     ro = learner.rollout
     assert ro is not None
     assert ro.window.dtype == ro.position.dtype == torch.bfloat16
@@ -252,7 +226,7 @@ def test_collect_and_losses_cycle(
     policy: str, recurrent: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = dataclasses.replace(SMALL, recurrent=recurrent)
-    learner, env = _learner(config, policy), _env(config, policy)
+    learner, env = tiny_learner(build, config, policy), tiny_env(config, policy)
     before = [p.detach().clone() for p in learner.trainable_parameters()]
     losses = _train(learner, env, policy, collects=3, monkeypatch=monkeypatch)
     assert len(losses) == 3 * config.ppo_epochs * config.minibatches == 12
@@ -275,7 +249,7 @@ def test_replay_of_the_rollout_reproduces_collection(recurrent: bool) -> None:
     # stored states, reset at the episode starts inside each sequence) gives back exactly
     # the log-probabilities and values seen while collecting.
     config = dataclasses.replace(SMALL, recurrent=recurrent)
-    learner, env = _learner(config), _env(config)
+    learner, env = tiny_learner(build, config), tiny_env(config)
     learner.collect(env, 0.0)
     learner.collect(env, 0.0)  # the second rollout starts from a carried, nonzero state
     ro = learner.rollout
@@ -293,7 +267,7 @@ def test_replay_of_the_rollout_reproduces_collection(recurrent: bool) -> None:
 
 def test_recurrent_greedy_evaluation_is_deterministic() -> None:
     config = dataclasses.replace(SMALL, recurrent=True)
-    learner = _learner(config)
+    learner = tiny_learner(build, config)
     gen = torch.Generator().manual_seed(1)
     features = torch.randn(60, 2, SHAPE.n_features, generator=gen)
 
@@ -319,7 +293,7 @@ def test_recurrent_greedy_evaluation_is_deterministic() -> None:
 @pytest.mark.parametrize("policy", ["f32", "bf16"])
 def test_buffer_state_round_trip_resumes_exactly(policy: str) -> None:
     config = dataclasses.replace(SMALL, recurrent=True)
-    learner, env = _learner(config, policy, seed=0), _env(config, policy)
+    learner, env = tiny_learner(build, config, policy, seed=0), tiny_env(config, policy)
     _train(learner, env, policy, collects=2)
     learner.collect(env, 0.5)  # a pending rollout: resume must train on the same data
     saved = st_load(
@@ -335,7 +309,10 @@ def test_buffer_state_round_trip_resumes_exactly(policy: str) -> None:
     def section(prefix: str) -> dict[str, torch.Tensor]:
         return {k.removeprefix(prefix): v for k, v in saved.items() if k.startswith(prefix)}
 
-    resumed, resumed_env = _learner(config, policy, seed=5), _env(config, policy, seed=9)
+    resumed, resumed_env = (
+        tiny_learner(build, config, policy, seed=5),
+        tiny_env(config, policy, seed=9),
+    )
     resumed.load_state_dict(section("model."))
     resumed.load_buffer_state(section("buffer."))
     resumed_env.load_state_dict(section("env."))

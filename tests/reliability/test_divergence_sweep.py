@@ -8,11 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from hpo.sweep import run_sweep
-from hpo.tracking import TAG_ROLE
-from tests.hpo.sweep_helpers import tiny_spec
+from tests.hpo.sweep_helpers import tiny_spec, trial_runs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -46,13 +44,7 @@ def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(
     assert by_model["tft"].diverged and by_model["tft"].fell_back_to_f32
     assert not by_model["kan"].diverged and by_model["kan"].epochs == 3
 
-    client = MlflowClient(mlflow_uri)
-    experiment = client.get_experiment_by_name("diverge")
-    runs = {
-        r.data.tags["model"]: r
-        for r in client.search_runs([experiment.experiment_id])
-        if r.data.tags.get(TAG_ROLE) == "trial"
-    }
+    runs = {r.data.tags["model"]: r for r in trial_runs(mlflow_uri, "diverge")}
     failed = runs["tft"]
     assert failed.info.status == "FAILED"
     assert failed.data.tags["fell_back_to_f32"] == "true"

@@ -5,40 +5,39 @@ with one child run and one metric point per epoch for every trial."""
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.reliability.sweep_process import (
-    HPO,
-    children,
-    kill_tree,
-    results,
-    start,
-    trial_dirs,
-    wait_for,
-    write_spec,
-)
+from tests.hpo.sweep_helpers import checkpointed_epochs, results, trial_dirs, trial_runs
+from tests.processes import kill_tree, log_tail, signal_all, wait_for
+from tests.reliability.sweep_process import HPO, start, trial_workers, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 4
 
 
 def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
-    import subprocess
-
     spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3)
     sweep_dir = tmp_path / "results" / "sigterm"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:
         wait_for(
-            lambda: any(len(results(d)) >= 1 for d in trial_dirs(sweep_dir)),
+            lambda: any(checkpointed_epochs(d) >= 1 for d in trial_dirs(sweep_dir)),
             timeout=300,
-            what="a trial's first epoch",
+            what="a trial's first epoch checkpointed",
             proc=driver,
+            detail=log_tail(tmp_path / "sweep.log"),
+            interval=0.1,
         )
+        # The signal lands mid-sweep whatever the speed of an epoch: the trials' workers
+        # are held while it is sent, so the sweep cannot have finished before it.
+        workers = trial_workers(driver.pid)
+        signal_all(workers, signal.SIGSTOP)
         driver.send_signal(signal.SIGTERM)
+        signal_all(workers, signal.SIGCONT)
         driver.wait(timeout=180)
     finally:
         kill_tree(driver)
@@ -53,7 +52,7 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "3/3 trials finished" in resumed.stdout
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    runs = children(uri, "sigterm")
+    runs = trial_runs(uri, "sigterm")
     assert len(runs) == 3 and len({r.data.tags["trial_id"] for r in runs}) == 3
     client = MlflowClient(uri)
     for run in runs:

@@ -12,11 +12,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from mlflow.tracking import MlflowClient
 
 from hpo.sweep import run_sweep
-from hpo.tracking import TAG_ROLE
-from tests.hpo.sweep_helpers import tiny_spec
+from tests.hpo.sweep_helpers import tiny_spec, trial_runs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 N_TRIALS = 200
@@ -44,13 +42,7 @@ def test_two_hundred_trials_all_reach_mlflow(ray_session, tmp_path: Path, mlflow
 
     rows = run_sweep(spec, on_event=on_event)
     assert len(rows) == N_TRIALS and all(r.status == "TERMINATED" for r in rows)
-    client = MlflowClient(mlflow_uri)
-    experiment = client.get_experiment_by_name("load")
-    children = [
-        r
-        for r in client.search_runs([experiment.experiment_id], max_results=1000)
-        if r.data.tags.get(TAG_ROLE) == "trial"
-    ]
+    children = trial_runs(mlflow_uri, "load")
     assert len(children) == N_TRIALS
     assert len({r.data.tags["trial_id"] for r in children}) == N_TRIALS
     assert all(r.info.status == "FINISHED" and "val_sharpe" in r.data.metrics for r in children)

@@ -13,22 +13,43 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.reliability.sweep_process import (
-    children,
-    kill_tree,
-    results,
-    start,
-    trial_dirs,
-    wait_for,
-    write_spec,
-)
+from tests.hpo.sweep_helpers import newest_checkpoint, results, trial_dirs, trial_runs
+from tests.processes import kill_tree, log_tail, signal_all, wait_for
+from tests.reliability.sweep_process import start, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 12  # a window of epochs 2..8 in which both trials are frozen together
+SETTLE_S = 5.0  # a few of Tune's 1 s snapshots, which bring the driver's rows to storage
+
+
+def _two_trials_past_epoch_two(sweep_dir: Path) -> list[Path] | None:
+    running = [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 3]
+    return running[:2] if len(running) >= 2 else None
+
+
+def _frozen_at_a_recorded_checkpoint(trials: list[Path]) -> dict[str, tuple] | None:
+    """Freeze the trials' workers, then wait for the driver's result rows to name each
+    worker's newest checkpoint on disk. A worker reports an epoch only after writing its
+    checkpoint, so then no result is on its way to the driver and the newest checkpoint the
+    driver knows of is the row's. A worker frozen between the two never gets there: it is
+    let go, to be frozen again at another epoch (None). Returns {trial folder: (pid, last
+    epoch, its checkpoint)} as recorded."""
+    pids = [results(d)[-1]["pid"] for d in trials]
+    signal_all(pids, signal.SIGSTOP)
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        last = {d.name: results(d)[-1] for d in trials}
+        if all(last[d.name]["checkpoint_dir_name"] == newest_checkpoint(d) for d in trials):
+            return {
+                name: (row["pid"], row["epoch"], row["checkpoint_dir_name"])
+                for name, row in last.items()
+            }
+        time.sleep(0.2)
+    signal_all(pids, signal.SIGCONT)
+    return None
 
 
 def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> None:
@@ -41,33 +62,26 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
     sweep_dir = tmp_path / "results" / "faults"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:
-        # Both trials running, each past epoch 2 (so each has two checkpoints).
-        running = wait_for(
-            lambda: (
-                [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 3][:2]
-                if len([d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 3]) >= 2
-                else None
-            ),
+        plain, corrupt = wait_for(
+            lambda: _two_trials_past_epoch_two(sweep_dir),
             timeout=300,
             what="two trials past epoch 2",
             proc=driver,
+            detail=log_tail(tmp_path / "sweep.log"),
         )
-        plain, corrupt = running
-        # Freeze both workers first, so that what the driver has recorded (result rows and
+        # Both workers frozen first, so that what the driver has recorded (result rows and
         # the checkpoint each row names) stops changing while the faults are set up.
-        pids = {d.name: results(d)[-1]["pid"] for d in (plain, corrupt)}
-        for pid in pids.values():
-            psutil.Process(pid).send_signal(signal.SIGSTOP)
-        time.sleep(1.0)  # a result already on the wire reaches the driver
-        victims = {}
-        for trial_dir in (plain, corrupt):
-            last = results(trial_dir)[-1]
-            victims[trial_dir.name] = (last["pid"], last["epoch"], last["checkpoint_dir_name"])
+        victims = wait_for(
+            lambda: _frozen_at_a_recorded_checkpoint([plain, corrupt]),
+            timeout=300,
+            what="both trials frozen with their newest checkpoint recorded by the driver",
+            proc=driver,
+            detail=log_tail(tmp_path / "sweep.log"),
+        )
         # The checkpoint the driver would restore from, i.e. the newest one it knows of.
         weights = corrupt / victims[corrupt.name][2] / "state" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
-        for pid in pids.values():
-            psutil.Process(pid).send_signal(signal.SIGKILL)
+        signal_all([pid for pid, _, _ in victims.values()], signal.SIGKILL)
         driver.wait(timeout=600)
     finally:
         kill_tree(driver)
@@ -92,8 +106,9 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
                 killed_after,
                 *range(killed_after + 1, EPOCHS + 1),
             ]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = children(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    runs = trial_runs(uri, "faults")
     assert len(runs) == 2 and len({r.data.tags["trial_id"] for r in runs}) == 2
     for run in runs:
         assert run.info.status == "FINISHED"
