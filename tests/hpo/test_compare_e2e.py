@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
+from dashboards.report import render_report
 from hpo.cli import app
 from hpo.compare import RETURNS_ARTIFACT, TrialReturns, comparison_from_mlflow
 from hpo.record import SweepRecord
@@ -28,7 +29,7 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
     ray_session, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     spec = tiny_spec(tmp_path, name="cmp-e2e", compare=True, samples=2, comparison={"margin": 0.25})
-    rows = run_sweep(spec)
+    rows = run_sweep(spec, render_report=render_report)  # the report, as `hpo sweep` logs it
     assert len(rows) == spec.n_trials == 8
     record = SweepRecord.read(Path(spec.storage) / spec.name)
     client = MlflowClient(spec.tracking_uri)
