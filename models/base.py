@@ -290,6 +290,19 @@ class Family:
     forecast families (their step is ``model.loss`` on a fixed-size :class:`Batch`,
     checked for every family by tests/models/test_step_contract.py), False for rl families
     (their steps come from a Python generator over replay or rollouts)."""
+    shape_settings: frozenset[str] = frozenset()
+    """Settings that change the module's shapes or structure (a width, a depth, a kernel,
+    a layer kind, the loss): models that differ in one cannot train as fused members. Every
+    other setting (rates, loss weights, position scale, initialization) leaves one module
+    the same shape; checked by tests/models/test_contract.py."""
+    fusable: bool | None = None
+    """Whether same-shape models of the family can train fused (one vmapped model, see
+    ``trainables.members``). None: True for forecast families, False for rl families
+    (their environments and replay buffers have no member dimension yet)."""
+    fuse_on_cpu: bool = True
+    """Whether ``trainer.fuse = "auto"`` fuses on a CPU: False where ``bench/step_ops.py
+    --members`` measured the fused step slower there than the members one by one (a
+    GPU, launch-bound for these sizes, fuses every fusable family)."""
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Settings renamed since an earlier release, old name -> new name. A config (a spec, a
     checkpoint's saved config) that still uses an old name is refused with the new one,
@@ -297,6 +310,11 @@ class Family:
 
     def default_config(self) -> Any:
         return self.config_cls()
+
+    @property
+    def fuses(self) -> bool:
+        """:attr:`fusable`, with its default resolved by kind."""
+        return self.kind == "forecast" if self.fusable is None else self.fusable
 
     @property
     def step_is_static(self) -> bool:

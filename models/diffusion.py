@@ -51,7 +51,7 @@ from models.base import (
     is_integer,
     unfold_assets,
 )
-from models.ops import f32, like
+from models.ops import GRU, f32, like
 
 __all__ = [
     "FAMILY",
@@ -338,7 +338,7 @@ class HistoryEncoder(nn.Module):
         self.kind = kind
         self.lookback = lookback
         if kind == "gru":
-            self.gru = nn.GRU(n_features, hidden, batch_first=True)
+            self.gru = GRU(n_features, hidden, batch_first=True)
         else:
             self.mlp = nn.Sequential(
                 nn.Flatten(),
@@ -538,6 +538,9 @@ FAMILY = Family(
         "Ho, Jain & Abbeel (2020), Denoising Diffusion Probabilistic Models, NeurIPS; "
         "conditioning as in TimeGrad (Rasul et al. 2021, ICML) and CSDI (Tashiro et al. "
         "2021, NeurIPS); DDIM sampling (Song, Meng & Ermon 2021, ICLR)"
+    ),
+    shape_settings=frozenset(
+        {"hidden", "encoder", "denoiser_layers", "diffusion_steps", "sampling_steps"}
     ),
     keeps_f32=(
         "the noise schedule (betas, alphas_cumprod and their square roots, from float64), "

@@ -219,8 +219,10 @@ class LiquidNet(RegressionHead[LiquidConfig]):
         # Every asset of a window shares its bar times: (B, L) -> (N, L, 1), N = B*A.
         t = f32(gaps).repeat_interleave(a, dim=0).unsqueeze(-1)
         h = projected.new_zeros(b * a, self.config.hidden, dtype=t.dtype)  # f32 carried state
-        for k in range(length):
-            h = self.cell(projected[:, k], h, t[:, k])
+        # unbind, not projected[:, k]: its backward is one stack, where indexing would
+        # build a zero-filled copy of the whole sequence per bar.
+        for projected_k, t_k in zip(projected.unbind(1), t.unbind(1), strict=True):
+            h = self.cell(projected_k, h, t_k)
         return h
 
     def forward(self, x: torch.Tensor, gaps: torch.Tensor) -> torch.Tensor:
@@ -264,6 +266,17 @@ FAMILY = Family(
     paper=(
         "Hasani, Lechner, Amini, Liebenwein, Ray, Tschaikowski, Teschl & Rus (2022), "
         "Closed-form continuous-time neural networks, Nature Machine Intelligence 4"
+    ),
+    shape_settings=frozenset(
+        {
+            "hidden",
+            "backbone_units",
+            "backbone_layers",
+            "backbone_activation",
+            "backbone_dropout",
+            "mode",
+            "loss",
+        }
     ),
     keeps_f32=(
         "the time gate sigma(+-(f t + b)) and the interpolation of the two branches (t is "

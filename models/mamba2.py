@@ -45,7 +45,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import f32, like, segsum
+from models.ops import conv1d, f32, like, segsum
 
 __all__ = [
     "FAMILY",
@@ -278,7 +278,7 @@ class Mamba2Mixer(nn.Module):
         n, length, _ = u.shape
         di, s, h, p = self.d_inner, self.d_state, self.n_heads, self.head_dim
         z, xbc, dt = self.in_proj(u).split([di, di + 2 * s, h], dim=-1)
-        xbc = self.conv1d(xbc.transpose(1, 2))[..., :length].transpose(1, 2)  # causal
+        xbc = conv1d(self.conv1d, xbc.transpose(1, 2))[..., :length].transpose(1, 2)  # causal
         x, b, c = F.silu(xbc).split([di, s, s], dim=-1)  # (N, L, di), (N, L, S) x2
 
         dt32 = F.softplus(f32(dt) + self.dt_bias)  # (N, L, H)
@@ -367,6 +367,10 @@ FAMILY = Family(
     paper=(
         "Dao & Gu (2024), Transformers are SSMs: Generalized Models and Efficient "
         "Algorithms Through Structured State Space Duality, ICML"
+    ),
+    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    shape_settings=frozenset(
+        {"d_model", "n_layers", "d_state", "expand", "head_dim", "d_conv", "chunk_size", "loss"}
     ),
     keeps_f32=(
         "A_log, dt_bias and D (they set the decay exp(dt*A) multiplied along the window; "

@@ -1,5 +1,6 @@
-"""Tensor operations shared by the family files: the casts around an f32 island, and the
-stable segment sum of the scan families (Mamba-2's SSD mask, xLSTM's log gate matrix).
+"""Tensor operations shared by the family files: the casts around an f32 island, the
+stable segment sum of the scan families (Mamba-2's SSD mask, xLSTM's log gate matrix), and
+recurrent layers that fused members can batch (:class:`LSTM`, :class:`GRU`).
 
 A family keeps a numerically sensitive part (a scan, a schedule, a log-softmax ratio) in
 f32 whatever the policy's dtype: it upcasts the inputs with :func:`f32` and casts the
@@ -40,3 +41,117 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
     sums = rows.masked_fill(~strict, 0.0).cumsum(dim=-2)  # [i, j] = sum_{j < s <= i} a[s]
     causal = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(0)
     return sums.masked_fill(~causal, -math.inf)
+
+
+# ----------------------------------------------------------------------------------------
+# Recurrent layers fused members can batch: torch.func.vmap has no batching rule for
+# aten::lstm / aten::gru, so under vmap these run the same equations as a loop over time
+# steps (same parameter names and layout, so a checkpoint loads either way). Outside vmap
+# they are torch's own layers, cuDNN kernels included.
+
+
+def under_vmap(*tensors: torch.Tensor) -> bool:
+    """Whether any of ``tensors`` is batched by an enclosing ``torch.func.vmap``."""
+    return any(torch._C._functorch.is_batchedtensor(t) for t in tensors)
+
+
+class LSTM(torch.nn.LSTM):
+    """``nn.LSTM`` (batch_first, unidirectional, no projection) that a vmap can batch."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if not under_vmap(x, _layer_weights(self, 0)[0]):
+            return super().forward(x, hx)
+        _check_loopable(self)
+        n = x.shape[0]
+        zeros = x.new_zeros(self.num_layers, n, self.hidden_size)
+        h0, c0 = hx if hx is not None else (zeros, zeros)
+        out = x
+        last_h, last_c = [], []
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = _layer_weights(self, layer)
+            inputs = torch.nn.functional.linear(out, w_ih, b_ih)  # (N, L, 4H): once per layer
+            h, c = h0[layer], c0[layer]
+            outputs = []
+            for x_t in inputs.unbind(1):  # unbind: one stack in backward, not L copies
+                gates = x_t + torch.nn.functional.linear(h, w_hh, b_hh)
+                i, f, g, o = gates.chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outputs.append(h)
+            out = torch.stack(outputs, dim=1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                out = torch.nn.functional.dropout(out, self.dropout, training=True)
+            last_h.append(h)
+            last_c.append(c)
+        return out, (torch.stack(last_h), torch.stack(last_c))
+
+
+class GRU(torch.nn.GRU):
+    """``nn.GRU`` (batch_first, unidirectional) that a vmap can batch."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, hx: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not under_vmap(x, _layer_weights(self, 0)[0]):
+            return super().forward(x, hx)
+        _check_loopable(self)
+        n = x.shape[0]
+        h0 = hx if hx is not None else x.new_zeros(self.num_layers, n, self.hidden_size)
+        out = x
+        last = []
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = _layer_weights(self, layer)
+            inputs = torch.nn.functional.linear(out, w_ih, b_ih)  # (N, L, 3H)
+            h = h0[layer]
+            outputs = []
+            for x_t in inputs.unbind(1):
+                x_r, x_z, x_n = x_t.chunk(3, dim=-1)
+                h_r, h_z, h_n = torch.nn.functional.linear(h, w_hh, b_hh).chunk(3, dim=-1)
+                r = torch.sigmoid(x_r + h_r)
+                z = torch.sigmoid(x_z + h_z)
+                candidate = torch.tanh(x_n + r * h_n)
+                h = (1 - z) * candidate + z * h
+                outputs.append(h)
+            out = torch.stack(outputs, dim=1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                out = torch.nn.functional.dropout(out, self.dropout, training=True)
+            last.append(h)
+        return out, torch.stack(last)
+
+
+def _check_loopable(rnn: torch.nn.RNNBase) -> None:
+    if not rnn.batch_first or rnn.bidirectional or rnn.proj_size:
+        raise NotImplementedError(
+            "the loop form covers batch_first, unidirectional layers without projection"
+        )
+
+
+def _layer_weights(
+    rnn: torch.nn.RNNBase, layer: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    # By name, not rnn._flat_weights: torch.func.functional_call swaps the attributes.
+    names = [f"{kind}_l{layer}" for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    w_ih, w_hh, b_ih, b_hh = (getattr(rnn, name, None) for name in names)
+    assert isinstance(w_ih, torch.Tensor) and isinstance(w_hh, torch.Tensor)
+    return w_ih, w_hh, b_ih if rnn.bias else None, b_hh if rnn.bias else None
+
+
+def conv1d(conv: torch.nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` for x (N, C, L), its weights taken in x's dtype and its bias added after.
+
+    What autocast does to a convolution, spelled out: under ``torch.func.vmap`` autocast
+    casts a batched convolution's input and weight but not its bias, and the kernel then
+    refuses the mix (bf16 input, f32 bias). Spelled out, the step is the same with and
+    without vmap."""
+    out = torch.nn.functional.conv1d(
+        x,
+        like(conv.weight, x),
+        None,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+    )
+    return out if conv.bias is None else out + like(conv.bias, out).unsqueeze(-1)

@@ -723,6 +723,7 @@ FAMILY = Family(
         "implementation details: value clipping, advantage normalization); Pardo et al. 2018 "
         "(time limits); Hochreiter & Schmidhuber 1997 (LSTM)"
     ),
+    shape_settings=frozenset({"hidden", "n_layers", "recurrent"}),
     keeps_f32=(
         "log-softmax over actions, log-probabilities, probability ratios and the clipped "
         "surrogate, entropy; stored values, GAE advantages and lambda-returns, advantage "

@@ -50,7 +50,7 @@ from models.base import (
     inverse_softplus,
     unfold_assets,
 )
-from models.ops import f32, like
+from models.ops import LSTM, f32, like
 
 __all__ = [
     "FAMILY",
@@ -291,7 +291,7 @@ class LSTMEncoder(nn.Module):
     def __init__(self, d_model: int, layers: int, dropout: float) -> None:
         super().__init__()
         self.layers = layers
-        self.lstm = nn.LSTM(
+        self.lstm = LSTM(
             d_model,
             d_model,
             num_layers=layers,
@@ -539,6 +539,10 @@ FAMILY = Family(
     paper=(
         "Lim, Arik, Loeff & Pfister (2021), Temporal Fusion Transformers for interpretable "
         "multi-horizon time series forecasting, Int. J. Forecasting 37(4)"
+    ),
+    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    shape_settings=frozenset(
+        {"d_model", "n_heads", "lstm_layers", "quantiles", "static_embedding"}
     ),
     keeps_f32=(
         "quantile levels (0.1 is not exact in bf16), the non-crossing quantile construction, "

@@ -262,11 +262,10 @@ class GraphGRULayer(nn.Module):
 
     def forward(self, x: torch.Tensor, adj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, A, L, C) -> hidden states (B, A, L, C), skip (B, A, S) at the last bar."""
-        b, a, length, c = x.shape
+        b, a, _, c = x.shape
         h = f32(x.new_zeros(b, a, c))  # (B, A, C) f32 state, carried across bars
         outputs = []
-        for t in range(length):
-            xt = x[:, :, t]  # (B, A, C)
+        for xt in x.unbind(2):  # (B, A, C); unbind: one stack in backward
             z, r = torch.sigmoid(self.gates(torch.cat([xt, like(h, xt)], -1), adj)).chunk(2, -1)
             c_t = torch.tanh(self.candidate(torch.cat([xt, r * like(h, xt)], -1), adj))
             z32 = f32(z)
@@ -364,6 +363,21 @@ FAMILY = Family(
         "Wu, Pan, Long, Jiang & Zhang (2019), Graph WaveNet for Deep Spatial-Temporal Graph "
         "Modeling, IJCAI; Wu, Pan, Long, Jiang, Chang & Zhang (2020), Connecting the Dots: "
         "Multivariate Time Series Forecasting with Graph Neural Networks (MTGNN), KDD"
+    ),
+    shape_settings=frozenset(
+        {
+            "channels",
+            "skip_channels",
+            "end_channels",
+            "node_dim",
+            "top_k",
+            "temporal",
+            "n_layers",
+            "kernel_size",
+            "propagation",
+            "hops",
+            "loss",
+        }
     ),
     keeps_f32=(
         "the learned adjacency (logits, top-k selection and row softmax: bf16 near-ties "

@@ -305,6 +305,8 @@ FAMILY = Family(
         "Berti & Kasneci (2025), TLOB: A Novel Transformer Model with Dual Attention for "
         "Stock Price Trend Prediction with Limit Order Book Data, arXiv:2502.15757"
     ),
+    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    shape_settings=frozenset({"hidden_dim", "n_layers", "n_heads", "sinusoidal", "loss"}),
     keeps_f32=(
         "BiN's means, standard deviations and normalized window (sums over L or F; "
         "order-book prices and sizes would keep 3 digits), the softmax of every time and "

@@ -44,7 +44,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import f32, like, segsum
+from models.ops import conv1d, f32, like, segsum
 
 __all__ = [
     "FAMILY",
@@ -260,7 +260,7 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(channels, channels, kernel, groups=channels, padding=kernel - 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+        return conv1d(self.conv, x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
 
 class MLSTMBlock(nn.Module):
@@ -408,6 +408,19 @@ FAMILY = Family(
     paper=(
         "Beck, Pöppel, Spanring, Auer, Prudnikova, Kopp, Klambauer, Brandstetter & "
         "Hochreiter (2024), xLSTM: Extended Long Short-Term Memory, NeurIPS"
+    ),
+    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    shape_settings=frozenset(
+        {
+            "d_model",
+            "blocks",
+            "n_heads",
+            "proj_factor",
+            "qkv_block_size",
+            "ffn_factor",
+            "conv_kernel",
+            "loss",
+        }
     ),
     keeps_f32=(
         "gate biases (they set the memory timescales; added to the upcast pre-activations), "

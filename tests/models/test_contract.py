@@ -35,7 +35,16 @@ import pytest
 import torch
 
 from models import family_names, get_family
-from models.base import Batch, Choice, DataShape, Dim, ForecastModel, RLLearner, count_parameters
+from models.base import (
+    Batch,
+    Choice,
+    DataShape,
+    Dim,
+    ForecastModel,
+    Int,
+    RLLearner,
+    count_parameters,
+)
 from tests.models.learning import LEARNING
 from tests.trainables.helpers import tiny_config, untrained_and_trained_sharpe
 from trainables.checkpoint import load_checkpoint
@@ -652,3 +661,47 @@ def test_policy_loss_is_finite_and_close_to_f32(case: str, policy_name: str) -> 
     loss.backward()
     for name, param in module.named_parameters():
         assert param.grad is not None and bool(torch.isfinite(param.grad).all()), name
+
+
+# --------------------------------------------------------------------------------------
+# shape settings: what fused members must share
+
+
+def _structure(module: torch.nn.Module) -> list[tuple[str, str, tuple[int, ...], str]]:
+    """Every submodule's class, and every parameter's and buffer's shape and dtype."""
+    tensors = [
+        (name, "tensor", tuple(t.shape), str(t.dtype))
+        for name, t in (*module.named_parameters(), *module.named_buffers())
+    ]
+    return [(name, type(sub).__name__, (), "") for name, sub in module.named_modules()] + tensors
+
+
+def _values(dim: Any) -> list[Any]:
+    if isinstance(dim, Choice):
+        return list(dim.options)
+    mid = (dim.low + dim.high) / 2
+    return [dim.low, type(dim.low)(mid) if isinstance(dim, Int) else mid, dim.high]
+
+
+@pytest.mark.parametrize("model", family_names())
+def test_settings_that_change_a_modules_shape_are_declared(model: str) -> None:
+    """Fused members share one module's shapes: a search-space setting that changes a
+    parameter's or buffer's shape or dtype, or a submodule, is in ``Family.shape_settings``
+    (every other one may differ between members). Each setting is tried at its range's
+    ends and middle (every option of a choice) over the tiny configuration."""
+    family = get_family(model)
+    shape = DataShape(n_features=6, lookback=16, n_assets=2)
+    undeclared = []
+    for name, dim in family.search_space.items():
+        seen = set()
+        for value in _values(dim):
+            try:
+                config = family.make_config({**TINY[model], name: value})
+                torch.manual_seed(0)
+                seen.add(repr(_structure(family.build(config, shape))))
+            except ValueError:
+                continue  # a value this base configuration refuses (a head count, say)
+        if len(seen) > 1 and name not in family.shape_settings:
+            undeclared.append(name)
+    assert not undeclared, f"{model}: {undeclared} change the module's shapes"
+    assert family.shape_settings <= set(family.config_fields())
