@@ -291,14 +291,27 @@ def target_precision(name: str, device: torch.device) -> str:
     return resolve_policy_name(name, device)
 
 
+def target_fuse(config: TrainConfig, device: torch.device) -> str:
+    """Whether the trial's folds train fused where its share is planned: ``on`` or
+    ``off``. ``auto`` fuses a fusable family's folds (two or more) on a GPU, and an
+    estimate made without one targets a GPU, so it fuses them whatever the family does on
+    a CPU. A trial that cannot fuse after all (its folds too short for a batch) needs
+    less than its profile says, never more."""
+    if config.fuse == "off" or not get_family(config.family).fuses:
+        return "off"
+    return "on" if config.fuse == "on" or config.n_folds >= 2 else "off"
+
+
 def profiling_config(config: TrainConfig, device: torch.device) -> TrainConfig:
     """``config`` with only what does not change memory cut short: one minibatch per
     forecast step call, one collect-and-learn cycle per rl call, ``learning_starts``
-    lowered to one replay batch, on ``device``."""
+    lowered to one replay batch, on ``device``; fused as the trial will be
+    (:func:`target_fuse`)."""
     family = get_family(config.family)
     changes: dict[str, Any] = {
         "device": str(device),
         "precision": target_precision(config.precision, device),
+        "fuse": target_fuse(config, device),
         "epochs": 1,
         "max_steps_per_epoch": 1,
         "rl_iterations": 1,
@@ -310,14 +323,12 @@ def profiling_config(config: TrainConfig, device: torch.device) -> TrainConfig:
     return config.replace(**changes)
 
 
-def _train_step(trainer: Any, run: Any) -> None:
-    """At least one optimizer step on ``run`` through the trainer's own step code."""
+def _train_step(trainer: Any, unit: Any) -> None:
+    """At least one optimizer step on ``unit`` (a fold, or the fused folds) through the
+    trainer's own step code."""
     before = trainer.global_step
     for _ in range(MAX_COLLECT_CYCLES if trainer.is_rl else 1):
-        if trainer.is_rl:
-            trainer._train_rl(run)
-        else:
-            trainer._train_forecast(run)
+        trainer.train_unit(unit)
         if trainer.global_step > before:
             return
     raise ProfileError(
@@ -359,27 +370,29 @@ class _Counts:
     context: int | None
 
 
-def _until_replayed(trainer: Any, run: Any) -> None:
-    """Step ``run`` until a step the trainer captures in a CUDA graph is captured and
+def _until_replayed(trainer: Any, unit: Any) -> None:
+    """Step ``unit`` until a step the trainer captures in a CUDA graph is captured and
     replayed, so the graph's private memory pool is in the reservation measured (the
     trial's allocator cap counts it too); returns at once for an eager step."""
     from trainables.trainer import GRAPH_WARMUP_STEPS
 
     for _ in range(GRAPH_WARMUP_STEPS + 1):
-        step = getattr(run, "step", None)
+        step = getattr(unit, "step", None)
         if step is None or not step.capture or step.replaying:
             return
-        _train_step(trainer, run)
+        _train_step(trainer, unit)
 
 
 def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[int, int]) -> _Counts:
-    for run in trainer.folds:  # warm: grads, optimizer state, replay storage, workspace
-        _train_step(trainer, run)
-    models = [run.model for run in trainer.folds]
-    state = state_bytes(models, [run.optimizer for run in trainer.folds], device)
+    # What one step trains: each fold, or the folds fused into one module (what the
+    # trial runs, so what its share must hold).
+    units = trainer.step_units
+    for unit in units:  # warm: grads, optimizer state, replay storage, workspace
+        _train_step(trainer, unit)
+    state = state_bytes([u.model for u in units], [u.optimizer for u in units], device)
     data = reachable_bytes(trainer, device, exclude=state.keys)
 
-    first = trainer.folds[0]  # every fold has the same shapes
+    first = units[0]  # every fold has the same shapes
     with SavedTensors(exclude=state.keys | data.keys) as saved, LiveTensors(device) as live:
         hook = first.optimizer.register_step_post_hook(lambda *_: saved.end_step())
         try:
@@ -399,15 +412,15 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
         torch.cuda.reset_peak_memory_stats(device)
         # Eager steps (a step the trainer captures is still warming up: at most its third
         # call), so the allocator sees every activation: a replay allocates nothing.
-        for run in trainer.folds:
-            _train_step(trainer, run)
+        for unit in units:
+            _train_step(trainer, unit)
         _eval_forwards(trainer)
         torch.cuda.synchronize(device)
         allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
         # Then captured and replayed where a trial's step is: the graphs' private pools
         # are reserved memory the trial's allocator cap counts.
-        for run in trainer.folds:
-            _until_replayed(trainer, run)
+        for unit in units:
+            _until_replayed(trainer, unit)
         torch.cuda.synchronize(device)
         reserved = torch.cuda.max_memory_reserved(device) - baseline[1]
         context = measured_context_bytes(device, cuda_device(device))
@@ -493,5 +506,6 @@ __all__ = [
     "cuda_device",
     "profile_trial",
     "profiling_config",
+    "target_fuse",
     "target_precision",
 ]

@@ -47,6 +47,7 @@ from cluster.profiler import (
     MemoryProfile,
     context_allowance,
     cublas_workspace_bytes,
+    profiling_config,
     target_precision,
 )
 from cluster.storage import SweepLocation
@@ -57,8 +58,10 @@ log = logging.getLogger("cluster.vram_table")
 
 CACHE_ENV = "HPO_VRAM_CACHE"
 # 2: measured reservations include the CUDA graphs' pools (profiled after capture), and a
-# profile says whether its context was measured; profiles of schema 1 are measured again.
-SCHEMA_VERSION = 2
+# profile says whether its context was measured; 3: the key says whether the folds train
+# fused (a fused step holds every fold's activations at once). Older profiles are measured
+# again.
+SCHEMA_VERSION = 3
 
 
 def default_cache_path() -> Path:
@@ -106,6 +109,7 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
             name: _size_value(value, searched_float=name in family.search_space)
             for name, value in sorted(model_config.items())
         },
+        "fused": profiling_config(config, device).fuse == "on",
         "data": {
             "lookback": config.lookback,
             "n_folds": config.n_folds,

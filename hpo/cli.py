@@ -82,6 +82,9 @@ def models_cmd(as_json: JsonFlag = False) -> None:
                 "paper": f.paper,
                 "keeps_f32": f.keeps_f32,
                 "search_space": {k: describe_dim(d) for k, d in f.search_space.items()},
+                "shape_settings": sorted(f.shape_settings),
+                "fuses": f.fuses,
+                "fuses_on_cpu": f.fuses and f.fuse_on_cpu,
             }
             for f in families
         ]
@@ -89,12 +92,20 @@ def models_cmd(as_json: JsonFlag = False) -> None:
         return
     for family in families:
         title = f"{family.name} ({family.kind}) — {family.paper}"
-        table = titled_table(title, "hyperparameter", "range", "default")
+        table = titled_table(title, "hyperparameter", "range", "default", "shape")
         defaults = family.default_config()
         for key, dim in family.search_space.items():
-            table.add_row(key, describe_dim(dim), repr(getattr(defaults, key, "—")))
+            shape = "yes" if key in family.shape_settings else ""
+            table.add_row(key, describe_dim(dim), repr(getattr(defaults, key, "—")), shape)
         console.print(table)
-        console.print(f"  [dim]kept in f32 under bf16:[/] {family.keeps_f32}\n")
+        console.print(f"  [dim]kept in f32 under bf16:[/] {family.keeps_f32}")
+        fused = (
+            "no (rl: its environments and replay have no member dimension)"
+            if not family.fuses
+            else "yes"
+            + ("" if family.fuse_on_cpu else " (on a GPU; unfused on a CPU, where it is slower)")
+        )
+        console.print(f"  [dim]folds train fused:[/] {fused}\n")
 
 
 @app.command("train")

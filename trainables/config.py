@@ -22,6 +22,7 @@ from models import get_family
 from trainables.precision import POLICY_NAMES
 
 CUDA_GRAPHS_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
+FUSE_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,14 @@ class TrainConfig:
     any forecast family, ``off`` never. Without CUDA, for rl families, and when a capture
     fails, the step runs eagerly and the reason is logged; the ``cuda_graphs`` metric says
     which ran (1 replayed, 0 eager)."""
+    fuse: str = "auto"
+    """Train the walk-forward folds as fused members, one vmapped model with a leading
+    member dimension (``trainables.members``): ``auto`` wherever the family fuses on this
+    device (``Family.fusable``; on a CPU only where ``Family.fuse_on_cpu``) and there are
+    two folds or more; ``on`` wherever the family fuses at all (a single fold too: the
+    benchmarks' baseline); ``off`` never. Where the folds cannot fuse (a fold shorter
+    than a batch, a module vmap cannot batch) they train one after another and the
+    reason is logged; the ``fused_members`` metric says how many trained fused."""
     data: DataConfig = field(default_factory=DataConfig)
     model_config: Mapping[str, Any] = field(default_factory=dict)
     """The family's settings (fields of its config dataclass) that differ from defaults."""
@@ -117,6 +126,7 @@ class TrainConfig:
             f"one of {list(CUDA_GRAPHS_SETTINGS)}",
         )
         _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, "an integer >= 1")
+        _check(self.fuse in FUSE_SETTINGS, "fuse", self.fuse, f"one of {list(FUSE_SETTINGS)}")
         get_family(self.family)  # unknown family -> error naming the known ones
 
     def to_dict(self) -> dict[str, Any]:

@@ -65,7 +65,14 @@ class _Region:
 
 
 class _Arena:
-    """Flat state and scratch of one (param group, device)."""
+    """Flat state and scratch of one (param group, device).
+
+    Every arena has ``rows`` rows: one per member for an optimizer over stacked members
+    (``GuardedAdamW(members=K)``: each parameter is ``(K, ...)``, row k holds member k's
+    elements), one otherwise. Per-element ops run on ``(rows, total)`` tensors, and
+    per-member factors (the skip mask, the gradient scale, lr and weight decay) are
+    ``(rows, 1)`` columns broadcast over a row.
+    """
 
     def __init__(
         self,
@@ -74,10 +81,13 @@ class _Arena:
         params: list[nn.Parameter],
     ) -> None:
         self.state_ref = optimizer.state
-        self.hyper: tuple[float, ...] | None = None
+        self.hyper: tuple[Any, ...] | None = None
         device = params[0].device
         sd = optimizer.state_dtype
         self.device = device
+        self.members = optimizer.members
+        rows = max(1, self.members)
+        self.rows = rows
         # Regions in a fixed order: exact (f32) first, then one per low-precision dtype.
         buckets: dict[tuple[torch.dtype, str], list[torch.Tensor]] = {}
         for p in params:
@@ -93,53 +103,58 @@ class _Arena:
         ordered = sorted(buckets.items(), key=lambda kv: (kv[0][1] != "exact", str(kv[0])))
         self.params = [p for _, ps in ordered for p in ps]
         n = len(self.params)
-        total = sum(p.numel() for p in self.params)
+        sizes = [_row_numel(p, self.members) for p in self.params]
+        total = sum(sizes)
         self.n, self.total = n, total
 
         # State arenas; the per-parameter state entries become views of them.
-        moments = torch.zeros((2, total), dtype=sd, device=device)
-        steps = torch.zeros((n,), dtype=sd, device=device)
+        moments = torch.zeros((2, rows, total), dtype=sd, device=device)
+        steps = torch.zeros((rows, n), dtype=sd, device=device)
         self.moments, self.steps = moments, steps
         self.exp_avg, self.exp_avg_sq = moments[0], moments[1]
-        self.step_views = list(steps.unbind())
+        # A parameter's step count: 0-d, or (K,) across the members.
+        self.step_views = list(steps.unbind(1)) if self.members else list(steps[0].unbind())
         # Scratch: gradients in f32, the two ratios m/b1 and v/b2, the spread bias terms.
-        self.grad = torch.zeros((total,), dtype=sd, device=device)
-        self.ratio = torch.zeros((2, total), dtype=sd, device=device)
+        self.grad = torch.zeros((rows, total), dtype=sd, device=device)
+        self.ratio = torch.zeros((2, rows, total), dtype=sd, device=device)
         self.update, self.denom = self.ratio[0], self.ratio[1]
-        self.bias = torch.zeros((2, total), dtype=sd, device=device)
-        # Bias corrections per parameter: b1^s_i and b2^s_i are computed in place in
-        # ``powers`` (0-d views, so the scalar pow kernel of the per-parameter code), then
-        # 1 - powers is spread over each parameter's elements by ``owner``.
-        self.safe_steps = torch.ones((n,), dtype=sd, device=device)  # max(step, 1)
-        self.exponents = list(self.safe_steps.unbind()) * 2
-        self.powers = torch.zeros((2, n), dtype=sd, device=device)
+        self.bias = torch.zeros((2, rows, total), dtype=sd, device=device)
+        # Bias corrections per parameter (and member): b1^s and b2^s are computed in place
+        # in ``powers`` (0-d views, so the scalar pow kernel of the per-parameter code),
+        # then 1 - powers is spread over each parameter's elements by ``owner``.
+        self.safe_steps = torch.ones((rows, n), dtype=sd, device=device)  # max(step, 1)
+        self.exponents = list(self.safe_steps.view(-1).unbind()) * 2
+        self.powers = torch.zeros((2, rows, n), dtype=sd, device=device)
         self.power_views = list(self.powers.view(-1).unbind())
-        self.bias_per_param = torch.zeros((2, n), dtype=sd, device=device)
-        self.beta_rows = torch.zeros((2, n), dtype=sd, device=device)  # set_hyper fills it
+        self.bias_per_param = torch.zeros((2, rows, n), dtype=sd, device=device)
+        self.beta_rows = torch.zeros((2, rows, n), dtype=sd, device=device)  # set_hyper fills
         self.one = torch.ones((), dtype=sd, device=device)
-        self.owner = torch.repeat_interleave(  # element -> index of its parameter
-            torch.arange(n, device=device),
-            torch.tensor([p.numel() for p in self.params], device=device),
+        self.owner = torch.repeat_interleave(  # element of a row -> index of its parameter
+            torch.arange(n, device=device), torch.tensor(sizes, device=device)
         )
         self.regions: list[_Region] = []
         offset = 0
         index = 0
         for (dtype, rule), ps in ordered:
-            size = sum(p.numel() for p in ps)
+            size = sum(_row_numel(p, self.members) for p in ps)
             region = _Region(dtype, rule, ps, offset, offset + size)
-            region_grad = self.grad[offset : offset + size]
-            region_update = self.update[offset : offset + size]
-            region.grad_views = _split(region_grad, ps)
+            region_grad = self.grad[:, offset : offset + size]
+            region_update = self.update[:, offset : offset + size]
+            region.grad_views = _split(region_grad, ps, self.members)
             region.update_flat = region_update
-            region.update_views = _split(region_update, ps)
+            region.update_views = _split(region_update, ps, self.members)
             if rule == "kahan":
-                region.compensation = torch.zeros((size,), dtype=dtype, device=device)
-                region.rounded = torch.zeros((size,), dtype=dtype, device=device)
-                region.rounded_views = _split(region.rounded, ps)
-                region.carry = torch.zeros((size,), dtype=sd, device=device)
-            if rule == "kahan" or (group["weight_decay"] and rule != "exact"):
-                region.before = torch.zeros((size,), dtype=sd, device=device)
-                region.before_views = _split(region.before, ps)
+                region.compensation = torch.zeros((rows, size), dtype=dtype, device=device)
+                region.rounded = torch.zeros((rows, size), dtype=dtype, device=device)
+                region.rounded_views = _split(region.rounded, ps, self.members)
+                region.carry = torch.zeros((rows, size), dtype=sd, device=device)
+            if (
+                rule == "kahan"
+                or (_any(group["weight_decay"]) and rule != "exact")
+                or _per_member(group["weight_decay"])
+            ):
+                region.before = torch.zeros((rows, size), dtype=sd, device=device)
+                region.before_views = _split(region.before, ps, self.members)
             self._adopt_state(optimizer, region, index)
             self.regions.append(region)
             offset += size
@@ -151,17 +166,20 @@ class _Arena:
 
     def _adopt_state(self, optimizer: GuardedAdamW, region: _Region, index: int) -> None:
         """Copy existing state values into the arenas and point the state entries at them."""
-        offset = region.start
+        exp_avg = _split(self.exp_avg[:, region.start : region.stop], region.params, self.members)
+        exp_avg_sq = _split(
+            self.exp_avg_sq[:, region.start : region.stop], region.params, self.members
+        )
         comp_views = (
-            _split(region.compensation, region.params) if region.compensation is not None else None
+            _split(region.compensation, region.params, self.members)
+            if region.compensation is not None
+            else None
         )
         for j, p in enumerate(region.params):
-            i = index + j
-            size = p.numel()
             views = {
-                "step": self.step_views[i],
-                "exp_avg": self.exp_avg[offset : offset + size].view(p.shape),
-                "exp_avg_sq": self.exp_avg_sq[offset : offset + size].view(p.shape),
+                "step": self.step_views[index + j],
+                "exp_avg": exp_avg[j],
+                "exp_avg_sq": exp_avg_sq[j],
             }
             if comp_views is not None:
                 views["compensation"] = comp_views[j]
@@ -171,34 +189,47 @@ class _Arena:
                     if key in old:
                         view.copy_(old[key])
             optimizer.state[p] = views
-            offset += size
 
     def set_hyper(self, group: dict) -> None:
-        """Device constants for the current lr/betas (rebuilt only when they change)."""
+        """Device constants for the current lr/betas/weight decay (rebuilt only when they
+        change); lr and weight decay may be one value per member."""
         beta1, beta2 = group["betas"]
         hyper = (
-            float(group["lr"]),
+            _values(group["lr"], self.rows, "lr"),
             float(beta1),
             float(beta2),
             float(group["eps"]),
-            float(group["weight_decay"]),
+            _values(group["weight_decay"], self.rows, "weight_decay"),
         )
         if hyper == self.hyper:
             return
         self.hyper = hyper
-        lr = hyper[0]
+        lrs, _, _, _, decays = hyper
         sd = self.steps.dtype
-        # The per-step scalars, computed exactly as the per-parameter code computed them
-        # from ``live`` (1.0 for a kept step, 0.0 for a skipped one): lerp weight of the
-        # first moment, decay of the second, and -lr (0 when skipped).
+        # The per-step scalars of each row, computed exactly as the per-parameter code
+        # computed them from ``live`` (1.0 for a kept step, 0.0 for a skipped one): lerp
+        # weight of the first moment, decay of the second, and -lr (0 when skipped).
         rows = []
         for live_value in (1.0, 0.0):
             live = torch.full((), live_value, dtype=sd)
-            rows.append(torch.stack([live * (1 - beta1), 1 - live * (1 - beta2), live * -lr]))
+            rows.append(
+                torch.stack(
+                    [
+                        torch.stack([live * (1 - beta1), 1 - live * (1 - beta2), live * -lr])
+                        for lr in lrs
+                    ],
+                    dim=1,
+                ).unsqueeze(-1)  # (3, rows, 1)
+            )
         self.scalars_ok = rows[0].to(self.device)
         self.scalars_skip = rows[1].to(self.device)
-        self.scalars = torch.zeros(3, dtype=sd, device=self.device)
+        self.scalars = torch.zeros((3, self.rows, 1), dtype=sd, device=self.device)
         self.w1, self.f2, self.neg_lr = self.scalars.unbind()
+        self.decay = (
+            torch.tensor(decays, dtype=sd, device=self.device).unsqueeze(-1)
+            if len(set(decays)) > 1
+            else None
+        )  # (rows, 1) when the members' weight decays differ
         self.beta_rows[0].fill_(beta1)
         self.beta_rows[1].fill_(beta2)
 
@@ -211,16 +242,56 @@ class _Arena:
             torch._foreach_copy_(views, grads)
         self.gathered = True
 
+    def column(self, factor: torch.Tensor) -> torch.Tensor:
+        """A 0-d or per-member ``(K,)`` factor shaped to broadcast over the rows."""
+        return factor.view(-1, 1) if factor.dim() else factor
 
-def _state_shape(key: str, p: torch.Tensor) -> torch.Size:
-    return torch.Size([]) if key == "step" else p.shape
+
+def _row_numel(p: torch.Tensor, members: int) -> int:
+    """Elements of ``p`` in one row: one member's slice, or the whole parameter."""
+    if not members:
+        return p.numel()
+    if p.dim() == 0 or p.shape[0] != members:
+        raise ValueError(
+            f"an optimizer over {members} members needs parameters of shape ({members}, ...), "
+            f"got {tuple(p.shape)}"
+        )
+    return p[0].numel()
 
 
-def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+def _any(value: Any) -> bool:
+    return any(_values(value, 1, "weight_decay")) if _per_member(value) else bool(value)
+
+
+def _per_member(value: Any) -> bool:
+    return isinstance(value, list | tuple | torch.Tensor) and len(set(_values(value, 1, ""))) > 1
+
+
+def _values(value: Any, rows: int, name: str) -> tuple[float, ...]:
+    """A hyperparameter as one float per row: a number for every row, or one per member."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, list | tuple):
+        values = tuple(float(v) for v in value)
+        if rows > 1 and len(values) != rows:
+            raise ValueError(f"{name} has {len(values)} values for {rows} members")
+        return values
+    return (float(value),) * rows
+
+
+def _state_shape(key: str, p: torch.Tensor, members: int = 0) -> torch.Size:
+    if key == "step":
+        return torch.Size([members]) if members else torch.Size([])
+    return p.shape
+
+
+def _split(flat: torch.Tensor, params: list[torch.Tensor], members: int = 0) -> list[torch.Tensor]:
+    """Views of ``flat`` (rows, size) shaped like each parameter, in order."""
     views, offset = [], 0
     for p in params:
-        views.append(flat[offset : offset + p.numel()].view(p.shape))
-        offset += p.numel()
+        size = _row_numel(p, members)
+        views.append(flat[:, offset : offset + size].view(p.shape))
+        offset += size
     return views
 
 
@@ -239,6 +310,13 @@ class GuardedAdamW:
     a guarded step reads every gradient once. The gathered f32 copy is what ``step`` uses;
     the parameters' ``.grad`` tensors are left as they are.
 
+    ``members=K`` (fused members): every parameter is K members' stacked ``(K, ...)``
+    tensor, and the optimizer is K independent AdamWs in one: :meth:`grad_norm` returns
+    each member's norm ``(K,)``, ``ok`` and ``grad_scale`` may be ``(K,)`` (a member whose
+    ``ok`` is False is left exactly as it was), a group's ``lr`` and ``weight_decay`` may
+    be K values, and ``state[p]["step"]`` is ``(K,)``. :meth:`member_state` is member k's
+    state in the unstacked layout.
+
     ``params`` is an iterable of parameters or of param-group dicts, as for torch's
     optimizers; ``param_groups`` and ``state`` have torch's layout (``state[p]`` holds
     ``step``, ``exp_avg``, ``exp_avg_sq`` and, for Kahan weights, ``compensation``).
@@ -254,9 +332,14 @@ class GuardedAdamW:
         kahan: bool = True,
         *,
         state_dtype: torch.dtype,
+        members: int = 0,
     ) -> None:
-        if lr <= 0 or not math.isfinite(lr):
-            raise ValueError(f"lr must be a positive finite number, got {lr}")
+        for value in _values(lr, 1, "lr"):
+            if value <= 0 or not math.isfinite(value):
+                raise ValueError(f"lr must be a positive finite number, got {lr}")
+        if members < 0:
+            raise ValueError(f"members must be >= 0, got {members}")
+        self.members = members
         self.defaults: dict[str, Any] = {
             "lr": lr,
             "betas": betas,
@@ -312,14 +395,21 @@ class GuardedAdamW:
     # -- the step -------------------------------------------------------------------------
     @torch.no_grad()
     def grad_norm(self) -> torch.Tensor:
-        """Global L2 norm of all gradients, in ``state_dtype`` (gathers them)."""
+        """Global L2 norm of all gradients, in ``state_dtype`` (gathers them); one per
+        member, ``(K,)``, with ``members=K``."""
         norms = []
         for _, arena in self._current_arenas():
             arena.gather()
-            norms.append(torch.linalg.vector_norm(arena.grad))
+            if self.members:
+                norms.append(torch.linalg.vector_norm(arena.grad, dim=1))
+            else:
+                norms.append(torch.linalg.vector_norm(arena.grad))
         if not norms:
-            return torch.zeros((), dtype=self.state_dtype)
-        return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+            shape = (self.members,) if self.members else ()
+            return torch.zeros(shape, dtype=self.state_dtype)
+        if len(norms) == 1:
+            return norms[0]
+        return torch.linalg.vector_norm(torch.stack(norms), dim=0)
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -412,7 +502,7 @@ class GuardedAdamW:
                 raise ValueError(f"parameter {index} of the state dict: {what}")
             p = by_index[index]
             for key, value in values.items():
-                shape, wanted = torch.as_tensor(value).shape, _state_shape(key, p)
+                shape, wanted = torch.as_tensor(value).shape, _state_shape(key, p, self.members)
                 if shape != wanted:
                     raise ValueError(
                         f"parameter {index} of the state dict: {key} has shape "
@@ -441,15 +531,16 @@ class GuardedAdamW:
         grad_scale: torch.Tensor | None,
     ) -> None:
         a.set_hyper(group)
-        _, _, beta2, eps, wd = a.hyper  # type: ignore[misc]
-        keep = a.true if ok is None else ok
+        _, _, beta2, eps, decays = a.hyper  # type: ignore[misc]
+        wd = decays[0]
+        keep = a.true if ok is None else a.column(ok)
         torch.where(keep, a.scalars_ok, a.scalars_skip, out=a.scalars)  # w1, f2, -lr
         grad = a.grad
         if grad_scale is not None:
-            grad.mul_(grad_scale)
+            grad.mul_(a.column(grad_scale))
         if ok is not None:
             # NaN * 0 is NaN: zero the gradient itself where the step is skipped.
-            torch.where(ok, grad, a.zero, out=grad)
+            torch.where(keep, grad, a.zero, out=grad)
         a.steps.add_(keep)
         a.exp_avg.lerp_(grad, a.w1)
         a.exp_avg_sq.mul_(a.f2).addcmul_(grad, grad, value=1 - beta2)
@@ -458,14 +549,17 @@ class GuardedAdamW:
         a.powers.copy_(a.beta_rows)
         torch._foreach_pow_(a.power_views, a.exponents)  # [b1^s_i], [b2^s_i]
         torch.sub(a.one, a.powers, out=a.bias_per_param)
-        torch.index_select(a.bias_per_param, 1, a.owner, out=a.bias)
+        torch.index_select(a.bias_per_param, 2, a.owner, out=a.bias)
         torch.div(a.moments, a.bias, out=a.ratio)  # m / (1 - b1^s), v / (1 - b2^s)
         a.denom.sqrt_().add_(eps)
         update = a.update.div_(a.denom)
         for region in a.regions:
             if region.before is not None:
                 torch._foreach_copy_(region.before_views, region.params)
-        if wd:
+        if a.decay is not None:  # the members' weight decays differ: every region has ``before``
+            for region in a.regions:
+                region.update_flat.addcmul_(region.before, a.decay)  # type: ignore[union-attr,arg-type]
+        elif wd:
             for region in a.regions:
                 if region.before is not None:
                     region.update_flat.add_(region.before, alpha=wd)  # type: ignore[union-attr]
@@ -476,6 +570,21 @@ class GuardedAdamW:
             _apply(region, region.update_flat)  # type: ignore[arg-type]
 
     # -- views for checks and the fallback -------------------------------------------------
+    def member_state(
+        self, k: int, params: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+        """Member k's state, keyed by its own parameters: ``params`` pairs each stacked
+        parameter with the member's tensor it stands for. The values are views of this
+        optimizer's state (what a checkpoint writes and a restore copies into); take them
+        again after a step that rebuilt the arenas."""
+        if not self.members:
+            raise ValueError("member_state needs an optimizer over stacked members")
+        return {
+            own: {key: value[k] for key, value in self.state[stacked].items()}
+            for stacked, own in params
+            if stacked in self.state
+        }
+
     def master_weight(self, p: torch.Tensor) -> torch.Tensor:
         """The f32 value a low-precision weight stands for (weight + compensation)."""
         compensation = self.state.get(p, {}).get("compensation")

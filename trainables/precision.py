@@ -27,7 +27,7 @@ skips. Why each policy is built this way: docs/precision.md
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -124,33 +124,60 @@ class StepGuard:
     ``longest_streak`` is the longest run of consecutive skips seen since the last
     :meth:`reset_streak`; reading it once per logging interval is enough to decide a
     fallback, because skipped steps leave the weights untouched. The three counters are
-    views of one int64 vector, so a step updates them with three ops.
+    views of one int64 tensor, so a step updates them with three ops. With ``members=K``
+    each counter is ``(K,)``, one per fused member, and :meth:`member` is member k's
+    guard (views of the same counters).
     """
 
     device: torch.device
+    members: int = 0
     skipped: torch.Tensor = field(init=False)
     streak: torch.Tensor = field(init=False)
     longest_streak: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         i64 = torch.int64
-        self._counts = torch.zeros(3, dtype=i64, device=self.device)
+        column = (self.members,) if self.members else ()
+        self._counts = torch.zeros((3, *column), dtype=i64, device=self.device)
         self.skipped, self.streak, self.longest_streak = self._counts.unbind()
         # counts <- counts * keep + add: (skipped, 0, longest) on a clean step,
-        # (skipped + 1, streak + 1, longest) on a skip; then longest = max(longest, streak).
+        # (skipped + 1, streak + 1, longest) on a skip, as they were for an idle member;
+        # then longest = max(longest, streak).
+        rule_shape = (6, 1) if self.members else (6,)
         self._clean = torch.tensor([1, 0, 1, 0, 0, 0], dtype=i64, device=self.device)
         self._skip = torch.tensor([1, 1, 1, 1, 1, 0], dtype=i64, device=self.device)
-        self._rule = torch.zeros(6, dtype=i64, device=self.device)
+        self._idle = torch.tensor([1, 1, 1, 0, 0, 0], dtype=i64, device=self.device)
+        self._clean, self._skip, self._idle = (
+            r.view(rule_shape) for r in (self._clean, self._skip, self._idle)
+        )
+        self._rule = torch.zeros((6, *column), dtype=i64, device=self.device)
         self._keep, self._add = self._rule[:3], self._rule[3:]
 
-    def record(self, ok: torch.Tensor) -> None:
-        torch.where(ok, self._clean, self._skip, out=self._rule)
+    def record(self, ok: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """Count a step: ``ok`` (0-d, or ``(K,)``) False is a skip, except for members
+        ``active`` leaves out (they took no step and count nothing)."""
+        if active is None:
+            torch.where(ok, self._clean, self._skip, out=self._rule)
+        else:
+            torch.where(
+                ok, self._clean, torch.where(active, self._skip, self._idle), out=self._rule
+            )
         torch.addcmul(self._add, self._counts, self._keep, out=self._counts)
         torch.maximum(self.longest_streak, self.streak, out=self.longest_streak)
 
     def reset_streak(self) -> None:
         self.streak.zero_()
         self.longest_streak.zero_()
+
+    def member(self, k: int) -> StepGuard:
+        """Member k's guard: 0-d views of these counters (reads, checkpoints, restores)."""
+        if not self.members:
+            raise ValueError("member() needs a guard over fused members")
+        view = object.__new__(StepGuard)
+        view.device, view.members = self.device, 0
+        view._counts = self._counts[:, k]
+        view.skipped, view.streak, view.longest_streak = view._counts.unbind()
+        return view
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {
@@ -178,20 +205,38 @@ class LossScaler:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
+    members: int = 0  # K > 0: one scale per fused member, (K,)
     scale: torch.Tensor = field(init=False)
     clean_steps: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scale = torch.full((), self.init_scale, dtype=F32, device=self.device)
-        self.clean_steps = torch.zeros((), dtype=torch.int64, device=self.device)
+        shape = (self.members,) if self.members else ()
+        self.scale = torch.full(shape, self.init_scale, dtype=F32, device=self.device)
+        self.clean_steps = torch.zeros(shape, dtype=torch.int64, device=self.device)
 
-    def update(self, ok: torch.Tensor) -> None:
+    def update(self, ok: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """After a step: grow, keep or back off the scale; members ``active`` leaves out
+        (they took no step) keep theirs and their clean-step count."""
+        before = self.clean_steps.clone() if active is not None else None
         # clean_steps = (clean_steps + 1) if ok else 0, as ok + clean_steps * ok
         torch.addcmul(ok, self.clean_steps, ok, out=self.clean_steps)
         grow = self.clean_steps >= self.growth_interval  # only ever true on a clean step
         factor = torch.where(grow, self.growth_factor, torch.where(ok, 1.0, self.backoff_factor))
+        if active is not None:
+            assert before is not None
+            factor = torch.where(active, factor, 1.0)
+            torch.where(active, self.clean_steps, before, out=self.clean_steps)
         self.scale.mul_(factor)
         self.clean_steps.masked_fill_(grow, 0)
+
+    def member(self, k: int) -> LossScaler:
+        """Member k's scaler: 0-d views of this one's tensors."""
+        if not self.members:
+            raise ValueError("member() needs a scaler over fused members")
+        view = object.__new__(LossScaler)
+        view.__dict__.update(self.__dict__)
+        view.members, view.scale, view.clean_steps = 0, self.scale[k], self.clean_steps[k]
+        return view
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"scale": self.scale, "clean_steps": self.clean_steps}
@@ -229,6 +274,7 @@ class PrecisionPolicy:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._constants: dict[float, torch.Tensor] = {}
+        self._seeds: dict[tuple[int, ...], torch.Tensor] = {}
 
     # -- modules and data ----------------------------------------------------------------
     def convert_module(self, module: nn.Module) -> nn.Module:
@@ -262,15 +308,26 @@ class PrecisionPolicy:
 
     # -- optimizer -----------------------------------------------------------------------
     def make_optimizer(
-        self, params: Iterable[nn.Parameter], lr: float, weight_decay: float = 0.0
+        self,
+        params: Iterable[nn.Parameter],
+        lr: float | Sequence[float],
+        weight_decay: float | Sequence[float] = 0.0,
+        members: int = 0,
     ) -> GuardedAdamW:
+        """The guarded AdamW with f32 moments; ``members=K`` for K stacked members (lr and
+        weight decay then may be one value per member)."""
         optimizer = GuardedAdamW(
-            params, lr=lr, weight_decay=weight_decay, kahan=True, state_dtype=F32
+            params,
+            lr=lr,  # type: ignore[arg-type]
+            weight_decay=weight_decay,  # type: ignore[arg-type]
+            kahan=True,
+            state_dtype=F32,
+            members=members,
         )
         optimizer.init_state()
         return optimizer
 
-    def make_scaler(self) -> LossScaler | None:
+    def make_scaler(self, members: int = 0) -> LossScaler | None:
         return None
 
     def backward_and_step(
@@ -280,31 +337,48 @@ class PrecisionPolicy:
         guard: StepGuard,
         max_grad_norm: float | None,
         scaler: LossScaler | None = None,
+        active: torch.Tensor | None = None,
     ) -> StepResult:
         """Backward in f32 from the loss, clip, and a guarded optimizer step.
 
         The loss is cast to f32 *before* backward (the gradient entering the graph is f32;
         autograd casts it down where the forward ran in bf16). Nothing here reads a tensor
         on the host, and the op count does not grow with the number of parameters.
+
+        Fused members: ``loss`` is ``(K,)``, one per member, and the optimizer, guard and
+        scaler are over K members; each member is clipped, scaled and skipped on its own
+        (its gradients are its loss's alone), and a member ``active`` (``(K,)`` bool)
+        leaves out takes no step and counts no skip.
         """
         loss32 = loss if loss.dtype == F32 else loss.float()
         scale = scaler.scale if scaler is not None else None
+        seed = scale if scale is not None or loss32.dim() == 0 else self._ones(loss32)
         with _float32_matmul(self.device, self.allow_tf32):
-            # Seeding backward with the scale gives exactly the gradients of loss * scale.
-            loss32.backward(scale)
+            # Seeding backward with the scale gives exactly the gradients of loss * scale
+            # (per member: each member's loss times its own scale).
+            loss32.backward(seed)
         with torch.no_grad():
-            grad_norm = optimizer.grad_norm()  # f32 L2 norm over every gradient
+            grad_norm = optimizer.grad_norm()  # f32 L2 norm over every gradient (per member)
             if scale is not None:
                 grad_norm = grad_norm / scale
             # grad_norm + 0 * loss is NaN when the loss is inf/NaN: one test for both.
             ok = torch.isfinite(torch.add(grad_norm, loss32, alpha=0.0))
+            if active is not None:
+                ok = ok & active
             grad_scale = self._grad_scale(grad_norm, max_grad_norm, scale)
             optimizer.step(ok=ok, grad_scale=grad_scale)
             optimizer.zero_grad(set_to_none=False)
-            guard.record(ok)
+            guard.record(ok, active)
             if scaler is not None:
-                scaler.update(ok)
+                scaler.update(ok, active)
         return StepResult(loss=loss32.detach(), grad_norm=grad_norm, ok=ok)
+
+    def _ones(self, like: torch.Tensor) -> torch.Tensor:
+        """The backward seed of a per-member loss (cached: nothing allocated per step)."""
+        seed = self._seeds.get(tuple(like.shape))
+        if seed is None:
+            seed = self._seeds[tuple(like.shape)] = torch.ones_like(like)
+        return seed
 
     def _grad_scale(
         self,
@@ -365,8 +439,8 @@ class FP16MixedPolicy(PrecisionPolicy):
     name = "fp16-mixed"
     autocast_dtype = FP16
 
-    def make_scaler(self) -> LossScaler:
-        return LossScaler(self.device)
+    def make_scaler(self, members: int = 0) -> LossScaler:
+        return LossScaler(self.device, members=members)
 
 
 _POLICIES: dict[str, type[PrecisionPolicy]] = {

@@ -16,7 +16,7 @@ Both training paths run through the same guarded step (:mod:`trainables.precisio
 forecast families take shuffled minibatches of windows (an epoch's last short batch is
 dropped) -> ``model.loss(batch)``; rl families ``learner.collect(env)``, then one step per
 loss of ``learner.losses()``. The host reads device values once per ``log_every`` steps
-and at epoch end; on CUDA :class:`ForecastStep` captures a forecast step in a CUDA graph
+and at epoch end; on CUDA :class:`StepRunner` captures a forecast step in a CUDA graph
 and replays it (``trainer.cuda_graphs``), elsewhere it runs eagerly.
 
 Resume (``Trainer(config, checkpoint=...)``) is bit-exact on the device type the checkpoint
@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -57,6 +56,7 @@ from trainables.config import TrainConfig
 from trainables.dataset import FoldData, Market, build_fold, build_market
 from trainables.env import TradingEnv
 from trainables.inference import span_positions
+from trainables.members import StackedFolds, StackedModules, epoch_schedule, phases
 from trainables.memory import TrialMemory
 from trainables.optim import GuardedAdamW
 from trainables.precision import (
@@ -85,17 +85,54 @@ class TrialDiverged(RuntimeError):
 
 @dataclass
 class FoldRun:
-    """Everything one walk-forward fold trains with."""
+    """Everything one walk-forward fold trains with. When the folds train fused, the
+    fold's model, data, optimizer state, guard and scaler are views of the fused ones."""
 
     index: int
     data: FoldData
     model: nn.Module
-    optimizer: GuardedAdamW
+    optimizer: GuardedAdamW | _MemberOptimizer
     guard: StepGuard
     scaler: LossScaler | None
     generator: torch.Generator  # minibatch order
     env: TradingEnv | None = None  # rl families only
-    step: ForecastStep | None = None  # forecast families: built on the first training step
+    step: StepRunner | None = None  # forecast families: built on the first training step
+
+
+@dataclass
+class FusedFolds:
+    """The folds as fused members (member k = fold k): one module, data, optimizer, guard
+    and scaler over all of them."""
+
+    model: StackedModules
+    data: StackedFolds
+    optimizer: GuardedAdamW
+    guard: StepGuard
+    scaler: LossScaler | None
+    step: StepRunner | None = None  # the step of every member
+    subset_steps: dict[tuple[int, ...], StepRunner] = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        return self.model.k
+
+
+class _MemberOptimizer:
+    """What a checkpoint reads of a fused fold's optimizer: its own parameters, and its
+    slice of the fused optimizer's state (views)."""
+
+    def __init__(self, fused: FusedFolds, k: int) -> None:
+        self.fused, self.k = fused, k
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        group = self.fused.optimizer.param_groups[0]
+        own = [mine for _, mine in self.fused.model.pairs(self.k)]
+        return [{**{k: v for k, v in group.items() if k != "params"}, "params": own}]
+
+    @property
+    def state(self) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.fused.optimizer.member_state(self.k, self.fused.model.pairs(self.k))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -134,6 +171,10 @@ class Trainer:
         torch.manual_seed(config.seed)  # the stream dropout and exploration draw from
         if checkpoint is not None:
             self._restore(checkpoint)
+        # Fused after the restore: a checkpoint holds each fold apart, fused or not.
+        self.fused: FusedFolds | None = None
+        self.unfused_reason = ""
+        self._fuse()
 
     # ------------------------------------------------------------------------------------
     # construction
@@ -146,6 +187,21 @@ class Trainer:
     @property
     def is_rl(self) -> bool:
         return self.family.kind == "rl"
+
+    @property
+    def step_units(self) -> list[FoldRun | FusedFolds]:
+        """What one optimizer step trains: the fused folds, or each fold on its own (their
+        ``model`` holds the stepped parameters, their ``optimizer`` steps them)."""
+        return [self.fused] if self.fused is not None else list(self.folds)
+
+    def train_unit(self, unit: FoldRun | FusedFolds) -> None:
+        """One epoch's training of ``unit`` (no validation; profiling and benchmarks)."""
+        if isinstance(unit, FusedFolds):
+            self._train_fused(unit)
+        elif self.is_rl:
+            self._train_rl(unit)
+        else:
+            self._train_forecast(unit)
 
     def _build_fold_run(self, k: int) -> FoldRun:
         cfg = self.config
@@ -196,9 +252,13 @@ class Trainer:
         """One epoch: train every fold, validate every fold, test with the last fold."""
         started = time.perf_counter()
         steps_before = self.global_step
-        loss_sums = []
-        for run in self.folds:
-            loss_sums.append(self._train_rl(run) if self.is_rl else self._train_forecast(run))
+        if self.fused is not None:
+            loss_sums = self._train_fused(self.fused)
+        else:
+            loss_sums = [
+                self._train_rl(run) if self.is_rl else self._train_forecast(run)
+                for run in self.folds
+            ]
         self._check_divergence()
         train_seconds = time.perf_counter() - started
         steps = self.global_step - steps_before
@@ -231,17 +291,21 @@ class Trainer:
         n_ok = torch.zeros((), dtype=F32, device=self.device)
         for i in range(n_batches):  # every batch has batch_size windows: a short tail is dropped
             batch = run.data.batch(order[i * batch_size : (i + 1) * batch_size])
-            loss, ok = self._fold_step(run)(batch)
+            loss, ok = self._fold_step(run)(batch.x, batch.y, batch.gaps)
             loss_sum += torch.where(ok, loss, 0.0)
             n_ok += ok
             self._after_step()
         return loss_sum, n_ok
 
-    def _fold_step(self, run: FoldRun) -> ForecastStep:
+    def _fold_step(self, run: FoldRun) -> StepRunner:
         """The fold's step runner, built again after a fallback dropped it."""
         if run.step is None:
             capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
-            run.step = ForecastStep(self, run, capture, why_not)
+
+            def step(x: torch.Tensor, y: torch.Tensor, gaps: torch.Tensor) -> StepResult:
+                return self.forecast_step(run, Batch(x=x, y=y, gaps=gaps))
+
+            run.step = StepRunner(self, f"fold {run.index}", step, capture, why_not)
         return run.step
 
     def forecast_step(self, run: FoldRun, batch: Batch) -> StepResult:
@@ -249,14 +313,178 @@ class Trainer:
         with self.policy.autocast():
             loss = run.model.loss(batch)  # type: ignore[operator]
         return self.policy.backward_and_step(
-            loss, run.optimizer, run.guard, self.config.grad_clip, run.scaler
+            loss, cast(GuardedAdamW, run.optimizer), run.guard, self.config.grad_clip, run.scaler
         )
 
     @property
     def cuda_graphs(self) -> bool:
-        """Whether the folds' training steps are replayed from CUDA graphs (all of them)."""
-        steps = [run.step for run in self.folds]
+        """Whether the training steps are replayed from CUDA graphs (all of them)."""
+        steps = [unit.step for unit in self.step_units]
         return bool(steps) and all(s is not None and s.replaying for s in steps)
+
+    # ------------------------------------------------------------------------------------
+    # fused folds
+
+    def _fuse(self) -> None:
+        """Fuse the folds where :func:`fuse_plan` says so and a first fused step runs;
+        otherwise they train one after another and ``unfused_reason`` says why."""
+        planned, why_not = fuse_plan(self.config, self.device, self.family, self.folds)
+        if not planned:
+            self.unfused_reason = why_not
+            if self.config.fuse != "off" and len(self.folds) > 1:
+                log.info("%s: folds train one after another: %s", self.family.name, why_not)
+            return
+        module = StackedModules([run.model for run in self.folds])
+        data, views = StackedFolds.stack([run.data for run in self.folds])
+        try:
+            _try_fused_step(module, data, self.policy, self.config.batch_size)
+        except Exception as exc:  # a module vmap cannot batch, or one that refuses members
+            module.release()
+            self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
+            log.warning(
+                "%s: folds train one after another: %s", self.family.name, self.unfused_reason
+            )
+            return
+        k, cfg = len(self.folds), self.config
+        optimizer = self.policy.make_optimizer(
+            module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, members=k
+        )
+        guard = StepGuard(self.device, members=k)
+        scaler = self.policy.make_scaler(members=k)
+        fused = FusedFolds(module, data, optimizer, guard, scaler)
+        for i, run in enumerate(self.folds):
+            for p, slots in optimizer.member_state(i, module.pairs(i)).items():
+                saved = run.optimizer.state.get(p, {})
+                for key, slot in slots.items():
+                    if key in saved:
+                        slot.copy_(saved[key])
+            guard.member(i).load_state_dict(run.guard.state_dict())
+            if scaler is not None and run.scaler is not None:
+                scaler.member(i).load_state_dict(run.scaler.state_dict())
+            run.data = views[i]
+            run.optimizer = _MemberOptimizer(fused, i)
+            run.guard = guard.member(i)
+            run.scaler = scaler.member(i) if scaler is not None else None
+            run.step = None
+        self.fused = fused
+
+    def _unfuse(self) -> None:
+        """Each fold on its own again: its own storage, optimizer, guard and scaler, holding
+        what the fused ones held for it."""
+        fused = self.fused
+        if fused is None:
+            return
+        saved = [
+            (
+                {
+                    p: {key: v.clone() for key, v in slots.items()}
+                    for p, slots in run.optimizer.state.items()
+                },
+                run.guard.state_dict(),
+                run.scaler.state_dict() if run.scaler is not None else None,
+            )
+            for run in self.folds
+        ]
+        fused.model.release()
+        cfg = self.config
+        for run, (state, guard_state, scaler_state) in zip(self.folds, saved, strict=True):
+            run.optimizer = self.policy.make_optimizer(
+                run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            )
+            for p, slots in run.optimizer.state.items():
+                for key, slot in slots.items():
+                    if key in state.get(p, {}):
+                        slot.copy_(state[p][key])
+            run.guard = StepGuard(self.device)
+            run.guard.load_state_dict(guard_state)
+            run.scaler = self.policy.make_scaler()
+            if run.scaler is not None and scaler_state is not None:
+                run.scaler.load_state_dict(scaler_state)
+            run.step = None
+        self.fused = None
+
+    def _train_fused(self, fused: FusedFolds) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of every fold, fused: each fold's minibatches in its own order (as
+        unfused), one fused step per batch index over the folds that still have one (a
+        shorter fold leaves the fused step when its batches run out)."""
+        cfg = self.config
+        fused.model.train()
+        orders = []
+        for run in self.folds:
+            times = run.data.decision_times(run.data.train)
+            orders.append(
+                times[torch.randperm(times.numel(), generator=run.generator, device=self.device)]
+            )
+        times, counts = epoch_schedule(orders, cfg.batch_size, cfg.max_steps_per_epoch)
+        for run, order, count in zip(self.folds, orders, counts, strict=True):
+            # KAN's grid refit, on the fold's own module (views of the fused tensors).
+            on_epoch_start = getattr(run.model, "on_epoch_start", None)
+            if on_epoch_start is not None and count > 0:
+                on_epoch_start(run.data.batch(order[: max(cfg.batch_size, EPOCH_START_SAMPLE)]))
+        k = fused.k
+        loss_sum = torch.zeros(k, dtype=F32, device=self.device)
+        n_ok = torch.zeros(k, dtype=F32, device=self.device)
+        for members, first, end in phases(counts):
+            if len(members) == k:
+                step, run_times = self._fused_step(fused), times[:, first:end]
+            else:
+                step = self._subset_step(fused, members)
+                index = torch.tensor(members, device=self.device)
+                run_times = times.index_select(0, index)[:, first:end]
+            for i in range(end - first):
+                loss, ok = step(run_times[:, i])
+                loss_sum += torch.where(ok, loss, 0.0)
+                n_ok += ok
+                self._after_step(len(members))
+        return list(zip(loss_sum.unbind(), n_ok.unbind(), strict=True))
+
+    def _fused_step(self, fused: FusedFolds) -> StepRunner:
+        """The step of every member (built again after a fallback dropped it)."""
+        if fused.step is None:
+            capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
+
+            def step(times: torch.Tensor) -> StepResult:
+                return self.fused_step(fused, times)
+
+            fused.step = StepRunner(self, f"{fused.k} fused folds", step, capture, why_not)
+        return fused.step
+
+    def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
+        """The step of ``members`` only (the folds that still have batches): one runner,
+        and one captured graph, per set of members, kept across epochs."""
+        runner = fused.subset_steps.get(members)
+        if runner is None:
+            capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
+            index = torch.tensor(members, device=self.device)
+            active = torch.zeros(fused.k, dtype=torch.bool, device=self.device)
+            active[index] = True
+
+            def step(times: torch.Tensor) -> StepResult:
+                return self.fused_step(fused, times, index, active)
+
+            label = f"folds {list(members)} fused"
+            runner = fused.subset_steps[members] = StepRunner(self, label, step, capture, why_not)
+        return runner
+
+    def fused_step(
+        self,
+        fused: FusedFolds,
+        times: torch.Tensor,
+        members: torch.Tensor | None = None,
+        active: torch.Tensor | None = None,
+    ) -> StepResult:
+        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``), or of
+        ``members`` only (indices, with ``times`` ``(M, B)``, and ``active`` the (K,) mask
+        of them): the others take no compute and no step. Loss and ok are ``(K,)``."""
+        batch = fused.data.batch(times, members)
+        with self.policy.autocast():
+            losses = fused.model.loss(batch, members)
+        if members is not None:
+            every = losses.new_zeros(fused.k)  # a member left out: loss 0, no gradient
+            losses = every.index_copy(0, members, losses)
+        return self.policy.backward_and_step(
+            losses, fused.optimizer, fused.guard, self.config.grad_clip, fused.scaler, active=active
+        )
 
     def _train_rl(self, run: FoldRun) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
@@ -277,7 +505,7 @@ class Trainer:
                 if loss is None:
                     break
                 result = self.policy.backward_and_step(
-                    loss, run.optimizer, run.guard, cfg.grad_clip, run.scaler
+                    loss, cast(GuardedAdamW, run.optimizer), run.guard, cfg.grad_clip, run.scaler
                 )
                 learner.after_step()
                 loss_sum += torch.where(result.ok, result.loss, 0.0)
@@ -285,9 +513,12 @@ class Trainer:
                 self._after_step()
         return loss_sum, n_ok
 
-    def _after_step(self) -> None:
-        self.global_step += 1
-        if self.global_step % self.config.log_every == 0:
+    def _after_step(self, steps: int = 1) -> None:
+        """Count ``steps`` optimizer steps (a fused step counts one per member that took
+        it); read the guards once per ``log_every`` of them."""
+        before = self.global_step
+        self.global_step += steps
+        if before // self.config.log_every != self.global_step // self.config.log_every:
             self._check_divergence()
 
     # ------------------------------------------------------------------------------------
@@ -316,8 +547,10 @@ class Trainer:
         optimizer moments are kept, gradients are next allocated in f32, data is re-cast
         from the host copy.
         """
+        self._unfuse()  # each fold is promoted on its own; fused again in f32 below
         f32_policy = get_policy("f32", self.device)
         for run in self.folds:
+            assert isinstance(run.optimizer, GuardedAdamW)
             promote_to_f32(run.model, run.optimizer)
             # The bf16 .grad buffers outlive the weights' dtype change and the step keeps
             # them (zero_grad(set_to_none=False)): drop them, or every later gradient
@@ -338,6 +571,7 @@ class Trainer:
         self.policy = f32_policy
         self.fell_back_to_f32 = True
         self.fallback_epoch = self.epoch + 1
+        self._fuse()
 
     # ------------------------------------------------------------------------------------
     # evaluation
@@ -388,6 +622,7 @@ class Trainer:
             "peak_mem_mb": self.memory.peak_mb(),
             "fell_back_to_f32": int(self.fell_back_to_f32),
             "cuda_graphs": int(self.cuda_graphs),
+            "fused_members": self.fused.k if self.fused is not None else 0,
         }
 
     # ------------------------------------------------------------------------------------
@@ -650,6 +885,51 @@ def graph_plan(setting: str, device: torch.device, family: Family) -> tuple[bool
     return True, ""
 
 
+def fuse_plan(
+    config: TrainConfig, device: torch.device, family: Family, folds: Sequence[FoldRun]
+) -> tuple[bool, str]:
+    """(train the folds fused?, why not) for ``trainer.fuse``."""
+    if config.fuse == "off":
+        return False, "trainer.fuse is off"
+    if not family.fuses:
+        why = (
+            "its environments and replay have no member dimension"
+            if family.kind == "rl"
+            else "Family.fusable is False"
+        )
+        return False, f"{family.name} does not fuse: {why}"
+    if len(folds) < 2 and config.fuse == "auto":
+        return False, "one fold: nothing to fuse"
+    if device.type == "cpu" and not family.fuse_on_cpu and config.fuse == "auto":
+        return False, f"{family.name} steps slower fused on a CPU (Family.fuse_on_cpu)"
+    short = [
+        run.index for run in folds if run.data.train[1] - run.data.train[0] < config.batch_size
+    ]
+    if short:
+        return (
+            False,
+            f"fold(s) {short} have fewer training windows than batch_size {config.batch_size}",
+        )
+    return True, ""
+
+
+def _try_fused_step(
+    module: StackedModules, data: StackedFolds, policy: PrecisionPolicy, batch_size: int
+) -> None:
+    """Forward and backward of a fused step on the first windows, nothing kept: raises
+    what the first real step would (a module vmap cannot batch). Random streams are
+    forked, so trying draws nothing from the trial's."""
+    devices = [data.features.device] if data.features.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        n = data.features.shape[1]
+        times = torch.arange(n - batch_size, n, device=data.features.device).expand(module.k, -1)
+        with policy.autocast():
+            loss = module.loss(data.batch(times))
+        loss.float().sum().backward()
+    for p in module.parameters():
+        p.grad = None
+
+
 def capture_cuda_graph(
     step: Callable[[], None], device: torch.device, stream: Any = None
 ) -> Callable[[], None]:
@@ -708,32 +988,41 @@ def _on_stream(device: torch.device, side: Any) -> Iterator[None]:
     current.wait_stream(side)
 
 
-class ForecastStep:
-    """One fold's training step, called with each batch; returns (f32 loss, ok) tensors.
+class StepRunner:
+    """One training step, called with its inputs each time; returns (f32 loss, ok) tensors
+    (``(K,)`` each for fused members).
 
-    Eager: :meth:`Trainer.forecast_step` on the batch. Captured (``capture`` True): the
-    batch is copied into static input tensors and the step runs on them; the first
+    ``step`` is the eager step on ``inputs`` (a fold's batch fields, or the fused members'
+    decision times and active mask). Eager: ``step(*inputs)``. Captured (``capture``
+    True): the inputs are copied into static tensors and the step runs on them; the first
     :data:`GRAPH_WARMUP_STEPS` calls eagerly on a side stream, the next one is recorded
     with :func:`capture_cuda_graph` and replayed, and so is every later one. Warm-up and
-    capture train on the batches they are given, so a trial takes the same steps either
+    capture train on the inputs they are given, so a trial takes the same steps either
     way. A capture that fails is logged with its reason and the step runs eagerly from
     then on. The outputs of a replayed step are the same two tensors each time: consume
     them before the next call (the trainer adds them into its epoch sums at once).
     """
 
-    def __init__(self, trainer: Trainer, run: FoldRun, capture: bool, why_not: str) -> None:
-        self.trainer, self.run = trainer, run
+    def __init__(
+        self,
+        trainer: Trainer,
+        label: str,
+        step: Callable[..., StepResult],
+        capture: bool,
+        why_not: str,
+    ) -> None:
+        self.trainer, self.label, self.step = trainer, label, step
         self.capture = capture
         self.why_not = why_not
         self.replay: Callable[[], None] | None = None
         self.warmed = 0
-        self.static: Batch | None = None
+        self.static: tuple[torch.Tensor, ...] | None = None
         device = trainer.device
         # One side stream for the warm-up steps and the capture (a new stream per call
         # would cost a cuBLAS workspace each).
         self.stream = torch.cuda.Stream(device) if capture and device.type == "cuda" else None
-        self.loss = torch.zeros((), dtype=F32, device=device)
-        self.ok = torch.zeros((), dtype=torch.bool, device=device)
+        self.loss: torch.Tensor | None = None
+        self.ok: torch.Tensor | None = None
         if not capture and trainer.config.cuda_graphs == "on":
             log.warning("trainer.cuda_graphs=on, stepping eagerly: %s", why_not)
 
@@ -741,55 +1030,58 @@ class ForecastStep:
     def replaying(self) -> bool:
         return self.replay is not None
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:
-            result = self.trainer.forecast_step(self.run, batch)
+            result = self.step(*inputs)
             return result.loss, result.ok
-        self._load(batch)
+        self._load(inputs)
         if self.replay is None:
             device = self.trainer.device
             if self.warmed < GRAPH_WARMUP_STEPS:
                 self.warmed += 1
                 with _on_stream(device, self.stream):
                     self._static_step()
-                return self.loss, self.ok
+                return self._outputs()
             try:
                 self.replay = capture_cuda_graph(self._static_step, device, self.stream)
             except Exception as exc:  # any capture failure: train on, eagerly
                 self.capture = False
                 self.why_not = f"capture failed: {type(exc).__name__}: {exc}"
                 log.warning(
-                    "%s fold %d: CUDA graph %s; stepping eagerly",
+                    "%s %s: CUDA graph %s; stepping eagerly",
                     self.trainer.family.name,
-                    self.run.index,
+                    self.label,
                     self.why_not,
                 )
-                return self(batch)
+                return self(*inputs)
         self.replay()
+        return self._outputs()
+
+    def _outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.loss is not None and self.ok is not None
         return self.loss, self.ok
 
-    def _load(self, batch: Batch) -> None:
-        """Copy ``batch`` into the static inputs (allocated from the first batch)."""
+    def _load(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """Copy ``inputs`` into the static inputs (allocated from the first call)."""
         if self.static is None:
-            self.static = Batch(**{f.name: getattr(batch, f.name).clone() for f in _FIELDS})
+            self.static = tuple(t.clone() for t in inputs)
             return
-        for f in _FIELDS:
-            static, new = getattr(self.static, f.name), getattr(batch, f.name)
+        for i, (static, new) in enumerate(zip(self.static, inputs, strict=True)):
             if new.shape != static.shape:
                 raise ValueError(
-                    f"a captured step needs static shapes: batch.{f.name} is "
-                    f"{tuple(new.shape)}, the captured one {tuple(static.shape)}"
+                    f"a captured step needs static shapes: input {i} of the {self.label} "
+                    f"step is {tuple(new.shape)}, the captured one {tuple(static.shape)}"
                 )
             static.copy_(new)
 
     def _static_step(self) -> None:
         assert self.static is not None
-        result = self.trainer.forecast_step(self.run, self.static)
+        result = self.step(*self.static)
+        if self.loss is None or self.ok is None:  # outputs the replays write into
+            self.loss, self.ok = result.loss.detach().clone(), result.ok.clone()
+            return
         self.loss.copy_(result.loss)
         self.ok.copy_(result.ok)
-
-
-_FIELDS = dataclasses.fields(Batch)
 
 
 # ----------------------------------------------------------------------------------------

@@ -145,3 +145,28 @@ def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
         assert 0 < int(row[header.index("opt+guard ops")]) <= 40, row
         ratio = float(row[header.index("ratio")].removesuffix("x"))
         assert math.isfinite(ratio) and ratio > 0, row
+
+
+@pytest.mark.slow
+def test_step_ops_members_compares_a_fused_trial_step_with_the_folds_one_by_one() -> None:
+    """bench/step_ops.py --members 1 2 --smoke: kan at K = 1 and 2; fusing two folds runs
+    fewer ops than stepping them one after another (a tiny kan step: about 0.54x)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--members", "1", "2", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {
+        int(cells[header.index("K")]): cells
+        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])
+    }
+    assert set(rows) == {1, 2}, proc.stdout
+    two = rows[2]
+    unfused, fused = (int(two[header.index(c)]) for c in ("unfused ops", "fused ops"))
+    assert fused < 0.7 * unfused, two
+    assert float(two[header.index("ops ratio")]) == pytest.approx(fused / unfused, abs=1e-3)

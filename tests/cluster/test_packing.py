@@ -349,3 +349,21 @@ def test_the_bench_sweep_counts_an_oom_reported_before_the_trials_last_result() 
         "CUDA out of memory at GPU share 0.05",
         "RuntimeError: worker died",
     ]
+
+
+def test_benchmark_times_fused_members_against_the_folds_one_by_one(tmp_path: Path) -> None:
+    """The GPU run's fused-member rows, on CPU with smoke sizes: one row per K, both sides
+    timed, written with the others."""
+    bench = load_bench()
+    args = ["--smoke", "--families", "tft", "--members", "1", "2", "--seconds", "0.05"]
+    report = bench.main([*args, "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "gpu_packing.json").read_text())["members"]
+    assert rows == report["members"] and [r["members"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["family"] == "tft" and row["precision"] == "f32"
+        assert row["ms_per_trial_step_fused"] > 0 and row["ms_per_trial_step_unfused"] > 0
+        assert row["speedup"] == pytest.approx(
+            row["ms_per_trial_step_unfused"] / row["ms_per_trial_step_fused"], rel=0.02
+        )
+        assert row["cuda_graphs"] == {"fused": False, "unfused": False}  # no CUDA here
+    assert "| tft | f32 | 2 |" in (tmp_path / "gpu_packing.md").read_text()

@@ -269,14 +269,16 @@ def test_cuda_device_reads_a_mig_instances_own_memory(
     assert (plain.total_bytes, plain.total_source) == (80 * 2**30, "torch")
 
 
+@pytest.mark.parametrize(("fuse", "captures"), [("off", 2), ("on", 1)])
 def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capture(
-    monkeypatch: pytest.MonkeyPatch,
+    fuse: str, captures: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a GPU a trial's forecast step is captured after its warm-up. A replay allocates
     nothing, so the allocated peak must come from eager steps; the graphs' private pools
     are reserved memory the trial's allocator cap counts, so the reserved peak is read
-    after each fold's step is captured and replayed. `_count` on CPU with the device facts
-    faked: a capture that keeps the step, and allocator statistics that log when read."""
+    after each step is captured and replayed: each fold's, or the fused folds' one.
+    `_count` on CPU with the device facts faked: a capture that keeps the step, and
+    allocator statistics that log when read."""
     import cluster.profiler as profiler
     import trainables.trainer as trainer_module
     from trainables.trainer import GRAPH_WARMUP_STEPS, Trainer
@@ -299,12 +301,13 @@ def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capt
     monkeypatch.setattr(profiler, "cuda_device", lambda device: None)
     monkeypatch.setattr(profiler, "measured_context_bytes", lambda device, info: None)
 
-    config = profiling_config(tiny_config("tlob", n_folds=2), torch.device("cpu"))
+    config = profiling_config(tiny_config("tlob", n_folds=2, fuse=fuse), torch.device("cpu"))
     trainer = Trainer(config.replace(cuda_graphs="on"))
+    assert len(trainer.step_units) == captures
     profiler._count(trainer, torch.device("cpu"), measure=True, baseline=(0, 0))
-    assert GRAPH_WARMUP_STEPS >= 3  # fold 0's eager measured step is its third call
-    assert events == ["allocated peak read", "capture", "capture", "reserved peak read"]
-    assert [run.step.replaying for run in trainer.folds] == [True, True]
+    assert GRAPH_WARMUP_STEPS >= 3  # the first unit's eager measured step is its third call
+    assert events == ["allocated peak read", *["capture"] * captures, "reserved peak read"]
+    assert [unit.step.replaying for unit in trainer.step_units] == [True] * captures
 
     events.clear()
     eager = Trainer(config.replace(cuda_graphs="off"))

@@ -11,6 +11,7 @@ import torch
 from cluster.packing import profile_for_config
 from cluster.profiler import MemoryProfile
 from cluster.vram_table import VramTable, key_string, profile_key
+from models import get_family
 from tests.trainables.helpers import tiny_config
 
 CPU = torch.device("cpu")
@@ -96,6 +97,21 @@ def test_key_leaves_out_settings_a_family_declares_memory_neutral(
     assert key(100) != key(2000)  # an int counts by value unless declared neutral
     monkeypatch.setattr(models.dqn, "MEMORY_NEUTRAL", ("target_update_period",), raising=False)
     assert key(100) == key(2000)
+
+
+def test_key_says_whether_the_folds_train_fused() -> None:
+    """A fused step holds every fold's activations at once, so fused and unfused trials
+    of one shape have their own profiles. ``auto`` profiles what a GPU runs: the folds
+    fused, also for a family that stays unfused on a CPU, and never a single fold."""
+
+    def key(**changes: object) -> dict[str, object]:
+        return profile_key(tiny_config("mamba2", n_folds=2).replace(**changes), CPU, "estimate")
+
+    assert key()["fused"] is True and key(fuse="on")["fused"] is True
+    assert key(fuse="off")["fused"] is False and key(n_folds=1)["fused"] is False
+    assert key_string(key()) != key_string(key(fuse="off"))
+    assert profile_key(tiny_config("dqn", n_folds=2), CPU, "estimate")["fused"] is False
+    assert not get_family("mamba2").fuse_on_cpu  # unfused on a CPU, fused in its profile
 
 
 def test_second_lookup_does_not_measure(tmp_path: Path) -> None:

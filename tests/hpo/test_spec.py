@@ -30,7 +30,8 @@ def test_shipped_examples_load(path: Path) -> None:
 
 def test_quick_example_is_the_cpu_demo() -> None:
     spec = load_spec(ROOT / "examples" / "quick.toml")
-    assert spec.models == ["tft", "dqn"] and spec.precisions == ["f32", "bf16"]
+    assert spec.models == ["liquid", "dqn"] and spec.precisions == ["f32", "bf16"]
+    assert spec.walk_forward.n_folds == 2  # liquid's folds train fused
     assert spec.resources.gpu == 0 and spec.data.source == "synthetic"
     assert spec.n_trials == 8
 

@@ -9,7 +9,7 @@ host and it sees inputs of one shape.
   once-per-epoch grid refit, which runs before the first step, is allowed explicitly.
 * every batch a forecast step sees has ``batch_size`` windows when the training split is
   not a multiple of it (the short tail is dropped);
-* the captured-step path of :class:`trainables.trainer.ForecastStep` on CPU, with only the
+* the captured-step path of :class:`trainables.trainer.StepRunner` on CPU, with only the
   device facts faked: a capture that "records" by keeping the step (its replay calls it
   on the static inputs) trains to exactly the eager numbers; a capture that raises falls
   back to eager with the reason logged and ``cuda_graphs`` 0.
@@ -148,11 +148,13 @@ def _weights(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for run in trainer.folds for p in run.model.parameters()]
 
 
+@pytest.mark.parametrize(("fuse", "captures"), [("off", 2), ("on", 1)])
 @pytest.mark.parametrize("policy", ["f32", "fp16-mixed"])
 def test_a_replayed_step_trains_to_the_eager_numbers(
-    policy: str, monkeypatch: pytest.MonkeyPatch
+    policy: str, fuse: str, captures: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = _config("tlob", policy, epochs=2, max_steps_per_epoch=6, n_folds=2)
+    """Each fold's step captured and replayed, or the fused folds' one step."""
+    config = _config("tlob", policy, epochs=2, max_steps_per_epoch=6, n_folds=2, fuse=fuse)
     config = config.replace(data=DataConfig(n_bars=600, n_assets=2))
     eager = Trainer(config.replace(cuda_graphs="off"))
     eager_metrics = eager.fit()
@@ -163,8 +165,9 @@ def test_a_replayed_step_trains_to_the_eager_numbers(
     graphed = Trainer(config)  # auto: tlob declares its step static
     graphed_metrics = graphed.fit()
 
-    assert calls == ["cpu", "cpu"]  # one capture per fold, after the warm-up steps
+    assert calls == ["cpu"] * captures  # one per step unit, after the warm-up steps
     assert [m["cuda_graphs"] for m in graphed_metrics] == [1, 1]
+    assert [m["fused_members"] for m in graphed_metrics] == [2 if fuse == "on" else 0] * 2
     assert [m["cuda_graphs"] for m in eager_metrics] == [0, 0]
     for a, b in zip(_weights(eager), _weights(graphed), strict=True):
         assert torch.equal(a, b)

@@ -1,0 +1,466 @@
+"""Fused members (trainables/members.py and the trainer's fused folds): each member trains
+exactly as it would alone, up to float rounding, whatever the others do.
+
+* the optimizer over K stacked members is K optimizers, bit for bit (per-member lr,
+  weight decay, skip mask, gradient scale, Kahan under bf16), and so are the guard's
+  counters and the fp16 loss scales;
+* a fused trial's fold k equals the unfused trial's fold k after 20 steps, for the eight
+  forecast families under f32, bf16, bf16-mixed and fp16-mixed;
+* a NaN in one member skips that member only;
+* checkpoints are per fold either way: a fused trial resumes bit-exactly, and fused and
+  unfused checkpoints resume in the other mode;
+* where folds cannot fuse, they train one after another and the trainer says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.func import vmap
+
+from models import get_family
+from models.base import Batch
+from models.ops import GRU, LSTM
+from tests.models.test_contract import POLICIES, TINY
+from tests.trainables.helpers import tiny_config
+from trainables import trainer as trainer_module
+from trainables.config import DataConfig, TrainConfig
+from trainables.members import StackedFolds, StackedModules, epoch_schedule, phases
+from trainables.optim import GuardedAdamW
+from trainables.precision import BF16, F32, LossScaler, StepGuard
+from trainables.trainer import Trainer, fuse_plan
+
+CPU = torch.device("cpu")
+FORECAST = ("tft", "mamba2", "tggn", "tlob", "liquid", "kan", "xlstm", "diffusion")
+# Fused and unfused differ only in how batched kernels round; Adam's normalization can
+# magnify a last-bit gradient difference where a gradient is near zero (tlob's and
+# xlstm's attention and gates), so f32 weights agree to 1e-5 for most and 1e-4 for those
+# two after 20 steps; low-precision policies to a few bf16/fp16 ulps of drift.
+F32_TOLERANCE = {"tlob": 1e-4, "xlstm": 1e-4}
+LOW_PRECISION_TOLERANCE = 3e-2
+
+
+# --------------------------------------------------------------------------------------
+# the optimizer, guard and scaler over members
+
+
+def _members_and_singles(
+    dtype: torch.dtype, k: int = 3, seed: int = 0
+) -> tuple[list[nn.Parameter], list[list[nn.Parameter]]]:
+    """Stacked parameters (K, ...) and, per member, its own copies."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(4, 3), (5,), ()]
+    stacked = [nn.Parameter(torch.randn((k, *s), generator=gen).to(dtype)) for s in shapes]
+    singles = [[nn.Parameter(p.detach()[i].clone()) for p in stacked] for i in range(k)]
+    return stacked, singles
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_an_optimizer_over_members_is_k_optimizers_bit_for_bit(dtype: torch.dtype) -> None:
+    """Per-member lr and weight decay, a skip mask and a gradient scale per member, over
+    several steps: every member's weights, moments, step counts and (bf16) compensation
+    equal those of its own optimizer exactly."""
+    k = 3
+    stacked, singles = _members_and_singles(dtype, k)
+    lrs, decays = [1e-2, 3e-3, 1e-3], [0.0, 0.1, 0.01]
+    fused = GuardedAdamW(stacked, lr=lrs, weight_decay=decays, state_dtype=F32, members=k)
+    own = [
+        GuardedAdamW(singles[i], lr=lrs[i], weight_decay=decays[i], state_dtype=F32)
+        for i in range(k)
+    ]
+    gen = torch.Generator().manual_seed(1)
+    masks = [[True, True, True], [True, False, True], [False, True, True], [True, True, False]]
+    for mask in masks:
+        scales = torch.rand(k, generator=gen) + 0.5
+        for p, *own_params in zip(stacked, *singles, strict=True):
+            p.grad = torch.randn(p.shape, generator=gen).to(dtype)
+            for i, q in enumerate(own_params):
+                q.grad = p.grad[i].clone()
+        ok = torch.tensor(mask)
+        assert fused.grad_norm().shape == (k,)
+        fused.step(ok=ok, grad_scale=scales)
+        for i in range(k):
+            own[i].grad_norm()
+            own[i].step(ok=ok[i], grad_scale=scales[i])
+    for i in range(k):
+        for p, q in zip(stacked, singles[i], strict=True):
+            assert torch.equal(p.detach()[i], q.detach())
+        mine = fused.member_state(i, list(zip(stacked, singles[i], strict=True)))
+        for q in singles[i]:
+            for key, value in own[i].state[q].items():
+                assert torch.equal(mine[q][key], value), key
+    assert fused.state[stacked[0]]["step"].tolist() == [3.0, 3.0, 3.0]  # one skip each
+
+
+def test_guard_and_scaler_count_each_member_and_leave_idle_ones_alone() -> None:
+    guard = StepGuard(CPU, members=3)
+    scaler = LossScaler(CPU, members=3, growth_interval=2)
+    steps = [  # (ok, active) per step
+        ([True, False, True], [True, True, False]),
+        ([True, False, False], [True, True, False]),
+        ([True, True, False], [True, True, True]),
+    ]
+    for ok, active in steps:
+        ok_t, active_t = torch.tensor(ok), torch.tensor(active)
+        guard.record(ok_t, active_t)
+        scaler.update(ok_t, active_t)
+    # member 0: three clean steps; 1: two skips, then clean; 2: idle, idle, skip.
+    assert guard.skipped.tolist() == [0, 2, 1]
+    assert guard.streak.tolist() == [0, 0, 1]
+    assert guard.longest_streak.tolist() == [0, 2, 1]
+    assert scaler.scale.tolist() == [2.0**17, 2.0**14, 2.0**15]  # grew once; halved twice; once
+    member = guard.member(1)
+    assert int(member.skipped) == 2 and int(member.longest_streak) == 2
+    member.load_state_dict({"skipped": torch.tensor(7)})  # a view: writes through
+    assert guard.skipped.tolist() == [0, 7, 1]
+    assert float(scaler.member(2).scale) == 2.0**15
+
+
+# --------------------------------------------------------------------------------------
+# data, schedule and modules
+
+
+def _trainer(family: str, policy: str = "f32", **overrides: Any) -> Trainer:
+    config = _config(family, policy, **overrides)
+    return Trainer(config)
+
+
+def _config(family: str, policy: str = "f32", **overrides: Any) -> TrainConfig:
+    model_config = {**TINY[family]}
+    if "dropout" in get_family(family).config_fields():
+        model_config["dropout"] = 0.0  # dropout draws differ between fused and unfused
+    values: dict[str, Any] = {
+        "epochs": 2,
+        "n_folds": 2,
+        "max_steps_per_epoch": 10,
+        "model_config": model_config,
+        "data": DataConfig(n_bars=800, n_assets=2),
+    }
+    values.update(overrides)
+    return tiny_config(family, policy, **values)
+
+
+def test_a_stacked_batch_is_every_folds_own_batch() -> None:
+    trainer = _trainer("kan", fuse="off")
+    folds = [run.data for run in trainer.folds]
+    stacked, views = StackedFolds.stack(folds)
+    t = torch.tensor([[40, 41, 90], [300, 17, 55]])
+    batch = stacked.batch(t)
+    for k, data in enumerate(folds):
+        own = data.batch(t[k])
+        assert torch.equal(batch.x[k], own.x) and torch.equal(batch.y[k], own.y)
+        assert torch.equal(batch.gaps[k], own.gaps)
+        assert torch.equal(views[k].batch(t[k]).x, own.x)  # the views read the same data
+
+
+def test_the_epoch_schedule_aligns_the_members_and_a_short_one_leaves_early() -> None:
+    orders = [torch.arange(10), torch.arange(100, 106), torch.arange(200, 220)]
+    times, counts = epoch_schedule(orders, batch_size=3, max_steps=None)
+    assert counts == [3, 2, 6] and times.shape == (3, 6, 3)
+    assert times[1, :2].tolist() == [[100, 101, 102], [103, 104, 105]]
+    assert times[2, 5].tolist() == [215, 216, 217]  # a short tail (218, 219) is dropped
+    # Steps 0-1 fuse all three, step 2 the two with batches left, steps 3-5 member 2 alone.
+    assert phases(counts) == [((0, 1, 2), 0, 2), ((0, 2), 2, 3), ((2,), 3, 6)]
+    _, counts = epoch_schedule(orders, batch_size=3, max_steps=2)
+    assert counts == [2, 2, 2] and phases(counts) == [((0, 1, 2), 0, 2)]
+
+
+def test_the_members_are_views_of_the_stacked_tensors() -> None:
+    trainer = _trainer("liquid", fuse="off")
+    modules = [run.model for run in trainer.folds]
+    before = [m.state_dict()["head.weight"].clone() for m in modules]
+    stacked = StackedModules(modules)
+    name = "head.weight"
+    index = stacked.names.index(name)
+    for k, module in enumerate(modules):
+        assert torch.equal(dict(module.named_parameters())[name], before[k])
+    with torch.no_grad():
+        stacked.stacked[index][1].add_(1.0)
+    assert torch.equal(dict(modules[1].named_parameters())[name], before[1] + 1.0)
+    stacked.release()
+    with torch.no_grad():
+        stacked.stacked[index][1].add_(1.0)  # released: the member keeps its own values
+    assert torch.equal(dict(modules[1].named_parameters())[name], before[1] + 1.0)
+
+
+@pytest.mark.parametrize("rnn", [LSTM, GRU])
+def test_the_loop_forms_under_vmap_compute_torchs_recurrent_layers(rnn: type) -> None:
+    """Under vmap (where aten::lstm / aten::gru have no batching rule) the layers run as a
+    loop over bars; member k's output is torch's layer's with member k's weights."""
+    torch.manual_seed(0)
+    layers = [rnn(3, 4, num_layers=2, batch_first=True) for _ in range(2)]
+    stacked = StackedModules(layers)
+    x = torch.randn(2, 5, 7, 3)  # (K, N, L, F)
+    params = {n: p for n, p in zip(stacked.names, stacked.stacked, strict=True)}
+
+    def run(p: dict[str, torch.Tensor], xs: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(layers[0], p, (xs,))[0]
+
+    fused = vmap(run)(params, x)
+    for k, layer in enumerate(layers):
+        alone, _ = layer(x[k])
+        torch.testing.assert_close(fused[k], alone, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------
+# a fused trial against the unfused one
+
+
+def _deterministic_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The diffusion's loss draws timesteps and noise: under vmap each member draws its
+    own, unfused each fold draws from the trial's stream, so the draws differ by design.
+    Fixed draws (the same function of the shape) make the two runs comparable."""
+
+    def randint(low: int, high: int | None = None, size: Any = None, **kw: Any) -> Any:
+        low, high = (0, low) if high is None else (low, high)
+        n = int(torch.Size(size).numel())
+        return (torch.arange(n, device=kw.get("device")) % (high - low) + low).view(*size)
+
+    def randn_like(x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        angles = torch.arange(x.numel(), device=x.device, dtype=F32).view(x.shape)
+        return torch.sin(0.7 * angles).to(x.dtype)
+
+    monkeypatch.setattr(torch, "randint", randint)
+    monkeypatch.setattr(torch, "randn_like", randn_like)
+
+
+def _weights(trainer: Trainer, k: int) -> torch.Tensor:
+    return torch.cat([p.detach().float().flatten() for p in trainer.folds[k].model.parameters()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("family", FORECAST)
+def test_a_fused_fold_trains_as_the_unfused_fold(
+    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if family == "diffusion":
+        _deterministic_noise(monkeypatch)
+    runs = {}
+    for fuse in ("off", "on"):  # "on": also the families auto leaves unfused on a CPU
+        trainer = _trainer(family, policy, fuse=fuse)
+        assert (trainer.fused is not None) == (fuse == "on"), trainer.unfused_reason
+        history = trainer.fit()
+        runs[fuse] = (trainer, history)
+    (alone, alone_history), (fused, fused_history) = runs["off"], runs["on"]
+    assert fused.global_step == alone.global_step == 40  # 2 folds x 10 steps x 2 epochs
+    assert [m["fused_members"] for m in fused_history] == [2, 2]
+    tolerance = F32_TOLERANCE.get(family, 1e-5) if policy == "f32" else LOW_PRECISION_TOLERANCE
+    for k in range(2):
+        a, b = _weights(alone, k), _weights(fused, k)
+        assert float((a - b).norm() / a.norm()) < tolerance, k
+        if policy == "f32":  # a low-precision weight drift moves a short window's Sharpe
+            key = f"val_sharpe_fold{k}"
+            assert fused_history[-1][key] == pytest.approx(alone_history[-1][key], abs=0.01)
+    assert fused_history[-1]["skipped_steps"] == alone_history[-1]["skipped_steps"]
+
+
+def test_folds_of_different_lengths_step_as_often_as_unfused() -> None:
+    """A full pass over each fold (no step cap): fold 0 has fewer batches than fold 1 and
+    leaves the fused step when they run out; both folds end as they would unfused."""
+    runs = {}
+    for fuse in ("off", "auto"):
+        trainer = _trainer("kan", fuse=fuse, max_steps_per_epoch=None, epochs=1)
+        trainer.fit()
+        runs[fuse] = trainer
+    alone, fused = runs["off"], runs["auto"]
+    assert fused.fused is not None and fused.global_step == alone.global_step
+    counts = [len(run.data.decision_times(run.data.train)) // 32 for run in fused.folds]
+    assert counts[0] < counts[1]
+    steps = fused.fused.optimizer.state[next(fused.fused.model.parameters())]["step"]
+    assert steps.tolist() == counts
+    for k in range(2):
+        a, b = _weights(alone, k), _weights(fused, k)
+        assert float((a - b).norm() / a.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("family", FORECAST)
+def test_a_nan_in_one_member_skips_only_that_member(
+    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fold 1's minibatch carries a NaN target: its step is skipped (weights, moments
+    and step count untouched, one skip counted); fold 0 steps as it would alone."""
+    if family == "diffusion":
+        _deterministic_noise(monkeypatch)
+    trainer = _trainer(family, policy, fuse="on")
+    fused = trainer.fused
+    alone = _trainer(family, policy, fuse="off")
+    assert fused is not None
+    before = [p.detach().clone() for p in fused.model.parameters()]
+    times = torch.tensor([[300, 301, 302, 303], [400, 401, 402, 403]])
+    fused.data.targets[1, 401, 0] = float("nan")
+    result = trainer.fused_step(fused, times)
+    assert result.ok.tolist() == [True, False]
+    moved = [
+        not torch.equal(p.detach()[0], old[0])
+        for p, old in zip(fused.model.parameters(), before, strict=True)
+    ]
+    assert any(moved)  # member 0 stepped
+    for p, old in zip(fused.model.parameters(), before, strict=True):
+        assert torch.equal(p.detach()[1], old[1])  # member 1 untouched
+    assert fused.guard.skipped.tolist() == [0, 1]
+    assert fused.optimizer.state[next(iter(fused.model.parameters()))]["step"].tolist() == [1, 0]
+    run = alone.folds[0]
+    alone.forecast_step(run, run.data.batch(times[0]))
+    a = torch.cat([p.detach().float().flatten() for p in run.model.parameters()])
+    b = torch.cat([p.detach().float().flatten() for p in fused.model.members[0].parameters()])
+    tolerance = F32_TOLERANCE.get(family, 1e-5) if policy == "f32" else LOW_PRECISION_TOLERANCE
+    assert float((a - b).norm() / a.norm()) < tolerance
+
+
+# --------------------------------------------------------------------------------------
+# checkpoints and resume
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("family", FORECAST)
+def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
+    family: str, policy: str, tmp_path: Any
+) -> None:
+    """The contract's checkpoint check, fused: saved and restored bit for bit, and a
+    resumed trial ends exactly where an uninterrupted one does."""
+    from trainables.checkpoint import load_checkpoint
+
+    def config() -> TrainConfig:
+        return _config(family, policy, fuse="on", max_steps_per_epoch=4)
+
+    straight = Trainer(config())
+    straight.fit()
+    first = Trainer(config())
+    first.train_epoch()
+    first.save(tmp_path / "ckpt")
+    resumed = Trainer(config(), checkpoint=load_checkpoint(tmp_path / "ckpt"))
+    assert resumed.fused is not None and resumed.epoch == 1
+    for k in range(2):
+        assert torch.equal(_weights(first, k), _weights(resumed, k))
+    resumed.fit()
+    for k in range(2):
+        assert torch.equal(_weights(straight, k), _weights(resumed, k))
+    assert straight.history[-1]["val_sharpe"] == resumed.history[-1]["val_sharpe"]
+
+
+def test_fused_and_unfused_checkpoints_resume_in_the_other_mode(tmp_path: Any) -> None:
+    """The checkpoint layout is per fold either way: weights, moments, step counts,
+    guards and generators come back exactly, and training goes on as in the saved mode."""
+    from trainables.checkpoint import load_checkpoint
+
+    for saved_mode, resumed_mode in (("auto", "off"), ("off", "auto")):
+        source = _trainer("kan", "bf16", fuse=saved_mode, epochs=2)
+        source.train_epoch()
+        path = source.save(tmp_path / f"{saved_mode}-ckpt")
+        resumed = Trainer(
+            source.config.replace(fuse=resumed_mode), checkpoint=load_checkpoint(path)
+        )
+        assert (resumed.fused is None) == (resumed_mode == "off")
+        for k in range(2):
+            assert torch.equal(_weights(source, k), _weights(resumed, k))
+            a, b = source.folds[k], resumed.folds[k]
+            for slots, other in zip(
+                a.optimizer.state.values(), b.optimizer.state.values(), strict=True
+            ):
+                assert slots.keys() == other.keys()
+                for key in slots:
+                    assert torch.equal(slots[key], other[key]), key
+            assert a.guard.state_dict() == b.guard.state_dict()
+            assert torch.equal(a.generator.get_state(), b.generator.get_state())
+        source.fit()
+        resumed.fit()
+        for k in range(2):
+            a, b = _weights(source, k), _weights(resumed, k)
+            assert float((a - b).norm() / a.norm()) < LOW_PRECISION_TOLERANCE
+
+
+# --------------------------------------------------------------------------------------
+# when folds do not fuse
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "device", "reason"),
+    [
+        ("kan", {"fuse": "off"}, "cpu", "trainer.fuse is off"),
+        (
+            "dqn",
+            {},
+            "cpu",
+            "dqn does not fuse: its environments and replay have no member dimension",
+        ),
+        ("kan", {"n_folds": 1}, "cpu", "one fold: nothing to fuse"),
+        (
+            "kan",
+            {"batch_size": 400},
+            "cpu",
+            "fold(s) [0] have fewer training windows than batch_size 400",
+        ),
+    ],
+)
+def test_fuse_plan_says_why_folds_train_one_after_another(
+    family: str, overrides: dict[str, Any], device: str, reason: str
+) -> None:
+    config = _config(family, **overrides)
+    folds = Trainer(config.replace(fuse="off")).folds
+    assert fuse_plan(config, torch.device(device), get_family(family), folds) == (False, reason)
+    assert fuse_plan(_config("kan"), CPU, get_family("kan"), _trainer("kan", fuse="off").folds) == (
+        True,
+        "",
+    )
+
+
+def test_a_family_slower_fused_on_a_cpu_fuses_only_on_a_gpu() -> None:
+    family = dataclasses.replace(get_family("kan"), fuse_on_cpu=False)
+    folds = _trainer("kan", fuse="off").folds
+    config = _config("kan")
+    assert fuse_plan(config, CPU, family, folds) == (
+        False,
+        "kan steps slower fused on a CPU (Family.fuse_on_cpu)",
+    )
+    assert fuse_plan(config, torch.device("cuda"), family, folds) == (True, "")
+
+
+def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(self: StackedModules, batch: Batch, members: Any = None) -> torch.Tensor:
+        raise RuntimeError("Batching rule not implemented for aten::example")
+
+    monkeypatch.setattr(StackedModules, "loss", refuse)
+    with caplog.at_level(logging.WARNING, logger=trainer_module.log.name):
+        trainer = _trainer("kan")
+    assert trainer.fused is None
+    assert trainer.unfused_reason == (
+        "a fused step failed: RuntimeError: Batching rule not implemented for aten::example"
+    )
+    assert any("folds train one after another" in r.message for r in caplog.records)
+    metrics = trainer.train_epoch()  # and trains, unfused
+    assert metrics["fused_members"] == 0 and metrics["step"] == 20
+    for run in trainer.folds:  # the members got their own storage back
+        assert all(p.is_contiguous() for p in run.model.parameters())
+
+
+def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trainer = _trainer("liquid", "bf16", fallback_after=3, log_every=4)
+    fused = trainer.fused
+    assert fused is not None
+    original = StackedModules.loss
+    calls = []
+
+    def poisoned(self: StackedModules, batch: Batch, members: Any = None) -> torch.Tensor:
+        calls.append(1)
+        value = original(self, batch, members)
+        return value * float("nan") if 2 <= len(calls) <= 5 else value
+
+    monkeypatch.setattr(StackedModules, "loss", poisoned)
+    metrics = trainer.train_epoch()
+    assert metrics["fell_back_to_f32"] == 1
+    assert trainer.fused is not None and trainer.fused is not fused  # fused again, in f32
+    assert {p.dtype for p in trainer.fused.model.parameters()} == {F32}
+    assert {p.dtype for run in trainer.folds for p in run.model.parameters()} == {F32}
+    assert metrics["fused_members"] == 2

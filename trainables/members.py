@@ -1,0 +1,229 @@
+"""Fused members: K forecast models of one shape trained as one vmapped model.
+
+The families are small; on a GPU a training step is hundreds of tiny kernels, launch-bound.
+:class:`StackedModules` holds K same-shape modules' parameters and buffers stacked along a
+leading member dimension and computes every member's loss in one pass
+(``torch.func.functional_call`` under ``vmap``, random numbers drawn per member), so one
+backward of the summed loss and one multi-tensor optimizer step over the stacked
+parameters train all K (:meth:`trainables.precision.PrecisionPolicy.backward_and_step`
+clips, scales and skips each member on its own).
+
+The members' own modules stay whole: their parameters and buffers are views of the
+stacked tensors, so evaluation, checkpoints and restores read and write a member exactly
+as an unfused model, and :meth:`StackedModules.release` gives each its own storage again.
+:class:`StackedFolds` stacks the members' data (each fold its own normalization) and
+gathers a minibatch of every member in one indexing op.
+
+A trial's walk-forward folds are its members (the trainer's ``fuse`` setting); seeds and
+same-shape configurations of a sweep are members too once the sweep groups them.
+Why and what it costs: docs/precision.md, "Fused members".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from models.base import Batch
+from trainables.dataset import FoldData
+
+
+class _LossOf(nn.Module):
+    """``module.loss`` as a forward, for ``functional_call`` (which calls forward)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.m = module
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, gaps: torch.Tensor) -> torch.Tensor:
+        return self.m.loss(Batch(x=x, y=y, gaps=gaps))  # type: ignore[operator]
+
+
+class StackedModules(nn.Module):
+    """K modules of one shape as one module: each parameter ``(K, ...)``.
+
+    Its parameters are what the optimizer steps (``members=K``); :meth:`loss` is every
+    member's loss on its own minibatch. Built from the members' modules after they are
+    built, converted to their policy's dtypes and restored: the stacked tensors start as
+    copies of theirs, and the members' tensors become views of them.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if not modules:
+            raise ValueError("fusing needs at least one member")
+        shapes = [
+            [(n, t.shape, t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())]
+            for m in modules
+        ]
+        if any(s != shapes[0] for s in shapes[1:]):
+            raise ValueError("fused members must have the same parameters, shapes and dtypes")
+        self.k = len(modules)
+        params, buffers = stack_module_state(list(modules))
+        self.names = list(params)
+        self.stacked = nn.ParameterList(nn.Parameter(params[n]) for n in self.names)
+        self.buffer_names = list(buffers)
+        for i, name in enumerate(self.buffer_names):
+            self.register_buffer(f"b{i}", buffers[name])
+        # The members by reference only: registering them would add their parameters
+        # (views of the stacked ones) to this module's.
+        self._members: tuple[nn.Module, ...] = tuple(modules)
+        self._loss_of = (_LossOf(modules[0]),)  # the skeleton functional_call reparametrizes
+        for k, module in enumerate(modules):
+            self._point(k, module)
+
+    @property
+    def members(self) -> tuple[nn.Module, ...]:
+        return self._members
+
+    def stacked_buffers(self) -> list[torch.Tensor]:
+        return [getattr(self, f"b{i}") for i in range(len(self.buffer_names))]
+
+    def _point(self, k: int, module: nn.Module) -> None:
+        """Member k's tensors become views of the stacked ones."""
+        own = dict(module.named_parameters())
+        for name, stacked in zip(self.names, self.stacked, strict=True):
+            own[name].data = stacked.data[k]
+        buffers = dict(module.named_buffers())
+        for name, stacked in zip(self.buffer_names, self.stacked_buffers(), strict=True):
+            buffers[name].data = stacked[k]
+
+    def pairs(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(stacked parameter, member k's parameter) for each parameter, in order."""
+        own = dict(self._members[k].named_parameters())
+        return [
+            (stacked, own[name]) for name, stacked in zip(self.names, self.stacked, strict=True)
+        ]
+
+    def loss(self, batch: Batch, members: torch.Tensor | None = None) -> torch.Tensor:
+        """(K,) losses: member k's on ``batch``'s k-th slice (every field ``(K, ...)``).
+        With ``members`` (indices, ``(M,)``), only those members' losses, ``(M,)``, on a
+        batch of M slices: the others take no compute (their gradients are zero)."""
+        skeleton = self._loss_of[0]
+
+        def chosen(t: torch.Tensor) -> torch.Tensor:
+            return t if members is None else t.index_select(0, members)
+
+        params = {"m." + n: chosen(p) for n, p in zip(self.names, self.stacked, strict=True)}
+        buffers = {
+            "m." + n: chosen(b)
+            for n, b in zip(self.buffer_names, self.stacked_buffers(), strict=True)
+        }
+
+        def member_loss(
+            p: dict[str, torch.Tensor],
+            b: dict[str, torch.Tensor],
+            x: torch.Tensor,
+            y: torch.Tensor,
+            gaps: torch.Tensor,
+        ) -> torch.Tensor:
+            return functional_call(skeleton, (p, b), (x, y, gaps))
+
+        return vmap(member_loss, randomness="different")(
+            params, buffers, batch.x, batch.y, batch.gaps
+        )
+
+    def train(self, mode: bool = True) -> StackedModules:
+        super().train(mode)
+        for module in self._members:
+            module.train(mode)
+        return self
+
+    def release(self) -> None:
+        """Give every member its own storage again (copies of its current values)."""
+        for module in self._members:
+            for t in (*module.parameters(), *module.buffers()):
+                t.data = t.data.clone()
+
+
+@dataclass
+class StackedFolds:
+    """The members' fold data stacked: features ``(K, T, A, F)``, targets ``(K, T, A)``
+    (each fold normalized with its own training statistics), the shared bar gaps."""
+
+    features: torch.Tensor
+    targets: torch.Tensor
+    gaps: torch.Tensor
+    lookback: int
+
+    def __post_init__(self) -> None:
+        self._windows = self.features.unfold(1, self.lookback, 1)  # (K, T-L+1, A, F, L) view
+        self._gap_windows = self.gaps.unfold(0, self.lookback, 1)  # (T-L+1, L) view
+        k = self.features.shape[0]
+        self._member = torch.arange(k, device=self.features.device).unsqueeze(1)  # (K, 1)
+
+    @classmethod
+    def stack(cls, folds: Sequence[FoldData]) -> tuple[StackedFolds, list[FoldData]]:
+        """The stacked data of ``folds`` and each fold's data as views of it (the folds'
+        own tensors are then no longer needed)."""
+        first = folds[0]
+        stacked = cls(
+            features=torch.stack([f.features for f in folds]),
+            targets=torch.stack([f.targets for f in folds]),
+            gaps=first.gaps,
+            lookback=first.lookback,
+        )
+        views = [
+            FoldData(
+                features=stacked.features[k],
+                targets=stacked.targets[k],
+                bar_returns=f.bar_returns,
+                gaps=f.gaps,
+                lookback=f.lookback,
+                train=f.train,
+                val=f.val,
+                test=f.test,
+                feature_mean=f.feature_mean,
+                feature_std=f.feature_std,
+            )
+            for k, f in enumerate(folds)
+        ]
+        return stacked, views
+
+    def batch(self, t: torch.Tensor, members: torch.Tensor | None = None) -> Batch:
+        """Every member's windows at its decision bars ``t`` ((K, B) int64 on the device):
+        x (K, B, A, L, F), y (K, B, A), gaps (K, B, L); with ``members`` ((M,) indices),
+        those members' windows at ``t`` ((M, B))."""
+        member = self._member if members is None else members.unsqueeze(1)
+        start = t - (self.lookback - 1)
+        x = self._windows[member, start].permute(0, 1, 2, 4, 3)
+        return Batch(x=x, y=self.targets[member, t], gaps=self._gap_windows[start])
+
+
+def epoch_schedule(
+    orders: Sequence[torch.Tensor], batch_size: int, max_steps: int | None
+) -> tuple[torch.Tensor, list[int]]:
+    """One epoch of every member's minibatches, aligned: ``times (K, S, B)`` and each
+    member's step count. Member k takes its own shuffled ``orders[k]`` in batches of
+    ``batch_size`` (a short tail dropped, at most ``max_steps``), as it would unfused; its
+    rows past its count repeat its first batch, and no step reads them (:func:`phases`)."""
+    counts = [o.numel() // batch_size for o in orders]
+    if max_steps is not None:
+        counts = [min(c, max_steps) for c in counts]
+    steps = max(counts)
+    rows = []
+    for order, count in zip(orders, counts, strict=True):
+        used = order[: count * batch_size].view(count, batch_size)
+        if count < steps:
+            filler = order[:batch_size].expand(steps - count, batch_size)
+            used = torch.cat([used, filler])
+        rows.append(used)
+    return torch.stack(rows), counts
+
+
+def phases(counts: Sequence[int]) -> list[tuple[tuple[int, ...], int, int]]:
+    """The epoch's steps in runs with one set of members that still have batches:
+    ``(members, first step, end step)``. Walk-forward folds grow, so the shortest fold
+    leaves first and a run's set shrinks one member at a time."""
+    runs: list[tuple[tuple[int, ...], int, int]] = []
+    for step in range(max(counts, default=0)):
+        members = tuple(k for k, count in enumerate(counts) if count > step)
+        if runs and runs[-1][0] == members:
+            runs[-1] = (members, runs[-1][1], step + 1)
+        else:
+            runs.append((members, step, step + 1))
+    return runs
