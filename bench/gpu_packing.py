@@ -5,6 +5,7 @@ packed sweep of all of them on the GPU, counting OOMs.
     .venv/bin/python bench/gpu_packing.py --require-cuda --out "$OUT"   # one GPU, < 8 minutes
     .venv/bin/python bench/gpu_packing.py --smoke          # CPU, estimates only, dqn + tft, tiny
     .venv/bin/python bench/gpu_packing.py --families dqn,tft --out bench/results
+    .venv/bin/python bench/gpu_packing.py --smoke --families tft --members 1 2   # fused rows
 
 Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/results) after
 every row, so a run stopped by its time limit keeps what it measured; each row is also
@@ -16,8 +17,9 @@ recorded with its traceback.
 
 The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) reports
 the OOMs (the target is 0) and the most trials that ran at once. ``--seconds`` sets how
-long steps/s is timed. Families whose module does not import are listed as skipped, not
-failed. What each row and the sweep measure: docs/packing.md#the-packing-benchmark
+long steps/s is timed. Fused-member rows (``--members``; 1, 8 and 32 with CUDA) time a
+trial-step of K folds fused against the same folds stepped one after another, in bf16 on
+a GPU. Families whose module does not import are listed as skipped, not failed. What each row and the sweep measure: docs/packing.md#the-packing-benchmark
 """
 
 from __future__ import annotations
@@ -75,17 +77,20 @@ def trial_config(family: str, precision: str, smoke: bool) -> TrainConfig:
 def steps_per_second(
     config: TrainConfig, device: torch.device, seconds: float, per_call: int = 20
 ) -> tuple[float, bool]:
-    """Optimizer steps per second on fold 0, after one warm call, and whether the steps
-    were replayed from a CUDA graph; each timed call runs ``per_call`` minibatches (rl:
-    ``per_call // 5`` collect-and-learn cycles)."""
+    """Optimizer steps per second (one per fold stepped) of the trial's first step unit
+    (the fused folds, or fold 0), after one warm call, and whether the steps were replayed
+    from a CUDA graph; each timed call runs ``per_call`` minibatches (rl: ``per_call // 5``
+    collect-and-learn cycles)."""
     from trainables.trainer import Trainer
 
     cfg = profiling_config(config, device).replace(
         max_steps_per_epoch=per_call, rl_iterations=max(1, per_call // 5)
     )
     trainer = Trainer(cfg, device=device)
-    run = trainer.folds[0]
-    step = trainer._train_rl if trainer.is_rl else trainer._train_forecast
+    run = trainer.step_units[0]
+
+    def step(unit: Any) -> None:
+        trainer.train_unit(unit)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -104,6 +109,67 @@ def steps_per_second(
         if elapsed >= seconds:
             replayed = run.step is not None and run.step.replaying
             return (trainer.global_step - first) / elapsed, replayed
+
+
+def ms_per_trial_step(
+    config: TrainConfig, device: torch.device, seconds: float, per_call: int
+) -> tuple[float, bool]:
+    """ms per trial-step (one step of each fold) of ``config``'s trainer, and whether every
+    step unit replayed a CUDA graph; each call runs ``per_call`` batches of each fold."""
+    from trainables.trainer import Trainer
+
+    trainer = Trainer(config, device=device)
+    units = trainer.step_units
+
+    def call() -> None:
+        for unit in units:
+            trainer.train_unit(unit)
+
+    for _ in range(2):  # warm-up, and CUDA graph capture (after 3 eager steps)
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    calls, start = 0, time.perf_counter()
+    while True:
+        call()
+        calls += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            replayed = all(u.step is not None and u.step.replaying for u in units)
+            return elapsed * 1e3 / (calls * per_call), replayed
+
+
+def member_row(
+    family: str, precision: str, k: int, device: torch.device, seconds: float, per_call: int
+) -> dict[str, Any]:
+    """ms per trial-step (a step of each of K folds) fused and unfused, CUDA graphs on
+    where the family's step is static: what fusing saves at K members."""
+    timings: dict[str, tuple[float, bool]] = {}
+    for fuse in ("on", "off"):
+        config = TrainConfig(
+            family=family,
+            precision=precision,
+            epochs=1,
+            n_folds=k,
+            val_fraction=0.5 / max(k, 4),
+            max_steps_per_epoch=per_call,
+            fuse=fuse,
+            device=str(device),
+            data=DataConfig(n_bars=max(2000, 250 * k)),
+        )
+        timings[fuse] = ms_per_trial_step(config, device, seconds, per_call)
+    (fused, fused_graphs), (unfused, unfused_graphs) = timings["on"], timings["off"]
+    return {
+        "family": family,
+        "precision": precision,
+        "members": k,
+        "ms_per_trial_step_fused": round(fused, 3),
+        "ms_per_trial_step_unfused": round(unfused, 3),
+        "speedup": round(unfused / fused, 2),
+        "cuda_graphs": {"fused": fused_graphs, "unfused": unfused_graphs},
+    }
 
 
 def mib(n: int | None) -> float | None:
@@ -191,6 +257,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {family} | {ratio['peak']:.2f} | {ratio['trials']:.2f} | {ratio['steps']:.2f} "
             f"| {ratio['eager_ms']:.2f} |"
         )
+    if report.get("members"):
+        lines += [
+            "",
+            "Fused members: ms per trial-step (one step of each of K folds), CUDA graphs on "
+            "where the step is static",
+            "",
+            "| family | precision | K | fused ms | unfused ms | speedup | graphs |",
+            "|---|---|---:|---:|---:|---:|---|",
+        ]
+        for m in report["members"]:
+            lines.append(
+                f"| {m['family']} | {m['precision']} | {m['members']} | "
+                f"{m['ms_per_trial_step_fused']} | {m['ms_per_trial_step_unfused']} | "
+                f"{m['speedup']}x | {m['cuda_graphs']} |"
+            )
     sweep = report.get("sweep")
     if sweep:
         lines += [
@@ -405,6 +486,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"({SWEEP_RESERVE_S:.0f} s)",
     )
     parser.add_argument(
+        "--members",
+        nargs="*",
+        type=int,
+        default=None,
+        help="fused-member rows at these K (default: 1 8 32 with CUDA, none without)",
+    )
+    parser.add_argument(
         "--require-cuda",
         action="store_true",
         help="stop at once unless torch sees a CUDA GPU (a GPU run must not fall back to CPU)",
@@ -436,6 +524,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratios": {},
         "skipped": [],
         "sweep": None,
+        "members": [],
         "elapsed_s": 0.0,
     }
     print(json.dumps({"gpu": report["gpu"] or "cpu"}), flush=True)
@@ -472,6 +561,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 left_out.add(family)
             row_s = max(row_s, time.perf_counter() - row_start)
             report["ratios"] = bf16_ratios(rows, families)
+            report["elapsed_s"] = round(time.perf_counter() - started, 1)
+            write_report(args.out, report)
+
+    # Fused members, bf16 (what a GPU trial runs): ms per trial-step at each K, fused and
+    # not, for the forecast families; a row starts only if it fits like the others.
+    ks = args.members if args.members is not None else ([1, 8, 32] if device.type == "cuda" else [])
+    for family in [f for f in families if f not in left_out and get_family(f).fuses]:
+        for k in ks:
+            if not fits(row_s):
+                skipped.append(f"{family} K={k} fused members (time budget)")
+                continue
+            row_start = time.perf_counter()
+            try:
+                report["members"].append(
+                    member_row(
+                        family,
+                        "bf16" if device.type == "cuda" else "f32",
+                        k,
+                        device,
+                        args.seconds,
+                        per_call=2 if args.smoke else 20,
+                    )
+                )
+                print(json.dumps(report["members"][-1]), flush=True)
+            except Exception as exc:
+                skipped.append(f"{family} K={k} fused members ({type(exc).__name__}: {exc})")
+            row_s = max(row_s, time.perf_counter() - row_start)
             report["elapsed_s"] = round(time.perf_counter() - started, 1)
             write_report(args.out, report)
 

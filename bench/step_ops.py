@@ -5,6 +5,7 @@ bare loop with ``torch.optim.AdamW(fused=True)`` on the same module and batches.
     .venv/bin/python bench/step_ops.py --smoke    # kan and dqn, two policies, few steps
     .venv/bin/python bench/step_ops.py tlob dqn   # chosen families
     .venv/bin/python bench/step_ops.py --policies f32 bf16   # chosen policies
+    .venv/bin/python bench/step_ops.py --members 1 4 8       # fused members vs unfused
 
 Ops are top-level ATen ops counted with ``torch.profiler`` on CPU (a proxy for GPU kernel
 launches): "fwd+bwd" is forward, loss and backward alone (gradients zeroed outside the
@@ -17,6 +18,12 @@ fixed batches of their own: DQN on replay samples (``learner.loss(sample)`` afte
 replay holds ``learning_starts`` transitions), PPO on the minibatches of one collected
 rollout (``learner.loss(indices)``); collecting and ``after_step`` (priorities, target
 updates) stay outside the count, on both sides.
+
+``--members K ...`` compares, per forecast family, policy and K, one *trial-step* (a step
+of each of a trial's K folds) fused (``trainer.fuse = "on"``: one vmapped step over the K
+folds) against the same K folds stepped one after another (``fuse = "off"``), through the
+trainer's own step code: ops, ms, and their ratios fused / unfused. Sizes are the
+families' tiny test sizes (``--size default`` for the adapters' defaults).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from models import family_names
+from models import family_names, get_family
 from models.base import RLLearner
 from trainables.config import DataConfig, build_train_config
 from trainables.trainer import Trainer
@@ -167,6 +174,96 @@ def _rl_batches(trainer: Trainer) -> tuple[LossOf, list[object]]:
     return learner.loss, minibatches  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True)
+class MembersRow:
+    family: str
+    policy: str
+    members: int
+    unfused_ops: int
+    fused_ops: int
+    unfused_ms: float
+    fused_ms: float
+
+
+def measure_members(
+    family: str, policy_name: str, k: int, steps: int, repeats: int, size: str
+) -> MembersRow:
+    """One trial-step of K folds, fused and unfused, through the trainer's step code."""
+    from tests.models.test_contract import TINY
+
+    model_config = dict(TINY[family]) if size == "tiny" else {}
+    trainers = {}
+    for fuse in ("off", "on"):
+        cfg = build_train_config(
+            family,
+            model_config,
+            data=DataConfig(n_bars=2000),
+            precision=policy_name,
+            seed=0,
+            epochs=1,
+            n_folds=k,
+            val_fraction=0.5 / max(k, 4),
+            fuse=fuse,
+            device="cpu",
+        )
+        trainers[fuse] = Trainer(cfg, device=torch.device("cpu"))
+    unfused, fused_trainer = trainers["off"], trainers["on"]
+    fused = fused_trainer.fused
+    if fused is None:
+        raise RuntimeError(f"{family} did not fuse: {fused_trainer.unfused_reason}")
+    size_b = unfused.config.batch_size
+    times = torch.stack(
+        [run.data.decision_times(run.data.train)[:size_b] for run in fused_trainer.folds]
+    )
+    batches = [run.data.batch(times[i]) for i, run in enumerate(unfused.folds)]
+
+    def fused_step() -> None:
+        fused_trainer.fused_step(fused, times)
+
+    def unfused_step() -> None:
+        for run, batch in zip(unfused.folds, batches, strict=True):
+            unfused.forecast_step(run, batch)
+
+    for _ in range(2):  # warm-up: arenas built
+        fused_step()
+        unfused_step()
+    fused_ops, unfused_ops = count_ops(fused_step), count_ops(unfused_step)
+
+    def timed(step: Callable[[], None]) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - start) * 1e3 / steps
+
+    fused_ms, unfused_ms = [], []
+    for _ in range(repeats):  # interleaved blocks
+        fused_ms.append(timed(fused_step))
+        unfused_ms.append(timed(unfused_step))
+    return MembersRow(
+        family,
+        policy_name,
+        k,
+        unfused_ops,
+        fused_ops,
+        statistics.median(unfused_ms),
+        statistics.median(fused_ms),
+    )
+
+
+MEMBERS_HEADER = (
+    "| family | policy | K | unfused ops | fused ops | ops ratio | unfused ms | fused ms "
+    "| ms ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def members_row(r: MembersRow) -> str:
+    return (
+        f"| {r.family} | {r.policy} | {r.members} | {r.unfused_ops} | {r.fused_ops} "
+        f"| {r.fused_ops / r.unfused_ops:.3f} | {r.unfused_ms:.2f} | {r.fused_ms:.2f} "
+        f"| {r.fused_ms / r.unfused_ms:.2f}x |"
+    )
+
+
 HEADER = (
     "| family | policy | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
     "| trainer ms/step | bare ms/step | ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -194,8 +291,21 @@ def main(argv: list[str] | None = None) -> None:
         metavar="POLICY",
         help=f"default: all of {', '.join(POLICIES)}",
     )
+    parser.add_argument(
+        "--members",
+        nargs="+",
+        type=int,
+        metavar="K",
+        help="fused members: a trial-step of K folds fused vs unfused, per K",
+    )
+    parser.add_argument(
+        "--size", choices=("tiny", "default"), default="tiny", help="--members model sizes"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.members:
+        members_main(args)
+        return
     policies: tuple[str, ...]
     if args.smoke:
         families, policies, steps, repeats = ["kan", "dqn"], ("f32", "bf16"), 2, 1
@@ -210,6 +320,21 @@ def main(argv: list[str] | None = None) -> None:
             print(table_row(rows[-1]), flush=True)  # a row as soon as it is measured
     worst = max(rows, key=lambda r: r.opt_guard)
     print(f"\nmost optimizer+guard ops: {worst.opt_guard} ({worst.family}, {worst.policy})")
+
+
+def members_main(args: argparse.Namespace) -> None:
+    forecast = [f for f in family_names() if get_family(f).fuses]
+    if args.smoke:
+        families, policies, steps, repeats = ["kan"], ("f32",), 2, 1
+    else:
+        families = args.families or forecast
+        policies, steps, repeats = tuple(args.policies), args.steps, args.repeats
+    print(MEMBERS_HEADER, flush=True)
+    for family in families:
+        for policy in policies:
+            for k in args.members:
+                row = measure_members(family, policy, k, steps, repeats, args.size)
+                print(members_row(row), flush=True)
 
 
 if __name__ == "__main__":
