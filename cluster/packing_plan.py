@@ -9,7 +9,7 @@
   (:func:`shape_plan`, :func:`family_plans`; ``hpo profile --model`` / ``--all``).
 
 :class:`ClusterPacker` is the resources callable the sweep hands Tune
-(``tune.with_resources(run_trial, resources=packer)``):
+(``tune.with_resources(trainable, resources=packer)``, see ``hpo.sweep``):
 
 1. ``packer.prefetch(configs)`` profiles every shape known before launch on every GPU
    type, in one Ray task on a node of that type (:mod:`cluster.remote_profile`), reading

@@ -205,8 +205,14 @@ def predict_cmd(
     policy: Annotated[
         str, typer.Option(help="Precision policy to run in; auto = bf16 on Ampere+, else f32.")
     ] = "auto",
+    old_precision: Annotated[
+        str | None, typer.Option("--precision", hidden=True, help="The old name of --policy.")
+    ] = None,
 ) -> None:
     """Positions for new bars from a checkpoint, plus the backtest of those bars."""
+    if old_precision is not None:
+        console.print("[yellow]--precision is now --policy (the policy it runs in)[/]")
+        policy = old_precision
     from trainables.checkpoint import CheckpointError
     from trainables.data import OHLCVError
     from trainables.predict import predict

@@ -50,6 +50,10 @@ class StackedModules(nn.Module):
     member's loss on its own minibatch. Built from the members' modules after they are
     built, converted to their policy's dtypes and restored: the stacked tensors start as
     copies of theirs, and the members' tensors become views of them.
+
+    The members' tensors are per member; what a module keeps in Python (a dropout rate, a
+    loss weight, a position scale) is the first member's for all of them. A trial's folds
+    share every setting; members that differ in such a setting need it as a tensor.
     """
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:
@@ -200,7 +204,8 @@ def epoch_schedule(
     """One epoch of every member's minibatches, aligned: ``times (K, S, B)`` and each
     member's step count. Member k takes its own shuffled ``orders[k]`` in batches of
     ``batch_size`` (a short tail dropped, at most ``max_steps``), as it would unfused; its
-    rows past its count repeat its first batch, and no step reads them (:func:`phases`)."""
+    rows past its count repeat its first batch (a masked step may compute on them, none
+    applies them)."""
     counts = [o.numel() // batch_size for o in orders]
     if max_steps is not None:
         counts = [min(c, max_steps) for c in counts]
@@ -213,17 +218,3 @@ def epoch_schedule(
             used = torch.cat([used, filler])
         rows.append(used)
     return torch.stack(rows), counts
-
-
-def phases(counts: Sequence[int]) -> list[tuple[tuple[int, ...], int, int]]:
-    """The epoch's steps in runs with one set of members that still have batches:
-    ``(members, first step, end step)``. Walk-forward folds grow, so the shortest fold
-    leaves first and a run's set shrinks one member at a time."""
-    runs: list[tuple[tuple[int, ...], int, int]] = []
-    for step in range(max(counts, default=0)):
-        members = tuple(k for k, count in enumerate(counts) if count > step)
-        if runs and runs[-1][0] == members:
-            runs[-1] = (members, runs[-1][1], step + 1)
-        else:
-            runs.append((members, step, step + 1))
-    return runs

@@ -56,7 +56,7 @@ from trainables.config import TrainConfig
 from trainables.dataset import FoldData, Market, build_fold, build_market
 from trainables.env import TradingEnv
 from trainables.inference import span_positions
-from trainables.members import StackedFolds, StackedModules, epoch_schedule, phases
+from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.memory import TrialMemory
 from trainables.optim import GuardedAdamW
 from trainables.precision import (
@@ -338,6 +338,8 @@ class Trainer:
         data, views = StackedFolds.stack([run.data for run in self.folds])
         try:
             _try_fused_step(module, data, self.policy, self.config.batch_size)
+        except torch.cuda.OutOfMemoryError:
+            raise  # the share's fault, not fusion's: the trial's OOM path handles it
         except Exception as exc:  # a module vmap cannot batch, or one that refuses members
             module.release()
             self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
@@ -405,8 +407,10 @@ class Trainer:
 
     def _train_fused(self, fused: FusedFolds) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of every fold, fused: each fold's minibatches in its own order (as
-        unfused), one fused step per batch index over the folds that still have one (a
-        shorter fold leaves the fused step when its batches run out)."""
+        unfused), one fused step per batch index. A shorter fold has no batch for the last
+        steps: eagerly those steps run the folds that still have one (no compute wasted);
+        with CUDA graphs the one captured step runs every fold, the others masked off
+        (a launch-bound GPU step costs the same, and the profile measured that step)."""
         cfg = self.config
         fused.model.train()
         orders = []
@@ -422,39 +426,56 @@ class Trainer:
             if on_epoch_start is not None and count > 0:
                 on_epoch_start(run.data.batch(order[: max(cfg.batch_size, EPOCH_START_SAMPLE)]))
         k = fused.k
+        n_steps = max(counts)
+        masked = graph_plan(cfg.cuda_graphs, self.device, self.family)[0]
+        active = torch.tensor(  # (K, S): whether fold k has a batch at step i
+            [[i < count for i in range(n_steps)] for count in counts], device=self.device
+        )
+        indices: dict[tuple[int, ...], torch.Tensor] = {}
         loss_sum = torch.zeros(k, dtype=F32, device=self.device)
         n_ok = torch.zeros(k, dtype=F32, device=self.device)
-        for members, first, end in phases(counts):
-            if len(members) == k:
-                step, run_times = self._fused_step(fused), times[:, first:end]
+        for i in range(n_steps):
+            members = tuple(m for m, count in enumerate(counts) if count > i)
+            # Read at every step: a bf16 -> f32 fallback (at a divergence check) fuses the
+            # folds again, or leaves them on their own when they cannot fuse.
+            current = self.fused
+            if current is None:
+                for m in members:
+                    run = self.folds[m]
+                    batch = run.data.batch(times[m, i])
+                    loss_m, ok_m = self._fold_step(run)(batch.x, batch.y, batch.gaps)
+                    loss_sum[m] += torch.where(ok_m, loss_m, 0.0)
+                    n_ok[m] += ok_m
             else:
-                step = self._subset_step(fused, members)
-                index = torch.tensor(members, device=self.device)
-                run_times = times.index_select(0, index)[:, first:end]
-            for i in range(end - first):
-                loss, ok = step(run_times[:, i])
+                if len(members) == k or masked:
+                    loss, ok = self._fused_step(current)(times[:, i], active[:, i])
+                else:
+                    index = indices.setdefault(members, torch.tensor(members, device=self.device))
+                    loss, ok = self._subset_step(current, members)(
+                        times[:, i].index_select(0, index)
+                    )
                 loss_sum += torch.where(ok, loss, 0.0)
                 n_ok += ok
-                self._after_step(len(members))
+            self._after_step(len(members))
         return list(zip(loss_sum.unbind(), n_ok.unbind(), strict=True))
 
     def _fused_step(self, fused: FusedFolds) -> StepRunner:
-        """The step of every member (built again after a fallback dropped it)."""
+        """The step of every member, those ``active`` leaves out masked off (built again
+        after a fallback dropped it)."""
         if fused.step is None:
             capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
 
-            def step(times: torch.Tensor) -> StepResult:
-                return self.fused_step(fused, times)
+            def step(times: torch.Tensor, active: torch.Tensor) -> StepResult:
+                return self.fused_step(fused, times, active=active)
 
             fused.step = StepRunner(self, f"{fused.k} fused folds", step, capture, why_not)
         return fused.step
 
     def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
-        """The step of ``members`` only (the folds that still have batches): one runner,
-        and one captured graph, per set of members, kept across epochs."""
+        """The eager step of ``members`` only (the folds that still have batches), one
+        runner per set of members, kept across epochs."""
         runner = fused.subset_steps.get(members)
         if runner is None:
-            capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
             index = torch.tensor(members, device=self.device)
             active = torch.zeros(fused.k, dtype=torch.bool, device=self.device)
             active[index] = True
@@ -463,7 +484,8 @@ class Trainer:
                 return self.fused_step(fused, times, index, active)
 
             label = f"folds {list(members)} fused"
-            runner = fused.subset_steps[members] = StepRunner(self, label, step, capture, why_not)
+            runner = StepRunner(self, label, step, False, "a subset step runs eagerly")
+            fused.subset_steps[members] = runner
         return runner
 
     def fused_step(
@@ -473,9 +495,10 @@ class Trainer:
         members: torch.Tensor | None = None,
         active: torch.Tensor | None = None,
     ) -> StepResult:
-        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``), or of
-        ``members`` only (indices, with ``times`` ``(M, B)``, and ``active`` the (K,) mask
-        of them): the others take no compute and no step. Loss and ok are ``(K,)``."""
+        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``); a member
+        ``active`` (``(K,)``) leaves out takes no step and counts no skip. With ``members``
+        (indices, ``times`` then ``(M, B)``) only those compute at all. Loss and ok are
+        ``(K,)``."""
         batch = fused.data.batch(times, members)
         with self.policy.autocast():
             losses = fused.model.loss(batch, members)
@@ -637,9 +660,10 @@ class Trainer:
             for name, tensor in run.model.state_dict().items():
                 weights[prefix + name] = tensor
             names = {id(p): n for n, p in run.model.named_parameters()}
+            optimizer_state = run.optimizer.state  # a fused fold's views: built once here
             for group in run.optimizer.param_groups:
                 for p in group["params"]:
-                    for key, value in run.optimizer.state[p].items():
+                    for key, value in optimizer_state[p].items():
                         optim[f"{prefix}{names[id(p)]}.{key}"] = value
             for key, value in run.guard.state_dict().items():
                 optim[f"{prefix}guard.{key}"] = value

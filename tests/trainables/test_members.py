@@ -30,7 +30,7 @@ from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
 from trainables import trainer as trainer_module
 from trainables.config import DataConfig, TrainConfig
-from trainables.members import StackedFolds, StackedModules, epoch_schedule, phases
+from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.optim import GuardedAdamW
 from trainables.precision import BF16, F32, LossScaler, StepGuard
 from trainables.trainer import Trainer, fuse_plan
@@ -164,10 +164,9 @@ def test_the_epoch_schedule_aligns_the_members_and_a_short_one_leaves_early() ->
     assert counts == [3, 2, 6] and times.shape == (3, 6, 3)
     assert times[1, :2].tolist() == [[100, 101, 102], [103, 104, 105]]
     assert times[2, 5].tolist() == [215, 216, 217]  # a short tail (218, 219) is dropped
-    # Steps 0-1 fuse all three, step 2 the two with batches left, steps 3-5 member 2 alone.
-    assert phases(counts) == [((0, 1, 2), 0, 2), ((0, 2), 2, 3), ((2,), 3, 6)]
+    assert times[1, 2:].eq(torch.tensor([100, 101, 102])).all()  # past its count: a filler
     _, counts = epoch_schedule(orders, batch_size=3, max_steps=2)
-    assert counts == [2, 2, 2] and phases(counts) == [((0, 1, 2), 0, 2)]
+    assert counts == [2, 2, 2]
 
 
 def test_the_members_are_views_of_the_stacked_tensors() -> None:
@@ -182,10 +181,14 @@ def test_the_members_are_views_of_the_stacked_tensors() -> None:
     with torch.no_grad():
         stacked.stacked[index][1].add_(1.0)
     assert torch.equal(dict(modules[1].named_parameters())[name], before[1] + 1.0)
+    own = dict(modules[1].named_parameters())[name]
+    assert own.untyped_storage().data_ptr() == stacked.stacked[index].untyped_storage().data_ptr()
     stacked.release()
+    own = dict(modules[1].named_parameters())[name]
+    assert own.untyped_storage().data_ptr() != stacked.stacked[index].untyped_storage().data_ptr()
     with torch.no_grad():
         stacked.stacked[index][1].add_(1.0)  # released: the member keeps its own values
-    assert torch.equal(dict(modules[1].named_parameters())[name], before[1] + 1.0)
+    assert torch.equal(own, before[1] + 1.0)
 
 
 @pytest.mark.parametrize("rnn", [LSTM, GRU])
@@ -329,7 +332,9 @@ def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
     from trainables.checkpoint import load_checkpoint
 
     def config() -> TrainConfig:
-        return _config(family, policy, fuse="on", max_steps_per_epoch=4)
+        # A full pass (no step cap): fold 0 runs out of batches first, so the epoch ends
+        # with steps of fold 1 alone.
+        return _config(family, policy, fuse="on", max_steps_per_epoch=None)
 
     straight = Trainer(config())
     straight.fit()
@@ -362,12 +367,15 @@ def test_fused_and_unfused_checkpoints_resume_in_the_other_mode(tmp_path: Any) -
         for k in range(2):
             assert torch.equal(_weights(source, k), _weights(resumed, k))
             a, b = source.folds[k], resumed.folds[k]
-            for slots, other in zip(
-                a.optimizer.state.values(), b.optimizer.state.values(), strict=True
-            ):
-                assert slots.keys() == other.keys()
+            names_a = {id(p): n for n, p in a.model.named_parameters()}
+            names_b = {id(p): n for n, p in b.model.named_parameters()}
+            state_a = {names_a[id(p)]: v for p, v in a.optimizer.state.items()}
+            state_b = {names_b[id(p)]: v for p, v in b.optimizer.state.items()}
+            assert state_a.keys() == state_b.keys() == set(names_a.values())
+            for name, slots in state_a.items():
+                assert slots.keys() == state_b[name].keys(), name
                 for key in slots:
-                    assert torch.equal(slots[key], other[key]), key
+                    assert torch.equal(slots[key], state_b[name][key]), (name, key)
             assert a.guard.state_dict() == b.guard.state_dict()
             assert torch.equal(a.generator.get_state(), b.generator.get_state())
         source.fit()
@@ -461,6 +469,13 @@ def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
     metrics = trainer.train_epoch()
     assert metrics["fell_back_to_f32"] == 1
     assert trainer.fused is not None and trainer.fused is not fused  # fused again, in f32
+    # Fused steps 2-4 skipped (a streak of 3 at the check after step 4); fusing again
+    # tries one step first (loss call 5), then the epoch goes on in the new f32 model:
+    # each fold's step count is its 1 step before the fallback and steps 5-10 after, all
+    # in the model the folds now use.
+    assert metrics["skipped_steps"] == 6 and metrics["step"] == 20
+    steps = trainer.fused.optimizer.state[next(trainer.fused.model.parameters())]["step"]
+    assert steps.tolist() == [7.0, 7.0]
     assert {p.dtype for p in trainer.fused.model.parameters()} == {F32}
     assert {p.dtype for run in trainer.folds for p in run.model.parameters()} == {F32}
     assert metrics["fused_members"] == 2
