@@ -23,7 +23,7 @@ updates) stay outside the count, on both sides.
 of each of a trial's K folds) fused (``trainer.fuse = "on"``: one vmapped step over the K
 folds) against the same K folds stepped one after another (``fuse = "off"``), through the
 trainer's own step code: ops, ms, and their ratios fused / unfused. Sizes are the
-families' tiny test sizes (``--size default`` for the adapters' defaults).
+families' tiny sizes (``Family.tiny``) (``--size default`` for the adapters' defaults).
 """
 
 from __future__ import annotations
@@ -189,9 +189,7 @@ def measure_members(
     family: str, policy_name: str, k: int, steps: int, repeats: int, size: str
 ) -> MembersRow:
     """One trial-step of K folds, fused and unfused, through the trainer's step code."""
-    from tests.models.test_contract import TINY
-
-    model_config = dict(TINY[family]) if size == "tiny" else {}
+    model_config = dict(get_family(family).tiny) if size == "tiny" else {}
     trainers = {}
     for fuse in ("off", "on"):
         cfg = build_train_config(

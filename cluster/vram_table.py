@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -51,7 +50,7 @@ from cluster.profiler import (
     target_precision,
 )
 from cluster.storage import SweepLocation
-from models import FAMILY_MODULES, get_family
+from models import family_module, get_family
 from trainables.config import TrainConfig
 
 log = logging.getLogger("cluster.vram_table")
@@ -87,8 +86,7 @@ def _size_value(value: Any, searched_float: bool = False) -> Any:
 
 def memory_neutral(model: str) -> frozenset[str]:
     """Config fields family ``model`` declares memory-neutral (``MEMORY_NEUTRAL``)."""
-    module = importlib.import_module(FAMILY_MODULES[model])
-    return frozenset(getattr(module, "MEMORY_NEUTRAL", ()))
+    return frozenset(getattr(family_module(model), "MEMORY_NEUTRAL", ()))
 
 
 def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> dict[str, Any]:

@@ -68,12 +68,22 @@ def main() -> None:
 
 
 @app.command("models")
-def models_cmd(as_json: JsonFlag = False) -> None:
-    """List the model families with their search spaces (their adapters)."""
-    from models import all_families
+def models_cmd(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Families to show: names or 'package.module:ATTR' (default: all)."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List the model families with their search spaces (their adapters): the registered
+    ones, those installed packages register, or the ones named."""
+    from models import FamilyError, all_families, get_family
     from models.base import describe_dim
 
-    families = all_families()
+    try:
+        families = [get_family(n) for n in names] if names else all_families()
+    except FamilyError as exc:
+        fail(str(exc))
     if as_json:
         payload = [
             {
@@ -482,6 +492,52 @@ def compare_cmd(
             f"logged {len(logged)} cmp.* metrics and comparison/report.html on parent run "
             f"{comparison.parent_run_id}"
         )
+
+
+@app.command("check-family")
+def check_family_cmd(
+    reference: Annotated[
+        str, typer.Argument(help="A family: a registered name or 'package.module:ATTR'.")
+    ],
+    policies: Annotated[
+        list[str] | None,
+        typer.Option("--policy", help="Policies to check (repeatable; default: all four)."),
+    ] = None,
+    learning: Annotated[
+        bool,
+        typer.Option(help="Train it on the planted synthetic signal (about a minute)."),
+    ] = True,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check a model family against the contract the ten built-in families pass: its
+    records, dtypes and outputs under every precision policy, a finite run, a bit-exact
+    checkpoint round trip and resume, a step that reads nothing on the host, learning
+    the planted signal, and fused folds (or why not). Exit 1 when a check fails."""
+    from trainables.contract import DEFAULT_LEARNING, POLICIES, run_checks
+
+    def progress(result: Any) -> None:
+        if not as_json:
+            mark = "[green]ok[/]" if result.passed else "[red]FAILED[/]"
+            console.print(f"{mark} {escape(result.name)}: {escape(result.detail)}")
+
+    results = run_checks(
+        reference,
+        policies=tuple(policies or POLICIES),
+        learning=DEFAULT_LEARNING if learning else None,
+        on_result=progress,
+    )
+    failed = [r for r in results if not r.passed]
+    if as_json:
+        console.print_json(json.dumps([r.__dict__ for r in results]))
+    else:
+        table = titled_table(f"family contract: {reference}", "check", "holds", "detail")
+        for r in results:
+            table.add_row(r.name, "yes" if r.passed else "NO", escape(r.detail))
+        console.print(table)
+        verdict = "breaks the contract" if failed else "meets the contract"
+        console.print(f"{reference} {verdict} ({len(results) - len(failed)}/{len(results)})")
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command("profile")

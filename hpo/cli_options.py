@@ -18,8 +18,9 @@ from rich.table import Table
 
 # Wide enough for the result tables when output goes to a log or a pipe (rich would use 80).
 _WIDTH = None if sys.stdout.isatty() else 160
-console = Console(width=_WIDTH)
-err_console = Console(stderr=True, width=_WIDTH)
+# No emoji codes: a family's import reference ("desk_gru:FAMILY") would print as a picture.
+console = Console(width=_WIDTH, emoji=False)
+err_console = Console(stderr=True, width=_WIDTH, emoji=False)
 
 # Options several commands share, defined once.
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]

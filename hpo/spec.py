@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from models import family_names
+from models import FamilyError, family_names, get_family, installed_names, is_reference
 from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
 from trainables.precision import POLICY_NAMES
 
@@ -148,10 +148,16 @@ class SweepSpec(_Strict):
     @field_validator("models")
     @classmethod
     def _models(cls, value: list[str]) -> list[str]:
+        """Registered names, installed names, or import references to a family (resolved
+        with the other checks that need the families, see :func:`parse_spec`)."""
         known = family_names()
-        unknown = [m for m in value if m not in known]
+        unknown = [m for m in value if m not in known and not is_reference(m)]
+        unknown = [m for m in unknown if m not in installed_names()]
         if unknown:
-            raise ValueError(f"unknown model(s) {unknown}; allowed: {list(known)}")
+            raise ValueError(
+                f"unknown model(s) {unknown}; allowed: {list(known)}, a name an installed "
+                "package registers, or an import reference 'package.module:ATTR'"
+            )
         if len(set(value)) != len(value):
             raise ValueError("lists a model twice")
         return value
@@ -241,10 +247,11 @@ def parse_spec(
 ) -> SweepSpec:
     """Validate a parsed spec; raises :class:`SpecError` naming every bad field.
 
-    ``check_data=False`` skips the data checks (that the source exists, and the
-    walk-forward splits on its bars, synthetic ones included): for reading back a sweep
-    whose spec was checked in full when it started (its data path is stored absolute),
-    from where the data may not be mounted."""
+    ``check_data=False`` skips the checks that need the data or the families (that the
+    source exists, the walk-forward splits on its bars, that each family imports and
+    builds): for reading back a sweep whose spec was checked in full when it started (its
+    data path is stored absolute), from where the data may not be mounted or a family's
+    module may not import."""
     try:
         spec = SweepSpec.model_validate(payload)
     except ValidationError as exc:
@@ -252,7 +259,7 @@ def parse_spec(
     problems: list[str] = []
     if check_data:
         spec, problems = _with_absolute_data(spec, base_dir or Path.cwd())
-    problems = [*_model_problems(spec, data_ok=check_data and not problems), *problems]
+        problems = [*_model_problems(spec, data_ok=not problems), *problems]
     if problems:
         raise SpecError(source, problems)
     return spec
@@ -329,7 +336,12 @@ def _model_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
 
     problems = []
     shapes: dict[DataConfig, tuple[int, int]] = {}
-    for model in spec.models:
+    for i, model in enumerate(spec.models):
+        try:
+            get_family(model)
+        except FamilyError as exc:
+            problems.append(f"models[{i}]: {exc}")
+            continue
         try:
             space = trial_space(model, spec.search_space.get(model))
         except ValueError as exc:

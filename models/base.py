@@ -30,6 +30,11 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 import torch
 from torch import nn
 
+CONTRACT_VERSION = 1
+"""The family contract this release implements (``Family.contract``). A family written
+against an earlier version keeps working, or is refused with the change it needs; one
+written against a later version is refused (docs/families.md, "Versions")."""
+
 # --------------------------------------------------------------------------------------
 # Search-space vocabulary (searcher-neutral; hpo.search turns it into Tune/Optuna spaces)
 
@@ -303,6 +308,11 @@ class Family:
     """Whether ``trainer.fuse = "auto"`` fuses on a CPU: False where ``bench/step_ops.py
     --members`` measured the fused step slower there than the members one by one (a
     GPU, launch-bound for these sizes, fuses every fusable family)."""
+    tiny: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Settings of a small build (a few thousand parameters) that ``hpo check-family``
+    and the tests train in seconds; empty: the defaults are small enough."""
+    contract: int = CONTRACT_VERSION
+    """The version of the family contract (:data:`CONTRACT_VERSION`) it was written for."""
     renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Settings renamed since an earlier release, old name -> new name. A config (a spec, a
     checkpoint's saved config) that still uses an old name is refused with the new one,

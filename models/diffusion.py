@@ -539,6 +539,7 @@ FAMILY = Family(
         "conditioning as in TimeGrad (Rasul et al. 2021, ICML) and CSDI (Tashiro et al. "
         "2021, NeurIPS); DDIM sampling (Song, Meng & Ermon 2021, ICLR)"
     ),
+    tiny={"hidden": 16, "n_samples": 8, "sampling_steps": 5},
     shape_settings=frozenset(
         {"hidden", "encoder", "denoiser_layers", "diffusion_steps", "sampling_steps"}
     ),

@@ -551,6 +551,7 @@ FAMILY = Family(
         "(dueling); Schaul et al. 2016 (prioritized replay); Sutton 1988 / Hessel et al. 2018 "
         "(n-step returns, Rainbow); Bellemare et al. 2017 (C51)"
     ),
+    tiny={"hidden": 32, "learning_starts": 64, "num_envs": 8, "buffer_capacity": 2048},
     shape_settings=frozenset({"hidden", "encoder", "n_layers", "distributional", "n_atoms"}),
     keeps_f32=(
         "C51 atom support, categorical projection and (log-)softmax over atoms; TD targets, "

@@ -267,6 +267,7 @@ FAMILY = Family(
         "Hasani, Lechner, Amini, Liebenwein, Ray, Tschaikowski, Teschl & Rus (2022), "
         "Closed-form continuous-time neural networks, Nature Machine Intelligence 4"
     ),
+    tiny={"hidden": 8, "backbone_units": 16},
     shape_settings=frozenset(
         {
             "hidden",

@@ -369,6 +369,7 @@ FAMILY = Family(
         "Algorithms Through Structured State Space Duality, ICML"
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    tiny={"d_model": 16, "n_layers": 1, "d_state": 8, "head_dim": 8},
     shape_settings=frozenset(
         {"d_model", "n_layers", "d_state", "expand", "head_dim", "d_conv", "chunk_size", "loss"}
     ),

@@ -723,6 +723,7 @@ FAMILY = Family(
         "implementation details: value clipping, advantage normalization); Pardo et al. 2018 "
         "(time limits); Hochreiter & Schmidhuber 1997 (LSTM)"
     ),
+    tiny={"hidden": 32, "num_envs": 8, "n_steps": 8, "minibatches": 2, "ppo_epochs": 1},
     shape_settings=frozenset({"hidden", "n_layers", "recurrent"}),
     keeps_f32=(
         "log-softmax over actions, log-probabilities, probability ratios and the clipped "

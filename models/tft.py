@@ -541,6 +541,7 @@ FAMILY = Family(
         "multi-horizon time series forecasting, Int. J. Forecasting 37(4)"
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    tiny={"d_model": 8, "n_heads": 1, "dropout": 0.0},
     shape_settings=frozenset(
         {"d_model", "n_heads", "lstm_layers", "quantiles", "static_embedding"}
     ),

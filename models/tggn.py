@@ -364,6 +364,7 @@ FAMILY = Family(
         "Modeling, IJCAI; Wu, Pan, Long, Jiang, Chang & Zhang (2020), Connecting the Dots: "
         "Multivariate Time Series Forecasting with Graph Neural Networks (MTGNN), KDD"
     ),
+    tiny={"channels": 8, "skip_channels": 16, "end_channels": 16, "node_dim": 4, "n_layers": 1},
     shape_settings=frozenset(
         {
             "channels",

@@ -306,6 +306,7 @@ FAMILY = Family(
         "Stock Price Trend Prediction with Limit Order Book Data, arXiv:2502.15757"
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    tiny={"hidden_dim": 16, "n_layers": 1},
     shape_settings=frozenset({"hidden_dim", "n_layers", "n_heads", "sinusoidal", "loss"}),
     keeps_f32=(
         "BiN's means, standard deviations and normalized window (sums over L or F; "

@@ -410,6 +410,7 @@ FAMILY = Family(
         "Hochreiter (2024), xLSTM: Extended Long Short-Term Memory, NeurIPS"
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    tiny={"d_model": 16, "blocks": "ms", "n_heads": 2, "dropout": 0.0},
     shape_settings=frozenset(
         {
             "d_model",

@@ -85,7 +85,7 @@ def load_fold_model(
     """Fold ``fold``'s module of a checkpoint, cast to ``policy``, in eval mode."""
     meta = ckpt.meta
     config = TrainConfig.from_dict(meta["config"])
-    family = get_family(meta["family"])
+    family = get_family(config.family)  # its name or import reference, as trained
     shape = DataShape(**meta["data_shape"])
     model = policy.convert_module(family.build(family.make_config(config.model_config), shape))
     prefix = f"fold{fold}."
@@ -157,9 +157,10 @@ def inference_data(
 def span_positions(
     family: Family, model: nn.Module, bars: FoldData, span: tuple[int, int]
 ) -> torch.Tensor:
-    """(T_span, A) positions the model takes at decision bars ``span``: the one evaluation
-    loop of the trainer (validation, test), predict and ensembles. Run it inside the
-    policy's autocast, under ``torch.no_grad``, with the model in eval mode."""
+    """(T_span, A) positions the model takes at decision bars ``span``: the evaluation loop
+    of the trainer (validation, test) and of predict (ensembles add a confidence per bar
+    in their own). Run it inside the policy's autocast, under ``torch.no_grad``, with the
+    model in eval mode."""
     if family.kind == "rl":
         learner: RLLearner = model  # type: ignore[assignment]
         return greedy_positions(learner.positions, bars.features, bars.lookback, span)

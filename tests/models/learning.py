@@ -10,10 +10,8 @@ untrained model's Sharpe is a coin flip (a random read of momentum features scor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from trainables.config import DataConfig
+from trainables.contract import LearningCheck
 
 FORECAST = {
     "epochs": 3,
@@ -21,16 +19,6 @@ FORECAST = {
     "lr": 3e-3,
     "data": DataConfig(n_bars=1000, n_assets=4),
 }
-
-
-@dataclass(frozen=True)
-class LearningCheck:
-    config: dict[str, Any]
-    seeds: tuple[int, ...] = (0, 1, 2, 3)
-    min_mean: float = 2.0  # mean trained validation Sharpe must exceed this
-    min_gain: float = 2.0  # ... and beat the mean untrained one by this much
-    min_each: float = 1.0  # every seed's trained Sharpe must exceed this
-    notes: str = field(default="", compare=False)
 
 
 LEARNING: dict[str, LearningCheck] = {

@@ -1,7 +1,7 @@
 """The training step every family and policy runs is capturable: it reads nothing on the
 host and it sees inputs of one shape.
 
-* :class:`~tests.models.rl_loop.NoHostReads` around the trainer's whole training loop of
+* :class:`~trainables.contract.NoHostReads` (the contract's host-read check) around the trainer's training loop of
   one fold (batch gather, forward, loss, backward, the guarded optimizer update, the guard
   counters, the loss sums; for rl families also collect and ``after_step``), for all ten
   families x f32, bf16, bf16-mixed and fp16-mixed. What the trainer reads on purpose
@@ -28,10 +28,10 @@ import torch
 import trainables.trainer as trainer_module
 from models import family_names, get_family
 from models.base import Batch
-from tests.models.rl_loop import NoHostReads
 from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
 from trainables.config import DataConfig, TrainConfig
+from trainables.contract import NoHostReads, check_host_reads
 from trainables.trainer import Trainer
 
 # Fewer warm-up transitions than the contract's tiny DQN, so two collects already learn.
@@ -55,30 +55,11 @@ def _config(model: str, policy: str, **overrides: Any) -> TrainConfig:
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("model", family_names())
-def test_the_training_step_reads_nothing_on_the_host(
-    model: str, policy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    trainer = Trainer(_config(model, policy))
-    run = trainer.folds[0]
-    guard = NoHostReads(monkeypatch)
-    refit = getattr(run.model, "on_epoch_start", None)
-    if refit is not None:  # once per epoch, before the first step: not part of the step
-
-        def allowed_refit(batch: Batch) -> None:
-            with guard.allowed():
-                refit(batch)
-
-        monkeypatch.setattr(run.model, "on_epoch_start", allowed_refit)
-    train = trainer._train_rl if trainer.is_rl else trainer._train_forecast
-    with guard:
-        loss_sum, n_ok = train(run)
-    steps = trainer.global_step
-    assert steps >= 2, f"{model} took {steps} steps: the guard saw no step"
-    skipped = int(run.guard.skipped)
-    assert float(n_ok) + skipped == steps  # every step ran and was counted
-    # fp16 may skip while its loss scale backs off from 2^16; nothing else skips here.
-    assert skipped == 0 or policy == "fp16-mixed"
-    assert torch.isfinite(loss_sum)
+def test_the_training_step_reads_nothing_on_the_host(model: str, policy: str) -> None:
+    """The contract's host-read check (trainables/contract.py), as `hpo check-family`
+    runs it: every step ran and was counted, nothing read on the host, and nothing
+    skipped (fp16 may skip while its loss scale backs off from 2^16)."""
+    check_host_reads(model, policy)
 
 
 class _SyncInBackward(torch.autograd.Function):
@@ -106,7 +87,7 @@ def test_the_guard_catches_host_syncs(
     hot_loop: Callable[[torch.Tensor], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     x = torch.randn(8, requires_grad=True)
-    with pytest.raises(AssertionError, match="host"), NoHostReads(monkeypatch):
+    with pytest.raises(AssertionError, match="host"), NoHostReads():
         hot_loop(x)
     hot_loop(x)  # and nothing is left patched
 

@@ -31,25 +31,6 @@ def tiny_config(model: str = "tft", precision: str = "f32", **overrides: Any) ->
     return TrainConfig(**values)
 
 
-def untrained_and_trained_sharpe(
-    config: TrainConfig, seeds: tuple[int, ...]
-) -> tuple[list[float], list[float]]:
-    """Validation Sharpe before and after training, one pair per seed.
-
-    A single untrained model is a coin flip on this data (a random linear read of the
-    momentum features can score +-4), so learning is judged against the mean over seeds,
-    whose expectation for an untrained model is ~0 by the sign symmetry of random init.
-    """
-    from trainables.trainer import Trainer
-
-    untrained, trained = [], []
-    for seed in seeds:
-        trainer = Trainer(config.replace(seed=seed))
-        untrained.append(trainer._evaluate(trainer.folds[0], trainer.folds[0].data.val).sharpe)
-        trained.append(trainer.fit()[-1]["val_sharpe"])
-    return untrained, trained
-
-
 def fold_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     """Every fold's weights, cloned, keyed ``<fold>.<name>`` (to compare two trainers)."""
     return {
