@@ -108,6 +108,14 @@ def results(trial_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def last_result(trial_dir: Path) -> dict[str, Any] | None:
+    """The trial's newest complete result row, or None while there is none to read: the
+    driver's copy replaces result.json with each snapshot, so a read can meet the file
+    empty for a moment even after rows were seen."""
+    rows = results(trial_dir)
+    return rows[-1] if rows else None
+
+
 def newest_checkpoint(trial_dir: Path) -> str | None:
     """The name of the trial's newest checkpoint_<index> folder. The worker writes it
     itself, before it reports the epoch, so it is never behind what the driver knows."""

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.hpo.sweep_helpers import newest_checkpoint, results, trial_dirs, trial_runs
+from tests.hpo.sweep_helpers import (
+    last_result,
+    newest_checkpoint,
+    results,
+    trial_dirs,
+    trial_runs,
+)
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
 from tests.reliability.sweep_process import start, write_spec
 
@@ -37,15 +43,22 @@ def _frozen_at_a_recorded_checkpoint(trials: list[Path]) -> dict[str, tuple] | N
     driver knows of is the row's. A worker frozen between the two never gets there: it is
     let go, to be frozen again at another epoch (None). Returns {trial folder: (pid, last
     epoch, its checkpoint)} as recorded."""
-    pids = [results(d)[-1]["pid"] for d in trials]
+    first = [last_result(d) for d in trials]
+    if any(row is None for row in first):
+        return None  # a result.json caught mid-copy: look again
+    pids = [row["pid"] for row in first if row is not None]
     signal_all(pids, signal.SIGSTOP)
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
-        last = {d.name: results(d)[-1] for d in trials}
-        if all(last[d.name]["checkpoint_dir_name"] == newest_checkpoint(d) for d in trials):
+        last = {d.name: last_result(d) for d in trials}
+        if all(
+            row is not None and row["checkpoint_dir_name"] == newest_checkpoint(d)
+            for d, row in zip(trials, last.values(), strict=True)
+        ):
             return {
                 name: (row["pid"], row["epoch"], row["checkpoint_dir_name"])
                 for name, row in last.items()
+                if row is not None
             }
         time.sleep(0.2)
     signal_all(pids, signal.SIGCONT)
