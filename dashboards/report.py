@@ -14,14 +14,15 @@ Stable hooks (``<scope>``: a model family or ``overall``, reduced to ``[A-Za-z0-
 * ``table#stats-<scope>.stats-table``, ``table#counts-<scope>``, ``table#selection-<scope>``
   - the paired statistics, trial states, PSR/DSR;
 * ``table#seeds-<scope>-<contrast>`` - every seed pair behind the configuration means;
-* ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, JKM and HAC tests
-  (model families only);
+* ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, the bootstrap pair test
+  with its BH q, HAC, and JKM (descriptive) (model families only);
 * ``table#overfitting-<scope>`` - PBO, MinTRL of the best trial, val/test Spearman;
 * ``svg#dist-<scope>-<contrast>-<val|test>.plot-dist`` / ``svg#diff-...`` (same suffix,
   ``.plot-diff``) - the configuration means' Sharpe distributions / paired differences;
 * ``svg#curves-<scope>-<contrast>.plot-curves`` - validation Sharpe per epoch, per pair;
 * ``svg#resources-<scope>.plot-bars`` (or ``p#resources-<scope>.not-recorded``) - peak
-  memory and throughput per precision; ``section#reading-notes`` - how to read the numbers.
+  memory and throughput per precision; ``section#reading-notes`` - how to read the numbers,
+  with ``table#power-table``; bold (``.significant``) marks adjusted p-values only.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dashboards.tables import (
     format_ci,
     format_confidence,
     format_interval,
+    format_mean_ci,
     format_num,
     format_p,
     verdict_headline,
@@ -61,6 +63,7 @@ from hpo.compare import (
     ScopeComparison,
     TrialRecord,
 )
+from hpo.stats import EQUIVALENCE_POWER, POWER_TABLE_SD_RATIOS, configs_for_equivalence
 
 __all__ = ["MAX_CURVE_PANELS", "dom_id", "render_report", "write_report"]
 
@@ -176,11 +179,19 @@ def _list(items: list[str], css_id: str | None = None) -> str:
     return f'<ul class="notes"{ident}>{body}</ul>'
 
 
-def _p_cell(p: float, title: str = "") -> str:
-    """A p-value of the paired test (bold below 0.05); ``title`` names its method."""
-    cls = ' class="significant"' if math.isfinite(p) and p < 0.05 else ""
+def _raw_p_cell(p: float, title: str = "", css: str = "") -> str:
+    """An unadjusted p-value: shown, never bold (one of many tests); ``title`` names its
+    method."""
     tip = f' title="{escape(title)}"' if title else ""
-    return f"<td{cls}{tip}>{escape(format_p(p))}</td>"
+    return f'<td class="{" ".join(["raw-p", css]).strip()}"{tip}>{escape(format_p(p))}</td>'
+
+
+def _adjusted_p_cell(p: float, css: str) -> str:
+    """An adjusted p-value (BH q, Holm): the one to read, bold at or below 0.05."""
+    classes = ["adjusted-p", css]
+    if math.isfinite(p) and p <= 0.05:
+        classes.append("significant")
+    return f'<td class="{" ".join(classes)}">{escape(format_p(p))}</td>'
 
 
 def _descriptive_cell(p: float) -> str:
@@ -217,29 +228,36 @@ def _summary(c: Comparison) -> str:
                     f'{escape(contrast.reference)}</td><td class="text">{split}</td>'
                     f"<td>{r.n_pairs_used}</td><td>{r.n_excluded_nonfinite}</td>"
                     f'<td>{len(contrast.incomplete)}</td><td class="ci">{format_ci(r)}</td>'
-                    f"{_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
+                    f'<td class="mean-diff">{format_mean_ci(r)}</td>'
+                    f"{_raw_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
                     f'<td class="text method">{escape(inference.wilcoxon_method)}</td>'
-                    f"{_p_cell(inference.wilcoxon_p_bh)}"
+                    f"{_adjusted_p_cell(inference.wilcoxon_p_bh, 'bh-q')}"
+                    f"{_adjusted_p_cell(inference.holm_p_worse, 'holm-worse')}"
+                    f"{_adjusted_p_cell(inference.holm_p_better, 'holm-better')}"
                     f'<td class="text verdict">{escape(verdict_text(contrast, split))}</td>'
                     f"<td>{format_num(pooled.dsr) if split == 'val' else ''}</td></tr>"
                 )
     head = (
         "<tr><th>scope</th><th class='text'>contrast</th><th class='text'>Sharpe</th>"
         "<th>configurations used</th><th>excluded (diverged)</th><th>pending pairs</th>"
-        f"<th>HL diff [{c.confidence:.0%} CI] achieved</th><th>Wilcoxon p</th>"
+        f"<th>HL diff [{c.confidence:.0%} CI] achieved</th>"
+        f"<th>mean diff [{c.confidence:.0%} t CI]</th><th>Wilcoxon p (raw)</th>"
         "<th class='text'>computed</th><th>BH q (families, this split)</th>"
+        "<th>Holm p, worse</th><th>Holm p, better</th>"
         f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th>"
         "<th>DSR of best (all precisions)</th></tr>"
     )
     return (
-        '<section id="summary"><h2>Summary</h2>'
+        '<section id="summary"><h2>Summary</h2><div class="table-wrap">'
         '<table id="summary-table" class="stats-table summary-table">'
-        f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
         '<p class="caption">diff = other precision minus the reference, per sampled '
         "configuration (its seeds' pairs of trials that differ only in precision, averaged); "
         "val = validation Sharpe (used for selection), test = held-out test Sharpe "
-        f"(reported, never optimized). The headline verdict is the {VERDICT_SPLIT} split's."
-        "</p></section>"
+        f"(reported, never optimized). The headline verdict is the {VERDICT_SPLIT} split's. "
+        "Bold: adjusted p-values at or below 0.05 (BH q across the families; Holm over every "
+        "family's one-sided worse/better claims of the split, which the verdict reads); raw "
+        "p-values are never bold.</p></section>"
     )
 
 
@@ -261,6 +279,7 @@ def _reading_notes(c: Comparison) -> str:
     return template.substitute(
         ref=escape(c.reference),
         margin=f"{c.margin:.2f}",
+        power_table=_power_table(),
         headline_split="held-out test" if VERDICT_SPLIT == "test" else "validation",
         max_unreachable_n=_max_unreachable_n(c.confidence),
         confidence=f"{c.confidence:.0%}",
@@ -338,10 +357,12 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
         "<th title='seed pairs with a member unfinished, errored or missing, or another "
         "seed of their configuration so'>pending pairs</th>"
         f"<th>median {escape(c.reference)}</th><th>median other</th>"
-        "<th>mean diff</th><th>median diff (descriptive)</th><th>HL estimate</th>"
+        f"<th>mean diff [{c.confidence:.0%} t CI]</th><th>skewness</th>"
+        "<th>median diff (descriptive)</th><th>HL estimate</th>"
         f"<th>HL {c.confidence:.0%} CI</th><th>achieved</th>"
-        "<th>Wilcoxon W</th><th>Wilcoxon p</th>"
-        "<th class='text'>computed</th><th>BH q</th>"
+        "<th>Wilcoxon W</th><th>Wilcoxon p (raw)</th>"
+        "<th class='text'>computed</th><th>BH q</th><th>Holm p, worse</th>"
+        "<th>Holm p, better</th>"
         f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th><th>TOST p</th>"
         "<th>MWU U</th><th>MWU p (descriptive)</th><th>KS D</th><th>KS p (descriptive)</th>"
         "</tr>"
@@ -360,15 +381,18 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
                 f"<td>{len(contrast.incomplete)}</td>"
                 f"<td>{format_num(r.median_a)}</td>"
                 f"<td>{escape(contrast.other)} {format_num(r.median_b)}</td>"
-                f"<td>{format_num(r.mean_difference, True)}</td>"
+                f'<td class="mean-diff">{format_mean_ci(r)}</td>'
+                f'<td class="skewness">{format_num(inference.skewness, True)}</td>'
                 f'<td class="median-diff">{format_num(r.median_difference, True)}</td>'
                 f'<td class="hl-estimate">{format_num(r.hl_estimate, True)}</td>'
                 f'<td class="ci">{ci}</td>'
                 f'<td class="ci-confidence">{format_confidence(r.hl_confidence)}</td>'
                 f"<td>{format_num(r.wilcoxon_statistic)}</td>"
-                f"{_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
+                f"{_raw_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
                 f'<td class="text method">{escape(inference.wilcoxon_method)}</td>'
-                f"{_p_cell(inference.wilcoxon_p_bh)}"
+                f"{_adjusted_p_cell(inference.wilcoxon_p_bh, 'bh-q')}"
+                f"{_adjusted_p_cell(inference.holm_p_worse, 'holm-worse')}"
+                f"{_adjusted_p_cell(inference.holm_p_better, 'holm-better')}"
                 f'<td class="text verdict">{escape(verdict_text(contrast, split))}</td>'
                 f"<td>{escape(format_p(inference.equivalence_pvalue))}</td>"
                 f"<td>{format_num(r.mannwhitney_statistic)}</td>"
@@ -609,7 +633,9 @@ def _pair_tests_table(scope: str, contrast: Contrast) -> str:
     head = (
         "<tr><th class='text'>seed pair</th><th class='text'>split</th><th>bars</th>"
         f"<th>ΔSR per bar ({escape(contrast.other)} - {escape(contrast.reference)})</th>"
-        "<th>JKM z</th><th>JKM p</th><th>HAC z</th><th>HAC p</th>"
+        "<th>HAC z</th><th>bootstrap p (the pair test, raw)</th>"
+        "<th>BH q (pairs, this split)</th><th>block</th><th>HAC p (raw)</th>"
+        "<th>JKM z (descriptive)</th><th>JKM p (descriptive)</th>"
         "<th class='text'>note</th></tr>"
     )
     rows = []
@@ -620,13 +646,17 @@ def _pair_tests_table(scope: str, contrast: Contrast) -> str:
                 f'<tr data-pair="{escape(pair)}" data-split="{split}">'
                 f'<td class="text">{escape(pair)}</td><td class="text">{split}</td>'
                 f"<td>{t.n_bars or '—'}</td><td>{_small(t.difference)}</td>"
-                f'<td>{format_num(t.jkm_statistic, True)}</td><td class="jkm-p">'
-                f"{format_p(t.jkm_pvalue)}</td><td>{format_num(t.hac_statistic, True)}</td>"
+                f"<td>{format_num(t.hac_statistic, True)}</td>"
+                f"{_raw_p_cell(t.boot_pvalue, css='boot-p')}"
+                f"{_adjusted_p_cell(t.boot_p_bh, 'boot-q')}"
+                f"<td>{t.boot_block or '—'}</td>"
                 f'<td class="hac-p">{format_p(t.hac_pvalue)}</td>'
+                f'<td class="descriptive">{format_num(t.jkm_statistic, True)}</td>'
+                f'<td class="jkm-p descriptive">{format_p(t.jkm_pvalue)}</td>'
                 f'<td class="text">{escape(t.note or "")}</td></tr>'
             )
     if not rows:
-        rows.append('<tr><td class="text" colspan="9">no compared pair yet</td></tr>')
+        rows.append('<tr><td class="text" colspan="12">no compared pair yet</td></tr>')
     return (
         f'<div class="table-wrap"><table id="{dom_id("pairtests", scope, contrast.key)}" '
         f'class="pairtests-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
@@ -637,15 +667,20 @@ def _pair_tests_table(scope: str, contrast: Contrast) -> str:
 def _overfitting_table(scope: ScopeComparison) -> str:
     fit = scope.overfitting
     trl = f"{math.ceil(fit.min_trl)}" if math.isfinite(fit.min_trl) else "—"
+    trl0 = f"{math.ceil(fit.min_trl_sr0)}" if math.isfinite(fit.min_trl_sr0) else "—"
+    track = f"best trial {fit.min_trl_trial_id or '—'} has {fit.min_trl_n_obs} validation bars"
     rows = [
         ("PBO (CSCV)", format_num(fit.pbo), f"{fit.pbo_n_blocks} blocks of {fit.pbo_n_bars} "
          f"common validation bars, {fit.n_completed} completed trials" if fit.pbo_n_blocks
          else "", fit.pbo_note, "pbo"),
-        ("MinTRL, bars", trl, f"best trial {fit.min_trl_trial_id or '—'} has "
-         f"{fit.min_trl_n_obs} validation bars; SR > 0 at {MIN_TRL_CONFIDENCE:.0%}",
-         fit.min_trl_note, "min-trl"),
+        ("MinTRL vs SR0 (selection-aware), bars", trl0, f"{track}; SR > SR0 = "
+         f"{_small(fit.min_trl_sr0_benchmark)} per bar (the best of N unskilled trials) at "
+         f"{MIN_TRL_CONFIDENCE:.0%}", fit.min_trl_sr0_note, "min-trl-sr0"),
+        ("MinTRL vs 0, selection ignored, bars", trl, f"{track}; SR > 0 at "
+         f"{MIN_TRL_CONFIDENCE:.0%}", fit.min_trl_note, "min-trl"),
         ("val/test Spearman", format_num(fit.val_test_spearman, True),
-         f"{fit.spearman_n} completed trials, p {format_p(fit.val_test_spearman_pvalue)}"
+         f"{fit.spearman_n} configurations (trials averaged), p "
+         f"{format_p(fit.val_test_spearman_pvalue)}"
          if math.isfinite(fit.val_test_spearman) else "", fit.spearman_note, "spearman"),
     ]  # fmt: skip
     body = "".join(
@@ -657,6 +692,20 @@ def _overfitting_table(scope: ScopeComparison) -> str:
         f'<table id="{dom_id("overfitting", scope.scope)}" class="overfitting-table">'
         "<thead><tr><th class='text'>quantity</th><th>value</th><th class='text'>from</th>"
         f"<th class='text'>note</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def _power_table() -> str:
+    """Configurations needed for 80% power to show equivalence, by sd(d) / margin."""
+    rows = "".join(
+        f"<tr><td>{ratio:g}</td><td>{EQUIVALENCE_POWER[ratio]}</td>"
+        f"<td class='approx'>{configs_for_equivalence(ratio)}</td></tr>"
+        for ratio in POWER_TABLE_SD_RATIOS
+    )
+    return (
+        '<table id="power-table" class="power-table"><thead><tr><th>sd(diff) / margin</th>'
+        "<th>configurations (simulated)</th><th>normal approximation</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
     )
 
 

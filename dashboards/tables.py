@@ -18,6 +18,7 @@ from hpo.compare import (
     Comparison,
     Contrast,
     ScopeComparison,
+    SplitInference,
 )
 from hpo.stats import PairedComparison
 
@@ -25,6 +26,7 @@ __all__ = [
     "format_ci",
     "format_confidence",
     "format_interval",
+    "format_mean_ci",
     "format_num",
     "format_p",
     "overfitting_text",
@@ -95,6 +97,19 @@ def verdict_headline(comparison: Comparison) -> list[str]:
     return lines or ["Verdict: no contrast to compare yet"]
 
 
+def format_mean_ci(result: PairedComparison) -> str:
+    """The mean difference and its t-interval: ``+0.010 [-0.020, +0.040]``."""
+    return (
+        f"{format_num(result.mean_difference, signed=True)} "
+        f"{format_interval(result.mean_low, result.mean_high)}"
+    )
+
+
+def _holm_text(inference: SplitInference, side: str) -> str:
+    p = inference.holm_p_worse if side == "below" else inference.holm_p_better
+    return f"Holm p {format_p(p)} over {inference.holm_n_tests} one-sided claims"
+
+
 def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT) -> str:
     """One sentence that explains the verdict of ``contrast`` in ``scope``."""
     r = contrast.split(split)
@@ -107,26 +122,38 @@ def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT)
         f"{other} - {contrast.reference} over {n} is "
         f"{format_interval(inference.tost_low, inference.tost_high)}"
     )
+    mean = (
+        f"the mean difference {format_num(r.mean_difference, True)} has the 90% t-interval "
+        f"{format_interval(inference.mean_tost_low, inference.mean_tost_high)}"
+    )
     p = f"TOST p = {format_p(inference.equivalence_pvalue)}"
     verdict = inference.verdict
     if verdict is None:
         why = inference.verdict_note or inference.wilcoxon_method
         return f"{scope}: no verdict ({why})."
     if verdict == "equivalent":
-        return f"{scope}: equivalent: {interval}, inside the margin {margin} ({p})."
+        return f"{scope}: equivalent: {interval} and {mean}, both inside the margin {margin} ({p})."
     if verdict.startswith("inconclusive"):
         tail = f"; {inference.verdict_note}" if inference.verdict_note else ""
         low, high, m = inference.tost_low, inference.tost_high, inference.margin
-        if -m < low and high < m:
+        if inference.equivalence_withheld:
+            where = f"inside the margin {margin}"  # why it is withheld: the note
+        elif -m < low and high < m:
             where = f"inside the margin {margin}, but too few configurations to say so"
         elif high < -m or low > m:
             side = "below" if high < -m else "above"
-            where = f"wholly {side} the margin {margin}, but too few configurations to say so"
+            if inference.tost_verdict not in (None, "inconclusive"):
+                where = f"wholly {side} the margin {margin}, but not beyond chance over all claims"
+            else:
+                where = f"wholly {side} the margin {margin}, but too few configurations to say so"
         else:
             where = f"which reaches beyond the margin {margin} without lying wholly outside it"
         return f"{scope}: {verdict}: {interval}, {where} ({p}{tail})."
     side = "below" if verdict.endswith("worse") else "above"
-    return f"{scope}: {verdict}: {interval}, wholly {side} the margin {margin} ({p})."
+    return (
+        f"{scope}: {verdict}: {interval}, wholly {side} the margin {margin} "
+        f"({p}; {_holm_text(inference, side)})."
+    )
 
 
 def overfitting_text(scope: ScopeComparison) -> str:
@@ -136,12 +163,17 @@ def overfitting_text(scope: ScopeComparison) -> str:
         pbo = f"PBO {fit.pbo:.2f} ({fit.pbo_n_blocks} blocks, {fit.pbo_n_bars} bars)"
     else:
         pbo = f"PBO {fit.pbo_note or 'not available'}"
-    if math.isfinite(fit.min_trl):
-        trl = f"MinTRL {math.ceil(fit.min_trl)} bars (best trial's track: {fit.min_trl_n_obs})"
+    if math.isfinite(fit.min_trl_sr0):
+        trl = (
+            f"MinTRL vs SR0 {math.ceil(fit.min_trl_sr0)} bars (best trial's track: "
+            f"{fit.min_trl_n_obs})"
+        )
     else:
-        trl = f"MinTRL {fit.min_trl_note or 'not available'}"
+        trl = f"MinTRL vs SR0 {fit.min_trl_sr0_note or 'not available'}"
+    if math.isfinite(fit.min_trl):
+        trl += f", vs 0 (selection ignored) {math.ceil(fit.min_trl)}"
     if math.isfinite(fit.val_test_spearman):
-        rho = f"val/test Spearman {fit.val_test_spearman:+.2f} (n {fit.spearman_n})"
+        rho = f"val/test Spearman {fit.val_test_spearman:+.2f} ({fit.spearman_n} configurations)"
     else:
         rho = f"val/test Spearman {fit.spearman_note or 'not available'}"
     return f"{scope.scope}: {pbo}; {trl}; {rho}"
@@ -166,8 +198,10 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
         "diverged member; pend.: seed pairs not finished\n"
         "Wilcoxon p: exact/normal = how it was computed; q: BH-adjusted across the families "
         "of one split (one test per family); MWU, KS: descriptive, not the test\n"
-        f"verdict: TOST against \u00b1{comparison.margin:.2f} annualised Sharpe; diverged, "
-        "DSR best: ref/other"
+        "mean: mean difference and its t-interval; Holm w/b: the worse/better claims' "
+        "p-values Holm-adjusted over every family's one-sided claims of the split\n"
+        f"verdict: TOST against \u00b1{comparison.margin:.2f} annualised Sharpe, with the mean "
+        "inside it too; diverged, DSR best: ref/other"
     )
     for scope in comparison.scopes:
         n_trials = sum(c["trials"] for c in scope.counts.values())
@@ -189,7 +223,9 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
             f"median {ref}",
             f"median {others[0]}" if single else "median other",
             f"HL diff [{comparison.confidence:.0%} CI] achieved",
+            f"mean [{comparison.confidence:.0%} CI]",
             "Wilcoxon p (q)",
+            "Holm w/b",
             "MWU p (descr.)",
             "KS p (descr.)",
             "verdict",
@@ -199,7 +235,7 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
         )
         for i, column in enumerate(columns):
             # The CI and the verdict may fold on a narrow terminal; short cells never do.
-            table.add_column(column, justify="right" if i else "left", no_wrap=i not in (6, 10))
+            table.add_column(column, justify="right" if i else "left", no_wrap=i not in (6, 7, 12))
         for contrast in scope.contrasts.values():
             other = contrast.other
             for split in SPLITS:
@@ -218,7 +254,9 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
                     format_num(r.median_a),
                     median_b if single else f"{other} {median_b}",
                     format_ci(r),
+                    format_mean_ci(r),
                     p_text.strip(),
+                    f"{format_p(inference.holm_p_worse)}/{format_p(inference.holm_p_better)}",
                     format_p(r.mannwhitney_pvalue),
                     format_p(r.ks_pvalue),
                     verdict_text(contrast, split),

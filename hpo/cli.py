@@ -452,8 +452,9 @@ def compare_cmd(
     Prints the TOST equivalence verdict (overall and per family, against the margin), then
     per family the Wilcoxon signed-rank test and Hodges-Lehmann CI of the per-configuration
     Sharpe differences (MWU/KS descriptive), diverged/fallback counts, the DSR of the best
-    trial, and PBO, MinTRL and the val/test Spearman; the report adds the per-pair JKM/HAC
-    tests on the trials' return series (their returns/returns.csv artifacts).
+    trial, and PBO, MinTRL and the val/test Spearman; the report adds the per-pair tests
+    on the trials' return series (their returns/returns.csv artifacts): the block
+    bootstrap (BH-adjusted), with HAC beside it and JKM as descriptive.
     """
     from dashboards.report import render_report
     from dashboards.tables import rich_tables

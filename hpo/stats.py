@@ -7,10 +7,11 @@
      non-zero differences (ties included), and which method gave the p-value;
    - :func:`hodges_lehmann_interval` / :func:`hodges_lehmann`: the estimate and exact CI
      that invert that test, with the confidence actually achieved at small n;
-   - :func:`equivalence_test`: the answer, a TOST verdict against a pre-set margin
-     ("equivalent", "bf16 worse", "bf16 better", "inconclusive" + pairs still needed);
+   - :func:`equivalence_test`: the answer, a TOST verdict against a pre-set margin (the
+     mean's t-interval and the skew checked too); :func:`holm_adjust` for many claims,
+     :func:`configs_for_equivalence` for planning;
    - :func:`sharpe_difference_test`: per pair, the two members' return series over the
-     same bars (Jobson-Korkie-Memmel, Ledoit-Wolf HAC).
+     same bars (Ledoit-Wolf HAC and studentized block bootstrap; JKM, descriptive).
 
    :func:`compare_paired` bundles the cross-pair numbers; its Mann-Whitney U and KS are
    descriptive only (they ignore the pairing).
@@ -38,7 +39,12 @@ import numpy as np
 from scipy import stats
 
 __all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "EQUIVALENCE_POWER",
     "EXACT_MAX_N",
+    "PAIRS_NEEDED_CAP",
+    "POWER_TABLE_SD_RATIOS",
+    "SKEW_LIMIT",
     "VERDICTS",
     "EquivalenceTest",
     "HodgesLehmann",
@@ -46,12 +52,15 @@ __all__ = [
     "SharpeDifferenceTest",
     "SharpeMoments",
     "SignedRankTest",
+    "additional_pairs_needed",
     "compare_paired",
+    "configs_for_equivalence",
     "deflated_sharpe_ratio",
     "equivalence_test",
     "expected_max_sharpe",
     "hodges_lehmann",
     "hodges_lehmann_interval",
+    "holm_adjust",
     "min_track_record_length",
     "paired_signed_rank_test",
     "probabilistic_sharpe_ratio",
@@ -573,6 +582,18 @@ def hodges_lehmann(
 # Equivalence (TOST) of paired Sharpe differences.
 
 VERDICTS: tuple[str, ...] = ("equivalent", "bf16 worse", "bf16 better", "inconclusive")
+PAIRS_NEEDED_CAP = 1000
+"""Above this many more pairs, ``pairs_needed`` says "more than 1,000" (None + a flag):
+an estimate near the margin divides by almost nothing (7.2 million was seen)."""
+SKEW_LIMIT = 2.0
+"""|sample skewness| above which the differences count as strongly skewed."""
+POWER_TABLE_SD_RATIOS = (0.5, 1.0, 1.5, 2.0, 3.0)
+"""sd(d) / margin of the power table (:data:`EQUIVALENCE_POWER`)."""
+EQUIVALENCE_POWER: dict[float, int] = {0.5: 6, 1.0: 12, 1.5: 23, 2.0: 39, 3.0: 86}
+"""Configurations for 80% power to show equivalence when the true difference is 0, by
+sd(d) / margin: the smallest n at which :func:`equivalence_test` (alpha 0.05, checks
+included) said "equivalent" for at least 80% of 10000 normal samples (docs/statistics.md);
+:func:`configs_for_equivalence` is its normal approximation, a few fewer at small n."""
 
 # Asymptotic variance of the Hodges-Lehmann estimator relative to the mean's under
 # normality: pi/3 (the signed-rank test's efficiency is 3/pi = 0.955).
@@ -613,8 +634,29 @@ class EquivalenceTest(NamedTuple):
     """Null distribution used (exact for n <= 50)."""
     pairs_needed: int | None
     """0 when the verdict is decided; otherwise about how many *more* pairs would decide
-    it if the centre and spread stay as observed; None when that cannot be estimated
-    (a single pair, so no spread, or an estimate exactly on the margin)."""
+    it if the centre and spread stay as observed; None when that cannot be estimated (a
+    single pair, an estimate exactly on the margin, strongly skewed differences) or when
+    it is more than :data:`PAIRS_NEEDED_CAP` (``pairs_needed_capped``)."""
+    mean: float = math.nan
+    """Mean of ``d``: what a strategy pays on average, beside the pseudo-median."""
+    mean_low: float = math.nan
+    """Lower end of the (1 - 2 alpha) t-interval of the mean (NaN for n < 2)."""
+    mean_high: float = math.nan
+    """Upper end of that t-interval: "equivalent" needs it inside ``±margin`` too."""
+    skewness: float = math.nan
+    """Sample skewness of ``d`` (``scipy.stats.skew(bias=False)``; NaN for n < 3 or no
+    spread)."""
+    skewed: bool = False
+    """Strongly skewed: ``|skewness| >`` :data:`SKEW_LIMIT`, or the mean and the HL
+    estimate more than half the margin apart."""
+    blocked: str | None = None
+    """Why the signed-rank TOST's "equivalent" was withheld (the mean's interval leaves
+    the margin, or strong skew); None when it was not."""
+    tail: tuple[int, ...] = ()
+    """Positions of the differences beyond Tukey's fences (1.5 IQR beyond the quartiles),
+    most extreme first: the configurations that drive a tail (n >= 5)."""
+    pairs_needed_capped: bool = False
+    """True when more than :data:`PAIRS_NEEDED_CAP` more pairs would be needed."""
 
 
 def equivalence_test(
@@ -640,7 +682,11 @@ def equivalence_test(
     the (1 - 2 alpha) interval of :func:`hodges_lehmann_interval`, exactly:
 
     - "equivalent" iff both one-sided tests reject at ``alpha`` (``pvalue <= alpha``)
-      iff ``-margin < low`` and ``high < margin``;
+      iff ``-margin < low`` and ``high < margin``, *and* the pseudo-median stands for the
+      mean: the mean's (1 - 2 alpha) t-interval lies inside ``±margin`` (a paired t TOST)
+      and the differences are not strongly skewed (``skewed``); otherwise "inconclusive"
+      with the reason in ``blocked`` (with 80% of pairs unchanged and 20% 0.5 worse, the
+      HL centre alone said "equivalent" ~40% of the time with the mean at the margin);
     - "<other> worse" iff ``pvalue_worse <= alpha`` iff ``high < -margin``: worse by more
       than the margin;
     - "<other> better" iff ``pvalue_better <= alpha`` iff ``low > margin``;
@@ -654,8 +700,14 @@ def equivalence_test(
     ``pairs_needed`` (when inconclusive): the total n at which the (1 - 2 alpha) interval,
     of half-width ``z_(1-alpha) * s * sqrt(pi/3) / sqrt(n)`` (the HL estimator's
     asymptotic standard error; ``s`` the standard deviation of ``d``), would clear the
-    nearest margin ``| |estimate| - margin |``, and at least the smallest n whose level is
-    achievable, minus the pairs already there. A planning number, not a promise.
+    nearest margin ``| |estimate| - margin |`` (the mean's, ``margin - |mean|`` without
+    the ``sqrt(pi/3)``, too, when the HL estimate is inside the margin), and at least
+    the smallest n whose level is achievable, minus the pairs already there; None and
+    ``pairs_needed_capped`` above :data:`PAIRS_NEEDED_CAP`. A planning number.
+
+    The directional verdicts are each at ``alpha`` one-sided: together "worse or better"
+    is a two-sided ``2 alpha`` statement, and over several families more again
+    (:func:`holm_adjust`; :mod:`hpo.compare` adjusts them).
 
     Args:
         diffs: Paired differences ``other - reference``.
@@ -685,9 +737,17 @@ def equivalence_test(
     p_worse = _signed_rank_cdf(n, int(np.count_nonzero(walsh >= -margin)))
     p_better = _signed_rank_cdf(n, int(np.count_nonzero(walsh <= margin)))
     pvalue = max(p_lower, p_upper)
+    mean = float(np.mean(d))
+    mean_low, mean_high = _mean_interval(d, 1.0 - 2.0 * alpha)
+    skewness = _skewness(d)
+    skewed = abs(skewness) > SKEW_LIMIT or abs(mean - interval.estimate) > margin / 2.0
 
+    blocked = None
     if _rejects(pvalue, alpha):
-        verdict = "equivalent"
+        blocked = _equivalence_withheld(
+            mean, mean_low, mean_high, skewness, skewed, interval.estimate, margin, alpha
+        )
+        verdict = "inconclusive" if blocked else "equivalent"
     elif _rejects(p_worse, alpha):
         verdict = f"{other} worse"
     elif _rejects(p_better, alpha):
@@ -696,8 +756,9 @@ def equivalence_test(
         verdict = "inconclusive"
 
     pairs_needed: int | None = 0
+    capped = False
     if verdict == "inconclusive":
-        pairs_needed = _pairs_needed(d, interval.estimate, margin, alpha)
+        pairs_needed, capped = _pairs_needed(d, interval.estimate, mean, skewed, margin, alpha)
     return EquivalenceTest(
         verdict=verdict,
         pvalue=pvalue,
@@ -714,23 +775,159 @@ def equivalence_test(
         n=n,
         method=interval.method,
         pairs_needed=pairs_needed,
+        mean=mean,
+        mean_low=mean_low,
+        mean_high=mean_high,
+        skewness=skewness,
+        skewed=bool(skewed),
+        blocked=blocked,
+        tail=_tail(d),
+        pairs_needed_capped=capped,
     )
 
 
-def _pairs_needed(d: np.ndarray, estimate: float, margin: float, alpha: float) -> int | None:
+def _pairs_needed(
+    d: np.ndarray, estimate: float, mean: float, skewed: bool, margin: float, alpha: float
+) -> tuple[int | None, bool]:
+    """More pairs for an inconclusive verdict: towards "equivalent" (HL estimate inside the
+    margin) both the HL's and the mean's interval must clear it, and a skew never goes
+    away; towards "worse"/"better", the HL's."""
     n = int(d.size)
+    spread = float(np.std(d, ddof=1)) if n > 1 else math.nan
+    distance = abs(abs(estimate) - margin) * math.sqrt(1.0 / _HL_VARIANCE_RATIO)
+    by_hl = additional_pairs_needed(n, spread, distance, alpha)
+    if abs(estimate) >= margin:
+        return by_hl
+    if skewed:
+        return None, False  # more pairs do not take a skew away
+    by_mean = additional_pairs_needed(n, spread, margin - abs(mean), alpha)
+    if by_hl[1] or by_mean[1]:
+        return None, True
+    if by_hl[0] is None or by_mean[0] is None:
+        return None, False
+    return max(by_hl[0], by_mean[0]), False
+
+
+def _mean_interval(d: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Two-sided t-interval of the mean of ``d`` (the point when ``d`` has no spread)."""
+    if d.size < 2:
+        return math.nan, math.nan
+    if np.all(d == d[0]):
+        return float(d[0]), float(d[0])
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(confidence)
+    return float(ci.low), float(ci.high)
+
+
+def _skewness(d: np.ndarray) -> float:
+    if d.size < 3 or np.all(d == d[0]):
+        return math.nan
+    return float(stats.skew(d, bias=False))
+
+
+def _equivalence_withheld(
+    mean: float,
+    low: float,
+    high: float,
+    skewness: float,
+    skewed: bool,
+    estimate: float,
+    margin: float,
+    alpha: float,
+) -> str | None:
+    reasons = []
+    if not (-margin < low and high < margin):
+        reasons.append(
+            f"the mean difference {mean:+.3f} has a {1 - 2 * alpha:.0%} t-interval "
+            f"[{low:+.3f}, {high:+.3f}] that leaves the margin ±{margin:g}"
+        )
+    if skewed:
+        reasons.append(
+            f"the differences are strongly skewed (sample skewness {skewness:+.2f}, "
+            f"mean {mean:+.3f} vs pseudo-median {estimate:+.3f})"
+        )
+    return "; ".join(reasons) or None
+
+
+def _tail(d: np.ndarray) -> tuple[int, ...]:
+    """Positions beyond Tukey's fences, most extreme (from the median) first."""
+    if d.size < 5:
+        return ()
+    q1, median, q3 = np.percentile(d, [25, 50, 75])
+    reach = 1.5 * (q3 - q1)
+    outside = np.flatnonzero((d < q1 - reach) | (d > q3 + reach))
+    order = sorted(outside.tolist(), key=lambda i: (-abs(float(d[i]) - median), i))
+    return tuple(order)
+
+
+def additional_pairs_needed(
+    n: int, spread: float, distance: float, alpha: float = 0.05
+) -> tuple[int | None, bool]:
+    """About how many more pairs a one-sided level-``alpha`` claim needs at ``distance``.
+
+    With ``n`` pairs now and ``spread`` the standard deviation of their differences: the
+    total n with ``z_(1-alpha) * spread / sqrt(n) <= distance`` (for the HL estimate pass
+    its distance divided by ``sqrt(pi/3)``, its efficiency), at least the smallest n whose
+    level ``2^-n <= alpha`` is reachable and one more than now, minus ``n``. Returns
+    ``(count, capped)``: ``(None, True)`` above :data:`PAIRS_NEEDED_CAP`, ``(None,
+    False)`` when it cannot be estimated (fewer than 2 pairs, or ``distance <= 0``).
+    """
     # Smallest n whose most extreme sign pattern (probability 2^-n) is already <= alpha.
     n_min = math.ceil(math.log2(1.0 / alpha) - _LEVEL_RTOL)
-    distance = abs(abs(estimate) - margin)
-    if n < 2 or distance == 0.0:
-        return None
-    spread = float(np.std(d, ddof=1))
+    if n < 2 or not distance > 0.0 or not math.isfinite(spread):
+        return None, False
     if spread == 0.0:
         n_total = n_min  # identical differences: only the discreteness of the level limits
     else:
         z = float(stats.norm.ppf(1.0 - alpha))
-        n_total = math.ceil((z * spread * math.sqrt(_HL_VARIANCE_RATIO) / distance) ** 2)
-    return max(n_total, n_min, n + 1) - n
+        ratio = z * spread / distance
+        if ratio**2 > PAIRS_NEEDED_CAP + n:
+            return None, True
+        n_total = math.ceil(ratio**2)
+    more = max(n_total, n_min, n + 1) - n
+    return (None, True) if more > PAIRS_NEEDED_CAP else (more, False)
+
+
+def configs_for_equivalence(sd_ratio: float, power: float = 0.8, alpha: float = 0.05) -> int:
+    """Configurations needed to show equivalence with probability ``power`` when the true
+    difference is 0 and ``sd(d) = sd_ratio * margin`` (normal approximation).
+
+    ``n = ((z_(1-alpha) + z_(1-(1-power)/2)) * sqrt(pi/3) * sd_ratio)^2``, rounded up and
+    at least the smallest n whose level is reachable (5 at alpha = 0.05): the HL
+    interval's half-width (efficiency 3/pi) must clear the margin on both sides. A
+    simulation of :func:`equivalence_test` (normal differences, checks included) gives
+    about the stated power at these n (tests/hpo/test_stats_coverage.py).
+    """
+    sd_ratio = _finite("sd_ratio", sd_ratio)
+    if sd_ratio <= 0.0:
+        raise ValueError(f"sd_ratio must be > 0, got {sd_ratio!r}")
+    power = _probability("power", power)
+    alpha = _finite("alpha", alpha)
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    z = float(stats.norm.isf(alpha) + stats.norm.isf((1.0 - power) / 2.0))
+    n_min = math.ceil(math.log2(1.0 / alpha) - _LEVEL_RTOL)
+    return max(n_min, math.ceil((z * math.sqrt(_HL_VARIANCE_RATIO) * sd_ratio) ** 2))
+
+
+def holm_adjust(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error), in the input order.
+
+    Sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``; a claim
+    is made where the adjusted value is <= alpha. scipy has Benjamini-Hochberg
+    (``false_discovery_control``) but not Holm.
+
+    Raises:
+        ValueError: if a value is not a finite number in [0, 1].
+    """
+    p = np.asarray(pvalues, dtype=np.float64).ravel()
+    if p.size and not (np.all(np.isfinite(p)) and np.all((p >= 0.0) & (p <= 1.0))):
+        raise ValueError(f"p-values must be finite and in [0, 1], got {p.tolist()}")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    stepped = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(stepped) if m else stepped
+    return adjusted
 
 
 # ---------------------------------------------------------------------------------------
@@ -738,6 +935,8 @@ def _pairs_needed(d: np.ndarray, estimate: float, margin: float, alpha: float) -
 
 _HAC_KERNELS = ("parzen", "bartlett")
 _MIN_SHARPE_OBS = 8
+BOOTSTRAP_RESAMPLES = 1000
+"""Default resamples of the studentized block bootstrap (``method="bootstrap"``)."""
 
 
 class SharpeDifferenceTest(NamedTuple):
@@ -752,22 +951,31 @@ class SharpeDifferenceTest(NamedTuple):
     """Per-period Sharpe of a minus that of b (``mean / std(ddof=1)``)."""
     std_error: float
     """Standard error of ``difference`` (so ``statistic = difference / std_error``)."""
-    method: Literal["jkm", "hac"]
-    """"jkm": Jobson-Korkie with Memmel's correction; "hac": Ledoit-Wolf (2008)."""
+    method: Literal["jkm", "hac", "bootstrap"]
+    """"jkm": Jobson-Korkie with Memmel's correction; "hac": Ledoit-Wolf (2008) HAC;
+    "bootstrap": Ledoit-Wolf's studentized circular block bootstrap of that statistic."""
     n_obs: int
     """Number of bars."""
     bandwidth: float
     """HAC kernel bandwidth used (0.0 for "jkm")."""
     note: str
     """Why the statistic is special-cased, or ""."""
+    block_size: int = 0
+    """Bars per circular block ("bootstrap" only, else 0)."""
+    n_boot: int = 0
+    """Bootstrap resamples ("bootstrap" only, else 0)."""
 
 
 def sharpe_difference_test(
     returns_a: Sequence[float] | np.ndarray,
     returns_b: Sequence[float] | np.ndarray,
-    method: Literal["jkm", "hac"] = "jkm",
+    method: Literal["jkm", "hac", "bootstrap"] = "jkm",
     kernel: Literal["parzen", "bartlett"] = "parzen",
     bandwidth: float | None = None,
+    *,
+    block_size: int | None = None,
+    n_boot: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
 ) -> SharpeDifferenceTest:
     """Test H0: equal Sharpe ratios of two strategies' per-period returns on the same bars.
 
@@ -787,24 +995,39 @@ def sharpe_difference_test(
     tails and serial correlation. The kernel is Parzen by default (positive semi-definite;
     LW used a prewhitened quadratic-spectral kernel, not reproduced here) or Bartlett
     (Newey-West); the bandwidth ``S`` defaults to Andrews' (1991) AR(1) plug-in rule
-    (``2.6614 (alpha2 T)^(1/5)`` for Parzen, ``1.1447 (alpha1 T)^(1/3)`` for Bartlett,
-    AR(1) coefficients clipped to +-0.97). LW's studentized bootstrap is not done.
+    fitted to the scalar influence series ``psi_t = grad f' y_t`` (``2.6614 (alpha2
+    T)^(1/5)``, ``alpha2 = 4 rho^2 / (1 - rho)^4`` for Parzen; ``1.1447 (alpha1 T)^(1/3)``,
+    ``alpha1 = 4 rho^2 / ((1 - rho)^2 (1 + rho)^2)`` for Bartlett; ``rho`` clipped to
+    +-0.97). ``psi`` is unit-free, so the test does not depend on the returns' units.
     The delta method runs on ddof=0 moments; ``difference`` and ``std_error`` are both
     reported for the ddof=1 Sharpes (a common factor ``sqrt((T-1)/T)``), as for "jkm".
+
+    ``method="bootstrap"``: Ledoit & Wolf (2008), section 3.2: the HAC statistic ``d =
+    |z|`` against ``n_boot`` circular block resamples (``T // block_size`` blocks with
+    starts ``numpy.random.default_rng(seed).integers(0, T, (n_boot, T // block_size))``),
+    each studentized by its own block standard error (``Psi* = mean_j zeta_j zeta_j'``,
+    ``zeta_j = sqrt(b) * mean of block j of y*``): ``p = (#{|Delta* - Delta| / se* >= d}
+    + 1) / (n_boot + 1)``. ``block_size`` defaults to ``round(T^(1/3))``, or half the HAC
+    bandwidth when that is longer (stronger serial correlation). ``statistic``,
+    ``std_error`` and ``bandwidth`` are the HAC ones. Sizes measured: docs/statistics.md.
 
     Degenerate inputs: identical series -> statistic 0, p-value 1 ("identical returns");
     a constant series (e.g. a flat member) has no Sharpe ratio -> NaN with a note.
 
     Args:
         returns_a, returns_b: Per-period returns over the same bars, equal length >= 8.
-        method: "jkm" or "hac".
-        kernel: HAC kernel (``method="hac"`` only).
+        method: "jkm", "hac" or "bootstrap".
+        kernel: HAC kernel ("hac" and "bootstrap").
         bandwidth: HAC bandwidth ``S`` > 0 (lags with ``k(j/S) > 0`` enter; ``S <= 1``
             means no lag, the i.i.d. delta method); None for the automatic rule.
+        block_size: Bars per bootstrap block, 1 <= b <= T / 2; None for the rule above.
+        n_boot: Bootstrap resamples, >= 1.
+        seed: Seed of the bootstrap's generator (the same seed, the same p-value).
 
     Raises:
         ValueError: on shapes that differ or are not 1-D, fewer than 8 bars, NaN/inf
-            (named by index), an unknown ``method`` / ``kernel``, or ``bandwidth <= 0``.
+            (named by index), an unknown ``method`` / ``kernel``, ``bandwidth <= 0``, or a
+            bad ``block_size`` / ``n_boot``.
     """
     a = np.asarray(returns_a, dtype=np.float64)
     b = np.asarray(returns_b, dtype=np.float64)
@@ -821,22 +1044,32 @@ def sharpe_difference_test(
             )
     if a.size < _MIN_SHARPE_OBS:
         raise ValueError(f"need at least {_MIN_SHARPE_OBS} bars, got {a.size}")
-    if method not in ("jkm", "hac"):
-        raise ValueError(f"method must be 'jkm' or 'hac', got {method!r}")
+    if method not in ("jkm", "hac", "bootstrap"):
+        raise ValueError(f"method must be 'jkm', 'hac' or 'bootstrap', got {method!r}")
     if kernel not in _HAC_KERNELS:
         raise ValueError(f"kernel must be one of {_HAC_KERNELS}, got {kernel!r}")
     if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0.0):
         raise ValueError(f"bandwidth must be > 0 (or None for automatic), got {bandwidth!r}")
     t_obs = int(a.size)
+    block, resamples = 0, 0
+    if method == "bootstrap":
+        # The default grows with the HAC bandwidth below, once it is known.
+        block = max(1, round(t_obs ** (1.0 / 3.0))) if block_size is None else block_size
+        block = _int_at_least("block_size", block, 1)
+        if block > t_obs // 2:
+            raise ValueError(f"block_size must be <= T / 2 = {t_obs // 2}, got {block}")
+        resamples = _int_at_least("n_boot", n_boot, 1)
     nan = float("nan")
     if np.array_equal(a, b):
-        return SharpeDifferenceTest(0.0, 1.0, 0.0, 0.0, method, t_obs, 0.0, "identical returns")
+        return SharpeDifferenceTest(
+            0.0, 1.0, 0.0, 0.0, method, t_obs, 0.0, "identical returns", block, resamples
+        )
     s_a, s_b = float(a.std(ddof=1)), float(b.std(ddof=1))
     if s_a == 0.0 or s_b == 0.0:
         which = "returns_a" if s_a == 0.0 else "returns_b"
         return SharpeDifferenceTest(
             nan, nan, nan, nan, method, t_obs, 0.0,
-            f"{which} is constant: its Sharpe ratio is undefined",
+            f"{which} is constant: its Sharpe ratio is undefined", block, resamples,
         )  # fmt: skip
     m_a, m_b = float(a.mean()), float(b.mean())
     difference = m_a / s_a - m_b / s_b
@@ -855,15 +1088,21 @@ def sharpe_difference_test(
         z = numerator / math.sqrt(theta) if theta > 0.0 else nan
     else:
         z, std_error, used_bandwidth = _ledoit_wolf_hac(a, b, kernel, bandwidth)
+        if method == "bootstrap" and block_size is None:
+            block = min(max(block, round(used_bandwidth / 2.0)), t_obs // 2)
     if not math.isfinite(z):
         return SharpeDifferenceTest(
             nan, nan, difference, std_error, method, t_obs, used_bandwidth,
-            "zero standard error: the test is undefined",
+            "zero standard error: the test is undefined", block, resamples,
         )  # fmt: skip
-    pvalue = float(2.0 * stats.norm.sf(abs(z)))
+    if method == "bootstrap":
+        pvalue = _block_bootstrap_pvalue(a, b, abs(z), block, resamples, seed)
+    else:
+        pvalue = float(2.0 * stats.norm.sf(abs(z)))
     return SharpeDifferenceTest(
-        float(z), pvalue, difference, std_error, method, t_obs, used_bandwidth, ""
-    )
+        float(z), pvalue, difference, std_error, method, t_obs, used_bandwidth, "", block,
+        resamples,
+    )  # fmt: skip
 
 
 def _kernel_weights(kernel: str, lags: np.ndarray, bandwidth: float) -> np.ndarray:
@@ -874,24 +1113,29 @@ def _kernel_weights(kernel: str, lags: np.ndarray, bandwidth: float) -> np.ndarr
     return np.where(x <= 0.5, 1.0 - 6.0 * x**2 + 6.0 * x**3, np.clip(2.0 * (1.0 - x) ** 3, 0, None))
 
 
-def _andrews_bandwidth(y: np.ndarray, kernel: str) -> float:
-    """Andrews (1991) AR(1) plug-in bandwidth for the columns of ``y`` (T, K), equal weights."""
-    num = den = 0.0
-    for column in y.T:
-        lagged, current = column[:-1], column[1:]
-        denom = float(lagged @ lagged)
-        rho = float(np.clip(lagged @ current / denom, -0.97, 0.97)) if denom > 0 else 0.0
-        sigma2 = float(np.mean((current - rho * lagged) ** 2))
-        den += sigma2**2 / (1.0 - rho) ** 4
-        if kernel == "bartlett":
-            num += 4.0 * rho**2 * sigma2**2 / ((1.0 - rho) ** 6 * (1.0 + rho) ** 2)
-        else:
-            num += 4.0 * rho**2 * sigma2**2 / (1.0 - rho) ** 8
-    alpha_hat = num / den if den > 0 else 0.0
-    t_obs = y.shape[0]
+def _andrews_bandwidth(psi: np.ndarray, kernel: str) -> float:
+    """Andrews (1991) AR(1) plug-in bandwidth of one (mean-zero) series ``psi`` (T,)."""
+    lagged, current = psi[:-1], psi[1:]
+    denom = float(lagged @ lagged)
+    rho = float(np.clip(lagged @ current / denom, -0.97, 0.97)) if denom > 0 else 0.0
+    t_obs = psi.size
     if kernel == "bartlett":
-        return 1.1447 * (alpha_hat * t_obs) ** (1.0 / 3.0)
-    return 2.6614 * (alpha_hat * t_obs) ** 0.2
+        alpha1 = 4.0 * rho**2 / ((1.0 - rho) ** 2 * (1.0 + rho) ** 2)
+        return 1.1447 * (alpha1 * t_obs) ** (1.0 / 3.0)
+    alpha2 = 4.0 * rho**2 / (1.0 - rho) ** 4
+    return 2.6614 * (alpha2 * t_obs) ** 0.2
+
+
+def _sharpe_gradient(m_a: Any, m_b: Any, g_a: Any, g_b: Any) -> tuple[Any, Any]:
+    """(delta, gradient) of ``f = m_a/sqrt(g_a - m_a^2) - m_b/sqrt(g_b - m_b^2)`` at the
+    uncentred moments (scalars, or arrays with the 4 gradient entries on the last axis)."""
+    var_a, var_b = g_a - m_a**2, g_b - m_b**2
+    delta = m_a / np.sqrt(var_a) - m_b / np.sqrt(var_b)
+    gradient = np.stack(
+        [g_a / var_a**1.5, -g_b / var_b**1.5, -m_a / (2 * var_a**1.5), m_b / (2 * var_b**1.5)],
+        axis=-1,
+    )
+    return delta, gradient
 
 
 def _ledoit_wolf_hac(
@@ -901,24 +1145,21 @@ def _ledoit_wolf_hac(
     t_obs = a.size
     m_a, m_b = a.mean(), b.mean()
     g_a, g_b = np.mean(a * a), np.mean(b * b)
-    var_a, var_b = g_a - m_a**2, g_b - m_b**2
-    delta = m_a / math.sqrt(var_a) - m_b / math.sqrt(var_b)
-    gradient = np.array(
-        [g_a / var_a**1.5, -g_b / var_b**1.5, -m_a / (2 * var_a**1.5), m_b / (2 * var_b**1.5)]
-    )
+    delta, gradient = _sharpe_gradient(m_a, m_b, g_a, g_b)
     y = np.column_stack([a - m_a, b - m_b, a * a - g_a, b * b - g_b])  # (T, 4)
-    s = _andrews_bandwidth(y, kernel) if bandwidth is None else float(bandwidth)
-    psi = y.T @ y / t_obs  # Gamma(0)
+    # The influence series: grad' Psi grad is the kernel long-run variance of psi.
+    psi = y @ gradient  # (T,)
+    s = _andrews_bandwidth(psi, kernel) if bandwidth is None else float(bandwidth)
+    long_run = float(psi @ psi) / t_obs  # Gamma(0)
     max_lag = min(math.ceil(s) - 1 if s > 0 else 0, t_obs - 1)
     if max_lag >= 1:
         lags = np.arange(1, max_lag + 1)
         weights = _kernel_weights(kernel, lags.astype(np.float64), s)
         for lag, weight in zip(lags, weights, strict=True):
             if weight > 0.0:
-                gamma = y[lag:].T @ y[:-lag] / t_obs  # Gamma(j) = E[y_t y_{t-j}']
-                psi += weight * (gamma + gamma.T)
-    psi *= t_obs / (t_obs - 4.0)
-    variance = float(gradient @ psi @ gradient) / t_obs
+                long_run += 2.0 * weight * float(psi[lag:] @ psi[:-lag]) / t_obs
+    long_run *= t_obs / (t_obs - 4.0)
+    variance = long_run / t_obs
     if not variance > 0.0:
         return float("nan"), 0.0, s
     # The se of the ddof=0 difference, rescaled to the ddof=1 Sharpes that are reported
@@ -926,6 +1167,39 @@ def _ledoit_wolf_hac(
     std_error = math.sqrt(variance)
     z = float(delta / std_error)
     return z, std_error * math.sqrt((t_obs - 1.0) / t_obs), s
+
+
+def _block_bootstrap_pvalue(
+    a: np.ndarray, b: np.ndarray, d: float, block: int, n_boot: int, seed: int
+) -> float:
+    """Ledoit-Wolf (2008) section 3.2 p-value of the studentized statistic ``d = |z|``.
+
+    A resample is ``T // block`` circular blocks; everything a resample needs is in the sums
+    of ``u_t = (a, b, a^2, b^2)`` over its blocks, so those sums are taken once for every
+    start (``B``, (T, 4)) and gathered: (n_boot, blocks, 4) numbers, not the series.
+    """
+    t_obs = a.size
+    n_blocks = t_obs // block
+    u = np.column_stack([a, b, a * a, b * b])  # (T, 4)
+    wrapped = np.concatenate([u, u[: block - 1]])
+    cumulative = np.concatenate([np.zeros((1, 4)), np.cumsum(wrapped, axis=0)])
+    block_sums = cumulative[block : block + t_obs] - cumulative[:t_obs]  # (T, 4) by start
+    m_a, m_b, g_a, g_b = u.mean(axis=0)
+    delta, _ = _sharpe_gradient(m_a, m_b, g_a, g_b)
+    starts = np.random.default_rng(seed).integers(0, t_obs, (n_boot, n_blocks))
+    sums = block_sums[starts]  # (M, blocks, 4)
+    moments = sums.sum(axis=1) / (n_blocks * block)  # (M, 4)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        delta_star, gradient = _sharpe_gradient(*moments.T)  # (M,), (M, 4)
+        # zeta_j = sqrt(b) * (block mean - resample mean); psi_j = grad' zeta_j.
+        zeta_psi = (
+            np.einsum("mjk,mk->mj", sums, gradient) - block * (moments * gradient).sum(1)[:, None]
+        ) / math.sqrt(block)
+        se_star = np.sqrt(np.mean(zeta_psi**2, axis=1) / (n_blocks * block))
+        d_star = np.abs(delta_star - delta) / se_star
+    # A degenerate resample (a constant series: no se) counts against rejection.
+    exceed = int(np.count_nonzero(~(d_star < d)))
+    return (exceed + 1.0) / (n_boot + 1.0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1048,7 +1322,11 @@ class PairedComparison:
     median_b: float
     """Median of ``b`` over the used pairs."""
     mean_difference: float
-    """Mean of ``b - a``."""
+    """Mean of ``b - a``: the average effect, which the pseudo-median need not be."""
+    mean_low: float
+    """Lower end of the t-interval of the mean difference at ``confidence``."""
+    mean_high: float
+    """Upper end of that t-interval."""
     median_difference: float
     """Median of ``b - a``: the point estimate that the CI brackets."""
     wilcoxon_statistic: float
@@ -1061,14 +1339,22 @@ class PairedComparison:
     wilcoxon_n_nonzero: int
     """Non-zero differences that entered the Wilcoxon test."""
     hl_estimate: float
-    """Hodges-Lehmann estimate of the centre of ``b - a`` (:func:`hodges_lehmann_interval`)."""
+    """Hodges-Lehmann estimate of the centre of ``b - a`` over every difference, zeros
+    included: the estimate the verdict (:func:`equivalence_test`) reads."""
     hl_low: float
-    """Lower end of the exact signed-rank (Hodges-Lehmann) CI, matching the Wilcoxon test."""
+    """Lower end of the exact signed-rank (Hodges-Lehmann) CI, zeros included."""
     hl_high: float
     """Upper end of the Hodges-Lehmann CI."""
     hl_confidence: float
     """Confidence the Hodges-Lehmann CI achieves (discrete at small n; below ``confidence``
     when n is too small to reach it, e.g. 87.5% at n = 4 for 95%)."""
+    hl_nonzero_estimate: float
+    """The Hodges-Lehmann estimate with zero differences dropped (R's ``wilcox.test``),
+    whose CI inverts ``wilcoxon_pvalue``; equal to ``hl_estimate`` without zeros."""
+    hl_nonzero_low: float
+    """Lower end of the zero-dropped CI (at ``confidence``)."""
+    hl_nonzero_high: float
+    """Upper end of the zero-dropped CI."""
     confidence: float
     """Requested confidence of the Hodges-Lehmann CI (``hl_confidence`` is the achieved one)."""
     mannwhitney_statistic: float
@@ -1121,10 +1407,13 @@ def compare_paired(
         confidence: Requested confidence of the Hodges-Lehmann CI, in (0, 1).
 
     The Wilcoxon p-value is :func:`paired_signed_rank_test`'s (zeros dropped, exact up to
-    50 non-zero differences); the Hodges-Lehmann interval (``hl_*``) is the CI to report,
-    with ``hl_confidence`` its achieved confidence (a note says when the requested one is
-    out of reach at this n). There is no bootstrap: a BCa CI of the median covers 49-87%
-    at n = 2..4 for a stated 95% (docs/statistics.md).
+    50 non-zero differences); the Hodges-Lehmann interval (``hl_*``, every difference's
+    Walsh averages, zeros included, as the verdict reads them) is the CI to report, with
+    ``hl_confidence`` its achieved confidence (a note says when the requested one is out
+    of reach at this n); ``hl_nonzero_*`` is the zero-dropped one that inverts the
+    Wilcoxon p (a note gives it when zeros occur). ``mean_low`` / ``mean_high``: the
+    t-interval of the mean difference. There is no bootstrap: a BCa CI of the median
+    covers 49-87% at n = 2..4 for a stated 95% (docs/statistics.md).
 
     Returns:
         A :class:`PairedComparison`. With fewer than 2 usable pairs the tests and the CI
@@ -1168,6 +1457,7 @@ def compare_paired(
 
     w_stat = w_p = mw_stat = mw_p = ks_stat = ks_p = nan
     hl_estimate = hl_low = hl_high = hl_confidence = nan
+    nz_estimate = nz_low = nz_high = mean_low = mean_high = nan
     w_method, w_nonzero = "", 0
     if n_used < _MIN_PAIRS:
         notes.append(
@@ -1201,13 +1491,23 @@ def compare_paired(
                     f"only {n_nonzero} non-zero difference(s): the Wilcoxon test has almost "
                     f"no power (exact two-sided p-value >= {2.0 / 2.0**n_nonzero:.4g})"
                 )
-        hl = hodges_lehmann_interval(diff, confidence)
+        hl = hodges_lehmann_interval(diff, confidence, zeros="keep")
         hl_estimate, hl_low, hl_high, hl_confidence = hl.estimate, hl.low, hl.high, hl.confidence
         if not hl.achieved:
             notes.append(
                 f"a {confidence:.0%} Hodges-Lehmann CI is not achievable with {n_used} pairs: "
                 f"the widest one, [min, max], is reported; it covers {hl.confidence:.1%}"
             )
+        nonzero = hodges_lehmann_interval(diff, confidence, zeros="drop")
+        nz_estimate, nz_low, nz_high = nonzero.estimate, nonzero.low, nonzero.high
+        if 0 < n_nonzero < n_used:
+            notes.append(
+                f"the Hodges-Lehmann estimate and CI keep the {n_used - n_nonzero} zero "
+                f"difference(s), as the verdict does; with them dropped, as the Wilcoxon "
+                f"p-value does: {nz_estimate:+.3f} [{nz_low:+.3f}, {nz_high:+.3f}] "
+                f"({nonzero.confidence:.1%})"
+            )
+        mean_low, mean_high = _mean_interval(diff, confidence)
         mannwhitney = stats.mannwhitneyu(xa, yb, alternative="two-sided")
         mw_stat, mw_p = float(mannwhitney.statistic), float(mannwhitney.pvalue)
         ks = stats.ks_2samp(xa, yb)
@@ -1223,6 +1523,8 @@ def compare_paired(
         median_a=median_a,
         median_b=median_b,
         mean_difference=mean_diff,
+        mean_low=mean_low,
+        mean_high=mean_high,
         median_difference=median_diff,
         wilcoxon_statistic=w_stat,
         wilcoxon_pvalue=w_p,
@@ -1232,6 +1534,9 @@ def compare_paired(
         hl_low=hl_low,
         hl_high=hl_high,
         hl_confidence=hl_confidence,
+        hl_nonzero_estimate=nz_estimate,
+        hl_nonzero_low=nz_low,
+        hl_nonzero_high=nz_high,
         confidence=confidence,
         mannwhitney_statistic=mw_stat,
         mannwhitney_pvalue=mw_p,

@@ -197,8 +197,10 @@ def test_mann_whitney_and_ks_are_descriptive_not_emphasised() -> None:
     descriptive = [(attrs, text) for attrs, text in cells if "descriptive" in attrs]
     assert [text for _, text in descriptive] == ["&lt;0.001", "&lt;0.001"]
     assert not any("significant" in attrs for attrs, _ in descriptive)
-    # The paired test (Wilcoxon, 8 of 8 positive: exact p = 2/256) is still emphasised.
-    assert '<td class="significant" title="exact">0.008</td>' in row.group(0)
+    # The paired test (Wilcoxon, 8 of 8 positive: exact p = 2/256) is shown raw; what is
+    # emphasised is its adjusted value (BH q, one family: the same 0.008).
+    assert '<td class="raw-p" title="exact">0.008</td>' in row.group(0)
+    assert '<td class="adjusted-p bh-q significant">0.008</td>' in row.group(0)
 
 
 def test_reading_notes_count_the_tests_bh_adjusted(html: str, comparison: Comparison) -> None:
@@ -334,7 +336,7 @@ def test_pair_tests_table_shows_jkm_and_hac_per_pair_and_split(
     assert [(p, s) for p, s, _ in rows] == [(p, s) for p in tests for s in ("val", "test")]
     for pair, split, cells in rows:
         t = tests[pair][split]
-        assert f'<td class="jkm-p">{format_p(t.jkm_pvalue)}</td>' in cells
+        assert f'<td class="jkm-p descriptive">{format_p(t.jkm_pvalue)}</td>' in cells
         assert f'<td class="hac-p">{format_p(t.hac_pvalue)}</td>' in cells
     diverged = dict(((p, s), c) for p, s, c in rows)[(pair_id("tft", 2), "val")]
     assert "not available" in diverged and "diverged" in diverged
@@ -355,3 +357,107 @@ def test_overfitting_table_shows_pbo_min_trl_and_spearman(
         assert values["spearman"] == format_num(fit.val_test_spearman, True)
     dqn = re.search(r'<table id="overfitting-dqn".*?</table>', html, re.S).group(0)  # type: ignore[union-attr]
     assert "not available: 1 of 11 completed trials have no returns artifact" in dqn
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 25: adjusted values bold, the pair test is the bootstrap, MinTRL against luck,
+# the mean beside the HL, and the power table in the reading notes and the README.
+
+
+def test_only_adjusted_p_values_are_bold() -> None:
+    comparison = _separated()  # one family, 8 of 8 configurations better by ~5
+    inference = comparison.families["tft"].contrasts[CONTRAST].inference["val"]
+    assert inference.holm_p_better == pytest.approx(2 / 256)  # 1/256, two directions
+    html = render_report(comparison)
+    for table_id in ("stats-tft", "summary-table"):
+        table = re.search(rf'<table id="{table_id}".*?</table>', html, re.S)
+        assert table is not None
+        cells = re.findall(r"<td([^>]*)>([^<]*)</td>", table.group(0))
+        bold = [attrs for attrs, _ in cells if "significant" in attrs]
+        assert bold and all("adjusted-p" in attrs for attrs in bold), table_id
+        raw = [text for attrs, text in cells if "raw-p" in attrs]
+        assert "0.008" in raw  # the raw Wilcoxon p is shown, not emphasised
+    row = re.search(
+        r'<table id="stats-tft".*?<tr data-contrast="bf16_vs_f32" data-split="val">(.*?)</tr>',
+        html,
+        re.S,
+    )
+    assert row is not None
+    assert '<td class="adjusted-p holm-better significant">0.008</td>' in row.group(1)
+
+
+def test_the_pair_test_is_the_bootstrap_bh_adjusted_and_jkm_is_descriptive(
+    html: str, comparison: Comparison
+) -> None:
+    table = re.search(r'<table id="pairtests-tft-bf16_vs_f32".*?</table>', html, re.S)
+    assert table is not None
+    head = table.group(0).split("</thead>")[0]
+    assert "bootstrap p" in head and "BH q" in head and "JKM p (descriptive)" in head
+    tests = comparison.families["tft"].contrasts[CONTRAST].pair_tests
+    rows = re.findall(r'<tr data-pair="([^"]+)" data-split="(val|test)">(.*?)</tr>', table.group(0))
+    for pair, split, cells in rows:
+        t = tests[pair][split]
+        assert f'<td class="raw-p boot-p">{format_p(t.boot_pvalue)}</td>' in cells
+        assert f'<td class="jkm-p descriptive">{format_p(t.jkm_pvalue)}</td>' in cells
+        cls = "adjusted-p boot-q" + (" significant" if t.boot_p_bh <= 0.05 else "")
+        assert f'<td class="{cls}">{format_p(t.boot_p_bh)}</td>' in cells
+
+
+def test_min_trl_is_shown_against_luck_and_against_zero(html: str, comparison: Comparison) -> None:
+    fit = comparison.families["tft"].overfitting
+    table = re.search(r'<table id="overfitting-tft".*?</table>', html, re.S)
+    assert table is not None
+    rows = dict(
+        re.findall(r'<tr class="([a-z0-9-]+)"><td class="text">([^<]*)</td>', table.group(0))
+    )
+    assert "selection-aware" in rows["min-trl-sr0"]
+    assert "vs 0, selection ignored" in rows["min-trl"]
+    values = dict(
+        re.findall(r'<tr class="([a-z0-9-]+)">.*?<td class="value">([^<]*)</td>', table.group(0))
+    )
+    expected = str(math.ceil(fit.min_trl_sr0)) if math.isfinite(fit.min_trl_sr0) else "—"
+    assert values["min-trl-sr0"] == expected
+
+
+def test_the_mean_difference_and_its_ci_stand_beside_the_hl(
+    html: str, comparison: Comparison
+) -> None:
+    val = comparison.families["tft"].contrasts[CONTRAST].val
+    table = re.search(r'<table id="stats-tft".*?</table>', html, re.S)
+    assert table is not None
+    assert "mean diff [95% t CI]" in table.group(0)
+    assert (
+        f'<td class="mean-diff">{val.mean_difference:+.3f} '
+        f"[{val.mean_low:+.3f}, {val.mean_high:+.3f}]</td>"
+    ) in table.group(0)
+
+
+def _power_rows() -> list[tuple[str, str, str]]:
+    from hpo.stats import EQUIVALENCE_POWER, POWER_TABLE_SD_RATIOS, configs_for_equivalence
+
+    return [
+        (f"{r:g}", str(EQUIVALENCE_POWER[r]), str(configs_for_equivalence(r)))
+        for r in POWER_TABLE_SD_RATIOS
+    ]
+
+
+def test_the_reading_notes_give_the_power_table_and_the_error_of_many_claims(html: str) -> None:
+    notes = re.search(r'<section id="reading-notes">.*?</section>', html, re.S)
+    assert notes is not None
+    text = notes.group(0)
+    table = re.search(r'<table id="power-table".*?</table>', text, re.S)
+    assert table is not None
+    cells = re.findall(
+        r"<tr><td>([^<]+)</td><td>([^<]+)</td><td class='approx'>([^<]+)</td></tr>",
+        table.group(0),
+    )
+    assert cells == _power_rows()
+    assert "Holm" in text and "two-sided 10%" in text
+    assert "bootstrap" in text and "descriptive" in text
+
+
+def test_the_readme_gives_the_same_power_table() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The f32-versus-bf16 comparison", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| *([0-9.]+) *\| *([0-9]+) *\| *([0-9]+) *\|$", section, re.M)
+    assert rows == _power_rows()

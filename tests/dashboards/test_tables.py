@@ -24,3 +24,30 @@ def test_an_inconclusive_verdict_with_few_configurations_says_where_the_interval
     assert "inconclusive" in below and "wholly below the margin" in below
     straddles = _sentence([-0.3, 0.05, 0.2, -0.15, 0.4, -0.05, 0.1, 0.25])
     assert "reaches beyond the margin" in straddles
+
+
+def test_a_skewed_family_is_not_called_equivalent_and_its_tail_is_named() -> None:
+    noise = [0.01, -0.01, 0.02, -0.02, 0.0, 0.015, -0.015, 0.005, -0.005, 0.012]
+    sentence = _sentence([*noise, *(-x for x in noise[:9]), -0.5])
+    assert sentence.startswith("tft: inconclusive")
+    assert "skew" in sentence and "tft-g019" in sentence
+    assert "mean" in sentence
+
+
+def test_an_equivalent_verdict_states_the_mean_interval_too() -> None:
+    noise = [0.01, -0.01, 0.02, -0.02, 0.0, 0.015, -0.015, 0.005, -0.005, 0.012]
+    sentence = _sentence(noise)
+    assert sentence.startswith("tft: equivalent")
+    assert "mean" in sentence and "90% t-interval" in sentence
+
+
+def test_a_claim_lost_to_the_holm_adjustment_says_so() -> None:
+    worse = [-0.5, -0.45, -0.6, -0.55, -0.4, -0.52]
+    calm = [0.01, -0.02, 0.0, 0.015, -0.01, 0.005]
+    records = paired_records("a", [[0.5]] * 6, [[0.5 + d] for d in worse])
+    for family in "bcde":
+        records += paired_records(family, [[0.5]] * 6, [[0.5 + d] for d in calm])
+    comparison = compare_trials(records, ("f32", "bf16"), margin=0.1)
+    sentence = verdict_sentence("a", comparison.families["a"].contrasts["bf16_vs_f32"])
+    assert sentence.startswith("a: inconclusive")
+    assert "Holm" in sentence and "10 one-sided claims" in sentence

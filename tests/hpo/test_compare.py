@@ -63,6 +63,7 @@ from tests.hpo.compare_helpers import (
     record_with_returns,
     shared_sweep,
     synthetic_returns,
+    trial_record,
     tune_checkpoint,
 )
 
@@ -691,10 +692,13 @@ def test_pbo_min_trl_and_spearman_of_a_family_from_its_completed_trials() -> Non
     assert fit.min_trl == min_track_record_length(
         best.sharpe_per_period, 0.0, best.skew, best.kurtosis, 0.95
     )
-    rho = stats.spearmanr(
-        [t.val_sharpe for t in result.trials], [t.test_sharpe for t in result.trials]
-    )
-    assert fit.val_test_spearman == rho.statistic and fit.spearman_n == 8
+    # On the 4 configurations (each the mean of its two members), not the 8 trials.
+    means = [
+        (np.mean([t.val_sharpe for t in c]), np.mean([t.test_sharpe for t in c]))
+        for c in (result.trials[i : i + 2] for i in range(0, 8, 2))
+    ]
+    rho = stats.spearmanr([v for v, _ in means], [t for _, t in means])
+    assert fit.val_test_spearman == pytest.approx(rho.statistic) and fit.spearman_n == 4
     metrics = comparison_metrics(result)
     assert metrics["cmp.tft.pbo"] == fit.pbo
     assert metrics["cmp.tft.min_trl"] == fit.min_trl
@@ -932,3 +936,152 @@ def test_of_two_runs_of_one_member_the_one_that_got_furthest_is_kept() -> None:
     _, contrast = _bf16_vs_f32([failed, *records])
     assert contrast.val.n_pairs_used == 2
     assert contrast.val.mean_difference == pytest.approx(np.mean([0.1, 0.2]), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 25: claims controlled across families, the mean beside the pseudo-median, one HL,
+# selection-aware MinTRL, adjusted pair tests, Spearman on configurations, capped counts.
+
+WORSE = [-0.5, -0.45, -0.6, -0.55, -0.4, -0.52]  # every one-sided p: 1/64
+CALM = [0.01, -0.02, 0.0, 0.015, -0.01, 0.005]
+
+
+def _families(diffs: dict[str, list[float]]) -> Comparison:
+    trials = [
+        t
+        for model, d in diffs.items()
+        for t in paired_records(model, [[0.3]] * len(d), [[0.3 + x] for x in d])
+    ]
+    return compare_trials(trials, ("f32", "bf16"))
+
+
+def test_directional_claims_are_holm_adjusted_across_the_families() -> None:
+    from hpo.stats import holm_adjust
+
+    comparison = _families({"a": WORSE, "b": CALM, "c": CALM, "d": CALM, "e": CALM})
+    for split in ("val", "test"):
+        cells = [s.contrasts[CONTRAST].inference[split] for s in comparison.families.values()]
+        raw = [p for c in cells for p in (c.pvalue_worse, c.pvalue_better)]
+        adjusted = [p for c in cells for p in (c.holm_p_worse, c.holm_p_better)]
+        assert adjusted == pytest.approx(list(holm_adjust(raw)), rel=1e-12)
+        assert all(c.holm_n_tests == 10 for c in cells)
+    a = comparison.families["a"].contrasts[CONTRAST].inference["test"]
+    # Worse at 5% on its own (1/64), not once ten one-sided claims are made: 10/64.
+    assert a.pvalue_worse == pytest.approx(1 / 64)
+    assert a.holm_p_worse == pytest.approx(10 / 64)
+    assert a.verdict is not None and a.verdict.startswith("inconclusive")
+    metrics = comparison_metrics(comparison)
+    assert metrics[f"cmp.a.{CONTRAST}.test.holm_p_worse"] == pytest.approx(10 / 64)
+    assert metrics[f"cmp.a.{CONTRAST}.test.pvalue_worse"] == pytest.approx(1 / 64)
+    # Ten configurations all worse (1/1024 each way) survive the adjustment: 10/1024.
+    decisive = _families({"a": [*WORSE, -0.48, -0.58, -0.42, -0.62], "b": CALM, "c": CALM,
+                          "d": CALM, "e": CALM})  # fmt: skip
+    assert decisive.families["a"].contrasts[CONTRAST].verdict() == "bf16 worse"
+
+
+def test_a_tail_of_configurations_blocks_equivalent_and_is_named() -> None:
+    noise = [0.01, -0.01, 0.02, -0.02, 0.0, 0.015, -0.015, 0.005, -0.005, 0.012]
+    d = [*noise, *(-x for x in noise[:8]), -0.5, -0.5]
+    comparison = _families({"tft": d})
+    contrast = comparison.families["tft"].contrasts[CONTRAST]
+    inference = contrast.inference["test"]
+    # The HL interval alone would say "equivalent"; the mean (-0.05) and the skew do not.
+    assert inference.tost_low > -0.1 and inference.tost_high < 0.1
+    assert inference.verdict is not None and inference.verdict.startswith("inconclusive")
+    assert inference.tail_configs == ["tft-g018", "tft-g019"]
+    assert "tft-g018" in (inference.verdict_note or "")
+    diffs = np.array(d)
+    half = stats.t.ppf(0.975, 19) * diffs.std(ddof=1) / math.sqrt(20)
+    assert (contrast.test.mean_low, contrast.test.mean_high) == pytest.approx(
+        (diffs.mean() - half, diffs.mean() + half), abs=1e-12
+    )
+    half90 = stats.t.ppf(0.95, 19) * diffs.std(ddof=1) / math.sqrt(20)
+    assert inference.mean_tost_low == pytest.approx(diffs.mean() - half90, abs=1e-12)
+    metrics = comparison_metrics(comparison)
+    assert metrics[f"cmp.tft.{CONTRAST}.test.mean_ci_low"] == pytest.approx(contrast.test.mean_low)
+    assert metrics[f"cmp.tft.{CONTRAST}.test.skewness"] == pytest.approx(
+        stats.skew(diffs, bias=False), abs=1e-9
+    )
+
+
+def test_the_reported_hodges_lehmann_is_the_one_the_verdict_uses() -> None:
+    d = [0.0] * 6 + [0.3, 0.4, 0.5]
+    comparison = _families({"tft": d})
+    contrast = comparison.families["tft"].contrasts[CONTRAST]
+    assert contrast.val.hl_estimate == pytest.approx(0.15)
+    assert contrast.inference["val"].tost_low == pytest.approx(0.0)
+    assert contrast.inference["val"].tost_high == pytest.approx(0.25)
+    metrics = comparison_metrics(comparison)
+    assert metrics[f"cmp.tft.{CONTRAST}.val.hl_estimate"] == pytest.approx(0.15)
+    assert metrics[f"cmp.tft.{CONTRAST}.val.hl_nonzero_estimate"] == pytest.approx(0.4)
+
+
+def test_more_than_a_thousand_configurations_needed_is_said_so() -> None:
+    d = [0.1001 + x for x in (-0.04, 0.03, -0.02, 0.05, -0.05, 0.02, -0.03, 0.04, 0.0)]
+    inference = _families({"tft": d}).families["tft"].contrasts[CONTRAST].inference["test"]
+    assert inference.verdict == "inconclusive: more than 1,000 more configurations needed"
+    assert inference.configs_needed is None and inference.configs_needed_capped
+
+
+def test_min_trl_is_also_measured_against_the_expected_maximum_of_luck() -> None:
+    trials = _family(4)
+    result, _ = _bf16_vs_f32(trials)
+    scope = result.families["tft"]
+    fit, pooled = scope.overfitting, scope.selection[ALL_PRECISIONS]
+    best = next(t for t in result.trials if t.trial_id == pooled.best_trial_id)
+    assert pooled.expected_max_sharpe > 0
+    assert fit.min_trl_sr0_benchmark == pooled.expected_max_sharpe
+    assert fit.min_trl_sr0 == min_track_record_length(
+        best.sharpe_per_period, pooled.expected_max_sharpe, best.skew, best.kurtosis, 0.95
+    )
+    # Beating the best of N lucky trials takes longer than beating 0.
+    assert fit.min_trl_sr0 > fit.min_trl
+    assert comparison_metrics(result)["cmp.tft.min_trl_sr0"] == fit.min_trl_sr0
+
+
+def test_pair_tests_are_bootstrapped_and_bh_adjusted_within_a_contrast_and_split() -> None:
+    trials = _family(4)
+    result, contrast = _bf16_vs_f32(trials)
+    by_key = {(t.precision, t.pair_id): t for t in result.trials}
+    metrics = comparison_metrics(result)
+    for split in ("val", "test"):
+        boot = []
+        for pair, tests in contrast.pair_tests.items():
+            ref, other = by_key[("f32", pair)].returns, by_key[("bf16", pair)].returns
+            assert ref is not None and other is not None
+            a, b = ref.returns[split], other.returns[split]
+            expected = sharpe_difference_test(b, a, method="bootstrap")
+            assert tests[split].boot_pvalue == expected.pvalue
+            assert tests[split].boot_block == expected.block_size
+            boot.append(expected.pvalue)
+        q = stats.false_discovery_control(boot, method="bh")
+        got = [tests[split].boot_p_bh for tests in contrast.pair_tests.values()]
+        assert got == pytest.approx(list(q), rel=1e-12)
+        pair = pair_id("tft", 1)
+        assert metrics[f"cmp.tft.{CONTRAST}.{split}.{pair}.boot_p_bh"] == (
+            contrast.pair_tests[pair][split].boot_p_bh
+        )
+
+
+def test_val_test_spearman_is_over_configuration_means() -> None:
+    # 4 configurations x 2 seeds x 2 precisions: 16 trials, 4 independent units.
+    val = [[0.1, 0.3], [0.5, 0.2], [0.9, 0.4], [0.7, 0.8]]
+    test = [[0.2, 0.0], [0.1, 0.5], [0.6, 0.3], [0.9, 0.2]]
+    trials = [
+        trial_record("tft", p, g, s, val[g][s] + shift, test[g][s] - shift)
+        for g in range(4)
+        for s in range(2)
+        for p, shift in (("f32", 0.0), ("bf16", 0.01 * (g + s)))
+    ]
+    fit = compare_trials(trials, ("f32", "bf16")).families["tft"].overfitting
+    means = {
+        g: (
+            np.mean([t.val_sharpe for t in trials if t.config_id == f"tft-g00{g}"]),
+            np.mean([t.test_sharpe for t in trials if t.config_id == f"tft-g00{g}"]),
+        )
+        for g in range(4)
+    }
+    rho = stats.spearmanr([v for v, _ in means.values()], [t for _, t in means.values()])
+    assert fit.spearman_n == 4
+    assert fit.val_test_spearman == pytest.approx(rho.statistic, abs=1e-12)
+    assert fit.val_test_spearman_pvalue == pytest.approx(rho.pvalue, abs=1e-12)
