@@ -77,6 +77,8 @@ def test_after_two_trials_a_collection_walks_only_the_trials_own_objects(
     frozen = gc.get_freeze_count()
     assert frozen >= 0.9 * alive
     freeze_long_lived_objects()  # the third trial: nothing more is frozen
-    assert gc.get_freeze_count() == frozen
+    # Not equal: a frozen object freed by reference counting in between (pytest's or
+    # xdist's, in CI: 2 of a million) lowers the count; a third freeze would raise it.
+    assert gc.get_freeze_count() <= frozen
     TrialMemory(CPU)
     assert len(gc.get_objects()) < 0.05 * alive  # what each later collection walks
