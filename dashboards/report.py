@@ -8,11 +8,15 @@ same anywhere, air-gapped included. Its reading notes are ``reading_notes.html``
 
 Stable hooks (``<scope>``: a model family or ``overall``, reduced to ``[A-Za-z0-9_-]``):
 
-* ``h1#verdict`` - the verdict, overall and per family; ``ul#verdicts`` - why, per family;
+* ``p#mlflow-link`` - the trials' deep link into MLflow's runs table (text, not a link);
+* ``h1#verdict`` - the verdict, overall and per family; ``section#cost`` with
+  ``table#cost-table`` - hours, shares, speed and memory per scope and precision, and the
+  paired cost ratio; ``ul#verdicts`` - why, per family;
 * ``#summary-table`` - one row per scope, contrast and split;
 * ``section#family-<scope>.family`` - everything about one scope;
 * ``table#stats-<scope>.stats-table``, ``table#counts-<scope>``, ``table#selection-<scope>``
-  - the paired statistics, trial states, PSR/DSR;
+  - the paired statistics, trial states, PSR/DSR; ``table#describe-<scope>`` (in a
+  ``details``) - the two distributions' medians, skewness and W, U, D, descriptive;
 * ``table#seeds-<scope>-<contrast>`` - every seed pair behind the configuration means;
 * ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, the bootstrap pair test
   with its BH q, HAC, and JKM (descriptive) (model families only);
@@ -41,6 +45,7 @@ from dashboards._svg import (
     paired_difference_plot,
 )
 from dashboards.tables import (
+    cost_headline,
     format_ci,
     format_confidence,
     format_interval,
@@ -63,6 +68,7 @@ from hpo.compare import (
     ScopeComparison,
     TrialRecord,
 )
+from hpo.mlflow_links import mlflow_ui, trials_link
 from hpo.stats import EQUIVALENCE_POWER, POWER_TABLE_SD_RATIOS, configs_for_equivalence
 
 __all__ = ["MAX_CURVE_PANELS", "dom_id", "render_report", "write_report"]
@@ -85,6 +91,10 @@ nav a { margin-right: 12px; }
 table { border-collapse: collapse; margin: 8px 0 12px; font-variant-numeric: tabular-nums;
         font-size: 12.5px; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 5px; text-align: right; white-space: nowrap; }
+/* Headers fold onto several lines, so a wide table fits 1280 px without a scrollbar. */
+th, td.text { white-space: normal; } th { vertical-align: bottom; min-width: 3em; }
+.cost-line { font-weight: 600; margin: 2px 0; }
+code { overflow-wrap: anywhere; }
 th:first-child, td:first-child, td.text, th.text { text-align: left; }
 thead th { border-bottom: 2px solid #999; background: #f6f6f6; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
@@ -127,6 +137,7 @@ def render_report(comparison: Comparison) -> str:
         '<h1 id="verdict">'
         + "".join(f"<span>{escape(line)}</span>" for line in verdict_headline(c))
         + "</h1>",
+        _cost(c),
         _verdicts(c),
         f'<p class="title">Does precision change out-of-sample Sharpe? {escape(c.experiment)}</p>',
         '<p class="meta">',
@@ -139,6 +150,7 @@ def render_report(comparison: Comparison) -> str:
         f"Hodges-Lehmann estimates with exact signed-rank {c.confidence:.0%} CIs (the "
         "confidence each achieves is shown).",
         "</p>",
+        _mlflow_link(c),
         _list(c.notes, "comparison-notes"),
         "</header>",
         '<nav id="toc">',
@@ -200,6 +212,71 @@ def _descriptive_cell(p: float) -> str:
     return f'<td class="descriptive">{escape(format_p(p))}</td>'
 
 
+def _mlflow_link(c: Comparison) -> str:
+    """Where the trials are in MLflow's runs table, as text to copy: the report links to
+    nothing outside itself."""
+    if not (c.experiment_id and c.parent_run_id):
+        return ""
+    ui = mlflow_ui(c.tracking_uri)
+    try:
+        link = trials_link(ui.base, c.experiment_id, c.parent_run_id)
+    except ValueError:  # an id MLflow would not have made
+        return ""
+    serve = f"serve the store with <code>{escape(ui.command)}</code>, then " if ui.command else ""
+    return (
+        f'<p id="mlflow-link" class="meta">The trials in MLflow (Model-training runs table, '
+        f"best val_sharpe first): {serve}open <code>{escape(link)}</code></p>"
+    )
+
+
+def _cost(c: Comparison) -> str:
+    """What each precision spent, per family, and what the move saves (paired by
+    configuration): the second thing on the first screen, after the verdict."""
+    rows = []
+    for scope in c.scopes:
+        for precision, spent in scope.cost.by_precision.items():
+            ratio = scope.cost.ratios.get(precision)
+            if ratio is None:
+                vs = "reference"
+            elif math.isfinite(ratio.hours_ratio):
+                ci = (
+                    f" [{ratio.ci_low:.2f}, {ratio.ci_high:.2f}]"
+                    if math.isfinite(ratio.ci_low)
+                    else ""
+                )
+                vs = f"{ratio.hours_ratio:.2f}x{ci} ({ratio.configs} configurations)"
+            else:
+                vs = "—"
+            share = spent.gpu_fraction
+            rows.append(
+                f'<tr data-scope="{escape(scope.scope)}" data-precision="{escape(precision)}">'
+                f"<td>{escape(scope.scope)}</td><td class='text'>{escape(precision)}</td>"
+                f"<td>{spent.trials}</td><td class='gpu-hours'>{spent.gpu_hours:.3f}</td>"
+                f"<td class='cpu-hours'>{spent.cpu_hours:.3f}</td>"
+                f"<td>{f'{share:.3g}' if math.isfinite(share) else '—'}</td>"
+                f"<td>{_small(spent.steps_per_s)}</td><td>{_small(spent.peak_mem_mb)}</td>"
+                f"<td class='text ratio'>{escape(vs)}</td></tr>"
+            )
+    unit = "GPU-hours" if c.overall.cost.basis == "gpu" else "CPU-hours"
+    head = (
+        "<tr><th>scope</th><th class='text'>precision</th><th>trials</th><th>GPU-hours</th>"
+        "<th>CPU-hours</th><th>GPU share (median)</th><th>steps/s (median)</th>"
+        f"<th>peak MB (median)</th><th class='text'>{unit} vs {escape(c.reference)}, per "
+        f"configuration [{c.confidence:.0%} CI]</th></tr>"
+    )
+    lines = [f'<p class="cost-line">{escape(line)}</p>' for line in cost_headline(c)]
+    return (
+        '<section id="cost"><h2>Cost per precision</h2>'
+        + "".join(lines)
+        + '<div class="table-wrap"><table id="cost-table" class="stats-table">'
+        f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+        '<p class="caption">Hours: every trial that reported, finished or not. The ratio: '
+        "per configuration completed in both precisions (its seeds averaged), the geometric "
+        "mean of other/reference with a t-interval on the log ratios. A trial's GPU time is "
+        "its GPU share times the seconds of its epochs, on CUDA only.</p></section>"
+    )
+
+
 def _verdicts(c: Comparison) -> str:
     items = [
         verdict_sentence(scope.scope, contrast)
@@ -230,7 +307,6 @@ def _summary(c: Comparison) -> str:
                     f'<td>{len(contrast.incomplete)}</td><td class="ci">{format_ci(r)}</td>'
                     f'<td class="mean-diff">{format_mean_ci(r)}</td>'
                     f"{_raw_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
-                    f'<td class="text method">{escape(inference.wilcoxon_method)}</td>'
                     f"{_adjusted_p_cell(inference.wilcoxon_p_bh, 'bh-q')}"
                     f"{_adjusted_p_cell(inference.holm_p_worse, 'holm-worse')}"
                     f"{_adjusted_p_cell(inference.holm_p_better, 'holm-better')}"
@@ -239,10 +315,11 @@ def _summary(c: Comparison) -> str:
                 )
     head = (
         "<tr><th>scope</th><th class='text'>contrast</th><th class='text'>Sharpe</th>"
-        "<th>configurations used</th><th>excluded (diverged)</th><th>pending pairs</th>"
+        "<th>configs used</th><th>excluded (diverged)</th><th>pending pairs</th>"
         f"<th>HL diff [{c.confidence:.0%} CI] achieved</th>"
-        f"<th>mean diff [{c.confidence:.0%} t CI]</th><th>Wilcoxon p (raw)</th>"
-        "<th class='text'>computed</th><th>BH q (families, this split)</th>"
+        f"<th>mean diff [{c.confidence:.0%} t CI]</th>"
+        "<th title='how it was computed: in the family table'>Wilcoxon p (raw)</th>"
+        "<th>BH q (families, this split)</th>"
         "<th>Holm p, worse</th><th>Holm p, better</th>"
         f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th>"
         "<th>DSR of best (all precisions)</th></tr>"
@@ -351,50 +428,57 @@ def _split_value(t: TrialRecord, split: str) -> float:
 
 
 def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
+    """The paired test per contrast and split, then (folded away, so that both fit 1280 px)
+    the descriptive statistics of the two distributions."""
     head = (
-        "<tr><th class='text'>contrast, Sharpe</th><th>configurations used</th>"
+        "<tr><th class='text'>contrast, Sharpe</th><th>configs used</th>"
         "<th title='configurations with a diverged member (NaN Sharpe)'>excluded</th>"
         "<th title='seed pairs with a member unfinished, errored or missing, or another "
         "seed of their configuration so'>pending pairs</th>"
-        f"<th>median {escape(c.reference)}</th><th>median other</th>"
-        f"<th>mean diff [{c.confidence:.0%} t CI]</th><th>skewness</th>"
-        "<th>median diff (descriptive)</th><th>HL estimate</th>"
-        f"<th>HL {c.confidence:.0%} CI</th><th>achieved</th>"
-        "<th>Wilcoxon W</th><th>Wilcoxon p (raw)</th>"
-        "<th class='text'>computed</th><th>BH q</th><th>Holm p, worse</th>"
-        "<th>Holm p, better</th>"
-        f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th><th>TOST p</th>"
-        "<th>MWU U</th><th>MWU p (descriptive)</th><th>KS D</th><th>KS p (descriptive)</th>"
-        "</tr>"
+        f"<th>HL estimate</th><th>HL {c.confidence:.0%} CI</th><th>achieved</th>"
+        f"<th>mean diff [{c.confidence:.0%} t CI]</th>"
+        "<th>Wilcoxon p (raw)</th><th class='text'>computed</th><th>BH q</th>"
+        "<th>Holm p, worse</th><th>Holm p, better</th>"
+        f"<th class='text'>verdict (\u00b1{c.margin:.2f})</th><th>TOST p</th></tr>"
     )
-    rows = []
+    detail_head = (
+        f"<tr><th class='text'>contrast, Sharpe</th><th>median {escape(c.reference)}</th>"
+        "<th>median other</th><th>median diff</th><th>skewness of the differences</th>"
+        "<th>Wilcoxon W</th><th>MWU U</th><th>MWU p (descriptive)</th><th>KS D</th>"
+        "<th>KS p (descriptive)</th></tr>"
+    )
+    rows, details = [], []
     for contrast in scope.contrasts.values():
         for split in SPLITS:
             r = contrast.split(split)
             inference = contrast.inference[split]
-            ci = format_interval(r.hl_low, r.hl_high)
-            rows.append(
+            label = (
                 f'<tr data-contrast="{contrast.key}" data-split="{split}">'
                 f'<td class="text">{escape(contrast.other)} - {escape(contrast.reference)}, '
-                f'{split}</td><td class="n-pairs">{r.n_pairs_used}</td>'
+                f"{split}</td>"
+            )
+            rows.append(
+                f'{label}<td class="n-pairs">{r.n_pairs_used}</td>'
                 f'<td class="n-excluded">{r.n_excluded_nonfinite}</td>'
                 f"<td>{len(contrast.incomplete)}</td>"
-                f"<td>{format_num(r.median_a)}</td>"
-                f"<td>{escape(contrast.other)} {format_num(r.median_b)}</td>"
-                f'<td class="mean-diff">{format_mean_ci(r)}</td>'
-                f'<td class="skewness">{format_num(inference.skewness, True)}</td>'
-                f'<td class="median-diff">{format_num(r.median_difference, True)}</td>'
                 f'<td class="hl-estimate">{format_num(r.hl_estimate, True)}</td>'
-                f'<td class="ci">{ci}</td>'
+                f'<td class="ci">{format_interval(r.hl_low, r.hl_high)}</td>'
                 f'<td class="ci-confidence">{format_confidence(r.hl_confidence)}</td>'
-                f"<td>{format_num(r.wilcoxon_statistic)}</td>"
+                f'<td class="mean-diff">{format_mean_ci(r)}</td>'
                 f"{_raw_p_cell(r.wilcoxon_pvalue, inference.wilcoxon_method)}"
                 f'<td class="text method">{escape(inference.wilcoxon_method)}</td>'
                 f"{_adjusted_p_cell(inference.wilcoxon_p_bh, 'bh-q')}"
                 f"{_adjusted_p_cell(inference.holm_p_worse, 'holm-worse')}"
                 f"{_adjusted_p_cell(inference.holm_p_better, 'holm-better')}"
                 f'<td class="text verdict">{escape(verdict_text(contrast, split))}</td>'
-                f"<td>{escape(format_p(inference.equivalence_pvalue))}</td>"
+                f"<td>{escape(format_p(inference.equivalence_pvalue))}</td></tr>"
+            )
+            details.append(
+                f"{label}<td>{format_num(r.median_a)}</td>"
+                f"<td>{escape(contrast.other)} {format_num(r.median_b)}</td>"
+                f'<td class="median-diff">{format_num(r.median_difference, True)}</td>'
+                f'<td class="skewness">{format_num(inference.skewness, True)}</td>'
+                f"<td>{format_num(r.wilcoxon_statistic)}</td>"
                 f"<td>{format_num(r.mannwhitney_statistic)}</td>"
                 f"{_descriptive_cell(r.mannwhitney_pvalue)}"
                 f"<td>{format_num(r.ks_statistic)}</td>{_descriptive_cell(r.ks_pvalue)}</tr>"
@@ -403,6 +487,10 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
         f'<div class="table-wrap"><table id="{dom_id("stats", scope.scope)}" '
         f'class="stats-table" data-scope="{escape(scope.scope)}"><thead>{head}</thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
+        "<details><summary>the two distributions (medians, skewness, W, U, D: descriptive)"
+        f'</summary><div class="table-wrap"><table id="{dom_id("describe", scope.scope)}" '
+        f'class="describe-table"><thead>{detail_head}</thead>'
+        f"<tbody>{''.join(details)}</tbody></table></div></details>"
     )
 
 

@@ -23,6 +23,9 @@ from hpo.compare import (
 from hpo.stats import PairedComparison
 
 __all__ = [
+    "compact_table",
+    "cost_cell",
+    "cost_headline",
     "format_ci",
     "format_confidence",
     "format_interval",
@@ -179,15 +182,78 @@ def overfitting_text(scope: ScopeComparison) -> str:
     return f"{scope.scope}: {pbo}; {trl}; {rho}"
 
 
-def rich_tables(comparison: Comparison) -> Iterable[Any]:
-    """The verdict headline, then one ``rich`` table per scope (model families, then
-    overall), for ``hpo compare``."""
+def cost_headline(comparison: Comparison) -> list[str]:
+    """What each contrast costs against the reference, all families pooled (the line under
+    the verdict), then why GPU figures are missing where they are."""
+    cost = comparison.overall.cost
+    lines = [f"Cost: {ratio.sentence()}" for ratio in cost.ratios.values()]
+    return lines + [f"Cost: {note}" for note in cost.notes]
+
+
+def cost_cell(scope: ScopeComparison, other: str) -> str:
+    """``0.48x GPU-h`` [CI]: the scope's paired hours ratio of ``other``, in few columns."""
+    ratio = scope.cost.ratios.get(other)
+    if ratio is None or not math.isfinite(ratio.hours_ratio):
+        return "—"
+    return f"{ratio.hours_ratio:.2f}x {ratio.basis.upper()}-h"
+
+
+def compact_table(comparison: Comparison) -> Any:
+    """One row per family and contrast (then overall), on the verdict's split, in at most
+    100 columns: what a terminal shows by default (``hpo compare --wide``: everything)."""
+    from rich import box
+    from rich.table import Table
+
+    split = VERDICT_SPLIT
+    table = Table(
+        title=f"per family, {'held-out test' if split == 'test' else 'validation'} Sharpe",
+        title_justify="left",
+        caption=(
+            f"HL: Hodges-Lehmann estimate of other - {comparison.reference} over configurations "
+            f"(seeds averaged), [{comparison.confidence:.0%} CI]; mean: mean difference; cost: "
+            "paired hours ratio; --wide or the report: p-values, validation, DSR"
+        ),
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    for i, column in enumerate(("family", "contrast", "units", "HL [CI]", "mean", "verdict")):
+        table.add_column(column, justify="left" if i in (0, 1, 5) else "right", no_wrap=i != 5)
+    table.add_column("cost", justify="right", no_wrap=True)
+    for scope in comparison.scopes:
+        for contrast in scope.contrasts.values():
+            r = contrast.split(split)
+            table.add_row(
+                scope.scope,
+                f"{contrast.other} - {contrast.reference}",
+                str(r.n_pairs_used),
+                f"{format_num(r.hl_estimate, signed=True)} {format_interval(r.hl_low, r.hl_high)}",
+                format_num(r.mean_difference, signed=True),
+                verdict_text(contrast, split),
+                cost_cell(scope, contrast.other),
+            )
+    return table
+
+
+def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
+    """The verdict and cost headline, then the compact table (fits 100 columns), or with
+    ``wide`` one full ``rich`` table per scope (model families, then overall), for
+    ``hpo compare``."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     for line in verdict_headline(comparison):
         yield Text(line, style="bold")
+    for line in cost_headline(comparison):
+        yield Text(line)
+    if not wide:
+        yield compact_table(comparison)
+        for scope in comparison.scopes:
+            yield Text(overfitting_text(scope))
+        return
     ref = comparison.reference
     others = comparison.precisions[1:]
     single = len(others) == 1
@@ -201,7 +267,7 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
         "mean: mean difference and its t-interval; Holm w/b: the worse/better claims' "
         "p-values Holm-adjusted over every family's one-sided claims of the split\n"
         f"verdict: TOST against \u00b1{comparison.margin:.2f} annualised Sharpe, with the mean "
-        "inside it too; diverged, DSR best: ref/other"
+        "inside it too; diverged, DSR best: ref/other; cost: paired hours ratio other/ref"
     )
     for scope in comparison.scopes:
         n_trials = sum(c["trials"] for c in scope.counts.values())
@@ -232,6 +298,7 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
             "fallbacks",
             "diverged",
             "DSR best",
+            "cost",
         )
         for i, column in enumerate(columns):
             # The CI and the verdict may fold on a narrow terminal; short cells never do.
@@ -268,6 +335,7 @@ def rich_tables(comparison: Comparison) -> Iterable[Any]:
                     f"{format_num(scope.selection[other].dsr)}"
                     if on_val
                     else "",
+                    cost_cell(scope, other) if on_val else "",
                 )
         yield table
         yield Text(overfitting_text(scope))

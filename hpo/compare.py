@@ -28,19 +28,24 @@ Every decision and its reason: docs/statistics.md
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import math
+import threading
 import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
+from urllib.request import url2pathname
 
 import numpy as np
 from scipy import stats
 
+from hpo.cost import CostSummary, summarise_cost
 from hpo.stats import (
     EXACT_MAX_N,
     PAIRS_NEEDED_CAP,
@@ -248,6 +253,14 @@ class TrialRecord:
     """Final out-of-sample returns (:data:`RETURNS_ARTIFACT`); None when not read."""
     returns_note: str | None = None
     """Why ``returns`` is None for a completed trial (no artifact, unreadable)."""
+    time_s: float = math.nan
+    """Seconds its epochs took, resumes included (``time_s_total``); NaN when not logged."""
+    cpu_s: float = math.nan
+    """Process CPU seconds of its epochs (``cpu_s_total``)."""
+    gpu_s: float = math.nan
+    """GPU share x seconds on CUDA (``gpu_s_total``); 0 off GPU."""
+    gpu_fraction: float = math.nan
+    """The GPU share it held on CUDA; 0 off GPU."""
 
 
 @dataclass
@@ -484,6 +497,8 @@ class ScopeComparison:
     selection: dict[str, Selection]
     resources: dict[str, dict[str, float]]
     """precision -> median peak_mem_mb / steps_per_s over trials that recorded them, n."""
+    cost: CostSummary
+    """What each precision spent and the paired cost ratios (:mod:`hpo.cost`)."""
     overfitting: Overfitting
     notes: list[str] = field(default_factory=list)
 
@@ -618,17 +633,15 @@ def comparison_from_mlflow(
             "so no trial has a partner in another precision and every pair is pending; only "
             "the per-precision selection statistics (PSR, DSR) apply"
         )
-    trials: list[TrialRecord] = []
+    compared: list[Any] = []
     ignored: dict[str, int] = {}
     for run in children:
         precision = run.data.tags.get(TAG_PRECISION, "?")
         if precision not in chosen:
             ignored[precision] = ignored.get(precision, 0) + 1
             continue
-        record = _trial_record(client, run, with_curves)
-        if with_returns and record.state == "completed":
-            record.returns, record.returns_note = _trial_returns(client, tracking_uri, run)
-        trials.append(record)
+        compared.append(run)
+    trials = _read_trials(client, tracking_uri, compared, with_curves, with_returns)
     if ignored:
         notes.append(f"left out trials of precisions not compared: {ignored}")
     return compare_trials(
@@ -775,6 +788,52 @@ def _resolve_precisions(
     return chosen
 
 
+_READ_THREADS = 16
+"""Most threads reading the trials' histories and returns artifacts at once, where the
+reads wait on a server (:func:`_read_threads`). MLflow's public client reads one run's
+metric history or artifact per call (its bulk history calls serve the UI, not the
+client), so a pool is what overlaps the waits."""
+
+
+def _read_threads(
+    tracking_uri: str, runs: Sequence[Any], with_curves: bool, with_returns: bool
+) -> int:
+    """1 when every read is work in this process (histories from SQLite, artifacts read in
+    place from a file store): under the GIL threads only add switching, and 16 of them
+    read 2,000 trials in 1.3x the time of one (bench/README.md, "Comparison at scale").
+    Up to :data:`_READ_THREADS` when some read waits on a server (a tracking server or
+    database, an object store)."""
+    in_process = urlsplit(tracking_uri).scheme in ("", "file", "sqlite")
+    histories_wait = with_curves and not in_process
+    artifacts_wait = with_returns and any(_local_artifact_path(run) is None for run in runs)
+    return min(_READ_THREADS, len(runs)) if histories_wait or artifacts_wait else 1
+
+
+def _read_trials(
+    client: Any, tracking_uri: str, runs: Sequence[Any], with_curves: bool, with_returns: bool
+) -> list[TrialRecord]:
+    """The records of ``runs``, in their order (with history and returns as asked), read
+    on :func:`_read_threads` threads; the first error raises, as one by one."""
+
+    def read(run: Any) -> TrialRecord:
+        record = _trial_record(client, run, with_curves)
+        if with_returns and record.state == "completed":
+            record.returns, record.returns_note = _trial_returns(client, tracking_uri, run)
+        return record
+
+    threads = _read_threads(tracking_uri, runs, with_curves, with_returns)
+    if threads <= 1:
+        return [read(run) for run in runs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="hpo-compare-read")
+    try:
+        return list(pool.map(read, runs))
+    finally:
+        # After an error (a store gone away), the runs not started yet are not tried.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _final(metrics: Mapping[str, float], key: str) -> float:
     value = metrics.get(key)
     return float(value) if value is not None else math.nan
@@ -833,6 +892,10 @@ def _trial_record(client: Any, run: Any, with_curves: bool) -> TrialRecord:
         steps_per_s=_positive(_final(metrics, "steps_per_s")),
         failure_reason=tags.get(TAG_FAILURE),
         val_curve=curve,
+        time_s=_final(metrics, "time_s_total"),
+        cpu_s=_final(metrics, "cpu_s_total"),
+        gpu_s=_final(metrics, "gpu_s_total"),
+        gpu_fraction=_final(metrics, "gpu_fraction"),
     )
 
 
@@ -841,38 +904,101 @@ _RETURNS_CACHE: OrderedDict[tuple[str, str, int], TrialReturns] = OrderedDict()
 that ended are cached: a resumed trial ends again later (a new end time), and its
 artifact, overwritten in place, is read afresh."""
 _RETURNS_CACHE_SIZE = 4096
+_RETURNS_CACHE_LOCK = threading.Lock()  # the reader threads share the cache
 
 
 def _trial_returns(
     client: Any, tracking_uri: str, run: Any
 ) -> tuple[TrialReturns | None, str | None]:
     """The run's :data:`RETURNS_ARTIFACT`, or None and why (never raises)."""
+    end = run.info.end_time
+    key = (tracking_uri, run.info.run_id, int(end or 0))
+    with _RETURNS_CACHE_LOCK:
+        if end and key in _RETURNS_CACHE:
+            _RETURNS_CACHE.move_to_end(key)
+            return _RETURNS_CACHE[key], None
+    text, reason = _returns_text(client, run)
+    if text is None:
+        return None, f"no returns artifact {RETURNS_ARTIFACT} ({reason})"
+    try:
+        returns = _parse_returns(text)
+    except ValueError as exc:
+        return None, f"returns artifact {RETURNS_ARTIFACT} unreadable: {exc}"
+    if end:
+        with _RETURNS_CACHE_LOCK:
+            _RETURNS_CACHE[key] = returns
+            while len(_RETURNS_CACHE) > _RETURNS_CACHE_SIZE:
+                _RETURNS_CACHE.popitem(last=False)
+    return returns, None
+
+
+def _returns_text(client: Any, run: Any) -> tuple[str | None, str]:
+    """The text of the run's returns artifact, or None and the first line of the error."""
     import tempfile
 
     from mlflow.exceptions import MlflowException
 
-    end = run.info.end_time
-    key = (tracking_uri, run.info.run_id, int(end or 0))
-    if end and key in _RETURNS_CACHE:
-        _RETURNS_CACHE.move_to_end(key)
-        return _RETURNS_CACHE[key], None
-    with tempfile.TemporaryDirectory(prefix="hpo-returns-") as tmp:
-        try:
-            local = client.download_artifacts(run.info.run_id, RETURNS_ARTIFACT, tmp)
-            with open(local, encoding="utf-8") as fh:
-                text = fh.read()
-        except (MlflowException, OSError) as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return None, f"no returns artifact {RETURNS_ARTIFACT} ({reason[:200]})"
+    local = _local_artifact_path(run)
+    if local is not None:
+        # A file artifact store (an embedded sweep's): the artifact is a file here, and
+        # download_artifacts would fetch the run again and copy the file to a temp dir.
+        # When the read fails, MLflow's does too and says why in its words, as before.
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            return (local / RETURNS_ARTIFACT).read_text(encoding="utf-8"), ""
     try:
-        returns = TrialReturns.from_csv(text)
-    except ValueError as exc:
-        return None, f"returns artifact {RETURNS_ARTIFACT} unreadable: {exc}"
-    if end:
-        _RETURNS_CACHE[key] = returns
-        while len(_RETURNS_CACHE) > _RETURNS_CACHE_SIZE:
-            _RETURNS_CACHE.popitem(last=False)
-    return returns, None
+        with tempfile.TemporaryDirectory(prefix="hpo-returns-") as tmp:
+            path = client.download_artifacts(run.info.run_id, RETURNS_ARTIFACT, tmp)
+            with open(path, encoding="utf-8") as fh:
+                return fh.read(), ""
+    except (MlflowException, OSError, UnicodeDecodeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, reason[:200]
+
+
+def _parse_returns(text: str) -> TrialReturns:
+    """:meth:`TrialReturns.from_csv`, with the columns parsed as arrays (row by row, the
+    timestamps took most of a trial's read); any text it does not take goes to
+    ``from_csv``, for its result or its error naming the line."""
+    try:
+        lines = text.splitlines()
+        if not lines or tuple(lines[0].split(",")) != RETURNS_COLUMNS:
+            raise ValueError
+        rows = [line.split(",") for line in lines[1:]]
+        if any(len(row) != len(RETURNS_COLUMNS) for row in rows):
+            raise ValueError
+        columns = tuple(zip(*rows, strict=True)) or ((), (), (), ())
+        split = np.array(columns[0], dtype=str)  # (N,)
+        if not set(columns[0]) <= set(SPLITS):
+            raise ValueError
+        fold = np.fromiter(map(int, columns[1]), np.int64, len(rows))
+        stamps = [stamp.removesuffix("Z") for stamp in columns[2]]
+        when = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
+        value = np.fromiter(map(float, columns[3]), np.float64, len(rows))
+        bars, returns = {}, {}
+        for name in SPLITS:
+            mine = np.flatnonzero(split == name)
+            # Stable, by timestamp then fold: the order of from_csv's sort of the keys.
+            mine = mine[np.lexsort((fold[mine], when[mine]))]
+            keys = np.empty(mine.size, dtype=_BAR)
+            keys["timestamp"], keys["fold"] = when[mine], fold[mine]
+            if keys.size > 1 and np.any(keys[1:] == keys[:-1]):
+                raise ValueError
+            bars[name], returns[name] = keys, value[mine]
+    except (ValueError, TypeError, OverflowError):
+        return TrialReturns.from_csv(text)
+    return TrialReturns(bars=bars, returns=returns)
+
+
+def _local_artifact_path(run: Any) -> Path | None:
+    """The run's artifact directory when its artifact URI is a local path or ``file:`` URI
+    (the schemes MLflow's LocalArtifactRepository serves), else None."""
+    uri = run.info.artifact_uri or ""
+    parts = urlsplit(uri)
+    if parts.scheme == "":
+        return Path(uri) if uri else None
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        return Path(url2pathname(parts.path))
+    return None
 
 
 def _positive(value: float) -> float:
@@ -938,6 +1064,7 @@ def _scope(
         contrasts=contrasts,
         selection=selection,
         resources={p: _resources([t for t in trials if t.precision == p]) for p in precisions},
+        cost=summarise_cost(trials, precisions, settings.confidence),
         overfitting=_overfitting(trials, selection[ALL_PRECISIONS]),
         notes=notes,
     )
@@ -1422,7 +1549,9 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     (:class:`Overfitting`); per seed pair of a family,
     ``cmp.<family>.<other>_vs_<ref>.<split>.<pair_id>.<jkm|hac>_<p|z>`` and ``boot_p`` /
     ``boot_p_bh`` (the Sharpe-difference tests of its two members; ``boot_p_bh`` is the
-    one to read). The verdicts are tags (:func:`comparison_tags`).
+    one to read); ``cmp.<scope>.<precision>.gpu_hours`` / ``cpu_hours`` and
+    ``cmp.<scope>.<other>_vs_<ref>.cost.<stat>`` (:mod:`hpo.cost`). The verdicts are
+    tags (:func:`comparison_tags`).
     """
     out: dict[str, float] = {}
     for scope in comparison.scopes:
@@ -1480,6 +1609,18 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
             res = scope.resources[precision]
             out[f"{prefix}.{precision}.peak_mem_mb"] = res["peak_mem_mb"]
             out[f"{prefix}.{precision}.steps_per_s"] = res["steps_per_s"]
+            spent = scope.cost.by_precision[precision]
+            out[f"{prefix}.{precision}.gpu_hours"] = spent.gpu_hours
+            out[f"{prefix}.{precision}.cpu_hours"] = spent.cpu_hours
+        for other, ratio in scope.cost.ratios.items():
+            name = f"{prefix}.{contrast_key(other, comparison.reference)}.cost"
+            out[f"{name}.{ratio.basis}_hours_ratio"] = ratio.hours_ratio
+            out[f"{name}.{ratio.basis}_hours_ratio_ci_low"] = ratio.ci_low
+            out[f"{name}.{ratio.basis}_hours_ratio_ci_high"] = ratio.ci_high
+            out[f"{name}.n_configs"] = float(ratio.configs) if ratio.configs else math.nan
+            out[f"{name}.trials_per_gpu_ratio"] = ratio.trials_per_gpu
+            out[f"{name}.step_speedup"] = ratio.step_speedup
+            out[f"{name}.peak_mem_ratio"] = ratio.memory_ratio
         pooled = scope.selection[ALL_PRECISIONS]
         out[f"{prefix}.dsr_best"] = pooled.dsr
         out[f"{prefix}.dsr_best_by_configs"] = pooled.dsr_by_configs
@@ -1516,7 +1657,8 @@ def comparison_tags(comparison: Comparison) -> dict[str, str]:
     Verdicts: ``cmp.<scope>.<other>_vs_<ref>.verdict`` (the :data:`VERDICT_SPLIT` split),
     ``cmp.<scope>.<other>_vs_<ref>.<val|test>.verdict`` and ``...wilcoxon_method`` per
     split, and ``cmp.<scope>.verdict``: the one contrast's verdict, or
-    ``<key>: <verdict>; ...`` with several.
+    ``<key>: <verdict>; ...`` with several; ``cmp.<scope>.<other>_vs_<ref>.cost``: the
+    cost sentence (:meth:`hpo.cost.CostRatio.sentence`).
     """
     tags = {
         "cmp.reference": comparison.reference,
@@ -1542,6 +1684,8 @@ def comparison_tags(comparison: Comparison) -> dict[str, str]:
             verdict = contrast.verdict() or NOT_COMPUTED
             tags[f"{prefix}.{key}.verdict"] = verdict
             headline.append((key, verdict))
+            if contrast.other in scope.cost.ratios:
+                tags[f"{prefix}.{key}.cost"] = scope.cost.ratios[contrast.other].sentence()
         if len(headline) == 1:
             tags[f"{prefix}.verdict"] = headline[0][1]
         elif headline:

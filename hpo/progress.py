@@ -47,7 +47,12 @@ class SweepProgress(Callback):
             for t in trials
         )
         errored = sum(t.status == "ERROR" for t in trials)
-        best = f"  best val Sharpe {self.best[0]:+.2f} ({self.best[1]})" if self.best else ""
+        # Said in the line: this value can go down while a sweep runs (a leader overfits).
+        best = (
+            f"  best val Sharpe (latest epochs) {self.best[0]:+.2f} ({self.best[1]})"
+            if self.best
+            else ""
+        )
         return f"[{done + errored}/{self.total}] running {running}, done {done}, errored {errored}{best}"
 
     @property

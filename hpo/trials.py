@@ -54,6 +54,8 @@ class TrialRow:
     member: str = ""  # ``precision/seed`` in its configuration: one or more attempts
     gpu_fraction_floor: float = 0.0  # > 0: an OOM retry's attempt
     oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
+    gpu_s: float = 0.0  # GPU share x seconds of its epochs so far, on CUDA (trainables.trial)
+    cpu_s: float = 0.0  # process CPU seconds of its epochs so far
 
     @property
     def done(self) -> bool:
@@ -107,6 +109,8 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
                 oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
                 if result.get("oom")
                 else None,
+                gpu_s=_finite(result.get("gpu_s_total")) or 0.0,
+                cpu_s=_finite(result.get("cpu_s_total")) or 0.0,
             )
         )
     return rows if retried else latest_attempts(rows)
@@ -134,6 +138,19 @@ def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
             and newest[(r.config_id, r.member)] is not r
         )
     ]
+
+
+def spent_hours(rows: list[TrialRow]) -> dict[str, dict[str, float]]:
+    """GPU- and CPU-hours spent so far per precision (and ``all``), as the trials last
+    reported them: pass every attempt (``trial_rows(..., retried=True)``), since an OOM
+    attempt's time was spent too, up to its last completed epoch."""
+    spent: dict[str, dict[str, float]] = {"all": {"gpu_hours": 0.0, "cpu_hours": 0.0}}
+    for row in rows:
+        for key in ("all", row.precision):
+            into = spent.setdefault(key, {"gpu_hours": 0.0, "cpu_hours": 0.0})
+            into["gpu_hours"] += row.gpu_s / 3600.0
+            into["cpu_hours"] += row.cpu_s / 3600.0
+    return spent
 
 
 def best_rows(

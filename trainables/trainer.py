@@ -250,7 +250,7 @@ class Trainer:
 
     def train_epoch(self) -> dict[str, Any]:
         """One epoch: train every fold, validate every fold, test with the last fold."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         steps_before = self.global_step
         if self.fused is not None:
             loss_sums = self._train_fused(self.fused)
@@ -269,6 +269,13 @@ class Trainer:
         self.epoch += 1
         metrics = self._epoch_metrics(loss_sums, val_results, test_result, steps, train_seconds)
         metrics["epoch_time_s"] = time.perf_counter() - started
+        metrics["epoch_cpu_s"] = time.process_time() - cpu_started
+        # Totals over the trial's epochs, resumes included (the history is checkpointed):
+        # what the comparison sums into the cost of a precision. An epoch lost to a crash
+        # before its checkpoint is not in them.
+        for total, per_epoch in (("time_s_total", "epoch_time_s"), ("cpu_s_total", "epoch_cpu_s")):
+            earlier = sum(float(h.get(per_epoch, 0.0)) for h in self.history)
+            metrics[total] = earlier + metrics[per_epoch]
         self.history.append(metrics)
         return metrics
 

@@ -69,7 +69,7 @@ def run_trial(config: dict[str, Any], share: GpuShare | None = None) -> None:
     progress = _Progress()
     oom: str | None = None
     try:
-        _train(train_config, {**memory, **node}, node, progress)
+        _train(train_config, {**memory, **node}, node, progress, gpu_fraction)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
@@ -92,8 +92,10 @@ def _train(
     reported: dict[str, Any],
     node: dict[str, str],
     progress: _Progress,
+    gpu_fraction: float = 0.0,
 ) -> None:
-    """Train to the last epoch, reporting each with ``reported`` (memory, node) beside it."""
+    """Train to the last epoch, reporting each with ``reported`` (memory, node) and its GPU
+    cost so far beside it."""
     checkpoint = _restore_checkpoint()
     trainer = Trainer(train_config, checkpoint=checkpoint)
     del checkpoint  # its tensors are the trainer's now
@@ -115,7 +117,8 @@ def _train(
                 }
             )
             return
-        _report(trainer, {**metrics, "diverged": 0, **reported})
+        cost = gpu_cost(trainer, gpu_fraction, metrics["time_s_total"])
+        _report(trainer, {**metrics, "diverged": 0, **reported, **cost})
         progress.epoch = trainer.epoch
 
 
@@ -136,6 +139,18 @@ def _report_oom(
     report: dict[str, Any] = {"epoch": epoch, "val_sharpe": math.nan, "oom": 1, **node}
     report.update(share.after_oom(config, fraction, message))
     tune.report(report)
+
+
+def gpu_cost(trainer: Trainer, gpu_fraction: float, seconds: float) -> dict[str, float]:
+    """The GPU time the trial has held so far: its share of a GPU times the seconds it
+    trained. Ray reserves the share whether or not the kernels fill it, so the share,
+    not the utilisation, is what a trial costs. Zero off CUDA: logical GPUs on a CPU
+    node (tests, CPU clusters) hold no GPU."""
+    on_gpu = trainer.device.type == "cuda"
+    return {
+        "gpu_fraction": float(gpu_fraction) if on_gpu else 0.0,
+        "gpu_s_total": float(gpu_fraction) * seconds if on_gpu else 0.0,
+    }
 
 
 def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ opens in headless Chromium without console errors (screenshot kept in test-artif
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -120,12 +121,16 @@ def test_stats_table_shows_the_computed_numbers(html: str, comparison: Compariso
     cells = row.group(0)
     assert f'<td class="n-pairs">{val.n_pairs_used}</td>' in cells
     assert '<td class="n-excluded">1</td>' in cells
-    assert f'<td class="median-diff">{val.median_difference:+.3f}</td>' in cells
     assert f'<td class="ci">[{val.hl_low:+.3f}, {val.hl_high:+.3f}]</td>' in cells
     assert f'<td class="ci-confidence">{val.hl_confidence:.1%}</td>' in cells
     assert f"{val.wilcoxon_pvalue:.3f}" in cells
     assert f'<td class="text method">{inference.wilcoxon_method}</td>' in cells
     assert pair_id("tft", 2) in html  # the excluded pair is named in the notes
+    described = re.search(r'<table id="describe-tft".*?</table>', html, re.S)
+    assert described is not None
+    row = re.search(r'<tr data-contrast="bf16_vs_f32" data-split="val">.*?</tr>', described[0])
+    assert row is not None
+    assert f'<td class="median-diff">{val.median_difference:+.3f}</td>' in row[0]
 
 
 def test_report_is_self_contained(html: str, parsed: _Elements) -> None:
@@ -138,6 +143,17 @@ def test_report_is_self_contained(html: str, parsed: _Elements) -> None:
                 assert value.startswith(("#", "data:")), f"<{tag} {name}={value!r}>"
     assert "url(" not in html and "@import" not in html
     assert "reading-notes" in parsed.ids
+
+
+def test_the_header_names_the_trials_deep_link_as_text(html: str, comparison: Comparison) -> None:
+    found = re.search(r'<p id="mlflow-link".*?</p>', html, re.S)
+    assert found is not None
+    assert "mlflow ui --backend-store-uri" in found[0]  # a local store: serve it first
+    assert (
+        f"http://127.0.0.1:5000/#/experiments/{comparison.experiment_id}/runs?"
+        "workflowType=machine_learning&amp;searchFilter=" in found[0]
+    )
+    assert "href" not in found[0]  # text to copy: the report links to nothing outside
 
 
 def test_write_report_writes_the_rendered_html(comparison: Comparison, tmp_path: Path) -> None:
@@ -188,7 +204,7 @@ def test_mann_whitney_and_ks_are_descriptive_not_emphasised() -> None:
     val = comparison.families["tft"].contrasts[CONTRAST].val
     assert val.mannwhitney_pvalue < 0.05 and val.ks_pvalue < 0.05
     html = render_report(comparison)
-    table = re.search(r'<table id="stats-tft".*?</table>', html, re.S)
+    table = re.search(r'<table id="describe-tft".*?</table>', html, re.S)
     assert table is not None
     assert "MWU p (descriptive)" in table.group(0) and "KS p (descriptive)" in table.group(0)
     row = re.search(r'<tr data-contrast="bf16_vs_f32" data-split="val">.*?</tr>', table.group(0))
@@ -199,6 +215,10 @@ def test_mann_whitney_and_ks_are_descriptive_not_emphasised() -> None:
     assert not any("significant" in attrs for attrs, _ in descriptive)
     # The paired test (Wilcoxon, 8 of 8 positive: exact p = 2/256) is shown raw; what is
     # emphasised is its adjusted value (BH q, one family: the same 0.008).
+    tested = re.search(r'<table id="stats-tft".*?</table>', html, re.S)
+    assert tested is not None
+    row = re.search(r'<tr data-contrast="bf16_vs_f32" data-split="val">.*?</tr>', tested[0])
+    assert row is not None
     assert '<td class="raw-p" title="exact">0.008</td>' in row.group(0)
     assert '<td class="adjusted-p bh-q significant">0.008</td>' in row.group(0)
 
@@ -320,6 +340,41 @@ def test_report_opens_in_headless_chromium_without_console_errors(
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000
     shutil.copy2(page, ARTIFACTS / "comparison-report.html")
+
+
+_MEASURE = """<script>
+const width = document.documentElement.clientWidth;
+const wide = [...document.querySelectorAll("table, svg")]
+  .filter((e) => e.getBoundingClientRect().right > width + 1)
+  .map((e) => e.id || e.tagName);
+const scrolled = [...document.querySelectorAll(".table-wrap")]
+  .filter((e) => e.scrollWidth > e.clientWidth + 1)
+  .map((e) => e.firstElementChild.id);
+const cost = document.getElementById("cost").getBoundingClientRect();
+document.body.dataset.layout = JSON.stringify(
+  {page: document.documentElement.scrollWidth, width, wide, scrolled, costTop: cost.top,
+   costBottom: cost.bottom});
+</script>"""
+
+
+@needs_chromium
+def test_report_tables_fit_1280_px_and_the_cost_panel_is_on_the_first_screen(
+    comparison: Comparison, tmp_path: Path
+) -> None:
+    """Measured in the browser: a copy of the report with a measuring script (the report
+    itself allows no script) laid out in a 1280 x 900 window."""
+    html = render_report(comparison)
+    html = html.replace(f'<meta http-equiv="Content-Security-Policy" content="{CSP}">', "")
+    page = tmp_path / "measured.html"
+    page.write_text(html.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    run = _chromium(page, tmp_path / "profile", "--window-size=1280,900", "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = re.search(r'data-layout="([^"]*)"', run.stdout)
+    assert found is not None, run.stdout[:2000]
+    layout = json.loads(found.group(1).replace("&quot;", '"'))
+    assert layout["scrolled"] == [] and layout["wide"] == [], layout
+    assert layout["page"] <= layout["width"], layout  # no horizontal scrollbar
+    assert layout["costBottom"] <= 900, layout  # verdict and cost: the first screen
 
 
 # ---------------------------------------------------------------------------------------

@@ -131,6 +131,10 @@ class SyntheticSweep:
     """(model, precision, pair index) -> child run id."""
 
 
+GPU_SHARE = {True: 0.25, False: 0.125}
+"""The synthetic trials' GPU share: f32 (True) and every other precision."""
+
+
 def _epoch_result(model: str, precision: str, index: int, epoch: int) -> dict[str, Any]:
     final_val = _value(VAL, model, precision, index)
     final_test = _value(TEST, model, precision, index)
@@ -149,6 +153,12 @@ def _epoch_result(model: str, precision: str, index: int, epoch: int) -> dict[st
         "peak_mem_mb": (100.0 if precision == "f32" else 60.0) + index,
         "fell_back_to_f32": int(fell_back),
         "diverged": 0,
+        # Costs as trainables.trial reports them: bf16 epochs take 0.6x the time on half
+        # the GPU share, so every configuration's bf16/f32 GPU-hours ratio is 0.3.
+        "time_s_total": epoch * (2.0 if precision == "f32" else 1.2),
+        "cpu_s_total": epoch * (1.5 if precision == "f32" else 1.0),
+        "gpu_fraction": GPU_SHARE[precision == "f32"],
+        "gpu_s_total": GPU_SHARE[precision == "f32"] * epoch * (2.0 if precision == "f32" else 1.2),
     }
 
 

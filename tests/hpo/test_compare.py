@@ -260,6 +260,7 @@ def test_cli_json_reproduces_the_comparison(
             "f32",
             "--precision",
             "bf16",
+            "--wide",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -813,17 +814,17 @@ def test_pair_tests_and_pbo_are_recomputed_from_the_runs_artifacts(
     assert math.isnan(dqn.overfitting.pbo) and "1 of 11" in dqn.overfitting.pbo_note
 
 
-def test_returns_artifacts_are_downloaded_once_per_finished_run(
+def test_returns_artifacts_are_read_once_per_finished_run(
     sweep: SyntheticSweep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    original = MlflowClient.download_artifacts
+    original = compare_module._returns_text
 
-    def counting(self, run_id, path, dst_path=None):  # type: ignore[no-untyped-def]
-        calls.append(run_id)
-        return original(self, run_id, path, dst_path)
+    def counting(client, run):  # type: ignore[no-untyped-def]
+        calls.append(run.info.run_id)
+        return original(client, run)
 
-    monkeypatch.setattr(MlflowClient, "download_artifacts", counting)
+    monkeypatch.setattr(compare_module, "_returns_text", counting)
     monkeypatch.setattr(compare_module, "_RETURNS_CACHE", type(compare_module._RETURNS_CACHE)())
     first = comparison_from_mlflow(
         sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), with_curves=False

@@ -25,4 +25,5 @@ def test_best_follows_each_trials_latest_value_not_its_peak() -> None:
     assert progress.best == (0.6, "dqn bf16 b")
     progress.on_trial_result(0, [a, b], b, {"val_sharpe": math.nan, "diverged": 1})
     assert progress.best == (0.3, "tft bf16 a")  # a diverged trial is no candidate
-    assert lines[-1].endswith("best val Sharpe +0.30 (tft bf16 a)")
+    # The line says what it ranks by: a value that may go down, as it just did (1.4 -> 0.3).
+    assert lines[-1].endswith("best val Sharpe (latest epochs) +0.30 (tft bf16 a)")

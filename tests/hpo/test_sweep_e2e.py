@@ -4,6 +4,7 @@ trial's dtype; `hpo status` / `hpo best` read the sweep; a best checkpoint conti
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,10 @@ def test_status_and_best_then_continue_the_best_bf16_trial_in_f32(finished_sweep
     status = runner.invoke(app, ["status", str(sweep_dir), "--json"])
     assert status.exit_code == 0, status.output
     assert '"planned": 4' in status.output
+    # Every trial reported its CPU time through Tune; logical GPUs on a CPU hold no GPU.
+    spent = json.loads(status.output)["spent"]
+    assert spent["all"]["cpu_hours"] > 0 and spent["all"]["gpu_hours"] == 0
+    assert set(spent) == {"all", *(r.precision for r in rows)}
     best = runner.invoke(
         app, ["best", str(sweep_dir), "--model", "tft", "--precision", "bf16", "--json"]
     )
