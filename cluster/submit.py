@@ -21,6 +21,14 @@ cluster's token as ``Authorization: Bearer`` — found the way Ray finds it:
 the job's runtime_env, entrypoint or metadata (all visible in the dashboard), never
 printed, and masked in followed logs; the job's driver inherits the cluster's own token
 from the node it runs on.
+
+MLflow credentials (``hpo submit --tracking-credentials FILE`` or MLflow's
+``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``) travel in the job's
+runtime_env ``env_vars``, where the driver's MLflow client reads them: not in the
+entrypoint, metadata or the spec (so not in MLflow params or tags), and masked in
+followed logs. The runtime_env shows in the job's details to holders of the cluster token,
+who can run code on the head anyway; a head that has the variables itself (a KubeRay
+Secret) needs nothing passed.
 """
 
 from __future__ import annotations
@@ -268,8 +276,11 @@ def submit_sweep(
     check_resources: bool = True,
     token: str | None = None,
     client: Any = None,
+    tracking_env: Mapping[str, str] | None = None,
 ) -> Submission:
-    """Validate, upload and submit ``spec`` as a Ray job; returns its id at once."""
+    """Validate, upload and submit ``spec`` as a Ray job; returns its id at once.
+    ``tracking_env`` (MLflow's ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) reaches the
+    job's driver through its runtime_env, never its entrypoint or metadata."""
     from cluster.preflight import resource_problems
 
     problems = submission_problems(spec)
@@ -291,6 +302,7 @@ def submit_sweep(
         env_vars[SHARED_ENV] = "1"
     elif os.environ.get(SHARED_ENV):
         env_vars[SHARED_ENV] = os.environ[SHARED_ENV]
+    env_vars.update(tracking_env or {})
     job_id = job_id or new_job_id(spec.name)
     with tempfile.TemporaryDirectory(prefix="hpo-submit-") as tmp:
         snapshot = Path(tmp) / "snapshot"

@@ -2,6 +2,7 @@
 
     hpo tracking-server --store ~/mlflow-store            # http://127.0.0.1:5000
     hpo tracking-server --host 0.0.0.0 --port 5000 --allowed-hosts 'mlflow.internal:*'
+    hpo tracking-server --store ~/mlflow-store --add-reader alice   # a read-only user
 
 One ``mlflow server`` process: runs and metrics in SQLite (``STORE/mlflow.db``), artifacts
 served by the server itself (``--serve-artifacts``) from ``STORE/artifacts``, so clients
@@ -14,8 +15,14 @@ header of every request (default: localhost and private IPs) and CORS origins (d
 localhost origins), so loopback clients work as they are; a server reached by a DNS name
 (a Kubernetes Service, ``mlflow.internal``) needs that name in ``allowed_hosts``
 (fnmatch patterns matched against ``host:port``, e.g. ``mlflow:*,mlflow.*``; loopback
-names are kept). The server has no authentication: expose it only inside the cluster's
-network.
+names are kept).
+
+Authentication (``auth=True``; the default of ``hpo tracking-server``): MLflow's
+``basic-auth`` app, with its users and grants in ``STORE/auth/`` (see
+:mod:`cluster.tracking_users`): a request without valid credentials gets 401, the sweep
+user (``STORE/auth/sweep.credentials``, mode 0600) writes runs, readers only read. Without
+it (``--no-auth``) anyone who reaches the port reads and rewrites every run, so that is
+allowed on a loopback address only.
 """
 
 from __future__ import annotations
@@ -50,7 +57,13 @@ class TrackingServer:
     store: Path
     process: subprocess.Popen[bytes]
     log_path: Path
+    credentials_path: Path | None = None
+    """The sweep user's credentials file; None when the server runs without authentication."""
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def auth(self) -> bool:
+        return self.credentials_path is not None
 
     @property
     def uri(self) -> str:
@@ -96,9 +109,16 @@ class TrackingServer:
 
 
 def server_command(
-    store: Path, host: str, port: int, workers: int = 1, allowed_hosts: str | None = None
+    store: Path,
+    host: str,
+    port: int,
+    workers: int = 1,
+    allowed_hosts: str | None = None,
+    *,
+    auth: bool = False,
 ) -> list[str]:
-    """The ``mlflow server`` command line (MLflow 3: SQLite backend, proxied artifacts)."""
+    """The ``mlflow server`` command line (MLflow 3: SQLite backend, proxied artifacts;
+    with ``auth``, MLflow's basic-auth app with the rule of :mod:`cluster.tracking_app`)."""
     command = [
         sys.executable,
         "-m",
@@ -116,6 +136,10 @@ def server_command(
         "--workers",
         str(workers),
     ]
+    if auth:
+        from cluster.tracking_app import APP_NAME
+
+        command += ["--app-name", APP_NAME]
     if allowed_hosts:
         # The given names replace MLflow's defaults; loopback stays allowed so the UI still
         # works through an SSH tunnel or `kubectl port-forward` (Host: localhost:PORT).
@@ -132,12 +156,39 @@ def start_tracking_server(
     *,
     workers: int = 1,
     allowed_hosts: str | None = None,
+    auth: bool = False,
+    sweep_credentials: str | Path | None = None,
     timeout_s: float = 180.0,
 ) -> TrackingServer:
     """Start ``mlflow server`` on ``host:port`` (port 0: a free one) and wait until its
-    ``/health`` answers. Raises :class:`TrackingServerError` if it exits or stays silent."""
+    ``/health`` answers. Raises :class:`TrackingServerError` if it exits or stays silent.
+
+    ``auth``: MLflow's basic-auth app, its users created on first start (see
+    :mod:`cluster.tracking_users`; ``sweep_credentials``: the sweep user's name and
+    password from that file instead of generated ones). Without ``auth`` the host must be
+    a loopback address."""
+    if not auth and not is_loopback(host):
+        raise TrackingServerError(
+            f"refusing to serve {host} without authentication: anyone who reaches it could "
+            "read and rewrite every run; --no-auth is allowed on loopback (127.0.0.1) only"
+        )
     store = Path(store).expanduser().resolve()
     (store / "artifacts").mkdir(parents=True, exist_ok=True)
+    auth_env: dict[str, str] = {}
+    credentials_path: Path | None = None
+    if auth:
+        from cluster.tracking_users import TrackingAuthSetupError, prepare
+
+        try:
+            files = prepare(store, sweep_credentials)
+        except (TrackingAuthSetupError, ValueError) as exc:
+            raise TrackingServerError(str(exc)) from exc
+        auth_env = files.server_env()
+        credentials_path = (
+            Path(sweep_credentials).expanduser().resolve()
+            if sweep_credentials is not None
+            else files.sweep_credentials
+        )
     if port == 0:
         port = _free_port(host)
     elif not _port_free(host, port):
@@ -149,16 +200,31 @@ def start_tracking_server(
     # MLflow 3's job runner (GenAI judges, trace archival) spawns ~8 worker processes;
     # a sweep's tracking store needs none of it.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    # The admin already exists in the auth database; these would only override its config.
+    for name in (
+        "MLFLOW_AUTH_ADMIN_USERNAME",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_AUTH_CONFIG_PATH",
+    ):
+        env.pop(name, None)
+    env.update(auth_env)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            server_command(store, host, port, workers, allowed_hosts),
+            server_command(store, host, port, workers, allowed_hosts, auth=auth),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # its own process group: stop() reaches its workers
         )
-    server = TrackingServer(host=host, port=port, store=store, process=process, log_path=log_path)
+    server = TrackingServer(
+        host=host,
+        port=port,
+        store=store,
+        process=process,
+        log_path=log_path,
+        credentials_path=credentials_path,
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

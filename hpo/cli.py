@@ -40,7 +40,9 @@ from hpo.cli_options import (
     RayAddress,
     SpecArg,
     SweepDirArg,
+    TrackingCredentials,
     UserError,
+    check_tracking_access,
     console,
     err_console,
     exit_on_user_error,
@@ -64,6 +66,9 @@ __all__ = ["UserError", "app", "main"]
 
 
 def main() -> None:
+    # MLflow draws a progress bar per artifact it downloads (hpo compare: one per trial
+    # on a remote store) into hpo's own output; an explicit value is kept.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     exit_on_user_error(app)
 
 
@@ -271,6 +276,7 @@ def sweep_cmd(
             "GPUs without CUDA are packed from estimates)."
         ),
     ] = None,
+    tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
     from dashboards.report import render_report
@@ -287,6 +293,8 @@ def sweep_cmd(
             fail(str(exc))
         console.print(text, markup=False, highlight=False)
         return
+    # Before Ray starts: a refused login fails here, not as retries in the outbox.
+    check_tracking_access(spec.tracking_uri, tracking_credentials)
     console.print(
         f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials ({', '.join(spec.models)} x "
         f"{', '.join(spec.precisions)}; {spec.search} + {spec.scheduler}), MLflow at {spec.tracking_uri}"
@@ -315,6 +323,7 @@ def resume_cmd(
         ),
     ],
     address: RayAddress = None,
+    tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Continue an interrupted sweep from its checkpoints (finished trials are not re-run).
 
@@ -326,6 +335,7 @@ def resume_cmd(
 
     try:
         record = SweepRecord.read(sweep_dir)
+        check_tracking_access(record.tracking_uri, tracking_credentials)
         console.print(f"resuming sweep [bold]{record.spec.name}[/] in {record.sweep_dir}")
         rows = resume_sweep(
             sweep_dir, address=address, on_event=_print_event, render_report=render_report
@@ -337,23 +347,29 @@ def resume_cmd(
 
 
 @app.command("status")
-def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
+def status_cmd(
+    sweep_dir: SweepDirArg,
+    as_json: JsonFlag = False,
+    tracking_credentials: TrackingCredentials = None,
+) -> None:
     """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
     from hpo.record import SweepError, SweepRecord
-    from hpo.trials import trial_rows
+    from hpo.trials import latest_attempts, spent_hours, trial_rows
 
     try:
         record = SweepRecord.read(sweep_dir, check_data=False)
     except SweepError as exc:
         fail(str(exc))
-    rows = trial_rows(record.sweep_dir)
+    attempts = trial_rows(record.sweep_dir, retried=True)
+    rows = latest_attempts(attempts)
+    spent = spent_hours(attempts)
     if as_json:
-        console.print_json(
-            json.dumps(
-                {"planned": record.spec.n_trials, "trials": [r.to_dict() for r in rows]},
-                default=str,
-            )
-        )
+        payload = {
+            "planned": record.spec.n_trials,
+            "trials": [r.to_dict() for r in rows],
+            "spent": spent,
+        }
+        console.print_json(json.dumps(payload, default=str))
         return
     title = f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started"
     columns = ("trial", "model", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
@@ -372,6 +388,8 @@ def status_cmd(sweep_dir: SweepDirArg, as_json: JsonFlag = False) -> None:
             note,
         )
     console.print(table)
+    console.print(_spent_line(spent))
+    _print_links(record.tracking_uri, record.sweep_dir)
 
 
 @app.command("best")
@@ -380,6 +398,7 @@ def best_cmd(
     model: Annotated[str | None, typer.Option(help="Only this model family.")] = None,
     precision: Annotated[str | None, typer.Option(help="Only this precision.")] = None,
     as_json: JsonFlag = False,
+    tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """The best trial per model and precision, with the checkpoint `hpo train --resume` takes."""
     from hpo.record import SweepError, SweepRecord
@@ -446,19 +465,29 @@ def compare_cmd(
             "default: the sweep's [comparison] margin, else 0.1).",
         ),
     ] = None,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="Every statistic per family and split (the default fits 100 columns)."
+        ),
+    ] = False,
+    tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Paired precision comparison of a sweep, recomputed from MLflow alone (finished or not).
 
-    Prints the TOST equivalence verdict (overall and per family, against the margin), then
-    per family the Wilcoxon signed-rank test and Hodges-Lehmann CI of the per-configuration
-    Sharpe differences (MWU/KS descriptive), diverged/fallback counts, the DSR of the best
-    trial, and PBO, MinTRL and the val/test Spearman; the report adds the per-pair tests
-    on the trials' return series (their returns/returns.csv artifacts): the block
-    bootstrap (BH-adjusted), with HAC beside it and JKM as descriptive.
+    Prints the TOST equivalence verdict (overall and per family, against the margin), what
+    each precision cost (GPU-hours, or CPU-hours off GPU, paired by configuration), a table
+    that fits 100 columns, and PBO, MinTRL and the val/test Spearman; with --wide, per
+    family and split, the Wilcoxon signed-rank test and Hodges-Lehmann CI of the
+    per-configuration Sharpe differences (MWU/KS descriptive), diverged/fallback counts
+    and the DSR of the best trial. The report adds the per-pair tests on the trials'
+    return series (their returns/returns.csv artifacts): the block bootstrap
+    (BH-adjusted), with HAC beside it and JKM as descriptive.
     """
     from dashboards.report import render_report
     from dashboards.tables import rich_tables
     from hpo.compare import ComparisonError, comparison_from_mlflow, log_comparison
+    from hpo.mlflow_links import sweep_links
 
     try:
         comparison = comparison_from_mlflow(
@@ -467,13 +496,18 @@ def compare_cmd(
             precisions=precision or None,
             parent_run_id=parent_run_id,
             margin=margin,
+            # The curves are one MLflow call per trial, read for what shows them (the
+            # report, the JSON): the terminal's tables do not (bench/compare_scale.py).
+            with_curves=html_path is not None or json_path is not None or log,
         )
     except ComparisonError as exc:
         fail(str(exc))
-    for table in rich_tables(comparison):
+    for table in rich_tables(comparison, wide=wide):
         console.print(table)
     for note in comparison.notes:
         console.print(f"[yellow]note:[/] {note}")
+    for line in sweep_links(tracking_uri, experiment, comparison.parent_run_id):
+        console.print(line, soft_wrap=True)
     html = None
     if html_path is not None or log:
         html = render_report(comparison)
@@ -712,13 +746,26 @@ def submit_cmd(
             "whose GPU workers are scaled to zero; the sweep still checks on the cluster).",
         ),
     ] = True,
+    tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Submit a sweep to a Ray cluster through the Jobs API (the working directory and
     the spec travel with it); prints the job id, with --follow streams its logs."""
     from cluster.connect import ClusterError
     from cluster.submit import follow_job, job_client, jobs_address, resolve_token, submit_sweep
+    from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR
 
     spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
+    # The URI is the head's view; where this client sees the same server, a refused login
+    # fails here, and the job's sweep checks again on the head before launching trials.
+    if not check_tracking_access(spec.tracking_uri, tracking_credentials, timeout_s=3.0):
+        err_console.print(
+            f"note: {spec.tracking_uri} does not answer from here; the job checks it on the head",
+            highlight=False,
+            soft_wrap=True,
+        )
+    # MLflow's variables (set by --tracking-credentials or by the user) go to the job's
+    # runtime_env, never its entrypoint or metadata.
+    tracking_env = {k: os.environ[k] for k in (USERNAME_VAR, PASSWORD_VAR) if os.environ.get(k)}
     import logging
 
     # Ray logs every file it skips while packaging the snapshot; keep the upload line only.
@@ -736,6 +783,7 @@ def submit_cmd(
             check_resources=check_resources,
             token=token,
             client=client,
+            tracking_env=tracking_env,
         )
     except ClusterError as exc:
         fail(str(exc))
@@ -755,7 +803,10 @@ def submit_cmd(
         return
     try:
         status = follow_job(
-            client, submission.job_id, lambda text: print(text, end="", flush=True), [token or ""]
+            client,
+            submission.job_id,
+            lambda text: print(text, end="", flush=True),
+            [token or "", tracking_env.get(PASSWORD_VAR, "")],
         )
     except KeyboardInterrupt:
         err_console.print(
@@ -794,7 +845,10 @@ def tracking_server_cmd(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 5000,
     store: Annotated[
-        Path, typer.Option(help="Directory of the SQLite store (mlflow.db) and artifacts/.")
+        Path,
+        typer.Option(
+            help="Directory of the SQLite store (mlflow.db), artifacts/ and auth/ (users)."
+        ),
     ] = Path("mlflow-server"),
     allowed_hosts: Annotated[
         str | None,
@@ -805,8 +859,35 @@ def tracking_server_cmd(
         ),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, help="Server worker processes.")] = 1,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="No authentication: anyone who reaches the port reads and rewrites every "
+            "run. Allowed only with a loopback --host.",
+        ),
+    ] = False,
+    add_reader: Annotated[
+        str | None,
+        typer.Option(
+            "--add-reader",
+            metavar="NAME",
+            help="Add a read-only user NAME (search and view runs; no writes), write its "
+            "credentials file under STORE/auth/ (mode 0600), print its path and exit. Works "
+            "while the server runs.",
+        ),
+    ] = None,
+    sweep_credentials: Annotated[
+        Path | None,
+        typer.Option(
+            "--sweep-credentials",
+            help="Take the sweep user's name and password from this credentials file (or "
+            "Kubernetes Secret directory) instead of generating them.",
+        ),
+    ] = None,
 ) -> None:
-    """Run an MLflow tracking server (SQLite + served artifacts) until Ctrl+C."""
+    """Run an MLflow tracking server (SQLite + served artifacts, MLflow's authentication
+    on) until Ctrl+C."""
     import signal
     import time
 
@@ -816,19 +897,60 @@ def tracking_server_cmd(
         start_tracking_server,
     )
 
-    if not is_loopback(host):
+    if add_reader is not None:
+        if no_auth:
+            fail("--add-reader adds a user of the authenticated server: drop --no-auth")
+        from cluster.tracking_users import TrackingAuthSetupError
+        from cluster.tracking_users import add_reader as add_reader_user
+
+        try:
+            path = add_reader_user(store, add_reader)
+        except (TrackingAuthSetupError, ValueError) as exc:
+            fail(str(exc))
+        console.print(
+            f"read-only user {add_reader!r}: credentials in {path} (mode 0600). Hand them over "
+            "privately; the browser asks for them when the UI opens.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    if no_auth and not is_loopback(host):
+        fail(
+            f"--no-auth with --host {host}: a server without authentication may listen on "
+            "loopback (127.0.0.1) only; drop --no-auth to serve the network with MLflow's "
+            "authentication"
+        )
+    if no_auth:
         err_console.print(
-            f"[yellow]warning:[/] binding to {host}: anyone who reaches this address can read "
-            "and write the store (MLflow has no authentication here); keep it inside the "
-            "cluster's network and pass --allowed-hosts for the names clients use"
+            f"[yellow]warning:[/] authentication is off (--no-auth): allowed because {host} "
+            "is loopback; anyone on this machine can read and write the store"
+        )
+    elif not is_loopback(host):
+        err_console.print(
+            f"[yellow]note:[/] binding to {host}: clients need the sweep user's credentials; "
+            "pass --allowed-hosts for the names clients use"
         )
     try:
         server = start_tracking_server(
-            store, host=host, port=port, workers=workers, allowed_hosts=allowed_hosts
+            store,
+            host=host,
+            port=port,
+            workers=workers,
+            allowed_hosts=allowed_hosts,
+            auth=not no_auth,
+            sweep_credentials=sweep_credentials,
         )
     except TrackingServerError as exc:
         fail(str(exc))
     console.print(f"tracking URI: {server.uri}", highlight=False, soft_wrap=True)
+    if server.credentials_path is not None:
+        console.print(
+            f"authentication: on; sweep user's credentials in {server.credentials_path} "
+            "(mode 0600): `--tracking-credentials FILE`, or MLFLOW_TRACKING_USERNAME / "
+            "MLFLOW_TRACKING_PASSWORD from it; read-only users: --add-reader NAME",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(
         f"store {server.backend_store_uri}, artifacts {server.artifacts_dir}; UI at {server.uri}; "
         f"sweeps: --tracking-uri {server.uri}. Ctrl+C stops it.",
@@ -931,8 +1053,37 @@ def _print_best(best: list[Any]) -> None:
     console.print(table)
 
 
+def _spent_line(spent: dict[str, dict[str, float]]) -> str:
+    """``spent so far: 0.42 GPU-hours, 0.10 CPU-hours (f32 0.30 / 0.06, bf16 ...)``."""
+    by_precision = ", ".join(
+        f"{p} {h['gpu_hours']:.2f} / {h['cpu_hours']:.2f}" for p, h in spent.items() if p != "all"
+    )
+    total = spent["all"]
+    line = f"spent so far: {total['gpu_hours']:.2f} GPU-hours, {total['cpu_hours']:.2f} CPU-hours"
+    if by_precision:
+        line += f" (GPU / CPU: {by_precision})"
+    if total["gpu_hours"] == 0.0:
+        line += "; no trial has run on a GPU"
+    return line
+
+
 def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _print_links(tracking_uri: str, sweep_dir: SweepLocation | Path | str) -> None:
+    """The MLflow UI's deep link to the sweep's trials (``hpo.mlflow_links``)."""
+    from cluster.storage import SweepLocation
+    from hpo.mlflow_links import sweep_links
+    from hpo.record import SweepError, SweepRecord
+
+    try:
+        record = SweepRecord.read(sweep_dir, check_data=False)
+        name, parent = record.spec.name, record.parent_run_id
+    except SweepError:
+        name, parent = SweepLocation.parse(sweep_dir).name, None
+    for line in sweep_links(tracking_uri, name, parent):
+        console.print(line, soft_wrap=True)  # a link folded over lines does not open
 
 
 def _print_sweep_result(
@@ -952,13 +1103,7 @@ def _print_sweep_result(
         _print_best(best)
     if done < planned:
         console.print(f"[yellow]interrupted: continue with[/] hpo resume {sweep_dir}")
-    if tracking_uri.startswith(("http://", "https://")):
-        console.print(f"MLflow UI: open {tracking_uri}")
-    else:
-        console.print(
-            f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 "
-            "(then open http://127.0.0.1:5000)"
-        )
+    _print_links(tracking_uri, sweep_dir)
 
 
 class _EpochPrinter:

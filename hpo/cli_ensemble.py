@@ -16,7 +16,15 @@ from typing import Annotated, Any
 
 import typer
 
-from hpo.cli_options import JsonFlag, SweepDirArg, console, exit_on_user_error, fail, titled_table
+from hpo.cli_options import (
+    JsonFlag,
+    SweepDirArg,
+    TrackingCredentials,
+    console,
+    exit_on_user_error,
+    fail,
+    titled_table,
+)
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -116,6 +124,7 @@ def ensemble_cmd(
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
     as_json: JsonFlag = False,
+    tracking_credentials: TrackingCredentials = None,  # applied as it is parsed
 ) -> None:
     """Combine the best trials per family, chosen and weighted on validation only."""
     from hpo.ensemble import EnsembleError

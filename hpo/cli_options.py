@@ -44,12 +44,55 @@ CompareFlag = Annotated[bool, typer.Option("--compare", help="Paired precision c
 NameOption = Annotated[str | None, typer.Option(help="Sweep name (overrides the spec).")]
 
 
+def _apply_tracking_credentials(path: Path | None) -> Path | None:
+    # Applied while the command line is parsed, once for every command that takes the
+    # option: MLflow's client reads the two variables wherever the command opens it.
+    if path is not None:
+        from cluster.tracking_auth import CredentialsError, apply_credentials
+
+        try:
+            apply_credentials(path)
+        except CredentialsError as exc:
+            fail(str(exc))
+    return path
+
+
+TrackingCredentials = Annotated[
+    Path | None,
+    typer.Option(
+        "--tracking-credentials",
+        metavar="FILE",
+        callback=_apply_tracking_credentials,
+        help="MLflow credentials: a file of MLFLOW_TRACKING_USERNAME=/MLFLOW_TRACKING_PASSWORD= "
+        "lines (mode 0600; `hpo tracking-server` writes STORE/auth/sweep.credentials) or a "
+        "mounted Secret directory (default: MLflow's own variables).",
+    ),
+]
+
+
 class UserError(Exception):
     """An error caused by input; printed without a traceback, exit code 2."""
 
 
 def fail(message: str) -> NoReturn:
     raise UserError(message)
+
+
+def check_tracking_access(
+    tracking_uri: str, credentials: Path | None, timeout_s: float = 10.0
+) -> bool:
+    """Fail with a message naming the variables or ``credentials`` when an HTTP tracking
+    server refuses them (401/403), before a command starts work. Returns False when the
+    server does not answer (the command's own MLflow calls wait for it), else True."""
+    from cluster.tracking_auth import TrackingAccessError, TrackingUnreachableError, check_access
+
+    try:
+        check_access(tracking_uri, credentials, timeout_s=timeout_s)
+    except TrackingUnreachableError:
+        return False
+    except TrackingAccessError as exc:
+        fail(str(exc))
+    return True
 
 
 def exit_on_user_error(command: Callable[[], object]) -> None:

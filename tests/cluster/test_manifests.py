@@ -43,7 +43,8 @@ def _cli_accepts(argv: list[str]) -> None:
     assert argv[0] == "hpo", argv
     group = typer.main.get_command(app)
     command = group.commands[argv[1]]  # type: ignore[attr-defined]
-    with click.Context(command) as ctx:
+    # Parsed, not run: no option callback (--tracking-credentials reads its file) runs.
+    with click.Context(command, resilient_parsing=True) as ctx:
         command.parse_args(ctx, list(argv[2:]))
 
 

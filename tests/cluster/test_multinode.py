@@ -1,6 +1,7 @@
 """A real multi-node Ray cluster on this machine: a head (no GPUs) and two worker nodes
 (2 logical GPUs each) as separate `ray start` processes with token authentication,
-`hpo tracking-server` as its own process, and sweeps sent with `hpo submit` through the
+`hpo tracking-server` as its own process (authenticated: submitted sweeps log in as its
+sweep user with `--tracking-credentials`), and sweeps sent with `hpo submit` through the
 Jobs API.
 
 All nodes share this machine's disk, so the sweep's storage is declared shared with
@@ -29,6 +30,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR, apply_credentials, load_credentials
 from tests.cluster.local_cluster import LocalCluster, free_port, marked_pids, start_cluster
 from tests.hpo.sweep_helpers import (
     checkpointed_epochs,
@@ -112,6 +114,18 @@ def tracking(tracking_process: dict[str, Any]) -> tuple[str, Path]:
     return uri, tracking_process["store"]
 
 
+@pytest.fixture
+def sweep_user(tracking: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The sweep user's credentials file; this test process's MLflow clients log in with it.
+    The cluster and the `hpo` clients (``cluster.env``) never see these variables: a
+    submitted sweep authenticates only through `--tracking-credentials`."""
+    for var in (USERNAME_VAR, PASSWORD_VAR):
+        monkeypatch.delenv(var, raising=False)
+    path = tracking[1] / "auth" / "sweep.credentials"
+    apply_credentials(path)  # sets both variables; monkeypatch restores them afterwards
+    return path
+
+
 def write_spec(tmp_path: Path, name: str, uri: str, **overrides: Any) -> Path:
     """The tiny end-to-end sweep as a YAML spec: trials ask for half a GPU, so they only
     fit on the two GPU workers (the head has none)."""
@@ -155,22 +169,30 @@ def job_id(output: str) -> str:
     return match.group(1)
 
 
-def assert_no_token(token: str, *texts: str, store: Path | None = None) -> None:
+def assert_no_token(
+    token: str, *texts: str, store: Path | None = None, skip: Path | None = None
+) -> None:
+    """``token`` is in none of ``texts`` nor any file of ``store`` (but those under ``skip``)."""
     for text in texts:
         assert token not in text
     if store is not None:
         for path in store.rglob("*"):
-            if path.is_file():
+            if path.is_file() and not (skip is not None and path.is_relative_to(skip)):
                 assert token.encode() not in path.read_bytes(), path
 
 
 def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_server(
-    cluster: LocalCluster, tracking: tuple[str, Path], tmp_path: Path
+    cluster: LocalCluster, tracking: tuple[str, Path], sweep_user: Path, tmp_path: Path
 ) -> None:
+    from cluster.submit import job_client
+
     uri, store = tracking
+    assert not any(k in cluster.env for k in (USERNAME_VAR, PASSWORD_VAR))
     spec = write_spec(tmp_path, "multinode", uri)
     started = time.monotonic()
-    done = submit(cluster, spec, "--follow", "--shared-storage")
+    done = submit(
+        cluster, spec, "--follow", "--shared-storage", "--tracking-credentials", str(sweep_user)
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     job = job_id(output)
@@ -198,18 +220,40 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
     for trial_dir in dirs:
         assert (trial_dir / "checkpoint_000001" / "state" / "model.safetensors").is_file()
 
-    # The job is listed; the token never shows in hpo's output, job logs or the MLflow store.
+    # The job is listed; neither the Ray token nor the MLflow password shows in hpo's
+    # output, the job's entrypoint, metadata or logs, the MLflow params and tags of the
+    # parent and trial runs, or the MLflow store (but its own auth/ folder).
     listed = hpo(cluster, "jobs", "--address", cluster.dashboard_url, "--json")
     assert listed.returncode == 0, listed.stderr
     rows = {row["job_id"]: row for row in json.loads(listed.stdout)}
     assert rows[job]["status"] == "SUCCEEDED" and rows[job]["sweep"] == "multinode"
     assert "--address auto" in rows[job]["entrypoint"]
+    jobs = job_client(cluster.dashboard_url, cluster.token)
+    details = jobs.get_job_info(job)
+    logs = jobs.get_job_logs(job)
+    assert logs.strip()  # the driver's own output, not an empty log
+    # The credentials reached the driver through the runtime_env, the one place they travel.
+    username, password = load_credentials(sweep_user)
+    assert details.runtime_env["env_vars"][USERNAME_VAR] == username
     experiment = client.get_experiment_by_name("multinode")
     assert experiment is not None
-    for run in client.search_runs([experiment.experiment_id]):
-        values = [*run.data.params.values(), *run.data.tags.values()]
-        assert not any(cluster.token in value for value in values)
-    assert_no_token(cluster.token, output, listed.stdout, listed.stderr, store=store)
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) >= 5  # the parent and its four trials
+    for secret in (cluster.token, password):
+        for run in runs:
+            values = [*run.data.params.values(), *run.data.tags.values()]
+            assert not any(secret in value for value in values), run.info.run_name
+        assert_no_token(
+            secret,
+            output,
+            listed.stdout,
+            listed.stderr,
+            details.entrypoint,
+            json.dumps(details.metadata or {}),
+            logs,
+            store=store,
+            skip=store / "auth",
+        )
 
 
 def test_dashboard_binds_to_loopback_and_refuses_requests_without_the_token(
@@ -258,7 +302,7 @@ def test_sweep_joins_by_address_and_refuses_node_local_storage(
 
 
 def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_checkpoint(
-    cluster: LocalCluster, tracking: tuple[str, Path], tmp_path: Path
+    cluster: LocalCluster, tracking: tuple[str, Path], sweep_user: Path, tmp_path: Path
 ) -> None:
     """The issue-8 fault: one GPU worker node is stopped hard (every process of it
     SIGKILLed at once, as when its machine dies) while its trial is mid-sweep; Ray Tune
@@ -278,7 +322,7 @@ def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_ch
         max_epochs=epochs,
         trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 20},
     )
-    done = submit(cluster, spec, "--shared-storage")
+    done = submit(cluster, spec, "--shared-storage", "--tracking-credentials", str(sweep_user))
     assert done.returncode == 0, done.stdout + done.stderr
     job = job_id(done.stdout)
     victim_node = cluster.nodes[2]  # worker2
@@ -290,12 +334,14 @@ def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_ch
         """A trial on worker2 with an epoch in MLflow and two or more epochs still to train
         (by the checkpoints its worker wrote, which are never behind MLflow)."""
         checkpointed = {trial_id(d): checkpointed_epochs(d) for d in trial_dirs(sweep_dir)}
+        # One MLflow search per poll: every request to the authenticated server checks a
+        # password hash, and a trial is half done for a few seconds only.
         for run in trial_runs(uri, "nodefault"):
             tid = run.data.tags["trial_id"]
             if run.data.tags.get("node_id") != victim_node.node_id:
                 continue
-            logged = len(client.get_metric_history(run.info.run_id, "val_sharpe"))
-            if logged >= 1 and checkpointed.get(tid, 0) < epochs - 1:
+            logged = int("val_sharpe" in run.data.metrics)  # an epoch is in MLflow
+            if logged and checkpointed.get(tid, 0) < epochs - 1:
                 return tid, logged
         return None
 
