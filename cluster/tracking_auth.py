@@ -27,6 +27,7 @@ import stat
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 USERNAME_VAR = "MLFLOW_TRACKING_USERNAME"
 PASSWORD_VAR = "MLFLOW_TRACKING_PASSWORD"
@@ -113,6 +114,20 @@ def apply_credentials(path: str | Path) -> str:
     return username
 
 
+def redact_uri(uri: str) -> str:
+    """``uri`` without a user name or password (``http://u:p@host:5000`` ->
+    ``http://host:5000``): what any message or report may show of a tracking URI."""
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
 def check_access(
     tracking_uri: str, credentials: str | Path | None = None, timeout_s: float = 10.0
 ) -> None:
@@ -123,6 +138,7 @@ def check_access(
     non-HTTP tracking URI (a local SQLite or file store) has no authentication: no-op."""
     if not tracking_uri.startswith(("http://", "https://")):
         return
+    shown = redact_uri(tracking_uri)
     if credentials is not None:
         username, password = load_credentials(credentials)
         source = f"the credentials file {credentials}"
@@ -147,26 +163,26 @@ def check_access(
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise TrackingUnreachableError(
-            f"cannot reach the tracking server {tracking_uri}: {reason}"
+            f"cannot reach the tracking server {shown}: {reason}"
         ) from exc
     if status == 401 and not (username or password):
         raise TrackingAccessError(
-            f"the tracking server {tracking_uri} requires authentication (401): set "
+            f"the tracking server {shown} requires authentication (401): set "
             f"{USERNAME_VAR} and {PASSWORD_VAR}, or pass --tracking-credentials FILE (the "
             "server writes its sweep user's file as STORE/auth/sweep.credentials)"
         )
     if status == 401:
         raise TrackingAccessError(
-            f"the tracking server {tracking_uri} rejected user {username!r} from {source} "
+            f"the tracking server {shown} rejected user {username!r} from {source} "
             "(401: unknown user or wrong password)"
         )
     if status == 403:
         raise TrackingAccessError(
-            f"the tracking server {tracking_uri} refused user {username!r} from {source} "
+            f"the tracking server {shown} refused user {username!r} from {source} "
             "(403: no permission to read experiments)"
         )
     raise TrackingAccessError(
-        f"the tracking server {tracking_uri} answered HTTP {status} to an experiment search"
+        f"the tracking server {shown} answered HTTP {status} to an experiment search"
     )
 
 

@@ -123,7 +123,14 @@ def add_reader(store: str | Path, name: str) -> Path:
             f"reader name {name!r}: use letters, digits, '.', '_' or '-' (at most 64, not "
             f"{ADMIN_USER!r} or {SWEEP_USER!r})"
         )
-    files = prepare(store)
+    # The server's users as they are: preparing the store again would give the sweep user
+    # a new password wherever its file is not in the store (a Kubernetes Secret).
+    files = AuthFiles.of(store)
+    if not files.database.is_file():
+        raise TrackingAuthSetupError(
+            f"no authenticated tracking server has started on {store} yet: start "
+            f"`hpo tracking-server --store {store}` first, then add readers"
+        )
     auth_store = _open(files)
     path = files.reader_credentials(name)
     _ensure_user(auth_store, name, path)
@@ -143,9 +150,8 @@ def _write_config(files: AuthFiles) -> None:
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
         "grant_default_workspace_access = false\n"
         # Every request carries the password, and checking its hash costs tens of ms by
-        # design: without the cache a sweep's logging and a test's polls queue behind it
-        # (a node-fault test missed its 10 s window). A password changed out of band
-        # (a lost credentials file) is refused at the latest a minute later.
+        # design: without the cache a sweep's logging queues behind the checks. A password
+        # changed out of band (a lost credentials file) is refused a minute later at most.
         "auth_cache_ttl_seconds = 60\n"
     )
     _write_private(files.config, text)

@@ -489,6 +489,8 @@ def compare_cmd(
     from hpo.compare import ComparisonError, comparison_from_mlflow, log_comparison
     from hpo.mlflow_links import sweep_links
 
+    # A refused login is one clear error here, not an MLflow traceback (or its retries).
+    check_tracking_access(tracking_uri, tracking_credentials)
     try:
         comparison = comparison_from_mlflow(
             experiment,

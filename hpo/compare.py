@@ -39,12 +39,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import numpy as np
 from scipy import stats
 
+from cluster.tracking_auth import redact_uri
 from hpo.cost import CostSummary, summarise_cost
 from hpo.stats import (
     EXACT_MAX_N,
@@ -613,7 +614,7 @@ def comparison_from_mlflow(
     if found is None:
         names = sorted(e.name for e in client.search_experiments())
         raise ComparisonError(
-            f"no MLflow experiment named {experiment!r} at {_redact_uri(tracking_uri)}; "
+            f"no MLflow experiment named {experiment!r} at {redact_uri(tracking_uri)}; "
             f"experiments there: {names}"
         )
     experiment_id = found.experiment_id
@@ -697,7 +698,7 @@ def compare_trials(
     return Comparison(
         experiment=experiment,
         experiment_id=experiment_id,
-        tracking_uri=_redact_uri(tracking_uri),
+        tracking_uri=redact_uri(tracking_uri),
         parent_run_id=parent_run_id,
         reference=chosen[0],
         precisions=chosen,
@@ -1515,16 +1516,6 @@ def _adjust_across_families(families: list[ScopeComparison]) -> None:
         for split in SPLITS:
             members = [s.contrasts[key] for s in families if key in s.contrasts]
             _holm([c.inference[split] for c in members], members[0].other)
-
-
-def _redact_uri(uri: str) -> str:
-    parts = urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 # ---------------------------------------------------------------------------------------

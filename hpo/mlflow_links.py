@@ -22,9 +22,11 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, NamedTuple
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit
 
+from cluster.tracking_auth import TrackingAccessError, check_access, redact_uri
 from hpo.tracking import ROLE_TRIAL, TAG_PARENT, TAG_ROLE
 
 ColumnKind = Literal["attributes", "metrics", "params", "tags"]
@@ -65,7 +67,7 @@ def mlflow_ui(tracking_uri: str) -> MlflowUi:
     Credentials are never printed, so a database URL that needs a password has to be
     completed by hand.
     """
-    uri = _without_credentials(tracking_uri)
+    uri = redact_uri(tracking_uri)
     if urlsplit(uri).scheme in ("http", "https"):
         return MlflowUi(uri.rstrip("/"), None)
     command = f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host 127.0.0.1 --port 5000"
@@ -169,18 +171,6 @@ def _check_id(value: str, what: str) -> None:
         raise ValueError(f"{what} must be letters, digits, '_' or '-', got {value!r}")
 
 
-def _without_credentials(uri: str) -> str:
-    parts = urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-
-
 def sweep_links(tracking_uri: str, experiment: str, parent_run_id: str | None) -> list[str]:
     """What to print where a command names the MLflow UI: the command that serves a local
     store (when one is needed), then the link to the sweep's trials in the runs table, or
@@ -191,6 +181,15 @@ def sweep_links(tracking_uri: str, experiment: str, parent_run_id: str | None) -
 
     ui = mlflow_ui(tracking_uri)
     lines = [f"MLflow UI: {ui.command}" if ui.command else f"MLflow UI: {ui.base}"]
+    if ui.command is None:
+        # A server: one request with a short timeout first, since MLflow's client retries
+        # an unreachable or refusing server for minutes.
+        try:
+            check_access(tracking_uri, timeout_s=3.0)
+        except TrackingAccessError:
+            return lines
+    elif tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[10:]).is_file():
+        return lines  # no store here: opening one would create it
     try:
         found = MlflowClient(tracking_uri).get_experiment_by_name(experiment)
     except (MlflowException, OSError):  # unreachable: the address is all there is

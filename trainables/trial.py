@@ -17,7 +17,7 @@ import gc
 import logging
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -79,12 +79,15 @@ def run_trial(config: dict[str, Any], share: GpuShare | None = None) -> None:
         # tensor of the failed step; Python drops ``exc`` at the end of the block.
         oom = str(exc)
     if oom is not None and share is not None:
-        _report_oom(train_config, gpu_fraction, progress.epoch + 1, oom, node, share)
+        _report_oom(train_config, gpu_fraction, progress, oom, node, share)
 
 
 @dataclass
 class _Progress:
     epoch: int = 0  # epochs completed (what an OOM report counts from)
+    # The cost totals last reported: a diverged or OOM report carries them on, so the
+    # time its epochs took still counts (hpo status, the comparison's cost).
+    totals: dict[str, float] = field(default_factory=dict)
 
 
 def _train(
@@ -114,18 +117,24 @@ def _train(
                     "fell_back_to_f32": int(trainer.fell_back_to_f32),
                     "skipped_steps": trainer.skipped_steps,
                     **node,
+                    **progress.totals,
                 }
             )
             return
-        cost = gpu_cost(trainer, gpu_fraction, metrics["time_s_total"])
+        cost = gpu_cost(trainer, gpu_fraction)
         _report(trainer, {**metrics, "diverged": 0, **reported, **cost})
         progress.epoch = trainer.epoch
+        progress.totals = {
+            "time_s_total": metrics["time_s_total"],
+            "cpu_s_total": metrics["cpu_s_total"],
+            **cost,
+        }
 
 
 def _report_oom(
     config: TrainConfig,
     fraction: float,
-    epoch: int,
+    progress: _Progress,
     message: str,
     node: dict[str, str],
     share: GpuShare,
@@ -136,20 +145,30 @@ def _report_oom(
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    report: dict[str, Any] = {"epoch": epoch, "val_sharpe": math.nan, "oom": 1, **node}
+    report: dict[str, Any] = {
+        "epoch": progress.epoch + 1,
+        "val_sharpe": math.nan,
+        "oom": 1,
+        **node,
+        **progress.totals,
+    }
     report.update(share.after_oom(config, fraction, message))
     tune.report(report)
 
 
-def gpu_cost(trainer: Trainer, gpu_fraction: float, seconds: float) -> dict[str, float]:
-    """The GPU time the trial has held so far: its share of a GPU times the seconds it
-    trained. Ray reserves the share whether or not the kernels fill it, so the share,
-    not the utilisation, is what a trial costs. Zero off CUDA: logical GPUs on a CPU
-    node (tests, CPU clusters) hold no GPU."""
+def gpu_cost(trainer: Trainer, gpu_fraction: float) -> dict[str, float]:
+    """The GPU time the trial has held so far: each epoch's seconds times the share it ran
+    at (a resume may run at another share; the epoch's share is kept in the trainer's
+    checkpointed history as ``epoch_gpu_s``). Ray reserves the share whether or not the
+    kernels fill it, so the share, not the utilisation, is what a trial costs. Zero off
+    CUDA: logical GPUs on a CPU node (tests, CPU clusters) hold no GPU. Call it once per
+    epoch, after :meth:`Trainer.train_epoch`."""
     on_gpu = trainer.device.type == "cuda"
+    latest = trainer.history[-1]
+    latest["epoch_gpu_s"] = float(gpu_fraction) * float(latest["epoch_time_s"]) if on_gpu else 0.0
     return {
         "gpu_fraction": float(gpu_fraction) if on_gpu else 0.0,
-        "gpu_s_total": float(gpu_fraction) * seconds if on_gpu else 0.0,
+        "gpu_s_total": sum(float(h.get("epoch_gpu_s", 0.0)) for h in trainer.history),
     }
 
 

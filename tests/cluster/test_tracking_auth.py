@@ -394,3 +394,34 @@ def test_sweep_user_from_a_secret_volume_and_owner_only_files_after_restart(tmp_
     assert "--app-name" not in server_command(tmp_path, "127.0.0.1", 5000)
     command = server_command(tmp_path, "127.0.0.1", 5000, auth=True)
     assert command[command.index("--app-name") + 1] == "foxhunt-auth"
+
+
+def test_adding_a_reader_keeps_a_sweep_user_from_a_secret(tmp_path: Path) -> None:
+    """On KubeRay the sweep user's password lives in a Secret only: adding a reader must
+    leave it working, and add no user named `sweep` beside it."""
+    from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
+
+    from cluster.tracking_users import TrackingAuthSetupError, add_reader, prepare
+
+    with pytest.raises(TrackingAuthSetupError, match="start `hpo tracking-server"):
+        add_reader(tmp_path / "store", "alice")  # no server has prepared the store yet
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / USERNAME_VAR).write_text("hpo")
+    (secret / PASSWORD_VAR).write_text("from-the-secret-0123456789")
+    files = prepare(tmp_path / "store", sweep_credentials=secret)
+    reader = add_reader(tmp_path / "store", "alice")
+    auth_store = SqlAlchemyStore()
+    auth_store.init_db(files.database_uri)
+    assert auth_store.authenticate_user("hpo", "from-the-secret-0123456789")
+    assert auth_store.authenticate_user(*load_credentials(reader))
+    assert not auth_store.has_user("sweep")
+    assert not files.sweep_credentials.exists()
+
+
+def test_messages_never_show_a_password_in_the_tracking_uri() -> None:
+    from cluster.tracking_auth import redact_uri
+
+    assert redact_uri("http://u:pw@127.0.0.1:5000/x") == "http://127.0.0.1:5000/x"
+    assert redact_uri("http://u:pw@[::1]:5000") == "http://[::1]:5000"
+    assert redact_uri("sqlite:///mlflow.db") == "sqlite:///mlflow.db"

@@ -119,11 +119,16 @@ def test_trainer_totals_run_on_across_a_resume(tmp_path: Path) -> None:
     assert third["cpu_s_total"] == pytest.approx(second["cpu_s_total"] + third["epoch_cpu_s"])
 
 
-def test_gpu_time_is_the_share_times_the_seconds_on_cuda_only() -> None:
-    on_cuda = SimpleNamespace(device=torch.device("cuda", 0))  # only the device fact is faked
-    assert gpu_cost(on_cuda, 0.25, 40.0) == {"gpu_fraction": 0.25, "gpu_s_total": 10.0}  # type: ignore[arg-type]
-    on_cpu = SimpleNamespace(device=torch.device("cpu"))  # logical GPUs hold no GPU
-    assert gpu_cost(on_cpu, 0.25, 40.0) == {"gpu_fraction": 0.0, "gpu_s_total": 0.0}  # type: ignore[arg-type]
+def test_gpu_time_is_each_epochs_share_times_its_seconds_on_cuda_only() -> None:
+    # Only the device fact is faked. Epoch 1 ran at a 0.25 share (its 10 GPU-s are in the
+    # checkpointed history); after a resume at 0.5 the 20 s epoch 2 adds 10 more: 20, not
+    # the 0.5 x 60 = 30 that pricing every epoch at the current share would give.
+    history = [{"epoch_time_s": 40.0, "epoch_gpu_s": 10.0}, {"epoch_time_s": 20.0}]
+    on_cuda = SimpleNamespace(device=torch.device("cuda", 0), history=history)
+    assert gpu_cost(on_cuda, 0.5) == {"gpu_fraction": 0.5, "gpu_s_total": 20.0}  # type: ignore[arg-type]
+    assert history[-1]["epoch_gpu_s"] == 10.0  # kept for the next resume
+    on_cpu = SimpleNamespace(device=torch.device("cpu"), history=[{"epoch_time_s": 40.0}])
+    assert gpu_cost(on_cpu, 0.25) == {"gpu_fraction": 0.0, "gpu_s_total": 0.0}  # type: ignore[arg-type]
 
 
 def test_the_parent_run_and_the_cli_carry_the_cost(sweep: SyntheticSweep) -> None:
