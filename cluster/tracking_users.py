@@ -93,6 +93,10 @@ class AuthFiles:
         }
 
 
+AUTH_CACHE_S = 10
+"""How long the server trusts a checked password (MLflow's ``auth_cache_ttl_seconds``)."""
+
+
 def prepare(store: str | Path, sweep_credentials: str | Path | None = None) -> AuthFiles:
     """Create (first start) or check (restart) the auth config, database, admin and sweep
     user of ``store``. ``sweep_credentials``: take the sweep user's name and password from
@@ -151,8 +155,8 @@ def _write_config(files: AuthFiles) -> None:
         "grant_default_workspace_access = false\n"
         # Every request carries the password, and checking its hash costs tens of ms by
         # design: without the cache a sweep's logging queues behind the checks. A password
-        # changed out of band (a lost credentials file) is refused a minute later at most.
-        "auth_cache_ttl_seconds = 60\n"
+        # changed out of band (a lost credentials file) is refused AUTH_CACHE_S later at most.
+        f"auth_cache_ttl_seconds = {AUTH_CACHE_S}\n"
     )
     _write_private(files.config, text)
 

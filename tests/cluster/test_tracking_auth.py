@@ -305,7 +305,7 @@ class TestAuthenticatedServer:
     def test_restart_keeps_credentials_and_a_lost_file_gets_a_new_password(
         self, served: Served
     ) -> None:
-        from cluster.tracking_users import add_reader, prepare
+        from cluster.tracking_users import AUTH_CACHE_S, add_reader, prepare
 
         sweep_file = served.store / "auth" / "sweep.credentials"
         before = sweep_file.read_text()
@@ -321,7 +321,12 @@ class TestAuthenticatedServer:
         check_access(served.uri, renewed)
         search = "/api/2.0/mlflow/experiments/search"
         stale = ("viewer", old_password)
-        assert _request(served, search, auth=stale, body={"max_results": 1})[0] == 401
+        # Refused once the server's password cache (AUTH_CACHE_S) lets the old one go.
+        wait_for(
+            lambda: _request(served, search, auth=stale, body={"max_results": 1})[0] == 401,
+            timeout=AUTH_CACHE_S + 20,
+            what="the stale password to be refused",
+        )
 
 
 # -- No server needed ---------------------------------------------------------------------------------
