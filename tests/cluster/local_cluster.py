@@ -284,3 +284,18 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def start_tracking_server_process(store: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`hpo tracking-server` on ``port`` over ``store``, as users start it, in its own
+    process group (so a test can kill it whole), its output in ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                *(sys.executable, "-m", "hpo.cli", "tracking-server"),
+                *("--port", str(port), "--store", str(store)),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

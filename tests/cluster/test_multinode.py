@@ -31,7 +31,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR, apply_credentials, load_credentials
-from tests.cluster.local_cluster import LocalCluster, free_port, marked_pids, start_cluster
+from tests.cluster.local_cluster import (
+    LocalCluster,
+    free_port,
+    marked_pids,
+    start_cluster,
+    start_tracking_server_process,
+)
 from tests.hpo.sweep_helpers import (
     checkpointed_epochs,
     results,
@@ -58,13 +64,7 @@ def tracking_process(
     shutil.copyfile(_mlflow_template, store / "mlflow.db")  # schema migrated once per session
     port = free_port()
     log = store.parent / "tracking-server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*HPO, "tracking-server", "--port", str(port), "--store", str(store)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_tracking_server_process(store, port, log)
     try:
         yield {"process": process, "uri": f"http://127.0.0.1:{port}", "store": store, "log": log}
     finally:

@@ -40,7 +40,7 @@ from cluster.tracking_auth import (
 )
 from cluster.tracking_server import TrackingServerError, start_tracking_server
 from hpo.cli import UserError, app
-from tests.cluster.local_cluster import free_port
+from tests.cluster.local_cluster import free_port, start_tracking_server_process
 from tests.hpo.sweep_helpers import write_tiny_spec
 from tests.processes import wait_for
 
@@ -94,13 +94,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, _mlflow_template: Path) -> 
     shutil.copyfile(_mlflow_template, store / "mlflow.db")  # schema migrated once per session
     port = free_port()
     output = store.parent / "tracking-server.out"
-    with output.open("wb") as out:
-        process = subprocess.Popen(
-            [*HPO, "tracking-server", "--port", str(port), "--store", str(store)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = start_tracking_server_process(store, port, output)
     try:
         wait_for(
             lambda: "tracking URI:" in output.read_text(),
