@@ -22,13 +22,15 @@ the job's runtime_env, entrypoint or metadata (all visible in the dashboard), ne
 printed, and masked in followed logs; the job's driver inherits the cluster's own token
 from the node it runs on.
 
-MLflow credentials (``hpo submit --tracking-credentials FILE`` or MLflow's
-``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``) travel in the job's
-runtime_env ``env_vars``, where the driver's MLflow client reads them: not in the
-entrypoint, metadata or the spec (so not in MLflow params or tags), and masked in
-followed logs. The runtime_env shows in the job's details to holders of the cluster token,
-who can run code on the head anyway; a head that has the variables itself (a KubeRay
-Secret) needs nothing passed.
+MLflow credentials never travel through Ray: a job's ``runtime_env`` (``env_vars``
+included) is written to the head's ``runtime_env_agent.log`` and to every worker node's
+log that starts one of its trials, and kept in the job's details. The job's sweep logs in
+with what the head has: MLflow's variables in its environment (the KubeRay manifest sets
+them from a Secret), or a credentials file on the head named with ``hpo submit
+--head-credentials PATH``, which travels as that path (``--tracking-credentials PATH`` in
+the entrypoint), never its content. ``--tracking-credentials FILE`` on ``hpo submit`` is
+the client's own: it checks the server before uploading, and its password is masked in
+followed logs.
 """
 
 from __future__ import annotations
@@ -256,8 +258,22 @@ def stage_snapshot(spec: Any, working_dir: Path, dest: Path) -> str:
     return spec_rel
 
 
-def entrypoint(spec_rel: str, python: str = "python") -> str:
-    return f"{python} -m hpo.cli sweep {shlex.quote(spec_rel)} --address auto"
+def entrypoint(spec_rel: str, python: str = "python", head_credentials: str | None = None) -> str:
+    """The job's command line. ``head_credentials`` is a path on the head (``~`` is the
+    job's user's home there); the path travels, never the file's content."""
+    command = f"{python} -m hpo.cli sweep {shlex.quote(spec_rel)} --address auto"
+    if head_credentials:
+        command += f" --tracking-credentials {shlex.quote(head_credentials)}"
+    return command
+
+
+def head_credentials_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a credentials file for the job, or None. The job runs in
+    a temporary copy of the working directory, so a relative path would not mean the
+    same file there."""
+    if not (path.startswith("/") or path.startswith("~")):
+        return f"--head-credentials {path!r}: give an absolute path (or ~/...) on the head"
+    return None
 
 
 def new_job_id(sweep_name: str) -> str:
@@ -276,11 +292,11 @@ def submit_sweep(
     check_resources: bool = True,
     token: str | None = None,
     client: Any = None,
-    tracking_env: Mapping[str, str] | None = None,
+    head_credentials: str | None = None,
 ) -> Submission:
     """Validate, upload and submit ``spec`` as a Ray job; returns its id at once.
-    ``tracking_env`` (MLflow's ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) reaches the
-    job's driver through its runtime_env, never its entrypoint or metadata."""
+    ``head_credentials`` names an MLflow credentials file on the head for the job's sweep
+    (its path goes in the entrypoint; no secret goes in the runtime_env)."""
     from cluster.preflight import resource_problems
 
     problems = submission_problems(spec)
@@ -293,6 +309,8 @@ def submit_sweep(
             for n in cluster_nodes(address, token)
         ]
         problems += resource_problems(float(spec.resources.cpu), spec.resources.gpu, nodes)
+    if head_credentials and (problem := head_credentials_problem(head_credentials)):
+        problems.append(problem)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise ClusterError(f"sweep {spec.name!r} was not submitted:\n{lines}")
@@ -302,12 +320,11 @@ def submit_sweep(
         env_vars[SHARED_ENV] = "1"
     elif os.environ.get(SHARED_ENV):
         env_vars[SHARED_ENV] = os.environ[SHARED_ENV]
-    env_vars.update(tracking_env or {})
     job_id = job_id or new_job_id(spec.name)
     with tempfile.TemporaryDirectory(prefix="hpo-submit-") as tmp:
         snapshot = Path(tmp) / "snapshot"
         spec_rel = stage_snapshot(spec, working_dir or Path.cwd(), snapshot)
-        command = entrypoint(spec_rel, python)
+        command = entrypoint(spec_rel, python, head_credentials)
         client.submit_job(
             entrypoint=command,
             submission_id=job_id,

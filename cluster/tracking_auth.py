@@ -40,6 +40,7 @@ __all__ = [
     "TrackingUnreachableError",
     "apply_credentials",
     "check_access",
+    "is_server_uri",
     "load_credentials",
     "write_credentials",
 ]
@@ -128,6 +129,11 @@ def redact_uri(uri: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
+def is_server_uri(tracking_uri: str) -> bool:
+    """An HTTP(S) tracking server (which may authenticate), not a local store."""
+    return tracking_uri.startswith(("http://", "https://"))
+
+
 def check_access(
     tracking_uri: str, credentials: str | Path | None = None, timeout_s: float = 10.0
 ) -> None:
@@ -136,7 +142,7 @@ def check_access(
     401/403, so a command fails before it starts work instead of MLflow retrying later.
     Credentials come from ``credentials`` if given, else from MLflow's variables. A
     non-HTTP tracking URI (a local SQLite or file store) has no authentication: no-op."""
-    if not tracking_uri.startswith(("http://", "https://")):
+    if not is_server_uri(tracking_uri):
         return
     shown = redact_uri(tracking_uri)
     if credentials is not None:

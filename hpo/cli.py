@@ -749,12 +749,22 @@ def submit_cmd(
         ),
     ] = True,
     tracking_credentials: TrackingCredentials = None,
+    head_credentials: Annotated[
+        str | None,
+        typer.Option(
+            "--head-credentials",
+            metavar="PATH",
+            help="MLflow credentials file on the head (absolute or ~/...) for the job's sweep; "
+            "the path travels, never the password (default: the head's MLFLOW_TRACKING_* "
+            "variables).",
+        ),
+    ] = None,
 ) -> None:
     """Submit a sweep to a Ray cluster through the Jobs API (the working directory and
     the spec travel with it); prints the job id, with --follow streams its logs."""
     from cluster.connect import ClusterError
     from cluster.submit import follow_job, job_client, jobs_address, resolve_token, submit_sweep
-    from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR
+    from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR, is_server_uri
 
     spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
     # The URI is the head's view; where this client sees the same server, a refused login
@@ -765,9 +775,17 @@ def submit_cmd(
             highlight=False,
             soft_wrap=True,
         )
-    # MLflow's variables (set by --tracking-credentials or by the user) go to the job's
-    # runtime_env, never its entrypoint or metadata.
-    tracking_env = {k: os.environ[k] for k in (USERNAME_VAR, PASSWORD_VAR) if os.environ.get(k)}
+    # No MLflow secret travels through Ray (its runtime_env is logged on every node): the
+    # job's sweep logs in with the head's variables or the file --head-credentials names.
+    client_password = os.environ.get(PASSWORD_VAR, "")
+    if os.environ.get(USERNAME_VAR) and not head_credentials and is_server_uri(spec.tracking_uri):
+        err_console.print(
+            "note: the job's sweep logs in to MLflow with the head's MLFLOW_TRACKING_* "
+            "variables (credentials are never sent); --head-credentials PATH names a file "
+            "on the head instead",
+            highlight=False,
+            soft_wrap=True,
+        )
     import logging
 
     # Ray logs every file it skips while packaging the snapshot; keep the upload line only.
@@ -785,7 +803,7 @@ def submit_cmd(
             check_resources=check_resources,
             token=token,
             client=client,
-            tracking_env=tracking_env,
+            head_credentials=head_credentials,
         )
     except ClusterError as exc:
         fail(str(exc))
@@ -808,7 +826,7 @@ def submit_cmd(
             client,
             submission.job_id,
             lambda text: print(text, end="", flush=True),
-            [token or "", tracking_env.get(PASSWORD_VAR, "")],
+            [token or "", client_password],
         )
     except KeyboardInterrupt:
         err_console.print(

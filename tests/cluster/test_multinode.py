@@ -1,8 +1,8 @@
 """A real multi-node Ray cluster on this machine: a head (no GPUs) and two worker nodes
 (2 logical GPUs each) as separate `ray start` processes with token authentication,
-`hpo tracking-server` as its own process (authenticated: submitted sweeps log in as its
-sweep user with `--tracking-credentials`), and sweeps sent with `hpo submit` through the
-Jobs API.
+`hpo tracking-server` as its own process (authenticated: submitted sweeps log in with
+its sweep user's file, named by path with `--head-credentials`), and sweeps sent with
+`hpo submit` through the Jobs API.
 
 All nodes share this machine's disk, so the sweep's storage is declared shared with
 `--shared-storage` (on a real cluster: NFS or another mount every node sees); the same
@@ -118,7 +118,7 @@ def tracking(tracking_process: dict[str, Any]) -> tuple[str, Path]:
 def sweep_user(tracking: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
     """The sweep user's credentials file; this test process's MLflow clients log in with it.
     The cluster and the `hpo` clients (``cluster.env``) never see these variables: a
-    submitted sweep authenticates only through `--tracking-credentials`."""
+    submitted sweep authenticates only through the file `--head-credentials` names."""
     for var in (USERNAME_VAR, PASSWORD_VAR):
         monkeypatch.delenv(var, raising=False)
     path = tracking[1] / "auth" / "sweep.credentials"
@@ -163,6 +163,12 @@ def submit(cluster: LocalCluster, spec: Path, *args: str) -> subprocess.Complete
     )
 
 
+def login(credentials: Path) -> tuple[str, ...]:
+    """The client checks the server with the file; the job's sweep reads the same file on
+    the head (one machine here), named by path: no secret travels through Ray."""
+    return ("--tracking-credentials", str(credentials), "--head-credentials", str(credentials))
+
+
 def job_id(output: str) -> str:
     match = re.search(r"submitted job: (\S+)", output)
     assert match, output
@@ -190,9 +196,7 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
     assert not any(k in cluster.env for k in (USERNAME_VAR, PASSWORD_VAR))
     spec = write_spec(tmp_path, "multinode", uri)
     started = time.monotonic()
-    done = submit(
-        cluster, spec, "--follow", "--shared-storage", "--tracking-credentials", str(sweep_user)
-    )
+    done = submit(cluster, spec, "--follow", "--shared-storage", *login(sweep_user))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     job = job_id(output)
@@ -232,9 +236,11 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
     details = jobs.get_job_info(job)
     logs = jobs.get_job_logs(job)
     assert logs.strip()  # the driver's own output, not an empty log
-    # The credentials reached the driver through the runtime_env, the one place they travel.
-    username, password = load_credentials(sweep_user)
-    assert details.runtime_env["env_vars"][USERNAME_VAR] == username
+    # The credentials reached the driver as a path on the head, never in the runtime_env
+    # (Ray writes that to runtime_env_agent.log on every node that starts a trial).
+    _, password = load_credentials(sweep_user)
+    assert details.entrypoint.endswith(f"--tracking-credentials {sweep_user}")
+    assert not {USERNAME_VAR, PASSWORD_VAR} & set(details.runtime_env.get("env_vars", {}))
     experiment = client.get_experiment_by_name("multinode")
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
@@ -254,6 +260,9 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
             store=store,
             skip=store / "auth",
         )
+    # Nor in any file the Ray nodes wrote: session logs, runtime_env_agent.log, job logs.
+    assert any(cluster.root.rglob("runtime_env_agent.log"))
+    assert_no_token(password, store=cluster.root)
 
 
 def test_dashboard_binds_to_loopback_and_refuses_requests_without_the_token(
@@ -322,7 +331,7 @@ def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_ch
         max_epochs=epochs,
         trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 20},
     )
-    done = submit(cluster, spec, "--shared-storage", "--tracking-credentials", str(sweep_user))
+    done = submit(cluster, spec, "--shared-storage", *login(sweep_user))
     assert done.returncode == 0, done.stdout + done.stderr
     job = job_id(done.stdout)
     victim_node = cluster.nodes[2]  # worker2

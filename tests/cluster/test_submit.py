@@ -165,6 +165,10 @@ def test_entrypoint_runs_the_sweep_in_the_cluster() -> None:
         "python -m hpo.cli sweep '_hpo_submit/my sweep.yaml' --address auto"
     )
     assert entrypoint("s.yaml", python="/opt/venv/bin/python").startswith("/opt/venv/bin/python -m")
+    assert entrypoint("s.yaml", head_credentials="~/mlflow store/auth/sweep.credentials") == (
+        "python -m hpo.cli sweep s.yaml --address auto "
+        "--tracking-credentials '~/mlflow store/auth/sweep.credentials'"
+    )
 
 
 # -- submission ------------------------------------------------------------------------------------
@@ -223,6 +227,44 @@ def test_a_spec_no_node_can_run_is_not_submitted(
         check_resources=False,
     )
     assert len(jobs.submitted) == 1
+
+
+def test_submit_sends_no_mlflow_secret_through_ray_only_the_heads_file_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray writes a job's runtime_env to the head's and workers' logs, so the client's
+    MLflow password must not be in it: the job reads a file on the head, named by path."""
+    nodes = [{"state": "ALIVE", "resources_total": {"CPU": 2.0, "GPU": 1.0}}]
+    monkeypatch.setattr(submit, "cluster_nodes", lambda address, token: nodes)
+    jobs = FakeJobs()
+    monkeypatch.setattr(submit, "job_client", lambda address, token=None: jobs)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "sweep")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-password")
+    project = tmp_path / "project"
+    project.mkdir()
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(shared_spec(tmp_path).model_dump()))
+    base = ["submit", str(spec_path), "--address", "http://127.0.0.1:8265"]
+    base += ["--working-dir", str(project)]
+
+    by_env = CliRunner().invoke(app, base)
+    assert by_env.exit_code == 0, by_env.output
+    assert "logs in to MLflow with the head's MLFLOW_TRACKING_* variables" in by_env.output
+    by_path = CliRunner().invoke(app, [*base, "--head-credentials", "/etc/hpo/sweep.credentials"])
+    assert by_path.exit_code == 0, by_path.output
+    assert len(jobs.submitted) == 2
+    for call in jobs.submitted:
+        sent = json.dumps(call, default=str)
+        assert "s3cret-password" not in sent and "MLFLOW_TRACKING" not in sent
+    assert jobs.submitted[1]["entrypoint"].endswith(
+        "--address auto --tracking-credentials /etc/hpo/sweep.credentials"
+    )
+
+    relative = CliRunner().invoke(app, [*base, "--head-credentials", "auth/sweep.credentials"])
+    assert relative.exit_code != 0 and len(jobs.submitted) == 2
+    problem = "--head-credentials 'auth/sweep.credentials': give an absolute path"
+    assert problem in str(relative.exception)  # a UserError: `hpo` prints it, exit 2
 
 
 # -- following and listing ---------------------------------------------------------------------------
