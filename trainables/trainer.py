@@ -101,9 +101,10 @@ class FoldRun:
 
 @dataclass
 class FusedFolds:
-    """The folds as fused members (member k = fold k): one module, data, optimizer, guard
+    """Folds as fused members (member k = ``runs[k]``): one module, data, optimizer, guard
     and scaler over all of them."""
 
+    runs: list[FoldRun]
     model: StackedModules
     data: StackedFolds
     optimizer: GuardedAdamW
@@ -128,7 +129,13 @@ class _MemberOptimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         group = self.fused.optimizer.param_groups[0]
         own = [mine for _, mine in self.fused.model.pairs(self.k)]
-        return [{**{k: v for k, v in group.items() if k != "params"}, "params": own}]
+        settings = {
+            # lr and weight decay are one value per member when a group's members differ
+            key: value[self.k] if isinstance(value, list | tuple) and key != "betas" else value
+            for key, value in group.items()
+            if key != "params"
+        }
+        return [{**settings, "params": own}]
 
     @property
     def state(self) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
@@ -146,6 +153,7 @@ class Trainer:
         *,
         checkpoint: Checkpoint | None = None,
         device: torch.device | None = None,
+        fuse: bool = True,
     ) -> None:
         self.config = config
         self.device = device or resolve_device(config.device)
@@ -171,10 +179,11 @@ class Trainer:
         torch.manual_seed(config.seed)  # the stream dropout and exploration draw from
         if checkpoint is not None:
             self._restore(checkpoint)
-        # Fused after the restore: a checkpoint holds each fold apart, fused or not.
-        self.fused: FusedFolds | None = None
-        self.unfused_reason = ""
-        self._fuse()
+        # Fused after the restore: a checkpoint holds each fold apart, fused or not. A
+        # group (trainables.group) fuses its members' folds instead: fuse=False.
+        self.fusion = Fusion([self])
+        if fuse:
+            self.fusion.fuse()
 
     # ------------------------------------------------------------------------------------
     # construction
@@ -189,6 +198,26 @@ class Trainer:
         return self.family.kind == "rl"
 
     @property
+    def fused(self) -> FusedFolds | None:
+        """The fused unit this trainer's folds train in (a group's: other trials' folds
+        too), or None."""
+        return self.fusion.fused
+
+    @property
+    def unfused_reason(self) -> str:
+        return self.fusion.unfused_reason
+
+    def fused_step(
+        self,
+        fused: FusedFolds,
+        times: torch.Tensor,
+        members: torch.Tensor | None = None,
+        active: torch.Tensor | None = None,
+    ) -> StepResult:
+        """:meth:`Fusion.fused_step` (benchmarks and tests call it on the trainer)."""
+        return self.fusion.fused_step(fused, times, members, active)
+
+    @property
     def step_units(self) -> list[FoldRun | FusedFolds]:
         """What one optimizer step trains: the fused folds, or each fold on its own (their
         ``model`` holds the stepped parameters, their ``optimizer`` steps them)."""
@@ -197,7 +226,7 @@ class Trainer:
     def train_unit(self, unit: FoldRun | FusedFolds) -> None:
         """One epoch's training of ``unit`` (no validation; profiling and benchmarks)."""
         if isinstance(unit, FusedFolds):
-            self._train_fused(unit)
+            self.fusion.train_epoch()
         elif self.is_rl:
             self._train_rl(unit)
         else:
@@ -252,15 +281,23 @@ class Trainer:
         """One epoch: train every fold, validate every fold, test with the last fold."""
         started, cpu_started = time.perf_counter(), time.process_time()
         steps_before = self.global_step
-        if self.fused is not None:
-            loss_sums = self._train_fused(self.fused)
-        else:
-            loss_sums = [
-                self._train_rl(run) if self.is_rl else self._train_forecast(run)
-                for run in self.folds
-            ]
-        self._check_divergence()
+        loss_sums = self.fusion.train_epoch()[self]
         train_seconds = time.perf_counter() - started
+        return self.finish_epoch(loss_sums, train_seconds, steps_before, started, cpu_started)
+
+    def finish_epoch(
+        self,
+        loss_sums: list[tuple[torch.Tensor, torch.Tensor]],
+        train_seconds: float,
+        steps_before: int,
+        started: float,
+        cpu_started: float,
+    ) -> dict[str, Any]:
+        """After an epoch's training (``loss_sums`` per fold): act on divergence, validate
+        every fold, test with the last, record the epoch's metrics. ``train_seconds`` and
+        the clocks since ``started`` / ``cpu_started`` are this trainer's share (a group
+        splits its fused training time among its members)."""
+        self._check_divergence()
         steps = self.global_step - steps_before
 
         val_results = [self._evaluate(run, run.data.val, "val") for run in self.folds]
@@ -329,193 +366,6 @@ class Trainer:
         steps = [unit.step for unit in self.step_units]
         return bool(steps) and all(s is not None and s.replaying for s in steps)
 
-    # ------------------------------------------------------------------------------------
-    # fused folds
-
-    def _fuse(self) -> None:
-        """Fuse the folds where :func:`fuse_plan` says so and a first fused step runs;
-        otherwise they train one after another and ``unfused_reason`` says why."""
-        planned, why_not = fuse_plan(self.config, self.device, self.family, self.folds)
-        if not planned:
-            self.unfused_reason = why_not
-            if self.config.fuse != "off" and len(self.folds) > 1:
-                log.info("%s: folds train one after another: %s", self.family.name, why_not)
-            return
-        module = StackedModules([run.model for run in self.folds])
-        data, views = StackedFolds.stack([run.data for run in self.folds])
-        try:
-            _try_fused_step(module, data, self.policy, self.config.batch_size)
-        except torch.cuda.OutOfMemoryError:
-            raise  # the share's fault, not fusion's: the trial's OOM path handles it
-        except Exception as exc:  # a module vmap cannot batch, or one that refuses members
-            module.release()
-            self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
-            log.warning(
-                "%s: folds train one after another: %s", self.family.name, self.unfused_reason
-            )
-            return
-        k, cfg = len(self.folds), self.config
-        optimizer = self.policy.make_optimizer(
-            module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, members=k
-        )
-        guard = StepGuard(self.device, members=k)
-        scaler = self.policy.make_scaler(members=k)
-        fused = FusedFolds(module, data, optimizer, guard, scaler)
-        for i, run in enumerate(self.folds):
-            for p, slots in optimizer.member_state(i, module.pairs(i)).items():
-                saved = run.optimizer.state.get(p, {})
-                for key, slot in slots.items():
-                    if key in saved:
-                        slot.copy_(saved[key])
-            guard.member(i).load_state_dict(run.guard.state_dict())
-            if scaler is not None and run.scaler is not None:
-                scaler.member(i).load_state_dict(run.scaler.state_dict())
-            run.data = views[i]
-            run.optimizer = _MemberOptimizer(fused, i)
-            run.guard = guard.member(i)
-            run.scaler = scaler.member(i) if scaler is not None else None
-            run.step = None
-        self.fused = fused
-
-    def _unfuse(self) -> None:
-        """Each fold on its own again: its own storage, optimizer, guard and scaler, holding
-        what the fused ones held for it."""
-        fused = self.fused
-        if fused is None:
-            return
-        saved = [
-            (
-                {
-                    p: {key: v.clone() for key, v in slots.items()}
-                    for p, slots in run.optimizer.state.items()
-                },
-                run.guard.state_dict(),
-                run.scaler.state_dict() if run.scaler is not None else None,
-            )
-            for run in self.folds
-        ]
-        fused.model.release()
-        cfg = self.config
-        for run, (state, guard_state, scaler_state) in zip(self.folds, saved, strict=True):
-            run.optimizer = self.policy.make_optimizer(
-                run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
-            )
-            for p, slots in run.optimizer.state.items():
-                for key, slot in slots.items():
-                    if key in state.get(p, {}):
-                        slot.copy_(state[p][key])
-            run.guard = StepGuard(self.device)
-            run.guard.load_state_dict(guard_state)
-            run.scaler = self.policy.make_scaler()
-            if run.scaler is not None and scaler_state is not None:
-                run.scaler.load_state_dict(scaler_state)
-            run.step = None
-        self.fused = None
-
-    def _train_fused(self, fused: FusedFolds) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of every fold, fused: each fold's minibatches in its own order (as
-        unfused), one fused step per batch index. A shorter fold has no batch for the last
-        steps: eagerly those steps run the folds that still have one (no compute wasted);
-        with CUDA graphs the one captured step runs every fold, the others masked off
-        (a launch-bound GPU step costs the same, and the profile measured that step)."""
-        cfg = self.config
-        fused.model.train()
-        orders = []
-        for run in self.folds:
-            times = run.data.decision_times(run.data.train)
-            orders.append(
-                times[torch.randperm(times.numel(), generator=run.generator, device=self.device)]
-            )
-        times, counts = epoch_schedule(orders, cfg.batch_size, cfg.max_steps_per_epoch)
-        for run, order, count in zip(self.folds, orders, counts, strict=True):
-            # KAN's grid refit, on the fold's own module (views of the fused tensors).
-            on_epoch_start = getattr(run.model, "on_epoch_start", None)
-            if on_epoch_start is not None and count > 0:
-                on_epoch_start(run.data.batch(order[: max(cfg.batch_size, EPOCH_START_SAMPLE)]))
-        k = fused.k
-        n_steps = max(counts)
-        masked = graph_plan(cfg.cuda_graphs, self.device, self.family)[0]
-        active = torch.tensor(  # (K, S): whether fold k has a batch at step i
-            [[i < count for i in range(n_steps)] for count in counts], device=self.device
-        )
-        indices: dict[tuple[int, ...], torch.Tensor] = {}
-        loss_sum = torch.zeros(k, dtype=F32, device=self.device)
-        n_ok = torch.zeros(k, dtype=F32, device=self.device)
-        for i in range(n_steps):
-            members = tuple(m for m, count in enumerate(counts) if count > i)
-            # Read at every step: a bf16 -> f32 fallback (at a divergence check) fuses the
-            # folds again, or leaves them on their own when they cannot fuse.
-            current = self.fused
-            if current is None:
-                for m in members:
-                    run = self.folds[m]
-                    batch = run.data.batch(times[m, i])
-                    loss_m, ok_m = self._fold_step(run)(batch.x, batch.y, batch.gaps)
-                    loss_sum[m] += torch.where(ok_m, loss_m, 0.0)
-                    n_ok[m] += ok_m
-            else:
-                if len(members) == k or masked:
-                    loss, ok = self._fused_step(current)(times[:, i], active[:, i])
-                else:
-                    index = indices.setdefault(members, torch.tensor(members, device=self.device))
-                    loss, ok = self._subset_step(current, members)(
-                        times[:, i].index_select(0, index)
-                    )
-                loss_sum += torch.where(ok, loss, 0.0)
-                n_ok += ok
-            self._after_step(len(members))
-        return list(zip(loss_sum.unbind(), n_ok.unbind(), strict=True))
-
-    def _fused_step(self, fused: FusedFolds) -> StepRunner:
-        """The step of every member, those ``active`` leaves out masked off (built again
-        after a fallback dropped it)."""
-        if fused.step is None:
-            capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
-
-            def step(times: torch.Tensor, active: torch.Tensor) -> StepResult:
-                return self.fused_step(fused, times, active=active)
-
-            fused.step = StepRunner(self, f"{fused.k} fused folds", step, capture, why_not)
-        return fused.step
-
-    def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
-        """The eager step of ``members`` only (the folds that still have batches), one
-        runner per set of members, kept across epochs."""
-        runner = fused.subset_steps.get(members)
-        if runner is None:
-            index = torch.tensor(members, device=self.device)
-            active = torch.zeros(fused.k, dtype=torch.bool, device=self.device)
-            active[index] = True
-
-            def step(times: torch.Tensor) -> StepResult:
-                return self.fused_step(fused, times, index, active)
-
-            label = f"folds {list(members)} fused"
-            runner = StepRunner(self, label, step, False, "a subset step runs eagerly")
-            fused.subset_steps[members] = runner
-        return runner
-
-    def fused_step(
-        self,
-        fused: FusedFolds,
-        times: torch.Tensor,
-        members: torch.Tensor | None = None,
-        active: torch.Tensor | None = None,
-    ) -> StepResult:
-        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``); a member
-        ``active`` (``(K,)``) leaves out takes no step and counts no skip. With ``members``
-        (indices, ``times`` then ``(M, B)``) only those compute at all. Loss and ok are
-        ``(K,)``."""
-        batch = fused.data.batch(times, members)
-        with self.policy.autocast():
-            losses = fused.model.loss(batch, members)
-        if members is not None:
-            every = losses.new_zeros(fused.k)  # a member left out: loss 0, no gradient
-            losses = every.index_copy(0, members, losses)
-        return self.policy.backward_and_step(
-            losses, fused.optimizer, fused.guard, self.config.grad_clip, fused.scaler, active=active
-        )
-
     def _train_rl(self, run: FoldRun) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         learner: RLLearner = run.model  # type: ignore[assignment]
@@ -577,7 +427,8 @@ class Trainer:
         optimizer moments are kept, gradients are next allocated in f32, data is re-cast
         from the host copy.
         """
-        self._unfuse()  # each fold is promoted on its own; fused again in f32 below
+        fusion = self.fusion
+        fusion.unfuse()  # each fold is promoted on its own; fused again in f32 below
         f32_policy = get_policy("f32", self.device)
         for run in self.folds:
             assert isinstance(run.optimizer, GuardedAdamW)
@@ -601,7 +452,10 @@ class Trainer:
         self.policy = f32_policy
         self.fell_back_to_f32 = True
         self.fallback_epoch = self.epoch + 1
-        self._fuse()
+        if len(fusion.trainers) > 1:
+            fusion.leave(self)  # a group's member goes on alone, in f32; the rest fuse again
+        else:
+            fusion.fuse()
 
     # ------------------------------------------------------------------------------------
     # evaluation
@@ -801,6 +655,332 @@ class Trainer:
         self.fell_back_to_f32 = _stays_fallen_back(self.config, meta)
         self.fallback_epoch = meta.get("fallback_epoch") if self.fell_back_to_f32 else None
         restore_default_rng(meta, self.device)
+
+
+class Fusion:
+    """The fused training of the folds of one or more trainers: a trial's own folds, or
+    the members' folds of a group (:class:`trainables.group.TrainerGroup`), as one
+    :class:`FusedFolds`. Its steps run with the first trainer's settings (a group's
+    members share every setting a step reads but lr and weight decay, which the fused
+    optimizer takes per member); each trainer counts its own folds' steps and acts on
+    its own divergence. A member that falls back to f32 leaves (:meth:`leave`), one that
+    diverges or is stopped is removed (:meth:`remove`): the rest fuse again without it. A
+    trial's own divergence is raised; a group member's is kept in ``diverged``."""
+
+    def __init__(self, trainers: Sequence[Trainer]) -> None:
+        self.trainers = list(trainers)
+        self.grouped = len(self.trainers) > 1
+        self.fused: FusedFolds | None = None
+        self.unfused_reason = ""
+        self.pending = False  # fuse at the start of the next epoch (a member that left)
+        self.stopped: set[int] = set()  # ids of removed trainers: they take no more steps
+        self.diverged: dict[Trainer, TrialDiverged] = {}  # members removed as diverged
+
+    @property
+    def host(self) -> Trainer:
+        return self.trainers[0]
+
+    @property
+    def runs(self) -> list[FoldRun]:
+        return [run for trainer in self.trainers for run in trainer.folds]
+
+    def fuse(self) -> None:
+        """Fuse the runs where :func:`fuse_plan` says so and a first fused step runs;
+        otherwise they train one after another and ``unfused_reason`` says why."""
+        self.pending = False
+        host, runs = self.host, self.runs
+        planned, why_not = fuse_plan(host.config, host.device, host.family, runs)
+        if not planned:
+            self.unfused_reason = why_not
+            if host.config.fuse != "off" and len(runs) > 1:
+                log.info("%s: folds train one after another: %s", host.family.name, why_not)
+            return
+        module = StackedModules([run.model for run in runs])
+        data, views = StackedFolds.stack([run.data for run in runs])
+        try:
+            _try_fused_step(module, data, host.policy, host.config.batch_size)
+        except torch.cuda.OutOfMemoryError:
+            raise  # the share's fault, not fusion's: the trial's OOM path handles it
+        except Exception as exc:  # a module vmap cannot batch, or one that refuses members
+            module.release()
+            self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
+            log.warning(
+                "%s: folds train one after another: %s", host.family.name, self.unfused_reason
+            )
+            return
+        k = len(runs)
+        owners = [trainer for trainer in self.trainers for _ in trainer.folds]
+        optimizer = host.policy.make_optimizer(
+            module.parameters(),
+            lr=_per_member([t.config.lr for t in owners]),
+            weight_decay=_per_member([t.config.weight_decay for t in owners]),
+            members=k,
+        )
+        guard = StepGuard(host.device, members=k)
+        scaler = host.policy.make_scaler(members=k)
+        fused = FusedFolds(runs, module, data, optimizer, guard, scaler)
+        for i, run in enumerate(runs):
+            for p, slots in optimizer.member_state(i, module.pairs(i)).items():
+                saved = run.optimizer.state.get(p, {})
+                for key, slot in slots.items():
+                    if key in saved:
+                        slot.copy_(saved[key])
+            guard.member(i).load_state_dict(run.guard.state_dict())
+            if scaler is not None and run.scaler is not None:
+                scaler.member(i).load_state_dict(run.scaler.state_dict())
+            run.data = views[i]
+            run.optimizer = _MemberOptimizer(fused, i)
+            run.guard = guard.member(i)
+            run.scaler = scaler.member(i) if scaler is not None else None
+            run.step = None
+        self.fused = fused
+
+    def unfuse(self) -> None:
+        """Each run on its own again: its own storage, optimizer, guard and scaler,
+        holding what the fused ones held for it."""
+        fused = self.fused
+        if fused is None:
+            return
+        saved = [
+            (
+                {
+                    p: {key: v.clone() for key, v in slots.items()}
+                    for p, slots in run.optimizer.state.items()
+                },
+                run.guard.state_dict(),
+                run.scaler.state_dict() if run.scaler is not None else None,
+            )
+            for run in fused.runs
+        ]
+        fused.model.release()
+        owners = {id(run): trainer for trainer in self.trainers for run in trainer.folds}
+        for run, (state, guard_state, scaler_state) in zip(fused.runs, saved, strict=True):
+            owner = owners[id(run)]
+            cfg = owner.config
+            run.optimizer = owner.policy.make_optimizer(
+                run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            )
+            for p, slots in run.optimizer.state.items():
+                for key, slot in slots.items():
+                    if key in state.get(p, {}):
+                        slot.copy_(state[p][key])
+            run.guard = StepGuard(owner.device)
+            run.guard.load_state_dict(guard_state)
+            run.scaler = owner.policy.make_scaler()
+            if run.scaler is not None and scaler_state is not None:
+                run.scaler.load_state_dict(scaler_state)
+            run.step = None
+        self.fused = None
+
+    def leave(self, trainer: Trainer) -> None:
+        """``trainer`` (unfused, see :meth:`unfuse`) goes on alone: the others fuse again
+        without it; its own folds fuse at its next epoch (this one's remaining steps it
+        takes unfused, as the epoch's loop expects of a run outside the fused unit)."""
+        self.unfuse()
+        self.trainers.remove(trainer)
+        trainer.fusion = Fusion([trainer])
+        trainer.fusion.pending = True
+        if self.trainers:
+            self.fuse()
+
+    def remove(self, trainer: Trainer) -> None:
+        """``trainer`` stops training (it diverged, or a scheduler stopped it); the others
+        fuse again without it. Its folds keep the weights they have."""
+        self.stopped.add(id(trainer))
+        if trainer not in self.trainers:  # left earlier: its remaining steps just stop
+            return
+        self.unfuse()
+        self.trainers.remove(trainer)
+        if self.trainers:
+            self.fuse()
+
+    # ------------------------------------------------------------------------------------
+    # one epoch
+
+    def train_epoch(self) -> dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One epoch of every run: (loss sum, ok steps) per fold, per trainer."""
+        if self.pending:
+            self.fuse()
+        trainers = list(self.trainers)  # a member that falls back leaves during the epoch
+        if self.fused is None:
+            out: dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+            for t in trainers:
+                try:
+                    out[t] = [
+                        t._train_rl(run) if t.is_rl else t._train_forecast(run) for run in t.folds
+                    ]
+                except TrialDiverged as exc:
+                    if not self.grouped:
+                        raise
+                    self.diverged[t] = exc
+                    self.remove(t)
+            return out
+        sums = self._train_fused(self.fused)
+        out = {}
+        i = 0
+        for trainer in trainers:
+            if id(trainer) not in self.stopped:
+                out[trainer] = sums[i : i + len(trainer.folds)]
+            i += len(trainer.folds)
+        return out
+
+    def _train_fused(self, fused: FusedFolds) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of every run, fused: each run's minibatches in its own order (as
+        unfused), one fused step per batch index. A shorter fold has no batch for the last
+        steps: eagerly those steps run the runs that still have one (no compute wasted);
+        with CUDA graphs the one captured step runs every run, the others masked off
+        (a launch-bound GPU step costs the same, and the profile measured that step). A
+        fallback during the epoch fuses again (or not), maybe without a member that left:
+        each step reads the current fused unit, and runs outside it step alone."""
+        host = self.host
+        cfg, device = host.config, host.device
+        runs = list(fused.runs)
+        owners = [trainer for trainer in self.trainers for _ in trainer.folds]
+        fused.model.train()
+        orders = []
+        for run in runs:
+            times = run.data.decision_times(run.data.train)
+            orders.append(
+                times[torch.randperm(times.numel(), generator=run.generator, device=device)]
+            )
+        times, counts = epoch_schedule(orders, cfg.batch_size, cfg.max_steps_per_epoch)
+        for run, order, count in zip(runs, orders, counts, strict=True):
+            # KAN's grid refit, on the fold's own module (views of the fused tensors).
+            on_epoch_start = getattr(run.model, "on_epoch_start", None)
+            if on_epoch_start is not None and count > 0:
+                on_epoch_start(run.data.batch(order[: max(cfg.batch_size, EPOCH_START_SAMPLE)]))
+        n_steps = max(counts)
+        masked = graph_plan(cfg.cuda_graphs, device, host.family)[0]
+        active = torch.tensor(  # (K, S): whether run k has a batch at step i
+            [[i < count for i in range(n_steps)] for count in counts], device=device
+        )
+        indices: dict[tuple[int, ...], torch.Tensor] = {}
+        loss_sum = torch.zeros(len(runs), dtype=F32, device=device)
+        n_ok = torch.zeros(len(runs), dtype=F32, device=device)
+        layout: tuple[FusedFolds | None, list[int], torch.Tensor | None] = (None, [], None)
+        for i in range(n_steps):
+            members = tuple(
+                m
+                for m, count in enumerate(counts)
+                if count > i and id(owners[m]) not in self.stopped
+            )
+            # Read at every step: a bf16 -> f32 fallback (at a divergence check) fuses the
+            # runs again, or leaves them on their own when they cannot fuse.
+            current = self.fused
+            if current is not layout[0]:
+                layout = _layout(current, runs, device)
+            _, slot_of, by_slot = layout  # fused slot per run (-1: outside); runs by slot
+            inside = tuple(m for m in members if slot_of[m] >= 0)
+            for m in members:
+                if slot_of[m] < 0:
+                    run = runs[m]
+                    batch = run.data.batch(times[m, i])
+                    loss_m, ok_m = owners[m]._fold_step(run)(batch.x, batch.y, batch.gaps)
+                    loss_sum[m] += torch.where(ok_m, loss_m, 0.0)
+                    n_ok[m] += ok_m
+            if current is not None and inside:
+                step_times = times[:, i] if by_slot is None else times[by_slot, i]
+                if len(inside) == current.k or masked:
+                    step_active = active[:, i] if by_slot is None else active[by_slot, i]
+                    loss, ok = self._fused_step(current)(step_times, step_active)
+                else:
+                    slots = tuple(slot_of[m] for m in inside)
+                    index = indices.setdefault(slots, torch.tensor(slots, device=device))
+                    loss, ok = self._subset_step(current, slots)(step_times.index_select(0, index))
+                if by_slot is None:
+                    loss_sum += torch.where(ok, loss, 0.0)
+                    n_ok += ok
+                else:
+                    loss_sum.index_add_(0, by_slot, torch.where(ok, loss, 0.0))
+                    n_ok.index_add_(0, by_slot, ok.to(F32))
+            for trainer in dict.fromkeys(owners):
+                stepped = sum(1 for m in members if owners[m] is trainer)
+                if not stepped:
+                    continue
+                try:
+                    trainer._after_step(stepped)
+                except TrialDiverged as exc:
+                    if not self.grouped:
+                        raise
+                    self.diverged[trainer] = exc  # the group goes on without it
+                    self.remove(trainer)
+        return list(zip(loss_sum.unbind(), n_ok.unbind(), strict=True))
+
+    def _fused_step(self, fused: FusedFolds) -> StepRunner:
+        """The step of every member, those ``active`` leaves out masked off (built again
+        after a fallback dropped it)."""
+        if fused.step is None:
+            host = self.host
+            capture, why_not = graph_plan(host.config.cuda_graphs, host.device, host.family)
+
+            def step(times: torch.Tensor, active: torch.Tensor) -> StepResult:
+                return self.fused_step(fused, times, active=active)
+
+            fused.step = StepRunner(host, f"{fused.k} fused folds", step, capture, why_not)
+        return fused.step
+
+    def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
+        """The eager step of ``members`` only (the runs that still have batches), one
+        runner per set of members, kept across epochs."""
+        runner = fused.subset_steps.get(members)
+        if runner is None:
+            device = self.host.device
+            index = torch.tensor(members, device=device)
+            active = torch.zeros(fused.k, dtype=torch.bool, device=device)
+            active[index] = True
+
+            def step(times: torch.Tensor) -> StepResult:
+                return self.fused_step(fused, times, index, active)
+
+            label = f"folds {list(members)} fused"
+            runner = StepRunner(self.host, label, step, False, "a subset step runs eagerly")
+            fused.subset_steps[members] = runner
+        return runner
+
+    def fused_step(
+        self,
+        fused: FusedFolds,
+        times: torch.Tensor,
+        members: torch.Tensor | None = None,
+        active: torch.Tensor | None = None,
+    ) -> StepResult:
+        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``); a member
+        ``active`` (``(K,)``) leaves out takes no step and counts no skip. With ``members``
+        (indices, ``times`` then ``(M, B)``) only those compute at all. Loss and ok are
+        ``(K,)``."""
+        host = self.host
+        batch = fused.data.batch(times, members)
+        with host.policy.autocast():
+            losses = fused.model.loss(batch, members)
+        if members is not None:
+            every = losses.new_zeros(fused.k)  # a member left out: loss 0, no gradient
+            losses = every.index_copy(0, members, losses)
+        return host.policy.backward_and_step(
+            losses, fused.optimizer, fused.guard, host.config.grad_clip, fused.scaler, active=active
+        )
+
+
+def _layout(
+    fused: FusedFolds | None, runs: Sequence[FoldRun], device: torch.device
+) -> tuple[FusedFolds | None, list[int], torch.Tensor | None]:
+    """Where each of the epoch's ``runs`` sits in ``fused`` (-1: outside it), and the
+    epoch's run index of each fused slot (None when that is every run, in order)."""
+    if fused is None:
+        return None, [-1] * len(runs), None
+    slot = {id(run): k for k, run in enumerate(fused.runs)}
+    slot_of = [slot.get(id(run), -1) for run in runs]
+    if slot_of == list(range(len(runs))):
+        return fused, slot_of, None
+    order = [0] * fused.k
+    for m, k in enumerate(slot_of):
+        if k >= 0:
+            order[k] = m
+    return fused, slot_of, torch.tensor(order, device=device)
+
+
+def _per_member(values: list[float]) -> float | list[float]:
+    """One value when every member has it (the optimizer's scalar path), else a list."""
+    return values[0] if all(v == values[0] for v in values) else values
 
 
 # ----------------------------------------------------------------------------------------

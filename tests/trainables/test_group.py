@@ -1,0 +1,227 @@
+"""Group trials (trainables/group.py): K trials of one shape trained as one fused model,
+each member exactly the trial it would be alone, up to float rounding.
+
+* members that differ in seed, lr and weight decay each end where their own ungrouped
+  trial ends (weights, step counts, validation Sharpe);
+* settings a step reads must match, and the error names the member and the setting;
+  reinforcement-learning families do not group;
+* a bf16 member that falls back to f32 leaves the group and trains on alone; one that
+  diverges, or that a scheduler stops, is out; the others stay fused and unaffected;
+* a member's checkpoint is an ordinary trial checkpoint, and a group resumes from its
+  members' checkpoints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from models.base import Batch
+from tests.models.test_contract import TINY
+from tests.trainables.helpers import tiny_config
+from trainables.checkpoint import load_checkpoint
+from trainables.config import DataConfig, TrainConfig
+from trainables.group import TrainerGroup, group_problems
+from trainables.members import StackedModules
+from trainables.precision import F32
+from trainables.trainer import Trainer
+
+
+def _config(family: str = "kan", policy: str = "f32", **overrides: Any) -> TrainConfig:
+    values: dict[str, Any] = {
+        "epochs": 2,
+        "n_folds": 2,
+        "max_steps_per_epoch": 6,
+        "model_config": {**TINY[family]},
+        "data": DataConfig(n_bars=800, n_assets=2),
+    }
+    values.update(overrides)
+    return tiny_config(family, policy, **values)
+
+
+def _weights(trainer: Trainer) -> torch.Tensor:
+    return torch.cat(
+        [p.detach().float().flatten() for run in trainer.folds for p in run.model.parameters()]
+    )
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / a.norm())
+
+
+MEMBERS = [
+    {"seed": 0},
+    {"seed": 1},
+    {"seed": 2, "lr": 3e-3},
+    {"seed": 3, "weight_decay": 0.05},
+]
+
+
+@pytest.mark.parametrize("family", ["kan", "liquid"])
+def test_each_member_trains_as_its_own_trial_alone(family: str) -> None:
+    configs = [_config(family, **member) for member in MEMBERS]
+    group = TrainerGroup(configs)
+    assert group.fusion.fused is not None and group.fusion.fused.k == 8  # 4 members x 2 folds
+    histories = group.fit()
+    for config, member, history in zip(configs, group.members, histories, strict=True):
+        alone = Trainer(config.replace(fuse="off"))
+        alone_history = alone.fit()
+        assert member.global_step == alone.global_step == 24  # 2 folds x 6 steps x 2 epochs
+        assert _relative(_weights(alone), _weights(member)) < 1e-5, config.seed
+        assert [h["fused_members"] for h in history] == [8, 8]
+        for fold in range(2):
+            key = f"val_sharpe_fold{fold}"
+            assert history[-1][key] == pytest.approx(alone_history[-1][key], abs=0.01)
+    # Different lr and weight decay reached the fused optimizer per member (fold-major).
+    group_lr = group.fusion.fused.optimizer.param_groups[0]["lr"]
+    assert group_lr == [1e-3, 1e-3, 1e-3, 1e-3, 3e-3, 3e-3, 1e-3, 1e-3]
+
+
+def test_members_split_the_groups_training_time() -> None:
+    group = TrainerGroup([_config(seed=s, epochs=1) for s in range(3)])
+    metrics = group.train_epoch()
+    times = [m["epoch_time_s"] for m in metrics.values()]
+    assert len(times) == 3
+    assert all(t > 0 for t in times)
+    # Each member's share of the fused training is a third of it; validation is its own.
+    assert max(times) < 2 * min(times)
+
+
+def test_settings_a_step_reads_must_match_and_rl_does_not_group() -> None:
+    base = _config()
+    problems = group_problems([base, base.replace(seed=1, batch_size=16)])
+    assert problems == [
+        "member 1: batch_size = 16 differs from member 0's 32 (members share every setting "
+        "but seed, lr, weight_decay)"
+    ]
+    other_width = base.replace(model_config={**TINY["kan"], "width": 7})
+    assert group_problems([base, other_width])[0].startswith("member 1: model_config = ")
+    with pytest.raises(ValueError, match="member 1: precision = 'bf16' differs"):
+        TrainerGroup([base, base.replace(precision="bf16")])
+    dqn = tiny_config("dqn")
+    assert group_problems([dqn, dqn.replace(seed=1)])[0].startswith(
+        "dqn is a reinforcement-learning family"
+    )
+
+
+def test_a_bf16_member_that_falls_back_leaves_the_group_and_the_others_stay_fused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Member 1's losses are NaN for its first steps: its streak reaches fallback_after,
+    it falls back to f32 and trains on alone; members 0 and 2 stay fused and end where
+    they would without member 1 (a group of two)."""
+    configs = [_config("kan", "bf16", seed=s, fallback_after=3, log_every=3) for s in range(3)]
+    original = StackedModules.loss
+    calls = []
+
+    def poisoned(self: StackedModules, batch: Batch, members: Any = None) -> torch.Tensor:
+        value = original(self, batch, members)
+        if self.k == 6:  # the group of three (2 folds each): poison member 1's folds
+            calls.append(1)
+            if 2 <= len(calls) <= 5:
+                mask = torch.ones_like(value)
+                mask[2:4] = float("nan")
+                return value * mask
+        return value
+
+    monkeypatch.setattr(StackedModules, "loss", poisoned)
+    group = TrainerGroup(configs)
+    first = group.fusion.fused
+    metrics = group.train_epoch()
+    fallen = group.members[1]
+    assert [metrics[i]["fell_back_to_f32"] for i in range(3)] == [0, 1, 0]
+    assert fallen.fusion is not group.fusion and group.fusion.trainers == [
+        group.members[0],
+        group.members[2],
+    ]
+    assert group.fusion.fused is not None and group.fusion.fused is not first
+    assert group.fusion.fused.k == 4
+    assert {p.dtype for run in fallen.folds for p in run.model.parameters()} == {F32}
+    group.train_epoch()  # the fallen member fuses its own folds, in f32
+    assert fallen.fused is not None and fallen.fused.k == 2
+    assert all(m.epoch == 2 for m in group.members)
+
+    monkeypatch.setattr(StackedModules, "loss", original)
+    pair = TrainerGroup([configs[0], configs[2]])
+    pair.fit()
+    for grouped, paired in zip((group.members[0], group.members[2]), pair.members, strict=True):
+        assert _relative(_weights(paired), _weights(grouped)) < 1e-2  # a few bf16 ulps
+        assert grouped.global_step == paired.global_step
+
+
+def _poison_member(monkeypatch: pytest.MonkeyPatch, k: int, rows: slice, steps: range) -> None:
+    """NaN losses for fused rows ``rows`` of a unit of ``k`` members at calls ``steps``."""
+    original = StackedModules.loss
+    calls = []
+
+    def poisoned(self: StackedModules, batch: Batch, members: Any = None) -> torch.Tensor:
+        value = original(self, batch, members)
+        if self.k == k:
+            calls.append(1)
+            if len(calls) in steps:
+                mask = torch.ones_like(value)
+                mask[rows] = float("nan")
+                return value * mask
+        return value
+
+    monkeypatch.setattr(StackedModules, "loss", poisoned)
+
+
+def test_a_diverged_member_is_out_and_the_others_train_as_a_group_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """f32 has no fallback: member 0's NaN steps reach fallback_after, it diverges with
+    the trainer's reason, and members 1 and 2 end as a group of the two would."""
+    configs = [_config(seed=s, fallback_after=3, log_every=3) for s in range(3)]
+    _poison_member(monkeypatch, 6, slice(0, 2), range(1, 5))
+    group = TrainerGroup(configs)
+    group.fit()
+    assert list(group.diverged) == [0]
+    assert group.diverged[0].startswith("kan diverged under f32: 3 consecutive non-finite steps")
+    assert group.members[0].epoch == 0 and group.members[0].history == []
+    assert group.fusion.trainers == group.members[1:] and group.fusion.fused is not None
+    monkeypatch.undo()
+    pair = TrainerGroup(configs[1:])
+    pair.fit()
+    for grouped, paired in zip(group.members[1:], pair.members, strict=True):
+        assert _relative(_weights(paired), _weights(grouped)) < 1e-5
+        assert grouped.history[-1]["val_sharpe"] == pytest.approx(
+            paired.history[-1]["val_sharpe"], abs=0.01
+        )
+
+
+def test_a_stopped_member_leaves_the_fused_step_and_keeps_its_weights() -> None:
+    group = TrainerGroup([_config(seed=s, epochs=3) for s in range(3)])
+    group.train_epoch()
+    stopped = _weights(group.members[1]).clone()
+    group.stop(1, "asha: below the rung's cut")
+    assert group.fusion.fused is not None and group.fusion.fused.k == 4
+    group.fit()
+    assert [m.epoch for m in group.members] == [3, 1, 3]
+    assert torch.equal(_weights(group.members[1]), stopped)
+    assert group.ended == {1: "asha: below the rung's cut"} and group.diverged == {}
+
+
+def test_a_members_checkpoint_resumes_alone_and_the_group_resumes_from_them(
+    tmp_path: Path,
+) -> None:
+    configs = [_config(seed=s, lr=lr) for s, lr in ((0, 1e-3), (1, 2e-3))]
+    group = TrainerGroup(configs)
+    group.train_epoch()
+    paths = [m.save(tmp_path / f"member{i}") for i, m in enumerate(group.members)]
+    group.train_epoch()
+    # Member 1 continued alone from its checkpoint ends where it ended in the group.
+    alone = Trainer(configs[1].replace(fuse="off"), checkpoint=load_checkpoint(paths[1]))
+    assert alone.epoch == 1 and alone.folds[0].optimizer.param_groups[0]["lr"] == 2e-3
+    alone.fit()
+    assert _relative(_weights(alone), _weights(group.members[1])) < 1e-5
+    # The group resumed from both checkpoints ends where the uninterrupted group did.
+    resumed = TrainerGroup(configs, checkpoints=[load_checkpoint(p) for p in paths])
+    assert resumed.fusion.fused is not None and resumed.epoch == 1
+    resumed.fit()
+    for a, b in zip(group.members, resumed.members, strict=True):
+        assert torch.equal(_weights(a), _weights(b))
+        assert a.history[-1]["val_sharpe"] == b.history[-1]["val_sharpe"]

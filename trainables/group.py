@@ -1,0 +1,170 @@
+"""Group trials: K trials of one shape trained as one fused model.
+
+    group = TrainerGroup([config.replace(seed=s) for s in (0, 1, 2)])
+    group.fit()  # every member's history; member k's checkpoint: group.members[k].save(dir)
+
+A group's members are trials that share every setting a training step reads (family,
+model settings, precision, data, lookback, batch size, steps, clipping, epochs) and may
+differ in :data:`MEMBER_SETTINGS` (seed, lr, weight decay). Each member is a whole
+:class:`~trainables.trainer.Trainer` (its folds, history, evaluation, checkpoint); one
+:class:`~trainables.trainer.Fusion` trains all members' folds as one vmapped model, with
+lr and weight decay per member in the fused optimizer. So member k trains as the trial
+with its config would alone, up to float rounding (the tolerance of fused folds), and a
+member's checkpoint is an ordinary trial checkpoint (``hpo train --resume`` continues it
+alone; :class:`TrainerGroup` takes the members' checkpoints to continue the group).
+
+What members share: one random stream for dropout and noise (member 0's seed; a member's
+own seed sets its initial weights and minibatch order), and the training time, which the
+members' metrics split evenly (``epoch_time_s``: the group's training seconds / K plus the
+member's own validation), so summed costs are the group's. A bf16 member that falls back
+to f32 leaves the group and trains on alone; the others stay fused.
+Reinforcement-learning families do not group (their environments and replay have no
+member dimension). Why and what it costs: docs/precision.md, "Fused members".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from models import get_family
+from trainables.checkpoint import Checkpoint
+from trainables.config import TrainConfig
+from trainables.trainer import Fusion, Trainer, TrialDiverged
+
+MEMBER_SETTINGS = ("seed", "lr", "weight_decay")
+
+
+def group_problems(configs: Sequence[TrainConfig]) -> list[str]:
+    """Why ``configs`` cannot train as one group (empty when they can)."""
+    if not configs:
+        return ["a group needs at least one member"]
+    family = get_family(configs[0].family)
+    problems = []
+    if family.kind == "rl":
+        problems.append(
+            f"{family.name} is a reinforcement-learning family: its environments and replay "
+            "have no member dimension, so its trials run ungrouped"
+        )
+    elif not family.fuses:
+        problems.append(f"{family.name} does not fuse (Family.fusable is False)")
+    shared = {k: v for k, v in configs[0].to_dict().items() if k not in MEMBER_SETTINGS}
+    for i, config in enumerate(configs[1:], start=1):
+        values = config.to_dict()
+        for key, first in shared.items():
+            if values[key] != first:
+                problems.append(
+                    f"member {i}: {key} = {values[key]!r} differs from member 0's {first!r} "
+                    f"(members share every setting but {', '.join(MEMBER_SETTINGS)})"
+                )
+    return problems
+
+
+class TrainerGroup:
+    """The members' trainers and the fusion that trains them (see the module docstring)."""
+
+    def __init__(
+        self,
+        configs: Sequence[TrainConfig],
+        *,
+        checkpoints: Sequence[Checkpoint | None] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        problems = group_problems(configs)
+        if problems:
+            raise ValueError(
+                "these trials cannot train as one group:\n  - " + "\n  - ".join(problems)
+            )
+        checkpoints = list(checkpoints) if checkpoints is not None else [None] * len(configs)
+        if len(checkpoints) != len(configs):
+            raise ValueError(f"{len(checkpoints)} checkpoints for {len(configs)} members")
+        self.members = [
+            Trainer(config, checkpoint=ckpt, device=device, fuse=False)
+            for config, ckpt in zip(configs, checkpoints, strict=True)
+        ]
+        if all(ckpt is None for ckpt in checkpoints):
+            torch.manual_seed(configs[0].seed)  # the members' shared dropout / noise stream
+        self.fusion = Fusion(self.members)
+        for member in self.members:
+            member.fusion = self.fusion
+        self.fusion.fuse()
+        self.ended: dict[int, str] = {}  # members out of training early: index -> why
+        self.diverged: dict[int, str] = {}  # those that diverged: index -> the reason
+
+    @property
+    def epoch(self) -> int:
+        """Epochs every member still training has completed."""
+        return min(m.epoch for m in self.training or self.members)
+
+    @property
+    def training(self) -> list[Trainer]:
+        """The members still training: not diverged, not stopped, not done."""
+        return [
+            m
+            for i, m in enumerate(self.members)
+            if i not in self.ended and m.epoch < m.config.epochs
+        ]
+
+    def stop(self, index: int, reason: str) -> None:
+        """Member ``index`` trains no more (a scheduler stopped it); the others fuse again
+        without it."""
+        member = self.members[index]
+        member.fusion.remove(member)
+        self.ended[index] = reason
+
+    def fit(self) -> list[list[dict[str, Any]]]:
+        """Train every member to its ``epochs`` (or until it diverges); returns each
+        member's history."""
+        while self.training:
+            self.train_epoch()
+        return [member.history for member in self.members]
+
+    def train_epoch(self) -> dict[int, dict[str, Any]]:
+        """One epoch of every member still training (fused where they still are): each
+        member's metrics by its index. A member that diverges is out from then on, with
+        its reason in ``diverged`` (and ``ended``); the others go on."""
+        training = self.training
+        steps_before = {id(m): m.global_step for m in training}
+        # The group's fusion, and the own fusion of each member that left it.
+        fusions = list({id(m.fusion): m.fusion for m in training}.values())
+        sums: dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        shares: dict[Trainer, tuple[float, float]] = {}
+        for fusion in fusions:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            try:
+                trained = fusion.train_epoch()
+            except TrialDiverged as exc:  # a member training alone (it left the group)
+                (alone,) = fusion.trainers
+                self._diverged(alone, exc)
+                continue
+            wall = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
+            sums.update(trained)
+            for trainer in trained:
+                shares[trainer] = (wall / len(trained), cpu / len(trained))
+            for trainer, error in fusion.diverged.items():
+                self._diverged(trainer, error)
+            fusion.diverged.clear()
+        metrics = {}
+        for index, member in enumerate(self.members):
+            if member not in sums:
+                continue
+            wall, cpu = shares[member]
+            # The member's clocks start its share of the training time before now.
+            started, cpu_started = time.perf_counter() - wall, time.process_time() - cpu
+            try:
+                metrics[index] = member.finish_epoch(
+                    sums[member], wall, steps_before[id(member)], started, cpu_started
+                )
+            except TrialDiverged as exc:  # at the epoch's divergence check or validation
+                member.fusion.remove(member)
+                self._diverged(member, exc)
+        return metrics
+
+    def _diverged(self, member: Trainer, exc: TrialDiverged) -> None:
+        index = next(i for i, m in enumerate(self.members) if m is member)
+        self.diverged[index] = str(exc)
+        self.ended[index] = str(exc)
