@@ -754,9 +754,9 @@ def submit_cmd(
         typer.Option(
             "--head-credentials",
             metavar="PATH",
-            help="MLflow credentials file on the head (absolute or ~/...) for the job's sweep; "
-            "the path travels, never the password (default: the head's MLFLOW_TRACKING_* "
-            "variables).",
+            help="MLflow credentials file on the head (absolute, or '~/...' quoted so this "
+            "shell leaves it to the head) for the job's sweep; the path travels, never the "
+            "password (default: the head's MLFLOW_TRACKING_* variables).",
         ),
     ] = None,
 ) -> None:
@@ -769,7 +769,13 @@ def submit_cmd(
     spec = _load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
     # The URI is the head's view; where this client sees the same server, a refused login
     # fails here, and the job's sweep checks again on the head before launching trials.
-    if not check_tracking_access(spec.tracking_uri, tracking_credentials, timeout_s=3.0):
+    # Without credentials of its own, the client checks with the head's file where it can
+    # read it (submitting on the head itself).
+    check_with = tracking_credentials
+    if check_with is None and head_credentials and not os.environ.get(USERNAME_VAR):
+        on_head = Path(head_credentials).expanduser()
+        check_with = on_head if on_head.is_file() else None
+    if not check_tracking_access(spec.tracking_uri, check_with, timeout_s=3.0):
         err_console.print(
             f"note: {spec.tracking_uri} does not answer from here; the job checks it on the head",
             highlight=False,

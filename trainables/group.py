@@ -8,16 +8,19 @@ model settings, precision, data, lookback, batch size, steps, clipping, epochs) 
 differ in :data:`MEMBER_SETTINGS` (seed, lr, weight decay). Each member is a whole
 :class:`~trainables.trainer.Trainer` (its folds, history, evaluation, checkpoint); one
 :class:`~trainables.trainer.Fusion` trains all members' folds as one vmapped model, with
-lr and weight decay per member in the fused optimizer. So member k trains as the trial
-with its config would alone, up to float rounding (the tolerance of fused folds), and a
-member's checkpoint is an ordinary trial checkpoint (``hpo train --resume`` continues it
-alone; :class:`TrainerGroup` takes the members' checkpoints to continue the group).
+lr and weight decay per member in the fused optimizer. A member's checkpoint is an
+ordinary trial checkpoint (``hpo train --resume`` continues it alone; :class:`TrainerGroup`
+takes the members' checkpoints to continue the group).
 
-What members share: one random stream for dropout and noise (member 0's seed; a member's
-own seed sets its initial weights and minibatch order), and the training time, which the
-members' metrics split evenly (``epoch_time_s``: the group's training seconds / K plus the
-member's own validation), so summed costs are the group's. A bf16 member that falls back
-to f32 leaves the group and trains on alone; the others stay fused.
+Member k ends where its trial alone ends up to float rounding (the tolerance of fused
+folds) where training draws no random numbers. Dropout masks and diffusion noise come
+from one stream the members share (member 0's seed; a member's own seed sets its initial
+weights and minibatch order), drawn per member under vmap: equal in distribution to its
+trial alone, not in value. The members split the training time evenly
+(``epoch_time_s``: the group's training seconds / K plus the member's own validation),
+so costs summed over members are the group's; ``steps_per_s`` is a member's steps over
+its share, the rate it trains at as if alone. A bf16 member that falls back to f32 leaves
+the group and trains on alone; one that diverges is out; the others stay fused.
 Reinforcement-learning families do not group (their environments and replay have no
 member dimension). Why and what it costs: docs/precision.md, "Fused members".
 """
@@ -33,7 +36,7 @@ import torch
 from models import get_family
 from trainables.checkpoint import Checkpoint
 from trainables.config import TrainConfig
-from trainables.trainer import Fusion, Trainer, TrialDiverged
+from trainables.trainer import Fusion, Trainer, TrialDiverged, restore_default_rng
 
 MEMBER_SETTINGS = ("seed", "lr", "weight_decay")
 
@@ -85,12 +88,18 @@ class TrainerGroup:
             Trainer(config, checkpoint=ckpt, device=device, fuse=False)
             for config, ckpt in zip(configs, checkpoints, strict=True)
         ]
-        if all(ckpt is None for ckpt in checkpoints):
-            torch.manual_seed(configs[0].seed)  # the members' shared dropout / noise stream
-        self.fusion = Fusion(self.members)
-        for member in self.members:
+        # The members' shared dropout / noise stream is member 0's (each Trainer set it
+        # on the way; the last one built won).
+        if checkpoints[0] is not None:
+            restore_default_rng(checkpoints[0].meta, self.members[0].device)
+        else:
+            torch.manual_seed(configs[0].seed)
+        # Members resumed at their last epoch are done: they stay out of the fusion.
+        self.fusion = Fusion([m for m in self.members if m.epoch < m.config.epochs])
+        for member in self.fusion.trainers:
             member.fusion = self.fusion
-        self.fusion.fuse()
+        if self.fusion.trainers:
+            self.fusion.fuse()
         self.ended: dict[int, str] = {}  # members out of training early: index -> why
         self.diverged: dict[int, str] = {}  # those that diverged: index -> the reason
 
@@ -133,6 +142,7 @@ class TrainerGroup:
         sums: dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         shares: dict[Trainer, tuple[float, float]] = {}
         for fusion in fusions:
+            sharing = len(fusion.trainers)  # a member that diverges takes its share along
             started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 trained = fusion.train_epoch()
@@ -144,7 +154,7 @@ class TrainerGroup:
             cpu = time.process_time() - cpu_started
             sums.update(trained)
             for trainer in trained:
-                shares[trainer] = (wall / len(trained), cpu / len(trained))
+                shares[trainer] = (wall / sharing, cpu / sharing)
             for trainer, error in fusion.diverged.items():
                 self._diverged(trainer, error)
             fusion.diverged.clear()

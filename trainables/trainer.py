@@ -455,7 +455,7 @@ class Trainer:
         if len(fusion.trainers) > 1:
             fusion.leave(self)  # a group's member goes on alone, in f32; the rest fuse again
         else:
-            fusion.fuse()
+            fusion.refuse()
 
     # ------------------------------------------------------------------------------------
     # evaluation
@@ -673,6 +673,7 @@ class Fusion:
         self.fused: FusedFolds | None = None
         self.unfused_reason = ""
         self.pending = False  # fuse at the start of the next epoch (a member that left)
+        self.stepping_alone = False  # an epoch is stepping the runs one after another
         self.stopped: set[int] = set()  # ids of removed trainers: they take no more steps
         self.diverged: dict[Trainer, TrialDiverged] = {}  # members removed as diverged
 
@@ -780,18 +781,25 @@ class Fusion:
         self.trainers.remove(trainer)
         trainer.fusion = Fusion([trainer])
         trainer.fusion.pending = True
-        if self.trainers:
-            self.fuse()
+        self.refuse()
 
     def remove(self, trainer: Trainer) -> None:
         """``trainer`` stops training (it diverged, or a scheduler stopped it); the others
-        fuse again without it. Its folds keep the weights they have."""
+        fuse again without it. Its folds keep the weights they have, unfused."""
         self.stopped.add(id(trainer))
         if trainer not in self.trainers:  # left earlier: its remaining steps just stop
             return
         self.unfuse()
         self.trainers.remove(trainer)
-        if self.trainers:
+        trainer.fusion = Fusion([trainer])
+        self.refuse()
+
+    def refuse(self) -> None:
+        """Fuse the runs again: now, or at the next epoch while this one steps its runs
+        one after another (fusing them mid-loop would pull the loop's runs into it)."""
+        if self.stepping_alone:
+            self.pending = True
+        elif self.trainers:
             self.fuse()
 
     # ------------------------------------------------------------------------------------
@@ -804,16 +812,21 @@ class Fusion:
         trainers = list(self.trainers)  # a member that falls back leaves during the epoch
         if self.fused is None:
             out: dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-            for t in trainers:
-                try:
-                    out[t] = [
-                        t._train_rl(run) if t.is_rl else t._train_forecast(run) for run in t.folds
-                    ]
-                except TrialDiverged as exc:
-                    if not self.grouped:
-                        raise
-                    self.diverged[t] = exc
-                    self.remove(t)
+            self.stepping_alone = True
+            try:
+                for t in trainers:
+                    try:
+                        out[t] = [
+                            t._train_rl(run) if t.is_rl else t._train_forecast(run)
+                            for run in t.folds
+                        ]
+                    except TrialDiverged as exc:
+                        if not self.grouped:
+                            raise
+                        self.diverged[t] = exc
+                        self.remove(t)
+            finally:
+                self.stepping_alone = False
             return out
         sums = self._train_fused(self.fused)
         out = {}

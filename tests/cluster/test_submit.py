@@ -267,6 +267,37 @@ def test_submit_sends_no_mlflow_secret_through_ray_only_the_heads_file_path(
     assert problem in str(relative.exception)  # a UserError: `hpo` prints it, exit 2
 
 
+def test_submitting_on_the_head_checks_the_server_with_the_heads_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without credentials of its own, the client checks the server with the file the
+    job will read, where it can read it (on the head); elsewhere it leaves the check to
+    the job."""
+    import hpo.cli as cli
+
+    nodes = [{"state": "ALIVE", "resources_total": {"CPU": 2.0, "GPU": 1.0}}]
+    monkeypatch.setattr(submit, "cluster_nodes", lambda address, token: nodes)
+    monkeypatch.setattr(submit, "job_client", lambda address, token=None: FakeJobs())
+    monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    checked: list[Path | None] = []
+    monkeypatch.setattr(
+        cli, "check_tracking_access", lambda uri, creds, timeout_s=10.0: checked.append(creds)
+    )
+    heads_file = tmp_path / "sweep.credentials"
+    heads_file.write_text("MLFLOW_TRACKING_USERNAME=sweep\nMLFLOW_TRACKING_PASSWORD=x\n")
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(shared_spec(tmp_path).model_dump()))
+    (tmp_path / "project").mkdir()
+    base = ["submit", str(spec_path), "--address", "http://127.0.0.1:8265"]
+    base += ["--working-dir", str(tmp_path / "project"), "--head-credentials"]
+    for path in (heads_file, tmp_path / "elsewhere" / "sweep.credentials"):
+        result = CliRunner().invoke(app, [*base, str(path)])
+        assert result.exit_code == 0, result.output
+    assert checked == [heads_file, None]
+
+
 # -- following and listing ---------------------------------------------------------------------------
 class FakeStatus(SimpleNamespace):
     def is_terminal(self) -> bool:
