@@ -22,15 +22,10 @@ the job's runtime_env, entrypoint or metadata (all visible in the dashboard), ne
 printed, and masked in followed logs; the job's driver inherits the cluster's own token
 from the node it runs on.
 
-MLflow credentials never travel through Ray: a job's ``runtime_env`` (``env_vars``
-included) is written to the head's ``runtime_env_agent.log`` and to every worker node's
-log that starts one of its trials, and kept in the job's details. The job's sweep logs in
-with what the head has: MLflow's variables in its environment (the KubeRay manifest sets
-them from a Secret), or a credentials file on the head named with ``hpo submit
---head-credentials PATH``, which travels as that path (``--tracking-credentials PATH`` in
-the entrypoint), never its content. ``--tracking-credentials FILE`` on ``hpo submit`` is
-the client's own: it checks the server before uploading, and its password is masked in
-followed logs.
+MLflow credentials never travel through Ray (Ray logs a job's runtime_env on every node):
+the job's sweep logs in with the head's own variables or the file on the head that
+``hpo submit --head-credentials PATH`` names (the path goes in the entrypoint). Details:
+cluster/README.md, "Tracking server authentication".
 """
 
 from __future__ import annotations
