@@ -14,6 +14,7 @@ from typing import Any
 from ray.tune import Callback
 
 from hpo.trials import TrialStatus
+from trainables.config import GROUP_KEY, is_group_trial
 
 
 class SweepProgress(Callback):
@@ -39,14 +40,16 @@ class SweepProgress(Callback):
         self.on_event = lambda line: print(line, flush=True)
 
     def _counts(self, trials: list) -> str:
-        running = sum(t.status == "RUNNING" for t in trials)
+        # Counted in members: a group trial holds several.
+        running = sum(_size(t) for t in trials if t.status == "RUNNING")
         # An OOM attempt ends as TERMINATED too, but its member runs again (a new trial).
         done = sum(
-            TrialStatus(t.status).terminated
-            and not (t.last_result or {}).get("oom_retry_gpu_fraction")
+            _size(t)
             for t in trials
+            if TrialStatus(t.status).terminated
+            and not (t.last_result or {}).get("oom_retry_gpu_fraction")
         )
-        errored = sum(t.status == "ERROR" for t in trials)
+        errored = sum(_size(t) for t in trials if t.status == "ERROR")
         # Said in the line: this value can go down while a sweep runs (a leader overfits).
         best = (
             f"  best val Sharpe (latest epochs) {self.best[0]:+.2f} ({self.best[1]})"
@@ -90,8 +93,13 @@ class SweepProgress(Callback):
             if result.get("fell_back_to_f32")
             else ""
         )
+        seeds = (
+            f"seeds {', '.join(str(m['seed']) for m in config[GROUP_KEY])} (one group)"
+            if is_group_trial(config)
+            else f"seed {config['seed']}"
+        )
         self.on_event(
-            f"trial {trial.trial_id} {config['model']} {config['precision']} seed {config['seed']}: "
+            f"trial {trial.trial_id} {config['model']} {config['precision']} {seeds}: "
             f"val Sharpe {shown} after {result.get('epoch', 0)} epoch(s){note}  "
             + self._counts(trials)
         )
@@ -101,3 +109,9 @@ class SweepProgress(Callback):
             f"trial {trial.trial_id} errored: {getattr(trial, 'error_file', '')}  "
             + self._counts(trials)
         )
+
+
+def _size(trial: Any) -> int:
+    """Members a Tune trial holds (a group trial's, else 1)."""
+    config = trial.config
+    return len(config[GROUP_KEY]) if is_group_trial(config) else 1

@@ -103,6 +103,13 @@ class ComparisonSpec(_Strict):
     README "The f32-versus-bf16 comparison" says why)."""
 
 
+class FusionSpec(_Strict):
+    group_size: int = Field(1, ge=1, le=64)
+    """Seeds of one configuration (per precision) that train as one group trial, fused
+    (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone.
+    Forecast families only (rl families run ungrouped)."""
+
+
 class SweepSpec(_Strict):
     name: str
     """Sweep name: the MLflow experiment and the results folder."""
@@ -132,6 +139,7 @@ class SweepSpec(_Strict):
     search_space: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-model overrides: key = constant | {low, high[, log]} | {choices = [...]}."""
     resources: ResourcesSpec = ResourcesSpec()
+    fusion: FusionSpec = FusionSpec()
     storage: str = "hpo-results"
     """Where Ray keeps results and checkpoints (a path or an object-store URI)."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -203,6 +211,16 @@ class SweepSpec(_Strict):
                 "compare = true needs scheduler = 'fifo' (or no scheduler, which is FIFO in "
                 "compare mode): ASHA would stop the members of a pair at different epochs and "
                 "the paired Sharpe difference would compare unequal training"
+            )
+        if self.fusion.group_size > 1 and self.scheduler == "asha":
+            raise ValueError(
+                "fusion.group_size > 1 needs scheduler = 'fifo': ASHA would decide per group "
+                "trial, and deciding per member is not built yet"
+            )
+        if self.fusion.group_size > 1 and self.resources.gpu == "measured":
+            raise ValueError(
+                "fusion.group_size > 1 needs a fixed resources.gpu: a group's fused shape is "
+                "not profiled yet, so no measured share can be derived for it"
             )
         if self.grace_epochs > self.max_epochs:
             raise ValueError(

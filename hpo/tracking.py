@@ -39,6 +39,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
+from trainables.config import GROUP_KEY, is_group_trial, member_slug
+
 log = logging.getLogger("hpo.tracking")
 
 # Tag names: the MLflow UI filters and `hpo compare` read exactly these.
@@ -368,7 +370,7 @@ class MlflowSweepCallback(Callback):
         # of the sweep (none on a new sweep, the restored ones on a resume).
         self._orphans_checked = True
         if trials:
-            known = {t.trial_id for t in trials}
+            known = {unit_id for t in trials for unit_id, _, _ in _units(t)}
             self.outbox.send("orphaned trial runs", lambda: self._delete_orphans(known))
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -378,7 +380,23 @@ class MlflowSweepCallback(Callback):
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
         self._ensure_run(trial)
-        trial_id = trial.trial_id
+        if not is_group_trial(trial.config):
+            self._log_result(trial.trial_id, trial.config, result, final_may_repeat=True)
+            return
+        reported = result.get("members") or {}
+        for unit_id, config, slug in _units(trial):
+            if slug in reported:
+                self._log_result(unit_id, config, reported[slug], final_may_repeat=False)
+
+    def _log_result(
+        self,
+        trial_id: str,
+        config: Mapping[str, Any],
+        result: Mapping[str, Any],
+        final_may_repeat: bool,
+    ) -> None:
+        """Queue one trial's (or group member's) epoch. A group reports an ended member's
+        final entry again each epoch (``final_may_repeat`` False): logged once."""
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         # Strictly increasing per trial: MLflow orders points of one step by timestamp, and
         # a diverged trial's final NaN shares the step of the epoch it broke in.
@@ -393,7 +411,7 @@ class MlflowSweepCallback(Callback):
             # The final point of a diverged trial is an explicit NaN, so readers of the
             # last value (hpo compare) see the failure instead of an earlier epoch's Sharpe.
             metrics.append(Metric("val_sharpe", math.nan, stamp, epoch))
-        if _is_retry(trial.config) and "oom" not in result:
+        if _is_retry(config) and "oom" not in result:
             # The member's run holds the OOM attempt's oom = 1: the retry's epochs say 0.
             metrics.append(Metric("oom", 0.0, stamp, epoch))
         tags = [RunTag(TAG_FELL_BACK, str(bool(result.get("fell_back_to_f32"))).lower())]
@@ -404,7 +422,7 @@ class MlflowSweepCallback(Callback):
             ]
         if result.get("failure_reason"):
             tags.append(RunTag(TAG_FAILURE, str(result["failure_reason"])[:5000]))
-        final = bool(result.get("diverged") or result.get("oom"))
+        final = final_may_repeat and bool(result.get("diverged") or result.get("oom"))
 
         def log_epoch() -> None:
             if epoch <= self.last_epoch.get(trial_id, 0) and not final:
@@ -416,6 +434,19 @@ class MlflowSweepCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
+        if is_group_trial(trial.config):
+            from trainables.trial import CKPT_SUBDIR
+
+            reported = result.get("members") or {}
+            for unit_id, _, slug in _units(trial):
+                entry = reported.get(slug) or {}
+                if entry.get("diverged"):
+                    reason = str(entry.get("failure_reason", ""))
+                    self._finish_unit(unit_id, "FAILED", "diverged", reason)
+                else:
+                    self._log_returns_of(unit_id, trial, f"{CKPT_SUBDIR}/{slug}")
+                    self._finish_unit(unit_id, "FINISHED", "completed")
+            return
         if result.get("oom"):
             self._finish(trial, "FAILED", "oom", str(result.get("failure_reason", "")))
             return
@@ -430,7 +461,9 @@ class MlflowSweepCallback(Callback):
         reason = ""
         if getattr(trial, "error_file", None):
             reason = f"see {trial.error_file}"
-        self._finish(trial, "FAILED", "error", reason)
+        self._ensure_run(trial)
+        for unit_id, _, _ in _units(trial):
+            self._finish_unit(unit_id, "FAILED", "error", reason)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.flush(timeout_s=300.0)
@@ -463,12 +496,15 @@ class MlflowSweepCallback(Callback):
 
     # -- runs ------------------------------------------------------------------------------
     def _ensure_run(self, trial: Any) -> None:
-        """Queue finding (after a restore) or creating the trial's child run, once."""
-        trial_id = trial.trial_id
+        """Queue finding (after a restore) or creating the child run of the trial (of each
+        member of a group trial), once."""
+        for unit_id, config, _ in _units(trial):
+            self._ensure_unit(unit_id, config)
+
+    def _ensure_unit(self, trial_id: str, config: Mapping[str, Any]) -> None:
         if trial_id in self._queued:
             return
         self._queued.add(trial_id)
-        config = trial.config
         # Stamped here, on Tune's thread, like the metric points: with calls backed up in
         # the outbox, the run may open after this trial's first epochs were queued. Later
         # than every point stamped so far (an OOM attempt's last ones may share the ms).
@@ -476,7 +512,7 @@ class MlflowSweepCallback(Callback):
         self._last_stamp[trial_id] = started
         self.outbox.send(f"run of {trial_id}", lambda: self._open_run(trial_id, config, started))
 
-    def _open_run(self, trial_id: str, config: dict[str, Any], started: int) -> None:
+    def _open_run(self, trial_id: str, config: Mapping[str, Any], started: int) -> None:
         if self.experiment_id is None:
             self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
         run_id = self.run_ids.get(trial_id) or self._find_child(trial_id)
@@ -605,15 +641,21 @@ class MlflowSweepCallback(Callback):
         ended has its artifact. Read in the outbox thread, so an object store never
         stalls Tune's loop; a checkpoint without the file (or with a bad checksum) is
         logged and skipped, and ``hpo compare`` says the series is not available."""
+        from trainables.trial import CKPT_SUBDIR
+
         self._ensure_run(trial)
+        self._log_returns_of(trial.trial_id, trial, CKPT_SUBDIR)
+
+    def _log_returns_of(self, trial_id: str, trial: Any, state: str) -> None:
+        """:meth:`_log_returns` of one trial or group member, whose state is ``state``
+        inside the Tune checkpoint."""
         checkpoint = getattr(trial, "checkpoint", None)
         if checkpoint is None:
             return
-        trial_id = trial.trial_id
 
         def upload() -> None:
             try:
-                text = checkpoint_returns(checkpoint)
+                text = checkpoint_returns(checkpoint, state)
             except (OSError, ValueError) as exc:
                 log.warning("trial %s: returns not logged: %s", trial_id, exc)
                 return
@@ -624,7 +666,9 @@ class MlflowSweepCallback(Callback):
 
     def _finish(self, trial: Any, status: str, label: str, reason: str = "") -> None:
         self._ensure_run(trial)
-        trial_id = trial.trial_id
+        self._finish_unit(trial.trial_id, status, label, reason)
+
+    def _finish_unit(self, trial_id: str, status: str, label: str, reason: str = "") -> None:
         tags = [RunTag(TAG_STATUS, label)]
         if reason:
             tags.append(RunTag(TAG_FAILURE, reason[:5000]))
@@ -657,11 +701,24 @@ def _is_retry(config: Mapping[str, Any]) -> bool:
     return bool(config.get(RETRY_FLOOR_KEY))
 
 
+def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], str]]:
+    """(run's trial id, config, member slug) of each trial a Tune trial holds: itself
+    (slug ""), or each member of a group trial, as ``hpo.trials`` names them."""
+    config = trial.config
+    if not is_group_trial(config):
+        return [(trial.trial_id, config, "")]
+    return [
+        (f"{trial.trial_id}-{slug}", member, slug)
+        for member in config[GROUP_KEY]
+        for slug in [member_slug(str(member.get("member", "")))]
+    ]
+
+
 def _member_key(config: Mapping[str, Any]) -> str:
     return f"{config.get('config_id', '')}|{config.get('member', '')}"
 
 
-def checkpoint_returns(checkpoint: Any) -> str | None:
+def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:
     """The text of the returns file in a reported Tune checkpoint (local or in an object
     store, through the checkpoint's pyarrow filesystem), verified against the checksum in
     its meta.json; None when the checkpoint has none (saved before an evaluation).
@@ -676,7 +733,7 @@ def checkpoint_returns(checkpoint: Any) -> str | None:
     from trainables.checkpoint import META_FILE, RETURNS_FILE
     from trainables.trial import CKPT_SUBDIR
 
-    fs, root = checkpoint.filesystem, f"{checkpoint.path.rstrip('/')}/{CKPT_SUBDIR}"
+    fs, root = checkpoint.filesystem, f"{checkpoint.path.rstrip('/')}/{state or CKPT_SUBDIR}"
     path = f"{root}/{RETURNS_FILE}"
     if fs.get_file_info(path).type.name != "File":
         return None

@@ -75,7 +75,6 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     from ray.tune import ExperimentAnalysis
 
     from trainables.config import RETRY_FLOOR_KEY
-    from trainables.trial import CKPT_SUBDIR
 
     sweep_dir = SweepLocation.parse(where)
     if not sweep_dir.has_tune_state():
@@ -83,37 +82,61 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     analysis = ExperimentAnalysis(sweep_dir.uri)
     rows = []
     for trial in analysis.trials:
-        config = trial.config
-        result = trial.last_result or {}
-        checkpoint = trial.checkpoint
-        rows.append(
-            TrialRow(
-                trial_id=trial.trial_id,
-                model=config.get("model", "?"),
-                precision=config.get("precision", "?"),
-                seed=int(config.get("seed", 0)),
-                pair_id=config.get("pair_id", ""),
-                status=TrialStatus(trial.status),
-                epochs=int(result.get("epoch", 0)),
-                val_sharpe=_finite(result.get("val_sharpe")),
-                test_sharpe=_finite(result.get("test_sharpe")),
-                fell_back_to_f32=bool(result.get("fell_back_to_f32")),
-                diverged=bool(result.get("diverged")),
-                params=dict(config.get("params", {})),
-                checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{CKPT_SUBDIR}")
-                if checkpoint is not None
-                else None,
-                config_id=str(config.get("config_id", config.get("group_id", ""))),
-                member=str(config.get("member", "")),
-                gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
-                oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
-                if result.get("oom")
-                else None,
-                gpu_s=_finite(result.get("gpu_s_total")) or 0.0,
-                cpu_s=_finite(result.get("cpu_s_total")) or 0.0,
+        for trial_id, config, result, state in _units(trial):
+            checkpoint = trial.checkpoint
+            rows.append(
+                TrialRow(
+                    trial_id=trial_id,
+                    model=config.get("model", "?"),
+                    precision=config.get("precision", "?"),
+                    seed=int(config.get("seed", 0)),
+                    pair_id=config.get("pair_id", ""),
+                    status=TrialStatus(trial.status),
+                    epochs=int(result.get("epoch", 0)),
+                    val_sharpe=_finite(result.get("val_sharpe")),
+                    test_sharpe=_finite(result.get("test_sharpe")),
+                    fell_back_to_f32=bool(result.get("fell_back_to_f32")),
+                    diverged=bool(result.get("diverged")),
+                    params=dict(config.get("params", {})),
+                    checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{state}")
+                    if checkpoint is not None
+                    else None,
+                    config_id=str(config.get("config_id", config.get("group_id", ""))),
+                    member=str(config.get("member", "")),
+                    gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
+                    oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
+                    if result.get("oom")
+                    else None,
+                    gpu_s=_finite(result.get("gpu_s_total")) or 0.0,
+                    cpu_s=_finite(result.get("cpu_s_total")) or 0.0,
+                )
+            )
+    return rows if retried else latest_attempts(rows)
+
+
+def _units(trial: Any) -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
+    """(trial id, config, last result, checkpoint subpath) of each trial a Tune trial
+    holds: itself, or each member of a group trial (``trainables.trial._train_group``)."""
+    from trainables.config import GROUP_KEY, is_group_trial, member_slug
+    from trainables.trial import CKPT_SUBDIR
+
+    config = trial.config
+    result = trial.last_result or {}
+    if not is_group_trial(config):
+        return [(trial.trial_id, config, result, CKPT_SUBDIR)]
+    reported = result.get("members") or {}
+    units = []
+    for member in config[GROUP_KEY]:
+        slug = member_slug(str(member.get("member", "")))
+        units.append(
+            (
+                f"{trial.trial_id}-{slug}",
+                member,
+                dict(reported.get(slug) or {}),
+                f"{CKPT_SUBDIR}/{slug}",
             )
         )
-    return rows if retried else latest_attempts(rows)
+    return units
 
 
 def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:

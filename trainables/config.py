@@ -318,6 +318,61 @@ class TrialConfig:
         )
 
 
+GROUP_KEY = "group"
+"""Trial-dict key of a group trial's members (:class:`GroupTrialConfig`)."""
+
+
+@dataclass(frozen=True)
+class GroupTrialConfig:
+    """One Ray Tune trial that trains several member trials as one group
+    (:class:`trainables.group.TrainerGroup`). Its dict form is::
+
+    {"model", "precision", "config_id", "group": [member trial dicts]}
+
+    where the first three are the members' own (they share them): Tune's trial table,
+    directory names and the sweep's progress read them as from any trial."""
+
+    members: tuple[TrialConfig, ...]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ValueError("a group trial needs at least one member")
+        first = self.members[0]
+        for m in self.members[1:]:
+            if (m.family, m.precision) != (first.family, first.precision):
+                raise ValueError(
+                    f"group members share model and precision: {m.member!r} is "
+                    f"{m.family}/{m.precision}, {first.member!r} {first.family}/{first.precision}"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.members[0]
+        return {
+            "model": first.family,
+            "precision": first.precision,
+            "config_id": first.config_id,
+            GROUP_KEY: [m.to_dict() for m in self.members],
+        }
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> GroupTrialConfig:
+        return cls(members=tuple(TrialConfig.from_dict(m) for m in config[GROUP_KEY]))
+
+    def train_configs(self) -> list[TrainConfig]:
+        return [m.train_config() for m in self.members]
+
+
+def is_group_trial(config: Mapping[str, Any]) -> bool:
+    """Whether a Tune trial's config is a :class:`GroupTrialConfig`'s."""
+    return GROUP_KEY in config
+
+
+def member_slug(member: str) -> str:
+    """A member's name (``precision/seed``) as a path and id part: ``bf16-s3``."""
+    precision, _, seed = member.partition("/")
+    return f"{precision}-s{seed}" if seed else precision
+
+
 def parse_assignments(items: list[str]) -> dict[str, Any]:
     """``["lr=3e-4", "hidden=64", "distributional=true"]`` -> typed dict (CLI ``--set``)."""
     import json

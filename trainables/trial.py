@@ -14,6 +14,7 @@ raising: retrying a deterministic divergence would only repeat it.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import math
 import tempfile
@@ -25,7 +26,13 @@ import torch
 from ray import tune
 
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from trainables.config import TrainConfig, TrialConfig
+from trainables.config import (
+    GroupTrialConfig,
+    TrainConfig,
+    TrialConfig,
+    is_group_trial,
+    member_slug,
+)
 from trainables.memory import freeze_long_lived_objects
 from trainables.trainer import Trainer, TrialDiverged
 
@@ -60,6 +67,9 @@ def run_trial(config: dict[str, Any], share: GpuShare | None = None) -> None:
     required = resources.required_resources if resources is not None else {}
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))
     gpu_fraction = float(required.get("GPU", 0.0))
+    if is_group_trial(config):
+        _train_group(GroupTrialConfig.from_dict(config), gpu_fraction, share)
+        return
     train_config = TrialConfig.from_dict(config).train_config()
     memory: dict[str, float] = {}
     if share is not None:
@@ -129,6 +139,87 @@ def _train(
             "cpu_s_total": metrics["cpu_s_total"],
             **cost,
         }
+
+
+GROUP_STATE = "group.json"  # beside the members' checkpoints: members that ended, and why
+
+
+def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare | None) -> None:
+    """Train a group trial's members as one :class:`~trainables.group.TrainerGroup`. Each
+    epoch reports every member's latest metrics under ``"members"`` (by
+    :func:`~trainables.config.member_slug`), with each member's checkpoint in
+    ``state/<slug>/``; a member that diverged keeps its final entry (``diverged`` 1) and
+    trains no more, also after a resume. The top-level ``val_sharpe`` is the best member's
+    (what Tune's progress and schedulers read)."""
+    from trainables.group import TrainerGroup
+
+    configs = group.train_configs()
+    memory: dict[str, float] = {}
+    if share is not None:
+        share.cap_memory(configs[0], gpu_fraction)
+        memory = share.memory_metrics(configs[0], gpu_fraction)
+    node = _node()
+    slugs = [member_slug(m.member) for m in group.members]
+    checkpoints, latest = _restore_group(slugs)
+    trainers = TrainerGroup(configs, checkpoints=checkpoints)
+    for index, slug in enumerate(slugs):
+        if latest.get(slug, {}).get("diverged"):
+            trainers.stop(index, str(latest[slug].get("failure_reason", "diverged")))
+    while trainers.training:
+        metrics = trainers.train_epoch()
+        for index, member in enumerate(trainers.members):
+            slug = slugs[index]
+            if index in metrics:
+                cost = gpu_cost(member, gpu_fraction)
+                latest[slug] = {**metrics[index], "diverged": 0, **node, **cost}
+            elif index in trainers.diverged and not latest.get(slug, {}).get("diverged"):
+                latest[slug] = {
+                    **{k: v for k, v in latest.get(slug, {}).items() if k.endswith("_total")},
+                    "epoch": member.epoch + 1,
+                    "val_sharpe": math.nan,
+                    "diverged": 1,
+                    "failure_reason": trainers.diverged[index],
+                    "fell_back_to_f32": int(member.fell_back_to_f32),
+                    **node,
+                }
+        finite = [
+            float(m["val_sharpe"])
+            for m in latest.values()
+            if isinstance(m.get("val_sharpe"), int | float) and math.isfinite(m["val_sharpe"])
+        ]
+        report = {
+            "epoch": max(int(m.get("epoch", 0)) for m in latest.values()),
+            "val_sharpe": max(finite) if finite else math.nan,
+            "diverged": int(not finite),
+            "group_size": len(slugs),
+            "members": {slug: dict(entry) for slug, entry in latest.items()},
+            **memory,
+            **node,
+        }
+        with tempfile.TemporaryDirectory(prefix="hpo-ckpt-") as tmp:
+            root = Path(tmp) / CKPT_SUBDIR
+            for index, member in enumerate(trainers.members):
+                if index not in trainers.diverged:
+                    member.save(root / slugs[index])
+            ended = {s: e for s, e in latest.items() if e.get("diverged")}
+            (root / GROUP_STATE).write_text(json.dumps(ended, default=str))
+            tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _restore_group(slugs: list[str]) -> tuple[list[Checkpoint | None], dict[str, dict[str, Any]]]:
+    """Each member's checkpoint in this group trial's newest checkpoint (None: a member
+    that starts fresh) and the final entries of members that ended."""
+    reported = tune.get_checkpoint()
+    if reported is None:
+        return [None] * len(slugs), {}
+    with reported.as_directory() as directory:
+        root = Path(directory) / CKPT_SUBDIR
+        ended_file = root / GROUP_STATE
+        ended = json.loads(ended_file.read_text()) if ended_file.is_file() else {}
+        checkpoints = [
+            load_checkpoint(root / slug) if (root / slug).is_dir() else None for slug in slugs
+        ]
+    return checkpoints, ended
 
 
 def _report_oom(

@@ -29,7 +29,8 @@ from hpo.search import make_param_searcher
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
-from trainables.config import TrialConfig
+from models import get_family
+from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial, member_slug
 
 
 @dataclass
@@ -66,6 +67,7 @@ class SweepSearcher(Searcher):
         self.configs: dict[str, _Configuration] = {}
         self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (config_id, member key)
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
+        self.trial_group: dict[str, list[str]] = {}  # group trial_id -> its members' keys
 
     # -- Tune's Searcher interface ---------------------------------------------------------
     def set_search_properties(
@@ -79,7 +81,11 @@ class SweepSearcher(Searcher):
             # may still come back for a retry (a CUDA OOM re-queues it with a larger share).
             return Searcher.FINISHED if self._all_reported() else None
         config = self.queue.popleft()
-        self.trial_member[trial_id] = (config["config_id"], config["member"])
+        if is_group_trial(config):
+            self.trial_group[trial_id] = [m["member"] for m in config[GROUP_KEY]]
+            self.trial_member[trial_id] = (config["config_id"], "")
+        else:
+            self.trial_member[trial_id] = (config["config_id"], config["member"])
         self.trial_config[trial_id] = config
         return config
 
@@ -102,8 +108,15 @@ class SweepSearcher(Searcher):
             return
         config_id, member = located
         group = self.configs[config_id]
-        value = None if (error or not result) else result.get(self.spec.metric)
-        group.results[member] = float(value) if isinstance(value, int | float) else None
+        if trial_id in self.trial_group:  # a group trial: each member's own result
+            reported = (result or {}).get("members") or {}
+            for name in self.trial_group[trial_id]:
+                entry = {} if error else reported.get(member_slug(name)) or {}
+                value = entry.get(self.spec.metric)
+                group.results[name] = float(value) if isinstance(value, int | float) else None
+        else:
+            value = None if (error or not result) else result.get(self.spec.metric)
+            group.results[member] = float(value) if isinstance(value, int | float) else None
         if len(group.results) == len(group.members):
             finite = [v for v in group.results.values() if v is not None and math.isfinite(v)]
             self.searchers[group.stream].tell(
@@ -129,22 +142,46 @@ class SweepSearcher(Searcher):
         params = {**self.spaces[index].fixed, **self.searchers[index].ask(config_id)}
         precisions = list(self.spec.precisions) if precision is None else [precision]
         members = []
+        trials: list[TrialConfig] = []
         for seed in self.spec.seeds:
             for p in precisions:
                 member = f"{p}/{seed}"
                 members.append(member)
-                trial = TrialConfig(
-                    family=model,
-                    precision=p,
-                    seed=seed,
-                    params=params,
-                    base=self.base,
-                    config_id=config_id,
-                    pair_id=f"{config_id}-s{seed}",
-                    member=member,
+                trials.append(
+                    TrialConfig(
+                        family=model,
+                        precision=p,
+                        seed=seed,
+                        params=params,
+                        base=self.base,
+                        config_id=config_id,
+                        pair_id=f"{config_id}-s{seed}",
+                        member=member,
+                    )
                 )
-                self.queue.append(trial.to_dict())
+        for queued in self._grouped(model, trials):
+            self.queue.append(queued)
         self.configs[config_id] = _Configuration(stream=index, members=members)
+
+    def _grouped(self, model: str, trials: list[TrialConfig]) -> list[dict[str, Any]]:
+        """The trial dicts to queue: with ``fusion.group_size`` K > 1, the seeds of each
+        precision in group trials of up to K (a lone member stays a plain trial); rl
+        families always alone."""
+        size = self.spec.fusion.group_size
+        family = get_family(model)
+        if size == 1 or family.kind == "rl" or not family.fuses:
+            return [t.to_dict() for t in trials]
+        out = []
+        for p in dict.fromkeys(t.precision for t in trials):
+            same = [t for t in trials if t.precision == p]
+            for start in range(0, len(same), size):
+                chunk = same[start : start + size]
+                out.append(
+                    chunk[0].to_dict()
+                    if len(chunk) == 1
+                    else GroupTrialConfig(tuple(chunk)).to_dict()
+                )
+        return out
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -158,6 +195,7 @@ class SweepSearcher(Searcher):
                 for k, g in self.configs.items()
             },
             "trial_member": self.trial_member,
+            "trial_group": self.trial_group,
             "trial_config": self.trial_config,
             "searchers": [s.state() for s in self.searchers],
         }
@@ -177,6 +215,7 @@ class SweepSearcher(Searcher):
         }
         self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
         self.trial_config = dict(state.get("trial_config", {}))
+        self.trial_group = {k: list(v) for k, v in state.get("trial_group", {}).items()}
         for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
             searcher.load_state(saved)
 

@@ -1,0 +1,83 @@
+"""A compare sweep with `fusion.group_size`, through the `hpo` CLI as a user runs it: the
+seeds of each configuration and precision train as one group trial, and everything a
+user reads still lists members (one MLflow child run each, status rows, the comparison)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from hpo.record import SweepRecord
+from tests.hpo.sweep_helpers import trial_dirs, trial_runs
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+HPO = Path(sys.executable).with_name("hpo")  # the console script, as a user runs it
+
+
+def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    payload = {
+        "name": "grouped",
+        "models": ["kan"],
+        "precisions": ["f32", "bf16"],
+        "compare": True,
+        "samples": 1,
+        "search": "random",
+        "max_epochs": 2,
+        "seeds": [0, 1, 2],
+        "max_concurrent": 2,
+        "storage": str(tmp_path / "results"),
+        "tracking_uri": uri,
+        "data": {"source": "synthetic", "n_assets": 2, "n_bars": 600},
+        "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 6},
+        "walk_forward": {"n_folds": 2},
+        "resources": {"cpu": 1, "gpu": 0},
+        "fusion": {"group_size": 3},
+        "search_space": {"kan": {"width": 4}},
+    }
+    spec_path = tmp_path / "grouped.yaml"
+    spec_path.write_text(yaml.safe_dump(payload))
+
+    def hpo(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(HPO), *args],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+    swept = hpo("sweep", str(spec_path))
+    assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
+    assert "6/6 trials finished" in swept.stdout
+    # Two Tune trials (one group per precision), six members.
+    sweep_dir = tmp_path / "results" / "grouped"
+    assert len(trial_dirs(sweep_dir)) == 2
+
+    runs = trial_runs(uri, "grouped")
+    members = sorted((r.data.tags["precision"], r.data.tags["seed"]) for r in runs)
+    assert members == [(p, s) for p in ("bf16", "f32") for s in ("0", "1", "2")]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.data.metrics["fused_members"] == 6 for r in runs)  # 3 members x 2 folds
+    assert len({r.data.tags["trial_id"] for r in runs}) == 6
+
+    status = hpo("status", str(sweep_dir), "--json")
+    assert status.returncode == 0, status.stderr[-3000:]
+    rows = json.loads(status.stdout)["trials"]
+    assert len(rows) == 6 and all(r["status"] == "TERMINATED" and r["epochs"] == 2 for r in rows)
+
+    # The comparison pairs the members: three seed pairs of one configuration.
+    record = SweepRecord.read(sweep_dir, check_data=False)
+    parent = MlflowClient(uri).get_run(record.parent_run_id).data.metrics
+    assert parent["cmp.kan.bf16_vs_f32.val.n_seed_pairs"] == 3.0
+    assert parent["cmp.kan.bf16_vs_f32.val.n_incomplete"] == 0.0
+    compared = hpo("compare", "--experiment", "grouped", "--tracking-uri", uri)
+    assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]

@@ -1,0 +1,97 @@
+"""A group trial under Ray Tune (trainables.trial with a GroupTrialConfig): every member's
+metrics each epoch, its own checkpoint, and a row of its own in hpo.trials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpo.trials import trial_rows
+from tests.hpo.sweep_helpers import tiny_spec
+from trainables.checkpoint import load_checkpoint
+from trainables.config import GroupTrialConfig, TrialConfig, member_slug
+from trainables.trainer import Trainer
+
+
+def _group(tmp_path: Path, seeds: tuple[int, ...]) -> GroupTrialConfig:
+    spec = tiny_spec(
+        tmp_path,
+        models=["kan"],
+        precisions=["f32"],
+        search_space={"kan": {"width": 4}},
+        walk_forward={"n_folds": 2},
+    )
+    base = spec.trial_base()
+    members = tuple(
+        TrialConfig(
+            family="kan",
+            precision="f32",
+            seed=seed,
+            params={"width": 4},
+            base=base,
+            config_id="kan-g000",
+            pair_id=f"kan-g000-s{seed}",
+            member=f"f32/{seed}",
+        )
+        for seed in seeds
+    )
+    return GroupTrialConfig(members)
+
+
+def test_a_group_trial_reports_and_checkpoints_every_member(
+    ray_session: Any, tmp_path: Path, mlflow_uri: str
+) -> None:
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    from hpo.tracking import MlflowSweepCallback, start_sweep_run
+    from tests.hpo.sweep_helpers import trial_runs
+    from trainables.trial import run_trial
+
+    group = _group(tmp_path, (0, 1, 2))
+    client = MlflowClient(mlflow_uri)
+    parent = start_sweep_run(client, "g", {"name": "g"}, compare=False)
+    callback = MlflowSweepCallback(mlflow_uri, "g", parent)
+    tuner = tune.Tuner(
+        tune.with_resources(run_trial, {"cpu": 1}),
+        param_space=group.to_dict(),
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "tune"), name="g", verbose=0, callbacks=[callback]
+        ),
+    )
+    result = tuner.fit()[0]
+    assert result.error is None
+    last = result.metrics
+    assert last["group_size"] == 3 and set(last["members"]) == {"f32-s0", "f32-s1", "f32-s2"}
+    assert all(m["epoch"] == 2 and m["diverged"] == 0 for m in last["members"].values())
+    assert last["val_sharpe"] == max(m["val_sharpe"] for m in last["members"].values())
+
+    rows = sorted(trial_rows(tmp_path / "tune" / "g"), key=lambda r: r.seed)
+    assert [r.seed for r in rows] == [0, 1, 2]
+    assert [r.member for r in rows] == ["f32/0", "f32/1", "f32/2"]
+    for row, member in zip(rows, group.members, strict=True):
+        assert row.trial_id.endswith(member_slug(member.member)) and row.epochs == 2
+        assert row.val_sharpe == pytest.approx(
+            last["members"][member_slug(member.member)]["val_sharpe"]
+        )
+        assert row.checkpoint is not None
+        # A member's checkpoint is an ordinary trial checkpoint: it resumes alone.
+        alone = Trainer(member.train_config(), checkpoint=load_checkpoint(Path(row.checkpoint)))
+        assert alone.epoch == 2 and alone.config.seed == member.seed
+
+    # One MLflow child run per member, tagged as a trial of its own, each epoch once.
+    assert callback.flush(60)
+    runs = sorted(trial_runs(mlflow_uri, "g"), key=lambda r: int(r.data.tags["seed"]))
+    assert [r.data.tags["seed"] for r in runs] == ["0", "1", "2"]
+    for run, row in zip(runs, rows, strict=True):
+        tags = run.data.tags
+        assert tags["trial_id"] == row.trial_id and tags["member"] == row.member
+        assert tags["pair_id"] == f"kan-g000-s{row.seed}" and tags["model"] == "kan"
+        assert run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "val_sharpe")
+        assert [m.step for m in history] == [1, 2]
+        assert history[-1].value == pytest.approx(row.val_sharpe)
+        returns = {a.path for a in client.list_artifacts(run.info.run_id, "returns")}
+        assert returns == {"returns/returns.csv"}
