@@ -14,7 +14,7 @@ from typing import Any
 from ray.tune import Callback
 
 from hpo.trials import TrialStatus
-from trainables.config import GROUP_KEY, is_group_trial
+from trainables.trial_keys import GROUP_KEY, is_group_trial
 
 
 class SweepProgress(Callback):

@@ -239,6 +239,22 @@ class SweepSpec(_Strict):
         per_config = len(self.seeds) * len(self.precisions)
         return len(self.models) * self.samples * per_config
 
+    @property
+    def n_tune_trials(self) -> int:
+        """Ray Tune trials planned: :attr:`n_trials` with each group trial counted once
+        (``fusion.group_size``; rl families run ungrouped)."""
+        size = self.fusion.group_size
+        total = 0
+        for model in self.models:
+            try:
+                family = get_family(model)
+                grouped = size > 1 and family.kind != "rl" and family.fuses
+            except FamilyError:  # read back where the family's module does not import
+                grouped = False
+            per_precision = -(-len(self.seeds) // size) if grouped else len(self.seeds)
+            total += self.samples * len(self.precisions) * per_precision
+        return total
+
     def trial_base(self) -> TrialBase:
         """Settings every trial shares (the ``base`` of each trial's config)."""
         return TrialBase(

@@ -260,7 +260,8 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
     from hpo.recovery import TRIALS_TO_STOP, AdoptReportedCheckpoint, StopOnRepeatedError
     from hpo.tracking import MlflowSweepCallback
 
-    stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_trials))
+    # Counted in Tune trials: a group's members fail as one.
+    stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_tune_trials))
     callbacks = [
         MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id),
         SweepProgress(total=record.spec.n_trials, on_event=on_event),

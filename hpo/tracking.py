@@ -39,7 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from trainables.config import GROUP_KEY, is_group_trial, member_slug
+from trainables.trial_keys import GROUP_KEY, is_group_trial, member_slug
 
 log = logging.getLogger("hpo.tracking")
 
@@ -58,6 +58,7 @@ TAG_OOM_ATTEMPTS = "hpo.oom_attempts"  # trial ids of the attempts that ran out 
 # retry's metric points are the ones logged from then on, the attempts' are older.
 TAG_ATTEMPT_START = "hpo.attempt_started_ms"
 TAG_TRIAL = "trial_id"
+TAG_GROUP = "hpo.group_id"  # a group trial's member: the Tune trial it trained in
 TAG_FELL_BACK = "fell_back_to_f32"
 TAG_NODE = "node_id"
 TAG_NODE_IP = "node_ip"
@@ -334,6 +335,7 @@ class MlflowSweepCallback(Callback):
         self.run_ids: dict[str, str] = {}  # trial_id -> child run id
         self.last_epoch: dict[str, int] = {}  # trial_id -> last epoch logged
         self.member_runs: dict[str, str] = {}  # "config_id|member" -> child run id
+        self.closed: set[str] = set()  # group members whose run ended before their group
         self._connect()
 
     def _connect(self) -> None:
@@ -360,6 +362,7 @@ class MlflowSweepCallback(Callback):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("member_runs", {})  # pickled before runs were per member
+        self.__dict__.setdefault("closed", set())  # pickled before group trials
         self._connect()
 
     # -- Tune hooks ------------------------------------------------------------------------
@@ -385,8 +388,16 @@ class MlflowSweepCallback(Callback):
             return
         reported = result.get("members") or {}
         for unit_id, config, slug in _units(trial):
-            if slug in reported:
-                self._log_result(unit_id, config, reported[slug], final_may_repeat=False)
+            entry = reported.get(slug)
+            if entry is None or unit_id in self.closed:
+                continue
+            if entry.get("diverged"):  # its final point once, and its run closed now
+                self._log_result(unit_id, config, entry, final_may_repeat=True)
+                reason = str(entry.get("failure_reason", ""))
+                self._finish_unit(unit_id, "FAILED", "diverged", reason)
+                self.closed.add(unit_id)
+            else:
+                self._log_result(unit_id, config, entry, final_may_repeat=False)
 
     def _log_result(
         self,
@@ -440,6 +451,8 @@ class MlflowSweepCallback(Callback):
             reported = result.get("members") or {}
             for unit_id, _, slug in _units(trial):
                 entry = reported.get(slug) or {}
+                if unit_id in self.closed:
+                    continue
                 if entry.get("diverged"):
                     reason = str(entry.get("failure_reason", ""))
                     self._finish_unit(unit_id, "FAILED", "diverged", reason)
@@ -498,10 +511,11 @@ class MlflowSweepCallback(Callback):
     def _ensure_run(self, trial: Any) -> None:
         """Queue finding (after a restore) or creating the child run of the trial (of each
         member of a group trial), once."""
+        group = trial.trial_id if is_group_trial(trial.config) else ""
         for unit_id, config, _ in _units(trial):
-            self._ensure_unit(unit_id, config)
+            self._ensure_unit(unit_id, config, group)
 
-    def _ensure_unit(self, trial_id: str, config: Mapping[str, Any]) -> None:
+    def _ensure_unit(self, trial_id: str, config: Mapping[str, Any], group: str = "") -> None:
         if trial_id in self._queued:
             return
         self._queued.add(trial_id)
@@ -510,9 +524,13 @@ class MlflowSweepCallback(Callback):
         # than every point stamped so far (an OOM attempt's last ones may share the ms).
         started = max(int(time.time() * 1000), max(self._last_stamp.values(), default=0) + 1)
         self._last_stamp[trial_id] = started
-        self.outbox.send(f"run of {trial_id}", lambda: self._open_run(trial_id, config, started))
+        self.outbox.send(
+            f"run of {trial_id}", lambda: self._open_run(trial_id, config, started, group)
+        )
 
-    def _open_run(self, trial_id: str, config: Mapping[str, Any], started: int) -> None:
+    def _open_run(
+        self, trial_id: str, config: Mapping[str, Any], started: int, group: str = ""
+    ) -> None:
         if self.experiment_id is None:
             self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
         run_id = self.run_ids.get(trial_id) or self._find_child(trial_id)
@@ -539,6 +557,8 @@ class MlflowSweepCallback(Callback):
                 TAG_FELL_BACK: "false",
                 TAG_STATUS: "running",
             }
+            if group:
+                tags[TAG_GROUP] = group
             run = self.client.create_run(
                 self.experiment_id, run_name=trial_run_name(config), tags=tags
             )
@@ -686,12 +706,14 @@ class MlflowSweepCallback(Callback):
             "run_ids": dict(self.run_ids),
             "last_epoch": dict(self.last_epoch),
             "member_runs": dict(self.member_runs),
+            "closed": sorted(self.closed),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.run_ids.update(state.get("run_ids", {}))
         self.last_epoch.update(state.get("last_epoch", {}))
         self.member_runs.update(state.get("member_runs", {}))
+        self.closed.update(state.get("closed", []))
 
 
 def _is_retry(config: Mapping[str, Any]) -> bool:

@@ -75,6 +75,7 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     from ray.tune import ExperimentAnalysis
 
     from trainables.config import RETRY_FLOOR_KEY
+    from trainables.trial import CKPT_SUBDIR
 
     sweep_dir = SweepLocation.parse(where)
     if not sweep_dir.has_tune_state():
@@ -100,6 +101,7 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
                     params=dict(config.get("params", {})),
                     checkpoint=sweep_dir.uri_of(f"{checkpoint.path}/{state}")
                     if checkpoint is not None
+                    and not (state != CKPT_SUBDIR and result.get("diverged"))
                     else None,
                     config_id=str(config.get("config_id", config.get("group_id", ""))),
                     member=str(config.get("member", "")),

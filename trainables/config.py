@@ -20,6 +20,9 @@ from typing import Any
 
 from models import get_family
 from trainables.precision import POLICY_NAMES
+from trainables.trial_keys import GROUP_KEY as GROUP_KEY
+from trainables.trial_keys import is_group_trial as is_group_trial
+from trainables.trial_keys import member_slug as member_slug
 
 CUDA_GRAPHS_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
 FUSE_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
@@ -318,10 +321,6 @@ class TrialConfig:
         )
 
 
-GROUP_KEY = "group"
-"""Trial-dict key of a group trial's members (:class:`GroupTrialConfig`)."""
-
-
 @dataclass(frozen=True)
 class GroupTrialConfig:
     """One Ray Tune trial that trains several member trials as one group
@@ -360,17 +359,6 @@ class GroupTrialConfig:
 
     def train_configs(self) -> list[TrainConfig]:
         return [m.train_config() for m in self.members]
-
-
-def is_group_trial(config: Mapping[str, Any]) -> bool:
-    """Whether a Tune trial's config is a :class:`GroupTrialConfig`'s."""
-    return GROUP_KEY in config
-
-
-def member_slug(member: str) -> str:
-    """A member's name (``precision/seed``) as a path and id part: ``bf16-s3``."""
-    precision, _, seed = member.partition("/")
-    return f"{precision}-s{seed}" if seed else precision
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:

@@ -88,10 +88,12 @@ class TrainerGroup:
             Trainer(config, checkpoint=ckpt, device=device, fuse=False)
             for config, ckpt in zip(configs, checkpoints, strict=True)
         ]
-        # The members' shared dropout / noise stream is member 0's (each Trainer set it
-        # on the way; the last one built won).
-        if checkpoints[0] is not None:
-            restore_default_rng(checkpoints[0].meta, self.members[0].device)
+        # The members' shared dropout / noise stream (each Trainer set it on the way; the
+        # last one built won): member 0's seed, or as saved with the members' checkpoints
+        # (all saved together; the first member that has one).
+        saved = next((ckpt for ckpt in checkpoints if ckpt is not None), None)
+        if saved is not None:
+            restore_default_rng(saved.meta, self.members[0].device)
         else:
             torch.manual_seed(configs[0].seed)
         # Members resumed at their last epoch are done: they stay out of the fusion.

@@ -163,15 +163,17 @@ def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare |
     checkpoints, latest = _restore_group(slugs)
     trainers = TrainerGroup(configs, checkpoints=checkpoints)
     for index, slug in enumerate(slugs):
-        if latest.get(slug, {}).get("diverged"):
-            trainers.stop(index, str(latest[slug].get("failure_reason", "diverged")))
+        if latest.get(slug, {}).get("diverged"):  # diverged before the restart: stays out
+            reason = str(latest[slug].get("failure_reason", "diverged"))
+            trainers.stop(index, reason)
+            trainers.diverged[index] = reason
     while trainers.training:
         metrics = trainers.train_epoch()
         for index, member in enumerate(trainers.members):
             slug = slugs[index]
             if index in metrics:
                 cost = gpu_cost(member, gpu_fraction)
-                latest[slug] = {**metrics[index], "diverged": 0, **node, **cost}
+                latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
             elif index in trainers.diverged and not latest.get(slug, {}).get("diverged"):
                 latest[slug] = {
                     **{k: v for k, v in latest.get(slug, {}).items() if k.endswith("_total")},
@@ -190,7 +192,7 @@ def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare |
         report = {
             "epoch": max(int(m.get("epoch", 0)) for m in latest.values()),
             "val_sharpe": max(finite) if finite else math.nan,
-            "diverged": int(not finite),
+            "diverged": int(all(m.get("diverged") for m in latest.values())),
             "group_size": len(slugs),
             "members": {slug: dict(entry) for slug, entry in latest.items()},
             **memory,

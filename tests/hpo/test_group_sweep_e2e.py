@@ -68,11 +68,13 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     assert all(r.info.status == "FINISHED" for r in runs)
     assert all(r.data.metrics["fused_members"] == 6 for r in runs)  # 3 members x 2 folds
     assert len({r.data.tags["trial_id"] for r in runs}) == 6
+    assert len({r.data.tags["hpo.group_id"] for r in runs}) == 2  # the Tune trial each ran in
 
     status = hpo("status", str(sweep_dir), "--json")
     assert status.returncode == 0, status.stderr[-3000:]
     rows = json.loads(status.stdout)["trials"]
     assert len(rows) == 6 and all(r["status"] == "TERMINATED" and r["epochs"] == 2 for r in rows)
+    assert all(r["checkpoint"].endswith(f"/state/{r['precision']}-s{r['seed']}") for r in rows)
 
     # The comparison pairs the members: three seed pairs of one configuration.
     record = SweepRecord.read(sweep_dir, check_data=False)

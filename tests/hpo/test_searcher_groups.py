@@ -40,6 +40,7 @@ def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
     assert sorted(t["member"] for t in kan if not is_group_trial(t)) == ["bf16/2", "f32/2"]
     # dqn, an rl family: six trials alone.
     assert len(dqn) == 6 and not any(is_group_trial(t) for t in dqn)
+    assert searcher.spec.n_trials == 12 and searcher.spec.n_tune_trials == len(trials) == 10
     # Every group decodes, and its members share the configuration's parameters.
     for t in kan:
         if is_group_trial(t):
