@@ -216,7 +216,7 @@ def measure_members(
     batches = [run.data.batch(times[i]) for i, run in enumerate(unfused.folds)]
 
     def fused_step() -> None:
-        fused_trainer.fused_step(fused, times)
+        fused_trainer.fusion.fused_step(fused, times)
 
     def unfused_step() -> None:
         for run, batch in zip(unfused.folds, batches, strict=True):

@@ -39,7 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from trainables.trial_keys import GROUP_KEY, is_group_trial, member_slug
+from trainables.trial_keys import is_group_trial, trial_units
 
 log = logging.getLogger("hpo.tracking")
 
@@ -724,16 +724,7 @@ def _is_retry(config: Mapping[str, Any]) -> bool:
 
 
 def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], str]]:
-    """(run's trial id, config, member slug) of each trial a Tune trial holds: itself
-    (slug ""), or each member of a group trial, as ``hpo.trials`` names them."""
-    config = trial.config
-    if not is_group_trial(config):
-        return [(trial.trial_id, config, "")]
-    return [
-        (f"{trial.trial_id}-{slug}", member, slug)
-        for member in config[GROUP_KEY]
-        for slug in [member_slug(str(member.get("member", "")))]
-    ]
+    return trial_units(trial.trial_id, trial.config)
 
 
 def _member_key(config: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ Words for where a trial is, each for one idea:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,29 +117,21 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     return rows if retried else latest_attempts(rows)
 
 
-def _units(trial: Any) -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
+def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], dict[str, Any], str]]:
     """(trial id, config, last result, checkpoint subpath) of each trial a Tune trial
     holds: itself, or each member of a group trial (``trainables.trial._train_group``)."""
-    from trainables.config import GROUP_KEY, is_group_trial, member_slug
     from trainables.trial import CKPT_SUBDIR
+    from trainables.trial_keys import trial_units
 
-    config = trial.config
     result = trial.last_result or {}
-    if not is_group_trial(config):
-        return [(trial.trial_id, config, result, CKPT_SUBDIR)]
+    units = trial_units(trial.trial_id, trial.config)
+    if units[0][2] == "":  # a trial of its own
+        return [(trial.trial_id, trial.config, result, CKPT_SUBDIR)]
     reported = result.get("members") or {}
-    units = []
-    for member in config[GROUP_KEY]:
-        slug = member_slug(str(member.get("member", "")))
-        units.append(
-            (
-                f"{trial.trial_id}-{slug}",
-                member,
-                dict(reported.get(slug) or {}),
-                f"{CKPT_SUBDIR}/{slug}",
-            )
-        )
-    return units
+    return [
+        (unit_id, member, dict(reported.get(slug) or {}), f"{CKPT_SUBDIR}/{slug}")
+        for unit_id, member, slug in units
+    ]
 
 
 def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:

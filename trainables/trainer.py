@@ -207,16 +207,6 @@ class Trainer:
     def unfused_reason(self) -> str:
         return self.fusion.unfused_reason
 
-    def fused_step(
-        self,
-        fused: FusedFolds,
-        times: torch.Tensor,
-        members: torch.Tensor | None = None,
-        active: torch.Tensor | None = None,
-    ) -> StepResult:
-        """:meth:`Fusion.fused_step` (benchmarks and tests call it on the trainer)."""
-        return self.fusion.fused_step(fused, times, members, active)
-
     @property
     def step_units(self) -> list[FoldRun | FusedFolds]:
         """What one optimizer step trains: the fused folds, or each fold on its own (their

@@ -20,3 +20,18 @@ def member_slug(member: str) -> str:
     """A member's name (``precision/seed``) as a path and id part: ``bf16-s3``."""
     precision, _, seed = member.partition("/")
     return f"{precision}-s{seed}" if seed else precision
+
+
+def trial_units(
+    trial_id: str, config: Mapping[str, Any]
+) -> list[tuple[str, Mapping[str, Any], str]]:
+    """(trial id, config, member slug) of each trial a Tune trial holds: itself (slug
+    ""), or each member of a group trial, whose id is ``<Tune trial id>-<slug>`` (the id
+    MLflow, ``hpo status`` and the comparison know it by)."""
+    if not is_group_trial(config):
+        return [(trial_id, config, "")]
+    units = []
+    for member in config[GROUP_KEY]:
+        slug = member_slug(str(member.get("member", "")))
+        units.append((f"{trial_id}-{slug}", member, slug))
+    return units

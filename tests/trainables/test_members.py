@@ -298,7 +298,7 @@ def test_a_nan_in_one_member_skips_only_that_member(
     before = [p.detach().clone() for p in fused.model.parameters()]
     times = torch.tensor([[300, 301, 302, 303], [400, 401, 402, 403]])
     fused.data.targets[1, 401, 0] = float("nan")
-    result = trainer.fused_step(fused, times)
+    result = trainer.fusion.fused_step(fused, times)
     assert result.ok.tolist() == [True, False]
     moved = [
         not torch.equal(p.detach()[0], old[0])
