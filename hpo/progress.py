@@ -14,7 +14,7 @@ from typing import Any
 from ray.tune import Callback
 
 from hpo.trials import TrialStatus
-from trainables.trial_keys import GROUP_KEY, is_group_trial
+from trainables.trial_keys import GROUP_KEY, is_group_trial, member_slugs
 
 
 class SweepProgress(Callback):
@@ -93,13 +93,17 @@ class SweepProgress(Callback):
             if result.get("fell_back_to_f32")
             else ""
         )
-        seeds = (
-            f"seeds {', '.join(str(m['seed']) for m in config[GROUP_KEY])} (one group)"
-            if is_group_trial(config)
-            else f"seed {config['seed']}"
-        )
+        if not is_group_trial(config):
+            who = f"seed {config['seed']}"
+        else:
+            slugs = member_slugs(config[GROUP_KEY])
+            entries = (result.get("members") or {}).values()
+            stopped = sum(1 for entry in entries if entry.get("stopped"))
+            who = f"group of {len(slugs)} ({', '.join(slugs)})" + (
+                f", {stopped} stopped at a rung" if stopped else ""
+            )
         self.on_event(
-            f"trial {trial.trial_id} {config['model']} {config['precision']} {seeds}: "
+            f"trial {trial.trial_id} {config['model']} {config['precision']} {who}: "
             f"val Sharpe {shown} after {result.get('epoch', 0)} epoch(s){note}  "
             + self._counts(trials)
         )

@@ -103,11 +103,20 @@ class ComparisonSpec(_Strict):
     README "The f32-versus-bf16 comparison" says why)."""
 
 
+DEFAULT_GROUP_SIZE = 8
+"""Members per group trial when ``[fusion] group_size`` is not set (and the GPU share is
+fixed): the bench's members-per-minute gain levels off there on 2 CPU cores
+(bench/README.md, "Group trials"), and 8 tiny members fill one GPU share."""
+
+
 class FusionSpec(_Strict):
-    group_size: int = Field(1, ge=1, le=64)
-    """Seeds of one configuration (per precision) that train as one group trial, fused
-    (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone.
-    Forecast families only (rl families run ungrouped)."""
+    group_size: int | None = Field(None, ge=1, le=64)
+    """Member trials of one precision that train as one group trial, fused
+    (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
+    group holds the seeds of a configuration and further configurations of the same shape
+    (they differ only in lr and weight decay). Forecast families only (rl families run
+    ungrouped). Unset: :data:`DEFAULT_GROUP_SIZE`, or 1 with ``resources.gpu =
+    "measured"`` (a group's fused shape is not profiled yet)."""
 
 
 class SweepSpec(_Strict):
@@ -212,12 +221,7 @@ class SweepSpec(_Strict):
                 "compare mode): ASHA would stop the members of a pair at different epochs and "
                 "the paired Sharpe difference would compare unequal training"
             )
-        if self.fusion.group_size > 1 and self.scheduler == "asha":
-            raise ValueError(
-                "fusion.group_size > 1 needs scheduler = 'fifo': ASHA would decide per group "
-                "trial, and deciding per member is not built yet"
-            )
-        if self.fusion.group_size > 1 and self.resources.gpu == "measured":
+        if self.resources.gpu == "measured" and self.forms_groups:
             raise ValueError(
                 "fusion.group_size > 1 needs a fixed resources.gpu: a group's fused shape is "
                 "not profiled yet, so no measured share can be derived for it"
@@ -240,10 +244,28 @@ class SweepSpec(_Strict):
         return len(self.models) * self.samples * per_config
 
     @property
+    def group_size(self) -> int:
+        """Members per group trial at most (``fusion.group_size``, or its default)."""
+        if self.fusion.group_size is not None:
+            return self.fusion.group_size
+        return 1 if self.resources.gpu == "measured" else DEFAULT_GROUP_SIZE
+
+    @property
+    def forms_groups(self) -> bool:
+        """Whether some Tune trial of this sweep holds several members."""
+        return self.n_tune_trials < self.n_trials
+
+    @property
+    def asha_per_member(self) -> bool:
+        """ASHA decides per member (:mod:`hpo.rungs`, asked by the trials) rather than per
+        Tune trial: a grouped sweep's, where one Tune trial holds several members."""
+        return self.scheduler == "asha" and self.forms_groups
+
+    @property
     def n_tune_trials(self) -> int:
         """Ray Tune trials planned: :attr:`n_trials` with each group trial counted once
         (``fusion.group_size``; rl families run ungrouped)."""
-        size = self.fusion.group_size
+        size, seeds = self.group_size, len(self.seeds)
         total = 0
         for model in self.models:
             try:
@@ -251,8 +273,13 @@ class SweepSpec(_Strict):
                 grouped = size > 1 and family.kind != "rl" and family.fuses
             except FamilyError:  # read back where the family's module does not import
                 grouped = False
-            per_precision = -(-len(self.seeds) // size) if grouped else len(self.seeds)
-            total += self.samples * len(self.precisions) * per_precision
+            if not grouped:
+                total += self.samples * len(self.precisions) * seeds
+                continue
+            batch = max(1, size // seeds)  # configurations of one shape (the searcher's)
+            full, rest = divmod(self.samples, batch)
+            groups = full * -(-batch * seeds // size) + (-(-rest * seeds // size) if rest else 0)
+            total += groups * len(self.precisions)
         return total
 
     def trial_base(self) -> TrialBase:

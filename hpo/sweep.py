@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.storage import SweepLocation, writable_by_others
 from hpo.record import SUMMARY_FILE, SWEEP_FILE, SweepError, SweepRecord
+from hpo.rungs import ASHA_REDUCTION_FACTOR, start_rung_board
 from hpo.spec import SweepSpec
 from hpo.trials import TrialRow, best_rows, trial_rows
 
@@ -131,7 +132,8 @@ def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Sw
     from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
 
     if not isinstance(resources, ClusterPacker):
-        return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu), [])
+        members = spec.group_size if spec.forms_groups else 1
+        return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, members), [])
     rows = plan_rows(resources, plan_configs(spec))
     return SweepPlan(render_plan(rows, spec.resources.headroom), rows)
 
@@ -187,16 +189,16 @@ def build_tuner(
     from hpo.search.sweep_searcher import SweepSearcher
 
     scheduler: Any
-    if spec.scheduler == "asha":
+    if spec.scheduler == "asha" and not spec.asha_per_member:
         scheduler = ASHAScheduler(
             time_attr="epoch",
             metric=spec.metric,
             mode="max",
             max_t=spec.max_epochs,
             grace_period=spec.grace_epochs,
-            reduction_factor=2,
+            reduction_factor=ASHA_REDUCTION_FACTOR,
         )
-    else:
+    else:  # FIFO, or ASHA per member, which the trials ask (hpo.rungs)
         scheduler = FIFOScheduler()
     # Per-epoch checkpoints with num_to_keep=2 make Tune snapshot the experiment state often
     # (by design: a snapshot must never point at a deleted checkpoint); its warning about
@@ -208,7 +210,7 @@ def build_tuner(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resources is None:
         resources = sweep_resources(spec, record.sweep_dir.parent.uri)
-    trainable = _trainable(resources)
+    trainable = _trainable(spec, record.sweep_dir, resources)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -233,16 +235,29 @@ def build_tuner(
     )
 
 
-def _trainable(resources: TrialResources | ClusterPacker) -> Any:
+def _trainable(
+    spec: SweepSpec, sweep_dir: SweepLocation, resources: TrialResources | ClusterPacker
+) -> Any:
     """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
-    (:class:`cluster.trial_share.PackedShare`), sized by ``resources``."""
+    (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, and asking the
+    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per member."""
     from ray import tune
 
     from cluster.trial_share import PackedShare
     from trainables.trial import run_trial
 
+    judge = None
+    if spec.asha_per_member:
+        judge = start_rung_board(
+            spec.name,
+            sweep_dir.uri,
+            spec.metric,
+            grace=spec.grace_epochs,
+            max_t=spec.max_epochs,
+            reduction_factor=ASHA_REDUCTION_FACTOR,
+        )
     return tune.with_resources(
-        tune.with_parameters(run_trial, share=PackedShare()), resources=resources
+        tune.with_parameters(run_trial, share=PackedShare(), judge=judge), resources=resources
     )
 
 
@@ -353,7 +368,7 @@ def resume_sweep(
     # Restored trials keep the bundles Tune saved with them; this sizes the trials still to
     # be created (the shared VRAM cache holds the profiles the first run took).
     resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
-    trainable = _trainable(resources)
+    trainable = _trainable(record.spec, record.sweep_dir, resources)
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,

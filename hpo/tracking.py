@@ -39,7 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from trainables.trial_keys import is_group_trial, trial_units
+from trainables.trial_keys import is_group_trial, member_key, trial_units
 
 log = logging.getLogger("hpo.tracking")
 
@@ -565,7 +565,7 @@ class MlflowSweepCallback(Callback):
             run_id = run.info.run_id
             self.last_epoch[trial_id] = 0
         self.run_ids[trial_id] = run_id
-        self.member_runs.setdefault(_member_key(config), run_id)
+        self.member_runs.setdefault(member_key(config), run_id)
         # Params last, and on a reopened run too (MLflow accepts a param logged again with
         # its value): a retry after a failure here still logs them, and a rejected param
         # leaves the run known, so the trial's metrics still land.
@@ -578,7 +578,7 @@ class MlflowSweepCallback(Callback):
         """The run of the member an OOM retry belongs to, taken over by the retry (None:
         the first attempt has no run, so the retry opens one)."""
         assert self.experiment_id is not None
-        run_id = self.member_runs.get(_member_key(config))
+        run_id = self.member_runs.get(member_key(config))
         if run_id is None:
             runs = self.client.search_runs(
                 [self.experiment_id],
@@ -725,10 +725,6 @@ def _is_retry(config: Mapping[str, Any]) -> bool:
 
 def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], str]]:
     return trial_units(trial.trial_id, trial.config)
-
-
-def _member_key(config: Mapping[str, Any]) -> str:
-    return f"{config.get('config_id', '')}|{config.get('member', '')}"
 
 
 def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:

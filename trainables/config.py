@@ -23,6 +23,7 @@ from trainables.precision import POLICY_NAMES
 from trainables.trial_keys import GROUP_KEY as GROUP_KEY
 from trainables.trial_keys import is_group_trial as is_group_trial
 from trainables.trial_keys import member_slug as member_slug
+from trainables.trial_keys import member_slugs
 
 CUDA_GRAPHS_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
 FUSE_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
@@ -359,6 +360,10 @@ class GroupTrialConfig:
 
     def train_configs(self) -> list[TrainConfig]:
         return [m.train_config() for m in self.members]
+
+    def slugs(self) -> list[str]:
+        """Each member's name in reports and checkpoint paths (:func:`member_slugs`)."""
+        return member_slugs([m.to_dict() for m in self.members])
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:

@@ -37,8 +37,7 @@ from models import get_family
 from trainables.checkpoint import Checkpoint
 from trainables.config import TrainConfig
 from trainables.trainer import Fusion, Trainer, TrialDiverged, restore_default_rng
-
-MEMBER_SETTINGS = ("seed", "lr", "weight_decay")
+from trainables.trial_keys import MEMBER_SETTINGS
 
 
 def group_problems(configs: Sequence[TrainConfig]) -> list[str]:

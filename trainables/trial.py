@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,10 +32,10 @@ from trainables.config import (
     TrainConfig,
     TrialConfig,
     is_group_trial,
-    member_slug,
 )
 from trainables.memory import freeze_long_lived_objects
 from trainables.trainer import Trainer, TrialDiverged
+from trainables.trial_keys import member_key
 
 log = logging.getLogger("trainables.trial")
 
@@ -59,18 +60,33 @@ class GpuShare(Protocol):
         ...
 
 
-def run_trial(config: dict[str, Any], share: GpuShare | None = None) -> None:
+class EarlyStop(Protocol):
+    """What stops members early where the scheduler cannot: a grouped sweep's ASHA, which
+    decides per member (:class:`hpo.rungs.RungJudge`)."""
+
+    def keep(self, member: str, result: Mapping[str, Any]) -> bool:
+        """Whether ``member`` (:func:`~trainables.trial_keys.member_key`) trains on after
+        the epoch it reported ``result`` for."""
+        ...
+
+
+def run_trial(
+    config: dict[str, Any], share: GpuShare | None = None, judge: EarlyStop | None = None
+) -> None:
     """Ray Tune function trainable. Without a ``share`` (a direct call) nothing is capped
-    and a CUDA out-of-memory error is raised."""
+    and a CUDA out-of-memory error is raised; without a ``judge`` every member trains to
+    its last epoch unless the scheduler stops its trial."""
     freeze_long_lived_objects()  # first, while nothing of this trial exists yet
     resources = tune.get_context().get_trial_resources()
     required = resources.required_resources if resources is not None else {}
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))
     gpu_fraction = float(required.get("GPU", 0.0))
     if is_group_trial(config):
-        _train_group(GroupTrialConfig.from_dict(config), gpu_fraction, share)
+        _train_group(GroupTrialConfig.from_dict(config), gpu_fraction, share, judge)
         return
-    train_config = TrialConfig.from_dict(config).train_config()
+    trial = TrialConfig.from_dict(config)
+    train_config = trial.train_config()
+    keep = _asker(judge, member_key(trial.to_dict()))
     memory: dict[str, float] = {}
     if share is not None:
         share.cap_memory(train_config, gpu_fraction)
@@ -79,7 +95,7 @@ def run_trial(config: dict[str, Any], share: GpuShare | None = None) -> None:
     progress = _Progress()
     oom: str | None = None
     try:
-        _train(train_config, {**memory, **node}, node, progress, gpu_fraction)
+        _train(train_config, {**memory, **node}, node, progress, gpu_fraction, keep)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
@@ -106,9 +122,10 @@ def _train(
     node: dict[str, str],
     progress: _Progress,
     gpu_fraction: float = 0.0,
+    keep: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> None:
-    """Train to the last epoch, reporting each with ``reported`` (memory, node) and its GPU
-    cost so far beside it."""
+    """Train to the last epoch (or until ``keep`` says no), reporting each with
+    ``reported`` (memory, node) and its GPU cost so far beside it."""
     checkpoint = _restore_checkpoint()
     trainer = Trainer(train_config, checkpoint=checkpoint)
     del checkpoint  # its tensors are the trainer's now
@@ -139,18 +156,26 @@ def _train(
             "cpu_s_total": metrics["cpu_s_total"],
             **cost,
         }
+        if keep is not None and trainer.epoch < train_config.epochs and not keep(metrics):
+            return  # stopped at a rung (reported: its run and checkpoint are this epoch's)
 
 
 GROUP_STATE = "group.json"  # beside the members' checkpoints: members that ended, and why
+STOPPED_AT_RUNG = "stopped by ASHA at a rung"
 
 
-def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare | None) -> None:
+def _train_group(
+    group: GroupTrialConfig,
+    gpu_fraction: float,
+    share: GpuShare | None,
+    judge: EarlyStop | None = None,
+) -> None:
     """Train a group trial's members as one :class:`~trainables.group.TrainerGroup`. Each
     epoch reports every member's latest metrics under ``"members"`` (by
-    :func:`~trainables.config.member_slug`), with each member's checkpoint in
-    ``state/<slug>/``; a member that diverged keeps its final entry (``diverged`` 1) and
-    trains no more, also after a resume. The top-level ``val_sharpe`` is the best member's
-    (what Tune's progress and schedulers read)."""
+    :meth:`~trainables.config.GroupTrialConfig.slugs`), with each member's checkpoint in
+    ``state/<slug>/``; a member that diverged, or that ``judge`` stopped (``stopped`` 1),
+    keeps its final entry and trains no more, also after a resume. The top-level
+    ``val_sharpe`` is the best member's (what Tune's progress reads)."""
     from trainables.group import TrainerGroup
 
     configs = group.train_configs()
@@ -159,14 +184,18 @@ def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare |
         share.cap_memory(configs[0], gpu_fraction)
         memory = share.memory_metrics(configs[0], gpu_fraction)
     node = _node()
-    slugs = [member_slug(m.member) for m in group.members]
+    slugs = group.slugs()
     checkpoints, latest = _restore_group(slugs)
     trainers = TrainerGroup(configs, checkpoints=checkpoints)
     for index, slug in enumerate(slugs):
-        if latest.get(slug, {}).get("diverged"):  # diverged before the restart: stays out
-            reason = str(latest[slug].get("failure_reason", "diverged"))
+        ended = latest.get(slug, {})
+        if ended.get("diverged"):  # diverged before the restart: stays out
+            reason = str(ended.get("failure_reason", "diverged"))
             trainers.stop(index, reason)
             trainers.diverged[index] = reason
+        elif ended.get("stopped"):  # stopped at a rung before the restart
+            trainers.stop(index, STOPPED_AT_RUNG)
+    keys = [member_key(m.to_dict()) for m in group.members]
     while trainers.training:
         metrics = trainers.train_epoch()
         for index, member in enumerate(trainers.members):
@@ -174,6 +203,10 @@ def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare |
             if index in metrics:
                 cost = gpu_cost(member, gpu_fraction)
                 latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
+                going_on = member.epoch < member.config.epochs
+                if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
+                    trainers.stop(index, STOPPED_AT_RUNG)
+                    latest[slug]["stopped"] = 1
             elif index in trainers.diverged and not latest.get(slug, {}).get("diverged"):
                 latest[slug] = {
                     **{k: v for k, v in latest.get(slug, {}).items() if k.endswith("_total")},
@@ -203,7 +236,7 @@ def _train_group(group: GroupTrialConfig, gpu_fraction: float, share: GpuShare |
             for index, member in enumerate(trainers.members):
                 if index not in trainers.diverged:
                     member.save(root / slugs[index])
-            ended = {s: e for s, e in latest.items() if e.get("diverged")}
+            ended = {s: e for s, e in latest.items() if e.get("diverged") or e.get("stopped")}
             (root / GROUP_STATE).write_text(json.dumps(ended, default=str))
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
 
@@ -315,6 +348,10 @@ def _load(checkpoint: tune.Checkpoint) -> Checkpoint:
     # loaded checkpoint holds its tensors in memory, not the files.
     with checkpoint.as_directory() as directory:
         return load_checkpoint(Path(directory) / CKPT_SUBDIR)
+
+
+def _asker(judge: EarlyStop | None, key: str) -> Callable[[Mapping[str, Any]], bool] | None:
+    return None if judge is None else lambda result: judge.keep(key, result)
 
 
 def _node() -> dict[str, str]:

@@ -11,6 +11,8 @@ a resumed sweep continues the same search with its whole history (no pickle invo
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -64,8 +66,22 @@ class OptunaParamSearcher(ParamSearcher):
             return optuna.samplers.RandomSampler(seed=self.seed)
         raise ValueError(f"unknown Optuna sampler {self.kind!r}; expected 'tpe' or 'random'")
 
-    def ask(self, token: str) -> dict[str, Any]:
-        trial = self.study.ask(self.distributions)
+    def ask(self, token: str, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        pinned = {k: v for k, v in (fixed or {}).items() if k in self.distributions}
+        if pinned:
+            # Optuna's own way to search some parameters with others held: the pinned ones
+            # leave the sampler's (relative) search space, and the trial records them with
+            # their distributions, so TPE learns from them as from sampled ones.
+            base = self.study.sampler
+            with warnings.catch_warnings():  # "experimental" since Optuna 2.4, and stable
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.sampler = optuna.samplers.PartialFixedSampler(pinned, base)
+            try:
+                trial = self.study.ask(self.distributions)
+            finally:
+                self.study.sampler = base
+        else:
+            trial = self.study.ask(self.distributions)
         self._open[token] = trial
         self._params[token] = trial.params
         return {k: _plain(v) for k, v in trial.params.items()}

@@ -10,6 +10,7 @@ a token, tell the token's result, and save / restore the whole state as plain JS
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -17,8 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 class ParamSearcher(Protocol):
     """Ask-and-tell search over one space; tokens name the outstanding suggestions."""
 
-    def ask(self, token: str) -> dict[str, Any]:
-        """Parameters (name -> value) for the suggestion ``token``."""
+    def ask(self, token: str, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Parameters (name -> value) for the suggestion ``token``; dimensions named in
+        ``fixed`` take its values (a group's shared shape) and the rest are searched."""
         ...
 
     def tell(self, token: str, value: float | None) -> None:

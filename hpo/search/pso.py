@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,20 @@ def decode(dim: Dim, u: float) -> Any:
     if isinstance(dim, Int):
         return min(max(math.floor(x + 0.5), dim.low), dim.high)
     return min(max(x, float(dim.low)), float(dim.high))
+
+
+def encode(dim: Dim, value: Any) -> float:
+    """The unit coordinate that :func:`decode` maps to ``value`` (the middle of its
+    stratum for an integer or a choice)."""
+    if isinstance(dim, Choice):
+        if value not in dim.options:
+            raise ValueError(f"{value!r} is not one of the choices {list(dim.options)}")
+        return (dim.options.index(value) + 0.5) / len(dim.options)
+    a, b = _span(dim)
+    x = float(value)
+    if dim.log:
+        x = math.log(x)
+    return min(max((x - a) / (b - a), 0.0), 1.0) if b > a else 0.5
 
 
 class PSOParamSearcher(ParamSearcher):
@@ -122,8 +137,22 @@ class PSOParamSearcher(ParamSearcher):
         self.n_failed = 0
 
     # -- ask / tell ------------------------------------------------------------------------
-    def ask(self, token: str) -> dict[str, Any]:
-        """Parameters for trial ``token``: an idle particle's position, else an extra point."""
+    def ask(self, token: str, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Parameters for trial ``token``: an idle particle's position, else an extra point.
+        Dimensions in ``fixed`` are moved to its values (the particle with them: the
+        particles of a group share its shape, and each moves on from where it was
+        evaluated)."""
+        particle, x = self._next_point()
+        for name, value in (fixed or {}).items():
+            if name in self.dims:
+                x[self.names.index(name)] = encode(self.dims[name], value)
+        if particle is not None:
+            self.x[particle] = x.copy()
+        self.outstanding[token] = (particle, x)
+        return self._decode(x)
+
+    def _next_point(self) -> tuple[int | None, np.ndarray]:
+        """The longest-idle particle and its position, or (None, an extra point)."""
         if self.idle:
             particle: int | None = self.idle.popleft()
             x = self.x[particle].copy()
@@ -136,8 +165,7 @@ class PSOParamSearcher(ParamSearcher):
                 x = np.clip(
                     self.gbest_x + self.rng.normal(0.0, self.explore_sigma, size=d), 0.0, 1.0
                 )
-        self.outstanding[token] = (particle, x)
-        return self._decode(x)
+        return particle, x
 
     def tell(self, token: str, value: float | None) -> None:
         """The result of trial ``token``; ``None`` or a non-finite value marks a failure."""

@@ -8,6 +8,12 @@ parameters; members that differ only in precision share a ``pair_id``. When ever
 of a configuration has finished, the stream's searcher is told the mean of their finite
 metric values.
 
+With a group size K > 1 (``fusion.group_size``) (a family that fuses), a stream asks for configurations
+in batches that share one shape: the first is searched whole, the others with every
+setting but :data:`~trainables.trial_keys.MEMBER_SETTINGS` held at the first's, so that
+the batch's members of one precision (configurations x seeds, at most K) train as one
+group trial.
+
 Streams are served round-robin so every model progresses at once, and the searcher says
 ``FINISHED`` after ``samples`` configurations per stream. Its whole state is JSON (``save`` /
 ``restore``), written by Tune into the experiment directory, so ``hpo resume`` continues
@@ -30,7 +36,8 @@ from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
 from models import get_family
-from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial, member_slug
+from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
+from trainables.trial_keys import MEMBER_SETTINGS, member_slugs
 
 
 @dataclass
@@ -67,7 +74,8 @@ class SweepSearcher(Searcher):
         self.configs: dict[str, _Configuration] = {}
         self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (config_id, member key)
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
-        self.trial_group: dict[str, list[str]] = {}  # group trial_id -> its members' keys
+        # group trial_id -> its members, (config_id, member key) each
+        self.trial_group: dict[str, list[tuple[str, str]]] = {}
 
     # -- Tune's Searcher interface ---------------------------------------------------------
     def set_search_properties(
@@ -82,7 +90,7 @@ class SweepSearcher(Searcher):
             return Searcher.FINISHED if self._all_reported() else None
         config = self.queue.popleft()
         if is_group_trial(config):
-            self.trial_group[trial_id] = [m["member"] for m in config[GROUP_KEY]]
+            self.trial_group[trial_id] = [(m["config_id"], m["member"]) for m in config[GROUP_KEY]]
             self.trial_member[trial_id] = (config["config_id"], "")
         else:
             self.trial_member[trial_id] = (config["config_id"], config["member"])
@@ -106,20 +114,28 @@ class SweepSearcher(Searcher):
             retry = trial.with_floor(float(result["oom_retry_gpu_fraction"]), gpu_type=ran_on)
             self.queue.appendleft(retry.to_dict())
             return
-        config_id, member = located
-        group = self.configs[config_id]
         if trial_id in self.trial_group:  # a group trial: each member's own result
             reported = (result or {}).get("members") or {}
-            for name in self.trial_group[trial_id]:
-                entry = {} if error else reported.get(member_slug(name)) or {}
-                value = entry.get(self.spec.metric)
-                group.results[name] = float(value) if isinstance(value, int | float) else None
+            members = self.trial_group[trial_id]
+            slugs = member_slugs(self.trial_config[trial_id][GROUP_KEY])
+            for (config_id, member), slug in zip(members, slugs, strict=True):
+                entry = {} if error else reported.get(slug) or {}
+                self._record(config_id, member, entry.get(self.spec.metric))
         else:
-            value = None if (error or not result) else result.get(self.spec.metric)
-            group.results[member] = float(value) if isinstance(value, int | float) else None
-        if len(group.results) == len(group.members):
-            finite = [v for v in group.results.values() if v is not None and math.isfinite(v)]
-            self.searchers[group.stream].tell(
+            config_id, member = located
+            self._record(
+                config_id, member, None if error or not result else result.get(self.spec.metric)
+            )
+
+    def _record(self, config_id: str, member: str, value: Any) -> None:
+        """One member's result; the configuration's mean goes to its stream's searcher once
+        every member of it has one."""
+        configuration = self.configs[config_id]
+        configuration.results[member] = float(value) if isinstance(value, int | float) else None
+        if len(configuration.results) == len(configuration.members):
+            results = configuration.results.values()
+            finite = [v for v in results if v is not None and math.isfinite(v)]
+            self.searchers[configuration.stream].tell(
                 config_id, sum(finite) / len(finite) if finite else None
             )
 
@@ -134,54 +150,54 @@ class SweepSearcher(Searcher):
         return False
 
     def _emit(self, index: int) -> None:
+        """Queue the stream's next configurations: one, or a batch of one shape."""
         model, precision = self.streams[index]
-        number = self.configs_made[index]
-        self.configs_made[index] += 1
+        grouped = self._groups(model)
+        batch = max(1, self.spec.group_size // len(self.spec.seeds)) if grouped else 1
+        batch = min(batch, self.spec.samples - self.configs_made[index])
         tag = model if precision is None else f"{model}-{precision}"
-        config_id = f"{tag}-g{number:03d}"
-        params = {**self.spaces[index].fixed, **self.searchers[index].ask(config_id)}
         precisions = list(self.spec.precisions) if precision is None else [precision]
-        members = []
+        shape: dict[str, Any] | None = None
         trials: list[TrialConfig] = []
-        for seed in self.spec.seeds:
-            for p in precisions:
-                member = f"{p}/{seed}"
-                members.append(member)
-                trials.append(
-                    TrialConfig(
-                        family=model,
-                        precision=p,
-                        seed=seed,
-                        params=params,
-                        base=self.base,
-                        config_id=config_id,
-                        pair_id=f"{config_id}-s{seed}",
-                        member=member,
+        for _ in range(batch):
+            config_id = f"{tag}-g{self.configs_made[index]:03d}"
+            self.configs_made[index] += 1
+            params = {**self.spaces[index].fixed, **self.searchers[index].ask(config_id, shape)}
+            if shape is None:
+                shape = {k: v for k, v in params.items() if k not in MEMBER_SETTINGS}
+            members = []
+            for seed in self.spec.seeds:
+                for p in precisions:
+                    member = f"{p}/{seed}"
+                    members.append(member)
+                    trials.append(
+                        TrialConfig(
+                            family=model,
+                            precision=p,
+                            seed=seed,
+                            params=params,
+                            base=self.base,
+                            config_id=config_id,
+                            pair_id=f"{config_id}-s{seed}",
+                            member=member,
+                        )
                     )
-                )
-        for queued in self._grouped(model, trials):
-            self.queue.append(queued)
-        self.configs[config_id] = _Configuration(stream=index, members=members)
-
-    def _grouped(self, model: str, trials: list[TrialConfig]) -> list[dict[str, Any]]:
-        """The trial dicts to queue: with ``fusion.group_size`` K > 1, the seeds of each
-        precision in group trials of up to K (a lone member stays a plain trial); rl
-        families always alone."""
-        size = self.spec.fusion.group_size
-        family = get_family(model)
-        if size == 1 or family.kind == "rl" or not family.fuses:
-            return [t.to_dict() for t in trials]
-        out = []
-        for p in dict.fromkeys(t.precision for t in trials):
+            self.configs[config_id] = _Configuration(stream=index, members=members)
+        if not grouped:
+            self.queue.extend(t.to_dict() for t in trials)
+            return
+        for p in precisions:
             same = [t for t in trials if t.precision == p]
-            for start in range(0, len(same), size):
-                chunk = same[start : start + size]
-                out.append(
-                    chunk[0].to_dict()
-                    if len(chunk) == 1
-                    else GroupTrialConfig(tuple(chunk)).to_dict()
+            for chunk in _even_chunks(same, self.spec.group_size):
+                one = len(chunk) == 1
+                self.queue.append(
+                    chunk[0].to_dict() if one else GroupTrialConfig(tuple(chunk)).to_dict()
                 )
-        return out
+
+    def _groups(self, model: str) -> bool:
+        """Whether ``model``'s trials train in group trials (rl families never do)."""
+        family = get_family(model)
+        return self.spec.group_size > 1 and family.kind != "rl" and family.fuses
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -215,7 +231,14 @@ class SweepSearcher(Searcher):
         }
         self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
         self.trial_config = dict(state.get("trial_config", {}))
-        self.trial_group = {k: list(v) for k, v in state.get("trial_group", {}).items()}
+        self.trial_group = {
+            # Saved as member keys alone before a group could hold several configurations.
+            trial: [
+                (self.trial_member[trial][0], m) if isinstance(m, str) else (m[0], m[1])
+                for m in members
+            ]
+            for trial, members in state.get("trial_group", {}).items()
+        }
         for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
             searcher.load_state(saved)
 
@@ -240,3 +263,18 @@ class SweepSearcher(Searcher):
             best = searcher.best()
             rows.append({"model": model, "precision": precision, "best": best})
         return rows
+
+
+def _even_chunks(items: list[TrialConfig], size: int) -> list[list[TrialConfig]]:
+    """``items`` in as few chunks of at most ``size`` as there can be, as even as they can
+    be (9 by 8: 5 and 4, not 8 and 1)."""
+    n = -(-len(items) // size)
+    if n == 0:
+        return []
+    base, extra = divmod(len(items), n)
+    chunks, start = [], 0
+    for i in range(n):
+        end = start + base + (1 if i < extra else 0)
+        chunks.append(items[start:end])
+        start = end
+    return chunks

@@ -1,6 +1,8 @@
-"""A compare sweep with `fusion.group_size`, through the `hpo` CLI as a user runs it: the
-seeds of each configuration and precision train as one group trial, and everything a
-user reads still lists members (one MLflow child run each, status rows, the comparison)."""
+"""Grouped sweeps through the `hpo` CLI as a user runs them. A compare sweep with
+`fusion.group_size`: the seeds of each configuration and precision train as one group
+trial, and everything a user reads still lists members (one MLflow child run each, status
+rows, the comparison). A search sweep with the default group size and ASHA: configurations
+of one shape train as one group, and ASHA stops members, not groups."""
 
 from __future__ import annotations
 
@@ -19,6 +21,17 @@ from tests.hpo.sweep_helpers import trial_dirs, trial_runs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HPO = Path(sys.executable).with_name("hpo")  # the console script, as a user runs it
+
+
+def _hpo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(HPO), *args],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -> None:
@@ -46,14 +59,7 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     spec_path.write_text(yaml.safe_dump(payload))
 
     def hpo(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(HPO), *args],
-            cwd=tmp_path,
-            env=dict(os.environ),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        return _hpo(tmp_path, *args)
 
     swept = hpo("sweep", str(spec_path))
     assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
@@ -83,3 +89,62 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     assert parent["cmp.kan.bf16_vs_f32.val.n_incomplete"] == 0.0
     compared = hpo("compare", "--experiment", "grouped", "--tracking-uri", uri)
     assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
+
+
+def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) -> None:
+    # No [fusion] table: the default group size (8) groups nine sampled configurations of
+    # one shape as a group of 8 and a lone trial; ASHA decides per member at epochs 1, 2.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    payload = {
+        "name": "rungs",
+        "models": ["kan"],
+        "precisions": ["f32"],
+        "samples": 9,
+        "search": "tpe",
+        "scheduler": "asha",
+        "max_epochs": 3,
+        "grace_epochs": 1,
+        "max_concurrent": 2,
+        "storage": str(tmp_path / "results"),
+        "tracking_uri": uri,
+        "data": {"source": "synthetic", "n_assets": 2, "n_bars": 600},
+        "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 6},
+        "walk_forward": {"n_folds": 1},
+        "resources": {"cpu": 1, "gpu": 0},
+        "search_space": {"kan": {"width": {"choices": [4, 8]}}},
+    }
+    spec_path = tmp_path / "rungs.yaml"
+    spec_path.write_text(yaml.safe_dump(payload))
+    swept = _hpo(tmp_path, "sweep", str(spec_path))
+    assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
+    assert "9/9 trials finished" in swept.stdout
+    sweep_dir = tmp_path / "results" / "rungs"
+    assert len(trial_dirs(sweep_dir)) == 2  # a group of eight, one alone
+    assert "group of 8 (g000-f32-s0, g001-f32-s0," in swept.stdout
+
+    rungs = json.loads((sweep_dir / "asha-rungs.json").read_text())
+    decisions = {int(m): d for m, d in rungs["decisions"].items()}
+    assert len(decisions[1]) == 9  # every member judged at the first rung
+    stopped = [k for d in decisions.values() for k, keep in d.items() if not keep]
+    assert stopped, "ASHA kept every one of nine members: nothing was stopped"
+
+    def epochs_of(key: str) -> int:  # where the rungs say the member ended
+        for rung in sorted(decisions):
+            if decisions[rung].get(key) is False:
+                return rung
+        return 3
+
+    client = MlflowClient(uri)
+    runs = trial_runs(uri, "rungs")
+    assert len(runs) == 9 and all(r.info.status == "FINISHED" for r in runs)
+    for run in runs:
+        key = f"{run.data.tags['config_id']}|{run.data.tags['member']}"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        assert steps == list(range(1, epochs_of(key) + 1)), (key, steps)
+
+    status = _hpo(tmp_path, "status", str(sweep_dir), "--json")
+    assert status.returncode == 0, status.stderr[-3000:]
+    rows = json.loads(status.stdout)["trials"]
+    assert sorted(r["epochs"] for r in rows) == sorted(
+        epochs_of(f"{r['config_id']}|{r['member']}") for r in rows
+    )

@@ -1,6 +1,7 @@
-"""`fusion.group_size`: the searcher queues the seeds of a configuration (per precision) as
-group trials of up to K members, is told each member's own result, and rl families stay
-ungrouped; the spec refuses what groups cannot do yet."""
+"""`fusion.group_size`: the searcher queues the seeds of a configuration, and further
+configurations of the same shape, (per precision) as group trials of up to K members, is
+told each member's own result, and rl families stay ungrouped; the spec refuses what
+groups cannot do yet."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ray.tune.search import Searcher
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SpecError, parse_spec
 from trainables.config import GROUP_KEY, GroupTrialConfig, is_group_trial
+from trainables.trial_keys import MEMBER_SETTINGS, trial_units
 
 
 def _spec(**overrides: Any) -> Any:
@@ -68,10 +70,90 @@ def test_the_searcher_is_told_each_members_result() -> None:
     assert restored.trial_group == searcher.trial_group
 
 
+def _all_suggestions(searcher: SweepSearcher) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    while isinstance(suggestion := searcher.suggest(f"t{len(out)}"), dict):
+        out[f"t{len(out)}"] = suggestion
+    return out
+
+
+@pytest.mark.parametrize("search", ["random", "tpe", "pso"])
+def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
+    # One seed, K = 4: each (model, precision) stream asks for four configurations at a
+    # time, the first searched whole, the other three with its shape (kan's grid, width,
+    # depth, ...) held: one group trial of four configurations per stream and batch.
+    spec = _spec(
+        models=["kan"],
+        compare=False,
+        scheduler="fifo",
+        search=search,
+        seeds=[0],
+        samples=6,
+        fusion={"group_size": 4},
+    )
+    searcher = SweepSearcher(spec)
+    trials = _all_suggestions(searcher)
+    sizes = sorted(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in trials.values())
+    assert sizes == [2, 2, 4, 4]  # per precision: 4 configurations, then the last 2
+    assert spec.n_tune_trials == len(trials) == 4
+    for config in trials.values():
+        if not is_group_trial(config):
+            continue
+        members = GroupTrialConfig.from_dict(config).members
+        assert len({m.config_id for m in members}) == len(members)
+        shapes = [{k: v for k, v in m.params.items() if k not in MEMBER_SETTINGS} for m in members]
+        assert all(shape == shapes[0] for shape in shapes)
+        assert len({m.params["lr"] for m in members}) == len(members)  # lr is searched per member
+        # Member ids stay unique across the group's configurations.
+        ids = [unit for unit, _, _ in trial_units("abc", config)]
+        assert len(set(ids)) == len(ids) and ids[0].startswith("abc-g0")
+    # Each configuration gets its own member's result, told to the stream's searcher.
+    for trial_id, config in trials.items():
+        units = trial_units(trial_id, config)
+        reported = {slug: {"val_sharpe": float(i)} for i, (_, _, slug) in enumerate(units)}
+        searcher.on_trial_complete(trial_id, {"val_sharpe": 0.0, "members": reported})
+    assert [s.n_told for s in searcher.searchers] == [6, 6]
+    assert searcher.suggest("t99") == Searcher.FINISHED
+
+
+def test_compare_mode_groups_seeds_of_several_configurations_evenly() -> None:
+    # Three seeds, K = 8: two configurations of one shape per batch, 6 members a group.
+    spec = _spec(models=["kan"], seeds=[0, 1, 2], samples=3, fusion={"group_size": 8})
+    trials = _all_suggestions(SweepSearcher(spec))
+    sizes = sorted(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in trials.values())
+    assert sizes == [3, 3, 6, 6] and spec.n_tune_trials == 4
+    # Pairs stay pairs: each f32 member has its bf16 twin with the same parameters.
+    members = [m for t in trials.values() for m in t.get(GROUP_KEY, [t])]
+    by_pair: dict[str, list[dict[str, Any]]] = {}
+    for m in members:
+        by_pair.setdefault(m["pair_id"], []).append(m)
+    assert len(by_pair) == 9
+    assert all(len(p) == 2 and p[0]["params"] == p[1]["params"] for p in by_pair.values())
+
+
+def test_group_size_one_searches_exactly_as_before() -> None:
+    # The batch path must not change an ungrouped sweep's suggestions.
+    grouped = _spec(
+        models=["kan"],
+        compare=False,
+        scheduler="fifo",
+        search="tpe",
+        seeds=[0],
+        samples=3,
+        fusion={"group_size": 1},
+    )
+    from hpo.search import make_param_searcher
+    from hpo.search.space import trial_space
+
+    direct = make_param_searcher("tpe", trial_space("kan"), seed=grouped.search_seed * 7919)
+    trials = _all_suggestions(SweepSearcher(grouped))
+    f32 = [t for t in trials.values() if t["precision"] == "f32"]
+    assert [t["params"] for t in f32] == [direct.ask(f"x{i}") for i in range(3)]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"compare": False, "scheduler": "asha"}, "fusion.group_size > 1 needs scheduler = 'fifo'"),
         ({"resources": {"gpu": "measured"}}, "fusion.group_size > 1 needs a fixed resources.gpu"),
     ],
 )

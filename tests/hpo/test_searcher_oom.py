@@ -13,8 +13,15 @@ from trainables.config import RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY, TrialConfig
 
 
 def test_oom_requeues_the_same_member_with_a_floor() -> None:
-    spec = parse_spec(
-        {"name": "oom", "models": ["kan"], "precisions": ["bf16"], "samples": 2, "search": "random"}
+    spec = parse_spec(  # two trials alone (group trials of one shape would hold both)
+        {
+            "name": "oom",
+            "models": ["kan"],
+            "precisions": ["bf16"],
+            "samples": 2,
+            "search": "random",
+            "fusion": {"group_size": 1},
+        }
     )
     searcher = SweepSearcher(spec)
     first, second = searcher.suggest("t1"), searcher.suggest("t2")

@@ -34,7 +34,8 @@ from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SweepSpec, parse_spec
 from models import family_names, get_family
 from models.base import Choice, Float, Int
-from trainables.config import split_trial_config
+from trainables.config import is_group_trial, split_trial_config
+from trainables.trial_keys import trial_units
 
 SEARCHERS = ("tpe", "pso", "random")
 
@@ -48,6 +49,9 @@ def _spec(search: str, **overrides: Any) -> SweepSpec:
         "search": search,
         "scheduler": "fifo",
         "search_seed": 3,
+        # One configuration per Tune trial unless a test groups them (the grouped resume
+        # cases below): most tests here follow single configurations.
+        "fusion": {"group_size": 1},
         "search_space": {
             "tft": {"n_heads": 1, "lstm_layers": {"low": 1, "high": 2}},
             "kan": {
@@ -75,6 +79,15 @@ def _objective(config: dict[str, Any]) -> float:
         value -= 0.1 * abs(p.get("window", 3) - 3) + 0.2 * abs(math.log2(p.get("width", 8) / 8))
         value -= 0.05 * abs(p.get("grid_size", 8) - 8)
     return value + 0.01 * config["seed"]
+
+
+def _result(config: dict[str, Any]) -> dict[str, Any]:
+    """What the trial reports at its end: its objective, or each member's for a group."""
+    if not is_group_trial(config):
+        return {"val_sharpe": _objective(config), "epoch": 1}
+    members = {slug: {"val_sharpe": _objective(dict(m))} for _, m, slug in trial_units("t", config)}
+    best = max(m["val_sharpe"] for m in members.values())
+    return {"val_sharpe": best, "epoch": 1, "members": members}
 
 
 class Driver:
@@ -110,9 +123,9 @@ class Driver:
         ids = sorted(self.outstanding)
         done = ids[(self.next_id * 7) % len(ids)]  # out of order, deterministic
         config = self.outstanding.pop(done)
-        value = _objective(config)
-        searcher.on_trial_complete(done, {"val_sharpe": value, "epoch": 1})
-        self.log.append(("complete", done, value))
+        result = _result(config)
+        searcher.on_trial_complete(done, result)
+        self.log.append(("complete", done, result["val_sharpe"]))
         return True
 
     def run(self, searcher: SweepSearcher, steps: int) -> list[tuple[str, str, Any]]:
@@ -139,7 +152,7 @@ def _run_to_finish(searcher: SweepSearcher) -> list[dict[str, Any]]:
         if config is None:
             assert outstanding, "'not now' with nothing left to report"
             for trial_id, pending in outstanding.items():
-                searcher.on_trial_complete(trial_id, {"val_sharpe": _objective(pending)})
+                searcher.on_trial_complete(trial_id, _result(pending))
             outstanding.clear()
             continue
         assert isinstance(config, dict)
@@ -162,9 +175,10 @@ def _told_trials(searcher: SweepSearcher) -> list[int]:
 
 
 def _resume_cases(
-    search: str, tmp_path: Path, how: str, concurrency: int
+    search: str, tmp_path: Path, how: str, concurrency: int, group_size: int = 1
 ) -> tuple[list[str], list[str], SweepSearcher, SweepSearcher]:
-    spec = _spec(search)
+    # Group trials of two configurations: twice the samples for as many Tune trials.
+    spec = _spec(search, samples=14 * group_size, fusion={"group_size": group_size})
     uninterrupted, interrupted = SweepSearcher(spec), SweepSearcher(spec)
     drive_u, drive_i = Driver(concurrency), Driver(concurrency)
     first_u = drive_u.run(uninterrupted, 12)
@@ -194,19 +208,25 @@ def _resume_cases(
 # told and still-open trials in their original ask order (numbers kept in the state), so
 # even after out-of-order completions its next samples equal the uninterrupted run's.
 RESUME_CASES = [
-    pytest.param("pso", 3, id="pso-concurrent"),
-    pytest.param("random", 3, id="random-concurrent"),
-    pytest.param("tpe", 1, id="tpe-sequential"),
-    pytest.param("tpe", 3, id="tpe-concurrent"),
+    pytest.param("pso", 3, 1, id="pso-concurrent"),
+    pytest.param("random", 3, 1, id="random-concurrent"),
+    pytest.param("tpe", 1, 1, id="tpe-sequential"),
+    pytest.param("tpe", 3, 1, id="tpe-concurrent"),
+    # Group trials: configurations of one shape asked together (the shape held for all
+    # but the first), each member's result told to its own configuration.
+    pytest.param("pso", 3, 2, id="pso-groups"),
+    pytest.param("tpe", 3, 2, id="tpe-groups"),
 ]
 
 
 @pytest.mark.parametrize("how", ["file", "pickle"])
-@pytest.mark.parametrize(("search", "concurrency"), RESUME_CASES)
+@pytest.mark.parametrize(("search", "concurrency", "group_size"), RESUME_CASES)
 def test_resume_continues_the_same_search(
-    search: str, concurrency: int, how: str, tmp_path: Path
+    search: str, concurrency: int, group_size: int, how: str, tmp_path: Path
 ) -> None:
-    after_u, after_r, uninterrupted, restored = _resume_cases(search, tmp_path, how, concurrency)
+    after_u, after_r, uninterrupted, restored = _resume_cases(
+        search, tmp_path, how, concurrency, group_size
+    )
     assert len(after_u) >= 10, "the comparison should cover many suggestions after the resume"
     assert after_r == after_u
     assert _told_trials(restored) == _told_trials(uninterrupted)

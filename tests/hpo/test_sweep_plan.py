@@ -135,6 +135,9 @@ def test_a_sweep_without_measured_shares_says_what_each_trial_asks(tmp_path: Pat
         0.25, 1
     )
     assert "no GPUs asked" in render_fixed_plan(0, 2)
+    grouped = render_fixed_plan(0.25, 1, group_size=8)
+    assert "4 group trials per GPU, up to 32 members" in grouped
+    assert "group trials of up to 8 members (fused, one share each)" in grouped
     assert "'measured', but the cluster has no GPU nodes" in render_fixed_plan("measured", 1)
     spec = tiny_spec(tmp_path, resources={"cpu": 1, "gpu": 1})
     plan_of = sweep_plan(spec, TrialResources(spec))

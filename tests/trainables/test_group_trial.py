@@ -95,3 +95,69 @@ def test_a_group_trial_reports_and_checkpoints_every_member(
         assert history[-1].value == pytest.approx(row.val_sharpe)
         returns = {a.path for a in client.list_artifacts(run.info.run_id, "returns")}
         assert returns == {"returns/returns.csv"}
+
+
+def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
+    ray_session: Any, tmp_path: Path, mlflow_uri: str
+) -> None:
+    # Two configurations of one shape (lr differs) in one group; the judge (the sweep's
+    # per-member ASHA) stops one member after epoch 1: it trains no more, its entry and
+    # checkpoint stay those of epoch 1, its run finishes, the others train to epoch 2.
+    import json
+
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    from hpo.tracking import MlflowSweepCallback, start_sweep_run
+    from tests.hpo.sweep_helpers import trial_runs
+    from trainables.trial import run_trial
+
+    seeded = _group(tmp_path, (0, 1)).members
+    other = TrialConfig.from_dict(
+        {**seeded[0].to_dict(), "config_id": "kan-g001", "params": {"width": 4, "lr": 3e-3}}
+    )
+    group = GroupTrialConfig((seeded[0], other, seeded[1]))
+    asked = tmp_path / "asked.jsonl"
+    stop = "kan-g001|f32/0"
+
+    class Judge:
+        def keep(self, member: str, result: Any) -> bool:
+            with asked.open("a") as out:
+                out.write(json.dumps([member, result["epoch"]]) + "\n")
+            return member != stop
+
+    client = MlflowClient(mlflow_uri)
+    parent = start_sweep_run(client, "rungs", {"name": "rungs"}, compare=False)
+    callback = MlflowSweepCallback(mlflow_uri, "rungs", parent)
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(run_trial, judge=Judge()), {"cpu": 1}),
+        param_space=group.to_dict(),
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "tune"), name="rungs", verbose=0, callbacks=[callback]
+        ),
+    )
+    result = tuner.fit()[0]
+    assert result.error is None
+    members = result.metrics["members"]
+    assert set(members) == {"g000-f32-s0", "g001-f32-s0", "g000-f32-s1"}
+    assert members["g001-f32-s0"]["epoch"] == 1 and members["g001-f32-s0"]["stopped"] == 1
+    assert [members[s]["epoch"] for s in ("g000-f32-s0", "g000-f32-s1")] == [2, 2]
+    # Asked once per member after epoch 1; not after the last epoch (it ends there anyway).
+    calls = sorted(tuple(json.loads(line)) for line in asked.read_text().splitlines())
+    assert calls == [("kan-g000|f32/0", 1), ("kan-g000|f32/1", 1), ("kan-g001|f32/0", 1)]
+
+    rows = trial_rows(tmp_path / "tune" / "rungs")
+    stopped_row = next(r for r in rows if r.config_id == "kan-g001")
+    assert stopped_row.epochs == 1 and stopped_row.checkpoint is not None
+    alone = Trainer(other.train_config(), checkpoint=load_checkpoint(Path(stopped_row.checkpoint)))
+    assert alone.epoch == 1 and alone.config.lr == pytest.approx(3e-3)
+
+    assert callback.flush(60)
+    runs = {r.data.tags["trial_id"]: r for r in trial_runs(mlflow_uri, "rungs")}
+    assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs.values())
+    steps = {
+        trial_id: [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        for trial_id, run in runs.items()
+    }
+    assert steps[stopped_row.trial_id] == [1]
+    assert sorted(len(s) for s in steps.values()) == [1, 2, 2]

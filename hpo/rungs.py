@@ -1,0 +1,150 @@
+"""ASHA that decides per member: the rungs of a grouped sweep, shared by its trials.
+
+Ray Tune's ``ASHAScheduler`` decides per Tune trial, and a group trial holds several
+members (``trainables.group``), so a grouped sweep (``fusion.group_size`` > 1 with
+``scheduler = "asha"``) runs Tune's FIFO scheduler and this instead. Every trial, grouped
+or not, asks :class:`RungJudge` after each epoch whether each of its members goes on; a
+member stopped at a rung leaves its group's fused step, and the group trial ends with its
+last member.
+
+:class:`AshaRungs` is the algorithm of Tune's ``ASHAScheduler`` with one bracket (Li et
+al. 2020, asynchronous successive halving): rungs at ``grace * rf**k`` epochs below
+``max_t``; a member reaching a rung is recorded there and stopped when its value is below
+the rung's ``1 - 1/rf`` quantile of the values recorded before it (NaN values are
+recorded and never stop). Each decision is remembered, so an epoch re-run after a resume
+gets the decision it got the first time. The rungs live in one Ray actor per sweep
+(:class:`RungBoard`, named after the sweep), which writes them to the sweep's directory
+on every change: ``hpo resume`` continues with them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+ASHA_REDUCTION_FACTOR = 2  # every sweep's, per trial (Tune's) or per member (here)
+RUNGS_FILE = "asha-rungs.json"  # in the sweep's directory
+_ACTOR_PREFIX = "hpo-asha-rungs-"
+# The boards this driver started: a named actor that is not detached dies with its last
+# handle, so the driver keeps one for the sweep's life (trials find it by name).
+_BOARDS: dict[str, Any] = {}
+
+
+class AshaRungs:
+    """One ASHA bracket over named members (see the module docstring)."""
+
+    def __init__(self, grace: int, max_t: int, reduction_factor: float = 2.0) -> None:
+        if not 1 <= grace <= max_t:
+            raise ValueError(f"need 1 <= grace ({grace}) <= max_t ({max_t})")
+        self.reduction_factor = float(reduction_factor)
+        n_rungs = int(math.log(max_t / grace) / math.log(self.reduction_factor) + 1)
+        # Ray's rungs: grace * rf**k for k < n_rungs (a rung at max_t stops nobody there:
+        # the member ends anyway).
+        self.milestones = [int(grace * self.reduction_factor**k) for k in range(n_rungs)]
+        self.max_t = max_t
+        self.recorded: dict[int, dict[str, float]] = {m: {} for m in self.milestones}
+        self.decisions: dict[int, dict[str, bool]] = {m: {} for m in self.milestones}
+
+    def keep(self, member: str, epoch: int, value: float) -> bool:
+        """Whether ``member``, at ``epoch`` with ``value`` (higher is better), goes on."""
+        if epoch >= self.max_t:
+            return False  # its last epoch
+        reached = [m for m in self.milestones if m <= epoch]
+        if not reached:
+            return True
+        rung = max(reached)  # Ray judges a result at the highest rung it has reached
+        if member in self.decisions[rung]:
+            return self.decisions[rung][member]
+        values = [v for v in self.recorded[rung].values() if not math.isnan(v)]
+        keep = True
+        if values and not math.isnan(value):
+            keep = value >= _percentile(values, (1 - 1 / self.reduction_factor) * 100)
+        self.recorded[rung][member] = float(value)
+        self.decisions[rung][member] = keep
+        return keep
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "milestones": self.milestones,
+            "recorded": {str(m): r for m, r in self.recorded.items()},
+            "decisions": {str(m): d for m, d in self.decisions.items()},
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if list(state["milestones"]) != self.milestones:
+            raise ValueError(
+                f"{RUNGS_FILE}: rungs at {state['milestones']}, this sweep's are at "
+                f"{self.milestones} (max_epochs or grace_epochs changed?)"
+            )
+        self.recorded = {int(m): dict(r) for m, r in state["recorded"].items()}
+        self.decisions = {int(m): dict(d) for m, d in state["decisions"].items()}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as Ray's ``np.nanpercentile`` computes it."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class RungBoard:
+    """The sweep's :class:`AshaRungs` as a Ray actor, kept in ``<sweep dir>/asha-rungs.json``."""
+
+    def __init__(self, sweep_dir: str, grace: int, max_t: int, reduction_factor: float) -> None:
+        from cluster.storage import SweepLocation
+
+        self.location = SweepLocation.parse(sweep_dir)
+        self.rungs = AshaRungs(grace, max_t, reduction_factor)
+        if self.location.exists(RUNGS_FILE):
+            self.rungs.load_state(json.loads(self.location.read_text(RUNGS_FILE)))
+
+    def keep(self, member: str, epoch: int, value: float) -> bool:
+        before = sum(len(d) for d in self.rungs.decisions.values())
+        keep = self.rungs.keep(member, epoch, value)
+        if sum(len(d) for d in self.rungs.decisions.values()) != before:
+            self.location.write_text(RUNGS_FILE, json.dumps(self.rungs.state()))
+        return keep
+
+    def state(self) -> dict[str, Any]:
+        return self.rungs.state()
+
+
+class RungJudge:
+    """What a trial asks (``trainables.trial.EarlyStop``): the sweep's :class:`RungBoard`,
+    found by name from any node of the sweep's Ray job. Pickled into every trial."""
+
+    def __init__(self, sweep_name: str, metric: str) -> None:
+        self.actor_name = _ACTOR_PREFIX + sweep_name
+        self.metric = metric
+        self._actor: Any = None
+
+    def keep(self, member: str, result: Mapping[str, Any]) -> bool:
+        import ray
+
+        value = result.get(self.metric)
+        number = float(value) if isinstance(value, int | float) else math.nan
+        if self._actor is None:
+            self._actor = ray.get_actor(self.actor_name)
+        return bool(ray.get(self._actor.keep.remote(member, int(result["epoch"]), number)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"actor_name": self.actor_name, "metric": self.metric, "_actor": None}
+
+
+def start_rung_board(
+    sweep_name: str, sweep_dir: str, metric: str, grace: int, max_t: int, reduction_factor: float
+) -> RungJudge:
+    """Start the sweep's :class:`RungBoard` (reloading its rungs after a resume) in the
+    connected Ray job; the judge its trials ask."""
+    import ray
+
+    board = ray.remote(num_cpus=0)(RungBoard)
+    name = _ACTOR_PREFIX + sweep_name
+    _BOARDS[name] = board.options(name=name, get_if_exists=True).remote(
+        sweep_dir, grace, max_t, reduction_factor
+    )
+    return RungJudge(sweep_name, metric)
