@@ -16,8 +16,8 @@ in-process the way Tune drives it, ``concurrency`` trials at once; every trial i
 metric ``val_sharpe``. Sampled parameters are snapped to a grid (log floats to 1/4 decade,
 linear floats to 1/8 of their range, log ints to powers of two; other ints and choices as
 they are) and each snapped configuration's learning curve is computed once, lazily; cost
-counts trial-epochs as if every trial ran. ASHA is emulated in-process (:class:`AshaRungs`,
-Ray's rule). A run reaches the target (``target_fraction`` x the best value any run found)
+counts trial-epochs as if every trial ran. ASHA is the product's per-member rungs run in-process
+(:class:`hpo.rungs.AshaRungs`, Ray's rule). A run reaches the target (``target_fraction`` x the best value any run found)
 at the first trial completion at or above it. Per searcher: median trial-epochs to target,
 its ratio to random search's with a 95% bootstrap interval, and the share of runs that
 reached the target. Method in full: docs/search.md#the-search-efficiency-benchmark
@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
+from hpo.rungs import AshaRungs
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SweepSpec, parse_spec
 from models.base import Choice, Dim, Float
@@ -86,6 +86,9 @@ class Task:
                 "precisions": ["f32"],
                 "seeds": [0],
                 "samples": samples,
+                # One configuration per trial: the searchers' efficiency per configuration
+                # (group trials ask several of one shape at a time, a different search).
+                "fusion": {"group_size": 1},
                 "search": search,
                 "search_seed": seed,
                 "scheduler": "asha" if asha else "fifo",
@@ -141,59 +144,6 @@ SMOKE = Task(
 
 
 # -- ASHA ---------------------------------------------------------------------------------------
-
-CONTINUE, STOP = "CONTINUE", "STOP"
-
-
-class AshaRungs:
-    """Ray Tune's asynchronous successive halving (``AsyncHyperBandScheduler``, one bracket,
-    ``stop_last_trials=True``, mode max), for results that carry ``epoch`` and a value.
-
-    * Rungs at ``grace * rf**k`` epochs, k = 0 .. ``int(log(max_t / grace) / log(rf))``
-      (max_t 8, grace 1, rf 2: epochs 1, 2, 4, 8); each rung records trial values.
-    * ``on_result(trial, epoch, value)``: at ``epoch >= max_t`` the trial is stopped (it is
-      done). Otherwise take the highest rung ``<= epoch`` this trial has not recorded yet
-      (none: continue). Its cutoff is ``np.nanpercentile(values recorded there so far,
-      (1 - 1/rf) * 100)`` (the median for rf = 2; no cutoff while the rung is empty); the
-      trial stops if ``value < cutoff`` (a NaN value never does), and its value is recorded
-      at the rung either way. So the first trial at a rung always continues, and a trial
-      is judged only against trials that reached the rung before it.
-    * ``on_complete(trial, epoch, value)`` (Tune calls it with the last result of a trial
-      that finished or was stopped): the same rung rule once more, decision ignored; it
-      records a finished trial's value at the ``max_t`` rung.
-    """
-
-    def __init__(self, max_t: int, grace_period: int = 1, reduction_factor: float = 2) -> None:
-        self.max_t = max_t
-        self.rf = reduction_factor
-        n_rungs = int(np.log(max_t / grace_period) / np.log(reduction_factor) + 1)
-        self.rungs: list[tuple[float, dict[str, float]]] = [
-            (grace_period * reduction_factor**k, {}) for k in reversed(range(n_rungs))
-        ]
-
-    def _rung_rule(self, trial: str, epoch: int, value: float) -> str:
-        action = CONTINUE
-        for milestone, recorded in self.rungs:  # highest first
-            if epoch < milestone or trial in recorded:
-                continue
-            if recorded:
-                with warnings.catch_warnings():  # an all-NaN rung: no cutoff (NaN), as in Ray
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    cutoff = np.nanpercentile(list(recorded.values()), (1 - 1 / self.rf) * 100)
-                if value < cutoff:
-                    action = STOP
-            recorded[trial] = value
-            break
-        return action
-
-    def on_result(self, trial: str, epoch: int, value: float) -> str:
-        if epoch >= self.max_t:
-            return STOP
-        return self._rung_rule(trial, epoch, value)
-
-    def on_complete(self, trial: str, epoch: int, value: float) -> None:
-        self._rung_rule(trial, epoch, value)
-
 
 # -- the objective: the real trainer, memoized per snapped configuration -------------------------
 
@@ -340,7 +290,7 @@ def run_search(
     search, asha = SEARCHERS[label]
     spec = task.spec(search, asha, seed, samples=budget + concurrency)
     searcher = SweepSearcher(spec)
-    scheduler = AshaRungs(task.max_epochs, grace_period=1, reduction_factor=2) if asha else None
+    scheduler = AshaRungs(grace=1, max_t=task.max_epochs, reduction_factor=2) if asha else None
     run = Run(label, seed)
     slots: list[_Running | None] = [None] * concurrency
     while run.epochs < budget:
@@ -362,9 +312,7 @@ def run_search(
             value = landscape.value(trial.config, trial.epoch)
             done = math.isnan(value) or trial.epoch >= task.max_epochs
             if scheduler is not None:
-                done = scheduler.on_result(trial.trial_id, trial.epoch, value) == STOP or done
-                if done:
-                    scheduler.on_complete(trial.trial_id, trial.epoch, value)
+                done = not scheduler.keep(trial.trial_id, trial.epoch, value) or done
             if done:
                 searcher.on_trial_complete(
                     trial.trial_id, {"val_sharpe": value, "epoch": trial.epoch}

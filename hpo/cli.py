@@ -295,9 +295,16 @@ def sweep_cmd(
         return
     # Before Ray starts: a refused login fails here, not as retries in the outbox.
     check_tracking_access(spec.tracking_uri, tracking_credentials)
+    grouped = (
+        f" as {spec.n_tune_trials} Tune trials (groups of up to {spec.group_size})"
+        if spec.forms_groups
+        else ""
+    )
+    scheduler = "asha per member" if spec.asha_per_member else spec.scheduler
     console.print(
-        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials ({', '.join(spec.models)} x "
-        f"{', '.join(spec.precisions)}; {spec.search} + {spec.scheduler}), MLflow at {spec.tracking_uri}"
+        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials{grouped} ({', '.join(spec.models)} "
+        f"x {', '.join(spec.precisions)}; {spec.search} + {scheduler}), MLflow at "
+        f"{spec.tracking_uri}"
     )
     try:
         rows = run_sweep(

@@ -13,19 +13,18 @@ al. 2020, asynchronous successive halving): rungs at ``grace * rf**k`` epochs be
 the rung's ``1 - 1/rf`` quantile of the values recorded before it (NaN values are
 recorded and never stop). Each decision is remembered, so an epoch re-run after a resume
 gets the decision it got the first time. The rungs live in one Ray actor per sweep
-(:class:`RungBoard`, named after the sweep), which writes them to the sweep's directory
-on every change: ``hpo resume`` continues with them.
+(:class:`RungBoard`, named after the sweep); the sweep's searcher saves them with its own
+state in each of Tune's experiment snapshots (so they match the trial checkpoints the
+snapshot resumes from) and loads them back on ``hpo resume``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 ASHA_REDUCTION_FACTOR = 2  # every sweep's, per trial (Tune's) or per member (here)
-RUNGS_FILE = "asha-rungs.json"  # in the sweep's directory
 _ACTOR_PREFIX = "hpo-asha-rungs-"
 # The boards this driver started: a named actor that is not detached dies with its last
 # handle, so the driver keeps one for the sweep's life (trials find it by name).
@@ -75,7 +74,7 @@ class AshaRungs:
     def load_state(self, state: Mapping[str, Any]) -> None:
         if list(state["milestones"]) != self.milestones:
             raise ValueError(
-                f"{RUNGS_FILE}: rungs at {state['milestones']}, this sweep's are at "
+                f"saved rungs at {state['milestones']}, this sweep's are at "
                 f"{self.milestones} (max_epochs or grace_epochs changed?)"
             )
         self.recorded = {int(m): dict(r) for m, r in state["recorded"].items()}
@@ -83,34 +82,28 @@ class AshaRungs:
 
 
 def _percentile(values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as Ray's ``np.nanpercentile`` computes it."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """Ray's cutoff, computed as Ray does (``np.nanpercentile``): equal values at a
+    cutoff must get equal decisions, so the same float rounding too."""
+    import numpy as np
+
+    return float(np.percentile(values, q))
 
 
 class RungBoard:
-    """The sweep's :class:`AshaRungs` as a Ray actor, kept in ``<sweep dir>/asha-rungs.json``."""
+    """The sweep's :class:`AshaRungs` as a Ray actor; its state travels with the
+    searcher's (:func:`board_state`, :func:`load_board`)."""
 
-    def __init__(self, sweep_dir: str, grace: int, max_t: int, reduction_factor: float) -> None:
-        from cluster.storage import SweepLocation
-
-        self.location = SweepLocation.parse(sweep_dir)
+    def __init__(self, grace: int, max_t: int, reduction_factor: float) -> None:
         self.rungs = AshaRungs(grace, max_t, reduction_factor)
-        if self.location.exists(RUNGS_FILE):
-            self.rungs.load_state(json.loads(self.location.read_text(RUNGS_FILE)))
 
     def keep(self, member: str, epoch: int, value: float) -> bool:
-        before = sum(len(d) for d in self.rungs.decisions.values())
-        keep = self.rungs.keep(member, epoch, value)
-        if sum(len(d) for d in self.rungs.decisions.values()) != before:
-            self.location.write_text(RUNGS_FILE, json.dumps(self.rungs.state()))
-        return keep
+        return self.rungs.keep(member, epoch, value)
 
     def state(self) -> dict[str, Any]:
         return self.rungs.state()
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.rungs.load_state(state)
 
 
 class RungJudge:
@@ -136,15 +129,46 @@ class RungJudge:
 
 
 def start_rung_board(
-    sweep_name: str, sweep_dir: str, metric: str, grace: int, max_t: int, reduction_factor: float
+    sweep_name: str, metric: str, grace: int, max_t: int, reduction_factor: float
 ) -> RungJudge:
-    """Start the sweep's :class:`RungBoard` (reloading its rungs after a resume) in the
-    connected Ray job; the judge its trials ask."""
+    """Start the sweep's :class:`RungBoard` in the connected Ray job (empty: a resumed
+    sweep's searcher loads its rungs into it); the judge its trials ask."""
     import ray
 
     board = ray.remote(num_cpus=0)(RungBoard)
     name = _ACTOR_PREFIX + sweep_name
     _BOARDS[name] = board.options(name=name, get_if_exists=True).remote(
-        sweep_dir, grace, max_t, reduction_factor
+        grace, max_t, reduction_factor
     )
     return RungJudge(sweep_name, metric)
+
+
+def _board(sweep_name: str) -> Any:
+    """The sweep's board in this Ray job, or None (no Ray here, or no board started)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get_actor(_ACTOR_PREFIX + sweep_name)
+    except ValueError:
+        return None
+
+
+def board_state(sweep_name: str) -> dict[str, Any] | None:
+    """The rungs of the sweep's running board (None where there is none)."""
+    import ray
+
+    board = _board(sweep_name)
+    return None if board is None else ray.get(board.state.remote())
+
+
+def load_board(sweep_name: str, state: Mapping[str, Any]) -> bool:
+    """Load saved rungs into the sweep's running board; False where there is none."""
+    import ray
+
+    board = _board(sweep_name)
+    if board is None:
+        return False
+    ray.get(board.load_state.remote(dict(state)))
+    return True

@@ -210,7 +210,7 @@ def build_tuner(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resources is None:
         resources = sweep_resources(spec, record.sweep_dir.parent.uri)
-    trainable = _trainable(spec, record.sweep_dir, resources)
+    trainable = _trainable(spec, resources)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -235,9 +235,7 @@ def build_tuner(
     )
 
 
-def _trainable(
-    spec: SweepSpec, sweep_dir: SweepLocation, resources: TrialResources | ClusterPacker
-) -> Any:
+def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Any:
     """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
     (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, and asking the
     sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per member."""
@@ -250,7 +248,6 @@ def _trainable(
     if spec.asha_per_member:
         judge = start_rung_board(
             spec.name,
-            sweep_dir.uri,
             spec.metric,
             grace=spec.grace_epochs,
             max_t=spec.max_epochs,
@@ -368,7 +365,7 @@ def resume_sweep(
     # Restored trials keep the bundles Tune saved with them; this sizes the trials still to
     # be created (the shared VRAM cache holds the profiles the first run took).
     resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
-    trainable = _trainable(record.spec, record.sweep_dir, resources)
+    trainable = _trainable(record.spec, resources)
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from ray import tune
@@ -40,6 +40,7 @@ from trainables.trial_keys import member_key
 log = logging.getLogger("trainables.trial")
 
 CKPT_SUBDIR = "state"  # inside each reported Tune checkpoint directory
+_Loaded = TypeVar("_Loaded")
 
 
 class GpuShare(Protocol):
@@ -241,16 +242,24 @@ def _train_group(
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
-def _restore_group(slugs: list[str]) -> tuple[list[Checkpoint | None], dict[str, dict[str, Any]]]:
-    """Each member's checkpoint in this group trial's newest checkpoint (None: a member
-    that starts fresh) and the final entries of members that ended."""
-    reported = tune.get_checkpoint()
-    if reported is None:
-        return [None] * len(slugs), {}
-    with reported.as_directory() as directory:
+_GroupState = tuple[list[Checkpoint | None], dict[str, dict[str, Any]]]
+
+
+def _restore_group(slugs: list[str]) -> _GroupState:
+    """Each member's checkpoint in this group trial's newest good checkpoint (None: a
+    member that starts fresh) and the final entries of members that ended."""
+    found = _newest_usable(lambda checkpoint: _load_group(checkpoint, slugs))
+    return found if found is not None else ([None] * len(slugs), {})
+
+
+def _load_group(checkpoint: tune.Checkpoint, slugs: list[str]) -> _GroupState:
+    with checkpoint.as_directory() as directory:
         root = Path(directory) / CKPT_SUBDIR
         ended_file = root / GROUP_STATE
-        ended = json.loads(ended_file.read_text()) if ended_file.is_file() else {}
+        try:
+            ended = json.loads(ended_file.read_text()) if ended_file.is_file() else {}
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(ended_file, f"unreadable: {exc}") from exc
         checkpoints = [
             load_checkpoint(root / slug) if (root / slug).is_dir() else None for slug in slugs
         ]
@@ -306,11 +315,17 @@ def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:
 
 def _restore_checkpoint() -> Checkpoint | None:
     """The newest good checkpoint of this trial, or None for a fresh start."""
+    return _newest_usable(_load)
+
+
+def _newest_usable(load: Callable[[tune.Checkpoint], _Loaded]) -> _Loaded | None:
+    """``load`` of this trial's newest checkpoint that it loads without a
+    :class:`CheckpointError`, or None for a fresh start (no checkpoint reported)."""
     reported = tune.get_checkpoint()
     if reported is None:
         return None
     try:
-        return _load(reported)
+        return load(reported)
     except CheckpointError as exc:
         log.warning("newest checkpoint unusable, trying older ones: %s", exc)
     # Tune keeps the previous checkpoints beside the newest (CheckpointConfig.num_to_keep),
@@ -334,7 +349,7 @@ def _restore_checkpoint() -> Checkpoint | None:
     )
     for name in older:
         try:
-            found = _load(tune.Checkpoint(f"{trial_dir}/{name}", filesystem=filesystem))
+            found = load(tune.Checkpoint(f"{trial_dir}/{name}", filesystem=filesystem))
         except CheckpointError as exc:
             log.warning("skipping %s", exc)
             continue

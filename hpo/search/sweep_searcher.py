@@ -31,6 +31,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from hpo.rungs import board_state, load_board
 from hpo.search import make_param_searcher
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
@@ -76,6 +77,9 @@ class SweepSearcher(Searcher):
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
         # group trial_id -> its members, (config_id, member key) each
         self.trial_group: dict[str, list[tuple[str, str]]] = {}
+        # ASHA per member (hpo.rungs): the rungs as last saved or restored, for when no
+        # board is running (a searcher unpickled outside the sweep's Ray job).
+        self.rungs: dict[str, Any] | None = None
 
     # -- Tune's Searcher interface ---------------------------------------------------------
     def set_search_properties(
@@ -214,7 +218,18 @@ class SweepSearcher(Searcher):
             "trial_group": self.trial_group,
             "trial_config": self.trial_config,
             "searchers": [s.state() for s in self.searchers],
+            "rungs": self._rungs_state(),
         }
+
+    def _rungs_state(self) -> dict[str, Any] | None:
+        """The member rungs of a sweep where ASHA decides per member: the running board's
+        (saved with each experiment snapshot), else the last known."""
+        if not self.spec.asha_per_member:
+            return None
+        live = board_state(self.spec.name)
+        if live is not None:
+            self.rungs = live
+        return self.rungs
 
     def set_state(self, state: dict[str, Any]) -> None:
         if state.get("version") != self.STATE_VERSION:
@@ -241,6 +256,9 @@ class SweepSearcher(Searcher):
         }
         for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
             searcher.load_state(saved)
+        self.rungs = state.get("rungs")
+        if self.rungs is not None:
+            load_board(self.spec.name, self.rungs)  # a resumed sweep's board (started first)
 
     def save(self, checkpoint_path: str) -> None:
         Path(checkpoint_path).write_text(json.dumps(self.get_state()))

@@ -93,10 +93,12 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
     names = {path.rsplit("/", 1)[-1] for path in files}
     assert {"hpo-sweep.json", "hpo-summary.json", "result.json"} <= names
     assert any(n.startswith("experiment_state") for n in names)
-    weights = [p for p in files if p.endswith("/state/model.safetensors")]
+    # The two configurations train as one group trial: a checkpoint folder each in its
+    # checkpoints' state/.
+    weights = [p for p in files if "/state/g00" in p and p.endswith("/model.safetensors")]
     assert len(weights) >= 2 and all(files[p] > 0 for p in weights)
     trial_results = sorted(p for p in files if p.endswith("/result.json"))
-    assert len(trial_results) == 2
+    assert len(trial_results) == 1
     assert not (tmp_path / "sweeps").exists() and not (tmp_path / "s3:").exists()
 
     sweep_uri = f"{storage}/in-s3"
@@ -121,7 +123,8 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
     metrics = json.loads((cont / "metrics.json").read_text())
     assert metrics["epochs"] == EPOCHS + 1 and metrics["history"][-1]["epoch"] == EPOCHS + 1
     fetched = trained.stderr.split(" to ", 1)[1].split()[0]
-    assert "hpo-fetch-" in fetched and fetched.endswith("/state")
+    member = best_checkpoint.rsplit("/", 1)[-1]  # the member's folder in its group's state/
+    assert "hpo-fetch-" in fetched and fetched.endswith(f"/{member}")
     assert not Path(fetched).exists()  # the temporary copy is gone with the command
 
     # Resuming reads the spec, the searcher and Tune's state back from S3; the finished
@@ -130,7 +133,7 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
     resumed = _hpo(["resume", sweep_uri], tmp_path, s3_env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "2/2 trials finished" in resumed.stdout
-    assert _result_lines(s3_env, trial_results) == before == [EPOCHS, EPOCHS]
+    assert _result_lines(s3_env, trial_results) == before == [EPOCHS]  # the group's rows
 
 
 def _result_lines(env: dict[str, str], paths: list[str]) -> list[int]:

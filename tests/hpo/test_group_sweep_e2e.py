@@ -17,7 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from hpo.record import SweepRecord
-from tests.hpo.sweep_helpers import trial_dirs, trial_runs
+from tests.hpo.sweep_helpers import rung_decisions, trial_dirs, trial_runs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HPO = Path(sys.executable).with_name("hpo")  # the console script, as a user runs it
@@ -120,10 +120,11 @@ def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) ->
     assert "9/9 trials finished" in swept.stdout
     sweep_dir = tmp_path / "results" / "rungs"
     assert len(trial_dirs(sweep_dir)) == 2  # a group of eight, one alone
-    assert "group of 8 (g000-f32-s0, g001-f32-s0," in swept.stdout
+    printed = swept.stdout.replace("\n", "")  # the console wraps long lines
+    assert "9 trials as 2 Tune trials (groups of up to 8)" in printed
+    assert "asha per member" in printed and "group of 8 (g000-f32-s0, g001-f32-s0," in printed
 
-    rungs = json.loads((sweep_dir / "asha-rungs.json").read_text())
-    decisions = {int(m): d for m, d in rungs["decisions"].items()}
+    decisions = rung_decisions(sweep_dir)
     assert len(decisions[1]) == 9  # every member judged at the first rung
     stopped = [k for d in decisions.values() for k, keep in d.items() if not keep]
     assert stopped, "ASHA kept every one of nine members: nothing was stopped"

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.hpo.sweep_helpers import checkpointed_epochs, results, trial_dirs, trial_runs
+from tests.hpo.sweep_helpers import (
+    checkpointed_epochs,
+    results,
+    rung_decisions,
+    trial_dirs,
+    trial_runs,
+)
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
 from tests.reliability.sweep_process import HPO, start, trial_workers, write_spec
 
@@ -62,3 +68,67 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
         ) == list(range(1, EPOCHS + 1))
     for trial_dir in trial_dirs(sweep_dir):
         assert [r["epoch"] for r in results(trial_dir)] == list(range(1, EPOCHS + 1))
+
+
+def test_a_grouped_asha_sweep_resumes_every_member_once(tmp_path: Path) -> None:
+    # Four tft configurations of one shape: one group trial (the default group size), ASHA
+    # per member at epochs 1, 2 and 4. SIGTERM after the group's second epoch is checkpointed,
+    # when the first rung has judged every member; the resume continues the members still
+    # training from that checkpoint and leaves the stopped ones stopped.
+    epochs = 6  # rungs at 1, 2 and 4; four epochs still to go at the signal
+    spec = write_spec(
+        tmp_path, "grouped", max_epochs=epochs, samples=4, scheduler="asha", grace_epochs=1
+    )
+    sweep_dir = tmp_path / "results" / "grouped"
+    driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
+    try:
+        wait_for(
+            lambda: any(checkpointed_epochs(d) >= 2 for d in trial_dirs(sweep_dir)),
+            timeout=300,
+            what="the group's second epoch checkpointed",
+            proc=driver,
+            detail=log_tail(tmp_path / "sweep.log"),
+            interval=0.1,
+        )
+        workers = trial_workers(driver.pid)
+        signal_all(workers, signal.SIGSTOP)
+        driver.send_signal(signal.SIGTERM)
+        signal_all(workers, signal.SIGCONT)
+        driver.wait(timeout=180)
+    finally:
+        kill_tree(driver)
+    log = (tmp_path / "sweep.log").read_text()
+    assert driver.returncode == 3, log[-4000:]
+    (group_dir,) = trial_dirs(sweep_dir)
+    before = [r["epoch"] for r in results(group_dir)]
+    assert before and before[-1] < epochs, before  # interrupted mid-way
+
+    resumed = subprocess.run(
+        [*HPO, "resume", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "4/4 trials finished" in resumed.stdout
+    decisions = rung_decisions(sweep_dir)
+    assert len(decisions[1]) == 4
+
+    def last_epoch(key: str) -> int:
+        stops = [rung for rung, d in decisions.items() if d.get(key) is False]
+        return min(stops) if stops else epochs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    runs = trial_runs(uri, "grouped")
+    assert len(runs) == 4 and len({r.data.tags["trial_id"] for r in runs}) == 4
+    for run in runs:
+        key = f"{run.data.tags['config_id']}|{run.data.tags['member']}"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
+        assert run.info.status == "FINISHED"
+        assert sorted(steps) == list(range(1, last_epoch(key) + 1)), (key, steps)
+    # The group trial went on from its checkpoint: each epoch's row once.
+    assert [r["epoch"] for r in results(group_dir)] == list(
+        range(
+            1,
+            max(last_epoch(f"{r.data.tags['config_id']}|{r.data.tags['member']}") for r in runs)
+            + 1,
+        )
+    )

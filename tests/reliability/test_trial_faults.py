@@ -71,7 +71,10 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
     # enough when the multi-tensor optimizer made a step cheaper: both trials finished
     # before the poll saw them in that window.)
     trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 120}
-    spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS, trainer=trainer)
+    # Two trials alone (a group's faults: tests/trainables/test_group_trial.py).
+    spec = write_spec(
+        tmp_path, "faults", max_epochs=EPOCHS, trainer=trainer, fusion={"group_size": 1}
+    )
     sweep_dir = tmp_path / "results" / "faults"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:

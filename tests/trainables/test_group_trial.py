@@ -161,3 +161,44 @@ def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
     }
     assert steps[stopped_row.trial_id] == [1]
     assert sorted(len(s) for s in steps.values()) == [1, 2, 2]
+
+
+def test_a_corrupt_newest_group_checkpoint_falls_back_to_the_previous_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A group trial restarted (a retry, or a resume) whose newest checkpoint has a member's
+    # weights truncated: every member resumes from the previous checkpoint, as a trial
+    # alone does, and the group's ended members come from that checkpoint too.
+    from ray import tune
+
+    from trainables import trial as trial_module
+    from trainables.group import TrainerGroup
+
+    group = _group(tmp_path, (0, 1))
+    slugs = group.slugs()
+    trainers = TrainerGroup(group.train_configs())
+    trial_dir = tmp_path / "trial"
+    for epoch in (1, 2):
+        trainers.train_epoch()
+        root = trial_dir / f"checkpoint_{epoch - 1:06d}" / trial_module.CKPT_SUBDIR
+        for member, slug in zip(trainers.members, slugs, strict=True):
+            member.save(root / slug)
+        (root / trial_module.GROUP_STATE).write_text("{}")
+    newest = trial_dir / "checkpoint_000001"
+    weights = newest / trial_module.CKPT_SUBDIR / slugs[1] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint(str(newest)))
+
+    checkpoints, ended = trial_module._restore_group(slugs)
+    assert ended == {}
+    resumed = [
+        Trainer(m.train_config(), checkpoint=c)
+        for m, c in zip(group.members, checkpoints, strict=True)
+    ]
+    assert [t.epoch for t in resumed] == [1, 1]
+
+    # With no good checkpoint left the restart fails, naming the trial's checkpoints.
+    older = trial_dir / "checkpoint_000000" / trial_module.CKPT_SUBDIR / trial_module.GROUP_STATE
+    older.write_text("{not json")
+    with pytest.raises(trial_module.CheckpointError, match="no usable checkpoint"):
+        trial_module._restore_group(slugs)

@@ -1,0 +1,171 @@
+"""Members finished per minute: one compare sweep run ungrouped (``group_size = 1``) and
+grouped (``group_size = 8``), side by side in one run, through the ``hpo`` CLI.
+
+    .venv/bin/python bench/fused_sweep.py                      # liquid, tggn; 4 x 3 x 2
+    .venv/bin/python bench/fused_sweep.py --models liquid --samples 2 --seeds 2   # shorter
+    .venv/bin/python bench/fused_sweep.py --fuse on            # tggn fused on a CPU too
+
+The sweep: ``--models`` (liquid and tggn), ``--samples`` configurations x ``--seeds``
+seeds x f32 and bf16 (compare mode, FIFO, random search), tiny shapes, 2 walk-forward
+folds, 2 epochs. Every shape-changing setting is fixed (each family's tiny size, dropout
+0) and only lr and weight decay are searched, so both sweeps sample the same
+configurations and each member's numbers can be compared across them: the grouped sweep
+puts ``8 // seeds`` configurations of a precision in one group trial. Each sweep runs as
+a user runs it (``hpo sweep SPEC`` in a fresh directory: its own Ray instance and MLflow
+store), so Ray's per-trial overhead is in both. Printed: wall time, members per minute,
+member runs in MLflow, the verdict per model, and the largest per-member difference in
+the final validation Sharpe between the two sweeps (the tolerance of fused members).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+
+from models import get_family
+from models.base import Choice, Float, Int
+
+HPO = Path(sys.executable).with_name("hpo")
+
+
+def fixed_shapes(model: str) -> dict[str, Any]:
+    """Every searched setting of ``model`` but lr and weight decay, held: the tiny size,
+    no dropout, the first choice or the low end otherwise."""
+    family = get_family(model)
+    fixed: dict[str, Any] = {}
+    for key, dim in family.search_space.items():
+        if key in family.tiny:
+            fixed[key] = family.tiny[key]
+        elif "dropout" in key:
+            fixed[key] = 0.0
+        elif isinstance(dim, Choice):
+            fixed[key] = dim.options[0]
+        elif isinstance(dim, Int | Float):
+            fixed[key] = dim.low
+    return fixed
+
+
+def sweep_payload(name: str, group_size: int, args: argparse.Namespace, where: Path) -> dict:
+    return {
+        "name": name,
+        "models": list(args.models),
+        "precisions": ["f32", "bf16"],
+        "compare": True,
+        "samples": args.samples,
+        "search": "random",
+        "max_epochs": args.epochs,
+        "seeds": list(range(args.seeds)),
+        "max_concurrent": 2,
+        "storage": str(where / "results"),
+        "tracking_uri": f"sqlite:///{where / 'mlflow.db'}",
+        "data": {"source": "synthetic", "n_assets": 2, "n_bars": 800},
+        "walk_forward": {"n_folds": 2},
+        "trainer": {
+            "lookback": 16,
+            "batch_size": 32,
+            "max_steps_per_epoch": args.steps,
+            "fuse": args.fuse,
+        },
+        "resources": {"cpu": 1, "gpu": 0},
+        "fusion": {"group_size": group_size},
+        "search_space": {m: fixed_shapes(m) for m in args.models},
+    }
+
+
+def run_sweep(name: str, group_size: int, args: argparse.Namespace, root: Path) -> dict:
+    where = root / name
+    where.mkdir()
+    spec = where / "spec.yaml"
+    spec.write_text(yaml.safe_dump(sweep_payload(name, group_size, args, where)))
+    started = time.perf_counter()
+    done = subprocess.run(
+        [str(HPO), "sweep", str(spec)],
+        cwd=where,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"{name}: hpo sweep failed\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return {"wall": wall, **read_results(name, where)}
+
+
+def read_results(name: str, where: Path) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    from hpo.record import SweepRecord
+
+    uri = f"sqlite:///{where / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    record = SweepRecord.read(where / "results" / name, check_data=False)
+    parent = client.get_run(record.parent_run_id)
+    verdicts = {
+        key.removeprefix("cmp.").removesuffix(".verdict"): value
+        for key, value in parent.data.tags.items()
+        if key.startswith("cmp.") and key.count(".") == 3 and key.endswith(".verdict")
+    }
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{record.parent_run_id}'"
+    )
+    sharpe = {
+        f"{r.data.tags['config_id']}|{r.data.tags['member']}": r.data.metrics.get("val_sharpe")
+        for r in runs
+    }
+    return {"runs": len(runs), "verdicts": verdicts, "sharpe": sharpe}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["liquid", "tggn"])
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="minibatches per fold and epoch")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--fuse", choices=["auto", "on", "off"], default="auto")
+    args = parser.parse_args()
+    members = len(args.models) * args.samples * args.seeds * 2
+    print(
+        f"compare sweep: {', '.join(args.models)} x {args.samples} configurations x "
+        f"{args.seeds} seeds x f32, bf16 = {members} members; {args.epochs} epochs, "
+        f"{args.steps} steps, fuse = {args.fuse}"
+    )
+    with tempfile.TemporaryDirectory(prefix="hpo-fused-sweep-") as tmp:
+        root = Path(tmp)
+        alone = run_sweep("alone", 1, args, root)
+        grouped = run_sweep("grouped", args.group_size, args, root)
+    print("| group_size | wall s | members/min | member runs | verdicts |")
+    print("| ---: | ---: | ---: | ---: | --- |")
+    for size, result in ((1, alone), (args.group_size, grouped)):
+        rate = members / (result["wall"] / 60)
+        verdicts = json.dumps(result["verdicts"], sort_keys=True)
+        print(f"| {size} | {result['wall']:.1f} | {rate:.1f} | {result['runs']} | {verdicts} |")
+    print(f"ratio (members/min grouped / alone): {alone['wall'] / grouped['wall']:.2f}x")
+    shared = set(alone["sharpe"]) & set(grouped["sharpe"])
+    diffs = [
+        abs(alone["sharpe"][k] - grouped["sharpe"][k])
+        for k in shared
+        if alone["sharpe"][k] is not None and grouped["sharpe"][k] is not None
+    ]
+    print(
+        f"members in both: {len(shared)}/{members}; largest |val Sharpe difference|: "
+        f"{max(diffs) if diffs else float('nan'):.2e}; same verdicts: "
+        f"{alone['verdicts'] == grouped['verdicts']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
