@@ -124,7 +124,9 @@ def read_results(name: str, where: Path) -> dict[str, Any]:
         f"{r.data.tags['config_id']}|{r.data.tags['member']}": r.data.metrics.get("val_sharpe")
         for r in runs
     }
-    return {"runs": len(runs), "verdicts": verdicts, "sharpe": sharpe}
+    sweep_dir = where / "results" / name
+    tune_trials = sum(1 for d in sweep_dir.iterdir() if (d / "params.json").is_file())
+    return {"runs": len(runs), "tune_trials": tune_trials, "verdicts": verdicts, "sharpe": sharpe}
 
 
 def main() -> None:
@@ -147,12 +149,15 @@ def main() -> None:
         root = Path(tmp)
         alone = run_sweep("alone", 1, args, root)
         grouped = run_sweep("grouped", args.group_size, args, root)
-    print("| group_size | wall s | members/min | member runs | verdicts |")
-    print("| ---: | ---: | ---: | ---: | --- |")
+    print("| group_size | Tune trials | wall s | members/min | member runs | verdicts |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- |")
     for size, result in ((1, alone), (args.group_size, grouped)):
         rate = members / (result["wall"] / 60)
         verdicts = json.dumps(result["verdicts"], sort_keys=True)
-        print(f"| {size} | {result['wall']:.1f} | {rate:.1f} | {result['runs']} | {verdicts} |")
+        print(
+            f"| {size} | {result['tune_trials']} | {result['wall']:.1f} | {rate:.1f} | "
+            f"{result['runs']} | {verdicts} |"
+        )
     print(f"ratio (members/min grouped / alone): {alone['wall'] / grouped['wall']:.2f}x")
     shared = set(alone["sharpe"]) & set(grouped["sharpe"])
     diffs = [

@@ -16,9 +16,9 @@ in-process the way Tune drives it, ``concurrency`` trials at once; every trial i
 metric ``val_sharpe``. Sampled parameters are snapped to a grid (log floats to 1/4 decade,
 linear floats to 1/8 of their range, log ints to powers of two; other ints and choices as
 they are) and each snapped configuration's learning curve is computed once, lazily; cost
-counts trial-epochs as if every trial ran. ASHA is the product's per-member rungs run in-process
-(:class:`hpo.rungs.AshaRungs`, Ray's rule). A run reaches the target (``target_fraction`` x the best value any run found)
-at the first trial completion at or above it. Per searcher: median trial-epochs to target,
+counts trial-epochs as if every trial ran. ASHA is the product's rungs, run in-process
+(:class:`hpo.rungs.AshaRungs`, Ray's rule). A run reaches the target (``target_fraction``
+x the best value any run found) at the first trial completion at or above it. Per searcher: median trial-epochs to target,
 its ratio to random search's with a 95% bootstrap interval, and the share of runs that
 reached the target. Method in full: docs/search.md#the-search-efficiency-benchmark
 """

@@ -56,6 +56,9 @@ class SweepRecord:
                 f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
             )
         payload = json.loads(text)
+        # Recorded before group trials existed: every trial ran alone (the default since
+        # is to group, and a resume must go on as the sweep started).
+        payload["spec"].setdefault("fusion", {"group_size": 1})
         spec = parse_spec(
             payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}", check_data=check_data
         )

@@ -13,9 +13,9 @@ al. 2020, asynchronous successive halving): rungs at ``grace * rf**k`` epochs be
 the rung's ``1 - 1/rf`` quantile of the values recorded before it (NaN values are
 recorded and never stop). Each decision is remembered, so an epoch re-run after a resume
 gets the decision it got the first time. The rungs live in one Ray actor per sweep
-(:class:`RungBoard`, named after the sweep); the sweep's searcher saves them with its own
-state in each of Tune's experiment snapshots (so they match the trial checkpoints the
-snapshot resumes from) and loads them back on ``hpo resume``.
+(the board, named after the sweep); the sweep's searcher saves them with its own state
+in each of Tune's experiment snapshots and loads them back on ``hpo resume``. A decision
+made after the snapshot is made again when its epoch is re-run.
 """
 
 from __future__ import annotations
@@ -82,33 +82,17 @@ class AshaRungs:
 
 
 def _percentile(values: list[float], q: float) -> float:
-    """Ray's cutoff, computed as Ray does (``np.nanpercentile``): equal values at a
-    cutoff must get equal decisions, so the same float rounding too."""
+    """Ray's cutoff (``np.nanpercentile``; ``values`` hold no NaN) computed by numpy as
+    Ray does: equal values at a cutoff must get equal decisions, so the same rounding."""
     import numpy as np
 
     return float(np.percentile(values, q))
 
 
-class RungBoard:
-    """The sweep's :class:`AshaRungs` as a Ray actor; its state travels with the
-    searcher's (:func:`board_state`, :func:`load_board`)."""
-
-    def __init__(self, grace: int, max_t: int, reduction_factor: float) -> None:
-        self.rungs = AshaRungs(grace, max_t, reduction_factor)
-
-    def keep(self, member: str, epoch: int, value: float) -> bool:
-        return self.rungs.keep(member, epoch, value)
-
-    def state(self) -> dict[str, Any]:
-        return self.rungs.state()
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        self.rungs.load_state(state)
-
-
 class RungJudge:
-    """What a trial asks (``trainables.trial.EarlyStop``): the sweep's :class:`RungBoard`,
-    found by name from any node of the sweep's Ray job. Pickled into every trial."""
+    """What a trial asks (``trainables.trial.EarlyStop``): the sweep's board (its
+    :class:`AshaRungs` as a Ray actor), found by name from any node of the sweep's Ray
+    job. Pickled into every trial."""
 
     def __init__(self, sweep_name: str, metric: str) -> None:
         self.actor_name = _ACTOR_PREFIX + sweep_name
@@ -131,15 +115,17 @@ class RungJudge:
 def start_rung_board(
     sweep_name: str, metric: str, grace: int, max_t: int, reduction_factor: float
 ) -> RungJudge:
-    """Start the sweep's :class:`RungBoard` in the connected Ray job (empty: a resumed
-    sweep's searcher loads its rungs into it); the judge its trials ask."""
+    """Start the sweep's board, empty (a resumed sweep's searcher loads its rungs into
+    it), in the connected Ray job, replacing one a sweep of that name left there (an
+    in-process run and resume share a Ray session); the judge its trials ask."""
     import ray
 
-    board = ray.remote(num_cpus=0)(RungBoard)
+    stale = _board(sweep_name)
+    if stale is not None:
+        ray.kill(stale)
     name = _ACTOR_PREFIX + sweep_name
-    _BOARDS[name] = board.options(name=name, get_if_exists=True).remote(
-        grace, max_t, reduction_factor
-    )
+    board = ray.remote(num_cpus=0)(AshaRungs).options(name=name)
+    _BOARDS[name] = board.remote(grace, max_t, reduction_factor)
     return RungJudge(sweep_name, metric)
 
 

@@ -29,6 +29,7 @@ from pydantic import (
 from models import FamilyError, family_names, get_family, installed_names, is_reference
 from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
 from trainables.precision import POLICY_NAMES
+from trainables.trial_keys import MEMBER_SETTINGS
 
 SEARCHERS = ("tpe", "random", "pso")
 SCHEDULERS = ("asha", "fifo")
@@ -105,18 +106,20 @@ class ComparisonSpec(_Strict):
 
 DEFAULT_GROUP_SIZE = 8
 """Members per group trial when ``[fusion] group_size`` is not set (and the GPU share is
-fixed): the bench's members-per-minute gain levels off there on 2 CPU cores
-(bench/README.md, "Group trials"), and 8 tiny members fill one GPU share."""
+fixed): the largest group the trainer-level bench measured (2.6x members per minute for
+liquid on 2 CPU cores, bench/README.md "Group trials"); a sweep's groups are usually
+smaller (a batch's configurations x seeds)."""
 
 
 class FusionSpec(_Strict):
-    group_size: int | None = Field(None, ge=1, le=64)
+    group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=64)
     """Member trials of one precision that train as one group trial, fused
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
     (they differ only in lr and weight decay). Forecast families only (rl families run
-    ungrouped). Unset: :data:`DEFAULT_GROUP_SIZE`, or 1 with ``resources.gpu =
-    "measured"`` (a group's fused shape is not profiled yet)."""
+    ungrouped). Compare mode groups the seeds of one configuration only: its statistics
+    take configurations as independent draws. Unset: :data:`DEFAULT_GROUP_SIZE`, or 1
+    with ``resources.gpu = "measured"`` (a group's fused shape is not profiled yet)."""
 
 
 class SweepSpec(_Strict):
@@ -211,6 +214,22 @@ class SweepSpec(_Strict):
                 return {**data, "scheduler": "fifo"}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_group_size(cls, data: Any) -> Any:
+        """An unset ``fusion.group_size`` becomes :data:`DEFAULT_GROUP_SIZE`, or 1 with
+        measured GPU shares, here and once: the sweep's record holds the number it ran
+        with, whatever a later version's default."""
+        if not isinstance(data, dict):
+            return data
+        fusion = data.get("fusion", {})
+        if not isinstance(fusion, dict) or fusion.get("group_size") is not None:
+            return data
+        resources = data.get("resources", {})
+        measured = isinstance(resources, dict) and resources.get("gpu") == "measured"
+        size = 1 if measured else DEFAULT_GROUP_SIZE
+        return {**data, "fusion": {**fusion, "group_size": size}}
+
     @model_validator(mode="after")
     def _cross_field(self) -> SweepSpec:
         if self.compare and len(self.precisions) < 2:
@@ -245,10 +264,35 @@ class SweepSpec(_Strict):
 
     @property
     def group_size(self) -> int:
-        """Members per group trial at most (``fusion.group_size``, or its default)."""
-        if self.fusion.group_size is not None:
-            return self.fusion.group_size
-        return 1 if self.resources.gpu == "measured" else DEFAULT_GROUP_SIZE
+        """Members per group trial at most (``fusion.group_size``)."""
+        return self.fusion.group_size
+
+    def groups(self, model: str) -> bool:
+        """Whether ``model``'s trials train in group trials: a group size over 1 and a
+        family that fuses (rl families never group; a family whose module does not import
+        where a sweep is read back counts as ungrouped)."""
+        try:
+            family = get_family(model)
+        except FamilyError:
+            return False
+        return self.group_size > 1 and family.kind != "rl" and family.fuses
+
+    def batch_size(self, model: str) -> int:
+        """Configurations of one shape the searcher asks for ``model`` at a time: as many
+        as fit a group beside their seeds, in search mode where lr or weight decay is
+        searched (what members may differ in); 1 otherwise (compare mode keeps each
+        configuration an independent draw of the space, for its statistics)."""
+        if self.compare or not self.groups(model):
+            return 1
+        from hpo.search.space import trial_space
+
+        try:
+            dims = trial_space(model, self.search_space.get(model)).dims
+        except (FamilyError, ValueError):
+            return 1
+        if not any(key in dims for key in MEMBER_SETTINGS):
+            return 1  # every configuration of one shape would be the same configuration
+        return max(1, self.group_size // len(self.seeds))
 
     @property
     def forms_groups(self) -> bool:
@@ -268,15 +312,10 @@ class SweepSpec(_Strict):
         size, seeds = self.group_size, len(self.seeds)
         total = 0
         for model in self.models:
-            try:
-                family = get_family(model)
-                grouped = size > 1 and family.kind != "rl" and family.fuses
-            except FamilyError:  # read back where the family's module does not import
-                grouped = False
-            if not grouped:
+            if not self.groups(model):
                 total += self.samples * len(self.precisions) * seeds
                 continue
-            batch = max(1, size // seeds)  # configurations of one shape (the searcher's)
+            batch = self.batch_size(model)
             full, rest = divmod(self.samples, batch)
             groups = full * -(-batch * seeds // size) + (-(-rest * seeds // size) if rest else 0)
             total += groups * len(self.precisions)

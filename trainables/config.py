@@ -329,8 +329,9 @@ class GroupTrialConfig:
 
     {"model", "precision", "config_id", "group": [member trial dicts]}
 
-    where the first three are the members' own (they share them): Tune's trial table,
-    directory names and the sweep's progress read them as from any trial."""
+    where model and precision are the members' own (they share them) and config_id the
+    first member's (a group may hold several configurations of one shape): Tune's trial
+    table, directory names and the sweep's progress read them as from any trial."""
 
     members: tuple[TrialConfig, ...]
 

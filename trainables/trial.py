@@ -131,6 +131,12 @@ def _train(
     trainer = Trainer(train_config, checkpoint=checkpoint)
     del checkpoint  # its tensors are the trainer's now
     progress.epoch = trainer.epoch
+    # Restarted: the epoch it resumes from may be one a rung stopped it at, after a
+    # snapshot that saw the checkpoint but not the trial's end (asked again: the rungs
+    # remember their answer).
+    restarted = 0 < trainer.epoch < train_config.epochs
+    if keep is not None and restarted and not keep(trainer.history[-1]):
+        return
     while trainer.epoch < train_config.epochs:
         try:
             metrics = trainer.train_epoch()
@@ -150,6 +156,10 @@ def _train(
             )
             return
         cost = gpu_cost(trainer, gpu_fraction)
+        # Judged before the report, as a group's members are: a snapshot that holds this
+        # epoch's checkpoint then has its decision too (a resume re-runs no stopped epoch).
+        going_on = trainer.epoch < train_config.epochs
+        stopped = keep is not None and going_on and not keep(metrics)
         _report(trainer, {**metrics, "diverged": 0, **reported, **cost})
         progress.epoch = trainer.epoch
         progress.totals = {
@@ -157,8 +167,8 @@ def _train(
             "cpu_s_total": metrics["cpu_s_total"],
             **cost,
         }
-        if keep is not None and trainer.epoch < train_config.epochs and not keep(metrics):
-            return  # stopped at a rung (reported: its run and checkpoint are this epoch's)
+        if stopped:
+            return  # stopped at a rung: its run and checkpoint are this epoch's
 
 
 GROUP_STATE = "group.json"  # beside the members' checkpoints: members that ended, and why

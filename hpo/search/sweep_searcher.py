@@ -8,11 +8,12 @@ parameters; members that differ only in precision share a ``pair_id``. When ever
 of a configuration has finished, the stream's searcher is told the mean of their finite
 metric values.
 
-With a group size K > 1 (``fusion.group_size``) (a family that fuses), a stream asks for configurations
-in batches that share one shape: the first is searched whole, the others with every
-setting but :data:`~trainables.trial_keys.MEMBER_SETTINGS` held at the first's, so that
-the batch's members of one precision (configurations x seeds, at most K) train as one
-group trial.
+Group trials (``fusion.group_size`` K > 1, a family that fuses): a search stream asks
+for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.batch_size`), the
+first searched whole and the others with every setting but
+:data:`~trainables.trial_keys.MEMBER_SETTINGS` held at the first's; a batch's members of
+one precision (configurations x seeds, at most K, split evenly) train as one group trial.
+Compare mode groups the seeds of each configuration.
 
 Streams are served round-robin so every model progresses at once, and the searcher says
 ``FINISHED`` after ``samples`` configurations per stream. Its whole state is JSON (``save`` /
@@ -36,7 +37,6 @@ from hpo.search import make_param_searcher
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
-from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.trial_keys import MEMBER_SETTINGS, member_slugs
 
@@ -110,7 +110,8 @@ class SweepSearcher(Searcher):
         located = self.trial_member.get(trial_id)
         if located is None:
             return
-        if result and result.get("oom") and result.get("oom_retry_gpu_fraction"):
+        grouped = trial_id in self.trial_group
+        if result and result.get("oom") and result.get("oom_retry_gpu_fraction") and not grouped:
             # Ran out of GPU memory: the same member again, with at least the larger share
             # of the same type's GPU (the trial reports the type of the node it ran on).
             trial = TrialConfig.from_dict(self.trial_config[trial_id])
@@ -118,7 +119,7 @@ class SweepSearcher(Searcher):
             retry = trial.with_floor(float(result["oom_retry_gpu_fraction"]), gpu_type=ran_on)
             self.queue.appendleft(retry.to_dict())
             return
-        if trial_id in self.trial_group:  # a group trial: each member's own result
+        if grouped:  # a group trial: each member's own result
             reported = (result or {}).get("members") or {}
             members = self.trial_group[trial_id]
             slugs = member_slugs(self.trial_config[trial_id][GROUP_KEY])
@@ -156,9 +157,8 @@ class SweepSearcher(Searcher):
     def _emit(self, index: int) -> None:
         """Queue the stream's next configurations: one, or a batch of one shape."""
         model, precision = self.streams[index]
-        grouped = self._groups(model)
-        batch = max(1, self.spec.group_size // len(self.spec.seeds)) if grouped else 1
-        batch = min(batch, self.spec.samples - self.configs_made[index])
+        grouped = self.spec.groups(model)
+        batch = min(self.spec.batch_size(model), self.spec.samples - self.configs_made[index])
         tag = model if precision is None else f"{model}-{precision}"
         precisions = list(self.spec.precisions) if precision is None else [precision]
         shape: dict[str, Any] | None = None
@@ -166,7 +166,8 @@ class SweepSearcher(Searcher):
         for _ in range(batch):
             config_id = f"{tag}-g{self.configs_made[index]:03d}"
             self.configs_made[index] += 1
-            params = {**self.spaces[index].fixed, **self.searchers[index].ask(config_id, shape)}
+            asked = self.searchers[index].ask(config_id, shape)
+            params = {**self.spaces[index].fixed, **asked, **(shape or {})}  # held exactly
             if shape is None:
                 shape = {k: v for k, v in params.items() if k not in MEMBER_SETTINGS}
             members = []
@@ -197,11 +198,6 @@ class SweepSearcher(Searcher):
                 self.queue.append(
                     chunk[0].to_dict() if one else GroupTrialConfig(tuple(chunk)).to_dict()
                 )
-
-    def _groups(self, model: str) -> bool:
-        """Whether ``model``'s trials train in group trials (rl families never do)."""
-        family = get_family(model)
-        return self.spec.group_size > 1 and family.kind != "rl" and family.fuses
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """ASHA per member (hpo.rungs): the same decisions as Ray Tune's ASHAScheduler, each
-remembered across a resume, and the board kept in the sweep's directory. The search
-efficiency benchmark (bench/search_efficiency.py) runs the same rungs."""
+remembered across a resume, the rungs saved and restored with the searcher's state. The
+search efficiency benchmark (bench/search_efficiency.py) runs the same rungs."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ groups cannot do yet."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -116,12 +117,14 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
     assert searcher.suggest("t99") == Searcher.FINISHED
 
 
-def test_compare_mode_groups_seeds_of_several_configurations_evenly() -> None:
-    # Three seeds, K = 8: two configurations of one shape per batch, 6 members a group.
+def test_compare_mode_groups_the_seeds_of_one_configuration_only() -> None:
+    # Compare mode: each configuration stays an independent draw of the space (the
+    # statistics' unit), so a group holds one configuration's seeds, never a batch.
     spec = _spec(models=["kan"], seeds=[0, 1, 2], samples=3, fusion={"group_size": 8})
     trials = _all_suggestions(SweepSearcher(spec))
     sizes = sorted(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in trials.values())
-    assert sizes == [3, 3, 6, 6] and spec.n_tune_trials == 4
+    assert sizes == [3] * 6 and spec.n_tune_trials == 6
+    assert all(len({m["config_id"] for m in t[GROUP_KEY]}) == 1 for t in trials.values())
     # Pairs stay pairs: each f32 member has its bf16 twin with the same parameters.
     members = [m for t in trials.values() for m in t.get(GROUP_KEY, [t])]
     by_pair: dict[str, list[dict[str, Any]]] = {}
@@ -129,6 +132,74 @@ def test_compare_mode_groups_seeds_of_several_configurations_evenly() -> None:
         by_pair.setdefault(m["pair_id"], []).append(m)
     assert len(by_pair) == 9
     assert all(len(p) == 2 and p[0]["params"] == p[1]["params"] for p in by_pair.values())
+    # And the configurations were searched whole: their shapes differ.
+    shapes = {json.dumps(t[GROUP_KEY][0]["params"], sort_keys=True) for t in trials.values()}
+    assert len(shapes) == 3
+
+
+def test_a_search_that_holds_lr_and_weight_decay_asks_one_configuration_at_a_time() -> None:
+    # Nothing members may differ in is searched: a batch of one shape would be K copies of
+    # one configuration. Each configuration is asked alone (its seeds still group).
+    spec = _spec(
+        models=["kan"],
+        compare=False,
+        scheduler="fifo",
+        seeds=[0],
+        samples=3,
+        precisions=["f32"],
+        fusion={"group_size": 8},
+        search_space={"kan": {"lr": 1e-3, "weight_decay": 0.0}},
+    )
+    assert spec.batch_size("kan") == 1 and not spec.forms_groups
+    trials = _all_suggestions(SweepSearcher(spec))
+    assert len(trials) == 3 and not any(is_group_trial(t) for t in trials.values())
+
+
+def test_pso_holds_a_groups_log_scale_shape_exactly() -> None:
+    # A log-scale float decoded from its unit coordinate can come back an ulp off; the
+    # group's members must share it exactly (group_problems compares with ==).
+    from hpo.search.pso import PSOParamSearcher
+    from models.base import Float
+
+    dims = {"scale": Float(1e-3, 10.0, log=True), "lr": Float(1e-4, 1e-2, log=True)}
+    searcher = PSOParamSearcher(dims, seed=0)
+    held = {"scale": 2.2073515969258355}
+    for i in range(50):
+        assert searcher.ask(f"t{i}", held)["scale"] == held["scale"]
+
+
+def test_a_sweep_recorded_before_group_trials_resumes_ungrouped(tmp_path: Any) -> None:
+    import json as json_module
+
+    from cluster.storage import SweepLocation
+    from hpo.record import SWEEP_FILE, SweepRecord
+    from hpo.spec import DEFAULT_GROUP_SIZE
+
+    payload = {"name": "old", "models": ["kan"], "precisions": ["f32"], "samples": 4}
+    spec = parse_spec(payload)
+    assert spec.group_size == DEFAULT_GROUP_SIZE  # a new sweep groups
+    # The spec a new sweep records names its group size: a later default cannot change it.
+    assert spec.model_dump()["fusion"] == {"group_size": DEFAULT_GROUP_SIZE}
+    assert parse_spec({**payload, "resources": {"gpu": "measured"}}).group_size == 1
+    # A record written before [fusion] existed: its trials ran alone, and resume alone.
+    where = SweepLocation.parse(tmp_path / "old")
+    SweepRecord(spec=spec, sweep_dir=where, parent_run_id="p", tracking_uri="sqlite://").write()
+    saved = json_module.loads((tmp_path / "old" / SWEEP_FILE).read_text())
+    del saved["spec"]["fusion"]
+    (tmp_path / "old" / SWEEP_FILE).write_text(json_module.dumps(saved))
+    assert SweepRecord.read(where, check_data=False).spec.group_size == 1
+
+
+def test_searcher_state_saved_before_multi_configuration_groups_restores() -> None:
+    # trial_group entries were member keys alone; they pair with the group's config_id.
+    spec = _spec(models=["kan"], precisions=["f32", "bf16"], seeds=[0, 1])
+    searcher = SweepSearcher(spec)
+    trials = _all_suggestions(searcher)
+    state = searcher.get_state()
+    state["trial_group"] = {t: [m for _, m in ms] for t, ms in state["trial_group"].items()}
+    restored = SweepSearcher(spec)
+    restored.set_state(state)
+    assert restored.trial_group == searcher.trial_group and len(trials) == 2
 
 
 def test_group_size_one_searches_exactly_as_before() -> None:

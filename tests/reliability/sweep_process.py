@@ -21,7 +21,8 @@ SWEEP_ENV = {"TUNE_GLOBAL_CHECKPOINT_S": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def write_spec(tmp_path: Path, name: str, **overrides: Any) -> Path:
-    """The reliability tests' sweep: two tft trials of 5 epochs, two at a time."""
+    """The reliability tests' sweep: two tft trials of 5 epochs (one group trial of two
+    configurations, unless ``fusion`` says otherwise), two Tune trials at a time."""
     trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 15}
     defaults = {**ONE_TFT, "samples": 2, "max_epochs": 5, "trainer": trainer}
     return write_tiny_spec(tmp_path, name, **{**defaults, **overrides})

@@ -26,7 +26,8 @@ EPOCHS = 4
 
 
 def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3)
+    # Three trials alone (a grouped sweep's resume: the test below).
+    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3, fusion={"group_size": 1})
     sweep_dir = tmp_path / "results" / "sigterm"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:

@@ -202,3 +202,36 @@ def test_a_corrupt_newest_group_checkpoint_falls_back_to_the_previous_one(
     older.write_text("{not json")
     with pytest.raises(trial_module.CheckpointError, match="no usable checkpoint"):
         trial_module._restore_group(slugs)
+
+
+def test_a_trial_restarted_at_the_epoch_a_rung_stopped_it_trains_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trial alone asks the rungs before reporting each epoch; if the sweep's snapshot
+    # saw that epoch's checkpoint but not the trial's end, the restart resumes there: it
+    # asks again (the rungs remember) and ends without training or reporting.
+    from ray import tune
+
+    from trainables import trial as trial_module
+
+    member = _group(tmp_path, (0,)).members[0]
+    config = member.train_config()
+    trainer = Trainer(config)
+    trainer.train_epoch()
+    root = tmp_path / "trial" / "checkpoint_000000"
+    trainer.save(root / trial_module.CKPT_SUBDIR)
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint(str(root)))
+    reported: list[dict[str, Any]] = []
+    monkeypatch.setattr(tune, "report", lambda metrics, **_: reported.append(metrics))
+    asked: list[int] = []
+
+    def keep(result: Any) -> bool:
+        asked.append(int(result["epoch"]))
+        return False
+
+    progress = trial_module._Progress()
+    trial_module._train(config, {}, {}, progress, 0.0, keep)
+    assert asked == [1] and reported == [] and progress.epoch == 1
+    # Kept instead: it trains on from epoch 2 and asks after each epoch but the last.
+    trial_module._train(config, {}, {}, trial_module._Progress(), 0.0, lambda r: True)
+    assert [r["epoch"] for r in reported] == [2]
