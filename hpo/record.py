@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.storage import SweepLocation
-from hpo.spec import SweepSpec, parse_spec
+from hpo.spec import SweepSpec, as_recorded, parse_spec
 
 SWEEP_FILE = "hpo-sweep.json"
 SUMMARY_FILE = "hpo-summary.json"
@@ -56,11 +56,10 @@ class SweepRecord:
                 f"{sweep_dir} is not a sweep directory (no {SWEEP_FILE}); pass STORAGE/NAME of a sweep"
             )
         payload = json.loads(text)
-        # Recorded before group trials existed: every trial ran alone (the default since
-        # is to group, and a resume must go on as the sweep started).
-        payload["spec"].setdefault("fusion", {"group_size": 1})
         spec = parse_spec(
-            payload["spec"], source=f"{sweep_dir}/{SWEEP_FILE}", check_data=check_data
+            as_recorded(payload["spec"]),
+            source=f"{sweep_dir}/{SWEEP_FILE}",
+            check_data=check_data,
         )
         return cls(
             spec=spec,

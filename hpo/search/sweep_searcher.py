@@ -36,7 +36,7 @@ from hpo.rungs import board_state, load_board
 from hpo.search import make_param_searcher
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
-from hpo.spec import SweepSpec
+from hpo.spec import SweepSpec, as_recorded
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.trial_keys import MEMBER_SETTINGS, member_slugs
 
@@ -267,7 +267,7 @@ class SweepSearcher(Searcher):
         return {"spec": self.spec.model_dump(), "state": self.get_state()}
 
     def __setstate__(self, payload: dict[str, Any]) -> None:
-        self.__init__(SweepSpec.model_validate(payload["spec"]))  # type: ignore[misc]
+        self.__init__(SweepSpec.model_validate(as_recorded(payload["spec"])))  # type: ignore[misc]
         self.set_state(payload["state"])
 
     # -- reporting -------------------------------------------------------------------------

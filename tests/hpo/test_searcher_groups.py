@@ -188,6 +188,16 @@ def test_a_sweep_recorded_before_group_trials_resumes_ungrouped(tmp_path: Any) -
     del saved["spec"]["fusion"]
     (tmp_path / "old" / SWEEP_FILE).write_text(json_module.dumps(saved))
     assert SweepRecord.read(where, check_data=False).spec.group_size == 1
+    # So does the searcher Tune unpickles on resume (its spec travels in the pickle).
+    import pickle
+
+    searcher = SweepSearcher(parse_spec({**payload, "fusion": {"group_size": 1}}))
+    state = searcher.__getstate__()
+    del state["spec"]["fusion"]
+    restored = pickle.loads(pickle.dumps(searcher))
+    restored.__setstate__(state)
+    assert restored.spec.group_size == 1 and not restored.spec.asha_per_member
+    assert not is_group_trial(restored.suggest("t0"))
 
 
 def test_searcher_state_saved_before_multi_configuration_groups_restores() -> None:
