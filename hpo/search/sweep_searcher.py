@@ -69,6 +69,11 @@ class SweepSearcher(Searcher):
                 self.searchers.append(
                     make_param_searcher(spec.search, space, seed=spec.search_seed * 7919 + index)
                 )
+        # What the spec decides per model, once (it builds each family's space to know):
+        # whether its trials group, and how many configurations of one shape to ask at once.
+        self.grouped = {model: spec.groups(model) for model in spec.models}
+        self.batch = {model: spec.batch_size(model) for model in spec.models}
+        self.asha_per_member = spec.asha_per_member
         self.configs_made = [0] * len(self.streams)
         self.next_stream = 0
         self.queue: deque[dict[str, Any]] = deque()
@@ -157,8 +162,7 @@ class SweepSearcher(Searcher):
     def _emit(self, index: int) -> None:
         """Queue the stream's next configurations: one, or a batch of one shape."""
         model, precision = self.streams[index]
-        grouped = self.spec.groups(model)
-        batch = min(self.spec.batch_size(model), self.spec.samples - self.configs_made[index])
+        batch = min(self.batch[model], self.spec.samples - self.configs_made[index])
         tag = model if precision is None else f"{model}-{precision}"
         precisions = list(self.spec.precisions) if precision is None else [precision]
         shape: dict[str, Any] | None = None
@@ -188,7 +192,7 @@ class SweepSearcher(Searcher):
                         )
                     )
             self.configs[config_id] = _Configuration(stream=index, members=members)
-        if not grouped:
+        if not self.grouped[model]:
             self.queue.extend(t.to_dict() for t in trials)
             return
         for p in precisions:
@@ -220,7 +224,7 @@ class SweepSearcher(Searcher):
     def _rungs_state(self) -> dict[str, Any] | None:
         """The member rungs of a sweep where ASHA decides per member: the running board's
         (saved with each experiment snapshot), else the last known."""
-        if not self.spec.asha_per_member:
+        if not self.asha_per_member:
             return None
         live = board_state(self.spec.name)
         if live is not None:

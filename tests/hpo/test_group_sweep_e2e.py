@@ -34,34 +34,42 @@ def _hpo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -> None:
+def _write_spec(tmp_path: Path, name: str, **settings: object) -> tuple[Path, str]:
+    """A tiny kan sweep named ``name`` as the YAML a user writes (``settings`` on top);
+    its path and MLflow URI."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     payload = {
-        "name": "grouped",
+        "name": name,
         "models": ["kan"],
-        "precisions": ["f32", "bf16"],
-        "compare": True,
-        "samples": 1,
-        "search": "random",
-        "max_epochs": 2,
-        "seeds": [0, 1, 2],
         "max_concurrent": 2,
         "storage": str(tmp_path / "results"),
         "tracking_uri": uri,
         "data": {"source": "synthetic", "n_assets": 2, "n_bars": 600},
         "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 6},
-        "walk_forward": {"n_folds": 2},
         "resources": {"cpu": 1, "gpu": 0},
-        "fusion": {"group_size": 3},
-        "search_space": {"kan": {"width": 4}},
+        **settings,
     }
-    spec_path = tmp_path / "grouped.yaml"
+    spec_path = tmp_path / f"{name}.yaml"
     spec_path.write_text(yaml.safe_dump(payload))
+    return spec_path, uri
 
-    def hpo(*args: str) -> subprocess.CompletedProcess[str]:
-        return _hpo(tmp_path, *args)
 
-    swept = hpo("sweep", str(spec_path))
+def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -> None:
+    spec_path, uri = _write_spec(
+        tmp_path,
+        "grouped",
+        precisions=["f32", "bf16"],
+        compare=True,
+        samples=1,
+        search="random",
+        max_epochs=2,
+        seeds=[0, 1, 2],
+        walk_forward={"n_folds": 2},
+        fusion={"group_size": 3},
+        search_space={"kan": {"width": 4}},
+    )
+
+    swept = _hpo(tmp_path, "sweep", str(spec_path))
     assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
     assert "6/6 trials finished" in swept.stdout
     # Two Tune trials (one group per precision), six members.
@@ -76,7 +84,7 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     assert len({r.data.tags["trial_id"] for r in runs}) == 6
     assert len({r.data.tags["hpo.group_id"] for r in runs}) == 2  # the Tune trial each ran in
 
-    status = hpo("status", str(sweep_dir), "--json")
+    status = _hpo(tmp_path, "status", str(sweep_dir), "--json")
     assert status.returncode == 0, status.stderr[-3000:]
     rows = json.loads(status.stdout)["trials"]
     assert len(rows) == 6 and all(r["status"] == "TERMINATED" and r["epochs"] == 2 for r in rows)
@@ -87,34 +95,25 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     parent = MlflowClient(uri).get_run(record.parent_run_id).data.metrics
     assert parent["cmp.kan.bf16_vs_f32.val.n_seed_pairs"] == 3.0
     assert parent["cmp.kan.bf16_vs_f32.val.n_incomplete"] == 0.0
-    compared = hpo("compare", "--experiment", "grouped", "--tracking-uri", uri)
+    compared = _hpo(tmp_path, "compare", "--experiment", "grouped", "--tracking-uri", uri)
     assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
 
 
 def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) -> None:
     # No [fusion] table: the default group size (8) groups nine sampled configurations of
     # one shape as a group of 8 and a lone trial; ASHA decides per member at epochs 1, 2.
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    payload = {
-        "name": "rungs",
-        "models": ["kan"],
-        "precisions": ["f32"],
-        "samples": 9,
-        "search": "tpe",
-        "scheduler": "asha",
-        "max_epochs": 3,
-        "grace_epochs": 1,
-        "max_concurrent": 2,
-        "storage": str(tmp_path / "results"),
-        "tracking_uri": uri,
-        "data": {"source": "synthetic", "n_assets": 2, "n_bars": 600},
-        "trainer": {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 6},
-        "walk_forward": {"n_folds": 1},
-        "resources": {"cpu": 1, "gpu": 0},
-        "search_space": {"kan": {"width": {"choices": [4, 8]}}},
-    }
-    spec_path = tmp_path / "rungs.yaml"
-    spec_path.write_text(yaml.safe_dump(payload))
+    spec_path, uri = _write_spec(
+        tmp_path,
+        "rungs",
+        precisions=["f32"],
+        samples=9,
+        search="tpe",
+        scheduler="asha",
+        max_epochs=3,
+        grace_epochs=1,
+        walk_forward={"n_folds": 1},
+        search_space={"kan": {"width": {"choices": [4, 8]}}},
+    )
     swept = _hpo(tmp_path, "sweep", str(spec_path))
     assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
     assert "9/9 trials finished" in swept.stdout

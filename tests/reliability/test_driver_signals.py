@@ -25,22 +25,21 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 4
 
 
-def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
-    # Three trials alone (a grouped sweep's resume: the test below).
-    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3, fusion={"group_size": 1})
-    sweep_dir = tmp_path / "results" / "sigterm"
+def _sweep_then_sigterm(tmp_path: Path, spec: Path, sweep_dir: Path, epochs: int) -> str:
+    """Start the sweep, SIGTERM its driver once a trial has checkpointed ``epochs`` epochs,
+    wait for it to stop; returns its log. The signal lands mid-sweep whatever the speed of
+    an epoch: the trials' workers are held while it is sent, so the sweep cannot have
+    finished before it."""
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:
         wait_for(
-            lambda: any(checkpointed_epochs(d) >= 1 for d in trial_dirs(sweep_dir)),
+            lambda: any(checkpointed_epochs(d) >= epochs for d in trial_dirs(sweep_dir)),
             timeout=300,
-            what="a trial's first epoch checkpointed",
+            what=f"a trial's epoch {epochs} checkpointed",
             proc=driver,
             detail=log_tail(tmp_path / "sweep.log"),
             interval=0.1,
         )
-        # The signal lands mid-sweep whatever the speed of an epoch: the trials' workers
-        # are held while it is sent, so the sweep cannot have finished before it.
         workers = trial_workers(driver.pid)
         signal_all(workers, signal.SIGSTOP)
         driver.send_signal(signal.SIGTERM)
@@ -50,6 +49,14 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
         kill_tree(driver)
     log = (tmp_path / "sweep.log").read_text()
     assert driver.returncode == 3, log[-4000:]
+    return log
+
+
+def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
+    # Three trials alone (a grouped sweep's resume: the test below).
+    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3, fusion={"group_size": 1})
+    sweep_dir = tmp_path / "results" / "sigterm"
+    log = _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=1)
     assert f"hpo resume {sweep_dir}" in log.replace("\n", "")
     assert (sweep_dir / "hpo-summary.json").exists()
 
@@ -81,25 +88,7 @@ def test_a_grouped_asha_sweep_resumes_every_member_once(tmp_path: Path) -> None:
         tmp_path, "grouped", max_epochs=epochs, samples=4, scheduler="asha", grace_epochs=1
     )
     sweep_dir = tmp_path / "results" / "grouped"
-    driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
-    try:
-        wait_for(
-            lambda: any(checkpointed_epochs(d) >= 2 for d in trial_dirs(sweep_dir)),
-            timeout=300,
-            what="the group's second epoch checkpointed",
-            proc=driver,
-            detail=log_tail(tmp_path / "sweep.log"),
-            interval=0.1,
-        )
-        workers = trial_workers(driver.pid)
-        signal_all(workers, signal.SIGSTOP)
-        driver.send_signal(signal.SIGTERM)
-        signal_all(workers, signal.SIGCONT)
-        driver.wait(timeout=180)
-    finally:
-        kill_tree(driver)
-    log = (tmp_path / "sweep.log").read_text()
-    assert driver.returncode == 3, log[-4000:]
+    _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=2)
     (group_dir,) = trial_dirs(sweep_dir)
     before = [r["epoch"] for r in results(group_dir)]
     assert before and before[-1] < epochs, before  # interrupted mid-way
