@@ -95,12 +95,18 @@ class TrainerGroup:
             restore_default_rng(saved.meta, self.members[0].device)
         else:
             torch.manual_seed(configs[0].seed)
-        # Members resumed at their last epoch are done: they stay out of the fusion.
-        self.fusion = Fusion([m for m in self.members if m.epoch < m.config.epochs])
+        # Members resumed at their last epoch are done: they stay out of the fusion. A
+        # member resumed after it fell back to f32 trains alone, as it did when it fell
+        # back (its weights are f32, the others' bf16): its own folds fuse.
+        training = [m for m in self.members if m.epoch < m.config.epochs]
+        self.fusion = Fusion([m for m in training if not m.fell_back_to_f32])
         for member in self.fusion.trainers:
             member.fusion = self.fusion
         if self.fusion.trainers:
             self.fusion.fuse()
+        for member in training:
+            if member.fell_back_to_f32:
+                member.fusion.fuse()
         self.ended: dict[int, str] = {}  # members out of training early: index -> why
         self.diverged: dict[int, str] = {}  # those that diverged: index -> the reason
 

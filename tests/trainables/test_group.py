@@ -254,3 +254,34 @@ def test_a_fused_trial_alone_still_raises_its_divergence(monkeypatch: pytest.Mon
     assert trainer.fused is not None and trainer.fused.k == 2
     with pytest.raises(TrialDiverged, match="kan diverged under f32: 3 consecutive"):
         trainer.train_epoch()
+
+
+def test_a_group_resumed_after_a_fallback_keeps_the_fallen_member_out_of_its_fusion(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Checkpoints taken after member 1 fell back to f32 (a Tune retry, ``hpo resume``):
+    the resumed member 1 is f32 again and trains alone, the bf16 members fuse without it,
+    and all three end where the group that never stopped ends."""
+    configs = [
+        _config("kan", "bf16", seed=s, fallback_after=3, log_every=3, epochs=2) for s in range(3)
+    ]
+    _poison_member(monkeypatch, k=6, rows=slice(2, 4), steps=range(2, 6))
+    group = TrainerGroup(configs)
+    group.train_epoch()
+    assert group.members[1].fell_back_to_f32
+    for i, member in enumerate(group.members):
+        member.save(tmp_path / f"m{i}")
+    checkpoints = [load_checkpoint(tmp_path / f"m{i}") for i in range(3)]
+    group.train_epoch()
+
+    resumed = TrainerGroup(configs, checkpoints=checkpoints)
+    fallen = resumed.members[1]
+    assert fallen.fell_back_to_f32 and fallen.policy.name == "f32"
+    assert fallen.fusion is not resumed.fusion
+    assert resumed.fusion.trainers == [resumed.members[0], resumed.members[2]]
+    assert {p.dtype for run in fallen.folds for p in run.model.parameters()} == {F32}
+    metrics = resumed.train_epoch()
+    assert [metrics[i]["epoch"] for i in range(3)] == [2, 2, 2]
+    assert metrics[1]["fell_back_to_f32"] == 1
+    for before, after in zip(group.members, resumed.members, strict=True):
+        assert _relative(_weights(before), _weights(after)) < 1e-2  # a few bf16 ulps
