@@ -44,9 +44,18 @@ from cluster.packing import (
 from cluster.profiler import GiB, MemoryProfile
 from cluster.remote_profile import PROFILE_TIMEOUT_S, profile_on_types
 from cluster.vram_table import SharedVramCache, key_string, type_key
-from trainables.config import TrainConfig, TrialConfig
+from trainables.config import GroupTrialConfig, TrainConfig, TrialConfig, is_group_trial
 
 log = logging.getLogger("cluster.packing_plan")
+
+Shape = tuple[TrainConfig, int]
+"""What a share is planned for: a trial's config and the members of its group trial (1:
+a trial alone). A group's members differ only in settings that change no memory."""
+
+
+def shapes(items: Iterable[TrainConfig | Shape]) -> list[Shape]:
+    """``items`` as shapes: a bare config is a trial alone."""
+    return [item if isinstance(item, tuple) else (item, 1) for item in items]
 
 
 @dataclass(frozen=True)
@@ -99,13 +108,13 @@ class ClusterPacker:
         self._load: dict[str, float] = {}  # type name -> GPU shares placed
 
     # -- profiles ----------------------------------------------------------------------------
-    def prefetch(self, configs: Iterable[TrainConfig]) -> list[MemoryProfile]:
-        """Profile every (config, type) not yet known: shared cache first, then one Ray
+    def prefetch(self, configs: Iterable[TrainConfig | Shape]) -> list[MemoryProfile]:
+        """Profile every (shape, type) not yet known: shared cache first, then one Ray
         task per missing pair, all in parallel. Returns the new profiles."""
-        missing: dict[str, tuple[TrainConfig, GpuType]] = {}
-        for config in configs:
+        missing: dict[str, tuple[TrainConfig, GpuType, int]] = {}
+        for config, members in shapes(configs):
             for gpu_type in self.types:
-                key = type_key(config, gpu_type)
+                key = type_key(config, gpu_type, members)
                 text = key_string(key)
                 if text in self.profiles or text in missing:
                     continue
@@ -113,7 +122,7 @@ class ClusterPacker:
                 if found is not None:
                     self.profiles[text] = found
                 else:
-                    missing[text] = (config, gpu_type)
+                    missing[text] = (config, gpu_type, members)
         if not missing:
             return []
         profiled = profile_on_types(
@@ -126,19 +135,20 @@ class ClusterPacker:
             self.profiles[text] = profile
         return profiled
 
-    def _profile(self, config: TrainConfig, gpu_type: GpuType) -> MemoryProfile:
-        text = key_string(type_key(config, gpu_type))
+    def _profile(self, config: TrainConfig, gpu_type: GpuType, members: int) -> MemoryProfile:
+        text = key_string(type_key(config, gpu_type, members))
         if text not in self.profiles:
-            self.prefetch([config])
+            self.prefetch([(config, members)])
         return self.profiles[text]
 
     # -- shares ------------------------------------------------------------------------------
-    def shares(self, config: TrainConfig) -> list[TypeShare]:
-        """This shape on every type, with the OOMs recorded against it there."""
+    def shares(self, config: TrainConfig, members: int = 1) -> list[TypeShare]:
+        """This shape (a group trial of ``members`` when over 1) on every type, with the
+        OOMs recorded against it there."""
         out = []
         for gpu_type in self.types:
-            profile = self._profile(config, gpu_type)
-            key = type_key(config, gpu_type)
+            profile = self._profile(config, gpu_type, members)
+            key = type_key(config, gpu_type, members)
             ooms = self.cache.oom_count(key) if self.cache is not None else 0
             # An estimate is a fraction of what the type declares now (a measurement of
             # the device it ran on); the declaration may have changed since it was cached.
@@ -193,16 +203,21 @@ class ClusterPacker:
         used = self._load.get(share.gpu_type.name, 0.0) + self.slot(share)
         return used / share.gpu_type.gpus
 
-    def resources_of(self, trial: TrialConfig) -> dict[str, float]:
-        """The bundle of one trial: CPUs, its share of the chosen type's GPU (never below
-        its OOM floor) and, on a mixed cluster, the type constraint."""
-        shares = self.shares(trial.train_config())
+    def resources_of(self, trial: TrialConfig | GroupTrialConfig) -> dict[str, float]:
+        """The bundle of one Tune trial: CPUs, its share of the chosen type's GPU (never
+        below its OOM floor) and, on a mixed cluster, the type constraint. A group trial's
+        share is its fused group's; it is placed as its first member (who carries the
+        group's OOM floor and type)."""
+        members = 1
+        if isinstance(trial, GroupTrialConfig):
+            members, trial = len(trial.members), trial.members[0]
+        shares = self.shares(trial.train_config(), members)
         # The member, not the attempt: an OOM retry (the same member with a floor) stays
         # on the type it ran out of memory on, as its floor is a share of that type's GPU;
         # its config names that type too, for a packer that never placed its first try.
         identity = json.dumps(
             [trial.config_id, trial.member, trial.seed, trial.family, trial.precision,
-             dict(trial.params)],
+             dict(trial.params), members],
             sort_keys=True,
             default=str,
         )  # fmt: skip
@@ -220,20 +235,29 @@ class ClusterPacker:
         """Tune's resources callable: a one-bundle placement group of :meth:`resources_of`."""
         from ray.tune import PlacementGroupFactory
 
-        return PlacementGroupFactory([self.resources_of(TrialConfig.from_dict(config))])
+        trial = (
+            GroupTrialConfig.from_dict(config)
+            if is_group_trial(config)
+            else TrialConfig.from_dict(config)
+        )
+        return PlacementGroupFactory([self.resources_of(trial)])
 
 
 # ------------------------------------------------------------------------------------------
 # the plan table
 
 
-def plan_rows(packer: ClusterPacker, configs: Iterable[TrainConfig]) -> list[dict[str, Any]]:
-    """One row per (model, precision, GPU type) of ``configs`` (profiled as needed)."""
-    configs = list(configs)
-    packer.prefetch(configs)
+def plan_rows(
+    packer: ClusterPacker, configs: Iterable[TrainConfig | Shape]
+) -> list[dict[str, Any]]:
+    """One row per (model, precision, members, GPU type) of ``configs`` (profiled as
+    needed). ``trials_per_gpu`` and ``trials_per_node`` count Tune trials (a group trial
+    once); ``members_per_gpu`` the trials a user sees."""
+    planned = shapes(configs)
+    packer.prefetch(planned)
     rows = []
-    for config in configs:
-        for share in packer.shares(config):
+    for config, members in planned:
+        for share in packer.shares(config, members):
             by_gpu = share.trials_per_node_by_gpu
             cpu = packer.cpu_per_trial
             by_cpu = math.floor(share.gpu_type.cpus_per_node / cpu + 1e-9) if cpu > 0 else None
@@ -254,7 +278,9 @@ def plan_rows(packer: ClusterPacker, configs: Iterable[TrainConfig]) -> list[dic
                     "device_total_source": profile.device_total_source,
                     "oom_count": share.oom_count,
                     "share": share.packing.fraction,
+                    "members": members,
                     "trials_per_gpu": share.packing.trials_per_gpu,
+                    "members_per_gpu": share.packing.trials_per_gpu * members,
                     "trials_per_gpu_by_memory": share.packing.trials_per_gpu_unrounded,
                     "trials_per_node": by_gpu if by_cpu is None else min(by_gpu, by_cpu),
                     "binding": binding,
@@ -267,13 +293,19 @@ def plan_rows(packer: ClusterPacker, configs: Iterable[TrainConfig]) -> list[dic
 
 def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     """The plan as a fixed-width text table (what ``--plan`` prints and the parent run
-    stores as ``packing_plan.txt``)."""
+    stores as ``packing_plan.txt``). Where group trials are planned, the columns count
+    groups (Tune trials) and members (the trials a user sees) apart."""
+    grouped = any(r.get("members", 1) > 1 for r in rows)
     header = [
         "model", "precision", "gpu type", "peak GiB", "how", "GPU GiB", "share",
         "trials/GPU", "by memory", "trials/node", "binding",
     ]  # fmt: skip
-    body = [
-        [
+    if grouped:
+        header[7:10] = ["groups/GPU", "members/GPU", "groups by memory", "groups/node"]
+        header.insert(3, "members")
+    body = []
+    for r in rows:
+        row = [
             r["model"],
             r["precision"],
             r["gpu_type"],
@@ -286,8 +318,10 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
             str(r["trials_per_node"]),
             r["binding"],
         ]
-        for r in rows
-    ]
+        if grouped:
+            row.insert(8, str(r["members_per_gpu"]))
+            row.insert(3, str(r["members"]))
+        body.append(row)
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = [
         f"GPU packing plan: share = (peak x (1 + {headroom:g}) + context) / GPU memory, "

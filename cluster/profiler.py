@@ -66,13 +66,14 @@ class MemoryProfile:
 
     The persistent components sum over every walk-forward fold of the trial (the trainer
     keeps them all on the device); the transient ones are those of the busiest single step
-    or validation forward (folds run one after another).
+    or validation forward (folds run one after another, or fused as one step). A group
+    trial's profile (``members`` > 1) is the same for all its members' folds together.
     """
 
     model: str
     precision: str  # the policy that ran (``auto`` resolved)
     batch_size: int
-    n_folds: int
+    n_folds: int  # of one member
     n_params: int  # trained parameters of one fold's model
     method: str  # "measured" (CUDA) or "estimated" (tensor bytes only)
     device_name: str
@@ -95,6 +96,9 @@ class MemoryProfile:
     pid: int | None = None  # the worker process
     device_total_source: str | None = None  # "nvml", "torch", "declared" or None (default)
     context_measured: bool = False  # context_bytes from NVML (else the allowance)
+    # Trials trained as one fused group (trainables.group): the components are the
+    # group's, every member's folds together, in one process and one CUDA context.
+    members: int = 1
 
     @property
     def estimated_peak_bytes(self) -> int:
@@ -291,27 +295,27 @@ def target_precision(name: str, device: torch.device) -> str:
     return resolve_policy_name(name, device)
 
 
-def target_fuse(config: TrainConfig, device: torch.device) -> str:
-    """Whether the trial's folds train fused where its share is planned: ``on`` or
-    ``off``. ``auto`` fuses a fusable family's folds (two or more) on a GPU, and an
-    estimate made without one targets a GPU, so it fuses them whatever the family does on
-    a CPU. A trial that cannot fuse after all (its folds too short for a batch) needs
-    less than its profile says, never more."""
+def target_fuse(config: TrainConfig, device: torch.device, members: int = 1) -> str:
+    """Whether the trial's folds (a group's: every member's) train fused where its share
+    is planned: ``on`` or ``off``. ``auto`` fuses a fusable family's folds (two or more)
+    on a GPU, and an estimate made without one targets a GPU, so it fuses them whatever
+    the family does on a CPU. A trial that cannot fuse after all (its folds too short for
+    a batch) needs less than its profile says, never more."""
     if config.fuse == "off" or not get_family(config.family).fuses:
         return "off"
-    return "on" if config.fuse == "on" or config.n_folds >= 2 else "off"
+    return "on" if config.fuse == "on" or config.n_folds * members >= 2 else "off"
 
 
-def profiling_config(config: TrainConfig, device: torch.device) -> TrainConfig:
+def profiling_config(config: TrainConfig, device: torch.device, members: int = 1) -> TrainConfig:
     """``config`` with only what does not change memory cut short: one minibatch per
     forecast step call, one collect-and-learn cycle per rl call, ``learning_starts``
-    lowered to one replay batch, on ``device``; fused as the trial will be
-    (:func:`target_fuse`)."""
+    lowered to one replay batch, on ``device``; fused as the trial (or the group of
+    ``members``) will be (:func:`target_fuse`)."""
     family = get_family(config.family)
     changes: dict[str, Any] = {
         "device": str(device),
         "precision": target_precision(config.precision, device),
-        "fuse": target_fuse(config, device),
+        "fuse": target_fuse(config, device, members),
         "epochs": 1,
         "max_steps_per_epoch": 1,
         "rl_iterations": 1,
@@ -359,7 +363,8 @@ def _cuda_baseline(device: torch.device) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class _Counts:
-    n_folds: int
+    n_folds: int  # of one member
+    members: int
     precision: str
     state: StateBytes
     data: StorageSet
@@ -383,24 +388,39 @@ def _until_replayed(trainer: Any, unit: Any) -> None:
         _train_step(trainer, unit)
 
 
-def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[int, int]) -> _Counts:
-    # What one step trains: each fold, or the folds fused into one module (what the
-    # trial runs, so what its share must hold).
-    units = trainer.step_units
-    for unit in units:  # warm: grads, optimizer state, replay storage, workspace
-        _train_step(trainer, unit)
-    state = state_bytes([u.model for u in units], [u.optimizer for u in units], device)
-    data = reachable_bytes(trainer, device, exclude=state.keys)
+def _step_units(trainers: list[Any]) -> list[tuple[Any, Any]]:
+    """(trainer, unit) for what one step trains: each fold, or the folds fused into one
+    module (a group's members share theirs: it is listed once)."""
+    seen: set[int] = set()
+    out = []
+    for trainer in trainers:
+        for unit in trainer.step_units:
+            if id(unit) not in seen:
+                seen.add(id(unit))
+                out.append((trainer, unit))
+    return out
 
-    first = units[0]  # every fold has the same shapes
+
+def _count(
+    trainers: list[Any], root: Any, device: torch.device, measure: bool, baseline: tuple[int, int]
+) -> _Counts:
+    # What one step trains: each fold, or the folds fused into one module (what the
+    # trial runs, so what its share must hold); a group's trainers are its members.
+    units = _step_units(trainers)
+    for trainer, unit in units:  # warm: grads, optimizer state, replay storage, workspace
+        _train_step(trainer, unit)
+    state = state_bytes([u.model for _, u in units], [u.optimizer for _, u in units], device)
+    data = reachable_bytes(root, device, exclude=state.keys)
+
+    host, first = units[0]  # every fold has the same shapes
     with SavedTensors(exclude=state.keys | data.keys) as saved, LiveTensors(device) as live:
         hook = first.optimizer.register_step_post_hook(lambda *_: saved.end_step())
         try:
-            _train_step(trainer, first)
+            _train_step(host, first)
         finally:
             hook.remove()
     with LiveTensors(device) as live_eval:
-        _eval_forwards(trainer)
+        _eval_forwards(host)
     # The counts are taken: let the held storages go (transients before the CUDA peaks,
     # and nothing of the trainer outlives the profile through them).
     data.held.clear()
@@ -412,21 +432,22 @@ def _count(trainer: Any, device: torch.device, measure: bool, baseline: tuple[in
         torch.cuda.reset_peak_memory_stats(device)
         # Eager steps (a step the trainer captures is still warming up: at most its third
         # call), so the allocator sees every activation: a replay allocates nothing.
-        for unit in units:
+        for trainer, unit in units:
             _train_step(trainer, unit)
-        _eval_forwards(trainer)
+        _eval_forwards(host)
         torch.cuda.synchronize(device)
         allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
         # Then captured and replayed where a trial's step is: the graphs' private pools
         # are reserved memory the trial's allocator cap counts.
-        for unit in units:
+        for trainer, unit in units:
             _until_replayed(trainer, unit)
         torch.cuda.synchronize(device)
         reserved = torch.cuda.max_memory_reserved(device) - baseline[1]
         context = measured_context_bytes(device, cuda_device(device))
     return _Counts(
-        n_folds=len(trainer.folds),
-        precision=trainer.policy.name,
+        n_folds=len(host.folds),
+        members=len(trainers),
+        precision=host.policy.name,
         state=state,
         data=data,
         saved=saved.peak,
@@ -442,26 +463,40 @@ def profile_trial(
     *,
     device: torch.device | str | None = None,
     measure: bool | None = None,
+    members: int = 1,
 ) -> MemoryProfile:
-    """Profile the trial ``config`` describes on ``device`` (default: CUDA when present).
+    """Profile the trial ``config`` describes on ``device`` (default: CUDA when present);
+    with ``members`` > 1 the group trial of that many such trials (seeds ``config.seed``
+    onwards: a member's other settings do not change memory), fused as it trains.
 
     ``measure`` (default: on CUDA) adds the allocator's measured peaks; without CUDA only
     the estimate exists. Persistent components cover all folds; transients one step.
     """
+    from trainables.group import TrainerGroup
     from trainables.trainer import Trainer
 
+    if members < 1:
+        raise ValueError(f"members must be >= 1, got {members}")
     device = torch.device(device) if device is not None else default_device()
     measure = device.type == "cuda" if measure is None else measure
     if measure and device.type != "cuda":
         raise ValueError(f"measuring needs a CUDA device, got {device}")
-    cfg = profiling_config(config, device)
+    cfg = profiling_config(config, device, members)
     info = cuda_device(device) if device.type == "cuda" else None
     baseline = _cuda_baseline(device) if measure else (0, 0)
-    trainer = Trainer(cfg, device=device)
+    built: Any
+    if members == 1:
+        built = Trainer(cfg, device=device)
+        trainers = [built]
+    else:
+        built = TrainerGroup(
+            [cfg.replace(seed=cfg.seed + i) for i in range(members)], device=device
+        )
+        trainers = built.members
     try:
-        counts = _count(trainer, device, measure, baseline)
+        counts = _count(trainers, built, device, measure, baseline)
     finally:
-        del trainer
+        del built, trainers
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -471,7 +506,7 @@ def profile_trial(
         precision=counts.precision,
         batch_size=config.batch_size,
         n_folds=counts.n_folds,
-        n_params=counts.state.n_params // counts.n_folds,
+        n_params=counts.state.n_params // (counts.n_folds * counts.members),
         method="measured" if measure else "estimated",
         device_name=info.name if info is not None else ESTIMATE_DEVICE_NAME,
         device_total_bytes=info.total_bytes if info is not None else None,
@@ -491,6 +526,7 @@ def profile_trial(
         context_measured=counts.context is not None,
         measured_allocated_bytes=counts.allocated,
         measured_reserved_bytes=counts.reserved,
+        members=counts.members,
     )
 
 

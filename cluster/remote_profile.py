@@ -37,14 +37,17 @@ PROFILE_GPU_SHARE = 1e-4
 PROFILE_TIMEOUT_S = 900.0
 
 
-def profile_on_node(config: TrainConfig, gpu_type: GpuType, mode: str = "auto") -> MemoryProfile:
-    """Profile ``config`` in this process (a Ray worker on a node of ``gpu_type``)."""
+def profile_on_node(
+    config: TrainConfig, gpu_type: GpuType, mode: str = "auto", members: int = 1
+) -> MemoryProfile:
+    """Profile ``config`` (a group trial of ``members`` such trials when over 1) in this
+    process (a Ray worker on a node of ``gpu_type``)."""
     node_id, resources = this_node()
     declared = gpu_type.memory_bytes or declared_memory_bytes(resources)
     source: str | None
     if mode != "estimate" and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
-        profile = profile_trial(config, device=device, measure=True)
+        profile = profile_trial(config, device=device, measure=True, members=members)
         total, source = profile.device_total_bytes, profile.device_total_source
     elif mode == "measure":
         raise RuntimeError(
@@ -52,7 +55,7 @@ def profile_on_node(config: TrainConfig, gpu_type: GpuType, mode: str = "auto") 
             f"{gpu_type.name} has none in its Ray workers"
         )
     else:
-        profile = profile_trial(config, device=torch.device("cpu"), measure=False)
+        profile = profile_trial(config, device=torch.device("cpu"), measure=False, members=members)
         total, source = declared, "declared" if declared else None
     return dataclasses.replace(
         profile,
@@ -65,23 +68,33 @@ def profile_on_node(config: TrainConfig, gpu_type: GpuType, mode: str = "auto") 
 
 
 def _task(
-    config: dict[str, Any], gpu_type: dict[str, Any], mode: str, cache: SharedVramCache | None
+    config: dict[str, Any],
+    gpu_type: dict[str, Any],
+    mode: str,
+    cache: SharedVramCache | None,
+    members: int = 1,
 ) -> dict[str, Any]:
     train_config, kind = TrainConfig.from_dict(config), GpuType.from_dict(gpu_type)
-    profile = profile_on_node(train_config, kind, mode)
+    profile = profile_on_node(train_config, kind, mode, members)
     if cache is not None:
-        cache.put(type_key(train_config, kind), profile)
+        cache.put(type_key(train_config, kind, members), profile)
     return profile.to_dict()
 
 
+def _shape_name(config: TrainConfig, members: int) -> str:
+    group = f" x{members}" if members > 1 else ""
+    return f"{config.family}/{config.precision}{group}"
+
+
 def profile_on_types(
-    requests: list[tuple[TrainConfig, GpuType]],
+    requests: list[tuple[TrainConfig, GpuType, int]],
     *,
     mode: str = "auto",
     cache: SharedVramCache | None = None,
     timeout_s: float = PROFILE_TIMEOUT_S,
 ) -> list[MemoryProfile]:
-    """Profile each (config, type) in a Ray task on a node of that type, all at once."""
+    """Profile each (config, type, members) in a Ray task on a node of that type, all at
+    once (members: the group trial's, 1 for a trial alone)."""
     import ray
 
     if not requests:
@@ -93,9 +106,9 @@ def profile_on_types(
             num_gpus=PROFILE_GPU_SHARE,
             resources=gpu_type.constraint,
             max_retries=0,
-            name=f"hpo-profile:{config.family}/{config.precision}@{gpu_type.name}",
-        ).remote(config.to_dict(), gpu_type.to_dict(), mode, cache)
-        for config, gpu_type in requests
+            name=f"hpo-profile:{_shape_name(config, members)}@{gpu_type.name}",
+        ).remote(config.to_dict(), gpu_type.to_dict(), mode, cache, members)
+        for config, gpu_type, members in requests
     ]
     return [MemoryProfile.from_dict(d) for d in ray.get(refs, timeout=timeout_s)]
 

@@ -12,10 +12,12 @@ retry gets. On CPU it caps nothing.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from cluster.gpu_types import GpuType, declared_memory_bytes, node_type_name, this_node
 from cluster.packing import (
+    RAY_GPU_STEPS,
     TrialDoesNotFit,
     apply_memory_cap,
     caps_memory,
@@ -31,43 +33,65 @@ log = logging.getLogger(__name__)
 class PackedShare:
     """The :class:`trainables.trial.GpuShare` of a sweep's trials (stateless: picklable)."""
 
-    def cap_memory(self, config: TrainConfig, gpu_fraction: float) -> float | None:
+    def cap_memory(
+        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+    ) -> float | None:
         """Cap the allocator to the share less the planned CUDA context; the cap set
         (None on CPU, for no GPU and for whole GPUs)."""
-        context = planned_context_bytes(config) if caps_memory(gpu_fraction) else None
+        context = planned_context_bytes(config, members) if caps_memory(gpu_fraction) else None
         return apply_memory_cap(gpu_fraction or None, context_bytes=context)
 
-    def memory_metrics(self, config: TrainConfig, gpu_fraction: float) -> dict[str, float]:
+    def memory_metrics(
+        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+    ) -> dict[str, float]:
         """The share and the shape's predicted peak, reported every epoch (GPU trials)."""
-        return trial_memory_metrics(config, gpu_fraction) if gpu_fraction > 0 else {}
+        if gpu_fraction <= 0:
+            return {}
+        return trial_memory_metrics(config, gpu_fraction, members=members)
 
-    def after_oom(self, config: TrainConfig, gpu_fraction: float, message: str) -> dict[str, Any]:
+    def after_oom(
+        self, config: TrainConfig, gpu_fraction: float, message: str, members: int = 1
+    ) -> dict[str, Any]:
         """The OOM report's fields: the share to retry at (or why none fits) and the GPU
-        type it ran out of memory on. The failed attempt's memory must be freed first."""
+        type it ran out of memory on. A group that ran out of memory on a whole GPU is
+        split in two (``oom_split`` 1): each half retries at no less than half the GPU,
+        since the whole group did not fit in one. The failed attempt's memory must be
+        freed first."""
         report: dict[str, Any] = {}
         shared, gpu_type = shared_cache(), node_gpu_type()
         try:
-            retry = retry_fraction_after_oom(config, gpu_fraction, shared=shared, gpu_type=gpu_type)
+            retry = retry_fraction_after_oom(
+                config, gpu_fraction, shared=shared, gpu_type=gpu_type, members=members
+            )
             report["oom_retry_gpu_fraction"] = retry
             report["failure_reason"] = (
                 f"CUDA out of memory at GPU share {gpu_fraction:g}; retrying at {retry:g} "
                 f"({message})"
             )
         except TrialDoesNotFit as too_big:
-            report["failure_reason"] = f"CUDA out of memory on a whole GPU: {too_big}"
+            if members > 1:
+                half = math.ceil(gpu_fraction / 2 * RAY_GPU_STEPS) / RAY_GPU_STEPS
+                report.update(oom_split=1, oom_retry_gpu_fraction=half)
+                report["failure_reason"] = (
+                    f"CUDA out of memory on a whole GPU as a group of {members}: split in "
+                    f"two, each half at a share of at least {half:g} ({message})"
+                )
+            else:
+                report["failure_reason"] = f"CUDA out of memory on a whole GPU: {too_big}"
         if gpu_type is not None:
             report["gpu_type"] = gpu_type.name
         return report
 
 
-def planned_context_bytes(config: TrainConfig) -> int | None:
-    """The CUDA context ``config``'s share was planned with on this node's GPU type (its
-    profile in the sweep's shared cache), or None where no profile is found."""
+def planned_context_bytes(config: TrainConfig, members: int = 1) -> int | None:
+    """The CUDA context ``config``'s share (its group's, of ``members``) was planned with
+    on this node's GPU type (its profile in the sweep's shared cache), or None where no
+    profile is found."""
     shared, gpu_type = shared_cache(), node_gpu_type()
     if shared is None or gpu_type is None:
         return None
     try:
-        profile = shared.get(type_key(config, gpu_type))
+        profile = shared.get(type_key(config, gpu_type, members))
     except Exception as exc:  # an unreadable cache costs the exact cap, not the trial
         log.warning("no profile in the sweep's VRAM cache (%s); capping with the allowance", exc)
         return None

@@ -89,8 +89,13 @@ def memory_neutral(model: str) -> frozenset[str]:
     return frozenset(getattr(family_module(model), "MEMORY_NEUTRAL", ()))
 
 
-def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> dict[str, Any]:
-    """The shape key of ``config`` profiled on ``device`` (named ``device_name``)."""
+def profile_key(
+    config: TrainConfig, device: torch.device, device_name: str, members: int = 1
+) -> dict[str, Any]:
+    """The shape key of ``config`` profiled on ``device`` (named ``device_name``); with
+    ``members`` > 1 that of a group trial of that many such trials. A trial alone has no
+    ``members`` entry: its key is what it was before groups existed (cached profiles stay
+    found)."""
     family = get_family(config.family)
     neutral = memory_neutral(config.family)
     model_config = {
@@ -107,7 +112,7 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
             name: _size_value(value, searched_float=name in family.search_space)
             for name, value in sorted(model_config.items())
         },
-        "fused": profiling_config(config, device).fuse == "on",
+        "fused": profiling_config(config, device, members).fuse == "on",
         "data": {
             "lookback": config.lookback,
             "n_folds": config.n_folds,
@@ -120,6 +125,8 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
         "device": device_name,
         "torch": torch.__version__,
     }
+    if members > 1:
+        key["members"] = members
     if device_name == ESTIMATE_DEVICE_NAME:
         key["allowances"] = {
             "context": context_allowance(),
@@ -128,13 +135,13 @@ def profile_key(config: TrainConfig, device: torch.device, device_name: str) -> 
     return key
 
 
-def type_key(config: TrainConfig, gpu_type: GpuType) -> dict[str, Any]:
+def type_key(config: TrainConfig, gpu_type: GpuType, members: int = 1) -> dict[str, Any]:
     """The shape key of ``config`` on a cluster's GPU type: the same fields as
     :func:`profile_key`, the type's name instead of a device name (the profiling task
     decides on the node whether it measures or estimates), and the allowances an
     estimate depends on. The declared memory is not part of it: an estimate's bytes do
     not depend on it, and the share reads the type's current declaration."""
-    key = profile_key(config, torch.device("cpu"), ESTIMATE_DEVICE_NAME)
+    key = profile_key(config, torch.device("cpu"), ESTIMATE_DEVICE_NAME, members)
     key["device"] = f"ray-type:{gpu_type.name}"
     return key
 

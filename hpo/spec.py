@@ -105,10 +105,10 @@ class ComparisonSpec(_Strict):
 
 
 DEFAULT_GROUP_SIZE = 8
-"""Members per group trial when ``[fusion] group_size`` is not set (and the GPU share is
-fixed): the largest group the trainer-level bench measured (2.6x members per minute for
-liquid on 2 CPU cores, bench/README.md "Group trials"); a sweep's groups are usually
-smaller (a batch's configurations x seeds)."""
+"""Members per group trial when ``[fusion] group_size`` is not set: the largest group
+the trainer-level bench measured (2.6x members per minute for liquid on 2 CPU cores,
+bench/README.md "Group trials"); a sweep's groups are usually smaller (a batch's
+configurations x seeds)."""
 
 
 class FusionSpec(_Strict):
@@ -118,8 +118,8 @@ class FusionSpec(_Strict):
     group holds the seeds of a configuration and further configurations of the same shape
     (they differ only in lr and weight decay). Forecast families only (rl families run
     ungrouped). Compare mode groups the seeds of one configuration only: its statistics
-    take configurations as independent draws. Unset: :data:`DEFAULT_GROUP_SIZE`, or 1
-    with ``resources.gpu = "measured"`` (a group's fused shape is not profiled yet)."""
+    take configurations as independent draws. With ``resources.gpu = "measured"`` a
+    group trial's share is profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
 
 
 class SweepSpec(_Strict):
@@ -214,22 +214,6 @@ class SweepSpec(_Strict):
                 return {**data, "scheduler": "fifo"}
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _default_group_size(cls, data: Any) -> Any:
-        """An unset ``fusion.group_size`` becomes :data:`DEFAULT_GROUP_SIZE`, or 1 with
-        measured GPU shares, here and once: the sweep's record holds the number it ran
-        with, whatever a later version's default."""
-        if not isinstance(data, dict):
-            return data
-        fusion = data.get("fusion", {})
-        if not isinstance(fusion, dict) or fusion.get("group_size") is not None:
-            return data
-        resources = data.get("resources", {})
-        measured = isinstance(resources, dict) and resources.get("gpu") == "measured"
-        size = 1 if measured else DEFAULT_GROUP_SIZE
-        return {**data, "fusion": {**fusion, "group_size": size}}
-
     @model_validator(mode="after")
     def _cross_field(self) -> SweepSpec:
         if self.compare and len(self.precisions) < 2:
@@ -239,11 +223,6 @@ class SweepSpec(_Strict):
                 "compare = true needs scheduler = 'fifo' (or no scheduler, which is FIFO in "
                 "compare mode): ASHA would stop the members of a pair at different epochs and "
                 "the paired Sharpe difference would compare unequal training"
-            )
-        if self.resources.gpu == "measured" and self.forms_groups:
-            raise ValueError(
-                "fusion.group_size > 1 needs a fixed resources.gpu: a group's fused shape is "
-                "not profiled yet, so no measured share can be derived for it"
             )
         if self.grace_epochs > self.max_epochs:
             raise ValueError(
@@ -293,6 +272,15 @@ class SweepSpec(_Strict):
         if not any(key in dims for key in MEMBER_SETTINGS):
             return 1  # every configuration of one shape would be the same configuration
         return max(1, self.group_size // len(self.seeds))
+
+    def members_per_group(self, model: str) -> int:
+        """Members of ``model``'s largest group trial (1: its trials run alone): a batch's
+        members of one precision, split evenly into groups of at most
+        :attr:`group_size` (the searcher's ``_even_chunks``)."""
+        if not self.groups(model):
+            return 1
+        members = min(self.batch_size(model), self.samples) * len(self.seeds)
+        return -(-members // -(-members // self.group_size))
 
     @property
     def forms_groups(self) -> bool:

@@ -60,11 +60,15 @@ class TrialResources:
         gpu = self.gpu
         if gpu == "measured":  # no GPU types to plan for (sweep_resources): this process sizes it
             from cluster.packing import gpu_fraction_for_trial
-            from trainables.config import TrialConfig
+            from trainables.config import GroupTrialConfig, TrialConfig, is_group_trial
 
-            trial = TrialConfig.from_dict(config)
+            members = GroupTrialConfig.from_dict(config).members if is_group_trial(config) else ()
+            trial = members[0] if members else TrialConfig.from_dict(config)
             gpu = gpu_fraction_for_trial(
-                trial.train_config(), headroom=self.headroom, floor=trial.gpu_fraction_floor
+                trial.train_config(),
+                headroom=self.headroom,
+                floor=trial.gpu_fraction_floor,
+                members=max(1, len(members)),
             )
         bundle = {"CPU": float(self.cpu)}
         if float(gpu) > 0:
@@ -97,10 +101,12 @@ def sweep_resources(
     )
 
 
-def plan_configs(spec: SweepSpec) -> list[TrainConfig]:
-    """The trial shapes known before launch: one per (model, precision) stream, at the
-    settings its search space fixes. A shape a searcher samples (a searched model size or
-    batch size) is profiled when its first trial is created."""
+def plan_configs(spec: SweepSpec) -> list[tuple[TrainConfig, int]]:
+    """The trial shapes known before launch, as (config, members of its group trial): one
+    per (model, precision) stream, at the settings its search space fixes, in the model's
+    largest group trial (:meth:`SweepSpec.members_per_group`). A shape a searcher samples
+    (a searched model size or batch size), or a smaller group (a last batch), is profiled
+    when its first trial is created."""
     from hpo.search.space import trial_space
     from trainables.config import TrialConfig
 
@@ -110,7 +116,7 @@ def plan_configs(spec: SweepSpec) -> list[TrainConfig]:
         fixed = trial_space(model, spec.search_space.get(model)).fixed
         for precision in spec.precisions:
             trial = TrialConfig(family=model, precision=precision, seed=0, params=fixed, base=base)
-            configs.append(trial.train_config())
+            configs.append((trial.train_config(), spec.members_per_group(model)))
     return configs
 
 

@@ -391,10 +391,11 @@ class MlflowSweepCallback(Callback):
             entry = reported.get(slug)
             if entry is None or unit_id in self.closed:
                 continue
-            if entry.get("diverged"):  # its final point once, and its run closed now
+            ended = _ended_as(entry)
+            if ended:  # its final point once, and its run closed now
                 self._log_result(unit_id, config, entry, final_may_repeat=True)
                 reason = str(entry.get("failure_reason", ""))
-                self._finish_unit(unit_id, "FAILED", "diverged", reason)
+                self._finish_unit(unit_id, "FAILED", ended, reason)
                 self.closed.add(unit_id)
             else:
                 self._log_result(unit_id, config, entry, final_may_repeat=False)
@@ -453,9 +454,10 @@ class MlflowSweepCallback(Callback):
                 entry = reported.get(slug) or {}
                 if unit_id in self.closed:
                     continue
-                if entry.get("diverged"):
+                ended = _ended_as(entry)
+                if ended:
                     reason = str(entry.get("failure_reason", ""))
-                    self._finish_unit(unit_id, "FAILED", "diverged", reason)
+                    self._finish_unit(unit_id, "FAILED", ended, reason)
                 else:
                     self._log_returns_of(unit_id, trial, f"{CKPT_SUBDIR}/{slug}")
                     self._finish_unit(unit_id, "FINISHED", "completed")
@@ -714,6 +716,14 @@ class MlflowSweepCallback(Callback):
         self.last_epoch.update(state.get("last_epoch", {}))
         self.member_runs.update(state.get("member_runs", {}))
         self.closed.update(state.get("closed", []))
+
+
+def _ended_as(entry: Mapping[str, Any]) -> str:
+    """How a group member's reported entry failed: ``"oom"`` (its group ran out of GPU
+    memory; a retry continues its run), ``"diverged"``, or "" (it did not)."""
+    if entry.get("oom"):
+        return "oom"
+    return "diverged" if entry.get("diverged") else ""
 
 
 def _is_retry(config: Mapping[str, Any]) -> bool:

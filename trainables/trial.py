@@ -47,17 +47,25 @@ class GpuShare(Protocol):
     """What keeps a trial inside its GPU share: Ray does not enforce fractional shares.
     The sweep hands in :class:`cluster.trial_share.PackedShare`."""
 
-    def cap_memory(self, config: TrainConfig, gpu_fraction: float) -> float | None:
+    # ``members``: a group trial's (its shape is the fused group's), 1 for a trial alone.
+    def cap_memory(
+        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+    ) -> float | None:
         """Cap this process's allocator before anything is built; the cap set, if any."""
         ...
 
-    def memory_metrics(self, config: TrainConfig, gpu_fraction: float) -> dict[str, float]:
+    def memory_metrics(
+        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+    ) -> dict[str, float]:
         """Numbers reported with every epoch (the share, the shape's predicted peak)."""
         ...
 
-    def after_oom(self, config: TrainConfig, gpu_fraction: float, message: str) -> dict[str, Any]:
-        """Fields of the OOM report (the share to retry at, or why none fits), called
-        once the failed attempt's memory is freed."""
+    def after_oom(
+        self, config: TrainConfig, gpu_fraction: float, message: str, members: int = 1
+    ) -> dict[str, Any]:
+        """Fields of the OOM report (the share to retry at, or why none fits; for a group
+        that no share holds, ``oom_split`` 1 and the share of each half), called once the
+        failed attempt's memory is freed."""
         ...
 
 
@@ -186,18 +194,72 @@ def _train_group(
     :meth:`~trainables.config.GroupTrialConfig.slugs`), with each member's checkpoint in
     ``state/<slug>/``; a member that diverged, or that ``judge`` stopped (``stopped`` 1),
     keeps its final entry and trains no more, also after a resume. The top-level
-    ``val_sharpe`` is the best member's (what Tune's progress reads)."""
-    from trainables.group import TrainerGroup
-
+    ``val_sharpe`` is the best member's (what Tune's progress reads). A CUDA OOM anywhere
+    is the group's share's fault: every member still training reports it (``oom`` 1,
+    with what ``share`` makes of it), the ended ones their final entries."""
     configs = group.train_configs()
+    members = len(configs)
     memory: dict[str, float] = {}
     if share is not None:
-        share.cap_memory(configs[0], gpu_fraction)
-        memory = share.memory_metrics(configs[0], gpu_fraction)
+        share.cap_memory(configs[0], gpu_fraction, members)
+        memory = share.memory_metrics(configs[0], gpu_fraction, members)
     node = _node()
     slugs = group.slugs()
-    checkpoints, latest = _restore_group(slugs)
-    trainers = TrainerGroup(configs, checkpoints=checkpoints)
+    latest: dict[str, dict[str, Any]] = {}  # each member's latest entry, by slug
+    oom: str | None = None
+    try:
+        _fit_group(group, gpu_fraction, judge, {**memory, **node}, latest)
+    except torch.cuda.OutOfMemoryError as exc:
+        if share is None:
+            raise
+        oom = str(exc)  # only the message leaves: the traceback holds every member's tensors
+    if oom is None or share is None:
+        return
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    verdict = share.after_oom(configs[0], gpu_fraction, oom, members)
+    for slug, config in zip(slugs, configs, strict=True):
+        entry = latest.get(slug, {})
+        if entry.get("diverged") or entry.get("stopped") or entry.get("epoch", 0) >= config.epochs:
+            continue  # ended before the OOM: its result stands
+        latest[slug] = {
+            **{k: v for k, v in entry.items() if k.endswith("_total")},
+            "epoch": int(entry.get("epoch", 0)) + 1,
+            "val_sharpe": math.nan,
+            "oom": 1,
+            **node,
+            **verdict,
+        }
+    tune.report(
+        {
+            "epoch": max(int(m.get("epoch", 0)) for m in latest.values()),
+            "val_sharpe": math.nan,
+            "oom": 1,
+            "group_size": len(slugs),
+            "members": latest,
+            **node,
+            **verdict,
+        }
+    )
+
+
+def _fit_group(
+    group: GroupTrialConfig,
+    gpu_fraction: float,
+    judge: EarlyStop | None,
+    reported: dict[str, Any],
+    latest: dict[str, dict[str, Any]],
+) -> None:
+    """The group trial's training (see :func:`_train_group`), reporting each epoch with
+    ``reported`` (memory, node) in every member's entry; ``latest`` holds the entries."""
+    from trainables.group import TrainerGroup
+
+    slugs = group.slugs()
+    checkpoints, restored = _restore_group(slugs)
+    latest.update(restored)
+    trainers = TrainerGroup(group.train_configs(), checkpoints=checkpoints)
+    del checkpoints  # their tensors are the members' now
     for index, slug in enumerate(slugs):
         ended = latest.get(slug, {})
         if ended.get("diverged"):  # diverged before the restart: stays out
@@ -207,13 +269,14 @@ def _train_group(
         elif ended.get("stopped"):  # stopped at a rung before the restart
             trainers.stop(index, STOPPED_AT_RUNG)
     keys = [member_key(m.to_dict()) for m in group.members]
+    node = {k: v for k, v in reported.items() if k in ("node_id", "node_ip")}
     while trainers.training:
         metrics = trainers.train_epoch()
         for index, member in enumerate(trainers.members):
             slug = slugs[index]
             if index in metrics:
                 cost = gpu_cost(member, gpu_fraction)
-                latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
+                latest[slug] = {**metrics[index], "diverged": 0, **reported, **cost}
                 going_on = member.epoch < member.config.epochs
                 if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
                     trainers.stop(index, STOPPED_AT_RUNG)
@@ -239,8 +302,7 @@ def _train_group(
             "diverged": int(all(m.get("diverged") for m in latest.values())),
             "group_size": len(slugs),
             "members": {slug: dict(entry) for slug, entry in latest.items()},
-            **memory,
-            **node,
+            **reported,
         }
         with tempfile.TemporaryDirectory(prefix="hpo-ckpt-") as tmp:
             root = Path(tmp) / CKPT_SUBDIR

@@ -127,10 +127,25 @@ class SweepSearcher(Searcher):
         if grouped:  # a group trial: each member's own result
             reported = (result or {}).get("members") or {}
             members = self.trial_group[trial_id]
-            slugs = member_slugs(self.trial_config[trial_id][GROUP_KEY])
-            for (config_id, member), slug in zip(members, slugs, strict=True):
+            dicts = self.trial_config[trial_id][GROUP_KEY]
+            retries: list[TrialConfig] = []
+            for (config_id, member), slug, config in zip(
+                members, member_slugs(dicts), dicts, strict=True
+            ):
                 entry = {} if error else reported.get(slug) or {}
-                self._record(config_id, member, entry.get(self.spec.metric))
+                if entry.get("oom") and entry.get("oom_retry_gpu_fraction"):
+                    floor = float(entry["oom_retry_gpu_fraction"])
+                    ran_on = str(entry.get("gpu_type") or "")
+                    retries.append(TrialConfig.from_dict(config).with_floor(floor, gpu_type=ran_on))
+                else:
+                    self._record(config_id, member, entry.get(self.spec.metric))
+            if retries:
+                # Those that ran out of memory, again as one group with a larger share, or
+                # as two halves where the group did not fit a whole GPU.
+                split = bool(result and result.get("oom_split")) and len(retries) > 1
+                halves = _even_chunks(retries, -(-len(retries) // 2)) if split else [retries]
+                for half in reversed(halves):
+                    self.queue.appendleft(_group_trial(half))
         else:
             config_id, member = located
             self._record(
@@ -198,10 +213,7 @@ class SweepSearcher(Searcher):
         for p in precisions:
             same = [t for t in trials if t.precision == p]
             for chunk in _even_chunks(same, self.spec.group_size):
-                one = len(chunk) == 1
-                self.queue.append(
-                    chunk[0].to_dict() if one else GroupTrialConfig(tuple(chunk)).to_dict()
-                )
+                self.queue.append(_group_trial(chunk))
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -281,6 +293,13 @@ class SweepSearcher(Searcher):
             best = searcher.best()
             rows.append({"model": model, "precision": precision, "best": best})
         return rows
+
+
+def _group_trial(members: list[TrialConfig]) -> dict[str, Any]:
+    """The Tune trial dict of ``members``: a group trial, or the trial alone."""
+    if len(members) == 1:
+        return members[0].to_dict()
+    return GroupTrialConfig(tuple(members)).to_dict()
 
 
 def _even_chunks(items: list[TrialConfig], size: int) -> list[list[TrialConfig]]:

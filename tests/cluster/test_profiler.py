@@ -179,6 +179,46 @@ def test_forecast_profile_is_smaller_in_bf16() -> None:
     assert restored == f32
 
 
+def test_a_group_profile_holds_every_member_in_one_context() -> None:
+    """A group trial of three KAN trials (two folds each) fused: three times a trial's
+    state and step, one CUDA context and cuBLAS workspace, under its own shape key."""
+    from cluster.vram_table import key_string, profile_key
+
+    config = tiny_config("kan", "f32", n_folds=2)
+    alone = profile_trial(config, device=CPU)
+    group = profile_trial(config, device=CPU, members=3)
+    assert (alone.members, group.members) == (1, 3)
+    assert group.n_params == alone.n_params and group.n_folds == alone.n_folds == 2
+    for part in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert getattr(group, part) == 3 * getattr(alone, part), part
+    assert 2.5 * alone.activations_bytes <= group.activations_bytes <= 3.5 * alone.activations_bytes
+    assert 2.5 * alone.data_bytes <= group.data_bytes <= 3.5 * alone.data_bytes
+    assert (group.context_bytes, group.workspace_bytes) == (
+        alone.context_bytes,
+        alone.workspace_bytes,
+    )
+    assert group.total_bytes < 3 * alone.total_bytes - 2 * alone.context_bytes + 1
+    keys = [key_string(profile_key(config, CPU, "estimate", n)) for n in (1, 3, 4)]
+    assert len(set(keys)) == 3 and '"members"' not in keys[0]  # alone: the key of old
+    assert MemoryProfile.from_dict(group.to_dict()) == group
+    with pytest.raises(ValueError, match="members must be >= 1"):
+        profile_trial(config, device=CPU, members=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_group_estimate_within_ten_percent_of_its_cuda_measurement() -> None:
+    from trainables.config import build_train_config
+
+    config = build_train_config("kan", {}, precision="bf16")
+    measured = profile_trial(config, device="cuda", measure=True, members=4)
+    alone = profile_trial(config, device="cuda", measure=True)
+    allocated = measured.measured_allocated_bytes
+    assert allocated and alone.measured_allocated_bytes
+    assert abs(measured.estimated_peak_bytes / allocated - 1) <= 0.10, measured.to_dict()
+    assert allocated < 4 * alone.measured_allocated_bytes  # one workspace for the four
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model", ["dqn", "tft"])
@@ -304,14 +344,14 @@ def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capt
     config = profiling_config(tiny_config("tlob", n_folds=2, fuse=fuse), torch.device("cpu"))
     trainer = Trainer(config.replace(cuda_graphs="on"))
     assert len(trainer.step_units) == captures
-    profiler._count(trainer, torch.device("cpu"), measure=True, baseline=(0, 0))
+    profiler._count([trainer], trainer, torch.device("cpu"), measure=True, baseline=(0, 0))
     assert GRAPH_WARMUP_STEPS >= 3  # the first unit's eager measured step is its third call
     assert events == ["allocated peak read", *["capture"] * captures, "reserved peak read"]
     assert [unit.step.replaying for unit in trainer.step_units] == [True] * captures
 
     events.clear()
     eager = Trainer(config.replace(cuda_graphs="off"))
-    profiler._count(eager, torch.device("cpu"), measure=True, baseline=(0, 0))
+    profiler._count([eager], eager, torch.device("cpu"), measure=True, baseline=(0, 0))
     assert events == ["allocated peak read", "reserved peak read"]  # nothing captured
 
 

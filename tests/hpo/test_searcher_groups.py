@@ -12,7 +12,7 @@ import pytest
 from ray.tune.search import Searcher
 
 from hpo.search.sweep_searcher import SweepSearcher
-from hpo.spec import SpecError, parse_spec
+from hpo.spec import parse_spec
 from trainables.config import GROUP_KEY, GroupTrialConfig, is_group_trial
 from trainables.trial_keys import MEMBER_SETTINGS, trial_units
 
@@ -180,7 +180,8 @@ def test_a_sweep_recorded_before_group_trials_resumes_ungrouped(tmp_path: Any) -
     assert spec.group_size == DEFAULT_GROUP_SIZE  # a new sweep groups
     # The spec a new sweep records names its group size: a later default cannot change it.
     assert spec.model_dump()["fusion"] == {"group_size": DEFAULT_GROUP_SIZE}
-    assert parse_spec({**payload, "resources": {"gpu": "measured"}}).group_size == 1
+    # Measured shares are profiled for the fused group: a measured sweep groups too.
+    assert parse_spec({**payload, "resources": {"gpu": "measured"}}).group_size == 8
     # A record written before [fusion] existed: its trials ran alone, and resume alone.
     where = SweepLocation.parse(tmp_path / "old")
     SweepRecord(spec=spec, sweep_dir=where, parent_run_id="p", tracking_uri="sqlite://").write()
@@ -232,12 +233,16 @@ def test_group_size_one_searches_exactly_as_before() -> None:
     assert [t["params"] for t in f32] == [direct.ask(f"x{i}") for i in range(3)]
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"resources": {"gpu": "measured"}}, "fusion.group_size > 1 needs a fixed resources.gpu"),
-    ],
-)
-def test_what_groups_cannot_do_yet_is_refused(overrides: dict[str, Any], message: str) -> None:
-    with pytest.raises(SpecError, match=message):
-        _spec(**overrides)
+def test_members_per_group_is_the_largest_group_the_searcher_forms() -> None:
+    """What the plan profiles a model's group share for: a batch's members of one
+    precision, split evenly into groups of at most group_size."""
+    search = {"compare": False, "scheduler": "fifo", "samples": 5, "fusion": {"group_size": 8}}
+    spec = _spec(**search)  # batches of 8 // 3 seeds = 2 configurations: 6 members
+    assert spec.members_per_group("kan") == 6
+    trials = _all_suggestions(SweepSearcher(spec))
+    kan = [t for t in trials.values() if t["model"] == "kan"]
+    assert max(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in kan) == 6
+    assert _spec(**{**search, "fusion": {"group_size": 4}}).members_per_group("kan") == 3
+    assert _spec().members_per_group("kan") == 2  # compare: 3 seeds by 2 -> 2 and 1
+    assert _spec(**{**search, "samples": 1, "seeds": [0]}).members_per_group("kan") == 1
+    assert spec.members_per_group("dqn") == 1  # rl: alone

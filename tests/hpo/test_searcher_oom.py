@@ -4,12 +4,21 @@ is the trial codec's dict form."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from ray.tune.search import Searcher
 
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import parse_spec
-from trainables.config import RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY, TrialConfig
+from trainables.config import (
+    GROUP_KEY,
+    RETRY_FLOOR_KEY,
+    RETRY_GPU_TYPE_KEY,
+    GroupTrialConfig,
+    TrialConfig,
+    is_group_trial,
+)
 
 
 def test_oom_requeues_the_same_member_with_a_floor() -> None:
@@ -94,3 +103,58 @@ def test_trial_dicts_round_trip_through_the_codec() -> None:
 def test_codec_names_missing_and_unknown_keys() -> None:
     with pytest.raises(ValueError, match=r"missing \['params', 'base'\], unknown \['paramz'\]"):
         TrialConfig.from_dict({"model": "kan", "precision": "f32", "seed": 0, "paramz": {}})
+
+
+def _group_spec() -> Any:
+    return parse_spec(
+        {
+            "name": "oom",
+            "models": ["kan"],
+            "precisions": ["bf16"],
+            "samples": 1,
+            "search": "random",
+            "seeds": [0, 1, 2, 3, 4],
+            "fusion": {"group_size": 8},
+        }
+    )
+
+
+def test_a_group_oom_retries_its_training_members_as_a_group_with_a_floor() -> None:
+    """The members that ran out of memory come back as one group trial, each with the
+    larger share as its floor and the GPU type; a member that had ended keeps its result."""
+    searcher = SweepSearcher(_group_spec())
+    group = searcher.suggest("t1")
+    assert isinstance(group, dict) and len(group[GROUP_KEY]) == 5
+    slugs = GroupTrialConfig.from_dict(group).slugs()
+    oom = {"oom": 1, "oom_retry_gpu_fraction": 0.5, "gpu_type": "L4"}
+    members = {slug: dict(oom) for slug in slugs}
+    members[slugs[2]] = {"val_sharpe": 0.7, "stopped": 1, "epoch": 1}
+    searcher.on_trial_complete("t1", {"oom": 1, **oom, "members": members})
+    retry = searcher.suggest("t2")
+    assert isinstance(retry, dict) and is_group_trial(retry)
+    again = GroupTrialConfig.from_dict(retry).members
+    assert [m.seed for m in again] == [0, 1, 3, 4]
+    assert {(m.gpu_fraction_floor, m.gpu_type) for m in again} == {(0.5, "L4")}
+    assert searcher.suggest("t3") is None  # the retry has not reported
+    retry_members = {s: {"val_sharpe": 1.0} for s in GroupTrialConfig.from_dict(retry).slugs()}
+    searcher.on_trial_complete("t2", {"val_sharpe": 1.0, "members": retry_members})
+    assert searcher.suggest("t4") == Searcher.FINISHED
+    # Told once, the mean of all five members: the stopped one's 0.7 and the retries' 1.0.
+    assert searcher.searchers[0].n_told == 1
+
+
+def test_a_group_that_does_not_fit_a_whole_gpu_is_split_in_two() -> None:
+    searcher = SweepSearcher(_group_spec())
+    group = searcher.suggest("t1")
+    assert isinstance(group, dict)
+    slugs = GroupTrialConfig.from_dict(group).slugs()
+    split = {"oom": 1, "oom_split": 1, "oom_retry_gpu_fraction": 0.5}
+    searcher.on_trial_complete("t1", {**split, "members": {s: dict(split) for s in slugs}})
+    halves = []
+    for trial_id in ("t2", "t3"):
+        half = searcher.suggest(trial_id)
+        assert isinstance(half, dict) and is_group_trial(half)
+        halves.append(GroupTrialConfig.from_dict(half).members)
+    assert [[m.seed for m in half] for half in halves] == [[0, 1, 2], [3, 4]]
+    assert {m.gpu_fraction_floor for half in halves for m in half} == {0.5}
+    assert searcher.suggest("t4") is None

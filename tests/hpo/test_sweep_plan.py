@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,14 +47,17 @@ def test_measured_shares_on_gpu_nodes_use_the_cluster_packer(tmp_path: Path) -> 
 
 def test_plan_configs_are_one_shape_per_model_and_precision(tmp_path: Path) -> None:
     spec = tiny_spec(tmp_path)
-    shapes = [(c.family, c.precision, c.batch_size, c.lookback) for c in plan_configs(spec)]
-    assert shapes == [
-        ("tft", "f32", 32, 16),
-        ("tft", "bf16", 32, 16),
-        ("dqn", "f32", 32, 16),
-        ("dqn", "bf16", 32, 16),
+    shapes = [
+        (c.family, c.precision, c.batch_size, c.lookback, members)
+        for c, members in plan_configs(spec)
     ]
-    tft = plan_configs(spec)[0]
+    assert shapes == [  # one sample of one seed: every group trial would be a trial alone
+        ("tft", "f32", 32, 16, 1),
+        ("tft", "bf16", 32, 16, 1),
+        ("dqn", "f32", 32, 16, 1),
+        ("dqn", "bf16", 32, 16, 1),
+    ]
+    tft = plan_configs(spec)[0][0]
     # the stream's fixed settings (the spec's search_space pins them) are in the shape
     assert (tft.model_config["d_model"], tft.model_config["n_heads"]) == (8, 1)
 
@@ -81,7 +85,7 @@ def _packer_with_profiles(tmp_path: Path) -> tuple[ClusterPacker, list]:
     cache = SharedVramCache.in_storage(pafs.LocalFileSystem(), str(tmp_path))
     packer = ClusterPacker([L4, H200], headroom=0.15, cpu_per_trial=1, cache=cache)
     spec = tiny_spec(tmp_path, models=["tft"], search_space={"tft": {"d_model": 8, "n_heads": 1}})
-    configs = plan_configs(spec)
+    configs = [config for config, _ in plan_configs(spec)]
     for config in configs:
         peak = 5 * 1024 if config.precision == "f32" else 3 * 1024
         packer.profiles[key_string(type_key(config, L4))] = fake_profile(
@@ -189,26 +193,91 @@ def test_hpo_sweep_plan_prints_the_table_and_launches_nothing(tmp_path: Path) ->
     lines = done.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("GPU packing plan:"))
     rows = [line.split() for line in lines[start + 3 :] if line.strip()]
-    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
-        ("tft", "f32", "GPU", "estimated"),
-        ("tft", "bf16", "GPU", "estimated"),
-        ("kan", "f32", "GPU", "estimated"),
-        ("kan", "bf16", "GPU", "estimated"),
+    # Two configurations of one shape per stream: each Tune trial is a group of 2.
+    assert [(r[0], r[1], r[2], r[3], r[5]) for r in rows] == [
+        ("tft", "f32", "GPU", "2", "estimated"),
+        ("tft", "bf16", "GPU", "2", "estimated"),
+        ("kan", "f32", "GPU", "2", "estimated"),
+        ("kan", "bf16", "GPU", "2", "estimated"),
     ]
-    # Each share is the one the profile cached in the storage (by the Ray task) implies
-    # against 16 GiB; the local Ray's 2 CPUs bind trials per node.
+    # Each share is the one the group's profile cached in the storage (by the Ray task)
+    # implies against 16 GiB; the local Ray's 2 CPUs bind group trials per node.
     from hpo.spec import load_spec
 
     spec = load_spec(spec_path, {})
     cache = SharedVramCache.at(str(tmp_path / "results"))
     gpu_type = GpuType("GPU", None, gpus=2, gpus_per_node=2, cpus_per_node=2)
-    for row, config in zip(rows, plan_configs(spec), strict=True):
-        profile = cache.get(type_key(config, gpu_type))
+    for row, (config, members) in zip(rows, plan_configs(spec), strict=True):
+        profile = cache.get(type_key(config, gpu_type, members))
         assert profile is not None and profile.pid is not None and profile.node_id
+        assert profile.members == members == 2
         packing = plan(profile, 0.15, device_total=16 * GiB)
-        assert row[5] == "16.0" and float(row[6]) == packing.fraction
-        assert int(row[7]) == packing.trials_per_gpu
-        assert row[9:] == ["2", "CPUs", "per", "node"]
+        assert row[6] == "16.0" and float(row[7]) == packing.fraction
+        assert int(row[8]) == packing.trials_per_gpu and int(row[9]) == 2 * int(row[8])
+        assert row[11:] == ["2", "CPUs", "per", "node"]
     # nothing launched: no sweep directory, no MLflow store
     assert not (tmp_path / "results" / "planned").exists()
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) -> None:
+    """A grouped sweep's plan profiles each model's largest group trial (8 members here:
+    4 configurations of one shape x 2 seeds) and shows groups and members per GPU; Tune's
+    resources callable gives a group trial its group's share, a trial alone its own."""
+    from trainables.config import GroupTrialConfig
+
+    cache = SharedVramCache.in_storage(pafs.LocalFileSystem(), str(tmp_path))
+    packer = ClusterPacker([H200], headroom=0.15, cpu_per_trial=1, cache=cache)
+    spec = tiny_spec(
+        tmp_path, models=["kan"], precisions=["bf16"], samples=4, seeds=[0, 1], search_space={}
+    )
+    ((config, members),) = plan_configs(spec)
+    assert members == 8
+    for size, peak_gib in ((1, 1), (8, 6)):
+        packer.profiles[key_string(type_key(config, H200, size))] = fake_profile(
+            peak_mib=peak_gib * 1024, model="kan", precision="bf16", method="measured",
+            device_name="NVIDIA H200", device_total_bytes=141 * GiB, members=size,
+        )  # fmt: skip
+    (row,) = plan_rows(packer, plan_configs(spec))
+    # (6 GiB x 1.15 + 0.5) / 141 = 0.052482 -> 0.0525: 19 groups, 152 members per H200
+    assert (row["members"], row["share"], row["trials_per_gpu"]) == (8, 0.0525, 19)
+    assert row["members_per_gpu"] == 152
+    header, _, body = render_plan([row], 0.15).splitlines()[1:4]
+    assert header.split()[4:5] + header.split()[11:14] == [
+        "members", "groups/GPU", "members/GPU", "groups",
+    ]  # fmt: skip
+    assert body.split()[:4] == ["kan", "bf16", "H200", "8"]
+    assert body.split()[7:10] == ["0.0525", "19", "152"]
+
+    trial = TrialConfig(
+        family="kan", precision="bf16", seed=0, params={}, base=spec.trial_base(),
+        config_id="kan-bf16-g000", member="bf16/0",
+    )  # fmt: skip
+    group = GroupTrialConfig(tuple(replace(trial, seed=s, member=f"bf16/{s}") for s in range(8)))
+    (bundle,) = packer(group.to_dict()).bundles
+    assert bundle == {"CPU": 1.0, "GPU": 0.0525}
+    (alone,) = packer(trial.to_dict()).bundles
+    assert alone == {"CPU": 1.0, "GPU": 0.0117}  # (1 x 1.15 + 0.5) / 141
+
+
+def test_measured_shares_without_gpu_nodes_size_a_group_for_its_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local path (no GPU types to plan for): the group's fused profile, one context
+    for all its members, so less than that many trials alone."""
+    from trainables.config import GroupTrialConfig
+
+    monkeypatch.setenv("HPO_VRAM_CACHE", str(tmp_path / "vram.json"))
+    monkeypatch.setenv("HPO_VRAM_MODE", "estimate")
+    spec = tiny_spec(
+        tmp_path, models=["kan"], search_space={}, resources={"cpu": 1, "gpu": "measured"}
+    )
+    trial = TrialConfig(
+        family="kan", precision="bf16", seed=0, params={}, base=spec.trial_base(),
+        config_id="g", member="bf16/0",
+    )  # fmt: skip
+    resources = TrialResources(spec)
+    alone = resources(trial.to_dict()).required_resources["GPU"]
+    group = GroupTrialConfig(tuple(replace(trial, seed=s, member=f"bf16/{s}") for s in range(4)))
+    grouped = resources(group.to_dict()).required_resources["GPU"]
+    assert alone < grouped < 4 * alone

@@ -382,3 +382,63 @@ def test_a_resumed_oom_retry_logs_its_own_epochs_past_those_of_the_attempt_befor
     history = client.get_metric_history(run.info.run_id, "val_sharpe")
     retry_points = sorted((m.step, m.value) for m in history if m.value >= 0)
     assert retry_points == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
+    mlflow_uri: str,
+) -> None:
+    """A group trial runs out of memory: each member still training logs the OOM and its
+    run closes as an OOM (not as completed); the member that had ended keeps its finished
+    run. The retry group's members (new Tune trial, floors) continue the runs: one run per
+    member in all."""
+    from trainables.config import GROUP_KEY
+
+    callback, client, _ = _setup(mlflow_uri)
+
+    def member(seed: int, floor: float = 0.0) -> dict[str, Any]:
+        config = _trial("m").config
+        config.update(seed=seed, member=f"bf16/{seed}", pair_id=f"tft-g000-s{seed}")
+        if floor:
+            config["gpu_fraction_floor"] = floor
+        return config
+
+    def group(trial_id: str, configs: list[dict[str, Any]]) -> SimpleNamespace:
+        config = {"model": "tft", "precision": "bf16", "config_id": "tft-g000", GROUP_KEY: configs}
+        return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
+
+    first = group("t9", [member(0), member(1), member(2)])
+    callback.on_trial_start(0, [], first)
+    entries = {s: {"epoch": 1, "val_sharpe": 0.1} for s in ("bf16-s0", "bf16-s1", "bf16-s2")}
+    entries["bf16-s1"]["stopped"] = 1
+    callback.on_trial_result(0, [], first, {"epoch": 1, "members": entries})
+    oom = {"epoch": 2, "oom": 1, "oom_retry_gpu_fraction": 0.4, "failure_reason": "CUDA OOM"}
+    first.last_result = {**oom, "members": {**entries, "bf16-s0": oom, "bf16-s2": oom}}
+    callback.on_trial_result(0, [], first, first.last_result)
+    callback.on_trial_complete(0, [], first)
+    assert callback.flush()
+    runs = {
+        r.data.tags["member"]: r
+        for r in client.search_runs([callback.experiment_id])
+        if r.data.tags.get("member")  # not the sweep's parent run
+    }
+    assert {m: (r.info.status, r.data.tags["trial_status"]) for m, r in runs.items()} == {
+        "bf16/0": ("FAILED", "oom"),
+        "bf16/1": ("FINISHED", "completed"),
+        "bf16/2": ("FAILED", "oom"),
+    }
+    assert runs["bf16/0"].data.metrics["oom"] == 1.0
+
+    retry = group("t1", [member(0, 0.4), member(2, 0.4)])
+    callback.on_trial_start(0, [], retry)
+    done = {s: {"epoch": 2, "val_sharpe": 0.9} for s in ("bf16-s0", "bf16-s2")}
+    callback.on_trial_result(0, [], retry, {"epoch": 2, "members": done})
+    retry.last_result = {"epoch": 2, "members": done}
+    callback.on_trial_complete(0, [], retry)
+    assert callback.flush()
+    after = [r for r in client.search_runs([callback.experiment_id]) if r.data.tags.get("member")]
+    assert len(after) == 3  # no run of its own for a retried member
+    by_member = {r.data.tags["member"]: r for r in after}
+    for name in ("bf16/0", "bf16/2"):
+        run = by_member[name]
+        assert (run.info.status, run.data.metrics["val_sharpe"]) == ("FINISHED", 0.9)
+        assert run.data.tags["hpo.oom_attempts"] == f"t9-bf16-s{name[-1]}"

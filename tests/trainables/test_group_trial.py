@@ -235,3 +235,62 @@ def test_a_trial_restarted_at_the_epoch_a_rung_stopped_it_trains_no_more(
     # Kept instead: it trains on from epoch 2 and asks after each epoch but the last.
     trial_module._train(config, {}, {}, trial_module._Progress(), 0.0, lambda r: True)
     assert [r["epoch"] for r in reported] == [2]
+
+
+def test_an_oom_in_a_group_reports_every_training_member_and_keeps_the_ended_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three members; the judge stops one after epoch 1; epoch 2 runs out of GPU memory.
+    # The OOM is the group's share's fault: asked once, for the group's shape (3 members),
+    # and every member still training reports it with the retry share; the stopped
+    # member's final entry stands. Reported, not raised (a Tune retry would reuse the share).
+    import torch
+    from ray import tune
+
+    from trainables import trial as trial_module
+    from trainables.group import TrainerGroup
+
+    group = _group(tmp_path, (0, 1, 2))
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
+    reported: list[dict[str, Any]] = []
+    monkeypatch.setattr(tune, "report", lambda metrics, **_: reported.append(metrics))
+    original = TrainerGroup.train_epoch
+
+    def train_epoch(self: TrainerGroup) -> Any:
+        if self.epoch == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
+        return original(self)
+
+    monkeypatch.setattr(TrainerGroup, "train_epoch", train_epoch)
+    asked: list[tuple[str, float, int]] = []
+
+    class Share:
+        def cap_memory(self, config: Any, fraction: float, members: int = 1) -> None:
+            return None
+
+        def memory_metrics(self, config: Any, fraction: float, members: int = 1) -> dict:
+            return {}
+
+        def after_oom(self, config: Any, fraction: float, message: str, members: int = 1) -> dict:
+            asked.append((message, fraction, members))
+            return {"oom_retry_gpu_fraction": 0.4, "failure_reason": f"OOM: {message}"}
+
+    class Judge:
+        def keep(self, member: str, result: Any) -> bool:
+            return member != "kan-g000|f32/1"
+
+    trial_module._train_group(group, 0.2, Share(), Judge())
+    assert asked == [("CUDA out of memory (planted)", 0.2, 3)]
+    first, last = reported
+    assert set(first["members"]) == {"f32-s0", "f32-s1", "f32-s2"} and first["epoch"] == 1
+    assert last["oom"] == 1 and last["oom_retry_gpu_fraction"] == 0.4
+    members = last["members"]
+    assert members["f32-s1"] == first["members"]["f32-s1"]  # stopped at epoch 1: stands
+    assert members["f32-s1"]["stopped"] == 1 and "oom" not in members["f32-s1"]
+    for slug in ("f32-s0", "f32-s2"):
+        entry = members[slug]
+        assert (entry["oom"], entry["epoch"], entry["oom_retry_gpu_fraction"]) == (1, 2, 0.4)
+        assert entry["time_s_total"] == first["members"][slug]["time_s_total"]  # time spent
+    # Without a share (a direct call) the OOM is raised, as for a trial alone.
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        trial_module._train_group(group, 0.2, None)
