@@ -4,6 +4,7 @@ grouped (``group_size = 8``), side by side in one run, through the ``hpo`` CLI.
     .venv/bin/python bench/fused_sweep.py                      # liquid, tggn; 4 x 3 x 2
     .venv/bin/python bench/fused_sweep.py --models liquid --samples 2 --seeds 2   # shorter
     .venv/bin/python bench/fused_sweep.py --fuse on            # tggn fused on a CPU too
+    .venv/bin/python bench/fused_sweep.py --gpu measured --concurrent 8   # the GPU row
 
 The sweep: ``--models`` (liquid and tggn), ``--samples`` configurations x ``--seeds``
 seeds x f32 and bf16 (compare mode, FIFO, random search), tiny shapes, 2 walk-forward
@@ -16,6 +17,10 @@ a user runs it (``hpo sweep SPEC`` in a fresh directory: its own Ray instance an
 store), so Ray's per-trial overhead is in both. Printed: wall time, members per minute,
 member runs in MLflow, the verdict per model, and the largest per-member difference in
 the final validation Sharpe between the two sweeps (the tolerance of fused members).
+
+With ``--gpu`` (a share per Tune trial, or ``measured``) the trials run on this machine's
+GPUs and a members-per-GPU-hour column is added: members finished per hour of wall time
+per visible GPU (the GPUs are held the whole sweep, whatever the kernels use of them).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def sweep_payload(name: str, group_size: int, args: argparse.Namespace, where: P
         "search": "random",
         "max_epochs": args.epochs,
         "seeds": list(range(args.seeds)),
-        "max_concurrent": 2,
+        "max_concurrent": args.concurrent,
         "storage": str(where / "results"),
         "tracking_uri": f"sqlite:///{where / 'mlflow.db'}",
         "data": {"source": "synthetic", "n_assets": 2, "n_bars": 800},
@@ -78,10 +83,26 @@ def sweep_payload(name: str, group_size: int, args: argparse.Namespace, where: P
             "max_steps_per_epoch": args.steps,
             "fuse": args.fuse,
         },
-        "resources": {"cpu": 1, "gpu": 0},
+        "resources": {"cpu": 1, "gpu": args.gpu},
         "fusion": {"group_size": group_size},
         "search_space": {m: fixed_shapes(m) for m in args.models},
     }
+
+
+def gpu_share(text: str) -> float | str:
+    """``--gpu``: ``measured``, or a share per Tune trial (0: no GPU)."""
+    if text == "measured":
+        return text
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a GPU share is >= 0, got {text}")
+    return value
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def run_sweep(name: str, group_size: int, args: argparse.Namespace, root: Path) -> dict:
@@ -139,7 +160,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="minibatches per fold and epoch")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--fuse", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument(
+        "--gpu", type=gpu_share, default=0.0, help="GPU share per Tune trial, or 'measured'"
+    )
+    parser.add_argument("--concurrent", type=int, default=2, help="Tune trials at once")
     args = parser.parse_args()
+    gpus = visible_gpus() if args.gpu else 0
+    if args.gpu and not gpus:
+        sys.exit("--gpu needs a CUDA GPU on this machine (torch sees none)")
     members = len(args.models) * args.samples * args.seeds * 2
     print(
         f"compare sweep: {', '.join(args.models)} x {args.samples} configurations x "
@@ -150,14 +178,16 @@ def main() -> None:
         root = Path(tmp)
         alone = run_sweep("alone", 1, args, root)
         grouped = run_sweep("grouped", args.group_size, args, root)
-    print("| group_size | Tune trials | wall s | members/min | member runs | verdicts |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- |")
+    per_gpu = " members/GPU-hour |" if gpus else ""
+    print(f"| group_size | Tune trials | wall s | members/min |{per_gpu} member runs | verdicts |")
+    print("| ---: | ---: | ---: | ---: |" + (" ---: |" if gpus else "") + " ---: | --- |")
     for size, result in ((1, alone), (args.group_size, grouped)):
         rate = members / (result["wall"] / 60)
         verdicts = json.dumps(result["verdicts"], sort_keys=True)
+        gpu_hour = f" {members * 3600 / (result['wall'] * gpus):.0f} |" if gpus else ""
         print(
-            f"| {size} | {result['tune_trials']} | {result['wall']:.1f} | {rate:.1f} | "
-            f"{result['runs']} | {verdicts} |"
+            f"| {size} | {result['tune_trials']} | {result['wall']:.1f} | {rate:.1f} |"
+            f"{gpu_hour} {result['runs']} | {verdicts} |"
         )
     print(f"ratio (members/min grouped / alone): {alone['wall'] / grouped['wall']:.2f}x")
     shared = set(alone["sharpe"]) & set(grouped["sharpe"])

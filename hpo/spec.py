@@ -117,8 +117,9 @@ class FusionSpec(_Strict):
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
     (they differ only in lr and weight decay). Forecast families only (rl families run
-    ungrouped). Compare mode groups the seeds of one configuration only: its statistics
-    take configurations as independent draws. With ``resources.gpu = "measured"`` a
+    ungrouped). Compare mode groups further configurations only where the space searches
+    nothing but lr and weight decay: its statistics take configurations as independent
+    draws, so it never holds a searched shape. With ``resources.gpu = "measured"`` a
     group trial's share is profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
 
 
@@ -258,10 +259,12 @@ class SweepSpec(_Strict):
 
     def batch_size(self, model: str) -> int:
         """Configurations of one shape the searcher asks for ``model`` at a time: as many
-        as fit a group beside their seeds, in search mode where lr or weight decay is
-        searched (what members may differ in); 1 otherwise (compare mode keeps each
-        configuration an independent draw of the space, for its statistics)."""
-        if self.compare or not self.groups(model):
+        as fit a group beside their seeds, where lr or weight decay is searched (what
+        members may differ in); 1 otherwise. Compare mode batches only where the space
+        searches nothing else: every draw then has the batch's shape without holding it,
+        and each configuration stays an independent draw of the space, as its statistics
+        take it (holding a searched shape would correlate the configurations)."""
+        if not self.groups(model):
             return 1
         from hpo.search.space import trial_space
 
@@ -271,6 +274,8 @@ class SweepSpec(_Strict):
             return 1
         if not any(key in dims for key in MEMBER_SETTINGS):
             return 1  # every configuration of one shape would be the same configuration
+        if self.compare and any(key not in MEMBER_SETTINGS for key in dims):
+            return 1
         return max(1, self.group_size // len(self.seeds))
 
     def members_per_group(self, model: str) -> int:

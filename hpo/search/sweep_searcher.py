@@ -185,7 +185,9 @@ class SweepSearcher(Searcher):
         for _ in range(batch):
             config_id = f"{tag}-g{self.configs_made[index]:03d}"
             self.configs_made[index] += 1
-            asked = self.searchers[index].ask(config_id, shape)
+            # Compare mode holds nothing: it batches only where no searched setting
+            # changes the shape (SweepSpec.batch_size), and its draws stay independent.
+            asked = self.searchers[index].ask(config_id, None if self.spec.compare else shape)
             params = {**self.spaces[index].fixed, **asked, **(shape or {})}  # held exactly
             if shape is None:
                 shape = {k: v for k, v in params.items() if k not in MEMBER_SETTINGS}

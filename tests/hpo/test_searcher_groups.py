@@ -137,6 +137,40 @@ def test_compare_mode_groups_the_seeds_of_one_configuration_only() -> None:
     assert len(shapes) == 3
 
 
+def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_searched() -> None:
+    # Every shape setting fixed by the spec: each configuration is still an independent
+    # draw (nothing is held), and all share the shape, so a group holds several
+    # configurations' seeds of one precision: 8 // 3 = 2 configurations, 6 members.
+    from hpo.search.space import trial_space
+    from models.base import Choice
+
+    fixed = {
+        key: dim.options[0] if isinstance(dim, Choice) else dim.low  # type: ignore[attr-defined]
+        for key, dim in trial_space("kan").dims.items()
+        if key not in MEMBER_SETTINGS
+    }
+    spec = _spec(
+        models=["kan"],
+        seeds=[0, 1, 2],
+        samples=4,
+        fusion={"group_size": 8},
+        search_space={"kan": fixed},
+    )
+    assert spec.batch_size("kan") == 2 and spec.members_per_group("kan") == 6
+    trials = _all_suggestions(SweepSearcher(spec))
+    sizes = sorted(len(t[GROUP_KEY]) for t in trials.values())
+    assert sizes == [6] * 4 and spec.n_tune_trials == 4
+    assert all(len({m["config_id"] for m in t[GROUP_KEY]}) == 2 for t in trials.values())
+    # Independent draws, the same as ungrouped: the random searcher's own sequence.
+    alone = _all_suggestions(
+        SweepSearcher(_spec(**{**spec.model_dump(), "fusion": {"group_size": 1}}))
+    )
+    drawn = lambda found: {  # noqa: E731
+        m["config_id"]: m["params"] for t in found.values() for m in t.get(GROUP_KEY, [t])
+    }
+    assert drawn(trials) == drawn(alone) and len(drawn(trials)) == 4
+
+
 def test_a_search_that_holds_lr_and_weight_decay_asks_one_configuration_at_a_time() -> None:
     # Nothing members may differ in is searched: a batch of one shape would be K copies of
     # one configuration. Each configuration is asked alone (its seeds still group).
