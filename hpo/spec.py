@@ -29,7 +29,6 @@ from pydantic import (
 from models import FamilyError, family_names, get_family, installed_names, is_reference
 from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
 from trainables.precision import POLICY_NAMES
-from trainables.trial_keys import MEMBER_SETTINGS
 
 SEARCHERS = ("tpe", "random", "pso")
 SCHEDULERS = ("asha", "fifo")
@@ -259,22 +258,25 @@ class SweepSpec(_Strict):
 
     def batch_size(self, model: str) -> int:
         """Configurations of one shape the searcher asks for ``model`` at a time: as many
-        as fit a group beside their seeds, where lr or weight decay is searched (what
-        members may differ in); 1 otherwise. Compare mode batches only where the space
+        as fit a group beside their seeds, where a setting members may differ in is
+        searched (lr, weight decay, the position scale:
+        :func:`trainables.group.member_settings`); 1 otherwise. Compare mode batches only where the space
         searches nothing else: every draw then has the batch's shape without holding it,
         and each configuration stays an independent draw of the space, as its statistics
         take it (holding a searched shape would correlate the configurations)."""
         if not self.groups(model):
             return 1
         from hpo.search.space import trial_space
+        from trainables.group import member_settings
 
         try:
             dims = trial_space(model, self.search_space.get(model)).dims
         except (FamilyError, ValueError):
             return 1
-        if not any(key in dims for key in MEMBER_SETTINGS):
+        varying = member_settings(get_family(model))
+        if not any(key in dims for key in varying):
             return 1  # every configuration of one shape would be the same configuration
-        if self.compare and any(key not in MEMBER_SETTINGS for key in dims):
+        if self.compare and any(key not in varying for key in dims):
             return 1
         return max(1, self.group_size // len(self.seeds))
 

@@ -300,6 +300,13 @@ class Family:
     a layer kind, the loss): models that differ in one cannot train as fused members. Every
     other setting (rates, loss weights, position scale, initialization) leaves one module
     the same shape; checked by tests/models/test_contract.py."""
+    member_settings: frozenset[str] = frozenset()
+    """Settings the fused training step never reads, so the members of a group trial may
+    differ in them: the position scale (read only where positions are taken, by each
+    member's own module) or an initialization range (read only when a member's module is
+    built). Each member evaluates and saves with its own values. Empty: members share
+    every model setting. Checked per family by tests/trainables/test_group.py (members
+    that differ in them train as they would alone)."""
     fusable: bool | None = None
     """Whether same-shape models of the family can train fused (one vmapped model, see
     ``trainables.members``). None: True for forecast families, False for rl families

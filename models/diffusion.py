@@ -540,6 +540,7 @@ FAMILY = Family(
         "2021, NeurIPS); DDIM sampling (Song, Meng & Ermon 2021, ICLR)"
     ),
     tiny={"hidden": 16, "n_samples": 8, "sampling_steps": 5},
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset(
         {"hidden", "encoder", "denoiser_layers", "diffusion_steps", "sampling_steps"}
     ),

@@ -382,6 +382,7 @@ FAMILY = Family(
         "Liu, Wang, Vaidya, Ruehle, Halverson, Soljacic, Hou & Tegmark (2024), KAN: "
         "Kolmogorov-Arnold Networks, arXiv:2404.19756"
     ),
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset({"window", "width", "n_layers", "grid_size", "spline_order", "loss"}),
     keeps_f32=(
         "the spline knot grids (refit quantiles can be closer than a bf16 ulp), the "

@@ -268,6 +268,7 @@ FAMILY = Family(
         "Closed-form continuous-time neural networks, Nature Machine Intelligence 4"
     ),
     tiny={"hidden": 8, "backbone_units": 16},
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset(
         {
             "hidden",

@@ -542,6 +542,7 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"d_model": 8, "n_heads": 1, "dropout": 0.0},
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset(
         {"d_model", "n_heads", "lstm_layers", "quantiles", "static_embedding"}
     ),

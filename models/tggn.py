@@ -365,6 +365,7 @@ FAMILY = Family(
         "Multivariate Time Series Forecasting with Graph Neural Networks (MTGNN), KDD"
     ),
     tiny={"channels": 8, "skip_channels": 16, "end_channels": 16, "node_dim": 4, "n_layers": 1},
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset(
         {
             "channels",

@@ -307,6 +307,7 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"hidden_dim": 16, "n_layers": 1},
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset({"hidden_dim", "n_layers", "n_heads", "sinusoidal", "loss"}),
     keeps_f32=(
         "BiN's means, standard deviations and normalized window (sums over L or F; "

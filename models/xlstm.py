@@ -411,6 +411,7 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"d_model": 16, "blocks": "ms", "n_heads": 2, "dropout": 0.0},
+    member_settings=frozenset({"position_scale"}),  # read by positions only
     shape_settings=frozenset(
         {
             "d_model",

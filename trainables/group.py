@@ -5,8 +5,8 @@
 
 A group's members are trials that share every setting a training step reads (family,
 model settings, precision, data, lookback, batch size, steps, clipping, epochs) and may
-differ in :data:`MEMBER_SETTINGS` (seed, lr, weight decay). Each member is a whole
-:class:`~trainables.trainer.Trainer` (its folds, history, evaluation, checkpoint); one
+differ in :func:`member_settings` (seed, lr, weight decay, the position scale). Each
+member is a whole :class:`~trainables.trainer.Trainer` (its folds, history, evaluation, checkpoint); one
 :class:`~trainables.trainer.Fusion` trains all members' folds as one vmapped model, with
 lr and weight decay per member in the fused optimizer. A member's checkpoint is an
 ordinary trial checkpoint (``hpo train --resume`` continues it alone; :class:`TrainerGroup`
@@ -27,6 +27,7 @@ member dimension). Why and what it costs: docs/precision.md, "Fused members".
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,10 +35,33 @@ from typing import Any
 import torch
 
 from models import get_family
+from models.base import Family
 from trainables.checkpoint import Checkpoint
 from trainables.config import TrainConfig
 from trainables.trainer import Fusion, Trainer, TrialDiverged, restore_default_rng
 from trainables.trial_keys import MEMBER_SETTINGS
+
+
+def member_settings(family: Family) -> frozenset[str]:
+    """The settings a group's members may differ in: :data:`MEMBER_SETTINGS` (seed, and lr
+    and weight decay, per member in the fused optimizer) and the family's
+    ``member_settings`` (the fused step never reads them: the position scale)."""
+    return frozenset(MEMBER_SETTINGS) | family.member_settings
+
+
+def _shared_settings(config: TrainConfig, family: Family) -> dict[str, Any]:
+    """``config``'s settings that a group's members share, model settings one by one
+    (``model_config.<name>``, defaults filled in)."""
+    values = {
+        k: v
+        for k, v in config.to_dict().items()
+        if k not in MEMBER_SETTINGS and k != "model_config"
+    }
+    model = dataclasses.asdict(family.make_config(config.model_config))
+    values.update(
+        {f"model_config.{k}": v for k, v in model.items() if k not in family.member_settings}
+    )
+    return values
 
 
 def group_problems(configs: Sequence[TrainConfig]) -> list[str]:
@@ -53,14 +77,15 @@ def group_problems(configs: Sequence[TrainConfig]) -> list[str]:
         )
     elif not family.fuses:
         problems.append(f"{family.name} does not fuse (Family.fusable is False)")
-    shared = {k: v for k, v in configs[0].to_dict().items() if k not in MEMBER_SETTINGS}
+    shared = _shared_settings(configs[0], family)
+    varying = ", ".join(sorted(member_settings(family)))
     for i, config in enumerate(configs[1:], start=1):
-        values = config.to_dict()
+        values = _shared_settings(config, family)
         for key, first in shared.items():
             if values[key] != first:
                 problems.append(
                     f"member {i}: {key} = {values[key]!r} differs from member 0's {first!r} "
-                    f"(members share every setting but {', '.join(MEMBER_SETTINGS)})"
+                    f"(members share every setting but {varying})"
                 )
     return problems
 

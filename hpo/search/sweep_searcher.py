@@ -10,10 +10,12 @@ metric values.
 
 Group trials (``fusion.group_size`` K > 1, a family that fuses): a search stream asks
 for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.batch_size`), the
-first searched whole and the others with every setting but
-:data:`~trainables.trial_keys.MEMBER_SETTINGS` held at the first's; a batch's members of
-one precision (configurations x seeds, at most K, split evenly) train as one group trial.
-Compare mode groups the seeds of each configuration.
+first searched whole and the others with every setting but those members may differ in
+(:func:`trainables.group.member_settings`: seed, lr, weight decay, the position scale)
+held at the first's; a batch's members of one precision (configurations x seeds, at most
+K, split evenly) train as one group trial. Compare mode holds nothing: it groups the
+seeds of each configuration, and batches configurations only where nothing else is
+searched.
 
 Streams are served round-robin so every model progresses at once, and the searcher says
 ``FINISHED`` after ``samples`` configurations per stream. Its whole state is JSON (``save`` /
@@ -37,8 +39,10 @@ from hpo.search import make_param_searcher
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec, as_recorded
+from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
-from trainables.trial_keys import MEMBER_SETTINGS, member_slugs
+from trainables.group import member_settings
+from trainables.trial_keys import member_slugs
 
 
 @dataclass
@@ -73,6 +77,7 @@ class SweepSearcher(Searcher):
         # whether its trials group, and how many configurations of one shape to ask at once.
         self.grouped = {model: spec.groups(model) for model in spec.models}
         self.batch = {model: spec.batch_size(model) for model in spec.models}
+        self.varying = {model: member_settings(get_family(model)) for model in spec.models}
         self.asha_per_member = spec.asha_per_member
         self.configs_made = [0] * len(self.streams)
         self.next_stream = 0
@@ -187,10 +192,11 @@ class SweepSearcher(Searcher):
             self.configs_made[index] += 1
             # Compare mode holds nothing: it batches only where no searched setting
             # changes the shape (SweepSpec.batch_size), and its draws stay independent.
-            asked = self.searchers[index].ask(config_id, None if self.spec.compare else shape)
-            params = {**self.spaces[index].fixed, **asked, **(shape or {})}  # held exactly
+            held = None if self.spec.compare else shape
+            asked = self.searchers[index].ask(config_id, held)
+            params = {**self.spaces[index].fixed, **asked, **(held or {})}  # held exactly
             if shape is None:
-                shape = {k: v for k, v in params.items() if k not in MEMBER_SETTINGS}
+                shape = {k: v for k, v in params.items() if k not in self.varying[model]}
             members = []
             for seed in self.spec.seeds:
                 for p in precisions:

@@ -13,7 +13,9 @@ from ray.tune.search import Searcher
 
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import parse_spec
+from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, is_group_trial
+from trainables.group import member_settings
 from trainables.trial_keys import MEMBER_SETTINGS, trial_units
 
 
@@ -102,9 +104,12 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
             continue
         members = GroupTrialConfig.from_dict(config).members
         assert len({m.config_id for m in members}) == len(members)
-        shapes = [{k: v for k, v in m.params.items() if k not in MEMBER_SETTINGS} for m in members]
+        varying = member_settings(get_family("kan"))
+        shapes = [{k: v for k, v in m.params.items() if k not in varying} for m in members]
         assert all(shape == shapes[0] for shape in shapes)
-        assert len({m.params["lr"] for m in members}) == len(members)  # lr is searched per member
+        # Searched per member: lr, and the position scale (the fused step never reads it).
+        assert len({m.params["lr"] for m in members}) == len(members)
+        assert len({m.params["position_scale"] for m in members}) == len(members)
         # Member ids stay unique across the group's configurations.
         ids = [unit for unit, _, _ in trial_units("abc", config)]
         assert len(set(ids)) == len(ids) and ids[0].startswith("abc-g0")
@@ -172,8 +177,8 @@ def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_s
 
 
 def test_a_search_that_holds_lr_and_weight_decay_asks_one_configuration_at_a_time() -> None:
-    # Nothing members may differ in is searched: a batch of one shape would be K copies of
-    # one configuration. Each configuration is asked alone (its seeds still group).
+    # Nothing members may differ in is searched (lr, weight decay, kan's position scale): a
+    # batch of one shape would be K copies of one configuration. Each configuration is asked alone (its seeds still group).
     spec = _spec(
         models=["kan"],
         compare=False,
@@ -182,7 +187,7 @@ def test_a_search_that_holds_lr_and_weight_decay_asks_one_configuration_at_a_tim
         samples=3,
         precisions=["f32"],
         fusion={"group_size": 8},
-        search_space={"kan": {"lr": 1e-3, "weight_decay": 0.0}},
+        search_space={"kan": {"lr": 1e-3, "weight_decay": 0.0, "position_scale": 4.0}},
     )
     assert spec.batch_size("kan") == 1 and not spec.forms_groups
     trials = _all_suggestions(SweepSearcher(spec))

@@ -64,6 +64,15 @@ def test_a_reference_resolves_to_a_family_outside_the_repository(
             "broken:FAMILY",
             "config DeskGRUConfig does not have: ['width']",
         ),
+        (
+            DESK.replace(
+                'shape_settings=frozenset({"hidden", "layers", "loss"})',
+                'shape_settings=frozenset({"hidden", "layers", "loss"}), '
+                'member_settings=frozenset({"hidden"})',
+            ),
+            "broken:FAMILY",
+            "['hidden'] are both shape_settings and member_settings",
+        ),
     ],
 )
 def test_a_family_that_cannot_be_used_is_refused_with_the_reason(

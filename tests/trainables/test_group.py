@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from models import family_names, get_family
 from models.base import Batch
 from tests.models.test_contract import TINY
 from tests.trainables.helpers import tiny_config
@@ -81,6 +82,57 @@ def test_each_member_trains_as_its_own_trial_alone(family: str) -> None:
     assert group_lr == [1e-3, 1e-3, 1e-3, 1e-3, 3e-3, 3e-3, 1e-3, 1e-3]
 
 
+FORECAST = [name for name in family_names() if get_family(name).fuses]
+
+
+@pytest.mark.parametrize("family", FORECAST)
+def test_members_that_differ_in_member_settings_train_as_they_would_alone(family: str) -> None:
+    """Family.member_settings are settings the fused step never reads: two members that
+    differ in every one of them (at their search range's ends) train fused to the weights
+    each reaches alone, and each keeps its own values to evaluate with. No dropout: its
+    masks are drawn per member from the group's stream. The diffusion draws its noise the
+    same way, so its members are compared with a group whose members share the scale."""
+    spec = get_family(family)
+    assert spec.member_settings, f"{family}: a forecast family's positions take a scale"
+    ends: list[dict[str, Any]] = [{}, {}]
+    for name in spec.member_settings:
+        dim = spec.search_space[name]
+        ends[0][name], ends[1][name] = dim.low, dim.high  # type: ignore[attr-defined]
+    if family == "mamba2":  # dt_min < dt_max whatever the ends
+        ends[1]["dt_min"], ends[0]["dt_max"] = 5e-3, 0.2
+    no_dropout = {"dropout": 0.0} if "dropout" in spec.config_fields() else {}
+
+    def configs_of(values: list[dict[str, Any]]) -> list[TrainConfig]:
+        return [
+            _config(family, seed=i, epochs=1, n_folds=1, max_steps_per_epoch=3, fuse="on",
+                    model_config={**TINY[family], **no_dropout, **v})
+            for i, v in enumerate(values)
+        ]  # fmt: skip
+
+    configs = configs_of(ends)
+    assert group_problems(configs) == []
+    group = TrainerGroup(configs)
+    assert group.fusion.fused is not None and group.fusion.fused.k == 2
+    group.fit()
+    if family == "diffusion":
+        shared = TrainerGroup(configs_of([ends[0], ends[0]]))
+        shared.fit()
+        references = shared.members
+    else:
+        references = [Trainer(config.replace(fuse="off")) for config in configs]
+        for alone in references:
+            alone.fit()
+    for config, member, reference in zip(configs, group.members, references, strict=True):
+        assert _relative(_weights(reference), _weights(member)) < 1e-4, config.model_config
+        assert member.model_config == Trainer(config).model_config  # its own, to evaluate with
+    assert group.members[1].model_config.position_scale == ends[1]["position_scale"]
+    if family != "diffusion":
+        for member, alone in zip(group.members, references, strict=True):
+            assert member.history[-1]["val_sharpe"] == pytest.approx(
+                alone.history[-1]["val_sharpe"], abs=0.01
+            )
+
+
 def test_members_split_the_groups_training_time() -> None:
     """Each member's epoch_time_s is a third of the fused training plus its own
     validation, so the members' times add up to the group's epoch, not three times it."""
@@ -98,10 +150,15 @@ def test_settings_a_step_reads_must_match_and_rl_does_not_group() -> None:
     problems = group_problems([base, base.replace(seed=1, batch_size=16)])
     assert problems == [
         "member 1: batch_size = 16 differs from member 0's 32 (members share every setting "
-        "but seed, lr, weight_decay)"
+        "but lr, position_scale, seed, weight_decay)"
     ]
     other_width = base.replace(model_config={**TINY["kan"], "width": 7})
-    assert group_problems([base, other_width])[0].startswith("member 1: model_config = ")
+    assert group_problems([base, other_width]) == [
+        "member 1: model_config.width = 7 differs from member 0's 8 (members share every "
+        "setting but lr, position_scale, seed, weight_decay)"
+    ]
+    scaled = base.replace(seed=1, model_config={**TINY["kan"], "position_scale": 16.0})
+    assert group_problems([base, scaled]) == []  # the fused step never reads it
     with pytest.raises(ValueError, match="member 1: precision = 'bf16' differs"):
         TrainerGroup([base, base.replace(precision="bf16")])
     dqn = tiny_config("dqn")
