@@ -11,9 +11,9 @@ seeds x f32 and bf16 (compare mode, FIFO, random search), tiny shapes, 2 walk-fo
 folds, 2 epochs. Every shape-changing setting is fixed (each family's tiny size, dropout
 0) and only lr and weight decay are searched, so both sweeps sample the same
 configurations and each member's numbers can be compared across them: the grouped sweep
-trains the seeds of each configuration and precision as one group trial (compare mode
-groups no configurations together). Each sweep runs as
-a user runs it (``hpo sweep SPEC`` in a fresh directory: its own Ray instance and MLflow
+trains the seeds of a batch's configurations of one precision as one group trial (compare
+mode batches configurations where only member settings are searched, holding nothing).
+Each sweep runs as a user runs it (``hpo sweep SPEC`` in a fresh directory: its own Ray instance and MLflow
 store), so Ray's per-trial overhead is in both. Printed: wall time, members per minute,
 member runs in MLflow, the verdict per model, and the largest per-member difference in
 the final validation Sharpe between the two sweeps (the tolerance of fused members).

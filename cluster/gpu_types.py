@@ -126,9 +126,12 @@ def cluster_gpu_types() -> list[GpuType]:
 
 
 def this_node() -> tuple[str, Mapping[str, float]]:
-    """(node id, resources) of the node this Ray worker runs on."""
+    """(node id, resources) of the node this Ray worker runs on; RuntimeError outside Ray
+    (asking Ray's runtime context there would start a local Ray of its own)."""
     import ray
 
+    if not ray.is_initialized():
+        raise RuntimeError("not in a Ray worker or driver: no node to ask")
     node_id = ray.get_runtime_context().get_node_id()
     for node in ray.nodes():
         if node.get("NodeID") == node_id:

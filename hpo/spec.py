@@ -115,10 +115,11 @@ class FusionSpec(_Strict):
     """Member trials of one precision that train as one group trial, fused
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
-    (they differ only in lr and weight decay). Forecast families only (rl families run
+    (they differ only in what members may: lr, weight decay, the position scale;
+    ``trainables.group.member_settings``). Forecast families only (rl families run
     ungrouped). Compare mode groups further configurations only where the space searches
-    nothing but lr and weight decay: its statistics take configurations as independent
-    draws, so it never holds a searched shape. With ``resources.gpu = "measured"`` a
+    nothing else: its statistics take configurations as independent draws, so it never
+    holds a searched shape. With ``resources.gpu = "measured"`` a
     group trial's share is profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
 
 

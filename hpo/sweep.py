@@ -138,7 +138,7 @@ def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Sw
     from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
 
     if not isinstance(resources, ClusterPacker):
-        members = spec.group_size if spec.forms_groups else 1
+        members = max(spec.members_per_group(model) for model in spec.models)
         return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, members), [])
     rows = plan_rows(resources, plan_configs(spec))
     return SweepPlan(render_plan(rows, spec.resources.headroom), rows)

@@ -542,7 +542,9 @@ class MlflowSweepCallback(Callback):
             logged = self._logged_epochs(run_id)
             self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
             self.client.update_run(run_id, status="RUNNING")
-        elif _is_retry(config) and (run_id := self._continue_member_run(trial_id, config, started)):
+        elif _is_retry(config) and (
+            run_id := self._continue_member_run(trial_id, config, started, group)
+        ):
             self.client.update_run(run_id, status="RUNNING")
         else:
             tags = {
@@ -575,10 +577,11 @@ class MlflowSweepCallback(Callback):
         self.client.log_batch(run_id, params=params)
 
     def _continue_member_run(
-        self, trial_id: str, config: Mapping[str, Any], started: int
+        self, trial_id: str, config: Mapping[str, Any], started: int, group: str = ""
     ) -> str | None:
         """The run of the member an OOM retry belongs to, taken over by the retry (None:
-        the first attempt has no run, so the retry opens one)."""
+        the first attempt has no run, so the retry opens one); its group tag names the
+        group trial the retry runs in (none for a retry alone)."""
         assert self.experiment_id is not None
         run_id = self.member_runs.get(member_key(config))
         if run_id is None:
@@ -609,6 +612,10 @@ class MlflowSweepCallback(Callback):
         )
         if TAG_FAILURE in tags:  # the OOM's reason; the retry's own outcome replaces it
             self.client.delete_tag(run_id, TAG_FAILURE)
+        if group:
+            self.client.set_tag(run_id, TAG_GROUP, group)
+        elif TAG_GROUP in tags:
+            self.client.delete_tag(run_id, TAG_GROUP)
         self.last_epoch[trial_id] = 0  # a fresh attempt: its epochs are logged from 1 again
         return run_id
 

@@ -54,6 +54,7 @@ class TrialRow:
     config_id: str = ""
     member: str = ""  # ``precision/seed`` in its configuration: one or more attempts
     gpu_fraction_floor: float = 0.0  # > 0: an OOM retry's attempt
+    attempt: int = 0  # OOM retries before this attempt (records before it: by the floor)
     oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
     gpu_s: float = 0.0  # GPU share x seconds of its epochs so far, on CUDA (trainables.trial)
     cpu_s: float = 0.0  # process CPU seconds of its epochs so far
@@ -75,7 +76,7 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     attempts it replaced are left out (see :func:`latest_attempts`)."""
     from ray.tune import ExperimentAnalysis
 
-    from trainables.config import RETRY_FLOOR_KEY
+    from trainables.config import RETRY_ATTEMPT_KEY, RETRY_FLOOR_KEY
     from trainables.trial import CKPT_SUBDIR
 
     sweep_dir = SweepLocation.parse(where)
@@ -107,6 +108,7 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
                     config_id=str(config.get("config_id", config.get("group_id", ""))),
                     member=str(config.get("member", "")),
                     gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
+                    attempt=int(config.get(RETRY_ATTEMPT_KEY) or 0),
                     oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
                     if result.get("oom")
                     else None,
@@ -137,14 +139,16 @@ def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], dict[str, Any], str
 def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
     """``rows`` without the OOM attempts that a retry of the same member replaced.
 
-    Trial ids are not chronological; attempts are: each retry carries a larger
-    :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` than the attempt that ran
-    out of memory, so a member's newest attempt is the one with the largest floor."""
+    Trial ids are not chronological; attempts are: each retry carries its attempt number
+    (:attr:`~trainables.config.TrialConfig.attempt`), so a member's newest attempt is the
+    one with the largest. A retry recorded before attempts were numbered has none, but a
+    larger floor than the attempt that ran out of memory: the floor breaks ties."""
     newest: dict[tuple[str, str], TrialRow] = {}
     for row in rows:
         key = (row.config_id, row.member)
+        order = (row.attempt, row.gpu_fraction_floor)
         if row.config_id and (
-            key not in newest or row.gpu_fraction_floor > newest[key].gpu_fraction_floor
+            key not in newest or order > (newest[key].attempt, newest[key].gpu_fraction_floor)
         ):
             newest[key] = row
     return [

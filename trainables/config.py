@@ -200,8 +200,17 @@ RETRY_FLOOR_KEY = "gpu_fraction_floor"
 """Trial-dict key of :attr:`TrialConfig.gpu_fraction_floor` (present only after an OOM)."""
 RETRY_GPU_TYPE_KEY = "gpu_type"
 """Trial-dict key of :attr:`TrialConfig.gpu_type` (present only after an OOM on a typed node)."""
+RETRY_ATTEMPT_KEY = "oom_attempt"
+"""Trial-dict key of :attr:`TrialConfig.attempt` (present only after an OOM)."""
 _TRIAL_REQUIRED = ("model", "precision", "seed", "params", "base")
-_TRIAL_OPTIONAL = ("config_id", "pair_id", "member", RETRY_FLOOR_KEY, RETRY_GPU_TYPE_KEY)
+_TRIAL_OPTIONAL = (
+    "config_id",
+    "pair_id",
+    "member",
+    RETRY_FLOOR_KEY,
+    RETRY_GPU_TYPE_KEY,
+    RETRY_ATTEMPT_KEY,
+)
 
 
 @dataclass(frozen=True)
@@ -236,7 +245,7 @@ class TrialConfig:
 
     {"model", "precision", "seed", "config_id", "pair_id", "member",
      "params": {flat settings}, "base": TrialBase.to_dict()
-     [, "gpu_fraction_floor", "gpu_type"]}
+     [, "gpu_fraction_floor", "gpu_type", "oom_attempt"]}
 
     where ``"model"`` holds :attr:`family`: the name users give the family everywhere
     they see a trial (the spec's ``models``, Tune's trial table, MLflow's ``model`` tag).
@@ -261,6 +270,9 @@ class TrialConfig:
     """After a CUDA OOM, the GPU type it ran out of memory on: the floor is a share of that
     type's GPU, so the retry goes there again, also from a resumed sweep whose packer has
     placed nothing yet ("": the packer chooses)."""
+    attempt: int = 0
+    """OOM retries before this one (0: the first attempt). Attempts are ordered by it: a
+    floor need not grow (each half of a split group asks half a GPU, after a whole one)."""
 
     def train_config(self) -> TrainConfig:
         """The shared trainer's config of this trial."""
@@ -276,9 +288,12 @@ class TrialConfig:
 
     def with_floor(self, floor: float, gpu_type: str = "") -> TrialConfig:
         """The OOM retry of this trial: at least ``floor`` of a ``gpu_type`` GPU (the type
-        it had, where the OOM report names none)."""
+        it had, where the OOM report names none), one attempt later."""
         return dataclasses.replace(
-            self, gpu_fraction_floor=float(floor), gpu_type=gpu_type or self.gpu_type
+            self,
+            gpu_fraction_floor=float(floor),
+            gpu_type=gpu_type or self.gpu_type,
+            attempt=self.attempt + 1,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -296,6 +311,8 @@ class TrialConfig:
             out[RETRY_FLOOR_KEY] = self.gpu_fraction_floor
         if self.gpu_type:
             out[RETRY_GPU_TYPE_KEY] = self.gpu_type
+        if self.attempt:
+            out[RETRY_ATTEMPT_KEY] = self.attempt
         return out
 
     @classmethod
@@ -319,6 +336,7 @@ class TrialConfig:
             member=str(config.get("member", "")),
             gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
             gpu_type=str(config.get(RETRY_GPU_TYPE_KEY) or ""),
+            attempt=int(config.get(RETRY_ATTEMPT_KEY) or 0),
         )
 
 

@@ -1,7 +1,7 @@
 """`fusion.group_size`: the searcher queues the seeds of a configuration, and further
 configurations of the same shape, (per precision) as group trials of up to K members, is
-told each member's own result, and rl families stay ungrouped; the spec refuses what
-groups cannot do yet."""
+told each member's own result, and rl families stay ungrouped; how large a model's
+largest group is (what a measured share is profiled for)."""
 
 from __future__ import annotations
 

@@ -442,3 +442,5 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
         run = by_member[name]
         assert (run.info.status, run.data.metrics["val_sharpe"]) == ("FINISHED", 0.9)
         assert run.data.tags["hpo.oom_attempts"] == f"t9-bf16-s{name[-1]}"
+        assert run.data.tags["hpo.group_id"] == "t1"  # the group trial the retry ran in
+    assert by_member["bf16/1"].data.tags["hpo.group_id"] == "t9"
