@@ -44,7 +44,7 @@ from cluster.packing import (
 from cluster.profiler import GiB, MemoryProfile
 from cluster.remote_profile import PROFILE_TIMEOUT_S, profile_on_types
 from cluster.vram_table import SharedVramCache, key_string, type_key
-from trainables.config import GroupTrialConfig, TrainConfig, TrialConfig, is_group_trial
+from trainables.config import TrainConfig, TrialConfig, share_sized_by
 
 log = logging.getLogger("cluster.packing_plan")
 
@@ -203,14 +203,11 @@ class ClusterPacker:
         used = self._load.get(share.gpu_type.name, 0.0) + self.slot(share)
         return used / share.gpu_type.gpus
 
-    def resources_of(self, trial: TrialConfig | GroupTrialConfig) -> dict[str, float]:
+    def resources_of(self, trial: TrialConfig, members: int = 1) -> dict[str, float]:
         """The bundle of one Tune trial: CPUs, its share of the chosen type's GPU (never
-        below its OOM floor) and, on a mixed cluster, the type constraint. A group trial's
-        share is its fused group's; it is placed as its first member (who carries the
-        group's OOM floor and type)."""
-        members = 1
-        if isinstance(trial, GroupTrialConfig):
-            members, trial = len(trial.members), trial.members[0]
+        below its OOM floor) and, on a mixed cluster, the type constraint. A group trial
+        is sized by its first member and ``members`` (``share_sized_by``): its fused
+        group's share."""
         shares = self.shares(trial.train_config(), members)
         # The member, not the attempt: an OOM retry (the same member with a floor) stays
         # on the type it ran out of memory on, as its floor is a share of that type's GPU;
@@ -235,12 +232,7 @@ class ClusterPacker:
         """Tune's resources callable: a one-bundle placement group of :meth:`resources_of`."""
         from ray.tune import PlacementGroupFactory
 
-        trial = (
-            GroupTrialConfig.from_dict(config)
-            if is_group_trial(config)
-            else TrialConfig.from_dict(config)
-        )
-        return PlacementGroupFactory([self.resources_of(trial)])
+        return PlacementGroupFactory([self.resources_of(*share_sized_by(config))])
 
 
 # ------------------------------------------------------------------------------------------

@@ -119,8 +119,8 @@ class FusionSpec(_Strict):
     ``trainables.group.member_settings``). Forecast families only (rl families run
     ungrouped). Compare mode groups further configurations only where the space searches
     nothing else: its statistics take configurations as independent draws, so it never
-    holds a searched shape. With ``resources.gpu = "measured"`` a
-    group trial's share is profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
+    holds a searched shape. With ``resources.gpu = "measured"`` a group trial's share is
+    profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
 
 
 class SweepSpec(_Strict):
@@ -261,10 +261,11 @@ class SweepSpec(_Strict):
         """Configurations of one shape the searcher asks for ``model`` at a time: as many
         as fit a group beside their seeds, where a setting members may differ in is
         searched (lr, weight decay, the position scale:
-        :func:`trainables.group.member_settings`); 1 otherwise. Compare mode batches only where the space
-        searches nothing else: every draw then has the batch's shape without holding it,
-        and each configuration stays an independent draw of the space, as its statistics
-        take it (holding a searched shape would correlate the configurations)."""
+        :func:`trainables.group.member_settings`); 1 otherwise. Compare mode batches only
+        where the space searches nothing else: every draw then has the batch's shape
+        without holding it, and each configuration stays an independent draw of the
+        space, as its statistics take it (holding a searched shape would correlate the
+        configurations)."""
         if not self.groups(model):
             return 1
         from hpo.search.space import trial_space

@@ -60,15 +60,14 @@ class TrialResources:
         gpu = self.gpu
         if gpu == "measured":  # no GPU types to plan for (sweep_resources): this process sizes it
             from cluster.packing import gpu_fraction_for_trial
-            from trainables.config import GroupTrialConfig, TrialConfig, is_group_trial
+            from trainables.config import share_sized_by
 
-            members = GroupTrialConfig.from_dict(config).members if is_group_trial(config) else ()
-            trial = members[0] if members else TrialConfig.from_dict(config)
+            trial, members = share_sized_by(config)
             gpu = gpu_fraction_for_trial(
                 trial.train_config(),
                 headroom=self.headroom,
                 floor=trial.gpu_fraction_floor,
-                members=max(1, len(members)),
+                members=members,
             )
         bundle = {"CPU": float(self.cpu)}
         if float(gpu) > 0:

@@ -385,6 +385,16 @@ class GroupTrialConfig:
         return member_slugs([m.to_dict() for m in self.members])
 
 
+def share_sized_by(config: Mapping[str, Any]) -> tuple[TrialConfig, int]:
+    """(trial, members) a Tune trial's GPU share is sized and placed by: the trial itself
+    and 1, or a group trial's first member (it carries the group's OOM floor and GPU type)
+    and the group's size."""
+    if is_group_trial(config):
+        members = GroupTrialConfig.from_dict(config).members
+        return members[0], len(members)
+    return TrialConfig.from_dict(config), 1
+
+
 def parse_assignments(items: list[str]) -> dict[str, Any]:
     """``["lr=3e-4", "hidden=64", "distributional=true"]`` -> typed dict (CLI ``--set``)."""
     import json

@@ -6,11 +6,11 @@
 A group's members are trials that share every setting a training step reads (family,
 model settings, precision, data, lookback, batch size, steps, clipping, epochs) and may
 differ in :func:`member_settings` (seed, lr, weight decay, the position scale). Each
-member is a whole :class:`~trainables.trainer.Trainer` (its folds, history, evaluation, checkpoint); one
-:class:`~trainables.trainer.Fusion` trains all members' folds as one vmapped model, with
-lr and weight decay per member in the fused optimizer. A member's checkpoint is an
-ordinary trial checkpoint (``hpo train --resume`` continues it alone; :class:`TrainerGroup`
-takes the members' checkpoints to continue the group).
+member is a whole :class:`~trainables.trainer.Trainer` (its folds, history, evaluation,
+checkpoint); one :class:`~trainables.trainer.Fusion` trains all members' folds as one
+vmapped model, with lr and weight decay per member in the fused optimizer. A member's
+checkpoint is an ordinary trial checkpoint (``hpo train --resume`` continues it alone;
+:class:`TrainerGroup` takes the members' checkpoints to continue the group).
 
 Member k ends where its trial alone ends up to float rounding (the tolerance of fused
 folds) where training draws no random numbers. Dropout masks and diffusion noise come

@@ -208,23 +208,21 @@ def _train_group(
     latest: dict[str, dict[str, Any]] = {}  # each member's latest entry, by slug
     oom: str | None = None
     try:
-        _fit_group(group, gpu_fraction, judge, {**memory, **node}, latest)
+        _fit_group(group, gpu_fraction, judge, memory, node, latest)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
         oom = str(exc)  # only the message leaves: the traceback holds every member's tensors
     if oom is None or share is None:
         return
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _free_cuda_cache()
     verdict = share.after_oom(configs[0], gpu_fraction, oom, members)
     for slug, config in zip(slugs, configs, strict=True):
         entry = latest.get(slug, {})
         if entry.get("diverged") or entry.get("stopped") or entry.get("epoch", 0) >= config.epochs:
             continue  # ended before the OOM: its result stands
         latest[slug] = {
-            **{k: v for k, v in entry.items() if k.endswith("_total")},
+            **_totals(entry),
             "epoch": int(entry.get("epoch", 0)) + 1,
             "val_sharpe": math.nan,
             "oom": 1,
@@ -248,11 +246,12 @@ def _fit_group(
     group: GroupTrialConfig,
     gpu_fraction: float,
     judge: EarlyStop | None,
-    reported: dict[str, Any],
+    memory: dict[str, float],
+    node: dict[str, str],
     latest: dict[str, dict[str, Any]],
 ) -> None:
     """The group trial's training (see :func:`_train_group`), reporting each epoch with
-    ``reported`` (memory, node) in every member's entry; ``latest`` holds the entries."""
+    ``memory`` and ``node`` in every member's entry; ``latest`` holds the entries."""
     from trainables.group import TrainerGroup
 
     slugs = group.slugs()
@@ -269,21 +268,20 @@ def _fit_group(
         elif ended.get("stopped"):  # stopped at a rung before the restart
             trainers.stop(index, STOPPED_AT_RUNG)
     keys = [member_key(m.to_dict()) for m in group.members]
-    node = {k: v for k, v in reported.items() if k in ("node_id", "node_ip")}
     while trainers.training:
         metrics = trainers.train_epoch()
         for index, member in enumerate(trainers.members):
             slug = slugs[index]
             if index in metrics:
                 cost = gpu_cost(member, gpu_fraction)
-                latest[slug] = {**metrics[index], "diverged": 0, **reported, **cost}
+                latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
                 going_on = member.epoch < member.config.epochs
                 if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
                     trainers.stop(index, STOPPED_AT_RUNG)
                     latest[slug]["stopped"] = 1
             elif index in trainers.diverged and not latest.get(slug, {}).get("diverged"):
                 latest[slug] = {
-                    **{k: v for k, v in latest.get(slug, {}).items() if k.endswith("_total")},
+                    **_totals(latest.get(slug, {})),
                     "epoch": member.epoch + 1,
                     "val_sharpe": math.nan,
                     "diverged": 1,
@@ -302,7 +300,8 @@ def _fit_group(
             "diverged": int(all(m.get("diverged") for m in latest.values())),
             "group_size": len(slugs),
             "members": {slug: dict(entry) for slug, entry in latest.items()},
-            **reported,
+            **memory,
+            **node,
         }
         with tempfile.TemporaryDirectory(prefix="hpo-ckpt-") as tmp:
             root = Path(tmp) / CKPT_SUBDIR
@@ -349,9 +348,7 @@ def _report_oom(
     """The share was too small: report the OOM with what ``share`` makes of it (a larger
     share for the retry). Reported, not raised: a FailureConfig retry would reuse the
     same too-small share."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _free_cuda_cache()
     report: dict[str, Any] = {
         "epoch": progress.epoch + 1,
         "val_sharpe": math.nan,
@@ -361,6 +358,20 @@ def _report_oom(
     }
     report.update(share.after_oom(config, fraction, message))
     tune.report(report)
+
+
+def _free_cuda_cache() -> None:
+    """Return the failed attempt's memory to the GPU (its objects must be unreachable
+    already) before the share is re-measured."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _totals(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The cost totals of a member's last entry: a final entry (diverged, OOM) carries
+    them on, so the time its epochs took still counts."""
+    return {k: v for k, v in entry.items() if k.endswith("_total")}
 
 
 def gpu_cost(trainer: Trainer, gpu_fraction: float) -> dict[str, float]:
