@@ -301,12 +301,14 @@ class Family:
     other setting (rates, loss weights, position scale, initialization) leaves one module
     the same shape; checked by tests/models/test_contract.py."""
     member_settings: frozenset[str] = frozenset()
-    """Settings the fused training step never reads, so the members of a group trial may
-    differ in them: the position scale (read only where positions are taken, by each
-    member's own module) or an initialization range (read only when a member's module is
-    built). Each member evaluates and saves with its own values. Empty: members share
-    every model setting. Checked per family by tests/trainables/test_group.py (members
-    that differ in them train as they would alone)."""
+    """Settings the members of a group trial may differ in: ones the fused training step
+    never reads (the position scale, read only where positions are taken, by each member's
+    own module; an initialization range, read only when a member's module is built) and
+    dropout rates, which the step reads per member (every dropout the setting feeds is a
+    :class:`models.ops.Dropout`). Each member evaluates and saves with its own values.
+    Empty: members share every model setting. Checked per family by
+    tests/trainables/test_group.py (members that differ in them train as they would
+    alone; a member without dropout beside one with it, as it would alone)."""
     fusable: bool | None = None
     """Whether same-shape models of the family can train fused (one vmapped model, see
     ``trainables.members``). None: True for forecast families, False for rl families

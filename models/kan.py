@@ -47,7 +47,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LossKind, RegressionHead, check_head
-from models.ops import f32, like
+from models.ops import f32, like, per_member, setting_tensor
 
 __all__ = [
     "FAMILY",
@@ -249,7 +249,7 @@ class KANLayer(nn.Module):
         return solution.to(design.dtype)
 
 
-def edge_regularization(phi: torch.Tensor, entropy_weight: float) -> torch.Tensor:
+def edge_regularization(phi: torch.Tensor, entropy_weight: float | torch.Tensor) -> torch.Tensor:
     """The paper's regularization of one layer: |Phi|_1 + entropy_weight * S(Phi), f32.
 
     phi (N, n_out, n_in) edge activations over a batch; |phi|_1 = mean_s |phi(x_s)|.
@@ -262,9 +262,14 @@ def edge_regularization(phi: torch.Tensor, entropy_weight: float) -> torch.Tenso
 
 
 class KAN(RegressionHead[KANConfig]):
-    """KAN over the last ``window`` bars of (B, A, L, F) windows; assets folded."""
+    """KAN over the last ``window`` bars of (B, A, L, F) windows; assets folded. The
+    regularization weights are also tensors, so fused members may differ in them."""
 
     grid_updates: torch.Tensor  # () int64: grid updates done (saved with checkpoints)
+    reg_lambda: torch.Tensor  # () f32: config.reg_lambda, read per fused member
+    reg_entropy: torch.Tensor  # () f32: config.reg_entropy, likewise
+    keep_f32 = ("reg_lambda", "reg_entropy")
+    setting_buffers = ("reg_lambda", "reg_entropy")
 
     def __init__(self, config: KANConfig, shape: DataShape) -> None:
         super().__init__()
@@ -281,6 +286,8 @@ class KAN(RegressionHead[KANConfig]):
             for n_in, n_out in itertools.pairwise(widths)
         )
         self.register_buffer("grid_updates", torch.tensor(0))
+        for name in self.setting_buffers:
+            self.register_buffer(name, setting_tensor(getattr(config, name)), persistent=False)
 
     @property
     def kan_layers(self) -> list[KANLayer]:
@@ -303,23 +310,31 @@ class KAN(RegressionHead[KANConfig]):
             h = layer(h)
         return unfold_assets(h.squeeze(-1), self.n_assets)
 
-    def forward_regularized(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_regularized(
+        self, x: torch.Tensor, entropy_weight: float | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, A, L, F) -> forecast (B, A) and the f32 sum of the layers' regularization,
-        evaluating every edge (the same forecast as :meth:`forward`)."""
+        evaluating every edge (the same forecast as :meth:`forward`). The entropy weight
+        is ``reg_entropy`` unless given."""
+        if entropy_weight is None:
+            entropy_weight = self.config.reg_entropy
         h = self.inputs(x)
         reg = f32(torch.zeros((), device=x.device))
         for layer in self.kan_layers:
             phi = layer.edge_activations(h)  # (N, n_out, n_in)
-            reg = reg + edge_regularization(phi, self.config.reg_entropy)
+            reg = reg + edge_regularization(phi, entropy_weight)
             h = phi.sum(dim=-1) + layer.bias
         return unfold_assets(h.squeeze(-1), self.n_assets), reg
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """f32 Huber/MSE loss of the forecast + reg_lambda * the paper's regularization."""
-        if self.config.reg_lambda == 0:
+        """f32 Huber/MSE loss of the forecast + reg_lambda * the paper's regularization
+        (each fused member with its own weights where the members' differ)."""
+        weight = per_member(self.config.reg_lambda, self.reg_lambda)
+        if not isinstance(weight, torch.Tensor) and weight == 0:
             return super().loss(batch)
-        pred, reg = self.forward_regularized(batch.x)
-        return self.fit_loss(pred, batch.y) + self.config.reg_lambda * reg
+        entropy_weight = per_member(self.config.reg_entropy, self.reg_entropy)
+        pred, reg = self.forward_regularized(batch.x, entropy_weight)
+        return self.fit_loss(pred, batch.y) + weight * reg
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor) -> bool:
@@ -382,7 +397,11 @@ FAMILY = Family(
         "Liu, Wang, Vaidya, Ruehle, Halverson, Soljacic, Hou & Tegmark (2024), KAN: "
         "Kolmogorov-Arnold Networks, arXiv:2404.19756"
     ),
-    member_settings=frozenset({"position_scale"}),  # read by positions only
+    # Read by positions or by each member's own grid refit only; the regularization
+    # weights per member.
+    member_settings=frozenset(
+        {"position_scale", "grid_eps", "grid_update_epochs", "reg_lambda", "reg_entropy"}
+    ),
     shape_settings=frozenset({"window", "width", "n_layers", "grid_size", "spline_order", "loss"}),
     keeps_f32=(
         "the spline knot grids (refit quantiles can be closer than a bf16 ulp), the "

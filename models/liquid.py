@@ -46,7 +46,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LossKind, RegressionHead, check_head
-from models.ops import f32, like
+from models.ops import Dropout, f32, like
 
 __all__ = [
     "ACTIVATIONS",
@@ -149,7 +149,7 @@ class CfCCell(nn.Module):
         self.input_proj = nn.Linear(n_inputs, units)  # W_in: the input columns of layer 1
         self.recurrent_proj = nn.Linear(hidden, units, bias=False)  # W_r: the state columns
         self.act = _activation(activation)
-        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.drop = Dropout(dropout)
         self.backbone = nn.ModuleList(nn.Linear(units, units) for _ in range(layers - 1))
         # Fused heads, in order: g, h_alt, f (time_a), b (time_b).
         self.heads = nn.Linear(units, 4 * hidden)
@@ -268,7 +268,8 @@ FAMILY = Family(
         "Closed-form continuous-time neural networks, Nature Machine Intelligence 4"
     ),
     tiny={"hidden": 8, "backbone_units": 16},
-    member_settings=frozenset({"position_scale"}),  # read by positions only
+    # The position scale is read by positions only; the dropout rate per member.
+    member_settings=frozenset({"position_scale", "backbone_dropout"}),
     shape_settings=frozenset(
         {
             "hidden",

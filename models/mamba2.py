@@ -45,7 +45,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import conv1d, f32, like, segsum
+from models.ops import Dropout, conv1d, f32, like, segsum
 
 __all__ = [
     "FAMILY",
@@ -299,7 +299,7 @@ class Mamba2Block(nn.Module):
         super().__init__()
         self.norm = RMSNorm(config.d_model)
         self.mixer = Mamba2Mixer(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.dropout(self.mixer(self.norm(x)))
@@ -370,9 +370,8 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"d_model": 16, "n_layers": 1, "d_state": 8, "head_dim": 8},
-    member_settings=frozenset(
-        {"position_scale", "dt_min", "dt_max"}
-    ),  # read by positions and by initialization only
+    # Read by positions and by initialization only; the dropout rate per member.
+    member_settings=frozenset({"position_scale", "dt_min", "dt_max", "dropout"}),
     shape_settings=frozenset(
         {"d_model", "n_layers", "d_state", "expand", "head_dim", "d_conv", "chunk_size", "loss"}
     ),

@@ -1,6 +1,7 @@
 """Tensor operations shared by the family files: the casts around an f32 island, the
 stable segment sum of the scan families (Mamba-2's SSD mask, xLSTM's log gate matrix), and
-recurrent layers that fused members can batch (:class:`LSTM`, :class:`GRU`).
+layers that fused members can batch (:class:`LSTM`, :class:`GRU`, and :class:`Dropout`,
+whose rate may differ per member).
 
 A family keeps a numerically sensitive part (a scan, a schedule, a log-softmax ratio) in
 f32 whatever the policy's dtype: it upcasts the inputs with :func:`f32` and casts the
@@ -11,6 +12,7 @@ the policy's dtype, these only mark where a family leaves it and returns to it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -43,6 +45,52 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
     return sums.masked_fill(~causal, -math.inf)
 
 
+def under_vmap(*tensors: torch.Tensor) -> bool:
+    """Whether any of ``tensors`` is batched by an enclosing ``torch.func.vmap``."""
+    return any(torch._C._functorch.is_batchedtensor(t) for t in tensors)
+
+
+def setting_tensor(value: float) -> torch.Tensor:
+    """A setting (a rate, a loss weight) as the 0-d f32 buffer a module registers beside
+    its Python value (not saved, named in the module's ``setting_buffers`` and
+    ``keep_f32``), so fused members may differ in it (see :func:`per_member`)."""
+    return torch.tensor(float(value), dtype=F32)
+
+
+def per_member(value: float, tensor: torch.Tensor) -> float | torch.Tensor:
+    """The setting a module holds as ``value`` and as the buffer ``tensor``: the buffer
+    where a vmap batches it (fused members that differ in it, each reads its own), else
+    the Python float, so an unfused step, or members that agree, compute as always."""
+    return tensor if under_vmap(tensor) else value
+
+
+class Dropout(torch.nn.Dropout):
+    """``nn.Dropout`` whose rate is also a tensor, so fused members may differ in it.
+
+    The rate is a 0-d f32 buffer (``rate``; not saved, so checkpoints are ``nn.Dropout``'s)
+    named in ``setting_buffers``: ``trainables.members`` passes it per member where the
+    members' rates differ, and under that vmap each member drops at its own rate. Anywhere
+    else (unfused, or every member at one rate) this is ``nn.Dropout`` (a rate of 0 returns
+    its input, as ``nn.Dropout`` does, without dispatching)."""
+
+    keep_f32 = ("rate",)  # a probability, compared with f32 uniforms whatever the policy
+    setting_buffers = ("rate",)
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__(p)
+        self.rate: torch.Tensor
+        self.register_buffer("rate", setting_tensor(p), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        if not under_vmap(self.rate):
+            return super().forward(x) if self.p > 0 else x
+        # Inverted dropout at this member's rate (a rate of 0 keeps every unit, exactly).
+        keep = torch.rand_like(x, dtype=F32) >= self.rate
+        return x * keep / like(1 - self.rate, x)
+
+
 # ----------------------------------------------------------------------------------------
 # Recurrent layers fused members can batch: torch.func.vmap has no batching rule for
 # aten::lstm / aten::gru, so under vmap these run the same equations as a loop over time
@@ -50,13 +98,12 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
 # they are torch's own layers, cuDNN kernels included.
 
 
-def under_vmap(*tensors: torch.Tensor) -> bool:
-    """Whether any of ``tensors`` is batched by an enclosing ``torch.func.vmap``."""
-    return any(torch._C._functorch.is_batchedtensor(t) for t in tensors)
-
-
 class LSTM(torch.nn.LSTM):
     """``nn.LSTM`` (batch_first, unidirectional, no projection) that a vmap can batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.between_layers = Dropout(self.dropout)  # the loop form's, rate per member
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -81,8 +128,8 @@ class LSTM(torch.nn.LSTM):
                 h = torch.sigmoid(o) * torch.tanh(c)
                 outputs.append(h)
             out = torch.stack(outputs, dim=1)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                out = torch.nn.functional.dropout(out, self.dropout, training=True)
+            if layer < self.num_layers - 1:
+                out = self.between_layers(out)
             last_h.append(h)
             last_c.append(c)
         return out, (torch.stack(last_h), torch.stack(last_c))
@@ -90,6 +137,10 @@ class LSTM(torch.nn.LSTM):
 
 class GRU(torch.nn.GRU):
     """``nn.GRU`` (batch_first, unidirectional) that a vmap can batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.between_layers = Dropout(self.dropout)  # the loop form's, rate per member
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, hx: torch.Tensor | None = None
@@ -115,8 +166,8 @@ class GRU(torch.nn.GRU):
                 h = (1 - z) * candidate + z * h
                 outputs.append(h)
             out = torch.stack(outputs, dim=1)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                out = torch.nn.functional.dropout(out, self.dropout, training=True)
+            if layer < self.num_layers - 1:
+                out = self.between_layers(out)
             last.append(h)
         return out, torch.stack(last)
 

@@ -50,7 +50,7 @@ from models.base import (
     inverse_softplus,
     unfold_assets,
 )
-from models.ops import LSTM, f32, like
+from models.ops import LSTM, Dropout, f32, like
 
 __all__ = [
     "FAMILY",
@@ -181,7 +181,7 @@ class GatedLinearUnit(nn.Module):
 
     def __init__(self, d_in: int, d_out: int, dropout: float, groups: int = 1) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.proj = _linear(d_in, 2 * d_out, groups)  # [value | gate] in one matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -330,7 +330,7 @@ class InterpretableMultiHeadAttention(nn.Module):
         self.key = nn.Linear(d_model, n_heads * self.d_head)
         self.value = nn.Linear(d_model, self.d_head)  # ONE projection for all heads
         self.out = nn.Linear(self.d_head, d_model)  # W_H
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, causal: bool = True
@@ -542,7 +542,8 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"d_model": 8, "n_heads": 1, "dropout": 0.0},
-    member_settings=frozenset({"position_scale"}),  # read by positions only
+    # The position scale is read by positions only; the dropout rate per member.
+    member_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset(
         {"d_model", "n_heads", "lstm_layers", "quantiles", "static_embedding"}
     ),

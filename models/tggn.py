@@ -44,7 +44,7 @@ from models.base import (
     check_int,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import f32, like
+from models.ops import Dropout, f32, like, per_member, setting_tensor
 
 __all__ = [
     "FAMILY",
@@ -175,8 +175,12 @@ def propagate(adj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 class GraphPropagation(nn.Module):
     """``hops`` steps of mix-hop or diffusion propagation + information selection.
 
-    (B, A, ..., d_in) -> (B, A, ..., d_out): a linear map of [H_0, H_1, ..., H_K].
+    (B, A, ..., d_in) -> (B, A, ..., d_out): a linear map of [H_0, H_1, ..., H_K]. Mix-hop's
+    beta is also a tensor (``beta_t``), so fused members may differ in it.
     """
+
+    keep_f32 = ("beta_t",)
+    setting_buffers = ("beta_t",)
 
     def __init__(
         self, d_in: int, d_out: int, hops: int, mode: str, beta: float, dropout: float
@@ -184,17 +188,20 @@ class GraphPropagation(nn.Module):
         super().__init__()
         check_choices("propagation", mode, PROPAGATIONS)
         self.hops, self.mode, self.beta = hops, mode, beta
+        self.beta_t: torch.Tensor
+        self.register_buffer("beta_t", setting_tensor(beta), persistent=False)
         self.select = nn.Linear((hops + 1) * d_in, d_out)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
         """x (B, A, ..., d_in), adj (A, A) in x's dtype -> (B, A, ..., d_out)."""
         outputs = [x]
         h = x
+        beta = per_member(self.beta, self.beta_t)
         for _ in range(self.hops):
             h = propagate(adj, h)
             if self.mode == "mixhop":
-                h = self.beta * x + (1.0 - self.beta) * h
+                h = beta * x + (1.0 - beta) * h
             outputs.append(h)
         return self.dropout(self.select(torch.cat(outputs, dim=-1)))
 
@@ -365,7 +372,9 @@ FAMILY = Family(
         "Multivariate Time Series Forecasting with Graph Neural Networks (MTGNN), KDD"
     ),
     tiny={"channels": 8, "skip_channels": 16, "end_channels": 16, "node_dim": 4, "n_layers": 1},
-    member_settings=frozenset({"position_scale"}),  # read by positions only
+    # The position scale is read by positions only; the dropout rate and mix-hop's beta
+    # per member.
+    member_settings=frozenset({"position_scale", "dropout", "beta"}),
     shape_settings=frozenset(
         {
             "channels",

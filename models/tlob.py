@@ -46,7 +46,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import f32, like
+from models.ops import Dropout, f32, like
 
 __all__ = [
     "FAMILY",
@@ -165,7 +165,7 @@ class DualAttentionLayer(nn.Module):
         self.fc = nn.Linear(dim, 4 * dim)
         self.fc2 = nn.Linear(4 * dim, out_dim)
         self.mlp_norm = nn.LayerNorm(out_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, T, dim) -> (N, T, out_dim), attention (N, H, T, T) rows summing to 1."""
@@ -307,7 +307,8 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"hidden_dim": 16, "n_layers": 1},
-    member_settings=frozenset({"position_scale"}),  # read by positions only
+    # The position scale is read by positions only; the dropout rate per member.
+    member_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset({"hidden_dim", "n_layers", "n_heads", "sinusoidal", "loss"}),
     keeps_f32=(
         "BiN's means, standard deviations and normalized window (sums over L or F; "

@@ -44,7 +44,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import conv1d, f32, like, segsum
+from models.ops import Dropout, conv1d, f32, like, segsum
 
 __all__ = [
     "FAMILY",
@@ -288,7 +288,7 @@ class MLSTMBlock(nn.Module):
         self.out_norm = nn.Parameter(torch.ones(inner))  # per-head LayerNorm gain
         self.skip = nn.Parameter(torch.ones(inner))
         self.down = nn.Linear(inner, d, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, L, d) -> (N, L, d) in x's dtype."""
@@ -331,7 +331,7 @@ class SLSTMBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(d, bias=False)
         self.ffn_up = nn.Linear(d, 2 * config.ffn_width, bias=False)  # [gate | value]
         self.ffn_down = nn.Linear(config.ffn_width, d, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, L, d) -> (N, L, d) in x's dtype."""
@@ -411,7 +411,8 @@ FAMILY = Family(
     ),
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
     tiny={"d_model": 16, "blocks": "ms", "n_heads": 2, "dropout": 0.0},
-    member_settings=frozenset({"position_scale"}),  # read by positions only
+    # The position scale is read by positions only; the dropout rate per member.
+    member_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset(
         {
             "d_model",

@@ -5,7 +5,8 @@
 
 A group's members are trials that share every setting a training step reads (family,
 model settings, precision, data, lookback, batch size, steps, clipping, epochs) and may
-differ in :func:`member_settings` (seed, lr, weight decay, the position scale). Each
+differ in :func:`member_settings` (seed, lr, weight decay, the family's own: the position
+scale, dropout rates, loss weights). Each
 member is a whole :class:`~trainables.trainer.Trainer` (its folds, history, evaluation,
 checkpoint); one :class:`~trainables.trainer.Fusion` trains all members' folds as one
 vmapped model, with lr and weight decay per member in the fused optimizer. A member's
@@ -45,7 +46,8 @@ from trainables.trial_keys import MEMBER_SETTINGS
 def member_settings(family: Family) -> frozenset[str]:
     """The settings a group's members may differ in: :data:`MEMBER_SETTINGS` (seed, and lr
     and weight decay, per member in the fused optimizer) and the family's
-    ``member_settings`` (the fused step never reads them: the position scale)."""
+    ``member_settings`` (the fused step never reads them, as the position scale, or reads
+    them per member, as dropout rates and loss weights)."""
     return frozenset(MEMBER_SETTINGS) | family.member_settings
 
 

@@ -51,9 +51,12 @@ class StackedModules(nn.Module):
     built, converted to their policy's dtypes and restored: the stacked tensors start as
     copies of theirs, and the members' tensors become views of them.
 
-    The members' tensors are per member; what a module keeps in Python (a dropout rate, a
-    loss weight, a position scale) is the first member's for all of them. A trial's folds
-    share every setting; members that differ in such a setting need it as a tensor.
+    The members' tensors are per member; what a module keeps only in Python (a position
+    scale) is the first member's for all of them. A trial's folds share every
+    setting; members that differ in such a setting need it as a tensor: a buffer a module
+    names in ``setting_buffers`` (:class:`models.ops.Dropout`'s rate). Such a buffer goes
+    into the vmap per member only where the members' values differ; where they agree the
+    module reads its own, unbatched, and takes its plain path (``nn.Dropout``'s).
     """
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:
@@ -73,6 +76,12 @@ class StackedModules(nn.Module):
         self.buffer_names = list(buffers)
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"b{i}", buffers[name])
+        # Settings every member holds at one value: read from the skeleton, not vmapped.
+        self.shared_settings = {
+            name
+            for name in setting_buffers(modules[0])
+            if bool((buffers[name] == buffers[name][0]).all())
+        }
         # The members by reference only: registering them would add their parameters
         # (views of the stacked ones) to this module's.
         self._members: tuple[nn.Module, ...] = tuple(modules)
@@ -116,6 +125,7 @@ class StackedModules(nn.Module):
         buffers = {
             "m." + n: chosen(b)
             for n, b in zip(self.buffer_names, self.stacked_buffers(), strict=True)
+            if n not in self.shared_settings
         }
 
         def member_loss(
@@ -142,6 +152,16 @@ class StackedModules(nn.Module):
         for module in self._members:
             for t in (*module.parameters(), *module.buffers()):
                 t.data = t.data.clone()
+
+
+def setting_buffers(module: nn.Module) -> set[str]:
+    """The names of ``module``'s buffers that hold a setting (its modules'
+    ``setting_buffers``): read by the step, never written."""
+    return {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, sub in module.named_modules()
+        for name in getattr(sub, "setting_buffers", ())
+    }
 
 
 @dataclass

@@ -10,9 +10,9 @@ from typing import Any
 
 MEMBER_SETTINGS = ("seed", "lr", "weight_decay")
 """The trainer settings a group's members may differ in (per-member values in the fused
-optimizer). A family may add model settings its fused step never reads
-(``Family.member_settings``, the position scale; ``trainables.group.member_settings``
-has both); members share every other setting."""
+optimizer). A family adds model settings its fused step never reads or reads per member
+(``Family.member_settings``: the position scale, dropout rates, loss weights;
+``trainables.group.member_settings`` has both); members share every other setting."""
 
 GROUP_KEY = "group"
 """Trial-dict key of a group trial's members (:class:`trainables.config.GroupTrialConfig`)."""

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from models import family_names, get_family
-from models.base import Batch
+from models.base import Batch, Choice
 from tests.models.test_contract import TINY
 from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint
@@ -87,17 +87,22 @@ FORECAST = [name for name in family_names() if get_family(name).fuses]
 
 @pytest.mark.parametrize("family", FORECAST)
 def test_members_that_differ_in_member_settings_train_as_they_would_alone(family: str) -> None:
-    """Family.member_settings are settings the fused step never reads: two members that
-    differ in every one of them (at their search range's ends) train fused to the weights
-    each reaches alone, and each keeps its own values to evaluate with. No dropout: its
-    masks are drawn per member from the group's stream. The diffusion draws its noise the
-    same way, so its members are compared with a group whose members share the scale."""
+    """Family.member_settings: two members that differ in every one of them (at their
+    search range's ends) train fused to the weights each reaches alone, and each keeps its
+    own values to evaluate with. Settings the step never reads stay out of it; the ones it
+    reads (KAN's regularization weights, tggn's beta, the diffusion's schedule) reach it
+    per member. No dropout: its masks are drawn per member from the group's stream (the
+    next test). The diffusion draws its noise the same way, so member k is compared with
+    member k of a group whose members both have member k's settings."""
     spec = get_family(family)
     assert spec.member_settings, f"{family}: a forecast family's positions take a scale"
     ends: list[dict[str, Any]] = [{}, {}]
-    for name in spec.member_settings:
+    for name in spec.member_settings - _dropout_settings(family):
         dim = spec.search_space[name]
-        ends[0][name], ends[1][name] = dim.low, dim.high  # type: ignore[attr-defined]
+        if isinstance(dim, Choice):
+            ends[0][name], ends[1][name] = dim.options[0], dim.options[-1]
+        else:
+            ends[0][name], ends[1][name] = dim.low, dim.high  # type: ignore[attr-defined]
     if family == "mamba2":  # dt_min < dt_max whatever the ends
         ends[1]["dt_min"], ends[0]["dt_max"] = 5e-3, 0.2
     no_dropout = {"dropout": 0.0} if "dropout" in spec.config_fields() else {}
@@ -115,9 +120,11 @@ def test_members_that_differ_in_member_settings_train_as_they_would_alone(family
     assert group.fusion.fused is not None and group.fusion.fused.k == 2
     group.fit()
     if family == "diffusion":
-        shared = TrainerGroup(configs_of([ends[0], ends[0]]))
-        shared.fit()
-        references = shared.members
+        references = []
+        for k in range(2):
+            alike = TrainerGroup(configs_of([ends[k], ends[k]]))
+            alike.fit()
+            references.append(alike.members[k])
     else:
         references = [Trainer(config.replace(fuse="off")) for config in configs]
         for alone in references:
@@ -125,12 +132,43 @@ def test_members_that_differ_in_member_settings_train_as_they_would_alone(family
     for config, member, reference in zip(configs, group.members, references, strict=True):
         assert _relative(_weights(reference), _weights(member)) < 1e-4, config.model_config
         assert member.model_config == Trainer(config).model_config  # its own, to evaluate with
+        assert member.history[-1]["val_sharpe"] == pytest.approx(
+            reference.history[-1]["val_sharpe"], abs=0.01
+        )
     assert group.members[1].model_config.position_scale == ends[1]["position_scale"]
-    if family != "diffusion":
-        for member, alone in zip(group.members, references, strict=True):
-            assert member.history[-1]["val_sharpe"] == pytest.approx(
-                alone.history[-1]["val_sharpe"], abs=0.01
-            )
+
+
+def _dropout_settings(family: str) -> set[str]:
+    return {name for name in get_family(family).member_settings if name.endswith("dropout")}
+
+
+@pytest.mark.parametrize("family", [f for f in FORECAST if _dropout_settings(f)])
+def test_members_that_differ_in_dropout_each_drop_at_their_own_rate(family: str) -> None:
+    """Member 0 drops at its range's top rate, member 1 at none: member 1 trains to the
+    weights it reaches alone without dropout (its own rate reached the fused step, not
+    member 0's), and member 0 does not (its rate did)."""
+    (name,) = _dropout_settings(family)
+    top = get_family(family).search_space[name].high  # type: ignore[attr-defined]
+    configs = [
+        _config(family, seed=i, epochs=1, n_folds=1, max_steps_per_epoch=3, fuse="on",
+                model_config={**TINY[family], name: rate})
+        for i, rate in enumerate((top, 0.0))
+    ]  # fmt: skip
+    assert group_problems(configs) == []
+    group = TrainerGroup(configs)
+    assert group.fusion.fused is not None and group.fusion.fused.k == 2
+    fused = group.fusion.fused.model
+    rates = {n for n in fused.buffer_names if n.endswith(".rate")}
+    assert rates - fused.shared_settings, "the rates go into the step per member"
+    group.fit()
+    without = [
+        Trainer(c.replace(fuse="off", model_config={**TINY[family], name: 0.0})) for c in configs
+    ]
+    for alone in without:
+        alone.fit()
+    assert _relative(_weights(without[1]), _weights(group.members[1])) < 1e-4
+    assert _relative(_weights(without[0]), _weights(group.members[0])) > 1e-3
+    assert getattr(group.members[0].model_config, name) == top
 
 
 def test_members_split_the_groups_training_time() -> None:
@@ -145,17 +183,22 @@ def test_members_split_the_groups_training_time() -> None:
     assert sum(times) <= wall * 1.02
 
 
+KAN_VARYING = (
+    "grid_eps, grid_update_epochs, lr, position_scale, reg_entropy, reg_lambda, seed, weight_decay"
+)
+
+
 def test_settings_a_step_reads_must_match_and_rl_does_not_group() -> None:
     base = _config()
     problems = group_problems([base, base.replace(seed=1, batch_size=16)])
     assert problems == [
         "member 1: batch_size = 16 differs from member 0's 32 (members share every setting "
-        "but lr, position_scale, seed, weight_decay)"
+        f"but {KAN_VARYING})"
     ]
     other_width = base.replace(model_config={**TINY["kan"], "width": 7})
     assert group_problems([base, other_width]) == [
         "member 1: model_config.width = 7 differs from member 0's 8 (members share every "
-        "setting but lr, position_scale, seed, weight_decay)"
+        f"setting but {KAN_VARYING})"
     ]
     scaled = base.replace(seed=1, model_config={**TINY["kan"], "position_scale": 16.0})
     assert group_problems([base, scaled]) == []  # the fused step never reads it

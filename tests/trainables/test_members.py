@@ -7,6 +7,7 @@ exactly as it would alone, up to float rounding, whatever the others do.
 * a fused trial's fold k equals the unfused trial's fold k after 20 steps, for the eight
   forecast families under f32, bf16, bf16-mixed and fp16-mixed;
 * a NaN in one member skips that member only;
+* members that differ in a dropout rate each drop at their own;
 * checkpoints are per fold either way: a fused trial resumes bit-exactly, and fused and
   unfused checkpoints resume in the other mode;
 * where folds cannot fuse, they train one after another and the trainer says why.
@@ -25,7 +26,7 @@ from torch.func import vmap
 
 from models import get_family
 from models.base import Batch
-from models.ops import GRU, LSTM
+from models.ops import GRU, LSTM, Dropout
 from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
 from trainables import trainer as trainer_module
@@ -208,6 +209,64 @@ def test_the_loop_forms_under_vmap_compute_torchs_recurrent_layers(rnn: type) ->
     for k, layer in enumerate(layers):
         alone, _ = layer(x[k])
         torch.testing.assert_close(fused[k], alone, rtol=1e-5, atol=1e-6)
+
+
+class _Dropping(nn.Module):
+    """A member whose ``loss`` is its dropout's output (the step's view of the rate)."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+        self.drop = Dropout(rate)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        return self.drop(batch.x * self.scale)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_members_that_differ_in_a_dropout_rate_each_drop_at_their_own(
+    dtype: torch.dtype,
+) -> None:
+    """The rates reach the vmap per member: member k zeroes a fraction ``rate_k`` of its
+    units and scales the rest by 1 / (1 - rate_k); a member at 0 keeps its input exactly.
+    Members at one rate read it unbatched (nn.Dropout's own path)."""
+    torch.manual_seed(0)
+    rates = [0.5, 0.0, 0.2]
+    stacked = StackedModules([_Dropping(rate).to(dtype) for rate in rates]).train()
+    assert stacked.shared_settings == set()
+    x = torch.ones(3, 20_000, dtype=dtype)
+    out = stacked.loss(Batch(x=x, y=x, gaps=x))
+    assert out.dtype == dtype
+    for member, rate in zip(out, rates, strict=True):
+        dropped = float((member == 0).float().mean())
+        assert dropped == pytest.approx(rate, abs=0.015)
+        assert member[member != 0].unique().tolist() == [pytest.approx(1 / (1 - rate))]
+    same = StackedModules([_Dropping(0.3), _Dropping(0.3)]).train()
+    assert same.shared_settings == {"drop.rate"}
+    out = same.loss(Batch(x=x[:2].float(), y=x[:2], gaps=x[:2]))
+    assert [float((m == 0).float().mean()) for m in out] == [pytest.approx(0.3, abs=0.015)] * 2
+    assert not torch.equal(out[0], out[1])  # each member its own mask
+
+
+def test_a_recurrent_layer_drops_between_layers_at_each_members_rate() -> None:
+    """The LSTM loop form's between-layer dropout is a member's: a member at 0 gives
+    torch's layer's output, one at 0.5 does not."""
+    torch.manual_seed(0)
+    layers = [LSTM(3, 4, num_layers=2, batch_first=True, dropout=r) for r in (0.5, 0.0)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    stacked = StackedModules(layers)
+    assert stacked.shared_settings == set()
+    x = torch.randn(5, 7, 3).expand(2, 5, 7, 3)
+    params = {n: p for n, p in zip(stacked.names, stacked.stacked, strict=True)}
+    buffers = dict(zip(stacked.buffer_names, stacked.stacked_buffers(), strict=True))
+
+    def run(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xs: torch.Tensor) -> Any:
+        return torch.func.functional_call(layers[0], (p, b), (xs,))[0]
+
+    fused = vmap(run, randomness="different")(params, buffers, x)
+    layers[1].eval()  # no dropout: torch's layer, deterministic
+    torch.testing.assert_close(fused[1], layers[1](x[1])[0], rtol=1e-5, atol=1e-6)
+    assert (fused[0] - fused[1]).abs().max() > 1e-2
 
 
 # --------------------------------------------------------------------------------------
