@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -115,12 +115,18 @@ class FusionSpec(_Strict):
     """Member trials of one precision that train as one group trial, fused
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
-    (they differ only in what members may: lr, weight decay, the position scale;
-    ``trainables.group.member_settings``). Forecast families only (rl families run
+    (they differ only in what members may: lr, weight decay, and the family's own, such as
+    the position scale and dropout rates; ``trainables.group.member_settings``). Forecast families only (rl families run
     ungrouped). Compare mode groups further configurations only where the space searches
     nothing else: its statistics take configurations as independent draws, so it never
     holds a searched shape. With ``resources.gpu = "measured"`` a group trial's share is
     profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
+    batches: dict[str, Annotated[int, Field(ge=1)]] | None = None
+    """Recorded by ``hpo sweep`` when the sweep starts, not written by hand: for each model
+    whose trials group, how many configurations of one shape its searcher asks at a time
+    (:meth:`SweepSpec.batch_size`). A resumed sweep groups as it started, whatever a later
+    version would decide (one whose families let members differ in more settings would
+    otherwise form groups, and ASHA rungs per member, midway through a sweep)."""
 
 
 class SweepSpec(_Strict):
@@ -251,6 +257,8 @@ class SweepSpec(_Strict):
         """Whether ``model``'s trials train in group trials: a group size over 1 and a
         family that fuses (rl families never group; a family whose module does not import
         where a sweep is read back counts as ungrouped)."""
+        if self.fusion.batches is not None:
+            return model in self.fusion.batches  # as the sweep decided when it started
         try:
             family = get_family(model)
         except FamilyError:
@@ -268,6 +276,8 @@ class SweepSpec(_Strict):
         configurations)."""
         if not self.groups(model):
             return 1
+        if self.fusion.batches is not None:
+            return self.fusion.batches[model]
         from hpo.search.space import trial_space
         from trainables.group import member_settings
 
@@ -281,6 +291,12 @@ class SweepSpec(_Strict):
         if self.compare and any(key not in varying for key in dims):
             return 1
         return max(1, self.group_size // len(self.seeds))
+
+    def with_grouping_recorded(self) -> SweepSpec:
+        """This spec with its grouping decided (``fusion.batches``), as a sweep records it."""
+        batches = {model: self.batch_size(model) for model in self.models if self.groups(model)}
+        fusion = self.fusion.model_copy(update={"batches": batches})
+        return self.model_copy(update={"fusion": fusion})
 
     def members_per_group(self, model: str) -> int:
         """Members of ``model``'s largest group trial (1: its trials run alone): a batch's

@@ -315,6 +315,8 @@ def run_sweep(
 
     from hpo.tracking import start_sweep_run
 
+    # Decided once and recorded: a resumed sweep groups its trials as it started.
+    spec = spec.with_grouping_recorded()
     storage = SweepLocation.parse(spec.storage)
     sweep_dir = storage.child(spec.name)
     if sweep_dir.exists(SWEEP_FILE):

@@ -11,7 +11,7 @@ metric values.
 Group trials (``fusion.group_size`` K > 1, a family that fuses): a search stream asks
 for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.batch_size`), the
 first searched whole and the others with every setting but those members may differ in
-(:func:`trainables.group.member_settings`: seed, lr, weight decay, the position scale)
+(:func:`trainables.group.member_settings`: seed, lr, weight decay, the family's own)
 held at the first's; a batch's members of one precision (configurations x seeds, at most
 K, split evenly) train as one group trial. Compare mode holds nothing: it groups the
 seeds of each configuration, and batches configurations only where nothing else is

@@ -123,6 +123,9 @@ def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) ->
     assert "9 trials as 2 Tune trials (groups of up to 8)" in printed
     assert "asha per member" in printed and "group of 8 (g000-f32-s0, g001-f32-s0," in printed
 
+    # The grouping is recorded with the sweep: a resume groups as it started.
+    assert SweepRecord.read(sweep_dir, check_data=False).spec.fusion.batches == {"kan": 8}
+
     decisions = rung_decisions(sweep_dir)
     assert len(decisions[1]) == 9  # every member judged at the first rung
     stopped = [k for d in decisions.values() for k, keep in d.items() if not keep]

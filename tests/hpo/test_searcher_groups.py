@@ -6,6 +6,7 @@ largest group is (what a measured share is profiled for)."""
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import pytest
@@ -218,7 +219,7 @@ def test_a_sweep_recorded_before_group_trials_resumes_ungrouped(tmp_path: Any) -
     spec = parse_spec(payload)
     assert spec.group_size == DEFAULT_GROUP_SIZE  # a new sweep groups
     # The spec a new sweep records names its group size: a later default cannot change it.
-    assert spec.model_dump()["fusion"] == {"group_size": DEFAULT_GROUP_SIZE}
+    assert spec.model_dump()["fusion"]["group_size"] == DEFAULT_GROUP_SIZE
     # Measured shares are profiled for the fused group: a measured sweep groups too.
     assert parse_spec({**payload, "resources": {"gpu": "measured"}}).group_size == 8
     # A record written before [fusion] existed: its trials ran alone, and resume alone.
@@ -285,3 +286,30 @@ def test_members_per_group_is_the_largest_group_the_searcher_forms() -> None:
     assert _spec().members_per_group("kan") == 2  # compare: 3 seeds by 2 -> 2 and 1
     assert _spec(**{**search, "samples": 1, "seeds": [0]}).members_per_group("kan") == 1
     assert spec.members_per_group("dqn") == 1  # rl: alone
+
+
+def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> None:
+    """A sweep records how it groups (``fusion.batches``) when it starts; read back, the
+    spec groups as recorded. A sweep started by a version that asked one configuration at
+    a time does not start grouping configurations (and ASHA per member) on resume because
+    this version lets members differ in more settings."""
+    search = {
+        "models": ["kan"],
+        "compare": False,
+        "scheduler": "asha",
+        "samples": 4,
+        "seeds": [0],
+        "precisions": ["f32"],
+    }
+    spec = _spec(**search, fusion={"group_size": 8})
+    assert spec.batch_size("kan") == 8 and spec.asha_per_member  # this version batches
+    assert spec.with_grouping_recorded().fusion.batches == {"kan": 8}
+
+    older = _spec(**search, fusion={"group_size": 8, "batches": {"kan": 1}})
+    assert older.batch_size("kan") == 1 and not older.forms_groups
+    assert not older.asha_per_member  # the Tune ASHA scheduler it started with
+    searcher = pickle.loads(pickle.dumps(SweepSearcher(older)))  # as Tune restores it
+    assert searcher.batch == {"kan": 1}
+    trials = _all_suggestions(searcher)
+    assert len(trials) == 4 and not any(is_group_trial(t) for t in trials.values())
+    assert not _spec(**search, fusion={"group_size": 8, "batches": {}}).groups("kan")
