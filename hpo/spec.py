@@ -116,8 +116,8 @@ class FusionSpec(_Strict):
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
     (they differ only in what members may: lr, weight decay, and the family's own, such as
-    the position scale and dropout rates; ``trainables.group.member_settings``). Forecast families only (rl families run
-    ungrouped). Compare mode groups further configurations only where the space searches
+    the position scale and dropout rates; ``trainables.group.member_settings``). Forecast
+    families only (rl families run ungrouped). Compare mode groups further configurations only where the space searches
     nothing else: its statistics take configurations as independent draws, so it never
     holds a searched shape. With ``resources.gpu = "measured"`` a group trial's share is
     profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
@@ -240,6 +240,17 @@ class SweepSpec(_Strict):
                 raise ValueError(
                     f"search_space.{model}: not one of this sweep's models {self.models}"
                 )
+        for model, batch in (self.fusion.batches or {}).items():
+            if model not in self.models:
+                raise ValueError(
+                    f"fusion.batches.{model}: not one of this sweep's models {self.models}"
+                )
+            if batch > self.group_size:
+                raise ValueError(
+                    f"fusion.batches.{model} = {batch} is over fusion.group_size "
+                    f"({self.group_size}): a batch's configurations share groups of at most "
+                    "that many members"
+                )
         return self
 
     # -- derived ---------------------------------------------------------------------------
@@ -254,23 +265,27 @@ class SweepSpec(_Strict):
         return self.fusion.group_size
 
     def groups(self, model: str) -> bool:
-        """Whether ``model``'s trials train in group trials: a group size over 1 and a
-        family that fuses (rl families never group; a family whose module does not import
-        where a sweep is read back counts as ungrouped)."""
-        if self.fusion.batches is not None:
-            return model in self.fusion.batches  # as the sweep decided when it started
+        """Whether ``model``'s trials train in group trials: a family that fuses (rl
+        families never group; a family whose module does not import where a sweep is read
+        back counts as ungrouped) and a group size over 1, or, in a sweep's record, a
+        batch recorded for it (``fusion.batches``)."""
         try:
             family = get_family(model)
         except FamilyError:
             return False
-        return self.group_size > 1 and family.kind != "rl" and family.fuses
+        if family.kind == "rl" or not family.fuses:
+            return False
+        if self.fusion.batches is not None:
+            return model in self.fusion.batches  # as the sweep decided when it started
+        return self.group_size > 1
 
     def batch_size(self, model: str) -> int:
         """Configurations of one shape the searcher asks for ``model`` at a time: as many
         as fit a group beside their seeds, where a setting members may differ in is
-        searched (lr, weight decay, the position scale:
-        :func:`trainables.group.member_settings`); 1 otherwise. Compare mode batches only
-        where the space searches nothing else: every draw then has the batch's shape
+        searched (lr, weight decay, the family's own:
+        :func:`trainables.group.member_settings`); 1 otherwise; in a sweep's record, as
+        recorded (``fusion.batches``). Compare mode batches only where the space searches
+        nothing else: every draw then has the batch's shape
         without holding it, and each configuration stays an independent draw of the
         space, as its statistics take it (holding a searched shape would correlate the
         configurations)."""

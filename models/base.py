@@ -304,9 +304,11 @@ class Family:
     """Settings the members of a group trial may differ in: ones the fused training step
     never reads (the position scale, read only where positions are taken, by each member's
     own module; an initialization range, read only when a member's module is built) and
-    dropout rates, which the step reads per member (every dropout the setting feeds is a
-    :class:`models.ops.Dropout`). Each member evaluates and saves with its own values.
-    Empty: members share every model setting. Checked per family by
+    ones it reads per member, as a tensor: a dropout rate (every dropout the setting feeds
+    is a :class:`models.ops.Dropout`), a loss weight the module also holds as a 0-d buffer
+    named in ``setting_buffers`` and reads through :func:`models.ops.per_member`, a buffer
+    derived from the setting (a noise schedule). Each member evaluates and saves with its
+    own values. Empty: members share every model setting. Checked per family by
     tests/trainables/test_group.py (members that differ in them train as they would
     alone; a member without dropout beside one with it, as it would alone)."""
     fusable: bool | None = None

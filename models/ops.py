@@ -88,7 +88,7 @@ class Dropout(torch.nn.Dropout):
             return super().forward(x) if self.p > 0 else x
         # Inverted dropout at this member's rate (a rate of 0 keeps every unit, exactly).
         keep = torch.rand_like(x, dtype=F32) >= self.rate
-        return x * keep / like(1 - self.rate, x)
+        return x * like(keep / (1 - self.rate), x)  # the f32 scale, rounded once
 
 
 # ----------------------------------------------------------------------------------------

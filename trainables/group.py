@@ -3,10 +3,10 @@
     group = TrainerGroup([config.replace(seed=s) for s in (0, 1, 2)])
     group.fit()  # every member's history; member k's checkpoint: group.members[k].save(dir)
 
-A group's members are trials that share every setting a training step reads (family,
-model settings, precision, data, lookback, batch size, steps, clipping, epochs) and may
-differ in :func:`member_settings` (seed, lr, weight decay, the family's own: the position
-scale, dropout rates, loss weights). Each
+A group's members are trials that share every setting that shapes a training step
+(family, model settings, precision, data, lookback, batch size, steps, clipping, epochs)
+and may differ in :func:`member_settings` (seed, lr, weight decay, the family's own: the
+position scale, dropout rates, loss weights, which the step reads per member). Each
 member is a whole :class:`~trainables.trainer.Trainer` (its folds, history, evaluation,
 checkpoint); one :class:`~trainables.trainer.Fusion` trains all members' folds as one
 vmapped model, with lr and weight decay per member in the fused optimizer. A member's

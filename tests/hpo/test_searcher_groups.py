@@ -177,9 +177,16 @@ def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_s
     assert drawn(trials) == drawn(alone) and len(drawn(trials)) == 4
 
 
-def test_a_search_that_holds_lr_and_weight_decay_asks_one_configuration_at_a_time() -> None:
-    # Nothing members may differ in is searched (lr, weight decay, kan's position scale): a
-    # batch of one shape would be K copies of one configuration. Each configuration is asked alone (its seeds still group).
+def test_a_search_that_holds_every_member_setting_asks_one_configuration_at_a_time() -> None:
+    # Nothing members may differ in is searched (lr, weight decay, kan's own member
+    # settings): a batch of one shape would be K copies of one configuration. Each
+    # configuration is asked alone (its seeds still group).
+    default = get_family("kan").default_config()
+    held = {
+        key: getattr(default, key) if hasattr(default, key) else {"lr": 1e-3}.get(key, 0.0)
+        for key in member_settings(get_family("kan")) - {"seed"}
+    }
+    assert {"lr", "weight_decay", "position_scale", "reg_lambda"} <= set(held)
     spec = _spec(
         models=["kan"],
         compare=False,
@@ -188,7 +195,7 @@ def test_a_search_that_holds_lr_and_weight_decay_asks_one_configuration_at_a_tim
         samples=3,
         precisions=["f32"],
         fusion={"group_size": 8},
-        search_space={"kan": {"lr": 1e-3, "weight_decay": 0.0, "position_scale": 4.0}},
+        search_space={"kan": held},
     )
     assert spec.batch_size("kan") == 1 and not spec.forms_groups
     trials = _all_suggestions(SweepSearcher(spec))
@@ -313,3 +320,14 @@ def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> Non
     trials = _all_suggestions(searcher)
     assert len(trials) == 4 and not any(is_group_trial(t) for t in trials.values())
     assert not _spec(**search, fusion={"group_size": 8, "batches": {}}).groups("kan")
+
+
+def test_recorded_batches_name_this_sweeps_models_and_fit_its_groups() -> None:
+    from hpo.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"fusion.batches.tft: not one of this sweep's models"):
+        _spec(fusion={"group_size": 8, "batches": {"tft": 2}})
+    with pytest.raises(SpecError, match=r"fusion.batches.kan = 9 is over fusion.group_size"):
+        _spec(fusion={"group_size": 8, "batches": {"kan": 9}})
+    recorded = _spec(fusion={"group_size": 8, "batches": {"kan": 2, "dqn": 2}})
+    assert recorded.groups("kan") and not recorded.groups("dqn")  # rl never groups

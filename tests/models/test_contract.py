@@ -615,3 +615,31 @@ def test_settings_that_change_a_modules_shape_are_declared(model: str) -> None:
             undeclared.append(name)
     assert not undeclared, f"{model}: {undeclared} change the module's shapes"
     assert family.shape_settings <= set(family.config_fields())
+
+
+@pytest.mark.parametrize("model", [m for m in FORECAST if get_family(m).fuses])
+def test_settings_fused_members_read_per_member_are_tensors_no_checkpoint_holds(
+    model: str,
+) -> None:
+    """Members may differ in a dropout rate only where every dropout is
+    ``models.ops.Dropout`` (a plain ``nn.Dropout`` keeps its rate in Python, the first
+    member's for all). A setting buffer (``setting_buffers``) is 0-d, kept f32 and not
+    saved: checkpoints stay what they were."""
+    family = get_family(model)
+    module = family.build(
+        family.make_config(dict(TINY[model])), DataShape(n_features=6, lookback=16, n_assets=2)
+    )
+    plain = [n for n, m in module.named_modules() if type(m) is torch.nn.Dropout]
+    assert not plain, f"{model}: plain nn.Dropout at {plain}"
+    settings = setting_buffers(module)
+    if any("dropout" in name for name in family.member_settings):
+        assert any(name.endswith(".rate") for name in settings)
+    buffers = dict(module.named_buffers())
+    kept = {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, sub in module.named_modules()
+        for name in getattr(sub, "keep_f32", ())
+    }
+    for name in settings:
+        assert buffers[name].dim() == 0 and buffers[name].dtype == F32, name
+        assert name in kept and name not in module.state_dict(), name

@@ -33,7 +33,7 @@ from trainables import trainer as trainer_module
 from trainables.config import DataConfig, TrainConfig
 from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.optim import GuardedAdamW
-from trainables.precision import BF16, F32, LossScaler, StepGuard
+from trainables.precision import BF16, F32, LossScaler, StepGuard, get_policy
 from trainables.trainer import Trainer, fuse_plan
 
 CPU = torch.device("cpu")
@@ -228,11 +228,15 @@ def test_members_that_differ_in_a_dropout_rate_each_drop_at_their_own(
     dtype: torch.dtype,
 ) -> None:
     """The rates reach the vmap per member: member k zeroes a fraction ``rate_k`` of its
-    units and scales the rest by 1 / (1 - rate_k); a member at 0 keeps its input exactly.
-    Members at one rate read it unbatched (nn.Dropout's own path)."""
+    units and scales the rest by 1 / (1 - rate_k) (rounded once to the dtype); a member at
+    0 keeps its input exactly. Members at one rate read it unbatched (nn.Dropout's own
+    path). The policy keeps the rates f32."""
     torch.manual_seed(0)
-    rates = [0.5, 0.0, 0.2]
-    stacked = StackedModules([_Dropping(rate).to(dtype) for rate in rates]).train()
+    rates = [0.5, 0.0, 0.3]
+    policy = get_policy("bf16" if dtype == BF16 else "f32")
+    modules = [policy.convert_module(_Dropping(rate)) for rate in rates]
+    assert all(m.drop.rate.dtype == F32 and m.scale.dtype == dtype for m in modules)
+    stacked = StackedModules(modules).train()
     assert stacked.shared_settings == set()
     x = torch.ones(3, 20_000, dtype=dtype)
     out = stacked.loss(Batch(x=x, y=x, gaps=x))
@@ -240,12 +244,46 @@ def test_members_that_differ_in_a_dropout_rate_each_drop_at_their_own(
     for member, rate in zip(out, rates, strict=True):
         dropped = float((member == 0).float().mean())
         assert dropped == pytest.approx(rate, abs=0.015)
-        assert member[member != 0].unique().tolist() == [pytest.approx(1 / (1 - rate))]
+        scale = torch.tensor(1 / (1 - rate), dtype=F32).to(dtype).item()
+        assert member[member != 0].unique().tolist() == [scale]
     same = StackedModules([_Dropping(0.3), _Dropping(0.3)]).train()
     assert same.shared_settings == {"drop.rate"}
     out = same.loss(Batch(x=x[:2].float(), y=x[:2], gaps=x[:2]))
     assert [float((m == 0).float().mean()) for m in out] == [pytest.approx(0.3, abs=0.015)] * 2
     assert not torch.equal(out[0], out[1])  # each member its own mask
+
+
+@pytest.mark.parametrize(
+    ("family", "settings"),
+    [
+        (
+            "kan",
+            [{"reg_lambda": 1e-5, "reg_entropy": 0.0}, {"reg_lambda": 1e-2, "reg_entropy": 2.0}],
+        ),
+        ("tggn", [{"beta": 0.0, "dropout": 0.0}, {"beta": 0.5, "dropout": 0.0}]),
+    ],
+)
+def test_members_that_differ_in_a_loss_weight_each_compute_their_own_loss(
+    family: str, settings: list[dict[str, Any]]
+) -> None:
+    """KAN's regularization weights and tggn's beta reach the fused step per member: each
+    member's fused loss is its module's loss alone (same weights, own settings)."""
+    spec = get_family(family)
+    trainer = _trainer(family, fuse="off")
+    shape = trainer.folds[0].model
+    modules = []
+    for values in settings:
+        module = spec.build(spec.make_config({**TINY[family], **values}), trainer.shape)
+        module.load_state_dict(shape.state_dict())
+        modules.append(module)
+    stacked = StackedModules(modules)
+    assert all(n.endswith(".rate") for n in stacked.shared_settings)  # dropout, equal
+    batch = trainer.folds[0].data.batch(torch.arange(16))
+    stacked_batch = Batch(*(torch.stack([t, t]) for t in (batch.x, batch.y, batch.gaps)))
+    fused = stacked.loss(stacked_batch)
+    alone = torch.stack([m.loss(batch) for m in modules])
+    torch.testing.assert_close(fused, alone, rtol=1e-6, atol=0)
+    assert not torch.equal(alone[0], alone[1])  # the settings matter to the loss
 
 
 def test_a_recurrent_layer_drops_between_layers_at_each_members_rate() -> None:
