@@ -283,16 +283,20 @@ class SweepSpec(_Strict):
         """Configurations of one shape the searcher asks for ``model`` at a time: as many
         as fit a group beside their seeds, where a setting members may differ in is
         searched (lr, weight decay, the family's own:
-        :func:`trainables.group.member_settings`); 1 otherwise; in a sweep's record, as
-        recorded (``fusion.batches``). Compare mode batches only where the space searches
-        nothing else: every draw then has the batch's shape
+        :func:`trainables.group.member_settings`); 1 otherwise. Compare mode batches only
+        where the space searches nothing else: every draw then has the batch's shape
         without holding it, and each configuration stays an independent draw of the
         space, as its statistics take it (holding a searched shape would correlate the
-        configurations)."""
+        configurations). In a sweep's record, as recorded (``fusion.batches``) but never
+        more than this version decides: a batch it cannot hold to one shape would form
+        groups whose members differ in a shape."""
         if not self.groups(model):
             return 1
-        if self.fusion.batches is not None:
-            return self.fusion.batches[model]
+        decided = self._batch_size(model)
+        recorded = (self.fusion.batches or {}).get(model)
+        return decided if recorded is None else min(recorded, decided)
+
+    def _batch_size(self, model: str) -> int:
         from hpo.search.space import trial_space
         from trainables.group import member_settings
 

@@ -331,3 +331,18 @@ def test_recorded_batches_name_this_sweeps_models_and_fit_its_groups() -> None:
         _spec(fusion={"group_size": 8, "batches": {"kan": 9}})
     recorded = _spec(fusion={"group_size": 8, "batches": {"kan": 2, "dqn": 2}})
     assert recorded.groups("kan") and not recorded.groups("dqn")  # rl never groups
+
+
+def test_a_recorded_batch_is_never_more_than_this_version_can_hold_to_one_shape() -> None:
+    # A compare sweep searching a shape setting asks one configuration at a time; a batch
+    # of 4 written into its spec would group configurations of different widths.
+    spec = _spec(
+        models=["kan"],
+        fusion={"group_size": 8, "batches": {"kan": 4}},
+        search_space={"kan": {"width": {"choices": [4, 8]}}},
+    )
+    assert spec.batch_size("kan") == 1
+    trials = _all_suggestions(SweepSearcher(spec))
+    for trial in trials.values():
+        if is_group_trial(trial):
+            assert len({m["config_id"] for m in trial[GROUP_KEY]}) == 1  # seeds of one
