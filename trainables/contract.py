@@ -35,7 +35,7 @@ from models import FamilyError, get_family
 from models.base import ForecastModel, RLLearner
 from trainables.checkpoint import load_checkpoint
 from trainables.config import DataConfig, TrainConfig
-from trainables.precision import BF16, F32, KEEP_F32_ATTR
+from trainables.precision import BF16, F32, keep_f32_names
 from trainables.trainer import Trainer
 
 POLICIES = ("f32", "bf16", "bf16-mixed", "fp16-mixed")
@@ -90,14 +90,6 @@ def fold_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     }
 
 
-def _keep_f32(module: torch.nn.Module) -> set[str]:
-    names = set()
-    for prefix, sub in module.named_modules():
-        for name in getattr(sub, KEEP_F32_ATTR, ()):
-            names.add(f"{prefix}.{name}" if prefix else name)
-    return names
-
-
 # --------------------------------------------------------------------------------------
 # the checks
 
@@ -117,7 +109,7 @@ def check_policy(family_ref: str, policy: str, directory: Path | None = None) ->
     family = get_family(family_ref)
     probe = Trainer(tiny_config(family_ref, policy))
     run = probe.folds[0]
-    keep = _keep_f32(run.model)
+    keep = keep_f32_names(run.model)
     for name, p in run.model.named_parameters():
         expected = BF16 if policy == "bf16" and name not in keep else F32
         _require(p.dtype == expected, f"{policy}: {name} is {p.dtype}, the policy holds {expected}")

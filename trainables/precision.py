@@ -283,7 +283,7 @@ class PrecisionPolicy:
         module.to(self.device)
         if self.param_dtype == F32:
             return module
-        keep = _keep_f32_names(module)
+        keep = keep_f32_names(module)
         for name, tensor in _floating_tensors(module):
             if name not in keep:
                 tensor.data = tensor.data.to(self.param_dtype)
@@ -538,7 +538,8 @@ def _floating_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, buf
 
 
-def _keep_f32_names(module: nn.Module) -> set[str]:
+def keep_f32_names(module: nn.Module) -> set[str]:
+    """Dotted names of the tensors ``module``'s submodules list in ``keep_f32``."""
     keep: set[str] = set()
     for prefix, sub in module.named_modules():
         for name in getattr(sub, KEEP_F32_ATTR, ()):

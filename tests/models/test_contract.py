@@ -46,7 +46,14 @@ from models.base import (
 from tests.models.learning import LEARNING
 from trainables.contract import check_learning, check_policy
 from trainables.members import setting_buffers
-from trainables.precision import BF16, F32, StepGuard, floating_dtypes, get_policy
+from trainables.precision import (
+    BF16,
+    F32,
+    StepGuard,
+    floating_dtypes,
+    get_policy,
+    keep_f32_names,
+)
 
 POLICIES = ("f32", "bf16", "bf16-mixed", "fp16-mixed")
 
@@ -635,11 +642,7 @@ def test_settings_fused_members_read_per_member_are_tensors_no_checkpoint_holds(
     if any("dropout" in name for name in family.member_settings):
         assert any(name.endswith(".rate") for name in settings)
     buffers = dict(module.named_buffers())
-    kept = {
-        f"{prefix}.{name}" if prefix else name
-        for prefix, sub in module.named_modules()
-        for name in getattr(sub, "keep_f32", ())
-    }
+    kept = keep_f32_names(module)
     for name in settings:
         assert buffers[name].dim() == 0 and buffers[name].dtype == F32, name
         assert name in kept and name not in module.state_dict(), name
