@@ -331,6 +331,26 @@ def sweep_outcome(results: Any) -> dict[str, Any]:
     }
 
 
+HOLD_S = 60.0  # the longest a trained trial waits for the sweep's others to train
+
+
+def hold_until_all_trained(folder: Path, trial: str, n_trials: int, hold_s: float) -> None:
+    """Marks this trial trained and waits (at most ``hold_s``) until all ``n_trials`` are.
+
+    A trial keeps its GPU share while it waits, so the sweep's "at most N at once" counts
+    the trials Ray admitted together, not those whose short runs happened to overlap: a
+    smoke trial trains in seconds, about what a loaded machine takes to start the next
+    trial's worker. Trials Ray could not admit together still run one after another (the
+    first waits ``hold_s`` in vain), and the count says so."""
+    import time as clock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / trial.replace("/", "-")).touch()
+    deadline = clock.monotonic() + hold_s
+    while sum(1 for _ in folder.iterdir()) < n_trials and clock.monotonic() < deadline:
+        clock.sleep(0.1)
+
+
 def _bench_trial(config: dict[str, Any]) -> None:
     import time as clock
 
@@ -341,6 +361,9 @@ def _bench_trial(config: dict[str, Any]) -> None:
 
     start = clock.time()
     run_trial(config["trial"], PackedShare())
+    hold, trial = config["hold"], config["trial"]
+    name = f"{trial['model']}-{trial['member']}"
+    hold_until_all_trained(Path(hold["dir"]), name, hold["n"], hold["s"])
     tune.report({"start": start, "end": clock.time(), "done": 1})
 
 
@@ -394,9 +417,10 @@ def packed_sweep(
     started = time.perf_counter()
     rows = plan_rows(packer, [t.train_config() for t in trials])
     left = None if deadline is None else max(30.0, deadline - time.perf_counter())
+    hold = {"dir": str(storage / "trained"), "n": len(trials), "s": min(HOLD_S, left or HOLD_S)}
     tuner = tune.Tuner(
         tune.with_resources(_bench_trial, _TrialOf(packer)),
-        param_space={"trial": tune.grid_search([t.to_dict() for t in trials])},
+        param_space={"trial": tune.grid_search([t.to_dict() for t in trials]), "hold": hold},
         tune_config=tune.TuneConfig(time_budget_s=left),
         run_config=tune.RunConfig(name="gpu-packing", storage_path=str(storage), verbose=0),
     )

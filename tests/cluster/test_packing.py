@@ -392,6 +392,42 @@ def test_the_bench_sweep_counts_an_oom_reported_before_the_trials_last_result() 
     ]
 
 
+def test_the_bench_sweep_counts_trials_admitted_together_whose_runs_did_not_overlap(
+    tmp_path: Path,
+) -> None:
+    """A smoke trial trains in about the time a loaded machine takes to start the next
+    trial's worker: a CI run counted 1 at once where Ray ran 2. Each trial now waits, once
+    trained, for the others, so trials admitted together overlap; one that no other joins
+    waits its hold and ends."""
+    import threading
+    import time
+
+    bench = load_bench()
+    spans: dict[str, tuple[float, float]] = {}
+
+    def trial(name: str, late_s: float) -> None:
+        time.sleep(late_s)  # its worker starts late
+        start = time.time()
+        time.sleep(0.05)  # trains
+        bench.hold_until_all_trained(tmp_path / "trained", name, n_trials=2, hold_s=30.0)
+        spans[name] = (start, time.time())
+
+    runs = [threading.Thread(target=trial, args=a) for a in (("tft-f32/0", 0.0), ("b", 0.5))]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    outcome = bench.sweep_outcome(
+        _Results([[{"start": s, "end": e, "done": 1}] for s, e in spans.values()], [None] * 2)
+    )
+    assert outcome["most_at_once"] == 2
+    assert spans["tft-f32/0"][1] - spans["tft-f32/0"][0] < 10.0  # released, not timed out
+
+    started = time.monotonic()
+    bench.hold_until_all_trained(tmp_path / "alone", "only", n_trials=2, hold_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5.0
+
+
 def test_benchmark_times_fused_members_against_the_folds_one_by_one(tmp_path: Path) -> None:
     """The GPU run's fused-member rows, on CPU with smoke sizes: one row per K, both sides
     timed, written with the others."""
