@@ -24,6 +24,9 @@ of each of a trial's K folds) fused (``trainer.fuse = "on"``: one vmapped step o
 folds) against the same K folds stepped one after another (``fuse = "off"``), through the
 trainer's own step code: ops, ms, and their ratios fused / unfused. Sizes are the
 families' tiny sizes (``Family.tiny``) (``--size default`` for the adapters' defaults).
+Fused, tft's LSTM and the diffusion's GRU run as a loop over bars on a CPU and as one
+block-diagonal layer on a GPU (``models.ops``); ``--recurrent gpu`` runs the GPU's form
+here, to count its ops.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import models.ops
 from models import family_names, get_family
 from models.base import RLLearner
 from trainables.config import DataConfig, build_train_config
@@ -299,6 +303,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--size", choices=("tiny", "default"), default="tiny", help="--members model sizes"
     )
+    parser.add_argument(
+        "--recurrent",
+        choices=("device", "gpu"),
+        default="device",
+        help="--members: the fused LSTM/GRU form this device runs (a CPU: a loop over "
+        "bars), or the one a GPU runs (one block-diagonal layer) to count its ops here",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.members:
@@ -327,6 +338,8 @@ def members_main(args: argparse.Namespace) -> None:
     else:
         families = args.families or forecast
         policies, steps, repeats = tuple(args.policies), args.steps, args.repeats
+    if args.recurrent == "gpu":  # the device fact that picks the fused recurrent form
+        models.ops.BLOCK_DIAGONAL_MAX_UNITS["cpu"] = models.ops.BLOCK_DIAGONAL_MAX_UNITS["cuda"]
     print(MEMBERS_HEADER, flush=True)
     for family in families:
         for policy in policies:

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 from torch.func import vmap
+from torch.utils._pytree import tree_leaves
 
+import models.ops
 from models import get_family
 from models.base import Batch
 from models.ops import GRU, LSTM, Dropout
@@ -43,6 +46,9 @@ FORECAST = ("tft", "mamba2", "tggn", "tlob", "liquid", "kan", "xlstm", "diffusio
 # xlstm's attention and gates), so f32 weights agree to 1e-5 for most and 1e-4 for those
 # two after 20 steps; low-precision policies to a few bf16/fp16 ulps of drift.
 F32_TOLERANCE = {"tlob": 1e-4, "xlstm": 1e-4}
+# tft's LSTM and the diffusion's GRU run fused as one block-diagonal layer on a GPU and as
+# a loop over bars on a CPU: the family checks run both (the GPU's by its device fact).
+FUSED_CASES = (*FORECAST, "tft+block-diagonal", "diffusion+block-diagonal")
 LOW_PRECISION_TOLERANCE = 3e-2
 
 
@@ -192,23 +198,91 @@ def test_the_members_are_views_of_the_stacked_tensors() -> None:
     assert torch.equal(own, before[1] + 1.0)
 
 
+def _block_diagonal_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device fact that picks the recurrent layers' fused form: the GPU's, here."""
+    most = models.ops.BLOCK_DIAGONAL_MAX_UNITS["cuda"]
+    monkeypatch.setitem(models.ops.BLOCK_DIAGONAL_MAX_UNITS, "cpu", most)
+
+
+@pytest.mark.parametrize("form", ["block-diagonal", "loop"])
 @pytest.mark.parametrize("rnn", [LSTM, GRU])
-def test_the_loop_forms_under_vmap_compute_torchs_recurrent_layers(rnn: type) -> None:
-    """Under vmap (where aten::lstm / aten::gru have no batching rule) the layers run as a
-    loop over bars; member k's output is torch's layer's with member k's weights."""
+def test_fused_recurrent_layers_compute_torchs_layers(
+    rnn: type, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under vmap (where aten::lstm / aten::gru have no batching rule) member k's output,
+    last state and gradients are torch's layer's with member k's weights and state. On a
+    GPU narrow members run as one torch layer per layer (block-diagonal weights), on a CPU
+    as a loop over bars."""
+    if form == "block-diagonal":
+        _block_diagonal_on_cpu(monkeypatch)
+    else:  # what a CPU runs; a GPU too where members are wide
+        assert "cpu" not in models.ops.BLOCK_DIAGONAL_MAX_UNITS
     torch.manual_seed(0)
     layers = [rnn(3, 4, num_layers=2, batch_first=True) for _ in range(2)]
     stacked = StackedModules(layers)
     x = torch.randn(2, 5, 7, 3)  # (K, N, L, F)
-    params = {n: p for n, p in zip(stacked.names, stacked.stacked, strict=True)}
+    h0 = torch.randn(2, 2, 5, 4)  # (K, layers, N, H)
+    state = (h0, torch.randn_like(h0)) if rnn is LSTM else h0
+    stacked_params = zip(stacked.names, stacked.stacked, strict=True)
+    params = {n: p.detach().requires_grad_() for n, p in stacked_params}
 
-    def run(p: dict[str, torch.Tensor], xs: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(layers[0], p, (xs,))[0]
+    def run(p: dict[str, torch.Tensor], xs: torch.Tensor, hx: Any) -> Any:
+        return torch.func.functional_call(layers[0], p, (xs, hx))
 
-    fused = vmap(run)(params, x)
+    with torch.profiler.profile() as prof:
+        fused, fused_last = vmap(run)(params, x, state)
+    torch.autograd.backward([fused.square().sum()])
+    kind = "aten::lstm" if rnn is LSTM else "aten::gru"
+    calls = sum(e.name == kind for e in prof.events())
+    assert calls == (2 if form == "block-diagonal" else 0)  # one per layer for 2 members
     for k, layer in enumerate(layers):
-        alone, _ = layer(x[k])
-        torch.testing.assert_close(fused[k], alone, rtol=1e-5, atol=1e-6)
+        member_state = (state[0][k], state[1][k]) if rnn is LSTM else state[k]
+        alone, alone_last = layer(x[k], member_state)
+        alone.square().sum().backward()
+        torch.testing.assert_close(fused[k], alone, rtol=1e-6, atol=1e-7)
+        for mine, torchs in zip(tree_leaves(fused_last), tree_leaves(alone_last), strict=True):
+            torch.testing.assert_close(mine[k], torchs, rtol=1e-6, atol=1e-7)
+        for name, param in layer.named_parameters():
+            assert param.grad is not None
+            torch.testing.assert_close(params[name].grad[k], param.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rnn", [LSTM, GRU])
+def test_a_non_finite_member_leaves_the_others_of_a_block_diagonal_layer_alone(
+    rnn: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zero blocks put every member's values into the others' sums (0 * inf = nan).
+    A member with an inf input leaves the layer NaN, and one whose outgoing gradient is
+    NaN gets NaN gradients; the other member's output and gradients are torch's layer's,
+    bit for bit as without the bad member."""
+    _block_diagonal_on_cpu(monkeypatch)
+    torch.manual_seed(0)
+    layers = [rnn(3, 4, batch_first=True) for _ in range(2)]
+    stacked = StackedModules(layers)
+    x = torch.randn(2, 5, 7, 3)
+
+    def fused_run(xs: torch.Tensor, outgoing: torch.Tensor) -> dict[str, torch.Tensor]:
+        stacked_params = zip(stacked.names, stacked.stacked, strict=True)
+        params = {n: p.detach().clone().requires_grad_() for n, p in stacked_params}
+
+        def run(p: dict[str, torch.Tensor], member_x: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(layers[0], p, (member_x,))[0]
+
+        out = vmap(run)(params, xs)
+        (out.nan_to_num() * outgoing).sum().backward()
+        return {"out": out, **{n: p.grad for n, p in params.items()}}
+
+    clean = fused_run(x, torch.ones(2, 5, 7, 4))
+    bad_input = x.clone()
+    bad_input[1, 2, 3, 0] = math.inf
+    bad_grad = torch.ones(2, 5, 7, 4)
+    bad_grad[1, 0, 6, 1] = math.nan
+    for result in (fused_run(bad_input, torch.ones(2, 5, 7, 4)), fused_run(x, bad_grad)):
+        for name, value in result.items():
+            assert torch.equal(value[0], clean[name][0]), name
+    assert fused_run(bad_input, torch.ones(2, 5, 7, 4))["out"][1].isnan().all()
+    grads = fused_run(x, bad_grad)
+    assert all(grads[name][1].isnan().all() for name in stacked.names)
 
 
 class _Dropping(nn.Module):
@@ -329,16 +403,24 @@ def _deterministic_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "randn_like", randn_like)
 
 
+def _family_in_its_form(case: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    family, _, form = case.partition("+")
+    if form == "block-diagonal":
+        _block_diagonal_on_cpu(monkeypatch)
+    return family
+
+
 def _weights(trainer: Trainer, k: int) -> torch.Tensor:
     return torch.cat([p.detach().float().flatten() for p in trainer.folds[k].model.parameters()])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("family", FORECAST)
+@pytest.mark.parametrize("case", FUSED_CASES)
 def test_a_fused_fold_trains_as_the_unfused_fold(
-    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+    case: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    family = _family_in_its_form(case, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     runs = {}
@@ -380,12 +462,13 @@ def test_folds_of_different_lengths_step_as_often_as_unfused() -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("family", FORECAST)
+@pytest.mark.parametrize("case", FUSED_CASES)
 def test_a_nan_in_one_member_skips_only_that_member(
-    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+    case: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fold 1's minibatch carries a NaN target: its step is skipped (weights, moments
     and step count untouched, one skip counted); fold 0 steps as it would alone."""
+    family = _family_in_its_form(case, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     trainer = _trainer(family, policy, fuse="on")
@@ -420,12 +503,13 @@ def test_a_nan_in_one_member_skips_only_that_member(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("family", FORECAST)
+@pytest.mark.parametrize("case", FUSED_CASES)
 def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
-    family: str, policy: str, tmp_path: Any
+    case: str, policy: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The contract's checkpoint check, fused: saved and restored bit for bit, and a
     resumed trial ends exactly where an uninterrupted one does."""
+    family = _family_in_its_form(case, monkeypatch)
     from trainables.checkpoint import load_checkpoint
 
     def config() -> TrainConfig:
