@@ -403,7 +403,7 @@ def _member_first(t: torch.Tensor, dim: int | None, k: int) -> torch.Tensor:
 def _check_loopable(rnn: torch.nn.RNNBase) -> None:
     if not rnn.batch_first or rnn.bidirectional or rnn.proj_size:
         raise NotImplementedError(
-            "the loop form covers batch_first, unidirectional layers without projection"
+            "fused recurrent layers cover batch_first, unidirectional layers without projection"
         )
 
 

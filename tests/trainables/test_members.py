@@ -361,7 +361,7 @@ def test_members_that_differ_in_a_loss_weight_each_compute_their_own_loss(
 
 
 def test_a_recurrent_layer_drops_between_layers_at_each_members_rate() -> None:
-    """The LSTM loop form's between-layer dropout is a member's: a member at 0 gives
+    """A fused LSTM's between-layer dropout is a member's: a member at 0 gives
     torch's layer's output, one at 0.5 does not."""
     torch.manual_seed(0)
     layers = [LSTM(3, 4, num_layers=2, batch_first=True, dropout=r) for r in (0.5, 0.0)]
