@@ -169,9 +169,11 @@ class CfCCell(nn.Module):
         z = self.drop(self.act(projected + self.recurrent_proj(like(h, projected))))
         for layer in self.backbone:
             z = self.drop(self.act(layer(z)))
-        heads = self.heads(z)  # (N, 4H)
-        g, h_alt = torch.tanh(heads[:, : 2 * self.hidden]).chunk(2, dim=-1)
-        f, b = heads[:, 2 * self.hidden :].chunk(2, dim=-1)
+        # split, not heads[:, :2H]: its backward is one cat, where each slice's would
+        # zero-fill a copy of the whole (N, 4H) per bar.
+        squashed, timing = self.heads(z).split(2 * self.hidden, dim=-1)  # (N, 2H) each
+        g, h_alt = torch.tanh(squashed).chunk(2, dim=-1)
+        f, b = timing.chunk(2, dim=-1)
         return g, h_alt, f, b
 
     def forward(self, projected: torch.Tensor, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
