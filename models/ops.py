@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -249,14 +250,21 @@ def _block_diagonal_layer(
     if b_ih is not None and b_hh is not None:
         params += [_gate_major(b_ih, gates), _gate_major(b_hh, gates)]
     joined_x = x.permute(1, 2, 0, 3).reshape(n, length, -1)  # (N, L, K * I)
-    flags = (len(params) == 4, 1, 0.0, False, False, True)  # bias, 1 layer, no dropout
-    if kind == "lstm":
-        assert c is not None
-        out, h_n, c_n = torch._VF.lstm(joined_x, (joined(h), joined(c)), params, *flags)
-        last_c: torch.Tensor | None = split(c_n)
-    else:
-        out, h_n = torch._VF.gru(joined_x, joined(h), params, *flags)
-        last_c = None
+    # Bias, 1 layer, no dropout, train, unidirectional, batch_first. "train" is cuDNN's
+    # training mode, which keeps what its backward needs (dropout is 0 here, so it changes
+    # nothing else): whenever autograd records, as a training step's forward does.
+    flags = (len(params) == 4, 1, 0.0, torch.is_grad_enabled(), False, True)
+    with warnings.catch_warnings():
+        # cuDNN compacts weights that are not one flat buffer (these are built per call)
+        # and warns that it does, on every call.
+        warnings.filterwarnings("ignore", message="RNN module weights are not part")
+        if kind == "lstm":
+            assert c is not None
+            out, h_n, c_n = torch._VF.lstm(joined_x, (joined(h), joined(c)), params, *flags)
+            last_c: torch.Tensor | None = split(c_n)
+        else:
+            out, h_n = torch._VF.gru(joined_x, joined(h), params, *flags)
+            last_c = None
     outs = (out.view(n, length, k, hidden).permute(2, 0, 1, 3), split(h_n), last_c)
     out, last_h, last_c = quarantine.leave_backward(*outs)
     return quarantine.leave_forward(out, last_h, last_c)

@@ -247,6 +247,34 @@ def test_fused_recurrent_layers_compute_torchs_layers(
             torch.testing.assert_close(params[name].grad[k], param.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_a_block_diagonal_layer_runs_in_cudnns_training_mode_where_autograd_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cuDNN keeps what its backward needs only in training mode ("train"; on a CPU the
+    flag only gates dropout, 0 here): the flag follows whether autograd records, so a
+    training step can run backward on a GPU and evaluation under no_grad keeps nothing."""
+    _block_diagonal_on_cpu(monkeypatch)
+    trains: list[bool] = []
+    lstm = torch._VF.lstm
+
+    def recording(*args: Any) -> Any:
+        trains.append(args[6])  # input, hx, params, bias, layers, dropout, train, ...
+        return lstm(*args)
+
+    monkeypatch.setattr(torch._VF, "lstm", recording)
+    layers = [LSTM(3, 4, batch_first=True) for _ in range(2)]
+    stacked = StackedModules(layers)
+    params = {n: p for n, p in zip(stacked.names, stacked.stacked, strict=True)}
+
+    def run(p: dict[str, torch.Tensor], xs: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(layers[0], p, (xs,))[0]
+
+    vmap(run)(params, torch.randn(2, 5, 7, 3)).sum().backward()
+    with torch.no_grad():
+        vmap(run)(params, torch.randn(2, 5, 7, 3))
+    assert trains == [True, False]
+
+
 @pytest.mark.parametrize("rnn", [LSTM, GRU])
 def test_a_non_finite_member_leaves_the_others_of_a_block_diagonal_layer_alone(
     rnn: type, monkeypatch: pytest.MonkeyPatch
