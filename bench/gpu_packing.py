@@ -113,13 +113,15 @@ def steps_per_second(
 
 def ms_per_trial_step(
     config: TrainConfig, device: torch.device, seconds: float, per_call: int
-) -> tuple[float, bool]:
-    """ms per trial-step (one step of each fold) of ``config``'s trainer, and whether every
-    step unit replayed a CUDA graph; each call runs ``per_call`` batches of each fold."""
+) -> tuple[float, bool, str | None]:
+    """ms per trial-step (one step of each fold) of ``config``'s trainer, whether every
+    step unit replayed a CUDA graph, and why the folds did not fuse (None where they did,
+    or were not asked to); each call runs ``per_call`` batches of each fold."""
     from trainables.trainer import Trainer
 
     trainer = Trainer(config, device=device)
     units = trainer.step_units
+    unfused_reason = (trainer.unfused_reason or None) if config.fuse != "off" else None
 
     def call() -> None:
         for unit in units:
@@ -138,7 +140,7 @@ def ms_per_trial_step(
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             replayed = all(u.step is not None and u.step.replaying for u in units)
-            return elapsed * 1e3 / (calls * per_call), replayed
+            return elapsed * 1e3 / (calls * per_call), replayed, unfused_reason
 
 
 def member_row(
@@ -146,7 +148,7 @@ def member_row(
 ) -> dict[str, Any]:
     """ms per trial-step (a step of each of K folds) fused and unfused, CUDA graphs on
     where the family's step is static: what fusing saves at K members."""
-    timings: dict[str, tuple[float, bool]] = {}
+    timings: dict[str, tuple[float, bool, str | None]] = {}
     for fuse in ("on", "off"):
         config = TrainConfig(
             family=family,
@@ -160,7 +162,7 @@ def member_row(
             data=DataConfig(n_bars=max(2000, 250 * k)),
         )
         timings[fuse] = ms_per_trial_step(config, device, seconds, per_call)
-    (fused, fused_graphs), (unfused, unfused_graphs) = timings["on"], timings["off"]
+    (fused, fused_graphs, why), (unfused, unfused_graphs, _) = timings["on"], timings["off"]
     return {
         "family": family,
         "precision": precision,
@@ -169,6 +171,9 @@ def member_row(
         "ms_per_trial_step_unfused": round(unfused, 3),
         "speedup": round(unfused / fused, 2),
         "cuda_graphs": {"fused": fused_graphs, "unfused": unfused_graphs},
+        # A fused side that could not fuse (the try-out step failed: its reason) times the
+        # folds one after another, and its speedup is about 1.
+        "unfused_reason": why,
     }
 
 
@@ -263,14 +268,15 @@ def markdown(report: dict[str, Any]) -> str:
             "Fused members: ms per trial-step (one step of each of K folds), CUDA graphs on "
             "where the step is static",
             "",
-            "| family | precision | K | fused ms | unfused ms | speedup | graphs |",
-            "|---|---|---:|---:|---:|---:|---|",
+            "| family | precision | K | fused ms | unfused ms | speedup | graphs | not fused "
+            "because |",
+            "|---|---|---:|---:|---:|---:|---|---|",
         ]
         for m in report["members"]:
             lines.append(
                 f"| {m['family']} | {m['precision']} | {m['members']} | "
                 f"{m['ms_per_trial_step_fused']} | {m['ms_per_trial_step_unfused']} | "
-                f"{m['speedup']}x | {m['cuda_graphs']} |"
+                f"{m['speedup']}x | {m['cuda_graphs']} | {m.get('unfused_reason') or ''} |"
             )
     sweep = report.get("sweep")
     if sweep:
@@ -360,10 +366,12 @@ def _bench_trial(config: dict[str, Any]) -> None:
     from trainables.trial import run_trial
 
     start = clock.time()
-    run_trial(config["trial"], PackedShare())
     hold, trial = config["hold"], config["trial"]
-    name = f"{trial['model']}-{trial['member']}"
-    hold_until_all_trained(Path(hold["dir"]), name, hold["n"], hold["s"])
+    try:
+        run_trial(trial, PackedShare())
+    finally:  # a failed trial counts as trained: the others need not wait for it
+        name = f"{trial['model']}-{trial['member']}"
+        hold_until_all_trained(Path(hold["dir"]), name, hold["n"], hold["s"])
     tune.report({"start": start, "end": clock.time(), "done": 1})
 
 

@@ -112,6 +112,11 @@ class Dropout(torch.nn.Dropout):
 # 217 ms with the loop, 242 ms unfused).
 BLOCK_DIAGONAL_MAX_UNITS: dict[str, int] = {"cuda": 1024}
 _GATES = {"lstm": 4, "gru": 3}
+# cuDNN copies weights that are not one flat buffer into one on every call and warns
+# that it does, every call. The block-diagonal weights are built per call, so the copy
+# is expected (a few small copies per layer). Filtered once here: a filter set per call
+# (warnings.catch_warnings) is not thread-safe.
+warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
 
 
 class LSTM(torch.nn.LSTM):
@@ -237,8 +242,8 @@ def _block_diagonal_layer(
     k, n, length, _ = x.shape
     hidden = w_hh.shape[-1]
     quarantine = _Quarantine(k, x.device)
-    x, h, c = quarantine.enter_forward(x, h, c)
-    x, h, c, w_ih, w_hh, b_ih, b_hh = quarantine.enter_backward(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    layer = (x, h, c, w_ih, w_hh, b_ih, b_hh)
+    x, h, c, w_ih, w_hh, b_ih, b_hh = quarantine.enter_backward(*quarantine.enter_forward(*layer))
 
     def joined(state: torch.Tensor) -> torch.Tensor:  # (K, N, H) -> (1, N, K * H)
         return state.transpose(0, 1).reshape(1, n, k * hidden)
@@ -254,17 +259,13 @@ def _block_diagonal_layer(
     # training mode, which keeps what its backward needs (dropout is 0 here, so it changes
     # nothing else): whenever autograd records, as a training step's forward does.
     flags = (len(params) == 4, 1, 0.0, torch.is_grad_enabled(), False, True)
-    with warnings.catch_warnings():
-        # cuDNN compacts weights that are not one flat buffer (these are built per call)
-        # and warns that it does, on every call.
-        warnings.filterwarnings("ignore", message="RNN module weights are not part")
-        if kind == "lstm":
-            assert c is not None
-            out, h_n, c_n = torch._VF.lstm(joined_x, (joined(h), joined(c)), params, *flags)
-            last_c: torch.Tensor | None = split(c_n)
-        else:
-            out, h_n = torch._VF.gru(joined_x, joined(h), params, *flags)
-            last_c = None
+    if kind == "lstm":
+        assert c is not None
+        out, h_n, c_n = torch._VF.lstm(joined_x, (joined(h), joined(c)), params, *flags)
+        last_c: torch.Tensor | None = split(c_n)
+    else:
+        out, h_n = torch._VF.gru(joined_x, joined(h), params, *flags)
+        last_c = None
     outs = (out.view(n, length, k, hidden).permute(2, 0, 1, 3), split(h_n), last_c)
     out, last_h, last_c = quarantine.leave_backward(*outs)
     return quarantine.leave_forward(out, last_h, last_c)
@@ -297,13 +298,15 @@ class _Quarantine:
     The zero blocks put every member's values into every other member's sums, and
     0 * inf is NaN: one diverging member would otherwise turn the others' outputs or
     gradients NaN, and the guarded step would skip them all. In forward a member whose
-    inputs are not all finite enters as zeros and leaves as NaN (what its own layer
-    would give); in backward a member whose incoming gradient is not all finite enters
-    the layer's backward as zeros and its inputs' gradients leave as NaN (so its step is
-    skipped, as unfused). The other members' values are untouched, bit for bit."""
+    inputs or weights are not all finite enters as zeros and leaves as NaN (its own
+    layer would give NaN too); in backward a member whose incoming gradient is not all
+    finite enters the layer's backward as zeros and its inputs' and weights' gradients
+    leave as NaN (so its step is skipped, as unfused). The other members compute exactly
+    what they compute beside finite members. Every tensor has a leading member dimension
+    and each member's rows are its own (fused members' weights always are)."""
 
     def __init__(self, k: int, device: torch.device) -> None:
-        self.finite_inputs = torch.ones(k, dtype=torch.bool, device=device)
+        self.finite_inputs: torch.Tensor  # (K,), set by enter_forward
         self.finite_grads = torch.ones(k, dtype=torch.bool, device=device)
 
     def enter_forward(self, *tensors: torch.Tensor | None) -> Any:

@@ -443,4 +443,5 @@ def test_benchmark_times_fused_members_against_the_folds_one_by_one(tmp_path: Pa
             row["ms_per_trial_step_unfused"] / row["ms_per_trial_step_fused"], rel=0.02
         )
         assert row["cuda_graphs"] == {"fused": False, "unfused": False}  # no CUDA here
+    assert rows[1]["unfused_reason"] is None  # two folds fused (tft fuses when asked)
     assert "| tft | f32 | 2 |" in (tmp_path / "gpu_packing.md").read_text()

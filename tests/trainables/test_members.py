@@ -217,11 +217,42 @@ def test_fused_recurrent_layers_compute_torchs_layers(
         _block_diagonal_on_cpu(monkeypatch)
     else:  # what a CPU runs; a GPU too where members are wide
         assert "cpu" not in models.ops.BLOCK_DIAGONAL_MAX_UNITS
+    torch_layers = _fused_layers_against_torchs(rnn, torch.device("cpu"))
+    assert torch_layers == (2 if form == "block-diagonal" else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rnn", [LSTM, GRU])
+def test_on_cuda_fused_recurrent_layers_are_one_cudnn_layer_each(rnn: type) -> None:
+    """The CPU tests' block-diagonal cases, on a GPU as it runs them: cuDNN's layer,
+    forward and backward (TF32 off, so both sides round alike)."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert _fused_layers_against_torchs(rnn, torch.device("cuda"), rtol=1e-5) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["tft", "diffusion"])
+@pytest.mark.parametrize("policy", ["f32", "bf16", "bf16-mixed"])
+def test_on_cuda_tft_and_diffusion_fuse_and_train(family: str, policy: str) -> None:
+    """The fused try-out step (forward, backward and optimizer step, block-diagonal
+    layers included) passes on a GPU, so auto fuses these families there, and an epoch
+    trains fused with finite losses."""
+    trainer = _trainer(family, policy, fuse="auto", device="cuda")
+    assert trainer.fused is not None, trainer.unfused_reason
+    metrics = trainer.train_epoch()
+    assert metrics["fused_members"] == 2 and math.isfinite(metrics["train_loss"])
+
+
+def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 1e-6) -> int:
+    """Two members of a two-layer ``rnn`` under vmap, a state given, against torch's layer
+    per member: outputs, last states and gradients; returns how many torch layers ran."""
     torch.manual_seed(0)
-    layers = [rnn(3, 4, num_layers=2, batch_first=True) for _ in range(2)]
+    layers = [rnn(3, 4, num_layers=2, batch_first=True).to(device) for _ in range(2)]
     stacked = StackedModules(layers)
-    x = torch.randn(2, 5, 7, 3)  # (K, N, L, F)
-    h0 = torch.randn(2, 2, 5, 4)  # (K, layers, N, H)
+    x = torch.randn(2, 5, 7, 3, device=device)  # (K, N, L, F)
+    h0 = torch.randn(2, 2, 5, 4, device=device)  # (K, layers, N, H)
     state = (h0, torch.randn_like(h0)) if rnn is LSTM else h0
     stacked_params = zip(stacked.names, stacked.stacked, strict=True)
     params = {n: p.detach().requires_grad_() for n, p in stacked_params}
@@ -229,22 +260,23 @@ def test_fused_recurrent_layers_compute_torchs_layers(
     def run(p: dict[str, torch.Tensor], xs: torch.Tensor, hx: Any) -> Any:
         return torch.func.functional_call(layers[0], p, (xs, hx))
 
-    with torch.profiler.profile() as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fused, fused_last = vmap(run)(params, x, state)
     torch.autograd.backward([fused.square().sum()])
-    kind = "aten::lstm" if rnn is LSTM else "aten::gru"
-    calls = sum(e.name == kind for e in prof.events())
-    assert calls == (2 if form == "block-diagonal" else 0)  # one per layer for 2 members
     for k, layer in enumerate(layers):
         member_state = (state[0][k], state[1][k]) if rnn is LSTM else state[k]
         alone, alone_last = layer(x[k], member_state)
         alone.square().sum().backward()
-        torch.testing.assert_close(fused[k], alone, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(fused[k], alone, rtol=rtol, atol=rtol / 10)
         for mine, torchs in zip(tree_leaves(fused_last), tree_leaves(alone_last), strict=True):
-            torch.testing.assert_close(mine[k], torchs, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(mine[k], torchs, rtol=rtol, atol=rtol / 10)
         for name, param in layer.named_parameters():
             assert param.grad is not None
-            torch.testing.assert_close(params[name].grad[k], param.grad, rtol=1e-5, atol=1e-6)
+            grad = params[name].grad
+            assert grad is not None
+            torch.testing.assert_close(grad[k], param.grad, rtol=10 * rtol, atol=rtol)
+    kind = "aten::lstm" if rnn is LSTM else "aten::gru"
+    return sum(e.name == kind for e in prof.events())
 
 
 def test_a_block_diagonal_layer_runs_in_cudnns_training_mode_where_autograd_records(
@@ -280,37 +312,51 @@ def test_a_non_finite_member_leaves_the_others_of_a_block_diagonal_layer_alone(
     rnn: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The zero blocks put every member's values into the others' sums (0 * inf = nan).
-    A member with an inf input leaves the layer NaN, and one whose outgoing gradient is
-    NaN gets NaN gradients; the other member's output and gradients are torch's layer's,
-    bit for bit as without the bad member."""
+    A member with an inf input or a NaN weight leaves the layer NaN, and one whose
+    outgoing gradient is NaN gets NaN gradients; the other member's output and gradients
+    are exactly what they are beside a finite member (two layers, a state given)."""
     _block_diagonal_on_cpu(monkeypatch)
     torch.manual_seed(0)
-    layers = [rnn(3, 4, batch_first=True) for _ in range(2)]
+    layers = [rnn(3, 4, num_layers=2, batch_first=True) for _ in range(2)]
     stacked = StackedModules(layers)
     x = torch.randn(2, 5, 7, 3)
+    h0 = torch.randn(2, 2, 5, 4)  # (K, layers, N, H)
+    state = (h0, torch.randn_like(h0)) if rnn is LSTM else h0
+    weight = "weight_hh_l0"
 
-    def fused_run(xs: torch.Tensor, outgoing: torch.Tensor) -> dict[str, torch.Tensor]:
+    def fused_run(
+        xs: torch.Tensor, outgoing: torch.Tensor, bad_weight: bool = False
+    ) -> dict[str, torch.Tensor]:
         stacked_params = zip(stacked.names, stacked.stacked, strict=True)
-        params = {n: p.detach().clone().requires_grad_() for n, p in stacked_params}
+        params = {n: p.detach().clone() for n, p in stacked_params}
+        if bad_weight:
+            params[weight][1, 0, 0] = math.nan
+        params = {n: p.requires_grad_() for n, p in params.items()}
 
-        def run(p: dict[str, torch.Tensor], member_x: torch.Tensor) -> torch.Tensor:
-            return torch.func.functional_call(layers[0], p, (member_x,))[0]
+        def run(p: dict[str, torch.Tensor], member_x: torch.Tensor, hx: Any) -> torch.Tensor:
+            return torch.func.functional_call(layers[0], p, (member_x, hx))[0]
 
-        out = vmap(run)(params, xs)
+        out = vmap(run)(params, xs, state)
         (out.nan_to_num() * outgoing).sum().backward()
         return {"out": out, **{n: p.grad for n, p in params.items()}}
 
-    clean = fused_run(x, torch.ones(2, 5, 7, 4))
+    ones = torch.ones(2, 5, 7, 4)
+    clean = fused_run(x, ones)
     bad_input = x.clone()
     bad_input[1, 2, 3, 0] = math.inf
-    bad_grad = torch.ones(2, 5, 7, 4)
+    bad_grad = ones.clone()
     bad_grad[1, 0, 6, 1] = math.nan
-    for result in (fused_run(bad_input, torch.ones(2, 5, 7, 4)), fused_run(x, bad_grad)):
+    runs = {
+        "inf input": fused_run(bad_input, ones),
+        "nan weight": fused_run(x, ones, bad_weight=True),
+        "nan gradient": fused_run(x, bad_grad),
+    }
+    for case, result in runs.items():
         for name, value in result.items():
-            assert torch.equal(value[0], clean[name][0]), name
-    assert fused_run(bad_input, torch.ones(2, 5, 7, 4))["out"][1].isnan().all()
-    grads = fused_run(x, bad_grad)
-    assert all(grads[name][1].isnan().all() for name in stacked.names)
+            assert torch.equal(value[0], clean[name][0]), (case, name)
+    assert runs["inf input"]["out"][1].isnan().all()
+    assert runs["nan weight"]["out"][1].isnan().all()
+    assert all(runs["nan gradient"][name][1].isnan().all() for name in stacked.names)
 
 
 class _Dropping(nn.Module):
@@ -431,11 +477,26 @@ def _deterministic_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "randn_like", randn_like)
 
 
-def _family_in_its_form(case: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def _family_in_its_form(
+    case: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, list[int]]:
+    """A case's family, with the device fact set that picks its recurrent layers' fused
+    form, and a list that counts the block-diagonal layers run (a test checks it: a case
+    that never ran its form would test nothing new)."""
     family, _, form = case.partition("+")
+    ran: list[int] = []
     if form == "block-diagonal":
+        if policy == "fp16-mixed":
+            pytest.skip("fp16 runs the loop form, as the family's own case does")
         _block_diagonal_on_cpu(monkeypatch)
-    return family
+        layer = models.ops._block_diagonal_layer
+
+        def counted(*args: Any) -> Any:
+            ran.append(1)
+            return layer(*args)
+
+        monkeypatch.setattr(models.ops, "_block_diagonal_layer", counted)
+    return family, ran
 
 
 def _weights(trainer: Trainer, k: int) -> torch.Tensor:
@@ -448,7 +509,7 @@ def _weights(trainer: Trainer, k: int) -> torch.Tensor:
 def test_a_fused_fold_trains_as_the_unfused_fold(
     case: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    family = _family_in_its_form(case, monkeypatch)
+    family, block_diagonal_layers = _family_in_its_form(case, policy, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     runs = {}
@@ -468,6 +529,7 @@ def test_a_fused_fold_trains_as_the_unfused_fold(
             key = f"val_sharpe_fold{k}"
             assert fused_history[-1][key] == pytest.approx(alone_history[-1][key], abs=0.01)
     assert fused_history[-1]["skipped_steps"] == alone_history[-1]["skipped_steps"]
+    assert bool(block_diagonal_layers) == case.endswith("+block-diagonal")
 
 
 def test_folds_of_different_lengths_step_as_often_as_unfused() -> None:
@@ -496,7 +558,7 @@ def test_a_nan_in_one_member_skips_only_that_member(
 ) -> None:
     """Fold 1's minibatch carries a NaN target: its step is skipped (weights, moments
     and step count untouched, one skip counted); fold 0 steps as it would alone."""
-    family = _family_in_its_form(case, monkeypatch)
+    family, block_diagonal_layers = _family_in_its_form(case, policy, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     trainer = _trainer(family, policy, fuse="on")
@@ -523,6 +585,7 @@ def test_a_nan_in_one_member_skips_only_that_member(
     b = torch.cat([p.detach().float().flatten() for p in fused.model.members[0].parameters()])
     tolerance = F32_TOLERANCE.get(family, 1e-5) if policy == "f32" else LOW_PRECISION_TOLERANCE
     assert float((a - b).norm() / a.norm()) < tolerance
+    assert bool(block_diagonal_layers) == case.endswith("+block-diagonal")
 
 
 # --------------------------------------------------------------------------------------
@@ -537,7 +600,7 @@ def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
 ) -> None:
     """The contract's checkpoint check, fused: saved and restored bit for bit, and a
     resumed trial ends exactly where an uninterrupted one does."""
-    family = _family_in_its_form(case, monkeypatch)
+    family, block_diagonal_layers = _family_in_its_form(case, policy, monkeypatch)
     from trainables.checkpoint import load_checkpoint
 
     def config() -> TrainConfig:
@@ -558,6 +621,7 @@ def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
     for k in range(2):
         assert torch.equal(_weights(straight, k), _weights(resumed, k))
     assert straight.history[-1]["val_sharpe"] == resumed.history[-1]["val_sharpe"]
+    assert bool(block_diagonal_layers) == case.endswith("+block-diagonal")
 
 
 def test_fused_and_unfused_checkpoints_resume_in_the_other_mode(tmp_path: Any) -> None:
