@@ -367,11 +367,13 @@ def _bench_trial(config: dict[str, Any]) -> None:
 
     start = clock.time()
     hold, trial = config["hold"], config["trial"]
+    name = f"{trial['model']}-{trial['member']}"
     try:
         run_trial(trial, PackedShare())
-    finally:  # a failed trial counts as trained: the others need not wait for it
-        name = f"{trial['model']}-{trial['member']}"
-        hold_until_all_trained(Path(hold["dir"]), name, hold["n"], hold["s"])
+    except BaseException:  # counts as trained, so no other waits for it; fails at once
+        hold_until_all_trained(Path(hold["dir"]), name, hold["n"], hold_s=0.0)
+        raise
+    hold_until_all_trained(Path(hold["dir"]), name, hold["n"], hold["s"])
     tune.report({"start": start, "end": clock.time(), "done": 1})
 
 

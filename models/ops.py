@@ -299,7 +299,8 @@ class _Quarantine:
     0 * inf is NaN: one diverging member would otherwise turn the others' outputs or
     gradients NaN, and the guarded step would skip them all. In forward a member whose
     inputs or weights are not all finite enters as zeros and leaves as NaN (its own
-    layer would give NaN too); in backward a member whose incoming gradient is not all
+    layer would give NaN too, and its loss is then NaN, which the guarded step skips
+    whatever its gradients); in backward a member whose incoming gradient is not all
     finite enters the layer's backward as zeros and its inputs' and weights' gradients
     leave as NaN (so its step is skipped, as unfused). The other members compute exactly
     what they compute beside finite members. Every tensor has a leading member dimension
@@ -398,13 +399,16 @@ def _vmapped_loop(kind: str, members: tuple[torch.Tensor | None, ...]) -> Layer:
 
 def _computes_in_fp16(x: torch.Tensor) -> bool:
     """Whether a layer on ``x`` computes in fp16. There the block-diagonal form is not used:
-    fp16 overflows inside a layer (a loss scale's search provokes them), where the
-    quarantine does not look, and the zero blocks would carry one member's inf into the
-    others' sums, skipping them and shrinking their loss scales too."""
+    fp16 overflows inside a layer (where the quarantine does not look), and the zero
+    blocks would carry one member's inf into the others' sums. Under CUDA autocast that is
+    every policy: torch's autocast runs cuDNN's recurrent layers in fp16 whatever its
+    dtype (bf16-mixed included)."""
     device = x.device.type
-    return x.dtype == torch.float16 or (
-        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-    )
+    if x.dtype == torch.float16:
+        return True
+    if not torch.is_autocast_enabled(device):
+        return False
+    return device == "cuda" or torch.get_autocast_dtype(device) == torch.float16
 
 
 def _member_first(t: torch.Tensor, dim: int | None, k: int) -> torch.Tensor:

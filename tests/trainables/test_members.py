@@ -235,14 +235,26 @@ def test_on_cuda_fused_recurrent_layers_are_one_cudnn_layer_each(rnn: type) -> N
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("family", ["tft", "diffusion"])
 @pytest.mark.parametrize("policy", ["f32", "bf16", "bf16-mixed"])
-def test_on_cuda_tft_and_diffusion_fuse_and_train(family: str, policy: str) -> None:
-    """The fused try-out step (forward, backward and optimizer step, block-diagonal
-    layers included) passes on a GPU, so auto fuses these families there, and an epoch
-    trains fused with finite losses."""
+def test_on_cuda_tft_and_diffusion_fuse_and_train(
+    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused try-out step (forward and backward, block-diagonal layers included)
+    passes on a GPU, so auto fuses these families there, and an epoch trains fused with
+    finite losses. Under CUDA autocast (bf16-mixed) the layers loop: torch's autocast runs
+    cuDNN's recurrent layers in fp16."""
+    ran: list[int] = []
+    layer = models.ops._block_diagonal_layer
+
+    def counted(*args: Any) -> Any:
+        ran.append(1)
+        return layer(*args)
+
+    monkeypatch.setattr(models.ops, "_block_diagonal_layer", counted)
     trainer = _trainer(family, policy, fuse="auto", device="cuda")
     assert trainer.fused is not None, trainer.unfused_reason
     metrics = trainer.train_epoch()
     assert metrics["fused_members"] == 2 and math.isfinite(metrics["train_loss"])
+    assert bool(ran) == (policy != "bf16-mixed")
 
 
 def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 1e-6) -> int:
