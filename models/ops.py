@@ -97,9 +97,10 @@ class Dropout(torch.nn.Dropout):
 # Recurrent layers fused members can batch. torch.func.vmap has no batching rule for
 # aten::lstm / aten::gru, so under vmap each layer runs through _MemberRecurrentLayer,
 # whose batching rule runs the K members as ONE torch layer with block-diagonal weights
-# (member k's units see only member k's inputs and state): one aten::lstm per layer, as
-# unfused, instead of ~10 ops per bar. On a CPU, where the members are wide, or where the
-# layer computes in fp16, it runs the same equations as a loop over bars
+# (member k's units see only member k's inputs and state): one aten::lstm per layer for
+# all members (unfused: one per module and fold), instead of ~10 ops per bar. On a CPU,
+# where the members are wide, or where the layer computes in fp16 (any CUDA autocast:
+# ``_computes_in_fp16``), it runs the same equations as a loop over bars
 # (``recurrent_loop``).
 # Parameter names and layout are torch's either way, so a checkpoint loads in both
 # modes; outside vmap these are torch's own layers, cuDNN kernels included.
