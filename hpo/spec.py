@@ -119,8 +119,9 @@ class FusionSpec(_Strict):
     the position scale and dropout rates; ``trainables.group.member_settings``). Forecast
     families only (rl families run ungrouped). Compare mode groups further configurations
     only where the space searches nothing else: its statistics take configurations as
-    independent draws, so it never holds a searched shape. With ``resources.gpu = "measured"`` a group trial's share is
-    profiled for its fused group. Unset: :data:`DEFAULT_GROUP_SIZE`."""
+    independent draws, so it never holds a searched shape. With ``resources.gpu =
+    "measured"`` a group trial's share is profiled for its fused group. Unset:
+    :data:`DEFAULT_GROUP_SIZE`."""
     batches: dict[str, Annotated[int, Field(ge=1)]] | None = None
     """Recorded by ``hpo sweep`` when the sweep starts, not written by hand: for each model
     whose trials group, how many configurations of one shape its searcher asks at a time

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -174,21 +174,26 @@ class GRU(torch.nn.GRU):
         return out, torch.stack(last)
 
 
-Layer = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+class RecurrentInputs(NamedTuple):
+    """What one recurrent layer reads: input x (N, L, I), initial state h and c (N, H;
+    no c for a GRU) and torch's weights for the layer (biases None without bias)."""
+
+    x: torch.Tensor
+    h: torch.Tensor
+    c: torch.Tensor | None
+    w_ih: torch.Tensor
+    w_hh: torch.Tensor
+    b_ih: torch.Tensor | None
+    b_hh: torch.Tensor | None
 
 
-def recurrent_loop(
-    kind: str,
-    x: torch.Tensor,
-    h: torch.Tensor,
-    c: torch.Tensor | None,
-    w_ih: torch.Tensor,
-    w_hh: torch.Tensor,
-    b_ih: torch.Tensor | None,
-    b_hh: torch.Tensor | None,
-) -> Layer:
-    """One layer of one member, x (N, L, I), h and c (N, H) -> (N, L, H), last h, last c:
-    torch's LSTM / GRU equations as a loop over the L bars (vmap batches every op)."""
+Layer = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # outputs, last h, last c
+
+
+def recurrent_loop(kind: str, layer: RecurrentInputs) -> Layer:
+    """One layer of one member -> (N, L, H), last h, last c: torch's LSTM / GRU equations
+    as a loop over the L bars (vmap batches every op)."""
+    x, h, c, w_ih, w_hh, b_ih, b_hh = layer
     inputs = torch.nn.functional.linear(x, w_ih, b_ih)  # (N, L, gates * H): once per layer
     outputs = []
     for x_t in inputs.unbind(1):  # unbind: one stack in backward, not L copies
@@ -226,25 +231,15 @@ def _gate_major(bias: torch.Tensor, gates: int) -> torch.Tensor:
     return bias.view(k, gates, rows // gates).transpose(0, 1).reshape(-1)
 
 
-def _block_diagonal_layer(
-    kind: str,
-    x: torch.Tensor,
-    h: torch.Tensor,
-    c: torch.Tensor | None,
-    w_ih: torch.Tensor,
-    w_hh: torch.Tensor,
-    b_ih: torch.Tensor | None,
-    b_hh: torch.Tensor | None,
-) -> Layer:
+def _block_diagonal_layer(kind: str, members: RecurrentInputs) -> Layer:
     """:func:`recurrent_loop` for K members at once (every tensor with a leading member
     dimension) as one torch layer over the members' concatenated units, quarantined
     (:class:`_Quarantine`) so that one member's non-finite values stay its own."""
     gates = _GATES[kind]
-    k, n, length, _ = x.shape
-    hidden = w_hh.shape[-1]
-    quarantine = _Quarantine(k, x.device)
-    layer = (x, h, c, w_ih, w_hh, b_ih, b_hh)
-    x, h, c, w_ih, w_hh, b_ih, b_hh = quarantine.enter_backward(*quarantine.enter_forward(*layer))
+    k, n, length, _ = members.x.shape
+    hidden = members.w_hh.shape[-1]
+    quarantine = _Quarantine(k, members.x.device)
+    x, h, c, w_ih, w_hh, b_ih, b_hh = quarantine.enter_backward(*quarantine.enter_forward(*members))
 
     def joined(state: torch.Tensor) -> torch.Tensor:  # (K, N, H) -> (1, N, K * H)
         return state.transpose(0, 1).reshape(1, n, k * hidden)
@@ -373,26 +368,26 @@ class _MemberRecurrentLayer(torch.autograd.Function):
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], kind: str, *tensors: Any) -> Any:
         k = info.batch_size
-        members = tuple(
-            None if t is None else _member_first(t, d, k)
-            for t, d in zip(tensors, in_dims[1:], strict=True)
+        members = RecurrentInputs(
+            *(  # type: ignore[arg-type]  # None only where the layer has none (c, biases)
+                None if t is None else _member_first(t, d, k)
+                for t, d in zip(tensors, in_dims[1:], strict=True)
+            )
         )
-        x, w_hh = members[0], members[4]  # w_hh: (K, gates * H, H)
-        assert x is not None and w_hh is not None
-        most = BLOCK_DIAGONAL_MAX_UNITS.get(x.device.type, 0)
-        if k * w_hh.shape[-1] <= most and not _computes_in_fp16(x):
-            outs = _block_diagonal_layer(kind, *members)  # type: ignore[arg-type]
+        most = BLOCK_DIAGONAL_MAX_UNITS.get(members.x.device.type, 0)
+        if k * members.w_hh.shape[-1] <= most and not _computes_in_fp16(members.x):
+            outs = _block_diagonal_layer(kind, members)
         else:
             outs = _vmapped_loop(kind, members)
         return outs, tuple(None if t is None else 0 for t in outs)
 
 
-def _vmapped_loop(kind: str, members: tuple[torch.Tensor | None, ...]) -> Layer:
+def _vmapped_loop(kind: str, members: RecurrentInputs) -> Layer:
     """:func:`recurrent_loop` under a vmap of its own over the members (whose arguments
     and results are tensors only: the GRU's cell state is None)."""
 
     def one_member(*present: torch.Tensor) -> list[torch.Tensor]:
-        return _present(recurrent_loop(kind, *_refill(members, present)))
+        return _present(recurrent_loop(kind, RecurrentInputs(*_refill(members, present))))
 
     out, h, *c = torch.func.vmap(one_member)(*_present(members))
     return out, h, (c[0] if c else None)

@@ -49,6 +49,14 @@ F32_TOLERANCE = {"tlob": 1e-4, "xlstm": 1e-4}
 # tft's LSTM and the diffusion's GRU run fused as one block-diagonal layer on a GPU and as
 # a loop over bars on a CPU: the family checks run both (the GPU's by its device fact).
 FUSED_CASES = (*FORECAST, "tft+block-diagonal", "diffusion+block-diagonal")
+# (case, policy): a block-diagonal case under every policy but fp16-mixed, where the
+# layers loop as in the family's own case.
+FUSED_RUNS = [
+    (case, policy)
+    for case in FUSED_CASES
+    for policy in POLICIES
+    if not (case.endswith("+block-diagonal") and policy == "fp16-mixed")
+]
 LOW_PRECISION_TOLERANCE = 3e-2
 
 
@@ -489,17 +497,13 @@ def _deterministic_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "randn_like", randn_like)
 
 
-def _family_in_its_form(
-    case: str, policy: str, monkeypatch: pytest.MonkeyPatch
-) -> tuple[str, list[int]]:
+def _family_in_its_form(case: str, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[int]]:
     """A case's family, with the device fact set that picks its recurrent layers' fused
     form, and a list that counts the block-diagonal layers run (a test checks it: a case
     that never ran its form would test nothing new)."""
     family, _, form = case.partition("+")
     ran: list[int] = []
     if form == "block-diagonal":
-        if policy == "fp16-mixed":
-            pytest.skip("fp16 runs the loop form, as the family's own case does")
         _block_diagonal_on_cpu(monkeypatch)
         layer = models.ops._block_diagonal_layer
 
@@ -516,12 +520,11 @@ def _weights(trainer: Trainer, k: int) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("case", FUSED_CASES)
+@pytest.mark.parametrize(("case", "policy"), FUSED_RUNS)
 def test_a_fused_fold_trains_as_the_unfused_fold(
     case: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    family, block_diagonal_layers = _family_in_its_form(case, policy, monkeypatch)
+    family, block_diagonal_layers = _family_in_its_form(case, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     runs = {}
@@ -563,14 +566,13 @@ def test_folds_of_different_lengths_step_as_often_as_unfused() -> None:
         assert float((a - b).norm() / a.norm()) < 1e-5
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("case", FUSED_CASES)
+@pytest.mark.parametrize(("case", "policy"), FUSED_RUNS)
 def test_a_nan_in_one_member_skips_only_that_member(
     case: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fold 1's minibatch carries a NaN target: its step is skipped (weights, moments
     and step count untouched, one skip counted); fold 0 steps as it would alone."""
-    family, block_diagonal_layers = _family_in_its_form(case, policy, monkeypatch)
+    family, block_diagonal_layers = _family_in_its_form(case, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     trainer = _trainer(family, policy, fuse="on")
@@ -605,14 +607,13 @@ def test_a_nan_in_one_member_skips_only_that_member(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("case", FUSED_CASES)
+@pytest.mark.parametrize(("case", "policy"), FUSED_RUNS)
 def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
     case: str, policy: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The contract's checkpoint check, fused: saved and restored bit for bit, and a
     resumed trial ends exactly where an uninterrupted one does."""
-    family, block_diagonal_layers = _family_in_its_form(case, policy, monkeypatch)
+    family, block_diagonal_layers = _family_in_its_form(case, monkeypatch)
     from trainables.checkpoint import load_checkpoint
 
     def config() -> TrainConfig:
