@@ -11,6 +11,7 @@ the policy's dtype, these only mark where a family leaves it and returns to it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -99,9 +100,9 @@ class Dropout(torch.nn.Dropout):
 # whose batching rule runs the K members as ONE torch layer with block-diagonal weights
 # (member k's units see only member k's inputs and state): one aten::lstm per layer for
 # all members (unfused: one per module and fold), instead of ~10 ops per bar. On a CPU,
-# where the members are wide, or where the layer computes in fp16 (any CUDA autocast:
-# ``_computes_in_fp16``), it runs the same equations as a loop over bars
-# (``recurrent_loop``).
+# where the members are wide, or where the layer computes in fp16 (``_computes_in_fp16``),
+# it runs the same equations as a loop over bars (``recurrent_loop``). Under autocast the
+# layers compute in autocast's dtype with autocast off (``_run_layers``), fused or not.
 # Parameter names and layout are torch's either way, so a checkpoint loads in both
 # modes; outside vmap these are torch's own layers, cuDNN kernels included.
 
@@ -121,7 +122,8 @@ warnings.filterwarnings("ignore", message="RNN module weights are not part of si
 
 
 class LSTM(torch.nn.LSTM):
-    """``nn.LSTM`` (batch_first, unidirectional, no projection) that a vmap can batch."""
+    """``nn.LSTM`` (batch_first, unidirectional, no projection) that a vmap can batch, and
+    that computes in autocast's dtype under autocast (:func:`_run_layers`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -130,26 +132,15 @@ class LSTM(torch.nn.LSTM):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if not under_vmap(x, _layer_weights(self, 0)[0]):
+        if _runs_as_torchs(self, x):
             return super().forward(x, hx)
-        _check_loopable(self)
-        zeros = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
-        h0, c0 = hx if hx is not None else (zeros, zeros)
-        out = x
-        last_h, last_c = [], []
-        for layer in range(self.num_layers):
-            if layer > 0:
-                out = self.between_layers(out)
-            out, h, c = _MemberRecurrentLayer.apply(
-                "lstm", out, h0[layer], c0[layer], *_layer_weights(self, layer)
-            )
-            last_h.append(h)
-            last_c.append(c)
-        return out, (torch.stack(last_h), torch.stack(last_c))
+        out, (h, c) = _run_layers(self, "lstm", x, None if hx is None else list(hx))
+        return out, (h, c)
 
 
 class GRU(torch.nn.GRU):
-    """``nn.GRU`` (batch_first, unidirectional) that a vmap can batch."""
+    """``nn.GRU`` (batch_first, unidirectional) that a vmap can batch, and that computes in
+    autocast's dtype under autocast (:func:`_run_layers`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -158,20 +149,94 @@ class GRU(torch.nn.GRU):
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, hx: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not under_vmap(x, _layer_weights(self, 0)[0]):
+        if _runs_as_torchs(self, x):
             return super().forward(x, hx)
-        _check_loopable(self)
-        h0 = hx if hx is not None else x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
-        out = x
-        last = []
-        for layer in range(self.num_layers):
-            if layer > 0:
-                out = self.between_layers(out)
-            out, h, _ = _MemberRecurrentLayer.apply(
-                "gru", out, h0[layer], None, *_layer_weights(self, layer)
-            )
-            last.append(h)
-        return out, torch.stack(last)
+        out, (h,) = _run_layers(self, "gru", x, None if hx is None else [hx])
+        return out, h
+
+
+def _runs_as_torchs(rnn: torch.nn.RNNBase, x: torch.Tensor) -> bool:
+    """Whether torch's own forward runs ``rnn`` on ``x``: outside vmap and autocast."""
+    weight = _layer_weights(rnn, 0)[0]
+    return not (under_vmap(x, weight) or torch.is_autocast_enabled(x.device.type))
+
+
+def _run_layers(
+    rnn: LSTM | GRU, kind: str, x: torch.Tensor, states: list[torch.Tensor] | None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``rnn`` on x (N, L, I) from ``states`` ([h] or [h, c], each (layers, N, H); None:
+    zeros) -> outputs (N, L, H) and the last states, under vmap or autocast.
+
+    Under autocast the layers compute in autocast's dtype, autocast off: torch's CUDA
+    autocast runs cuDNN's recurrent layers in fp16 whatever autocast's dtype, so a
+    bf16-mixed step would otherwise run them in fp16 without a loss scale, and fused
+    members could not use the block-diagonal form. (A CPU's autocast already computes
+    them in its dtype.) Under vmap each layer runs through :class:`_MemberRecurrentLayer`;
+    otherwise as torch's layer with the cast weights."""
+    _check_loopable(rnn)
+    weights = [_layer_weights(rnn, layer) for layer in range(rnn.num_layers)]
+    batched = under_vmap(x, weights[0][0])
+    device = x.device.type
+    autocast = torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+
+    def cast(t: torch.Tensor | None) -> Any:
+        return None if t is None else t.to(dtype)
+
+    with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
+        x = cast(x)
+        if states is None:
+            zeros = x.new_zeros(rnn.num_layers, x.shape[0], rnn.hidden_size)
+            states = [zeros] * (2 if kind == "lstm" else 1)
+        states = [cast(s) for s in states]
+        cast_weights = [tuple(cast(w) for w in layer) for layer in weights]
+        run = _member_layers if batched else _torch_layers
+        return run(rnn, kind, x, states, cast_weights)
+
+
+Weights = list[tuple[torch.Tensor | None, ...]]  # per layer: w_ih, w_hh, b_ih, b_hh
+
+
+def _torch_layers(
+    rnn: LSTM | GRU,
+    kind: str,
+    x: torch.Tensor,
+    states: list[torch.Tensor],
+    weights: Weights,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """torch's layer (cuDNN's on a GPU) with ``weights`` in place of the module's."""
+    flat = [w for layer in weights for w in layer if w is not None]
+    dropout = rnn.dropout if rnn.training else 0.0
+    flags = (rnn.bias, rnn.num_layers, dropout, rnn.training, False, True)
+    if kind == "lstm":
+        out, h, c = torch._VF.lstm(x, tuple(states), flat, *flags)
+        return out, [h, c]
+    out, h = torch._VF.gru(x, states[0], flat, *flags)
+    return out, [h]
+
+
+def _member_layers(
+    rnn: LSTM | GRU,
+    kind: str,
+    x: torch.Tensor,
+    states: list[torch.Tensor],
+    weights: Weights,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The layers of fused members, one :class:`_MemberRecurrentLayer` each (dropout
+    between layers at each member's rate)."""
+    h0, c0 = states[0], (states[1] if kind == "lstm" else None)
+    out = x
+    last_h, last_c = [], []
+    for layer in range(rnn.num_layers):
+        if layer > 0:
+            out = rnn.between_layers(out)
+        out, h, c = _MemberRecurrentLayer.apply(
+            kind, out, h0[layer], None if c0 is None else c0[layer], *weights[layer]
+        )
+        last_h.append(h)
+        last_c.append(c)
+    last = [torch.stack(last_h)]
+    return out, ([*last, torch.stack(last_c)] if kind == "lstm" else last)
 
 
 class RecurrentInputs(NamedTuple):
@@ -396,9 +461,9 @@ def _vmapped_loop(kind: str, members: RecurrentInputs) -> Layer:
 def _computes_in_fp16(x: torch.Tensor) -> bool:
     """Whether a layer on ``x`` computes in fp16. There the block-diagonal form is not used:
     fp16 overflows inside a layer (where the quarantine does not look), and the zero
-    blocks would carry one member's inf into the others' sums. Under CUDA autocast that is
-    every policy: torch's autocast runs cuDNN's recurrent layers in fp16 whatever its
-    dtype (bf16-mixed included)."""
+    blocks would carry one member's inf into the others' sums. :func:`_run_layers` turns
+    autocast off before a layer, so ``x`` carries the dtype; were a layer run under CUDA
+    autocast, it would compute in fp16 whatever autocast's dtype."""
     device = x.device.type
     if x.dtype == torch.float16:
         return True
@@ -414,7 +479,8 @@ def _member_first(t: torch.Tensor, dim: int | None, k: int) -> torch.Tensor:
 def _check_loopable(rnn: torch.nn.RNNBase) -> None:
     if not rnn.batch_first or rnn.bidirectional or rnn.proj_size:
         raise NotImplementedError(
-            "fused recurrent layers cover batch_first, unidirectional layers without projection"
+            "models.ops recurrent layers under vmap or autocast cover batch_first, "
+            "unidirectional layers without projection"
         )
 
 

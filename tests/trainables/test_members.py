@@ -15,6 +15,7 @@ exactly as it would alone, up to float rounding, whatever the others do.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -24,7 +25,7 @@ import pytest
 import torch
 from torch import nn
 from torch.func import vmap
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 import models.ops
 from models import get_family
@@ -248,8 +249,8 @@ def test_on_cuda_tft_and_diffusion_fuse_and_train(
 ) -> None:
     """The fused try-out step (forward and backward, block-diagonal layers included)
     passes on a GPU, so auto fuses these families there, and an epoch trains fused with
-    finite losses. Under CUDA autocast (bf16-mixed) the layers loop: torch's autocast runs
-    cuDNN's recurrent layers in fp16."""
+    finite losses, the recurrent layers block-diagonal (under bf16-mixed too: they compute
+    in bf16 with autocast off)."""
     ran: list[int] = []
     layer = models.ops._block_diagonal_layer
 
@@ -262,7 +263,7 @@ def test_on_cuda_tft_and_diffusion_fuse_and_train(
     assert trainer.fused is not None, trainer.unfused_reason
     metrics = trainer.train_epoch()
     assert metrics["fused_members"] == 2 and math.isfinite(metrics["train_loss"])
-    assert bool(ran) == (policy != "bf16-mixed")
+    assert ran
 
 
 def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 1e-6) -> int:
@@ -297,6 +298,66 @@ def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 
             torch.testing.assert_close(grad[k], param.grad, rtol=10 * rtol, atol=rtol)
     kind = "aten::lstm" if rnn is LSTM else "aten::gru"
     return sum(e.name == kind for e in prof.events())
+
+
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+@pytest.mark.parametrize("mode", ["unfused", "fused"])
+@pytest.mark.parametrize("rnn", [LSTM, GRU])
+def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
+    rnn: type, mode: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under autocast(bf16) torch's layer runs with autocast off on bf16 inputs, state and
+    weights (torch's CUDA autocast would run cuDNN's layer in fp16, without a loss scale,
+    and fused members could not use the block-diagonal form): outputs and the last state
+    are the bf16 layer's (bit for bit on a CPU), and the f32 weights get f32 gradients."""
+    _block_diagonal_on_cpu(monkeypatch)  # fused: one torch layer, as on a GPU
+    name = "lstm" if rnn is LSTM else "gru"
+    calls: list[tuple[bool, set[torch.dtype]]] = []
+    layer_fn = getattr(torch._VF, name)
+
+    def recording(x: torch.Tensor, hx: Any, params: list[torch.Tensor], *flags: Any) -> Any:
+        dtypes = {t.dtype for t in (x, *tree_leaves(hx), *params)}
+        calls.append((torch.is_autocast_enabled(device), dtypes))
+        return layer_fn(x, hx, params, *flags)
+
+    monkeypatch.setattr(torch._VF, name, recording)
+    torch.manual_seed(0)
+    layers = [rnn(3, 4, num_layers=2, batch_first=True).to(device) for _ in range(2)]
+    x = torch.randn(2, 5, 7, 3, device=device)  # (K, N, L, F)
+    with torch.autocast(device, dtype=BF16):
+        if mode == "unfused":
+            outs = [layer(x[k]) for k, layer in enumerate(layers)]
+        else:
+            stacked = StackedModules(layers)
+            params = dict(zip(stacked.names, stacked.stacked, strict=True))
+
+            def run(p: dict[str, torch.Tensor], xs: torch.Tensor) -> Any:
+                return torch.func.functional_call(layers[0], p, (xs,))
+
+            fused = vmap(run)(params, x)
+            outs = [tree_map(lambda t, k=k: t[k], fused) for k in range(2)]
+    assert calls and all(call == (False, {BF16}) for call in calls), calls
+    for k, layer in enumerate(layers):
+        reference = copy.deepcopy(layer).to(BF16)
+        expected = tree_leaves(reference(x[k].to(BF16)))
+        for mine, bf16s in zip(tree_leaves(outs[k]), expected, strict=True):
+            assert mine.dtype == BF16
+            if device == "cpu":
+                assert torch.equal(mine, bf16s)
+            else:  # cuDNN may pick another algorithm for the joined layer's sizes
+                torch.testing.assert_close(mine, bf16s, rtol=2e-2, atol=2e-2)
+    tree_leaves(outs)[0].float().sum().backward()
+    grad = layers[0].weight_ih_l0.grad if mode == "unfused" else params["weight_ih_l0"].grad
+    assert grad is not None and grad.dtype == F32 and grad.abs().sum() > 0
 
 
 def test_a_block_diagonal_layer_runs_in_cudnns_training_mode_where_autograd_records(
