@@ -180,8 +180,8 @@ def _run_layers(
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
 
-    def cast(t: torch.Tensor | None) -> Any:
-        return None if t is None else t.to(dtype)
+    def cast(t: torch.Tensor | None) -> Any:  # not even a no-op aten::to outside autocast
+        return t.to(dtype) if autocast and t is not None else t
 
     with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
         x = cast(x)
