@@ -31,6 +31,7 @@ import models.ops
 from models import get_family
 from models.base import Batch
 from models.ops import GRU, LSTM, Dropout
+from tests.devices import ON_CUDA
 from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
 from trainables import trainer as trainer_module
@@ -300,15 +301,6 @@ def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 
             torch.testing.assert_close(grad[k], param.grad, rtol=10 * rtol, atol=rtol)
     kind = "aten::lstm" if rnn is LSTM else "aten::gru"
     return sum(e.name == kind for e in prof.events())
-
-
-ON_CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    ],
-)
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])

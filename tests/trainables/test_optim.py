@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from tests.devices import ON_CUDA
 from tests.models.rl_loop import NoHostReads
 from trainables.optim import GuardedAdamW
 from trainables.precision import BF16, FP16, POLICY_NAMES, StepGuard, get_policy
@@ -179,13 +180,7 @@ def _pair(
     return old_net, new_net, old, new
 
 
-CUDA_OR_SKIP = pytest.param(
-    "cuda",
-    marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-)
-
-
-@pytest.mark.parametrize("device", ["cpu", CUDA_OR_SKIP])  # CUDA: the multi-tensor kernels
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])  # CUDA: the multi-tensor kernels
 @pytest.mark.parametrize(
     ("dtype", "wd", "kahan"),
     [

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The device checks of a session lent a GPU, as the one command the device tool runs:
+#
+#     bash bench/gpu_session.sh            # on the device machine, from the repository root
+#     GPU_SESSION_SMOKE=1 bash bench/gpu_session.sh   # here, on a CPU: the same steps, tiny
+#
+# The device machine has its own python3 with a CUDA torch, numpy, scipy, pandas, pyarrow,
+# safetensors, nvidia-ml-py and pytest, but no Ray, MLflow or Optuna (and Ray's wheel is
+# larger than what a call may carry). Every step below imports none of those: it runs from
+# the working tree as it travels (PYTHONPATH, no install), without the packed sweep, which
+# needs Ray. What each step writes goes to $OUT as it is written, so a run stopped by its
+# timeout still returns what it measured. About 5.5 minutes with the default budgets, so a
+# 15-minute lease leaves room to start the machine and rerun once.
+#
+# Files back in $OUT (at most 8 come back): env.txt, gpu_tests.log, gpu_packing.{log,json,md},
+# group_trainer.log. What to do with them: bench/README.md ("GPU rows").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-bench/results/gpu_session}
+PYTHON=${PYTHON:-python3}
+TESTS_S=${TESTS_S:-100}       # the CUDA-only tests
+PACKING_S=${PACKING_S:-170}   # bench/gpu_packing.py's --budget-s (rows, then fused members)
+GROUP_S=${GROUP_S:-60}        # bench/group_trainer.py on CUDA
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+if [[ -n ${GPU_SESSION_SMOKE:-} ]]; then
+    packing=(--smoke --families tft,kan --members 1 2)
+    group=(--families kan --members 2 --epochs 1 --steps 2 --repeats 1)
+else
+    packing=(--require-cuda --no-sweep)
+    group=(--families liquid kan tggn --members 4 8 --device cuda)
+fi
+
+{
+    date -u
+    nvidia-smi || echo "no nvidia-smi"
+    "$PYTHON" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__,
+"cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+"device", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
+    git log -1 --format='commit %H %s' 2>/dev/null || true
+} > "$OUT/env.txt" 2>&1
+
+status=0
+step() {  # step NAME SECONDS LOG COMMAND...: run, keep its output in LOG, remember a failure
+    local name=$1 seconds=$2 log=$3
+    shift 3
+    echo "== $name (at most ${seconds} s)"
+    timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$OUT/$log"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: exit $rc" | tee -a "$OUT/$log"
+    [[ $rc -eq 0 ]] || status=1
+}
+
+# The CUDA tests carry the gpu mark (tests/devices.py). Only the files that hold them are
+# collected: most others import Ray or MLflow, which the device lacks.
+mapfile -t cuda_tests < <(grep -rlE --include='test_*.py' 'mark\.gpu|ON_CUDA' tests | sort)
+step "CUDA tests" "$TESTS_S" gpu_tests.log \
+    "$PYTHON" -m pytest -p no:cacheprovider -q -ra -m gpu "${cuda_tests[@]}"
+step "packing and fused-member rows" "$((PACKING_S + 30))" gpu_packing.log \
+    "$PYTHON" bench/gpu_packing.py "${packing[@]}" --budget-s "$PACKING_S" --out "$OUT"
+step "group trials" "$GROUP_S" group_trainer.log \
+    "$PYTHON" bench/group_trainer.py "${group[@]}"
+exit $status
