@@ -30,7 +30,7 @@ if [[ -n ${GPU_SESSION_SMOKE:-} ]]; then
     group=(--families kan --members 2 --epochs 1 --steps 2 --repeats 1)
 else
     packing=(--require-cuda --no-sweep)
-    group=(--families liquid kan tggn --members 4 8 --device cuda)
+    group=(--families liquid kan tggn --members 4 8 --repeats 1 --device cuda)
 fi
 
 {
@@ -49,15 +49,23 @@ step() {  # step NAME SECONDS LOG COMMAND...: run, keep its output in LOG, remem
     echo "== $name (at most ${seconds} s)"
     timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$OUT/$log"
     local rc=${PIPESTATUS[0]}
-    echo "== $name: exit $rc" | tee -a "$OUT/$log"
+    local why=""
+    ((rc == 124 || rc == 137)) && why=" (its timeout stopped it; the rows above are kept)"
+    echo "== $name: exit $rc$why" | tee -a "$OUT/$log"
     [[ $rc -eq 0 ]] || status=1
 }
 
 # The CUDA tests carry the gpu mark (tests/devices.py). Only the files that hold them are
 # collected: most others import Ray or MLflow, which the device lacks.
+# -v: one line per test as it ends, so a run its timeout stops still says which passed.
 mapfile -t cuda_tests < <(grep -rlE --include='test_*.py' 'mark\.gpu|ON_CUDA' tests | sort)
-step "CUDA tests" "$TESTS_S" gpu_tests.log \
-    "$PYTHON" -m pytest -p no:cacheprovider -q -ra -m gpu "${cuda_tests[@]}"
+if ((${#cuda_tests[@]} == 0)); then
+    echo "no test file holds a gpu-marked test" | tee "$OUT/gpu_tests.log"
+    status=1
+else
+    step "CUDA tests" "$TESTS_S" gpu_tests.log \
+        "$PYTHON" -m pytest -p no:cacheprovider -v -ra --timeout=60 -m gpu "${cuda_tests[@]}"
+fi
 step "packing and fused-member rows" "$((PACKING_S + 30))" gpu_packing.log \
     "$PYTHON" bench/gpu_packing.py "${packing[@]}" --budget-s "$PACKING_S" --out "$OUT"
 step "group trials" "$GROUP_S" group_trainer.log \

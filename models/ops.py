@@ -156,9 +156,12 @@ class GRU(torch.nn.GRU):
 
 
 def _runs_as_torchs(rnn: torch.nn.RNNBase, x: torch.Tensor) -> bool:
-    """Whether torch's own forward runs ``rnn`` on ``x``: outside vmap and autocast."""
-    weight = _layer_weights(rnn, 0)[0]
-    return not (under_vmap(x, weight) or torch.is_autocast_enabled(x.device.type))
+    """Whether torch's own forward runs ``rnn`` on ``x``: outside vmap, unless autocast is
+    on and the layer is one :func:`_run_layers` covers (batch_first, unidirectional, no
+    projection, a batch of sequences; others keep autocast's own casts)."""
+    if under_vmap(x, _layer_weights(rnn, 0)[0]):
+        return False
+    return not torch.is_autocast_enabled(x.device.type) or not (_loopable(rnn) and x.dim() == 3)
 
 
 def _run_layers(
@@ -170,9 +173,9 @@ def _run_layers(
     Under autocast the layers compute in autocast's dtype, autocast off: torch's CUDA
     autocast runs cuDNN's recurrent layers in fp16 whatever autocast's dtype, so a
     bf16-mixed step would otherwise run them in fp16 without a loss scale, and fused
-    members could not use the block-diagonal form. (A CPU's autocast already computes
-    them in its dtype.) Under vmap each layer runs through :class:`_MemberRecurrentLayer`;
-    otherwise as torch's layer with the cast weights."""
+    members could not use the block-diagonal form. (A CPU's autocast already runs the
+    LSTM in its dtype; it left the GRU in f32.) Under vmap each layer runs through
+    :class:`_MemberRecurrentLayer`; otherwise as torch's layer with the cast weights."""
     _check_loopable(rnn)
     weights = [_layer_weights(rnn, layer) for layer in range(rnn.num_layers)]
     batched = under_vmap(x, weights[0][0])
@@ -476,11 +479,14 @@ def _member_first(t: torch.Tensor, dim: int | None, k: int) -> torch.Tensor:
     return t.expand(k, *t.shape) if dim is None else t.movedim(dim, 0)
 
 
+def _loopable(rnn: torch.nn.RNNBase) -> bool:
+    return bool(rnn.batch_first and not rnn.bidirectional and not rnn.proj_size)
+
+
 def _check_loopable(rnn: torch.nn.RNNBase) -> None:
-    if not rnn.batch_first or rnn.bidirectional or rnn.proj_size:
+    if not _loopable(rnn):
         raise NotImplementedError(
-            "models.ops recurrent layers under vmap or autocast cover batch_first, "
-            "unidirectional layers without projection"
+            "fused recurrent layers cover batch_first, unidirectional layers without projection"
         )
 
 

@@ -304,15 +304,17 @@ def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+@pytest.mark.parametrize("state", ["zeros", "given"])
 @pytest.mark.parametrize("mode", ["unfused", "fused"])
 @pytest.mark.parametrize("rnn", [LSTM, GRU])
 def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
-    rnn: type, mode: str, device: str, monkeypatch: pytest.MonkeyPatch
+    rnn: type, mode: str, state: str, device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under autocast(bf16) torch's layer runs with autocast off on bf16 inputs, state and
     weights (torch's CUDA autocast would run cuDNN's layer in fp16, without a loss scale,
     and fused members could not use the block-diagonal form): outputs and the last state
-    are the bf16 layer's (bit for bit on a CPU), and the f32 weights get f32 gradients."""
+    are the bf16 layer's (unfused on a CPU bit for bit: the same kernel), the f32 weights
+    get f32 gradients, and on a GPU the unfused layer is cuDNN's."""
     _block_diagonal_on_cpu(monkeypatch)  # fused: one torch layer, as on a GPU
     name = "lstm" if rnn is LSTM else "gru"
     calls: list[tuple[bool, set[torch.dtype]]] = []
@@ -327,31 +329,40 @@ def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
     torch.manual_seed(0)
     layers = [rnn(3, 4, num_layers=2, batch_first=True).to(device) for _ in range(2)]
     x = torch.randn(2, 5, 7, 3, device=device)  # (K, N, L, F)
-    with torch.autocast(device, dtype=BF16):
+    h0 = torch.randn(2, 2, 5, 4, device=device)  # (K, layers, N, H): f32, as tft passes it
+    hx = None if state == "zeros" else ((h0, torch.randn_like(h0)) if rnn is LSTM else h0)
+    member_hx = [None if hx is None else tree_map(lambda t, k=k: t[k], hx) for k in range(2)]
+    with (
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+        torch.autocast(device, dtype=BF16),
+    ):
         if mode == "unfused":
-            outs = [layer(x[k]) for k, layer in enumerate(layers)]
+            outs = [layer(x[k], member_hx[k]) for k, layer in enumerate(layers)]
         else:
             stacked = StackedModules(layers)
             params = dict(zip(stacked.names, stacked.stacked, strict=True))
 
-            def run(p: dict[str, torch.Tensor], xs: torch.Tensor) -> Any:
-                return torch.func.functional_call(layers[0], p, (xs,))
+            def run(p: dict[str, torch.Tensor], xs: torch.Tensor, h: Any) -> Any:
+                return torch.func.functional_call(layers[0], p, (xs, h))
 
-            fused = vmap(run)(params, x)
+            fused = vmap(run, in_dims=(0, 0, None if hx is None else 0))(params, x, hx)
             outs = [tree_map(lambda t, k=k: t[k], fused) for k in range(2)]
     assert calls and all(call == (False, {BF16}) for call in calls), calls
     for k, layer in enumerate(layers):
         reference = copy.deepcopy(layer).to(BF16)
-        expected = tree_leaves(reference(x[k].to(BF16)))
+        bf16_hx = None if hx is None else tree_map(lambda t: t.to(BF16), member_hx[k])
+        expected = tree_leaves(reference(x[k].to(BF16), bf16_hx))
         for mine, bf16s in zip(tree_leaves(outs[k]), expected, strict=True):
             assert mine.dtype == BF16
-            if device == "cpu":
+            if device == "cpu" and mode == "unfused":
                 assert torch.equal(mine, bf16s)
-            else:  # cuDNN may pick another algorithm for the joined layer's sizes
+            else:  # the joined layer's wider sums, or another cuDNN algorithm: bf16 ulps
                 torch.testing.assert_close(mine, bf16s, rtol=2e-2, atol=2e-2)
     tree_leaves(outs)[0].float().sum().backward()
     grad = layers[0].weight_ih_l0.grad if mode == "unfused" else params["weight_ih_l0"].grad
     assert grad is not None and grad.dtype == F32 and grad.abs().sum() > 0
+    if device == "cuda" and mode == "unfused":  # bf16 reaches cuDNN, not per-bar cells
+        assert any(e.name == "aten::_cudnn_rnn" for e in prof.events())
 
 
 def test_a_block_diagonal_layer_runs_in_cudnns_training_mode_where_autograd_records(
