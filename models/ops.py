@@ -102,7 +102,8 @@ class Dropout(torch.nn.Dropout):
 # all members (unfused: one per module and fold), instead of ~10 ops per bar. On a CPU,
 # where the members are wide, or where the layer computes in fp16 (``_computes_in_fp16``),
 # it runs the same equations as a loop over bars (``recurrent_loop``). Under autocast the
-# layers compute in autocast's dtype with autocast off (``_run_layers``), fused or not.
+# layers compute in autocast's dtype with autocast off (``_run_layers``), fused or not
+# (batch_first, unidirectional layers without projection, on a batch of sequences).
 # Parameter names and layout are torch's either way, so a checkpoint loads in both
 # modes; outside vmap these are torch's own layers, cuDNN kernels included.
 
@@ -176,7 +177,7 @@ def _run_layers(
     members could not use the block-diagonal form. (A CPU's autocast already runs the
     LSTM in its dtype; it left the GRU in f32.) Under vmap each layer runs through
     :class:`_MemberRecurrentLayer`; otherwise as torch's layer with the cast weights."""
-    _check_loopable(rnn)
+    _check_loopable(rnn, x)
     weights = [_layer_weights(rnn, layer) for layer in range(rnn.num_layers)]
     batched = under_vmap(x, weights[0][0])
     device = x.device.type
@@ -483,10 +484,11 @@ def _loopable(rnn: torch.nn.RNNBase) -> bool:
     return bool(rnn.batch_first and not rnn.bidirectional and not rnn.proj_size)
 
 
-def _check_loopable(rnn: torch.nn.RNNBase) -> None:
-    if not _loopable(rnn):
+def _check_loopable(rnn: torch.nn.RNNBase, x: torch.Tensor) -> None:
+    if not _loopable(rnn) or x.dim() != 3:
         raise NotImplementedError(
-            "fused recurrent layers cover batch_first, unidirectional layers without projection"
+            "fused recurrent layers cover batch_first, unidirectional layers without "
+            f"projection, on a batch of sequences (N, L, I); got input of shape {tuple(x.shape)}"
         )
 
 

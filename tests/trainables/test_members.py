@@ -362,7 +362,34 @@ def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
     grad = layers[0].weight_ih_l0.grad if mode == "unfused" else params["weight_ih_l0"].grad
     assert grad is not None and grad.dtype == F32 and grad.abs().sum() > 0
     if device == "cuda" and mode == "unfused":  # bf16 reaches cuDNN, not per-bar cells
-        assert any(e.name == "aten::_cudnn_rnn" for e in prof.events())
+        ran = sorted({e.name for e in prof.events()})
+        assert "aten::_cudnn_rnn" in ran, (torch.backends.cudnn.version(), ran)
+
+
+UNCOVERED_LAYERS = {  # what models.ops's own path leaves to torch: (layer kwargs, input)
+    "unbatched": ({"batch_first": True}, (7, 3)),
+    "bidirectional": ({"batch_first": True, "bidirectional": True}, (5, 7, 3)),
+    "not batch_first": ({"batch_first": False}, (7, 5, 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(UNCOVERED_LAYERS))
+@pytest.mark.parametrize("rnn", [LSTM, GRU])
+def test_a_layer_models_ops_does_not_cover_keeps_torchs_forward(rnn: type, case: str) -> None:
+    """Under autocast, outside vmap, such a layer is torch's (autocast's own casts, bit for
+    bit); under vmap it refuses with the reason (the fused try-out step then unfuses)."""
+    kwargs, shape = UNCOVERED_LAYERS[case]
+    torch.manual_seed(0)
+    layer = rnn(3, 4, **kwargs)
+    torchs = (nn.LSTM if rnn is LSTM else nn.GRU)(3, 4, **kwargs)
+    torchs.load_state_dict(layer.state_dict())
+    x = torch.randn(shape)
+    with torch.autocast("cpu", dtype=BF16):
+        for mine, theirs in zip(tree_leaves(layer(x)), tree_leaves(torchs(x)), strict=True):
+            assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+    params = {n: p.detach().unsqueeze(0).expand(2, *p.shape) for n, p in layer.named_parameters()}
+    with pytest.raises(NotImplementedError, match="batch_first, unidirectional"):
+        vmap(lambda p, xs: torch.func.functional_call(layer, p, (xs,)))(params, torch.stack([x, x]))
 
 
 def test_a_block_diagonal_layer_runs_in_cudnns_training_mode_where_autograd_records(
