@@ -43,13 +43,13 @@ from trainables.trainer import Trainer, fuse_plan
 
 CPU = torch.device("cpu")
 FORECAST = ("tft", "mamba2", "tggn", "tlob", "liquid", "kan", "xlstm", "diffusion")
-# Fused and unfused differ only in how batched kernels round; Adam's normalization can
-# magnify a last-bit gradient difference where a gradient is near zero (tlob's and
-# xlstm's attention and gates), so f32 weights agree to 1e-5 for most and 1e-4 for those
-# two after 20 steps; low-precision policies to a few bf16/fp16 ulps of drift.
+# Fused and unfused run different kernels (batched and unbatched matmuls and reductions),
+# which round alike on some processors and not on others: torch promises no bit-equality
+# between them (kan is bit-exact on one x86 CPU and differs in the last bits on another).
+# Adam's normalization can magnify a last-bit gradient difference where a gradient is near
+# zero (tlob's and xlstm's attention and gates), so f32 weights agree to 1e-5 for most and
+# 1e-4 for those two after 20 steps; low-precision policies to a few bf16/fp16 ulps of drift.
 F32_TOLERANCE = {"tlob": 1e-4, "xlstm": 1e-4}
-# KAN's fused step rounds as its unfused step does, forward, backward and optimizer.
-BIT_EXACT_F32 = {"kan"}
 # tft's LSTM and the diffusion's GRU run fused as one block-diagonal layer on a GPU and as
 # a loop over bars on a CPU: the family checks run both (the GPU's by its device fact).
 FUSED_CASES = (*FORECAST, "tft+block-diagonal", "diffusion+block-diagonal")
@@ -633,8 +633,6 @@ def test_a_fused_fold_trains_as_the_unfused_fold(
     for k in range(2):
         a, b = _weights(alone, k), _weights(fused, k)
         assert float((a - b).norm() / a.norm()) < tolerance, k
-        if policy == "f32" and family in BIT_EXACT_F32:
-            assert torch.equal(a, b), k
         if policy == "f32":  # a low-precision weight drift moves a short window's Sharpe
             key = f"val_sharpe_fold{k}"
             assert fused_history[-1][key] == pytest.approx(alone_history[-1][key], abs=0.01)
