@@ -4,10 +4,12 @@ offers, and node-local storage on a multi-node cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,16 +60,51 @@ def test_addresses_parse_into_the_port_to_probe(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize("scheme", ["", "ray://"])
-def test_unreachable_head_fails_within_the_probe_timeout(scheme: str) -> None:
+def test_a_closed_port_is_refused_at_once(scheme: str) -> None:
     address = f"{scheme}127.0.0.1:{free_port()}"  # nothing listens there
-    started = time.monotonic()
     with pytest.raises(ClusterError) as caught:
-        probe_head(address, timeout_s=2.0)
-    assert time.monotonic() - started < 3.0
+        probe_head(address, timeout_s=60.0)  # a refusal never waits for the timeout
     message = str(caught.value)
     assert "cannot reach the Ray head's" in message and address in message
     assert "connection refused" in message and "ray start --head" in message
     assert ("10001" if scheme else "6379") in message
+
+
+@contextlib.contextmanager
+def _port_that_never_answers() -> Iterator[int]:
+    """A loopback port whose connects hang, as behind a firewall that drops packets: a
+    listener that accepts nothing, its accept queue filled (Linux then drops further
+    SYNs, and a client's connect waits until its timeout)."""
+    with socket.socket() as server, contextlib.ExitStack() as held:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        for _ in range(16):
+            client = held.enter_context(socket.socket())
+            client.settimeout(0.5)
+            try:
+                client.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break  # the queue is full: the next connect hangs too
+        else:
+            pytest.fail("the listener's accept queue never filled")
+        yield port
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_a_head_that_never_answers_fails_at_the_probe_timeout(scheme: str) -> None:
+    with _port_that_never_answers() as port:
+        address = f"{scheme}127.0.0.1:{port}"
+        started = time.monotonic()
+        with pytest.raises(ClusterError) as caught:
+            probe_head(address, timeout_s=1.0)
+        waited = time.monotonic() - started
+    message = str(caught.value)
+    assert "cannot reach the Ray head's" in message and address in message
+    assert "no answer within 1s" in message  # the timeout branch, not a refusal
+    # It waited for its timeout, not for Ray's minutes of retries (a loose upper bound:
+    # a loaded machine may be slow to wake the probe).
+    assert 0.9 <= waited < 30.0
 
 
 def test_a_listening_head_passes_the_probe() -> None:

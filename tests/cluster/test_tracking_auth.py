@@ -364,9 +364,28 @@ def test_load_credentials_reads_a_kubernetes_secret_volume(tmp_path: Path) -> No
     assert load_credentials(tmp_path) == ("sweep", "s3cret-from-the-secret")
 
 
-def test_check_access_skips_local_stores() -> None:
+def test_check_access_skips_local_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+
+    class _Answered:  # urlopen's context manager for a 200
+        def __enter__(self) -> _Answered:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def counting_urlopen(request: urllib.request.Request, timeout: float) -> _Answered:
+        sent.append(request.full_url)
+        return _Answered()
+
+    monkeypatch.setattr(urllib.request, "urlopen", counting_urlopen)
     check_access("sqlite:///nowhere/mlflow.db")  # no server, no authentication: no request
     check_access("file:///nowhere/mlruns")
+    check_access("/nowhere/mlruns")
+    assert sent == []
+    # The counter sees a server's request: the check above could have failed.
+    check_access("http://127.0.0.1:5000")
+    assert sent == ["http://127.0.0.1:5000/api/2.0/mlflow/experiments/search"]
 
 
 def test_sweep_user_from_a_secret_volume_and_owner_only_files_after_restart(tmp_path: Path) -> None:
