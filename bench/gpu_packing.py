@@ -340,8 +340,9 @@ def sweep_outcome(results: Any) -> dict[str, Any]:
 HOLD_S = 60.0  # the longest a trained trial waits for the sweep's others to train
 
 
-def hold_until_all_trained(folder: Path, trial: str, n_trials: int, hold_s: float) -> None:
-    """Marks this trial trained and waits (at most ``hold_s``) until all ``n_trials`` are.
+def hold_until_all_trained(folder: Path, trial: str, n_trials: int, hold_s: float) -> bool:
+    """Marks this trial trained and waits (at most ``hold_s``) until all ``n_trials`` are;
+    whether they all were (False: the hold ran out).
 
     A trial keeps its GPU share while it waits, so the sweep's "at most N at once" counts
     the trials Ray admitted together, not those whose short runs happened to overlap: a
@@ -353,8 +354,11 @@ def hold_until_all_trained(folder: Path, trial: str, n_trials: int, hold_s: floa
     folder.mkdir(parents=True, exist_ok=True)
     (folder / trial.replace("/", "-")).touch()
     deadline = clock.monotonic() + hold_s
-    while sum(1 for _ in folder.iterdir()) < n_trials and clock.monotonic() < deadline:
+    while sum(1 for _ in folder.iterdir()) < n_trials:
+        if clock.monotonic() >= deadline:
+            return False
         clock.sleep(0.1)
+    return True
 
 
 def _bench_trial(config: dict[str, Any]) -> None:
