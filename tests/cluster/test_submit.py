@@ -275,7 +275,7 @@ def test_submitting_on_the_head_checks_the_server_with_the_heads_file(
     """Without credentials of its own, the client checks the server with the file the
     job will read, where it can read it (on the head); elsewhere it leaves the check to
     the job."""
-    import hpo.cli as cli
+    import hpo.cli._cluster as cli
 
     nodes = [{"state": "ALIVE", "resources_total": {"CPU": 2.0, "GPU": 1.0}}]
     monkeypatch.setattr(submit, "cluster_nodes", lambda address, token: nodes)

@@ -17,7 +17,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from dashboards.tables import cost_headline, rich_tables
-from hpo.cli import _spent_line, app
+from hpo.cli import app
+from hpo.cli._sweeps import _spent_line
 from hpo.compare import TrialRecord, compare_trials
 from hpo.cost import summarise_cost
 from hpo.trials import TrialRow, TrialStatus, spent_hours

@@ -1,5 +1,5 @@
-"""What the ``hpo`` commands share: consoles, option and argument types, tables and the
-error-and-exit path (used by :mod:`hpo.cli` and :mod:`hpo.cli_ensemble`).
+"""What the ``hpo`` commands share: consoles, option and argument types, tables, the
+error-and-exit path and the spec a sweep command loads (every module of :mod:`hpo.cli`).
 
 typer and rich only: ``hpo --help`` imports this module, so it stays instant.
 """
@@ -9,12 +9,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from hpo.spec import SweepSpec
 
 # Wide enough for the result tables when output goes to a log or a pipe (rich would use 80).
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -114,3 +117,19 @@ def titled_table(
         style = {"justify": "right", **column_style} if column in right else column_style
         table.add_column(column, **style)
     return table
+
+
+def load_sweep_spec(
+    spec_path: Path, storage: str | None, tracking_uri: str | None, name: str | None, compare: bool
+) -> SweepSpec:
+    """The spec file with the command line's overrides (`--compare` implies FIFO: paired
+    trials must all finish)."""
+    from hpo.spec import SpecError, load_spec
+
+    overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
+    if compare:
+        overrides.update(compare=True, scheduler="fifo")
+    try:
+        return load_spec(spec_path, overrides)
+    except SpecError as exc:
+        fail(str(exc))

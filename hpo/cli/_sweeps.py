@@ -1,0 +1,310 @@
+"""``hpo`` commands for sweeps: run one on Ray Tune (``hpo sweep``), continue it
+(``hpo resume``), and read where it stands (``hpo status``) and its best trials
+(``hpo best``) from its directory.
+
+    hpo sweep spec.toml [--address auto] [--compare] [--plan]
+    hpo resume hpo-results/NAME
+    hpo status hpo-results/NAME [--json]
+    hpo best hpo-results/NAME [--model tft] [--precision bf16]
+
+A sweep that stops before every planned trial ends exits 3 (:data:`EXIT_INTERRUPTED`):
+``hpo resume`` continues it. Ray and MLflow are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hpo.cli._options import (
+    CompareFlag,
+    JsonFlag,
+    NameOption,
+    RayAddress,
+    SpecArg,
+    SweepDirArg,
+    TrackingCredentials,
+    check_tracking_access,
+    console,
+    fail,
+    load_sweep_spec,
+    titled_table,
+)
+
+if TYPE_CHECKING:
+    from cluster.storage import SweepLocation
+    from hpo.trials import TrialRow
+
+
+def sweep_cmd(
+    spec_path: SpecArg,
+    address: RayAddress = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Results and checkpoints root (overrides the spec).")
+    ] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow tracking URI (overrides the spec).")
+    ] = None,
+    name: NameOption = None,
+    compare: CompareFlag = False,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Print the GPU packing plan (profiled on the GPU nodes) and exit without "
+            "launching: no sweep directory, no MLflow run.",
+        ),
+    ] = False,
+    num_gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="Local Ray only: the GPUs it offers (default: those it detects; logical "
+            "GPUs without CUDA are packed from estimates)."
+        ),
+    ] = None,
+    tracking_credentials: TrackingCredentials = None,
+) -> None:
+    """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
+    from dashboards.report import render_report
+    from hpo.record import SweepError
+    from hpo.sweep import plan_only, run_sweep
+
+    spec = load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
+    if num_gpus is not None and address is not None:
+        fail("--num-gpus sets up a local Ray; a cluster at --address declares its own GPUs")
+    if plan:
+        try:
+            text = plan_only(spec, address=address, num_gpus=num_gpus).text
+        except SweepError as exc:
+            fail(str(exc))
+        console.print(text, markup=False, highlight=False)
+        return
+    # Before Ray starts: a refused login fails here, not as retries in the outbox.
+    check_tracking_access(spec.tracking_uri, tracking_credentials)
+    grouped = (
+        f" as {spec.n_tune_trials} Tune trials (groups of up to {spec.group_size})"
+        if spec.forms_groups
+        else ""
+    )
+    scheduler = "asha per member" if spec.asha_per_member else spec.scheduler
+    console.print(
+        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials{grouped} ({', '.join(spec.models)} "
+        f"x {', '.join(spec.precisions)}; {spec.search} + {scheduler}), MLflow at "
+        f"{spec.tracking_uri}"
+    )
+    try:
+        rows = run_sweep(
+            spec,
+            address=address,
+            on_event=_print_event,
+            num_gpus=num_gpus,
+            render_report=render_report,
+        )
+    except SweepError as exc:
+        fail(str(exc))
+    _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
+    _exit_if_interrupted(rows, spec.n_trials)
+
+
+def resume_cmd(
+    sweep_dir: Annotated[
+        str,
+        typer.Argument(
+            metavar="SWEEP_DIR",
+            help="STORAGE/NAME of an interrupted sweep (a path or an object-store URI).",
+        ),
+    ],
+    address: RayAddress = None,
+    tracking_credentials: TrackingCredentials = None,
+) -> None:
+    """Continue an interrupted sweep from its checkpoints (finished trials are not re-run).
+
+    Ray Tune unpickles the sweep's saved state, which runs code as you: only resume
+    storage you trust. A local SWEEP_DIR that other users can write is refused."""
+    from dashboards.report import render_report
+    from hpo.record import SweepError, SweepRecord
+    from hpo.sweep import resume_sweep
+
+    try:
+        record = SweepRecord.read(sweep_dir)
+        check_tracking_access(record.tracking_uri, tracking_credentials)
+        console.print(f"resuming sweep [bold]{record.spec.name}[/] in {record.sweep_dir}")
+        rows = resume_sweep(
+            sweep_dir, address=address, on_event=_print_event, render_report=render_report
+        )
+    except SweepError as exc:
+        fail(str(exc))
+    _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
+    _exit_if_interrupted(rows, record.spec.n_trials)
+
+
+def status_cmd(
+    sweep_dir: SweepDirArg,
+    as_json: JsonFlag = False,
+    tracking_credentials: TrackingCredentials = None,
+) -> None:
+    """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
+    from hpo.record import SweepError, SweepRecord
+    from hpo.trials import latest_attempts, spent_hours, trial_rows
+
+    try:
+        record = SweepRecord.read(sweep_dir, check_data=False)
+    except SweepError as exc:
+        fail(str(exc))
+    attempts = trial_rows(record.sweep_dir, retried=True)
+    rows = latest_attempts(attempts)
+    spent = spent_hours(attempts)
+    if as_json:
+        payload = {
+            "planned": record.spec.n_trials,
+            "trials": [r.to_dict() for r in rows],
+            "spent": spent,
+        }
+        console.print_json(json.dumps(payload, default=str))
+        return
+    title = f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started"
+    columns = ("trial", "model", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
+    table = titled_table(title, *columns, "note")
+    for r in rows:
+        note = "diverged" if r.diverged else "fell back to f32" if r.fell_back_to_f32 else ""
+        table.add_row(
+            r.trial_id,
+            r.model,
+            r.precision,
+            str(r.seed),
+            r.pair_id,
+            r.status,
+            str(r.epochs),
+            _num(r.val_sharpe),
+            note,
+        )
+    console.print(table)
+    console.print(_spent_line(spent))
+    _print_links(record.tracking_uri, record.sweep_dir)
+
+
+def best_cmd(
+    sweep_dir: SweepDirArg,
+    model: Annotated[str | None, typer.Option(help="Only this model family.")] = None,
+    precision: Annotated[str | None, typer.Option(help="Only this precision.")] = None,
+    as_json: JsonFlag = False,
+    tracking_credentials: TrackingCredentials = None,
+) -> None:
+    """The best trial per model and precision, with the checkpoint `hpo train --resume` takes."""
+    from hpo.record import SweepError, SweepRecord
+    from hpo.trials import best_rows, trial_rows
+
+    try:
+        record = SweepRecord.read(sweep_dir, check_data=False)
+    except SweepError as exc:
+        fail(str(exc))
+    best = best_rows(trial_rows(record.sweep_dir), model=model, precision=precision)
+    if as_json:
+        console.print_json(json.dumps([r.to_dict() for r in best], default=str))
+        return
+    if not best:
+        fail("no finished trial with a validation Sharpe matches")
+    _print_best(best)
+    console.print(
+        "continue one alone: hpo train --resume CHECKPOINT --out DIR [--precision f32] [--epochs N]"
+    )
+
+
+EXIT_INTERRUPTED = 3
+
+
+def _print_event(line: str) -> None:
+    """A sweep's progress line or plan, as it is (no rich markup in trial names or tables)."""
+    console.print(line, markup=False, highlight=False)
+
+
+def _exit_if_interrupted(rows: list[TrialRow], planned: int) -> None:
+    """A sweep that stopped before every planned trial ended exits 3 (resumable)."""
+    if sum(r.done for r in rows) < planned:
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _sweep_dir(storage: str, name: str) -> SweepLocation:
+    from cluster.storage import SweepLocation
+
+    return SweepLocation.parse(storage).child(name)
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.3f}"
+
+
+def _print_best(best: list[Any]) -> None:
+    table = titled_table(
+        "best trial per model and precision (final validation Sharpe)",
+        *("model", "precision", "val Sharpe", "test Sharpe", "trial", "config", "checkpoint"),
+        overflow="fold",
+    )
+    for r in best:
+        config = ", ".join(f"{k}={_short(v)}" for k, v in sorted(r.params.items()))
+        table.add_row(
+            r.model,
+            r.precision,
+            _num(r.val_sharpe),
+            _num(r.test_sharpe),
+            r.trial_id,
+            config,
+            r.checkpoint or "—",
+        )
+    console.print(table)
+
+
+def _spent_line(spent: dict[str, dict[str, float]]) -> str:
+    """``spent so far: 0.42 GPU-hours, 0.10 CPU-hours (f32 0.30 / 0.06, bf16 ...)``."""
+    by_precision = ", ".join(
+        f"{p} {h['gpu_hours']:.2f} / {h['cpu_hours']:.2f}" for p, h in spent.items() if p != "all"
+    )
+    total = spent["all"]
+    line = f"spent so far: {total['gpu_hours']:.2f} GPU-hours, {total['cpu_hours']:.2f} CPU-hours"
+    if by_precision:
+        line += f" (GPU / CPU: {by_precision})"
+    if total["gpu_hours"] == 0.0:
+        line += "; no trial has run on a GPU"
+    return line
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _print_links(tracking_uri: str, sweep_dir: SweepLocation | Path | str) -> None:
+    """The MLflow UI's deep link to the sweep's trials (``hpo.mlflow_links``)."""
+    from cluster.storage import SweepLocation
+    from hpo.mlflow_links import sweep_links
+    from hpo.record import SweepError, SweepRecord
+
+    try:
+        record = SweepRecord.read(sweep_dir, check_data=False)
+        name, parent = record.spec.name, record.parent_run_id
+    except SweepError:
+        name, parent = SweepLocation.parse(sweep_dir).name, None
+    for line in sweep_links(tracking_uri, name, parent):
+        console.print(line, soft_wrap=True)  # a link folded over lines does not open
+
+
+def _print_sweep_result(
+    rows: list[TrialRow], planned: int, sweep_dir: SweepLocation, tracking_uri: str
+) -> None:
+    from hpo.trials import best_rows
+
+    done = sum(r.done for r in rows)
+    diverged = sum(r.diverged for r in rows)
+    fell_back = sum(r.fell_back_to_f32 for r in rows)
+    console.print(
+        f"{done}/{planned} trials finished ({len(rows) - done} not finished; {diverged} diverged, "
+        f"{fell_back} fell back to f32) in {sweep_dir}"
+    )
+    best = best_rows(rows)
+    if best:
+        _print_best(best)
+    if done < planned:
+        console.print(f"[yellow]interrupted: continue with[/] hpo resume {sweep_dir}")
+    _print_links(tracking_uri, sweep_dir)
