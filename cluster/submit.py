@@ -24,8 +24,9 @@ from the node it runs on.
 
 MLflow credentials never travel through Ray (Ray logs a job's runtime_env on every node):
 the job's sweep logs in with the head's own variables or the file on the head that
-``hpo submit --head-credentials PATH`` names (the path goes in the entrypoint). Details:
-cluster/README.md, "Tracking server authentication".
+``hpo submit --head-credentials PATH`` names (the path goes in the entrypoint).
+:func:`job_login` decides which, and what the client checks the server with before it
+submits. Details: cluster/README.md, "Tracking server authentication".
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any
 
 from cluster.connect import ClusterError
 from cluster.storage import SHARED_ENV, is_uri
+from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR, is_server_uri
 
 DEFAULT_JOBS_ADDRESS = "http://127.0.0.1:8265"
 SPEC_DIR = "_hpo_submit"  # inside the uploaded snapshot
@@ -272,6 +274,51 @@ def head_credentials_problem(path: str) -> str | None:
     if not (path.startswith("/") or path.startswith("~")):
         return f"--head-credentials {path!r}: give an absolute path (or ~/...) on the head"
     return None
+
+
+@dataclass(frozen=True)
+class JobLogin:
+    """How a submitted sweep logs in to MLflow, and what this client checks first."""
+
+    head_credentials: str | None
+    """The credentials file on the head the job's sweep reads (its path goes in the
+    entrypoint); None: the head's MLFLOW_TRACKING_* variables."""
+    check_with: Path | None
+    """The credentials file this client checks the server with before submitting; None:
+    MLflow's variables here (which ``--tracking-credentials`` sets)."""
+    note: str | None
+    """What whoever submits should know about the choice; None: nothing."""
+    secrets: tuple[str, ...]
+    """What a followed job's logs mask besides the cluster token: this client's password."""
+
+
+def job_login(
+    tracking_uri: str,
+    head_credentials: str | None = None,
+    client_credentials: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> JobLogin:
+    """Which MLflow credentials the job's sweep uses and the client checks with, decided
+    once for ``hpo submit``. The URI is the head's view; where this client sees the same
+    server, a refused login fails before submitting, and the job's sweep checks again on
+    the head before launching trials. A client without credentials of its own (neither
+    ``client_credentials`` nor MLflow's variables in ``env``) checks with the head's file
+    where it can read it (submitting on the head itself); elsewhere it leaves the check
+    to the job."""
+    env = os.environ if env is None else env
+    check_with = client_credentials
+    if check_with is None and head_credentials and not env.get(USERNAME_VAR):
+        on_head = Path(head_credentials).expanduser()
+        check_with = on_head if on_head.is_file() else None
+    note = None
+    if env.get(USERNAME_VAR) and not head_credentials and is_server_uri(tracking_uri):
+        note = (
+            "the job's sweep logs in to MLflow with the head's MLFLOW_TRACKING_* variables "
+            "(credentials are never sent); --head-credentials PATH names a file on the head "
+            "instead"
+        )
+    password = env.get(PASSWORD_VAR, "")
+    return JobLogin(head_credentials, check_with, note, (password,) if password else ())
 
 
 def new_job_id(sweep_name: str) -> str:

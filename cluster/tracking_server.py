@@ -22,7 +22,8 @@ Authentication (``auth=True``; the default of ``hpo tracking-server``): MLflow's
 :mod:`cluster.tracking_users`): a request without valid credentials gets 401, the sweep
 user (``STORE/auth/sweep.credentials``, mode 0600) writes runs, readers only read. Without
 it (``--no-auth``) anyone who reaches the port reads and rewrites every run, so that is
-allowed on a loopback address only.
+allowed on a loopback address only: :func:`exposure` is that rule, for
+:func:`start_tracking_server` and ``hpo tracking-server`` alike.
 """
 
 from __future__ import annotations
@@ -166,12 +167,8 @@ def start_tracking_server(
     ``auth``: MLflow's basic-auth app, its users created on first start (see
     :mod:`cluster.tracking_users`; ``sweep_credentials``: the sweep user's name and
     password from that file instead of generated ones). Without ``auth`` the host must be
-    a loopback address."""
-    if not auth and not is_loopback(host):
-        raise TrackingServerError(
-            f"refusing to serve {host} without authentication: anyone who reaches it could "
-            "read and rewrite every run; --no-auth is allowed on loopback (127.0.0.1) only"
-        )
+    a loopback address (:func:`exposure`)."""
+    exposure(host, auth)
     store = Path(store).expanduser().resolve()
     (store / "artifacts").mkdir(parents=True, exist_ok=True)
     auth_env: dict[str, str] = {}
@@ -240,6 +237,33 @@ def start_tracking_server(
         f"mlflow server did not answer {server.uri}/health within {timeout_s:.0f}s:\n"
         f"{_tail(log_path)}"
     )
+
+
+def exposure(host: str, auth: bool) -> tuple[str, str] | None:
+    """Who can reach a server on ``host``: raises :class:`TrackingServerError` for one
+    without ``auth`` off loopback, where anyone who reaches it could read and rewrite
+    every run; else ``(level, message)`` to show whoever starts it ("warning" or "note"),
+    or None for an authenticated server on loopback."""
+    if not auth and not is_loopback(host):
+        raise TrackingServerError(
+            f"refusing to serve {host} without authentication (--no-auth with --host "
+            f"{host}): anyone who reaches it could read and rewrite every run; a server "
+            "without authentication may listen on loopback (127.0.0.1) only: drop "
+            "--no-auth to serve the network with MLflow's authentication"
+        )
+    if not auth:
+        return (
+            "warning",
+            f"authentication is off (--no-auth): allowed because {host} is loopback; "
+            "anyone on this machine can read and write the store",
+        )
+    if not is_loopback(host):
+        return (
+            "note",
+            f"binding to {host}: clients need the sweep user's credentials; pass "
+            "--allowed-hosts for the names clients use",
+        )
+    return None
 
 
 def is_loopback(host: str) -> bool:

@@ -7,14 +7,16 @@ tracking server sweeps log to (``hpo tracking-server``).
         --tracking-uri http://127.0.0.1:5000 --follow            sweep on a Ray cluster (Jobs API)
     hpo jobs --address http://HEAD:8265                         the cluster's jobs
 
-The work is :mod:`cluster.submit`'s and :mod:`cluster.tracking_server`'s; Ray and MLflow
-are imported inside the commands.
+The commands parse flags and print; what they enforce is decided in ``cluster``: which
+MLflow credentials a submitted job uses and the client checks with
+(:func:`cluster.submit.job_login`), and that a server without authentication listens on
+loopback only (:func:`cluster.tracking_server.exposure`). Ray and MLflow are imported
+inside the commands.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -89,35 +91,25 @@ def submit_cmd(
     """Submit a sweep to a Ray cluster through the Jobs API (the working directory and
     the spec travel with it); prints the job id, with --follow streams its logs."""
     from cluster.connect import ClusterError
-    from cluster.submit import follow_job, job_client, jobs_address, resolve_token, submit_sweep
-    from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR, is_server_uri
+    from cluster.submit import (
+        follow_job,
+        job_client,
+        job_login,
+        jobs_address,
+        resolve_token,
+        submit_sweep,
+    )
 
     spec = load_sweep_spec(spec_path, storage, tracking_uri, name, compare)
-    # The URI is the head's view; where this client sees the same server, a refused login
-    # fails here, and the job's sweep checks again on the head before launching trials.
-    # Without credentials of its own, the client checks with the head's file where it can
-    # read it (submitting on the head itself).
-    check_with = tracking_credentials
-    if check_with is None and head_credentials and not os.environ.get(USERNAME_VAR):
-        on_head = Path(head_credentials).expanduser()
-        check_with = on_head if on_head.is_file() else None
-    if not check_tracking_access(spec.tracking_uri, check_with, timeout_s=3.0):
+    login = job_login(spec.tracking_uri, head_credentials, tracking_credentials)
+    if not check_tracking_access(spec.tracking_uri, login.check_with, timeout_s=3.0):
         err_console.print(
             f"note: {spec.tracking_uri} does not answer from here; the job checks it on the head",
             highlight=False,
             soft_wrap=True,
         )
-    # No MLflow secret travels through Ray (its runtime_env is logged on every node): the
-    # job's sweep logs in with the head's variables or the file --head-credentials names.
-    client_password = os.environ.get(PASSWORD_VAR, "")
-    if os.environ.get(USERNAME_VAR) and not head_credentials and is_server_uri(spec.tracking_uri):
-        err_console.print(
-            "note: the job's sweep logs in to MLflow with the head's MLFLOW_TRACKING_* "
-            "variables (credentials are never sent); --head-credentials PATH names a file "
-            "on the head instead",
-            highlight=False,
-            soft_wrap=True,
-        )
+    if login.note is not None:
+        err_console.print(f"note: {login.note}", highlight=False, soft_wrap=True)
     import logging
 
     # Ray logs every file it skips while packaging the snapshot; keep the upload line only.
@@ -135,7 +127,7 @@ def submit_cmd(
             check_resources=check_resources,
             token=token,
             client=client,
-            head_credentials=head_credentials,
+            head_credentials=login.head_credentials,
         )
     except ClusterError as exc:
         fail(str(exc))
@@ -158,7 +150,7 @@ def submit_cmd(
             client,
             submission.job_id,
             lambda text: print(text, end="", flush=True),
-            [token or "", client_password],
+            [token or "", *login.secrets],
         )
     except KeyboardInterrupt:
         err_console.print(
@@ -241,11 +233,7 @@ def tracking_server_cmd(
     import signal
     import time
 
-    from cluster.tracking_server import (
-        TrackingServerError,
-        is_loopback,
-        start_tracking_server,
-    )
+    from cluster.tracking_server import TrackingServerError, exposure, start_tracking_server
 
     if add_reader is not None:
         if no_auth:
@@ -264,22 +252,13 @@ def tracking_server_cmd(
             soft_wrap=True,
         )
         return
-    if no_auth and not is_loopback(host):
-        fail(
-            f"--no-auth with --host {host}: a server without authentication may listen on "
-            "loopback (127.0.0.1) only; drop --no-auth to serve the network with MLflow's "
-            "authentication"
-        )
-    if no_auth:
-        err_console.print(
-            f"[yellow]warning:[/] authentication is off (--no-auth): allowed because {host} "
-            "is loopback; anyone on this machine can read and write the store"
-        )
-    elif not is_loopback(host):
-        err_console.print(
-            f"[yellow]note:[/] binding to {host}: clients need the sweep user's credentials; "
-            "pass --allowed-hosts for the names clients use"
-        )
+    try:
+        said = exposure(host, auth=not no_auth)
+    except TrackingServerError as exc:
+        fail(str(exc))
+    if said is not None:
+        level, message = said
+        err_console.print(f"[yellow]{level}:[/] {message}")
     try:
         server = start_tracking_server(
             store,

@@ -21,6 +21,7 @@ from cluster.submit import (
     REDACTED,
     entrypoint,
     follow_job,
+    job_login,
     jobs_address,
     list_jobs,
     resolve_token,
@@ -275,7 +276,7 @@ def test_submitting_on_the_head_checks_the_server_with_the_heads_file(
     """Without credentials of its own, the client checks the server with the file the
     job will read, where it can read it (on the head); elsewhere it leaves the check to
     the job."""
-    import hpo.cli._cluster as cli
+    import cluster.tracking_auth as tracking_auth
 
     nodes = [{"state": "ALIVE", "resources_total": {"CPU": 2.0, "GPU": 1.0}}]
     monkeypatch.setattr(submit, "cluster_nodes", lambda address, token: nodes)
@@ -285,7 +286,7 @@ def test_submitting_on_the_head_checks_the_server_with_the_heads_file(
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
     checked: list[Path | None] = []
     monkeypatch.setattr(
-        cli, "check_tracking_access", lambda uri, creds, timeout_s=10.0: checked.append(creds)
+        tracking_auth, "check_access", lambda uri, creds, timeout_s=10.0: checked.append(creds)
     )
     heads_file = tmp_path / "sweep.credentials"
     heads_file.write_text("MLFLOW_TRACKING_USERNAME=sweep\nMLFLOW_TRACKING_PASSWORD=x\n")
@@ -298,6 +299,35 @@ def test_submitting_on_the_head_checks_the_server_with_the_heads_file(
         result = CliRunner().invoke(app, [*base, str(path)])
         assert result.exit_code == 0, result.output
     assert checked == [heads_file, None]
+
+
+def test_job_login_decides_the_credentials_the_job_uses_and_the_client_checks(
+    tmp_path: Path,
+) -> None:
+    """One place decides: the client's own file or variables where it has them, else the
+    head's file where this client can read it; the note and the masked password follow."""
+    uri = "http://mlflow:5000"
+    heads_file = tmp_path / "sweep.credentials"
+    heads_file.write_text("x")
+    mine = tmp_path / "mine.credentials"
+    variables = {"MLFLOW_TRACKING_USERNAME": "sweep", "MLFLOW_TRACKING_PASSWORD": "pw"}
+
+    by_variables = job_login(uri, None, None, env=variables)
+    assert (by_variables.head_credentials, by_variables.check_with) == (None, None)
+    assert (
+        by_variables.note is not None and "head's MLFLOW_TRACKING_* variables" in by_variables.note
+    )
+    assert by_variables.secrets == ("pw",)
+    assert job_login("sqlite:////srv/mlflow.db", None, None, env=variables).note is None
+
+    on_head = job_login(uri, str(heads_file), None, env={})
+    assert (on_head.head_credentials, on_head.check_with) == (str(heads_file), heads_file)
+    assert on_head.note is None and on_head.secrets == ()
+    elsewhere = job_login(uri, str(tmp_path / "nowhere"), None, env={})
+    assert elsewhere.check_with is None
+    # The client's own credentials win, also over the head's readable file.
+    assert job_login(uri, str(heads_file), mine, env={}).check_with == mine
+    assert job_login(uri, str(heads_file), None, env=variables).check_with is None
 
 
 # -- following and listing ---------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from cluster.tracking_auth import (
     load_credentials,
     write_credentials,
 )
-from cluster.tracking_server import TrackingServerError, start_tracking_server
+from cluster.tracking_server import TrackingServerError, exposure, start_tracking_server
 from hpo.cli import UserError, app
 from tests.cluster.local_cluster import free_port, start_tracking_server_process
 from tests.hpo.sweep_helpers import write_tiny_spec
@@ -336,6 +336,25 @@ def test_no_auth_off_loopback_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TrackingServerError, match=r"refusing to serve 10\.0\.0\.5 without auth"):
         start_tracking_server(store, host="10.0.0.5", port=0, auth=False)
     assert not store.exists()
+
+
+def test_one_rule_says_who_may_reach_the_server() -> None:
+    """`exposure` is the loopback-only rule of a server without authentication (for the
+    CLI and start_tracking_server alike) and what it says to whoever starts one."""
+    assert exposure("127.0.0.1", auth=True) is None
+    assert exposure("::1", auth=False) == (
+        "warning",
+        "authentication is off (--no-auth): allowed because ::1 is loopback; anyone on "
+        "this machine can read and write the store",
+    )
+    assert exposure("0.0.0.0", auth=True) == (
+        "note",
+        "binding to 0.0.0.0: clients need the sweep user's credentials; pass "
+        "--allowed-hosts for the names clients use",
+    )
+    for host in ("0.0.0.0", "::", "10.0.0.5", "mlflow.internal"):
+        with pytest.raises(TrackingServerError, match=f"--no-auth with --host {host}"):
+            exposure(host, auth=False)
 
 
 def test_write_credentials_is_0600_and_load_refuses_a_readable_file(tmp_path: Path) -> None:
