@@ -63,6 +63,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from hpo import compare
+from hpo.compare import mlflow_reader
 from hpo.stats import sharpe_moments
 from hpo.tracking import (
     RETURNS_ARTIFACT,
@@ -292,9 +293,10 @@ class Timing:
 
 @contextmanager
 def _timed(name: str, spent: dict[str, float]) -> Iterator[None]:
-    """Time every call of ``hpo.compare.<name>`` into ``spent[name]`` (wall) and
+    """Time every call of ``hpo.compare.mlflow_reader.<name>`` (the names
+    :func:`hpo.compare.comparison_from_mlflow` calls) into ``spent[name]`` (wall) and
     ``spent[name + " cpu"]`` (process CPU)."""
-    original: Callable[..., Any] = getattr(compare, name)
+    original: Callable[..., Any] = getattr(mlflow_reader, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         start, cpu = time.perf_counter(), time.process_time()
@@ -304,7 +306,7 @@ def _timed(name: str, spent: dict[str, float]) -> Iterator[None]:
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
             spent[f"{name} cpu"] = spent.get(f"{name} cpu", 0.0) + time.process_time() - cpu
 
-    with mock.patch.object(compare, name, wrapper):
+    with mock.patch.object(mlflow_reader, name, wrapper):
         yield
 
 
@@ -313,9 +315,9 @@ def one_by_one() -> Iterator[None]:
     """The reads as they were: one after another, every artifact through
     ``download_artifacts`` into a temporary directory, parsed a row at a time."""
     with (
-        mock.patch.object(compare, "_read_threads", lambda *_: 1),
-        mock.patch.object(compare, "_local_artifact_path", lambda run: None),
-        mock.patch.object(compare, "_parse_returns", compare.TrialReturns.from_csv),
+        mock.patch.object(mlflow_reader, "_read_threads", lambda *_: 1),
+        mock.patch.object(mlflow_reader, "_local_artifact_path", lambda run: None),
+        mock.patch.object(mlflow_reader, "_parse_returns", compare.TrialReturns.from_csv),
     ):
         yield
 
@@ -323,14 +325,16 @@ def one_by_one() -> Iterator[None]:
 @contextmanager
 def on_pool() -> Iterator[None]:
     """Today's reads on the pool of threads, which a file store's reads do not get."""
-    threads = compare._READ_THREADS
-    with mock.patch.object(compare, "_read_threads", lambda _, runs, *__: min(threads, len(runs))):
+    threads = mlflow_reader._READ_THREADS
+    with mock.patch.object(
+        mlflow_reader, "_read_threads", lambda _, runs, *__: min(threads, len(runs))
+    ):
         yield
 
 
 def time_compare(store: Store, label: str) -> Timing:
     """One ``comparison_from_mlflow`` on a cold returns cache (a fresh ``hpo compare``)."""
-    compare._RETURNS_CACHE.clear()
+    mlflow_reader._RETURNS_CACHE.clear()
     spent: dict[str, float] = {}
     context = {BEFORE: one_by_one, POOL: on_pool}.get(label, nullcontext)()
     with context, _timed("_search_all", spent), _timed("compare_trials", spent):
@@ -410,7 +414,7 @@ def run(store: Store, before: bool, rounds: int) -> list[Timing]:
     client = MlflowClient(store.tracking_uri)
     found = client.get_experiment_by_name(store.experiment)
     assert found is not None
-    compare._search_all(client, found.experiment_id, "")
+    mlflow_reader._search_all(client, found.experiment_id, "")
     labels = [BEFORE, NOW, POOL, NO_CURVES] if before else [NOW, POOL, NO_CURVES]
     runs: dict[str, list[Timing]] = {label: [] for label in labels}
     for number in range(rounds):

@@ -19,7 +19,6 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 from typer.testing import CliRunner
 
-import hpo.compare as compare_module
 from dashboards.report import render_report
 from hpo.cli import app
 from hpo.compare import (
@@ -38,6 +37,7 @@ from hpo.compare import (
     comparison_metrics,
     comparison_tags,
     log_comparison,
+    mlflow_reader,
 )
 from hpo.stats import (
     compare_paired,
@@ -818,14 +818,14 @@ def test_returns_artifacts_are_read_once_per_finished_run(
     sweep: SyntheticSweep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    original = compare_module._returns_text
+    original = mlflow_reader._returns_text
 
     def counting(client, run):  # type: ignore[no-untyped-def]
         calls.append(run.info.run_id)
         return original(client, run)
 
-    monkeypatch.setattr(compare_module, "_returns_text", counting)
-    monkeypatch.setattr(compare_module, "_RETURNS_CACHE", type(compare_module._RETURNS_CACHE)())
+    monkeypatch.setattr(mlflow_reader, "_returns_text", counting)
+    monkeypatch.setattr(mlflow_reader, "_RETURNS_CACHE", type(mlflow_reader._RETURNS_CACHE)())
     first = comparison_from_mlflow(
         sweep.experiment, sweep.tracking_uri, precisions=("f32", "bf16"), with_curves=False
     )

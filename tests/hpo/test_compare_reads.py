@@ -29,7 +29,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from hpo import compare
-from hpo.compare import TrialReturns
+from hpo.compare import TrialReturns, mlflow_reader
 from hpo.tracking import RETURNS_ARTIFACT, TAG_TRIAL
 
 from .compare_helpers import returns_csv, synthetic_returns
@@ -72,7 +72,7 @@ def _by_trial(records: list[compare.TrialRecord]) -> dict[str, compare.TrialReco
 
 def _read(store: Any) -> list[compare.TrialRecord]:
     """The trials as ``hpo compare`` reads them, on a cold returns cache."""
-    compare._RETURNS_CACHE.clear()
+    mlflow_reader._RETURNS_CACHE.clear()
     result = compare.comparison_from_mlflow(
         store.experiment, store.tracking_uri, parent_run_id=store.parent_run_id
     )
@@ -120,13 +120,13 @@ def test_reads_give_the_records_of_one_by_one_reads(
 def test_reads_go_on_the_pool_where_they_wait_on_a_server(tmp_path: Path) -> None:
     here, s3 = _fake_run(tmp_path.as_uri()), _fake_run("s3://bucket/r1/artifacts")
     runs = [here] * 40
-    assert compare._read_threads("sqlite:///m.db", runs, True, True) == 1
-    assert compare._read_threads("/abs/mlruns", runs, True, True) == 1
-    assert compare._read_threads("sqlite:///m.db", [*runs, s3], True, True) == 16
-    assert compare._read_threads("sqlite:///m.db", [*runs, s3], True, False) == 1
-    assert compare._read_threads("http://127.0.0.1:5000", runs, True, True) == 16
-    assert compare._read_threads("postgresql://db/mlflow", runs[:3], True, False) == 3
-    assert compare._read_threads("http://127.0.0.1:5000", runs, False, True) == 1
+    assert mlflow_reader._read_threads("sqlite:///m.db", runs, True, True) == 1
+    assert mlflow_reader._read_threads("/abs/mlruns", runs, True, True) == 1
+    assert mlflow_reader._read_threads("sqlite:///m.db", [*runs, s3], True, True) == 16
+    assert mlflow_reader._read_threads("sqlite:///m.db", [*runs, s3], True, False) == 1
+    assert mlflow_reader._read_threads("http://127.0.0.1:5000", runs, True, True) == 16
+    assert mlflow_reader._read_threads("postgresql://db/mlflow", runs[:3], True, False) == 3
+    assert mlflow_reader._read_threads("http://127.0.0.1:5000", runs, False, True) == 1
 
 
 def test_records_hold_what_the_store_holds(bench: ModuleType, store: Any) -> None:
@@ -174,8 +174,10 @@ def test_returns_of_a_remote_store_go_through_download_artifacts(tmp_path: Path)
     (tmp_path / "returns.csv").write_text(text)
     client = mock.Mock()
     client.download_artifacts.return_value = str(tmp_path / "returns.csv")
-    compare._RETURNS_CACHE.clear()
-    returns, note = compare._trial_returns(client, "http://h", _fake_run("s3://b/r1/artifacts"))
+    mlflow_reader._RETURNS_CACHE.clear()
+    returns, note = mlflow_reader._trial_returns(
+        client, "http://h", _fake_run("s3://b/r1/artifacts")
+    )
     assert note is None and returns is not None
     assert client.download_artifacts.call_args.args[:2] == ("r1", RETURNS_ARTIFACT)
     np.testing.assert_array_equal(
@@ -183,8 +185,10 @@ def test_returns_of_a_remote_store_go_through_download_artifacts(tmp_path: Path)
     )
 
     client.download_artifacts.side_effect = MlflowException("store away\nsecond line")
-    compare._RETURNS_CACHE.clear()
-    returns, note = compare._trial_returns(client, "http://h", _fake_run("s3://b/r1/artifacts"))
+    mlflow_reader._RETURNS_CACHE.clear()
+    returns, note = mlflow_reader._trial_returns(
+        client, "http://h", _fake_run("s3://b/r1/artifacts")
+    )
     assert returns is None
     assert note == f"no returns artifact {RETURNS_ARTIFACT} (store away)"
 
@@ -196,9 +200,9 @@ def test_an_unreadable_artifact_gives_the_line_and_a_file_store_is_read_in_place
     artifact.parent.mkdir(parents=True)
     artifact.write_text("split,fold,timestamp,return\nval,0,2021-01-04T00:00:00Z,oops\n")
     client = mock.Mock()
-    compare._RETURNS_CACHE.clear()
+    mlflow_reader._RETURNS_CACHE.clear()
     run = _fake_run((tmp_path / "artifacts").as_uri())
-    returns, note = compare._trial_returns(client, "sqlite:///x", run)
+    returns, note = mlflow_reader._trial_returns(client, "sqlite:///x", run)
     assert returns is None
     assert note == (
         f"returns artifact {RETURNS_ARTIFACT} unreadable: line 2: "
@@ -213,16 +217,16 @@ def test_the_cache_keeps_ended_runs_only(tmp_path: Path) -> None:
     artifact.write_text(synthetic_returns(0.05, 0.02, seed=4))
     client = mock.Mock()
     client.download_artifacts.side_effect = MlflowException("gone")
-    compare._RETURNS_CACHE.clear()
+    mlflow_reader._RETURNS_CACHE.clear()
     ended, running = (
         _fake_run(str(tmp_path / "artifacts")),
         _fake_run(str(tmp_path / "artifacts"), end_time=None),
     )
-    first, _ = compare._trial_returns(client, "sqlite:///x", ended)
-    assert compare._trial_returns(client, "sqlite:///x", running)[0] is not None
+    first, _ = mlflow_reader._trial_returns(client, "sqlite:///x", ended)
+    assert mlflow_reader._trial_returns(client, "sqlite:///x", running)[0] is not None
     artifact.unlink()
-    assert compare._trial_returns(client, "sqlite:///x", ended) == (first, None)
-    returns, note = compare._trial_returns(client, "sqlite:///x", running)
+    assert mlflow_reader._trial_returns(client, "sqlite:///x", ended) == (first, None)
+    returns, note = mlflow_reader._trial_returns(client, "sqlite:///x", running)
     assert returns is None and note == f"no returns artifact {RETURNS_ARTIFACT} (gone)"
 
 
@@ -272,7 +276,7 @@ def test_the_array_parse_is_from_csv(text: str) -> None:
             for split in out.bars
         }
 
-    assert parse(compare._parse_returns) == parse(TrialReturns.from_csv)
+    assert parse(mlflow_reader._parse_returns) == parse(TrialReturns.from_csv)
 
 
 def _run_compare(store: Any, command: list[str], env: dict[str, str]) -> str:
@@ -286,7 +290,8 @@ def _run_compare(store: Any, command: list[str], env: dict[str, str]) -> str:
 
 # A remote store's path: every artifact through MLflow's download_artifacts.
 FORCE_DOWNLOADS = (
-    "import sys; import hpo.compare as c; c._local_artifact_path = lambda run: None; "
+    "import sys; from hpo.compare import mlflow_reader as c; "
+    "c._local_artifact_path = lambda run: None; "
     "from hpo.cli import main; sys.argv[0] = 'hpo'; main()"
 )
 
@@ -316,13 +321,14 @@ def test_hpo_compare_prints_no_progress_bars(
 
 def test_main_turns_mlflow_progress_bars_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from hpo import cli
+    from hpo.cli import _app
 
     seen: list[str | None] = []
     # Restored after the test, whatever main() sets.
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "unset")
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     monkeypatch.setattr(
-        cli,
+        _app,  # where main() looks it up
         "exit_on_user_error",
         lambda app: seen.append(os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")),
     )
@@ -349,8 +355,8 @@ def test_the_bench_times_the_search_apart(bench: ModuleType, store: Any) -> None
     assert timing.search_s > 0 and timing.reads_s > 0 and timing.stats_s > 0
     assert timing.per_trial_s == pytest.approx((timing.reads_s + timing.stats_s) / TRIALS)
     # The timing wrappers are gone afterwards.
-    assert compare._search_all.__name__ == "_search_all"
-    assert compare.compare_trials.__name__ == "compare_trials"
+    assert mlflow_reader._search_all.__name__ == "_search_all"
+    assert mlflow_reader.compare_trials.__name__ == "compare_trials"
 
 
 def test_the_first_read_error_raises_and_stops_the_reads() -> None:
@@ -377,5 +383,5 @@ def test_the_first_read_error_raises_and_stops_the_reads() -> None:
         for i in range(200)
     ]
     with pytest.raises(MlflowException, match="store away"):
-        compare._read_trials(client, "http://127.0.0.1:5000", runs, True, False)
+        mlflow_reader._read_trials(client, "http://127.0.0.1:5000", runs, True, False)
     assert "r000" in calls and len(calls) < 100
