@@ -177,17 +177,11 @@ def predict_cmd(
         str, typer.Option(help="CSV/Parquet bars (same assets as training), or 'synthetic'.")
     ],
     out: Annotated[Path, typer.Option(help="CSV of positions (timestamp, asset, position).")],
-    policy: Annotated[
-        str, typer.Option(help="Precision policy to run in; auto = bf16 on Ampere+, else f32.")
+    precision: Annotated[
+        str, typer.Option(help="Precision to run in; auto = bf16 on Ampere+, else f32.")
     ] = "auto",
-    old_precision: Annotated[
-        str | None, typer.Option("--precision", hidden=True, help="The old name of --policy.")
-    ] = None,
 ) -> None:
     """Positions for new bars from a checkpoint, plus the backtest of those bars."""
-    if old_precision is not None:
-        console.print("[yellow]--precision is now --policy (the policy it runs in)[/]")
-        policy = old_precision
     from trainables.checkpoint import CheckpointError
     from trainables.data import OHLCVError
     from trainables.predict import predict
@@ -195,7 +189,7 @@ def predict_cmd(
     try:
         with _local_checkpoint(checkpoint) as local:
             assert local is not None
-            prediction = predict(local, data, policy=policy)
+            prediction = predict(local, data, policy=precision)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     prediction.write_csv(out)
@@ -213,9 +207,9 @@ def check_family_cmd(
     reference: Annotated[
         str, typer.Argument(help="A family: a registered name or 'package.module:ATTR'.")
     ],
-    policies: Annotated[
+    precisions: Annotated[
         list[str] | None,
-        typer.Option("--policy", help="Policies to check (repeatable; default: all four)."),
+        typer.Option("--precision", help="Precisions to check (repeatable; default: all four)."),
     ] = None,
     learning: Annotated[
         bool,
@@ -236,7 +230,7 @@ def check_family_cmd(
 
     results = run_checks(
         reference,
-        policies=tuple(policies or POLICIES),
+        policies=tuple(precisions or POLICIES),
         learning=DEFAULT_LEARNING if learning else None,
         on_result=progress,
     )

@@ -105,9 +105,12 @@ def test_predict_writes_positions_for_new_bars(tmp_path: Path) -> None:
             str(csv),
             "--out",
             str(tmp_path / "pos.csv"),
+            "--precision",
+            "f32",
         ],
     )
     assert result.exit_code == 0, result.output
+    assert "(ran in f32;" in " ".join(result.output.split())
     positions = pd.read_csv(tmp_path / "pos.csv")
     assert list(positions.columns) == ["timestamp", "asset", "position"]
     assert positions["position"].between(-1, 1).all()

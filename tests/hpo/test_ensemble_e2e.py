@@ -106,7 +106,7 @@ def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None: 
     served = subprocess.run(
         [
             *(str(HPO), "predict", "--checkpoint", str(out), "--data", str(bars)),
-            *("--out", str(positions_csv), "--policy", "f32"),
+            *("--out", str(positions_csv), "--precision", "f32"),
         ],
         cwd=tmp_path,
         capture_output=True,
