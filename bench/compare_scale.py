@@ -14,7 +14,7 @@ runs tagged as :class:`hpo.tracking.MlflowSweepCallback` tags them (the same con
 params from :func:`hpo.tracking.trial_params`), f32 and bf16 members of each
 configuration and seed over a few families, each with a short ``val_sharpe`` history and
 a returns artifact written by the trainer's own writer
-(:func:`trainables.checkpoint.returns_csv`) through ``MlflowClient.log_text``, as the
+(:func:`trainables.returns_file.returns_csv`) through ``MlflowClient.log_text``, as the
 callback logs it. A few trials diverge, run still, or have no returns artifact, as in a
 real sweep.
 
@@ -26,7 +26,7 @@ interleaved. Rows:
 
 * "before": the reads as they were (:func:`one_by_one`): one after another, every
   artifact through ``MlflowClient.download_artifacts`` into a temporary directory, parsed
-  a row at a time (``TrialReturns.from_csv``).
+  a row at a time (``trainables.returns_file``'s row parse).
 * "now": as ``hpo compare`` reads (on this store: in place, one thread).
 * "now on a pool of 16": the same on the thread pool that a server's reads get.
 * "now, no curves": no metric history read (``with_curves=False``), what a comparison
@@ -85,7 +85,8 @@ from hpo.tracking import (
     trial_params,
     trial_run_name,
 )
-from trainables.checkpoint import returns_csv
+from trainables import returns_file
+from trainables.returns_file import returns_csv
 
 FAMILIES = ("tft", "dqn", "lstm", "tlob", "kan")
 PRECISIONS = ("f32", "bf16")
@@ -317,7 +318,7 @@ def one_by_one() -> Iterator[None]:
     with (
         mock.patch.object(mlflow_reader, "_read_threads", lambda *_: 1),
         mock.patch.object(mlflow_reader, "_local_artifact_path", lambda run: None),
-        mock.patch.object(mlflow_reader, "_parse_returns", compare.TrialReturns.from_csv),
+        mock.patch.object(returns_file, "_parse_columns", lambda lines: None),
     ):
         yield
 

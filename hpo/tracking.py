@@ -756,7 +756,8 @@ def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:
     import hashlib
     import json
 
-    from trainables.checkpoint import META_FILE, RETURNS_FILE
+    from trainables.checkpoint import META_FILE
+    from trainables.returns_file import RETURNS_FILE
     from trainables.trial import CKPT_SUBDIR
 
     fs, root = checkpoint.filesystem, f"{checkpoint.path.rstrip('/')}/{state or CKPT_SUBDIR}"

@@ -7,7 +7,8 @@ A checkpoint is one directory::
     state.safetensors   the rest of the resumable state: replay buffers, environment
                         cursors, RNG generator states (tensors)
     returns.csv         the epoch's out-of-sample return series (split, fold, timestamp,
-                        return), for the comparison statistics; not needed to resume
+                        return; trainables.returns_file), for the comparison statistics;
+                        not needed to resume
     meta.json           schema version, family, effective precision, epoch, step, config,
                         metric history, default RNG states (base64), the device type the
                         generator states come from, and a SHA-256 of each file
@@ -26,22 +27,23 @@ from a hash of it (deterministic, another stream). Why: docs/reliability.md#chec
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from trainables.returns_file import RETURNS_FILE, ReturnSeries, parse_returns
+from trainables.returns_file import returns_csv as returns_csv  # what the trainer writes
 
 SCHEMA_VERSION = 2
 """2: checksums mandatory, ``rng_device`` / ``cuda_rng`` in meta, ``returns.csv``."""
@@ -49,12 +51,10 @@ READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 WEIGHTS_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
 STATE_FILE = "state.safetensors"
-RETURNS_FILE = "returns.csv"
 META_FILE = "meta.json"
 CHECKPOINTS = "checkpoints"  # a run directory's epoch checkpoints (``hpo train --out DIR``)
 TENSOR_FILES = (WEIGHTS_FILE, OPTIM_FILE, STATE_FILE)
 GENERATOR_KEY = "generator"  # last component of every generator-state key in state.safetensors
-RETURNS_COLUMNS = ("split", "fold", "timestamp", "return")
 EPOCH_DIR = re.compile(r"^epoch_(\d{4,})$")
 
 
@@ -293,50 +293,12 @@ def derived_seed(saved: torch.Tensor) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# out-of-sample return series
-
-
-@dataclass(frozen=True)
-class ReturnSeries:
-    """A trial's out-of-sample returns of one epoch, one row per (split, fold, bar).
-
-    Validation rows come fold by fold, which is time order (walk-forward validation
-    windows follow each other): concatenated, they are the joined validation track whose
-    Sharpe is ``val_sharpe``. Test rows belong to the last fold's model.
-    """
-
-    split: np.ndarray  # (N,) str: "val" or "test"
-    fold: np.ndarray  # (N,) int64
-    timestamp: np.ndarray  # (N,) datetime64[ns], UTC: the bar the return was earned over
-    returns: np.ndarray  # (N,) float64
-
-    def select(self, split: str) -> np.ndarray:
-        return self.returns[self.split == split]
-
-
-def returns_csv(segments: Sequence[tuple[str, int, np.ndarray, np.ndarray]]) -> str:
-    """CSV text of ``(split, fold, timestamps (T,) datetime64, returns (T,))`` segments.
-
-    Timestamps are ISO-8601 UTC (``...Z``) at the coarsest unit that keeps them exact;
-    returns are written with ``repr``, which round-trips float64 exactly.
-    """
-    out = io.StringIO()
-    out.write(",".join(RETURNS_COLUMNS) + "\n")
-    for split, fold, stamps, values in segments:
-        if len(stamps) != len(values):
-            raise ValueError(
-                f"{split} fold {fold}: {len(stamps)} timestamps, {len(values)} returns"
-            )
-        stamps = np.asarray(stamps, dtype="datetime64[ns]")
-        unit: Any = _exact_unit(stamps)  # one of numpy's unit literals
-        text = np.datetime_as_string(stamps, unit=unit, timezone="UTC")
-        for stamp, value in zip(text, np.asarray(values, dtype=np.float64), strict=True):
-            out.write(f"{split},{fold},{stamp},{float(value)!r}\n")
-    return out.getvalue()
+# out-of-sample return series (the format: trainables.returns_file)
 
 
 def read_returns(directory: Path) -> ReturnSeries:
-    """The :data:`RETURNS_FILE` of a checkpoint, verified against its meta checksum."""
+    """The :data:`~trainables.returns_file.RETURNS_FILE` of a checkpoint, verified against
+    its meta checksum and parsed (:func:`trainables.returns_file.parse_returns`)."""
     directory = Path(directory)
     path = directory / RETURNS_FILE
     meta = read_meta(directory)
@@ -346,26 +308,10 @@ def read_returns(directory: Path) -> ReturnSeries:
     if checksums is not None and RETURNS_FILE not in checksums:
         raise CheckpointError(path, "not listed in meta.json's checksums")
     _verify(path, checksums)
-    lines = path.read_text().splitlines()
-    if not lines or tuple(lines[0].split(",")) != RETURNS_COLUMNS:
-        raise CheckpointError(path, f"expected the header {','.join(RETURNS_COLUMNS)}")
-    rows = [line.split(",") for line in lines[1:]]
     try:
-        return ReturnSeries(
-            split=np.array([r[0] for r in rows], dtype=str),
-            fold=np.array([int(r[1]) for r in rows], dtype=np.int64),
-            timestamp=np.array([r[2].removesuffix("Z") for r in rows], dtype="datetime64[ns]"),
-            returns=np.array([float(r[3]) for r in rows], dtype=np.float64),
-        )
-    except (IndexError, ValueError) as exc:
-        raise CheckpointError(path, f"malformed row ({exc})") from exc
-
-
-def _exact_unit(stamps: np.ndarray) -> str:
-    for unit in ("s", "ms", "us"):
-        if np.array_equal(stamps.astype(f"datetime64[{unit}]").astype(stamps.dtype), stamps):
-            return unit
-    return "ns"
+        return parse_returns(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise CheckpointError(path, str(exc)) from exc
 
 
 # --------------------------------------------------------------------------------------

@@ -41,7 +41,6 @@ from hpo.compare.mlflow_writer import (
 from hpo.compare.records import (
     ALL_PRECISIONS,
     OVERALL,
-    SPLITS,
     VERDICT_SPLIT,
     Comparison,
     ComparisonError,
@@ -57,6 +56,7 @@ from hpo.compare.records import (
     contrast_key,
 )
 from hpo.tracking import MARGIN_PARAM, RETURNS_ARTIFACT
+from trainables.returns_file import SPLITS
 
 __all__ = [
     "ALL_PRECISIONS",

@@ -36,7 +36,6 @@ from cluster.tracking_auth import redact_uri
 from hpo.compare.records import (
     ALL_PRECISIONS,
     OVERALL,
-    SPLITS,
     Comparison,
     ComparisonError,
     Contrast,
@@ -63,6 +62,7 @@ from hpo.stats import (
     probability_of_backtest_overfitting,
     sharpe_difference_test,
 )
+from trainables.returns_file import SPLITS
 
 DEFAULT_MARGIN = 0.1
 """Equivalence margin, annualised Sharpe: bf16 counts as "as good" when the centre of the

@@ -28,14 +28,9 @@ from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-import numpy as np
-
 from cluster.tracking_auth import redact_uri
 from hpo.compare.inference import DEFAULT_MARGIN, compare_trials
 from hpo.compare.records import (
-    _BAR,
-    RETURNS_COLUMNS,
-    SPLITS,
     Comparison,
     ComparisonError,
     TrialRecord,
@@ -355,7 +350,7 @@ def _trial_returns(
     if text is None:
         return None, f"no returns artifact {RETURNS_ARTIFACT} ({reason})"
     try:
-        returns = _parse_returns(text)
+        returns = TrialReturns.from_csv(text)
     except ValueError as exc:
         return None, f"returns artifact {RETURNS_ARTIFACT} unreadable: {exc}"
     if end:
@@ -387,40 +382,6 @@ def _returns_text(client: Any, run: Any) -> tuple[str | None, str]:
     except (MlflowException, OSError, UnicodeDecodeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None, reason[:200]
-
-
-def _parse_returns(text: str) -> TrialReturns:
-    """:meth:`TrialReturns.from_csv`, with the columns parsed as arrays (row by row, the
-    timestamps took most of a trial's read); any text it does not take goes to
-    ``from_csv``, for its result or its error naming the line."""
-    try:
-        lines = text.splitlines()
-        if not lines or tuple(lines[0].split(",")) != RETURNS_COLUMNS:
-            raise ValueError
-        rows = [line.split(",") for line in lines[1:]]
-        if any(len(row) != len(RETURNS_COLUMNS) for row in rows):
-            raise ValueError
-        columns = tuple(zip(*rows, strict=True)) or ((), (), (), ())
-        split = np.array(columns[0], dtype=str)  # (N,)
-        if not set(columns[0]) <= set(SPLITS):
-            raise ValueError
-        fold = np.fromiter(map(int, columns[1]), np.int64, len(rows))
-        stamps = [stamp.removesuffix("Z") for stamp in columns[2]]
-        when = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
-        value = np.fromiter(map(float, columns[3]), np.float64, len(rows))
-        bars, returns = {}, {}
-        for name in SPLITS:
-            mine = np.flatnonzero(split == name)
-            # Stable, by timestamp then fold: the order of from_csv's sort of the keys.
-            mine = mine[np.lexsort((fold[mine], when[mine]))]
-            keys = np.empty(mine.size, dtype=_BAR)
-            keys["timestamp"], keys["fold"] = when[mine], fold[mine]
-            if keys.size > 1 and np.any(keys[1:] == keys[:-1]):
-                raise ValueError
-            bars[name], returns[name] = keys, value[mine]
-    except (ValueError, TypeError, OverflowError):
-        return TrialReturns.from_csv(text)
-    return TrialReturns(bars=bars, returns=returns)
 
 
 def _local_artifact_path(run: Any) -> Path | None:

@@ -19,12 +19,12 @@ import time
 from hpo.compare.records import (
     ALL_PRECISIONS,
     OVERALL,
-    SPLITS,
     VERDICT_SPLIT,
     Comparison,
     ComparisonError,
     contrast_key,
 )
+from trainables.returns_file import SPLITS
 
 ARTIFACT_DIR = "comparison"
 JSON_ARTIFACT = "comparison.json"

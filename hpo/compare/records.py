@@ -22,20 +22,16 @@ import numpy as np
 
 from hpo.cost import CostSummary
 from hpo.stats import PairedComparison
+from trainables.returns_file import SPLITS, parse_returns
 
 OVERALL = "overall"
 """Scope name of the statistics pooled over every model family."""
 ALL_PRECISIONS = "all"
 """Selection key of the DSR computed over the trials of every precision together."""
-SPLITS = ("val", "test")
-"""Validation Sharpe (what selection uses) and held-out test Sharpe (reported only)."""
 VERDICT_SPLIT = "test"
 """The split whose verdict is the headline (report, CLI, ``cmp.<scope>.verdict`` tag): the
 held-out test Sharpe, which no decision of the sweep (selection, early stopping) saw.
 Both splits carry a verdict."""
-RETURNS_COLUMNS = ("split", "fold", "timestamp", "return")
-"""Header of :data:`~hpo.tracking.RETURNS_ARTIFACT` (``trainables.checkpoint.RETURNS_COLUMNS``; not
-imported from there, so that reading MLflow needs no torch)."""
 
 # completed: done with a finite validation Sharpe; diverged: done without one (the words
 # of hpo.trials); error: Tune gave up on it; unfinished: still to run or running.
@@ -46,44 +42,26 @@ class ComparisonError(RuntimeError):
     """The comparison cannot be computed (the message says what is missing)."""
 
 
-_BAR = np.dtype([("timestamp", "i8"), ("fold", "i8")])
-"""A bar of a return series: its timestamp (ns since the epoch, UTC) and fold. Sorted,
-these keys are time order (walk-forward validation windows follow each other)."""
-
-
 @dataclass(frozen=True)
 class TrialReturns:
     """A trial's final out-of-sample returns, per split (``val``, ``test``): the bars in
-    time order and the strategy return earned over each (:data:`~hpo.tracking.RETURNS_ARTIFACT`)."""
+    time order and the strategy return earned over each (the trial run's
+    :data:`~hpo.tracking.RETURNS_ARTIFACT`, a ``returns.csv``)."""
 
     bars: dict[str, np.ndarray]
-    """split -> (T,) structured ``(timestamp, fold)`` keys, sorted, unique."""
+    """split -> (T,) :data:`trainables.returns_file.BAR` keys (timestamp, fold), sorted,
+    unique."""
     returns: dict[str, np.ndarray]
     """split -> (T,) float64 returns, in the order of ``bars``."""
 
     @classmethod
     def from_csv(cls, text: str) -> TrialReturns:
-        """Parse the artifact; ValueError naming the line on a bad header or row."""
-        lines = text.splitlines()
-        if not lines or tuple(lines[0].split(",")) != RETURNS_COLUMNS:
-            raise ValueError(f"expected the header {','.join(RETURNS_COLUMNS)}")
-        rows: dict[str, list[tuple[int, int, float]]] = {split: [] for split in SPLITS}
-        for number, line in enumerate(lines[1:], start=2):
-            try:
-                split, fold, stamp, value = line.split(",")
-                when = np.datetime64(stamp.removesuffix("Z"), "ns").astype(np.int64)
-                rows[split].append((int(when), int(fold), float(value)))
-            except (KeyError, ValueError) as exc:
-                raise ValueError(f"line {number}: {line!r} ({exc})") from None
+        """Parse the artifact (:func:`trainables.returns_file.parse_returns`); ValueError
+        naming the line on a bad header or row."""
+        series = parse_returns(text)
         bars, returns = {}, {}
-        for split, found in rows.items():
-            keys = np.array([(t, f) for t, f, _ in found], dtype=_BAR)
-            values = np.array([v for _, _, v in found], dtype=np.float64)
-            order = np.argsort(keys, kind="stable")
-            keys, values = keys[order], values[order]
-            if keys.size > 1 and np.any(keys[1:] == keys[:-1]):
-                raise ValueError(f"{split} returns list a bar twice")
-            bars[split], returns[split] = keys, values
+        for split in SPLITS:
+            bars[split], returns[split] = series.in_time_order(split)
         return cls(bars=bars, returns=returns)
 
     def n_bars(self, split: str) -> int:

@@ -32,6 +32,7 @@ import pytest
 from hpo.compare import TrialRecord, TrialReturns
 from hpo.stats import probabilistic_sharpe_ratio, sharpe_moments
 from hpo.tracking import MlflowSweepCallback, start_sweep_run
+from trainables.returns_file import returns_csv as write_returns
 
 EPOCHS = 3
 PERIODS_PER_YEAR = 252
@@ -391,17 +392,15 @@ def returns_csv(
     """The text of a returns artifact: validation folds one after another in time (daily
     bars from ``START`` + ``start_bar``), then the test period after them (last fold's).
     ``skip`` drops the first bars of every segment (a longer lookback)."""
-    lines = ["split,fold,timestamp,return"]
     bar = start_bar
-    segments = [("val", k, r) for k, r in enumerate(val_folds)]
-    segments.append(("test", len(val_folds) - 1, test))
-    for split, fold, values in segments:
-        for i, value in enumerate(values):
-            if i >= skip:
-                stamp = np.datetime_as_string(START + (bar + i) * BAR, unit="s", timezone="UTC")
-                lines.append(f"{split},{fold},{stamp},{float(value)!r}")
+    segments = []
+    parts = [("val", k, r) for k, r in enumerate(val_folds)]
+    parts.append(("test", len(val_folds) - 1, test))
+    for split, fold, values in parts:
+        stamps = START + (bar + np.arange(len(values))) * BAR
+        segments.append((split, fold, stamps[skip:], np.asarray(values)[skip:]))
         bar += len(values)
-    return "\n".join(lines) + "\n"
+    return write_returns(segments)
 
 
 def record_with_returns(

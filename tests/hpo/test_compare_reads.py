@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from hpo import compare
 from hpo.compare import TrialReturns, mlflow_reader
 from hpo.tracking import RETURNS_ARTIFACT, TAG_TRIAL
+from trainables import returns_file
 
 from .compare_helpers import returns_csv, synthetic_returns
 
@@ -265,10 +266,13 @@ def _shuffled_csv() -> str:
         "nothing",
     ],
 )
-def test_the_array_parse_is_from_csv(text: str) -> None:
-    def parse(how: Any) -> Any:
+def test_the_array_parse_is_the_row_parse(text: str) -> None:
+    """The returns file's parser takes the text as columns where it can: the same records
+    and the same errors (naming the line) as a row at a time."""
+
+    def parse() -> Any:
         try:
-            out = how(text)
+            out = TrialReturns.from_csv(text)
         except ValueError as exc:
             return f"ValueError: {exc}"
         return {
@@ -276,7 +280,9 @@ def test_the_array_parse_is_from_csv(text: str) -> None:
             for split in out.bars
         }
 
-    assert parse(mlflow_reader._parse_returns) == parse(TrialReturns.from_csv)
+    with mock.patch.object(returns_file, "_parse_columns", lambda lines: None):
+        by_rows = parse()
+    assert parse() == by_rows
 
 
 def _run_compare(store: Any, command: list[str], env: dict[str, str]) -> str:
