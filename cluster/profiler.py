@@ -379,7 +379,7 @@ def _until_replayed(trainer: Any, unit: Any) -> None:
     """Step ``unit`` until a step the trainer captures in a CUDA graph is captured and
     replayed, so the graph's private memory pool is in the reservation measured (the
     trial's allocator cap counts it too); returns at once for an eager step."""
-    from trainables.trainer import GRAPH_WARMUP_STEPS
+    from trainables.cuda_graphs import GRAPH_WARMUP_STEPS
 
     for _ in range(GRAPH_WARMUP_STEPS + 1):
         step = getattr(unit, "step", None)

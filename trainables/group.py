@@ -39,7 +39,8 @@ from models import get_family
 from models.base import Family
 from trainables.checkpoint import Checkpoint
 from trainables.config import TrainConfig
-from trainables.trainer import Fusion, Trainer, TrialDiverged, restore_default_rng
+from trainables.rng_state import restore_default_rng
+from trainables.trainer import Fusion, Trainer, TrialDiverged
 from trainables.trial_keys import MEMBER_SETTINGS
 
 

@@ -10,14 +10,14 @@ windows concatenated in time order); ``val_sharpe_per_period``, ``val_skew``,
 trades the held-out test period (``test_*``, never used for selection). :meth:`Trainer.save`
 writes the epoch's return series beside the checkpoint (``returns.csv``: validation per
 fold and test). A position that is not finite raises :class:`TrialDiverged` naming the
-fold and split.
+fold and split. The epoch's metrics from losses and backtests: :mod:`trainables.epoch_metrics`.
 
 Both training paths run through the same guarded step (:mod:`trainables.precision`):
 forecast families take shuffled minibatches of windows (an epoch's last short batch is
 dropped) -> ``model.loss(batch)``; rl families ``learner.collect(env)``, then one step per
 loss of ``learner.losses()``. The host reads device values once per ``log_every`` steps
-and at epoch end; on CUDA :class:`StepRunner` captures a forecast step in a CUDA graph
-and replays it (``trainer.cuda_graphs``), elsewhere it runs eagerly.
+and at epoch end; on CUDA a forecast step is captured in a CUDA graph and replayed
+(:mod:`trainables.cuda_graphs`, ``trainer.cuda_graphs``), elsewhere it runs eagerly.
 
 Resume (``Trainer(config, checkpoint=...)``) is bit-exact on the device type the checkpoint
 was written on and deterministic on another; a trial that fell back from bf16 to f32
@@ -26,8 +26,6 @@ resumes in f32. Why: docs/statistics.md#one-quantity, docs/precision.md#the-hot-
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import logging
 import math
 import time
@@ -42,19 +40,20 @@ from torch import nn
 
 from models import get_family
 from models.base import Batch, DataShape, Family, RLLearner
-from trainables.backtest import BacktestResult, backtest, sharpe_ratio
+from trainables.backtest import BacktestResult, backtest
 from trainables.checkpoint import (
     RETURNS_FILE,
     Checkpoint,
     CheckpointError,
-    derived_seed,
     portable_generator_states,
     returns_csv,
     save_checkpoint,
 )
 from trainables.config import TrainConfig
+from trainables.cuda_graphs import StepRunner, graph_plan
 from trainables.dataset import FoldData, Market, build_fold, build_market
 from trainables.env import TradingEnv
+from trainables.epoch_metrics import OutOfSample, epoch_metrics
 from trainables.inference import span_positions
 from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.memory import TrialMemory
@@ -71,10 +70,10 @@ from trainables.precision import (
     is_low_precision,
     promote_to_f32,
 )
+from trainables.rng_state import default_rng_meta, restore_default_rng
 
 EPOCH_START_SAMPLE = 512  # windows shown to on_epoch_start hooks
 EpochCallback = Callable[["Trainer", dict[str, Any]], None]
-GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture (allocator, cuBLAS)
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +293,7 @@ class Trainer:
         test_result = self._evaluate(self.folds[-1], self.folds[-1].data.test, "test")
         self._evaluated = OutOfSample(val=val_results, test=test_result)
         self.epoch += 1
-        metrics = self._epoch_metrics(loss_sums, val_results, test_result, steps, train_seconds)
+        metrics = self._epoch_metrics(loss_sums, self._evaluated, steps, train_seconds)
         metrics["epoch_time_s"] = time.perf_counter() - started
         metrics["epoch_cpu_s"] = time.process_time() - cpu_started
         # Totals over the trial's epochs, resumes included (the history is checkpointed):
@@ -339,7 +338,15 @@ class Trainer:
             def step(x: torch.Tensor, y: torch.Tensor, gaps: torch.Tensor) -> StepResult:
                 return self.forecast_step(run, Batch(x=x, y=y, gaps=gaps))
 
-            run.step = StepRunner(self, f"fold {run.index}", step, capture, why_not)
+            run.step = StepRunner(
+                f"fold {run.index}",
+                step,
+                capture,
+                why_not,
+                device=self.device,
+                family=self.family.name,
+                cuda_graphs=self.config.cuda_graphs,
+            )
         return run.step
 
     def forecast_step(self, run: FoldRun, batch: Batch) -> StepResult:
@@ -477,20 +484,14 @@ class Trainer:
     def _epoch_metrics(
         self,
         loss_sums: list[tuple[torch.Tensor, torch.Tensor]],
-        val: list[BacktestResult],
-        test: BacktestResult,
+        evaluated: OutOfSample,
         steps: int,
         train_seconds: float,
     ) -> dict[str, Any]:
-        losses = [float(s) / max(float(n), 1.0) for s, n in loss_sums]
         return {
             "epoch": self.epoch,
             "step": self.global_step,
-            "train_loss": float(np.mean(losses)),
-            **validation_metrics(val, self.config.periods_per_year),
-            "test_sharpe": test.sharpe,
-            "test_sortino": test.sortino,
-            "test_max_drawdown": test.max_drawdown,
+            **epoch_metrics(loss_sums, evaluated, self.config.periods_per_year),
             "skipped_steps": self.skipped_steps,
             "steps_per_s": steps / train_seconds if train_seconds > 0 else 0.0,
             "peak_mem_mb": self.memory.peak_mb(),
@@ -919,7 +920,15 @@ class Fusion:
             def step(times: torch.Tensor, active: torch.Tensor) -> StepResult:
                 return self.fused_step(fused, times, active=active)
 
-            fused.step = StepRunner(host, f"{fused.k} fused folds", step, capture, why_not)
+            fused.step = StepRunner(
+                f"{fused.k} fused folds",
+                step,
+                capture,
+                why_not,
+                device=host.device,
+                family=host.family.name,
+                cuda_graphs=host.config.cuda_graphs,
+            )
         return fused.step
 
     def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
@@ -936,7 +945,16 @@ class Fusion:
                 return self.fused_step(fused, times, index, active)
 
             label = f"folds {list(members)} fused"
-            runner = StepRunner(self.host, label, step, False, "a subset step runs eagerly")
+            host = self.host
+            runner = StepRunner(
+                label,
+                step,
+                False,
+                "a subset step runs eagerly",
+                device=host.device,
+                family=host.family.name,
+                cuda_graphs=host.config.cuda_graphs,
+            )
             fused.subset_steps[members] = runner
         return runner
 
@@ -1005,61 +1023,6 @@ def _require(
         ) from None
 
 
-def _return_moments(returns: np.ndarray) -> dict[str, float]:
-    """Per-period Sharpe, skew and raw kurtosis of validation returns (for PSR / DSR).
-
-    Skew and kurtosis are the biased moment ratios m3 / m2^1.5 and m4 / m2^2, what
-    ``scipy.stats.skew`` / ``kurtosis(fisher=False)`` return by default, computed here:
-    importing ``scipy.stats`` costs a trial worker about 0.9 s at its first epoch."""
-    n = int(returns.size)
-    std = float(returns.std(ddof=1)) if n > 1 else 0.0
-    if n < 3 or std == 0.0:
-        return {"sharpe_per_period": 0.0, "skew": 0.0, "kurtosis": 3.0, "n_obs": n}
-    centred = returns.astype(np.float64) - returns.mean(dtype=np.float64)
-    m2 = float(np.mean(centred**2))
-    return {
-        "sharpe_per_period": float(returns.mean() / std),
-        "skew": float(np.mean(centred**3)) / m2**1.5,
-        "kurtosis": float(np.mean(centred**4)) / m2**2,
-        "n_obs": n,
-    }
-
-
-@dataclass(frozen=True)
-class OutOfSample:
-    """One epoch's out-of-sample backtests: one per fold's validation window, and test."""
-
-    val: list[BacktestResult]
-    test: BacktestResult
-
-
-def validation_metrics(
-    val: Sequence[BacktestResult], periods_per_year: float
-) -> dict[str, float | int]:
-    """The ``val_*`` metrics of one epoch from the folds' validation backtests.
-
-    ``val_sharpe`` is the annualised Sharpe of the joined validation returns (the folds'
-    windows in fold order, which is time order), and ``val_sharpe_per_period``,
-    ``val_skew``, ``val_kurtosis``, ``val_n_obs`` are that series' moments for the PSR /
-    DSR: selection and deflation use one quantity. ``val_sharpe_fold{k}`` are the folds'
-    own Sharpes and ``val_sharpe_fold_mean`` their mean; Sortino, turnover and hit rate
-    are fold means, the drawdown the worst fold's.
-    """
-    joined = np.concatenate([v.returns for v in val])
-    metrics: dict[str, float | int] = {
-        "val_sharpe": sharpe_ratio(joined, periods_per_year),
-        "val_sharpe_fold_mean": float(np.mean([v.sharpe for v in val])),
-        "val_sortino": float(np.mean([v.sortino for v in val])),
-        "val_max_drawdown": float(np.max([v.max_drawdown for v in val])),
-        "val_turnover": float(np.mean([v.turnover for v in val])),
-        "val_hit_rate": float(np.mean([v.hit_rate for v in val])),
-        **{f"val_{k}": v for k, v in _return_moments(joined).items()},
-    }
-    for k, v in enumerate(val):
-        metrics[f"val_sharpe_fold{k}"] = v.sharpe
-    return metrics
-
-
 def resumed_precision(config: TrainConfig, checkpoint: Checkpoint | None) -> str:
     """The policy a trial runs under: ``config.precision``, except that a trial which fell
     back from bf16 to f32 stays f32 when it is resumed under the precision it fell back
@@ -1075,28 +1038,6 @@ def _stays_fallen_back(config: TrainConfig, meta: Mapping[str, Any]) -> bool:
     a precision asked for on resume is a policy of its own, not a fallback."""
     requested = meta.get("requested_precision", config.precision)
     return bool(meta.get("fell_back_to_f32")) and requested == config.precision
-
-
-# ----------------------------------------------------------------------------------------
-# the forecast step, eager or replayed from a CUDA graph
-
-
-def cuda_graphs_supported(device: torch.device) -> bool:
-    """The device fact graph capture needs (tests fake it to run the capture path on CPU)."""
-    return device.type == "cuda"
-
-
-def graph_plan(setting: str, device: torch.device, family: Family) -> tuple[bool, str]:
-    """(capture the step?, why not) for ``trainer.cuda_graphs = setting``."""
-    if setting == "off":
-        return False, "trainer.cuda_graphs is off"
-    if family.kind == "rl":
-        return False, f"{family.name} is an rl family: its steps come from a loss generator"
-    if not cuda_graphs_supported(device):
-        return False, f"no CUDA graphs on a {device.type} device"
-    if setting == "auto" and not family.step_is_static:
-        return False, f"{family.name} does not declare its step static (Family.static_step)"
-    return True, ""
 
 
 def fuse_plan(
@@ -1142,206 +1083,6 @@ def _try_fused_step(
         loss.float().sum().backward()
     for p in module.parameters():
         p.grad = None
-
-
-def capture_cuda_graph(
-    step: Callable[[], None], device: torch.device, stream: Any = None
-) -> Callable[[], None]:
-    """Record one call of ``step`` in a CUDA graph (nothing runs); returns its replay.
-
-    On ``stream``, the one the warm-up ran on (cuBLAS keeps a workspace per stream), into
-    the graph's own memory pool (one per fold: sharing one across the folds would save
-    memory but makes every later capture's allocations a hazard to check; the profiler
-    measures the same per-fold pools the trial has). Written out instead of
-    ``with torch.cuda.graph(...)``, whose exit ends the capture before restoring the
-    stream: when the step fails inside the capture, ``capture_end`` raises too and the
-    process stays on the capture stream, with the failed capture's pool held. Here the
-    capture is ended (its error dropped), the caller's stream restored, and the step's
-    own error raised, so the eager fallback runs where it should and says why."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device):
-        previous = torch.cuda.current_stream(device)
-        stream = stream if stream is not None else torch.cuda.Stream(device)
-        torch.cuda.synchronize(device)  # as torch.cuda.graph does before it begins
-        torch.cuda.empty_cache()
-        stream.wait_stream(previous)
-        with torch.cuda.stream(stream):  # restores ``previous`` on the way out, raised or not
-            graph.capture_begin()
-            try:
-                step()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    graph.capture_end()  # "a previous error during capture": not the news
-                _give_back(graph)
-                raise
-            try:
-                graph.capture_end()
-            except BaseException:
-                _give_back(graph)
-                raise
-        previous.wait_stream(stream)
-    return graph.replay
-
-
-def _give_back(graph: Any) -> None:
-    """Release a failed capture's memory pool now, not when the graph is collected."""
-    with contextlib.suppress(Exception):
-        graph.reset()
-
-
-@contextlib.contextmanager
-def _on_stream(device: torch.device, side: Any) -> Iterator[None]:
-    """Warm-up steps run on a side stream, as capture requires; no-op off CUDA."""
-    if device.type != "cuda":
-        yield
-        return
-    current = torch.cuda.current_stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        yield
-    current.wait_stream(side)
-
-
-class StepRunner:
-    """One training step, called with its inputs each time; returns (f32 loss, ok) tensors
-    (``(K,)`` each for fused members).
-
-    ``step`` is the eager step on ``inputs`` (a fold's batch fields, or the fused members'
-    decision times and active mask). Eager: ``step(*inputs)``. Captured (``capture``
-    True): the inputs are copied into static tensors and the step runs on them; the first
-    :data:`GRAPH_WARMUP_STEPS` calls eagerly on a side stream, the next one is recorded
-    with :func:`capture_cuda_graph` and replayed, and so is every later one. Warm-up and
-    capture train on the inputs they are given, so a trial takes the same steps either
-    way. A capture that fails is logged with its reason and the step runs eagerly from
-    then on. The outputs of a replayed step are the same two tensors each time: consume
-    them before the next call (the trainer adds them into its epoch sums at once).
-    """
-
-    def __init__(
-        self,
-        trainer: Trainer,
-        label: str,
-        step: Callable[..., StepResult],
-        capture: bool,
-        why_not: str,
-    ) -> None:
-        self.trainer, self.label, self.step = trainer, label, step
-        self.capture = capture
-        self.why_not = why_not
-        self.replay: Callable[[], None] | None = None
-        self.warmed = 0
-        self.static: tuple[torch.Tensor, ...] | None = None
-        device = trainer.device
-        # One side stream for the warm-up steps and the capture (a new stream per call
-        # would cost a cuBLAS workspace each).
-        self.stream = torch.cuda.Stream(device) if capture and device.type == "cuda" else None
-        self.loss: torch.Tensor | None = None
-        self.ok: torch.Tensor | None = None
-        if not capture and trainer.config.cuda_graphs == "on":
-            log.warning("trainer.cuda_graphs=on, stepping eagerly: %s", why_not)
-
-    @property
-    def replaying(self) -> bool:
-        return self.replay is not None
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.capture:
-            result = self.step(*inputs)
-            return result.loss, result.ok
-        self._load(inputs)
-        if self.replay is None:
-            device = self.trainer.device
-            if self.warmed < GRAPH_WARMUP_STEPS:
-                self.warmed += 1
-                with _on_stream(device, self.stream):
-                    self._static_step()
-                return self._outputs()
-            try:
-                self.replay = capture_cuda_graph(self._static_step, device, self.stream)
-            except Exception as exc:  # any capture failure: train on, eagerly
-                self.capture = False
-                self.why_not = f"capture failed: {type(exc).__name__}: {exc}"
-                log.warning(
-                    "%s %s: CUDA graph %s; stepping eagerly",
-                    self.trainer.family.name,
-                    self.label,
-                    self.why_not,
-                )
-                return self(*inputs)
-        self.replay()
-        return self._outputs()
-
-    def _outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.loss is not None and self.ok is not None
-        return self.loss, self.ok
-
-    def _load(self, inputs: tuple[torch.Tensor, ...]) -> None:
-        """Copy ``inputs`` into the static inputs (allocated from the first call)."""
-        if self.static is None:
-            self.static = tuple(t.clone() for t in inputs)
-            return
-        for i, (static, new) in enumerate(zip(self.static, inputs, strict=True)):
-            if new.shape != static.shape:
-                raise ValueError(
-                    f"a captured step needs static shapes: input {i} of the {self.label} "
-                    f"step is {tuple(new.shape)}, the captured one {tuple(static.shape)}"
-                )
-            static.copy_(new)
-
-    def _static_step(self) -> None:
-        assert self.static is not None
-        result = self.step(*self.static)
-        if self.loss is None or self.ok is None:  # outputs the replays write into
-            self.loss, self.ok = result.loss.detach().clone(), result.ok.clone()
-            return
-        self.loss.copy_(result.loss)
-        self.ok.copy_(result.ok)
-
-
-# ----------------------------------------------------------------------------------------
-# default generators (the streams dropout, randn_like and exploration draw from)
-
-
-def _cuda_in_use() -> bool:
-    # Not initialized means nothing in this process drew from a CUDA generator, and
-    # touching one would create a CUDA context for a CPU trial.
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
-def _cuda_device(device: torch.device) -> torch.device | str:
-    return device if device.type == "cuda" else "cuda"
-
-
-def default_rng_meta(device: torch.device) -> dict[str, str]:
-    """Checkpoint meta for the default generators: the CPU one always, the CUDA one of
-    ``device`` where CUDA is in use, and the device type generator states are shaped for."""
-    meta = {"torch_rng": _b64(torch.get_rng_state()), "rng_device": device.type}
-    if _cuda_in_use():
-        meta["cuda_rng"] = _b64(torch.cuda.get_rng_state(_cuda_device(device)))
-    return meta
-
-
-def restore_default_rng(meta: Mapping[str, Any], device: torch.device) -> None:
-    """Restore :func:`default_rng_meta`. Without a saved CUDA state (a CPU or schema-1
-    checkpoint resumed on a GPU) the CUDA generator is seeded from the saved CPU state,
-    so it does not replay the stream of the trial's first epoch."""
-    cpu_state = _from_b64(meta["torch_rng"])
-    torch.set_rng_state(cpu_state)
-    if not _cuda_in_use():
-        return
-    if "cuda_rng" in meta:
-        torch.cuda.set_rng_state(_from_b64(meta["cuda_rng"]), _cuda_device(device))
-    else:
-        with torch.cuda.device(_cuda_device(device)):
-            torch.cuda.manual_seed(derived_seed(cpu_state))
-
-
-def _b64(state: torch.Tensor) -> str:
-    return base64.b64encode(state.cpu().numpy().tobytes()).decode()
-
-
-def _from_b64(text: str) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
 
 
 def is_finite_number(value: Any) -> bool:

@@ -320,8 +320,9 @@ def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capt
     `_count` on CPU with the device facts faked: a capture that keeps the step, and
     allocator statistics that log when read."""
     import cluster.profiler as profiler
-    import trainables.trainer as trainer_module
-    from trainables.trainer import GRAPH_WARMUP_STEPS, Trainer
+    import trainables.cuda_graphs as trainer_module
+    from trainables.cuda_graphs import GRAPH_WARMUP_STEPS
+    from trainables.trainer import Trainer
 
     events: list[str] = []
 

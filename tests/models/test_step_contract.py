@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-import trainables.trainer as trainer_module
+import trainables.cuda_graphs as trainer_module
 from models import family_names, get_family
 from models.base import Batch
 from tests.models.test_contract import POLICIES, TINY

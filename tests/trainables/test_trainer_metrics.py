@@ -24,9 +24,10 @@ from trainables.checkpoint import (
     save_checkpoint,
 )
 from trainables.config import DataConfig
+from trainables.epoch_metrics import validation_metrics
 from trainables.memory import TrialMemory
 from trainables.predict import predict
-from trainables.trainer import Trainer, TrialDiverged, validation_metrics
+from trainables.trainer import Trainer, TrialDiverged
 
 PPY = 252.0
 
