@@ -201,7 +201,8 @@ class Landscape:
         return curve[epoch - 1]
 
     def _extend(self, key: str, trial: TrialConfig, curve: list[float], epoch: int) -> None:
-        from trainables.trainer import Trainer, TrialDiverged
+        from trainables.fold_run import TrialDiverged
+        from trainables.trainer import Trainer
 
         started = time.perf_counter()
         live = self.live.pop(key, None)

@@ -196,7 +196,7 @@ def check_host_reads(family_ref: str, policy: str = "f32") -> str:
                 refit(batch)
 
         run.model.on_epoch_start = allowed_refit  # type: ignore[assignment]
-    train = trainer._train_rl if trainer.is_rl else trainer._train_forecast
+    train = trainer.train_fold
     try:
         with guard:
             loss_sum, n_ok = train(run)

@@ -8,7 +8,7 @@ A group's members are trials that share every setting that shapes a training ste
 and may differ in :func:`member_settings` (seed, lr, weight decay, the family's own: the
 position scale, dropout rates, loss weights, which the step reads per member). Each
 member is a whole :class:`~trainables.trainer.Trainer` (its folds, history, evaluation,
-checkpoint); one :class:`~trainables.trainer.Fusion` trains all members' folds as one
+checkpoint); one :class:`~trainables.fusion.Fusion` trains all members' folds as one
 vmapped model, with lr and weight decay per member in the fused optimizer. A member's
 checkpoint is an ordinary trial checkpoint (``hpo train --resume`` continues it alone;
 :class:`TrainerGroup` takes the members' checkpoints to continue the group).
@@ -39,8 +39,10 @@ from models import get_family
 from models.base import Family
 from trainables.checkpoint import Checkpoint
 from trainables.config import TrainConfig
+from trainables.fold_run import TrialDiverged
+from trainables.fusion import Fusion
 from trainables.rng_state import restore_default_rng
-from trainables.trainer import Fusion, Trainer, TrialDiverged
+from trainables.trainer import Trainer
 from trainables.trial_keys import MEMBER_SETTINGS
 
 

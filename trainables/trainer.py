@@ -1,16 +1,15 @@
 """The one shared trainer every trial wraps (in-process for ``hpo train``, inside a Ray
-Tune trial for sweeps).
+Tune trial for sweeps): the trial loop.
 
 One :class:`Trainer` trains a model family under a precision policy on walk-forward folds:
-one model per fold, trained side by side, each validated on its own window every epoch.
-``val_sharpe`` is the annualised Sharpe of the *joined* validation returns (the folds'
-windows concatenated in time order); ``val_sharpe_per_period``, ``val_skew``,
-``val_kurtosis`` and ``val_n_obs`` describe the same series. Per-fold Sharpes stay as
-``val_sharpe_fold{k}``, their mean as ``val_sharpe_fold_mean``. The last fold's model
-trades the held-out test period (``test_*``, never used for selection). :meth:`Trainer.save`
+one model per fold, trained side by side (fused where they can be:
+:mod:`trainables.fusion`), each validated on its own window every epoch; the last fold's
+model trades the held-out test period. An epoch's metrics are those of
+:mod:`trainables.epoch_metrics` (``val_sharpe`` of the joined validation returns, never
+the test period for selection) and the trainer's own counters. :meth:`Trainer.save`
 writes the epoch's return series beside the checkpoint (``returns.csv``: validation per
-fold and test). A position that is not finite raises :class:`TrialDiverged` naming the
-fold and split. The epoch's metrics from losses and backtests: :mod:`trainables.epoch_metrics`.
+fold and test). A position that is not finite raises
+:class:`~trainables.fold_run.TrialDiverged` naming the fold and split.
 
 Both training paths run through the same guarded step (:mod:`trainables.precision`):
 forecast families take shuffled minibatches of windows (an epoch's last short batch is
@@ -18,6 +17,8 @@ dropped) -> ``model.loss(batch)``; rl families ``learner.collect(env)``, then on
 loss of ``learner.losses()``. The host reads device values once per ``log_every`` steps
 and at epoch end; on CUDA a forecast step is captured in a CUDA graph and replayed
 (:mod:`trainables.cuda_graphs`, ``trainer.cuda_graphs``), elsewhere it runs eagerly.
+Fusion trains a trainer's folds through its public methods (:meth:`Trainer.train_fold`,
+:meth:`Trainer.fold_step`, :meth:`Trainer.count_steps`).
 
 Resume (``Trainer(config, checkpoint=...)``) is bit-exact on the device type the checkpoint
 was written on and deterministic on another; a trial that fell back from bf16 to f32
@@ -26,11 +27,9 @@ resumes in f32. Why: docs/statistics.md#one-quantity, docs/precision.md#the-hot-
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,7 +38,7 @@ import torch
 from torch import nn
 
 from models import get_family
-from models.base import Batch, DataShape, Family, RLLearner
+from models.base import Batch, DataShape, RLLearner
 from trainables.backtest import BacktestResult, backtest
 from trainables.checkpoint import (
     RETURNS_FILE,
@@ -54,13 +53,13 @@ from trainables.cuda_graphs import StepRunner, graph_plan
 from trainables.dataset import FoldData, Market, build_fold, build_market
 from trainables.env import TradingEnv
 from trainables.epoch_metrics import OutOfSample, epoch_metrics
+from trainables.fold_run import EPOCH_START_SAMPLE, FoldRun, TrialDiverged
+from trainables.fusion import FusedFolds, Fusion
 from trainables.inference import span_positions
-from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.memory import TrialMemory
 from trainables.optim import GuardedAdamW
 from trainables.precision import (
     F32,
-    LossScaler,
     PrecisionPolicy,
     StepGuard,
     StepResult,
@@ -72,73 +71,7 @@ from trainables.precision import (
 )
 from trainables.rng_state import default_rng_meta, restore_default_rng
 
-EPOCH_START_SAMPLE = 512  # windows shown to on_epoch_start hooks
 EpochCallback = Callable[["Trainer", dict[str, Any]], None]
-
-log = logging.getLogger(__name__)
-
-
-class TrialDiverged(RuntimeError):
-    """Training cannot continue: non-finite steps persist after every mitigation."""
-
-
-@dataclass
-class FoldRun:
-    """Everything one walk-forward fold trains with. When the folds train fused, the
-    fold's model, data, optimizer state, guard and scaler are views of the fused ones."""
-
-    index: int
-    data: FoldData
-    model: nn.Module
-    optimizer: GuardedAdamW | _MemberOptimizer
-    guard: StepGuard
-    scaler: LossScaler | None
-    generator: torch.Generator  # minibatch order
-    env: TradingEnv | None = None  # rl families only
-    step: StepRunner | None = None  # forecast families: built on the first training step
-
-
-@dataclass
-class FusedFolds:
-    """Folds as fused members (member k = ``runs[k]``): one module, data, optimizer, guard
-    and scaler over all of them."""
-
-    runs: list[FoldRun]
-    model: StackedModules
-    data: StackedFolds
-    optimizer: GuardedAdamW
-    guard: StepGuard
-    scaler: LossScaler | None
-    step: StepRunner | None = None  # the step of every member
-    subset_steps: dict[tuple[int, ...], StepRunner] = field(default_factory=dict)
-
-    @property
-    def k(self) -> int:
-        return self.model.k
-
-
-class _MemberOptimizer:
-    """What a checkpoint reads of a fused fold's optimizer: its own parameters, and its
-    slice of the fused optimizer's state (views)."""
-
-    def __init__(self, fused: FusedFolds, k: int) -> None:
-        self.fused, self.k = fused, k
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        group = self.fused.optimizer.param_groups[0]
-        own = [mine for _, mine in self.fused.model.pairs(self.k)]
-        settings = {
-            # lr and weight decay are one value per member when a group's members differ
-            key: value[self.k] if isinstance(value, list | tuple) and key != "betas" else value
-            for key, value in group.items()
-            if key != "params"
-        }
-        return [{**settings, "params": own}]
-
-    @property
-    def state(self) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.fused.optimizer.member_state(self.k, self.fused.model.pairs(self.k))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -216,10 +149,14 @@ class Trainer:
         """One epoch's training of ``unit`` (no validation; profiling and benchmarks)."""
         if isinstance(unit, FusedFolds):
             self.fusion.train_epoch()
-        elif self.is_rl:
-            self._train_rl(unit)
         else:
-            self._train_forecast(unit)
+            self.train_fold(unit)
+
+    def train_fold(self, run: FoldRun) -> tuple[torch.Tensor, torch.Tensor]:
+        """One epoch's training of fold ``run`` on its own: (sum of the losses of the steps
+        it took, steps it took), device tensors. Its steps are counted
+        (:meth:`count_steps`), so it may fall back to f32 or raise :class:`TrialDiverged`."""
+        return self._train_rl(run) if self.is_rl else self._train_forecast(run)
 
     def _build_fold_run(self, k: int) -> FoldRun:
         cfg = self.config
@@ -324,14 +261,17 @@ class Trainer:
         n_ok = torch.zeros((), dtype=F32, device=self.device)
         for i in range(n_batches):  # every batch has batch_size windows: a short tail is dropped
             batch = run.data.batch(order[i * batch_size : (i + 1) * batch_size])
-            loss, ok = self._fold_step(run)(batch.x, batch.y, batch.gaps)
+            loss, ok = self.fold_step(run)(batch.x, batch.y, batch.gaps)
             loss_sum += torch.where(ok, loss, 0.0)
             n_ok += ok
-            self._after_step()
+            self.count_steps()
         return loss_sum, n_ok
 
-    def _fold_step(self, run: FoldRun) -> StepRunner:
-        """The fold's step runner, built again after a fallback dropped it."""
+    def fold_step(self, run: FoldRun) -> StepRunner:
+        """The step runner of forecast fold ``run`` on its own (built on first use, and
+        again after a fallback dropped it): called with a batch's ``x``, ``y`` and
+        ``gaps``, it takes one guarded step and returns (loss, ok). The caller counts the
+        step (:meth:`count_steps`)."""
         if run.step is None:
             capture, why_not = graph_plan(self.config.cuda_graphs, self.device, self.family)
 
@@ -387,12 +327,13 @@ class Trainer:
                 learner.after_step()
                 loss_sum += torch.where(result.ok, result.loss, 0.0)
                 n_ok += result.ok
-                self._after_step()
+                self.count_steps()
         return loss_sum, n_ok
 
-    def _after_step(self, steps: int = 1) -> None:
-        """Count ``steps`` optimizer steps (a fused step counts one per member that took
-        it); read the guards once per ``log_every`` of them."""
+    def count_steps(self, steps: int = 1) -> None:
+        """Count ``steps`` optimizer steps of this trainer's folds (a fused step counts one
+        per fold that took it); read the guards once per ``log_every`` of them and act on
+        divergence (:meth:`fall_back_to_f32`, or raise :class:`TrialDiverged`)."""
         before = self.global_step
         self.global_step += steps
         if before // self.config.log_every != self.global_step // self.config.log_every:
@@ -452,7 +393,7 @@ class Trainer:
         if len(fusion.trainers) > 1:
             fusion.leave(self)  # a group's member goes on alone, in f32; the rest fuse again
         else:
-            fusion.refuse()
+            fusion.fuse_again()
 
     # ------------------------------------------------------------------------------------
     # evaluation
@@ -648,362 +589,6 @@ class Trainer:
         restore_default_rng(meta, self.device)
 
 
-class Fusion:
-    """The fused training of the folds of one or more trainers: a trial's own folds, or
-    the members' folds of a group (:class:`trainables.group.TrainerGroup`), as one
-    :class:`FusedFolds`. Its steps run with the first trainer's settings (a group's
-    members share every setting a step reads but lr and weight decay, which the fused
-    optimizer takes per member); each trainer counts its own folds' steps and acts on
-    its own divergence. A member that falls back to f32 leaves (:meth:`leave`), one that
-    diverges or is stopped is removed (:meth:`remove`): the rest fuse again without it. A
-    trial's own divergence is raised; a group member's is kept in ``diverged``."""
-
-    def __init__(self, trainers: Sequence[Trainer]) -> None:
-        self.trainers = list(trainers)
-        self.grouped = len(self.trainers) > 1
-        self.fused: FusedFolds | None = None
-        self.unfused_reason = ""
-        self.pending = False  # fuse at the start of the next epoch (a member that left)
-        self.stepping_alone = False  # an epoch is stepping the runs one after another
-        self.stopped: set[int] = set()  # ids of removed trainers: they take no more steps
-        self.diverged: dict[Trainer, TrialDiverged] = {}  # members removed as diverged
-
-    @property
-    def host(self) -> Trainer:
-        return self.trainers[0]
-
-    @property
-    def runs(self) -> list[FoldRun]:
-        return [run for trainer in self.trainers for run in trainer.folds]
-
-    def fuse(self) -> None:
-        """Fuse the runs where :func:`fuse_plan` says so and a first fused step runs;
-        otherwise they train one after another and ``unfused_reason`` says why."""
-        self.pending = False
-        host, runs = self.host, self.runs
-        planned, why_not = fuse_plan(host.config, host.device, host.family, runs)
-        if not planned:
-            self.unfused_reason = why_not
-            if host.config.fuse != "off" and len(runs) > 1:
-                log.info("%s: folds train one after another: %s", host.family.name, why_not)
-            return
-        module = StackedModules([run.model for run in runs])
-        data, views = StackedFolds.stack([run.data for run in runs])
-        try:
-            _try_fused_step(module, data, host.policy, host.config.batch_size)
-        except torch.cuda.OutOfMemoryError:
-            raise  # the share's fault, not fusion's: the trial's OOM path handles it
-        except Exception as exc:  # a module vmap cannot batch, or one that refuses members
-            module.release()
-            self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
-            log.warning(
-                "%s: folds train one after another: %s", host.family.name, self.unfused_reason
-            )
-            return
-        k = len(runs)
-        owners = [trainer for trainer in self.trainers for _ in trainer.folds]
-        optimizer = host.policy.make_optimizer(
-            module.parameters(),
-            lr=_per_member([t.config.lr for t in owners]),
-            weight_decay=_per_member([t.config.weight_decay for t in owners]),
-            members=k,
-        )
-        guard = StepGuard(host.device, members=k)
-        scaler = host.policy.make_scaler(members=k)
-        fused = FusedFolds(runs, module, data, optimizer, guard, scaler)
-        for i, run in enumerate(runs):
-            for p, slots in optimizer.member_state(i, module.pairs(i)).items():
-                saved = run.optimizer.state.get(p, {})
-                for key, slot in slots.items():
-                    if key in saved:
-                        slot.copy_(saved[key])
-            guard.member(i).load_state_dict(run.guard.state_dict())
-            if scaler is not None and run.scaler is not None:
-                scaler.member(i).load_state_dict(run.scaler.state_dict())
-            run.data = views[i]
-            run.optimizer = _MemberOptimizer(fused, i)
-            run.guard = guard.member(i)
-            run.scaler = scaler.member(i) if scaler is not None else None
-            run.step = None
-        self.fused = fused
-
-    def unfuse(self) -> None:
-        """Each run on its own again: its own storage, optimizer, guard and scaler,
-        holding what the fused ones held for it."""
-        fused = self.fused
-        if fused is None:
-            return
-        saved = [
-            (
-                {
-                    p: {key: v.clone() for key, v in slots.items()}
-                    for p, slots in run.optimizer.state.items()
-                },
-                run.guard.state_dict(),
-                run.scaler.state_dict() if run.scaler is not None else None,
-            )
-            for run in fused.runs
-        ]
-        fused.model.release()
-        owners = {id(run): trainer for trainer in self.trainers for run in trainer.folds}
-        for run, (state, guard_state, scaler_state) in zip(fused.runs, saved, strict=True):
-            owner = owners[id(run)]
-            cfg = owner.config
-            run.optimizer = owner.policy.make_optimizer(
-                run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
-            )
-            for p, slots in run.optimizer.state.items():
-                for key, slot in slots.items():
-                    if key in state.get(p, {}):
-                        slot.copy_(state[p][key])
-            run.guard = StepGuard(owner.device)
-            run.guard.load_state_dict(guard_state)
-            run.scaler = owner.policy.make_scaler()
-            if run.scaler is not None and scaler_state is not None:
-                run.scaler.load_state_dict(scaler_state)
-            run.step = None
-        self.fused = None
-
-    def leave(self, trainer: Trainer) -> None:
-        """``trainer`` (unfused, see :meth:`unfuse`) goes on alone: the others fuse again
-        without it; its own folds fuse at its next epoch (this one's remaining steps it
-        takes unfused, as the epoch's loop expects of a run outside the fused unit)."""
-        self.unfuse()
-        self.trainers.remove(trainer)
-        trainer.fusion = Fusion([trainer])
-        trainer.fusion.pending = True
-        self.refuse()
-
-    def remove(self, trainer: Trainer) -> None:
-        """``trainer`` stops training (it diverged, or a scheduler stopped it); the others
-        fuse again without it. Its folds keep the weights they have, unfused."""
-        self.stopped.add(id(trainer))
-        if trainer not in self.trainers:  # left earlier: its remaining steps just stop
-            return
-        self.unfuse()
-        self.trainers.remove(trainer)
-        trainer.fusion = Fusion([trainer])
-        self.refuse()
-
-    def refuse(self) -> None:
-        """Fuse the runs again: now, or at the next epoch while this one steps its runs
-        one after another (fusing them mid-loop would pull the loop's runs into it)."""
-        if self.stepping_alone:
-            self.pending = True
-        elif self.trainers:
-            self.fuse()
-
-    # ------------------------------------------------------------------------------------
-    # one epoch
-
-    def train_epoch(self) -> dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """One epoch of every run: (loss sum, ok steps) per fold, per trainer."""
-        if self.pending:
-            self.fuse()
-        trainers = list(self.trainers)  # a member that falls back leaves during the epoch
-        if self.fused is None:
-            out: dict[Trainer, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-            self.stepping_alone = True
-            try:
-                for t in trainers:
-                    try:
-                        out[t] = [
-                            t._train_rl(run) if t.is_rl else t._train_forecast(run)
-                            for run in t.folds
-                        ]
-                    except TrialDiverged as exc:
-                        if not self.grouped:
-                            raise
-                        self.diverged[t] = exc
-                        self.remove(t)
-            finally:
-                self.stepping_alone = False
-            return out
-        sums = self._train_fused(self.fused)
-        out = {}
-        i = 0
-        for trainer in trainers:
-            if id(trainer) not in self.stopped:
-                out[trainer] = sums[i : i + len(trainer.folds)]
-            i += len(trainer.folds)
-        return out
-
-    def _train_fused(self, fused: FusedFolds) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of every run, fused: each run's minibatches in its own order (as
-        unfused), one fused step per batch index. A shorter fold has no batch for the last
-        steps: eagerly those steps run the runs that still have one (no compute wasted);
-        with CUDA graphs the one captured step runs every run, the others masked off
-        (a launch-bound GPU step costs the same, and the profile measured that step). A
-        fallback during the epoch fuses again (or not), maybe without a member that left:
-        each step reads the current fused unit, and runs outside it step alone."""
-        host = self.host
-        cfg, device = host.config, host.device
-        runs = list(fused.runs)
-        owners = [trainer for trainer in self.trainers for _ in trainer.folds]
-        fused.model.train()
-        orders = []
-        for run in runs:
-            times = run.data.decision_times(run.data.train)
-            orders.append(
-                times[torch.randperm(times.numel(), generator=run.generator, device=device)]
-            )
-        times, counts = epoch_schedule(orders, cfg.batch_size, cfg.max_steps_per_epoch)
-        for run, order, count in zip(runs, orders, counts, strict=True):
-            # KAN's grid refit, on the fold's own module (views of the fused tensors).
-            on_epoch_start = getattr(run.model, "on_epoch_start", None)
-            if on_epoch_start is not None and count > 0:
-                on_epoch_start(run.data.batch(order[: max(cfg.batch_size, EPOCH_START_SAMPLE)]))
-        n_steps = max(counts)
-        masked = graph_plan(cfg.cuda_graphs, device, host.family)[0]
-        active = torch.tensor(  # (K, S): whether run k has a batch at step i
-            [[i < count for i in range(n_steps)] for count in counts], device=device
-        )
-        indices: dict[tuple[int, ...], torch.Tensor] = {}
-        loss_sum = torch.zeros(len(runs), dtype=F32, device=device)
-        n_ok = torch.zeros(len(runs), dtype=F32, device=device)
-        layout: tuple[FusedFolds | None, list[int], torch.Tensor | None] = (None, [], None)
-        for i in range(n_steps):
-            members = tuple(
-                m
-                for m, count in enumerate(counts)
-                if count > i and id(owners[m]) not in self.stopped
-            )
-            # Read at every step: a bf16 -> f32 fallback (at a divergence check) fuses the
-            # runs again, or leaves them on their own when they cannot fuse.
-            current = self.fused
-            if current is not layout[0]:
-                layout = _layout(current, runs, device)
-            _, slot_of, by_slot = layout  # fused slot per run (-1: outside); runs by slot
-            inside = tuple(m for m in members if slot_of[m] >= 0)
-            for m in members:
-                if slot_of[m] < 0:
-                    run = runs[m]
-                    batch = run.data.batch(times[m, i])
-                    loss_m, ok_m = owners[m]._fold_step(run)(batch.x, batch.y, batch.gaps)
-                    loss_sum[m] += torch.where(ok_m, loss_m, 0.0)
-                    n_ok[m] += ok_m
-            if current is not None and inside:
-                step_times = times[:, i] if by_slot is None else times[by_slot, i]
-                if len(inside) == current.k or masked:
-                    step_active = active[:, i] if by_slot is None else active[by_slot, i]
-                    loss, ok = self._fused_step(current)(step_times, step_active)
-                else:
-                    slots = tuple(slot_of[m] for m in inside)
-                    index = indices.setdefault(slots, torch.tensor(slots, device=device))
-                    loss, ok = self._subset_step(current, slots)(step_times.index_select(0, index))
-                if by_slot is None:
-                    loss_sum += torch.where(ok, loss, 0.0)
-                    n_ok += ok
-                else:
-                    loss_sum.index_add_(0, by_slot, torch.where(ok, loss, 0.0))
-                    n_ok.index_add_(0, by_slot, ok.to(F32))
-            for trainer in dict.fromkeys(owners):
-                stepped = sum(1 for m in members if owners[m] is trainer)
-                if not stepped:
-                    continue
-                try:
-                    trainer._after_step(stepped)
-                except TrialDiverged as exc:
-                    if not self.grouped:
-                        raise
-                    self.diverged[trainer] = exc  # the group goes on without it
-                    self.remove(trainer)
-        return list(zip(loss_sum.unbind(), n_ok.unbind(), strict=True))
-
-    def _fused_step(self, fused: FusedFolds) -> StepRunner:
-        """The step of every member, those ``active`` leaves out masked off (built again
-        after a fallback dropped it)."""
-        if fused.step is None:
-            host = self.host
-            capture, why_not = graph_plan(host.config.cuda_graphs, host.device, host.family)
-
-            def step(times: torch.Tensor, active: torch.Tensor) -> StepResult:
-                return self.fused_step(fused, times, active=active)
-
-            fused.step = StepRunner(
-                f"{fused.k} fused folds",
-                step,
-                capture,
-                why_not,
-                device=host.device,
-                family=host.family.name,
-                cuda_graphs=host.config.cuda_graphs,
-            )
-        return fused.step
-
-    def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
-        """The eager step of ``members`` only (the runs that still have batches), one
-        runner per set of members, kept across epochs."""
-        runner = fused.subset_steps.get(members)
-        if runner is None:
-            device = self.host.device
-            index = torch.tensor(members, device=device)
-            active = torch.zeros(fused.k, dtype=torch.bool, device=device)
-            active[index] = True
-
-            def step(times: torch.Tensor) -> StepResult:
-                return self.fused_step(fused, times, index, active)
-
-            label = f"folds {list(members)} fused"
-            host = self.host
-            runner = StepRunner(
-                label,
-                step,
-                False,
-                "a subset step runs eagerly",
-                device=host.device,
-                family=host.family.name,
-                cuda_graphs=host.config.cuda_graphs,
-            )
-            fused.subset_steps[members] = runner
-        return runner
-
-    def fused_step(
-        self,
-        fused: FusedFolds,
-        times: torch.Tensor,
-        members: torch.Tensor | None = None,
-        active: torch.Tensor | None = None,
-    ) -> StepResult:
-        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``); a member
-        ``active`` (``(K,)``) leaves out takes no step and counts no skip. With ``members``
-        (indices, ``times`` then ``(M, B)``) only those compute at all. Loss and ok are
-        ``(K,)``."""
-        host = self.host
-        batch = fused.data.batch(times, members)
-        with host.policy.autocast():
-            losses = fused.model.loss(batch, members)
-        if members is not None:
-            every = losses.new_zeros(fused.k)  # a member left out: loss 0, no gradient
-            losses = every.index_copy(0, members, losses)
-        return host.policy.backward_and_step(
-            losses, fused.optimizer, fused.guard, host.config.grad_clip, fused.scaler, active=active
-        )
-
-
-def _layout(
-    fused: FusedFolds | None, runs: Sequence[FoldRun], device: torch.device
-) -> tuple[FusedFolds | None, list[int], torch.Tensor | None]:
-    """Where each of the epoch's ``runs`` sits in ``fused`` (-1: outside it), and the
-    epoch's run index of each fused slot (None when that is every run, in order)."""
-    if fused is None:
-        return None, [-1] * len(runs), None
-    slot = {id(run): k for k, run in enumerate(fused.runs)}
-    slot_of = [slot.get(id(run), -1) for run in runs]
-    if slot_of == list(range(len(runs))):
-        return fused, slot_of, None
-    order = [0] * fused.k
-    for m, k in enumerate(slot_of):
-        if k >= 0:
-            order[k] = m
-    return fused, slot_of, torch.tensor(order, device=device)
-
-
-def _per_member(values: list[float]) -> float | list[float]:
-    """One value when every member has it (the optimizer's scalar path), else a list."""
-    return values[0] if all(v == values[0] for v in values) else values
-
-
 # ----------------------------------------------------------------------------------------
 
 
@@ -1038,51 +623,6 @@ def _stays_fallen_back(config: TrainConfig, meta: Mapping[str, Any]) -> bool:
     a precision asked for on resume is a policy of its own, not a fallback."""
     requested = meta.get("requested_precision", config.precision)
     return bool(meta.get("fell_back_to_f32")) and requested == config.precision
-
-
-def fuse_plan(
-    config: TrainConfig, device: torch.device, family: Family, folds: Sequence[FoldRun]
-) -> tuple[bool, str]:
-    """(train the folds fused?, why not) for ``trainer.fuse``."""
-    if config.fuse == "off":
-        return False, "trainer.fuse is off"
-    if not family.fuses:
-        why = (
-            "its environments and replay have no member dimension"
-            if family.kind == "rl"
-            else "Family.fusable is False"
-        )
-        return False, f"{family.name} does not fuse: {why}"
-    if len(folds) < 2 and config.fuse == "auto":
-        return False, "one fold: nothing to fuse"
-    if device.type == "cpu" and not family.fuse_on_cpu and config.fuse == "auto":
-        return False, f"{family.name} steps slower fused on a CPU (Family.fuse_on_cpu)"
-    short = [
-        run.index for run in folds if run.data.train[1] - run.data.train[0] < config.batch_size
-    ]
-    if short:
-        return (
-            False,
-            f"fold(s) {short} have fewer training windows than batch_size {config.batch_size}",
-        )
-    return True, ""
-
-
-def _try_fused_step(
-    module: StackedModules, data: StackedFolds, policy: PrecisionPolicy, batch_size: int
-) -> None:
-    """Forward and backward of a fused step on the first windows, nothing kept: raises
-    what the first real step would (a module vmap cannot batch). Random streams are
-    forked, so trying draws nothing from the trial's."""
-    devices = [data.features.device] if data.features.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        n = data.features.shape[1]
-        times = torch.arange(n - batch_size, n, device=data.features.device).expand(module.k, -1)
-        with policy.autocast():
-            loss = module.loss(data.batch(times))
-        loss.float().sum().backward()
-    for p in module.parameters():
-        p.grad = None
 
 
 def is_finite_number(value: Any) -> bool:

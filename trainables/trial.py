@@ -33,8 +33,9 @@ from trainables.config import (
     TrialConfig,
     is_group_trial,
 )
+from trainables.fold_run import TrialDiverged
 from trainables.memory import freeze_long_lived_objects
-from trainables.trainer import Trainer, TrialDiverged
+from trainables.trainer import Trainer
 from trainables.trial_keys import member_key
 
 log = logging.getLogger("trainables.trial")

@@ -26,10 +26,11 @@ from tests.models.test_contract import TINY
 from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint
 from trainables.config import DataConfig, TrainConfig
+from trainables.fold_run import TrialDiverged
 from trainables.group import TrainerGroup, group_problems
 from trainables.members import StackedModules
 from trainables.precision import F32
-from trainables.trainer import Trainer, TrialDiverged
+from trainables.trainer import Trainer
 
 
 def _config(family: str = "kan", policy: str = "f32", **overrides: Any) -> TrainConfig:

@@ -34,12 +34,13 @@ from models.ops import GRU, LSTM, Dropout
 from tests.devices import ON_CUDA
 from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
-from trainables import trainer as trainer_module
+from trainables import fusion as trainer_module
 from trainables.config import DataConfig, TrainConfig
+from trainables.fusion import fuse_plan
 from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.optim import GuardedAdamW
 from trainables.precision import BF16, F32, LossScaler, StepGuard, get_policy
-from trainables.trainer import Trainer, fuse_plan
+from trainables.trainer import Trainer
 
 CPU = torch.device("cpu")
 FORECAST = ("tft", "mamba2", "tggn", "tlob", "liquid", "kan", "xlstm", "diffusion")

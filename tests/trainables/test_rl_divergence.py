@@ -8,7 +8,8 @@ import torch
 
 from models.base import greedy_position
 from tests.trainables.helpers import tiny_config
-from trainables.trainer import Trainer, TrialDiverged
+from trainables.fold_run import TrialDiverged
+from trainables.trainer import Trainer
 
 
 def test_a_non_finite_score_row_gives_a_nan_position_and_the_others_their_argmax() -> None:

@@ -12,8 +12,9 @@ import torch
 from models.base import Batch
 from tests.trainables.helpers import tiny_config
 from trainables.config import DataConfig
+from trainables.fold_run import TrialDiverged
 from trainables.precision import BF16, F32
-from trainables.trainer import Trainer, TrialDiverged
+from trainables.trainer import Trainer
 
 
 def _poison(trainer: Trainer, bad_calls: Callable[[int], bool]) -> None:

@@ -25,9 +25,10 @@ from trainables.checkpoint import (
 )
 from trainables.config import DataConfig
 from trainables.epoch_metrics import validation_metrics
+from trainables.fold_run import TrialDiverged
 from trainables.memory import TrialMemory
 from trainables.predict import predict
-from trainables.trainer import Trainer, TrialDiverged
+from trainables.trainer import Trainer
 
 PPY = 252.0
 
