@@ -16,9 +16,9 @@ A checkpoint is one directory::
 Loading a checkpoint cannot execute code. ``meta.json`` is written last and lists the
 checksums, so a directory whose meta is missing, unparsable or disagrees with its files is
 not a checkpoint; with the temp-directory + rename of :func:`save_checkpoint`, a crash
-mid-save never leaves a half checkpoint as the newest. Checksums are mandatory from schema
-2 on; a schema-1 checkpoint without them loads unverified, with an
-:class:`UnverifiedCheckpointWarning`. Every state tensor whose key ends in ``generator`` is
+mid-save never leaves a half checkpoint as the newest. Checksums are mandatory: a
+checkpoint without them is a :class:`CheckpointError` naming its ``meta.json``. Every
+state tensor whose key ends in ``generator`` is
 a device-shaped generator state: :func:`portable_generator_states` restores it unchanged on
 the device type it was saved on (bit-exact resume) and on another type seeds the generator
 from a hash of it (deterministic, another stream). Why: docs/reliability.md#checkpoints
@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +45,7 @@ from trainables.returns_file import RETURNS_FILE, ReturnSeries, parse_returns
 from trainables.returns_file import returns_csv as returns_csv  # what the trainer writes
 
 SCHEMA_VERSION = 2
-"""2: checksums mandatory, ``rng_device`` / ``cuda_rng`` in meta, ``returns.csv``."""
-READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+"""The one schema this build writes and reads (``meta.json``'s ``schema_version``)."""
 WEIGHTS_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
 STATE_FILE = "state.safetensors"
@@ -65,10 +63,6 @@ class CheckpointError(RuntimeError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
-
-
-class UnverifiedCheckpointWarning(UserWarning):
-    """A schema-1 checkpoint without checksums was loaded without verifying its files."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +126,7 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
     """Read and verify a checkpoint; any problem raises :class:`CheckpointError` naming the file."""
     directory = Path(directory)
     meta = read_meta(directory)
-    checksums = meta.get("checksums")
+    checksums = meta["checksums"]
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     for name in TENSOR_FILES:
         path = directory / name
@@ -143,14 +137,13 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
             tensors[name] = load_file(str(path), device=str(device))
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(path, f"unreadable safetensors file ({exc})") from exc
-    if checksums is not None:  # the other files it lists must be intact too
-        for name in sorted(set(checksums) - set(TENSOR_FILES)):
-            if Path(name).name != name:
-                raise CheckpointError(directory / META_FILE, f"lists a file outside it: {name!r}")
-            path = directory / name
-            if not path.is_file():
-                raise CheckpointError(path, "missing (listed in meta.json)")
-            _verify(path, checksums)
+    for name in sorted(set(checksums) - set(TENSOR_FILES)):  # the other files it lists
+        if Path(name).name != name:
+            raise CheckpointError(directory / META_FILE, f"lists a file outside it: {name!r}")
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(path, "missing (listed in meta.json)")
+        _verify(path, checksums)
     return Checkpoint(
         path=directory,
         weights=tensors[WEIGHTS_FILE],
@@ -161,7 +154,7 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> Chec
 
 
 def read_meta(directory: Path) -> dict[str, Any]:
-    """``meta.json`` of a checkpoint, schema-checked (checksums present where mandatory)."""
+    """``meta.json`` of a checkpoint, schema-checked, with a checksum of every tensor file."""
     meta_path = Path(directory) / META_FILE
     if not meta_path.is_file():
         raise CheckpointError(
@@ -174,29 +167,21 @@ def read_meta(directory: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise CheckpointError(meta_path, "expected a JSON object")
     version = meta.get("schema_version")
-    if version not in READABLE_SCHEMAS:
+    if version != SCHEMA_VERSION:
         raise CheckpointError(
-            meta_path,
-            f"schema_version {version!r}, this build reads {list(READABLE_SCHEMAS)}",
+            meta_path, f"schema_version {version!r}, this build reads {SCHEMA_VERSION}"
         )
     checksums = meta.get("checksums")
-    if checksums is None and version == 1:
-        warnings.warn(
-            f"{directory}: schema-1 checkpoint without checksums, its files are not verified",
-            UnverifiedCheckpointWarning,
-            stacklevel=3,
-        )
-    elif not isinstance(checksums, dict) or not set(TENSOR_FILES) <= set(checksums):
+    if not isinstance(checksums, dict) or not set(TENSOR_FILES) <= set(checksums):
+        missing = sorted(set(TENSOR_FILES) - set(checksums if isinstance(checksums, dict) else {}))
         raise CheckpointError(
-            meta_path,
-            f"no checksums for {sorted(set(TENSOR_FILES) - set(checksums or {}))} "
-            f"(mandatory in schema {version}); the checkpoint cannot be verified",
+            meta_path, f"no checksums for {missing}; the checkpoint cannot be verified"
         )
     return meta
 
 
-def _verify(path: Path, checksums: Mapping[str, str] | None) -> None:
-    if checksums is not None and sha256_file(path) != checksums.get(path.name):
+def _verify(path: Path, checksums: Mapping[str, str]) -> None:
+    if sha256_file(path) != checksums.get(path.name):
         raise CheckpointError(path, "checksum mismatch (truncated or corrupted file)")
 
 
@@ -304,8 +289,8 @@ def read_returns(directory: Path) -> ReturnSeries:
     meta = read_meta(directory)
     if not path.is_file():
         raise CheckpointError(path, "missing (saved before an epoch was evaluated?)")
-    checksums = meta.get("checksums")
-    if checksums is not None and RETURNS_FILE not in checksums:
+    checksums = meta["checksums"]
+    if RETURNS_FILE not in checksums:
         raise CheckpointError(path, "not listed in meta.json's checksums")
     _verify(path, checksums)
     try:

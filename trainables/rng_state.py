@@ -39,8 +39,8 @@ def default_rng_meta(device: torch.device) -> dict[str, str]:
 
 
 def restore_default_rng(meta: Mapping[str, Any], device: torch.device) -> None:
-    """Restore :func:`default_rng_meta`. Without a saved CUDA state (a CPU or schema-1
-    checkpoint resumed on a GPU) the CUDA generator is seeded from the saved CPU state,
+    """Restore :func:`default_rng_meta`. Without a saved CUDA state (a CPU checkpoint
+    resumed on a GPU) the CUDA generator is seeded from the saved CPU state,
     so it does not replay the stream of the trial's first epoch."""
     cpu_state = _from_b64(meta["torch_rng"])
     torch.set_rng_state(cpu_state)

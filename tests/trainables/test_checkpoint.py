@@ -15,11 +15,9 @@ from tests.trainables.helpers import fold_weights, tiny_config
 from trainables.checkpoint import (
     META_FILE,
     OPTIM_FILE,
-    RETURNS_FILE,
     SCHEMA_VERSION,
     WEIGHTS_FILE,
     CheckpointError,
-    UnverifiedCheckpointWarning,
     file_size,
     latest_good_checkpoint,
     load_checkpoint,
@@ -118,7 +116,7 @@ def test_truncated_weights_file_is_named_and_skipped(tmp_path: Path) -> None:
     assert [e.path for e in errors] == [newest]
 
 
-def test_meta_without_checksums_is_refused_for_the_current_schema(tmp_path: Path) -> None:
+def test_meta_without_checksums_is_refused(tmp_path: Path) -> None:
     root = _three_epochs(tmp_path)
     meta_path = root / "epoch_0003" / META_FILE
     meta = json.loads(meta_path.read_text())
@@ -131,50 +129,19 @@ def test_meta_without_checksums_is_refused_for_the_current_schema(tmp_path: Path
     assert ckpt is not None and ckpt.epoch == 2 and [e.path for e in errors] == [meta_path]
 
 
-def _as_schema_1(directory: Path, checksums: bool) -> None:
-    """What a checkpoint of the first schema looked like (checksums optional)."""
-    meta_path = directory / META_FILE
+def test_a_checkpoint_of_another_schema_is_refused_naming_its_meta(tmp_path: Path) -> None:
+    root = _three_epochs(tmp_path)
+    meta_path = root / "epoch_0003" / META_FILE
     meta = json.loads(meta_path.read_text())
     meta["schema_version"] = 1
-    for key in ("rng_device", "cuda_rng"):
-        meta.pop(key, None)
-    (directory / RETURNS_FILE).unlink()
-    meta["checksums"].pop(RETURNS_FILE)
-    if not checksums:
-        del meta["checksums"]
+    del meta["checksums"]
     meta_path.write_text(json.dumps(meta))
-
-
-def test_schema_1_checkpoint_without_checksums_loads_with_a_warning(tmp_path: Path) -> None:
-    root = _three_epochs(tmp_path)
-    _as_schema_1(root / "epoch_0003", checksums=False)
-    with pytest.warns(UnverifiedCheckpointWarning, match=r"epoch_0003.*not verified"):
-        ckpt = load_checkpoint(root / "epoch_0003")
-    assert ckpt.epoch == 3
-    run = train_local(None, None, resume=tmp_path / "run", epochs=4)
-    assert run.resumed_from == root / "epoch_0003"
-    assert [m["epoch"] for m in run.history] == [1, 2, 3, 4]
-
-
-def test_schema_1_checkpoint_with_checksums_is_verified(tmp_path: Path) -> None:
-    root = _three_epochs(tmp_path)
-    _as_schema_1(root / "epoch_0003", checksums=True)
-    optim = root / "epoch_0003" / OPTIM_FILE
-    optim.write_bytes(optim.read_bytes()[:-8])
-    with pytest.raises(CheckpointError, match=r"optim\.safetensors: checksum mismatch"):
-        load_checkpoint(root / "epoch_0003")
-
-
-def test_truncated_file_without_checksum_still_fails_cleanly(tmp_path: Path) -> None:
-    root = _three_epochs(tmp_path)
-    _as_schema_1(root / "epoch_0003", checksums=False)
-    optim = root / "epoch_0003" / OPTIM_FILE
-    optim.write_bytes(optim.read_bytes()[:100])
-    with (
-        pytest.warns(UnverifiedCheckpointWarning),
-        pytest.raises(CheckpointError, match=r"optim\.safetensors: unreadable safetensors"),
+    with pytest.raises(
+        CheckpointError, match=r"epoch_0003/meta\.json: schema_version 1, this build reads 2"
     ):
         load_checkpoint(root / "epoch_0003")
+    ckpt, errors = latest_good_checkpoint(root)  # resume uses the previous good one
+    assert ckpt is not None and ckpt.epoch == 2 and [e.path for e in errors] == [meta_path]
 
 
 def test_garbled_meta_is_named_and_resume_uses_previous(tmp_path: Path) -> None:
