@@ -56,9 +56,7 @@ from trainables.config import TrainConfig
 log = logging.getLogger("cluster.vram_table")
 
 CACHE_ENV = "HPO_VRAM_CACHE"
-# 2: measured reservations include the CUDA graphs' pools (profiled after capture), and a
-# profile says whether its context was measured; 3: the key says whether the folds train
-# fused (a fused step holds every fold's activations at once). Older profiles are measured
+# Part of every key: a profile cached under another schema is not found, and is measured
 # again.
 SCHEMA_VERSION = 3
 
@@ -93,9 +91,8 @@ def profile_key(
     config: TrainConfig, device: torch.device, device_name: str, members: int = 1
 ) -> dict[str, Any]:
     """The shape key of ``config`` profiled on ``device`` (named ``device_name``); with
-    ``members`` > 1 that of a group trial of that many such trials. A trial alone has no
-    ``members`` entry: its key is what it was before groups existed (cached profiles stay
-    found)."""
+    ``members`` > 1 that of a group trial of that many such trials (a trial alone has no
+    ``members`` entry)."""
     family = get_family(config.family)
     neutral = memory_neutral(config.family)
     model_config = {

@@ -133,7 +133,7 @@ def summarise_cost(
     basis: Basis = "gpu" if on_gpu and all(on_gpu) else "cpu"
     notes: list[str] = []
     if not costed:
-        notes.append("no trial recorded its cost (time_s_total): logged before costs were")
+        notes.append("no trial recorded its cost (time_s_total, logged at the end of each epoch)")
     elif basis == "cpu":
         notes.append(
             "GPU-hours need a GPU run: not every trial ran on a GPU, so CPU-hours are "

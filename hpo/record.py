@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.storage import SweepLocation
-from hpo.spec import SweepSpec, as_recorded, parse_spec
+from hpo.spec import SweepSpec, parse_spec
 
 SWEEP_FILE = "hpo-sweep.json"
 SUMMARY_FILE = "hpo-summary.json"
@@ -57,7 +57,7 @@ class SweepRecord:
             )
         payload = json.loads(text)
         spec = parse_spec(
-            as_recorded(payload["spec"]),
+            payload["spec"],
             source=f"{sweep_dir}/{SWEEP_FILE}",
             check_data=check_data,
         )

@@ -371,13 +371,6 @@ class SweepSpec(_Strict):
 _SPEC_LEVEL_KEYS = frozenset(WalkForwardSpec.model_fields)
 
 
-def as_recorded(payload: dict[str, Any]) -> dict[str, Any]:
-    """A spec as a sweep saved it (its record, its pickled searcher), for reading back:
-    one saved before ``[fusion]`` existed ran every trial alone, and resumes so (the
-    default since is to group)."""
-    return payload if "fusion" in payload else {**payload, "fusion": {"group_size": 1}}
-
-
 def parse_spec(
     payload: dict[str, Any],
     source: str = "<spec>",

@@ -361,8 +361,6 @@ class MlflowSweepCallback(Callback):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("member_runs", {})  # pickled before runs were per member
-        self.__dict__.setdefault("closed", set())  # pickled before group trials
         self._connect()
 
     # -- Tune hooks ------------------------------------------------------------------------
@@ -750,7 +748,7 @@ def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:
     its meta.json; None when the checkpoint has none (saved before an evaluation).
 
     Raises:
-        ValueError: the file does not match its checksum.
+        ValueError: the file is not listed in meta.json's checksums, or does not match.
         OSError: the storage could not be read.
     """
     import hashlib
@@ -767,9 +765,10 @@ def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:
     with fs.open_input_stream(path) as stream:
         data = stream.read()
     with fs.open_input_stream(f"{root}/{META_FILE}") as stream:
-        checksums = json.loads(stream.read()).get("checksums") or {}
-    expected = checksums.get(RETURNS_FILE)
-    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        expected = (json.loads(stream.read()).get("checksums") or {}).get(RETURNS_FILE)
+    if expected is None:
+        raise ValueError(f"{path}: not listed in meta.json's checksums")
+    if hashlib.sha256(data).hexdigest() != expected:
         raise ValueError(f"{path}: checksum mismatch (truncated or corrupted file)")
     return data.decode("utf-8")
 

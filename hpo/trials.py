@@ -105,7 +105,7 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
                     if checkpoint is not None
                     and not (state != CKPT_SUBDIR and result.get("diverged"))
                     else None,
-                    config_id=str(config.get("config_id", config.get("group_id", ""))),
+                    config_id=str(config.get("config_id", "")),
                     member=str(config.get("member", "")),
                     gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
                     attempt=int(config.get(RETRY_ATTEMPT_KEY) or 0),
@@ -141,15 +141,11 @@ def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
 
     Trial ids are not chronological; attempts are: each retry carries its attempt number
     (:attr:`~trainables.config.TrialConfig.attempt`), so a member's newest attempt is the
-    one with the largest. A retry recorded before attempts were numbered has none, but a
-    larger floor than the attempt that ran out of memory: the floor breaks ties."""
+    one with the largest."""
     newest: dict[tuple[str, str], TrialRow] = {}
     for row in rows:
         key = (row.config_id, row.member)
-        order = (row.attempt, row.gpu_fraction_floor)
-        if row.config_id and (
-            key not in newest or order > (newest[key].attempt, newest[key].gpu_fraction_floor)
-        ):
+        if row.config_id and (key not in newest or row.attempt > newest[key].attempt):
             newest[key] = row
     return [
         r

@@ -324,10 +324,6 @@ class Family:
     and the tests train in seconds; empty: the defaults are small enough."""
     contract: int = CONTRACT_VERSION
     """The version of the family contract (:data:`CONTRACT_VERSION`) it was written for."""
-    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Settings renamed since an earlier release, old name -> new name. A config (a spec, a
-    checkpoint's saved config) that still uses an old name is refused with the new one,
-    never silently mapped: see "Renamed settings" in models/README.md."""
 
     def default_config(self) -> Any:
         return self.config_cls()
@@ -349,13 +345,6 @@ class Family:
         """Config dataclass from ``values``; unknown keys are an error naming them."""
         known = set(self.config_fields())
         unknown = sorted(set(values) - known)
-        old = [key for key in unknown if key in self.renamed]
-        if old:
-            moves = ", ".join(f"{key!r} -> {self.renamed[key]!r}" for key in old)
-            raise ValueError(
-                f"model {self.name!r}: renamed setting(s) {moves}; use the new name "
-                "(models/README.md, Renamed settings)"
-            )
         if unknown:
             raise ValueError(
                 f"model {self.name!r} has no setting(s) {unknown}; known: {sorted(known)}"

@@ -557,5 +557,4 @@ FAMILY = Family(
         "over the next-return path; DDIM (eta=0) samples from fixed antithetic noises; "
         "position = tanh(scale * mean / std)"
     ),
-    renamed={"n_steps": "diffusion_steps"},
 )

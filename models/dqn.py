@@ -563,7 +563,6 @@ FAMILY = Family(
         "optional C51 distributional head; a factorized (bar x lag) window encoder. Actions "
         "are evenly spaced positions in [-1, 1]."
     ),
-    renamed={"layers": "n_layers"},
 )
 
 __all__ = [

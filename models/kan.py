@@ -413,5 +413,4 @@ FAMILY = Family(
         "refit to quantiles in the first epochs) -> next-bar forecast; position = "
         "tanh(scale * forecast)"
     ),
-    renamed={"depth": "n_layers"},
 )

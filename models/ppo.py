@@ -736,7 +736,6 @@ FAMILY = Family(
         "categorical policy of positions; optional LSTM core trained on truncated sequences "
         "from stored states."
     ),
-    renamed={"layers": "n_layers"},
 )
 
 __all__ = [

@@ -171,8 +171,6 @@ class NStepAccumulator:
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if "terminal" not in state:  # saved before time limits were told apart: all terminal
-            state = {**state, "terminal": state["done"]}
         for name in (
             "window",
             "position",

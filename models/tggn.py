@@ -400,5 +400,4 @@ FAMILY = Family(
         "propagation, skip connections -> next-bar forecast per asset; position = "
         "tanh(scale * forecast)"
     ),
-    renamed={"depth": "hops"},
 )

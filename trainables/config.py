@@ -141,8 +141,6 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         values = dict(values)
-        if "model" in values:  # checkpoints written before the field was named ``family``
-            values["family"] = values.pop("model")
         data = DataConfig(**values.pop("data", {}))
         return cls(data=data, **values)
 

@@ -305,8 +305,7 @@ def _trial_record(client: Any, run: Any, with_curves: bool) -> TrialRecord:
         precision=tags.get(TAG_PRECISION, "?"),
         seed=tags.get(TAG_SEED, ""),
         pair_id=tags.get(TAG_PAIR, run.info.run_id),
-        # Runs logged before the tag was named config_id carry it as group_id.
-        config_id=tags.get(TAG_CONFIG, tags.get("group_id", tags.get(TAG_PAIR, run.info.run_id))),
+        config_id=tags.get(TAG_CONFIG, tags.get(TAG_PAIR, run.info.run_id)),
         state=state,
         epochs=curve[-1][0] if curve else 0,
         val_sharpe=val if completed else math.nan,

@@ -38,7 +38,7 @@ from hpo.rungs import board_state, load_board
 from hpo.search import make_param_searcher
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
-from hpo.spec import SweepSpec, as_recorded
+from hpo.spec import SweepSpec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.group import member_settings
@@ -53,7 +53,7 @@ class _Configuration:
 
 
 class SweepSearcher(Searcher):
-    STATE_VERSION = 2  # 2: configurations (config_id), where 1 called them groups
+    STATE_VERSION = 2
     CKPT_FILE_TMPL = "sweep-searcher-{}.json"  # JSON, not the base class's pickle name
 
     def __init__(self, spec: SweepSpec) -> None:
@@ -265,18 +265,14 @@ class SweepSearcher(Searcher):
             for k, g in state["configs"].items()
         }
         self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
-        self.trial_config = dict(state.get("trial_config", {}))
+        self.trial_config = dict(state["trial_config"])
         self.trial_group = {
-            # Saved as member keys alone before a group could hold several configurations.
-            trial: [
-                (self.trial_member[trial][0], m) if isinstance(m, str) else (m[0], m[1])
-                for m in members
-            ]
-            for trial, members in state.get("trial_group", {}).items()
+            trial: [(m[0], m[1]) for m in members]
+            for trial, members in state["trial_group"].items()
         }
         for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
             searcher.load_state(saved)
-        self.rungs = state.get("rungs")
+        self.rungs = state["rungs"]
         if self.rungs is not None:
             load_board(self.spec.name, self.rungs)  # a resumed sweep's board (started first)
 
@@ -291,7 +287,7 @@ class SweepSearcher(Searcher):
         return {"spec": self.spec.model_dump(), "state": self.get_state()}
 
     def __setstate__(self, payload: dict[str, Any]) -> None:
-        self.__init__(SweepSpec.model_validate(as_recorded(payload["spec"])))  # type: ignore[misc]
+        self.__init__(SweepSpec.model_validate(payload["spec"]))  # type: ignore[misc]
         self.set_state(payload["state"])
 
     # -- reporting -------------------------------------------------------------------------

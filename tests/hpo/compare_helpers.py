@@ -416,8 +416,8 @@ def record_with_returns(
 ) -> TrialRecord:
     """A completed trial whose metrics are those of its return series, as the trainer logs
     them: ``val_sharpe`` the annualised Sharpe of the joined validation returns (or, with
-    ``val_sharpe="fold_mean"``, the mean of the folds' Sharpes, what runs logged before
-    the trainer change held), per-period Sharpe and moments of the joined track."""
+    ``val_sharpe="fold_mean"``, the mean of the folds' Sharpes, a metric the selection
+    must not read), per-period Sharpe and moments of the joined track."""
     kept = [r[skip:] for r in val_folds]
     joined = np.concatenate(kept)
     moments_ = sharpe_moments(joined)

@@ -95,14 +95,14 @@ def test_a_cpu_sweep_compares_cpu_hours_and_says_gpu_figures_need_a_gpu_run() ->
     assert "4.00x the CPU-hours of f32" in cost.ratios["bf16"].sentence()
 
 
-def test_runs_logged_before_costs_were_say_so_instead_of_a_ratio() -> None:
+def test_trials_without_a_recorded_cost_say_so_instead_of_a_ratio() -> None:
     records = paired_records("tft", [[0.5]] * 3, [[0.6]] * 3)  # no time_s: NaN
     comparison = compare_trials(records, ("f32", "bf16"), margin=0.1)
     cost = comparison.overall.cost
     assert cost.ratios["bf16"].configs == 0 and math.isnan(cost.ratios["bf16"].hours_ratio)
     assert cost_headline(comparison) == [
         "Cost: bf16 vs f32 cost: no configuration completed in both with its cost recorded",
-        "Cost: no trial recorded its cost (time_s_total): logged before costs were",
+        "Cost: no trial recorded its cost (time_s_total, logged at the end of each epoch)",
     ]
 
 

@@ -215,52 +215,19 @@ def test_pso_holds_a_groups_log_scale_shape_exactly() -> None:
         assert searcher.ask(f"t{i}", held)["scale"] == held["scale"]
 
 
-def test_a_sweep_recorded_before_group_trials_resumes_ungrouped(tmp_path: Any) -> None:
-    import json as json_module
-
-    from cluster.storage import SweepLocation
-    from hpo.record import SWEEP_FILE, SweepRecord
+def test_a_new_sweep_groups_and_records_its_group_size() -> None:
     from hpo.spec import DEFAULT_GROUP_SIZE
 
-    payload = {"name": "old", "models": ["kan"], "precisions": ["f32"], "samples": 4}
+    payload = {"name": "grouped", "models": ["kan"], "precisions": ["f32"], "samples": 4}
     spec = parse_spec(payload)
     assert spec.group_size == DEFAULT_GROUP_SIZE  # a new sweep groups
     # The spec a new sweep records names its group size: a later default cannot change it.
     assert spec.model_dump()["fusion"]["group_size"] == DEFAULT_GROUP_SIZE
     # Measured shares are profiled for the fused group: a measured sweep groups too.
     assert parse_spec({**payload, "resources": {"gpu": "measured"}}).group_size == 8
-    # A record written before [fusion] existed: its trials ran alone, and resume alone.
-    where = SweepLocation.parse(tmp_path / "old")
-    SweepRecord(spec=spec, sweep_dir=where, parent_run_id="p", tracking_uri="sqlite://").write()
-    saved = json_module.loads((tmp_path / "old" / SWEEP_FILE).read_text())
-    del saved["spec"]["fusion"]
-    (tmp_path / "old" / SWEEP_FILE).write_text(json_module.dumps(saved))
-    assert SweepRecord.read(where, check_data=False).spec.group_size == 1
-    # So does the searcher Tune unpickles on resume (its spec travels in the pickle).
-    import pickle
-
-    searcher = SweepSearcher(parse_spec({**payload, "fusion": {"group_size": 1}}))
-    state = searcher.__getstate__()
-    del state["spec"]["fusion"]
-    restored = pickle.loads(pickle.dumps(searcher))
-    restored.__setstate__(state)
-    assert restored.spec.group_size == 1 and not restored.spec.asha_per_member
-    assert not is_group_trial(restored.suggest("t0"))
 
 
-def test_searcher_state_saved_before_multi_configuration_groups_restores() -> None:
-    # trial_group entries were member keys alone; they pair with the group's config_id.
-    spec = _spec(models=["kan"], precisions=["f32", "bf16"], seeds=[0, 1])
-    searcher = SweepSearcher(spec)
-    trials = _all_suggestions(searcher)
-    state = searcher.get_state()
-    state["trial_group"] = {t: [m for _, m in ms] for t, ms in state["trial_group"].items()}
-    restored = SweepSearcher(spec)
-    restored.set_state(state)
-    assert restored.trial_group == searcher.trial_group and len(trials) == 2
-
-
-def test_group_size_one_searches_exactly_as_before() -> None:
+def test_group_size_one_asks_what_the_streams_searcher_asks_alone() -> None:
     # The batch path must not change an ungrouped sweep's suggestions.
     grouped = _spec(
         models=["kan"],

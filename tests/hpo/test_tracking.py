@@ -444,3 +444,33 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
         assert run.data.tags["hpo.oom_attempts"] == f"t9-bf16-s{name[-1]}"
         assert run.data.tags["hpo.group_id"] == "t1"  # the group trial the retry ran in
     assert by_member["bf16/1"].data.tags["hpo.group_id"] == "t9"
+
+
+def test_checkpoint_returns_are_verified_against_their_listed_checksum(tmp_path: Any) -> None:
+    import hashlib
+    import json
+
+    from pyarrow import fs
+
+    from hpo.tracking import checkpoint_returns
+    from trainables.checkpoint import META_FILE
+    from trainables.returns_file import RETURNS_FILE
+    from trainables.trial import CKPT_SUBDIR
+
+    state = tmp_path / CKPT_SUBDIR
+    state.mkdir()
+    text = "split,fold,timestamp,return\n"
+    (state / RETURNS_FILE).write_text(text)
+    checkpoint = SimpleNamespace(filesystem=fs.LocalFileSystem(), path=str(tmp_path))
+
+    def listed(checksums: dict[str, str]) -> None:
+        (state / META_FILE).write_text(json.dumps({"checksums": checksums}))
+
+    listed({RETURNS_FILE: hashlib.sha256(text.encode()).hexdigest()})
+    assert checkpoint_returns(checkpoint) == text
+    listed({RETURNS_FILE: "0" * 64})
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        checkpoint_returns(checkpoint)
+    listed({})  # every file a checkpoint holds is listed: an unlisted one is not trusted
+    with pytest.raises(ValueError, match=r"returns\.csv: not listed in meta\.json's checksums"):
+        checkpoint_returns(checkpoint)
