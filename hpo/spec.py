@@ -105,9 +105,8 @@ class ComparisonSpec(_Strict):
 
 DEFAULT_GROUP_SIZE = 8
 """Members per group trial when ``[fusion] group_size`` is not set: the largest group
-the trainer-level bench measured (2.6x members per minute for liquid on 2 CPU cores,
-bench/README.md "Group trials"); a sweep's groups are usually smaller (a batch's
-configurations x seeds)."""
+the trainer-level bench measures (bench/README.md, "Group trials, trainer level"); a
+sweep's groups are usually smaller (a batch's configurations x seeds)."""
 
 
 class FusionSpec(_Strict):

@@ -111,8 +111,7 @@ class Dropout(torch.nn.Dropout):
 # device type. Its matmuls do K times the arithmetic of K separate layers (the zero
 # blocks): cheap next to the launches saved on a GPU while the layer is this narrow
 # (unmeasured until a GPU run). A CPU is compute-bound at these sizes and runs the loop
-# (a diffusion trial-step at K = 8, default size: 394 ms with the block-diagonal GRU,
-# 217 ms with the loop, 242 ms unfused).
+# (bench/README.md, "Fused members").
 BLOCK_DIAGONAL_MAX_UNITS: dict[str, int] = {"cuda": 1024}
 _GATES = {"lstm": 4, "gru": 3}
 # cuDNN copies weights that are not one flat buffer into one on every call and warns

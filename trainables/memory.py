@@ -69,13 +69,11 @@ def freeze_long_lived_objects() -> None:
 
     The full ``gc.collect()`` that :class:`TrialMemory` runs at each trial start (so that
     an earlier trial's cycles are freed before the baseline is read) walks every object in
-    the process: about 290,000 in a Tune worker (torch, Ray, Tune, pandas), 0.15 s on an
-    idle core and more under load, which a py-spy profile of ``bench/ray_overhead.py`` put
-    at a fifth of a short trial's time in the worker. After the first freeze (the imports
-    done when the actor loaded) about 116,000 objects are still young: what the first
-    trial imported lazily (the family's module, for one);
-    the second freeze takes those, and from then on a collection walks only what the
-    current trial created (a few thousand objects).
+    the process, torch's, Ray's, Tune's and pandas' included: a large part of a short
+    trial's time in the worker (bench/README.md, "Ray Tune overhead"). The first freeze
+    takes the imports done when the actor loaded; the second what the first trial
+    imported lazily (the family's module, for one); from then on a collection walks only
+    what the current trial created.
 
     Nothing of ours is alive at these two points (the previous trial's objects were just
     collected, this one's not built yet), so nothing of a trial is frozen: a frozen

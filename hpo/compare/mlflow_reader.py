@@ -228,10 +228,9 @@ def _read_threads(
     tracking_uri: str, runs: Sequence[Any], with_curves: bool, with_returns: bool
 ) -> int:
     """1 when every read is work in this process (histories from SQLite, artifacts read in
-    place from a file store): under the GIL threads only add switching, and 16 of them
-    read 2,000 trials in 1.3x the time of one (bench/README.md, "Comparison at scale").
-    Up to :data:`_READ_THREADS` when some read waits on a server (a tracking server or
-    database, an object store)."""
+    place from a file store): under the GIL threads only add switching (bench/README.md,
+    "Comparison at scale"). Up to :data:`_READ_THREADS` when some read waits on a server
+    (a tracking server or database, an object store)."""
     in_process = urlsplit(tracking_uri).scheme in ("", "file", "sqlite")
     histories_wait = with_curves and not in_process
     artifacts_wait = with_returns and any(_local_artifact_path(run) is None for run in runs)
