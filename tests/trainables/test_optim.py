@@ -446,9 +446,9 @@ def test_a_parameter_that_gets_its_gradient_later_keeps_its_own_step_count() -> 
     assert torch.equal(a_old, a_new) and torch.equal(b_old, b_new)
 
 
-def test_guarded_step_matches_the_old_one_and_reports_an_f32_norm() -> None:
-    """End to end through backward_and_step (clipped). The norm is now one f32 reduction
-    over all gradients; the old one summed per-tensor norms, so the two agree to f32
+def test_guarded_step_matches_the_per_parameter_reference_and_reports_an_f32_norm() -> None:
+    """End to end through backward_and_step (clipped). The norm is one f32 reduction over
+    all gradients; the reference's takes per-tensor norms first, so the two agree to f32
     rounding and the weights to a few ulps."""
     policy = get_policy("f32", CPU)
     old_net, new_net, old, new = _pair(F32, 0.0, True)
