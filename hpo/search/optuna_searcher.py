@@ -1,11 +1,18 @@
-"""TPE and random search through Optuna's ask-and-tell interface.
+"""TPE and random search through Optuna's ask-and-tell interface, public API only.
 
 Why not Ray's ``OptunaSearch``: one sweep holds several model families with different
 spaces, compare mode fans one suggestion out to every precision, and the searcher's state
 must survive ``hpo resume`` as plain data. Ask-and-tell gives all three: each (model
 [, precision]) gets its own study, and :meth:`OptunaParamSearcher.state` is JSON (every
-told trial's params, distributions and value), replayed into a fresh study on restore, so
-a resumed sweep continues the same search with its whole history (no pickle involved).
+told and every open trial's params and number, and each told trial's value), replayed
+into a fresh study on restore, so a resumed sweep continues the same search with its
+whole history (no pickle involved).
+
+A sampler's random state is not public, so none is kept: each ask gets a sampler of its
+own, seeded through its constructor from the searcher's seed and the number the trial
+will have (:func:`trial_seed`). What a trial draws depends only on that seed and the
+study's trials, which the state restores with their numbers: a restored searcher asks
+exactly what one that never stopped asks.
 """
 
 from __future__ import annotations
@@ -49,39 +56,37 @@ class OptunaParamSearcher(ParamSearcher):
         self.kind = kind
         self.seed = seed
         self.maximize = maximize
+        if kind not in ("tpe", "random"):
+            raise ValueError(f"unknown Optuna sampler {kind!r}; expected 'tpe' or 'random'")
         self.distributions = {name: to_optuna(dim) for name, dim in dims.items()}
         self.study = optuna.create_study(
-            direction="maximize" if maximize else "minimize", sampler=self._sampler()
+            direction="maximize" if maximize else "minimize", sampler=self._sampler(0)
         )
         self._open: dict[str, optuna.trial.Trial] = {}
         self._reopened: dict[str, int] = {}  # token -> trial number, asked before a restore
         self._params: dict[str, dict[str, Any]] = {}  # token -> params, while not told
         self._told: list[dict[str, Any]] = []
 
-    def _sampler(self) -> optuna.samplers.BaseSampler:
+    def _sampler(self, number: int) -> optuna.samplers.BaseSampler:
+        """The sampler that draws trial ``number``, seeded for it alone."""
+        seed = trial_seed(self.seed, number)
         if self.kind == "tpe":
             # Fewer random start-up trials than Optuna's 10: sweeps here are tens of trials.
-            return optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4, multivariate=True)
-        if self.kind == "random":
-            return optuna.samplers.RandomSampler(seed=self.seed)
-        raise ValueError(f"unknown Optuna sampler {self.kind!r}; expected 'tpe' or 'random'")
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
+        return optuna.samplers.RandomSampler(seed=seed)
 
     def ask(self, token: str, fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        sampler = self._sampler(len(self.study.get_trials(deepcopy=False)))
         pinned = {k: v for k, v in (fixed or {}).items() if k in self.distributions}
         if pinned:
             # Optuna's own way to search some parameters with others held: the pinned ones
             # leave the sampler's (relative) search space, and the trial records them with
             # their distributions, so TPE learns from them as from sampled ones.
-            base = self.study.sampler
             with warnings.catch_warnings():  # "experimental" since Optuna 2.4, and stable
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                self.study.sampler = optuna.samplers.PartialFixedSampler(pinned, base)
-            try:
-                trial = self.study.ask(self.distributions)
-            finally:
-                self.study.sampler = base
-        else:
-            trial = self.study.ask(self.distributions)
+                sampler = optuna.samplers.PartialFixedSampler(pinned, sampler)
+        self.study.sampler = sampler  # how Optuna's docs swap a study's sampler
+        trial = self.study.ask(self.distributions)
         self._open[token] = trial
         self._params[token] = trial.params
         return {k: _plain(v) for k, v in trial.params.items()}
@@ -139,12 +144,12 @@ class OptunaParamSearcher(ParamSearcher):
             # report later. Kept with their trial numbers, so that the restored study numbers
             # and orders its trials exactly as the original did (TPE's draws depend on it).
             "open": {t: {"number": n, "params": self._params[t]} for t, n in open_trials.items()},
-            "rng": [_rng_state(rng) for rng in _sampler_rngs(self.study.sampler)],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
+        self.seed = int(state["seed"])
         entries = [(t["number"], "told", t) for t in state["told"]]
-        entries += [(o["number"], "open", (tok, o)) for tok, o in state.get("open", {}).items()]
+        entries += [(o["number"], "open", (tok, o)) for tok, o in state["open"].items()]
         for number, kind, item in sorted(entries, key=lambda e: e[0]):
             if kind == "told":
                 self._add_frozen(item["params"], item["value"])
@@ -160,44 +165,17 @@ class OptunaParamSearcher(ParamSearcher):
                 self._reopened[token] = number
                 self._params[token] = dict(opened["params"])
         self._told = list(state["told"])
-        for rng, saved in zip(
-            _sampler_rngs(self.study.sampler), state.get("rng", []), strict=False
-        ):
-            _set_rng_state(rng, saved)
 
 
 def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def _sampler_rngs(sampler: optuna.samplers.BaseSampler) -> list[np.random.RandomState]:
-    """The numpy generators behind a sampler (TPE also holds its start-up random sampler).
-
-    Restoring them makes the next suggestions after a resume follow the same stream; they
-    are private attributes, so a missing one is skipped rather than failing the resume.
-    """
-    found = []
-    for owner in (sampler, getattr(sampler, "_random_sampler", None)):
-        rng = getattr(getattr(owner, "_rng", None), "rng", None)
-        if rng is not None:
-            found.append(rng)
-    return found
-
-
-def _rng_state(rng: np.random.RandomState) -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached = rng.get_state(legacy=True)
-    return {
-        "name": name,
-        "keys": np.asarray(keys).tolist(),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached": float(cached),
-    }
-
-
-def _set_rng_state(rng: np.random.RandomState, state: dict[str, Any]) -> None:
-    keys = np.asarray(state["keys"], dtype=np.uint32)
-    rng.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached"]))
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of the sampler that draws trial ``number`` of a searcher seeded ``seed``:
+    a hash of the two (numpy's ``SeedSequence``), so neighbouring trials and neighbouring
+    searchers draw unrelated streams."""
+    return int(np.random.SeedSequence([seed % 2**64, number]).generate_state(1)[0])
 
 
 def dumps(state: dict[str, Any]) -> str:

@@ -10,8 +10,8 @@ experiment directory) or through ``pickle`` (Tune pickles the search algorithm w
 experiment state), must continue the same search: its next suggestions equal those of an
 uninterrupted searcher fed the same completions, with trials outstanding and completions
 out of order: PSO (the swarm and its PCG64 state are JSON), random search, and TPE (told
-and open trials replayed into a fresh study in their original order, both sampler RNGs
-restored).
+and open trials replayed into a fresh study in their original order; each ask's sampler is
+seeded from the search seed and the trial's number, so no sampler state is saved).
 """
 
 from __future__ import annotations
@@ -258,8 +258,8 @@ def test_restored_tpe_study_holds_the_whole_history(how: str, tmp_path: Path) ->
         assert values == sorted(t["value"] for t in before.state()["told"])
         assert after.best() == before.best()
 
-    # The history is what TPE samples from: the same sampler RNG state without the told
-    # trials (what a searcher that dropped its study would hold) suggests something else.
+    # The history is what TPE samples from: the same seed without the told trials (what a
+    # searcher that dropped its study would hold) suggests something else.
     state = restored.get_state()
     amnesiac_state = _plain(state)
     for saved in amnesiac_state["searchers"]:
