@@ -1,9 +1,10 @@
-"""The MLflow tracking server is stopped for 30 s in the middle of a sweep and started
-again: the driver buffers what it could not send and, at the end, every epoch's metric
-points of every trial are in MLflow, once each."""
+"""The MLflow tracking server is stopped in the middle of a sweep, until the driver has
+failed to send an epoch's metrics, and started again: the driver buffers what it could not
+send and, at the end, every epoch's metric points of every trial are in MLflow, once each."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -21,11 +22,25 @@ from tests.processes import signal_all, wait_for
 from tests.reliability.sweep_process import trial_workers
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
-EPOCHS = 8
-OUTAGE_S = 30.0
+EPOCHS = 8  # enough that the sweep is still training when the server goes down
 
 
-def test_thirty_second_outage_loses_no_metric_point(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+class _Failures(logging.Handler):
+    """The driver's warnings of MLflow calls that failed and wait to be sent again."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.times: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("MLflow unavailable (metrics of"):
+            self.times.append((record.created, message))
+
+
+def test_an_outage_loses_no_metric_point(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    failures = _Failures()
+    logging.getLogger("hpo.tracking").addHandler(failures)
     store = tmp_path / "mlflow-store"
     server = start_tracking_server(store, port=0)
     restarted: list = []
@@ -59,7 +74,14 @@ def test_thirty_second_outage_loses_no_metric_point(ray_session, tmp_path: Path)
                     events["down"] = time.time()
                 finally:
                     signal_all(workers, signal.SIGCONT)
-                time.sleep(OUTAGE_S)  # the outage itself
+                # The outage lasts until an epoch's metrics failed to reach MLflow (the
+                # driver buffers them), however long the machine takes to get there.
+                wait_for(
+                    lambda: any(t > events["down"] for t, _ in failures.times),
+                    timeout=300,
+                    what="an epoch's metrics failing to reach the stopped server",
+                    interval=0.1,
+                )
                 events["up"] = time.time()
                 restarted.append(start_tracking_server(store, port=port))
             except BaseException as exc:  # seen by the test, not lost with this thread
@@ -70,6 +92,7 @@ def test_thirty_second_outage_loses_no_metric_point(ray_session, tmp_path: Path)
         rows = run_sweep(spec)
         controller.join(timeout=400)
     finally:
+        logging.getLogger("hpo.tracking").removeHandler(failures)
         server.stop()
         for other in restarted:
             other.stop()
@@ -81,17 +104,12 @@ def test_thirty_second_outage_loses_no_metric_point(ray_session, tmp_path: Path)
         client = MlflowClient(final.uri)
         children = trial_runs(final.uri, "outage")
         assert len(children) == 2
-        during = []
         for run in children:
             assert run.info.status == "FINISHED"
             for key in ("val_sharpe", "train_loss", "test_sharpe"):
                 history = client.get_metric_history(run.info.run_id, key)
                 steps = [m.step for m in history]
                 assert sorted(steps) == list(range(1, EPOCHS + 1)), (key, steps)
-                during += [
-                    m.step
-                    for m in history
-                    if key == "val_sharpe" and events["down"] < m.timestamp / 1000 < events["up"]
-                ]
-        # The outage hit the sweep: epochs were reported while the server was down.
-        assert during, (events, "no epoch reported during the outage")
+    # The outage hit the sweep: epochs' metrics failed to send while the server was down,
+    # and reached MLflow once each after it came back (above).
+    assert [m for t, m in failures.times if events["down"] < t < events["up"]], failures.times

@@ -10,6 +10,7 @@ the sweep ends with the planned number of trials, one child run each, one point 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.hpo.sweep_helpers import (
+    checkpointed_epochs,
     last_result,
     newest_checkpoint,
     results,
@@ -24,76 +26,94 @@ from tests.hpo.sweep_helpers import (
     trial_runs,
 )
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
-from tests.reliability.sweep_process import start, write_spec
+from tests.reliability.sweep_process import start, trial_workers, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-EPOCHS = 12  # a window of epochs 2..8 in which both trials are frozen together
-SETTLE_S = 5.0  # a few of Tune's 1 s snapshots, which bring the driver's rows to storage
+EPOCHS = 10
+RECORDED_S = 5.0  # a few of Tune's 1 s snapshots, which bring the driver's rows to storage
 
 
-def _two_trials_past_epoch_two(sweep_dir: Path) -> list[Path] | None:
-    running = [d for d in trial_dirs(sweep_dir) if 2 <= len(results(d)) < EPOCHS - 3]
-    return running[:2] if len(running) >= 2 else None
+def _freeze_on_arrival(driver_pid: int, frozen: list[int]) -> list[int] | None:
+    """SIGSTOP each trial worker the moment it is seen (``frozen`` keeps them across
+    polls); both of them, once both were seen."""
+    for worker in trial_workers(driver_pid):
+        if worker.pid not in frozen:
+            signal_all([worker], signal.SIGSTOP)
+            frozen.append(worker.pid)
+    return frozen if len(frozen) >= 2 else None
 
 
-def _frozen_at_a_recorded_checkpoint(trials: list[Path]) -> dict[str, tuple] | None:
-    """Freeze the trials' workers, then wait for the driver's result rows to name each
-    worker's newest checkpoint on disk. A worker reports an epoch only after writing its
-    checkpoint, so then no result is on its way to the driver and the newest checkpoint the
-    driver knows of is the row's. A worker frozen between the two never gets there: it is
-    let go, to be frozen again at another epoch (None). Returns {trial folder: (pid, last
-    epoch, its checkpoint)} as recorded."""
-    first = [last_result(d) for d in trials]
-    if any(row is None for row in first):
-        return None  # a result.json caught mid-copy: look again
-    pids = [row["pid"] for row in first if row is not None]
-    signal_all(pids, signal.SIGSTOP)
-    deadline = time.monotonic() + SETTLE_S
-    while time.monotonic() < deadline:
-        last = {d.name: last_result(d) for d in trials}
-        if all(
-            row is not None and row["checkpoint_dir_name"] == newest_checkpoint(d)
-            for d, row in zip(trials, last.values(), strict=True)
-        ):
-            return {
-                name: (row["pid"], row["epoch"], row["checkpoint_dir_name"])
-                for name, row in last.items()
-                if row is not None
-            }
-        time.sleep(0.2)
-    signal_all(pids, signal.SIGCONT)
-    return None
+def _advance(pid: int, sweep_dir: Path, driver: subprocess.Popen) -> Path:
+    """Let the frozen worker ``pid`` run until it has written one more checkpoint, then
+    freeze it again; its trial's folder (the only one that grew: the other is frozen)."""
+    before = {d: checkpointed_epochs(d) for d in trial_dirs(sweep_dir)}
+    signal_all([pid], signal.SIGCONT)
+    try:
+        return wait_for(
+            lambda: next(
+                (d for d in trial_dirs(sweep_dir) if checkpointed_epochs(d) > before.get(d, 0)),
+                None,
+            ),
+            timeout=300,
+            what=f"worker {pid}'s next checkpoint",
+            proc=driver,
+            interval=0.02,
+        )
+    finally:
+        signal_all([pid], signal.SIGSTOP)
+
+
+def _recorded(trial_dir: Path) -> tuple[int, str] | None:
+    """(epoch, checkpoint) of the driver's newest row, if it names the trial's newest
+    checkpoint on disk: then no result is on its way to the driver."""
+    row = last_result(trial_dir)
+    if row is None or row["checkpoint_dir_name"] != newest_checkpoint(trial_dir):
+        return None
+    return row["epoch"], row["checkpoint_dir_name"]
+
+
+def _frozen_at_a_recorded_checkpoint(
+    pid: int, sweep_dir: Path, driver: subprocess.Popen
+) -> tuple[Path, int, str]:
+    """Step the frozen worker ``pid`` one checkpoint at a time until it has checkpointed
+    epoch 2 and the driver's rows name its newest checkpoint. A worker reports an epoch
+    only after writing its checkpoint; one frozen between the two never gets recorded,
+    so it takes another step. Returns (trial folder, last epoch, its checkpoint)."""
+    while True:
+        trial_dir = _advance(pid, sweep_dir, driver)
+        if checkpointed_epochs(trial_dir) < 2:
+            continue
+        deadline = time.monotonic() + RECORDED_S
+        while time.monotonic() < deadline:
+            recorded = _recorded(trial_dir)
+            if recorded is not None:
+                return trial_dir, *recorded
+            time.sleep(0.2)
+        assert checkpointed_epochs(trial_dir) < EPOCHS - 1, "the trial ran to its end"
 
 
 def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> None:
-    # Epochs long enough (~1 s) that both trials are seen together between epoch 2 and
-    # their last epochs; they are frozen the moment they are. (40 steps stopped being
-    # enough when the multi-tensor optimizer made a step cheaper: both trials finished
-    # before the poll saw them in that window.)
-    trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 120}
-    # Two trials alone (a group's faults: tests/trainables/test_group_trial.py).
-    spec = write_spec(
-        tmp_path, "faults", max_epochs=EPOCHS, trainer=trainer, fusion={"group_size": 1}
-    )
+    # Two trials alone (a group's faults: tests/trainables/test_group_trial.py). Their
+    # workers are frozen as they start and stepped one checkpoint at a time, so how long
+    # an epoch lasts does not matter.
+    spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS, fusion={"group_size": 1})
     sweep_dir = tmp_path / "results" / "faults"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:
-        plain, corrupt = wait_for(
-            lambda: _two_trials_past_epoch_two(sweep_dir),
+        frozen: list[int] = []
+        workers = wait_for(
+            lambda: _freeze_on_arrival(driver.pid, frozen),
             timeout=300,
-            what="two trials past epoch 2",
+            what="both trials' workers",
             proc=driver,
+            interval=0.02,
             detail=log_tail(tmp_path / "sweep.log"),
         )
-        # Both workers frozen first, so that what the driver has recorded (result rows and
-        # the checkpoint each row names) stops changing while the faults are set up.
-        victims = wait_for(
-            lambda: _frozen_at_a_recorded_checkpoint([plain, corrupt]),
-            timeout=300,
-            what="both trials frozen with their newest checkpoint recorded by the driver",
-            proc=driver,
-            detail=log_tail(tmp_path / "sweep.log"),
-        )
+        victims: dict[str, tuple[int, int, str]] = {}
+        for pid in workers:
+            trial_dir, epoch, checkpoint = _frozen_at_a_recorded_checkpoint(pid, sweep_dir, driver)
+            victims[trial_dir.name] = (pid, epoch, checkpoint)
+        plain, corrupt = (sweep_dir / name for name in victims)
         # The checkpoint the driver would restore from, i.e. the newest one it knows of.
         weights = corrupt / victims[corrupt.name][2] / "state" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
