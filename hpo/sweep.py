@@ -22,6 +22,7 @@ from cluster.storage import SweepLocation, writable_by_others
 from hpo.record import SUMMARY_FILE, SWEEP_FILE, SweepError, SweepRecord
 from hpo.rungs import ASHA_REDUCTION_FACTOR, start_rung_board
 from hpo.spec import SweepSpec
+from hpo.tracking_store import StoreWarmup
 from hpo.trials import TrialRow, best_rows, trial_rows
 
 if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
@@ -324,13 +325,19 @@ def run_sweep(
             f"a sweep named {spec.name!r} already exists in {sweep_dir}; continue it with "
             f"`hpo resume {sweep_dir}` or pick another --name"
         )
-    _join_cluster(spec, storage.uri, address, num_cpus=num_cpus, num_gpus=num_gpus)
-    # Profiled on the GPU nodes before anything is recorded: a shape that cannot be
-    # profiled stops the sweep without leaving a parent run behind.
-    resources = sweep_resources(spec, storage.uri)
-    plan = sweep_plan(spec, resources)
+    store = StoreWarmup(spec.tracking_uri)  # a new store's schema, beside Ray's start
+    try:
+        _join_cluster(spec, storage.uri, address, num_cpus=num_cpus, num_gpus=num_gpus)
+        # Profiled on the GPU nodes before anything is recorded: a shape that cannot be
+        # profiled stops the sweep without leaving a parent run behind.
+        resources = sweep_resources(spec, storage.uri)
+        plan = sweep_plan(spec, resources)
+    except BaseException:
+        store.discard()
+        raise
     if on_event is not None:
         on_event(plan.text)
+    store.join()
     client = MlflowClient(spec.tracking_uri)
     parent = start_sweep_run(
         client, spec.name, spec.model_dump(exclude={"search_space", "trainer"}), spec.compare

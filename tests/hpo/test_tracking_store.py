@@ -1,0 +1,49 @@
+"""A new SQLite tracking store created beside Ray's start (hpo.tracking_store)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from hpo.tracking_store import StoreWarmup, new_sqlite_file
+
+
+def test_only_a_new_sqlite_file_is_warmed(tmp_path: Path) -> None:
+    existing = tmp_path / "old.db"
+    existing.write_bytes(b"")
+    assert new_sqlite_file(f"sqlite:///{tmp_path / 'new.db'}") == tmp_path / "new.db"
+    assert new_sqlite_file(f"sqlite:///{existing}") is None
+    assert new_sqlite_file("sqlite://") is None  # in memory
+    assert new_sqlite_file("sqlite:///:memory:") is None
+    assert new_sqlite_file("http://127.0.0.1:5000") is None
+    assert new_sqlite_file("postgresql://db/mlflow") is None
+    assert new_sqlite_file(f"sqlite:///{tmp_path / 'q.db'}?timeout=5") == tmp_path / "q.db"
+
+
+def test_the_store_has_mlflows_schema_once_joined(tmp_path: Path) -> None:
+    path = tmp_path / "mlflow.db"
+    warm = StoreWarmup(f"sqlite:///{path}")
+    warm.join()
+    with sqlite3.connect(path) as db:
+        tables = {row[0] for row in db.execute("select name from sqlite_master")}
+        version = db.execute("select version_num from alembic_version").fetchall()
+    assert {"experiments", "runs", "metrics", "tags"} <= tables
+    assert len(version) == 1  # migrated to MLflow's head: a client opens it as it is
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{path}")
+    assert client.create_experiment("after-warmup")
+
+
+def test_a_discarded_warmup_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "mlflow.db"
+    StoreWarmup(f"sqlite:///{path}").discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_store_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "mlflow.db"
+    path.write_bytes(b"not touched")
+    warm = StoreWarmup(f"sqlite:///{path}")
+    warm.discard()  # the sweep failed: a store it did not create stays
+    assert path.read_bytes() == b"not touched"
