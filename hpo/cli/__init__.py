@@ -31,7 +31,7 @@ import os
 # value is kept.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from hpo.cli._app import app, main
+from hpo.cli._app import app, main, run
 from hpo.cli._options import UserError
 
-__all__ = ["UserError", "app", "main"]
+__all__ = ["UserError", "app", "main", "run"]

@@ -325,20 +325,20 @@ def test_hpo_compare_prints_no_progress_bars(
         assert output.count("Downloading artifacts: 100%") >= TRIALS - 3
 
 
-def test_main_turns_mlflow_progress_bars_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_turns_mlflow_progress_bars_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from hpo import cli
     from hpo.cli import _app
 
     seen: list[str | None] = []
-    # Restored after the test, whatever main() sets.
+    # Restored after the test, whatever run() sets.
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "unset")
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     monkeypatch.setattr(
-        _app,  # where main() looks it up
+        _app,  # where run() looks it up
         "exit_on_user_error",
         lambda app: seen.append(os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")),
     )
-    cli.main()
+    cli.run()
     assert seen == ["false"]
     from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 

@@ -456,7 +456,7 @@ def test_sweep_cli_on_invalid_spec_exits_2_and_starts_nothing(
             contextlib.redirect_stdout(io.StringIO()),
             pytest.raises(SystemExit) as info,
         ):
-            cli.main()
+            cli.run()
         assert info.value.code == 2, stderr.getvalue()
         assert "invalid sweep spec" in stderr.getvalue()
         assert started == []
@@ -475,5 +475,5 @@ def test_sweep_cli_error_text_is_not_read_as_markup(
     monkeypatch.setattr(sys, "argv", ["hpo", "sweep", str(spec)])
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as info:
-        cli.main()
+        cli.run()
     assert info.value.code == 2 and "[/x]" in stderr.getvalue()
