@@ -350,13 +350,21 @@ class MlflowSweepCallback(Callback):
         self._queued: set[str] = set()  # trials whose run lookup/creation is queued
         self._last_stamp: dict[str, int] = {}  # trial_id -> newest metric timestamp (ms)
         self._orphans_checked = False
+        # Trials Tune restored with the sweep (None until its first step says): only they
+        # can have a child run already. A trial this driver created never had one, so its
+        # run is created without searching the sweep's runs (a search per trial costs time
+        # in proportion to the runs so far).
+        self._restored: set[str] | None = None
         self.client = MlflowClient(self.tracking_uri)
         self.experiment_id: str | None = None
         self.outbox = _Outbox(on_drop=self._report_drop)
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
-        skip = ("client", "outbox", "_queued", "_last_stamp", "_orphans_checked", "experiment_id")
+        skip = (
+            *("client", "outbox", "_queued", "_last_stamp", "_orphans_checked", "_restored"),
+            "experiment_id",
+        )
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -370,8 +378,9 @@ class MlflowSweepCallback(Callback):
         # The first step, before any trial starts: the trials Tune knows now are all those
         # of the sweep (none on a new sweep, the restored ones on a resume).
         self._orphans_checked = True
-        if trials:
-            known = {unit_id for t in trials for unit_id, _, _ in _units(t)}
+        known = {unit_id for t in trials for unit_id, _, _ in _units(t)}
+        self._restored = known
+        if known:
             self.outbox.send("orphaned trial runs", lambda: self._delete_orphans(known))
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -533,7 +542,9 @@ class MlflowSweepCallback(Callback):
     ) -> None:
         if self.experiment_id is None:
             self.experiment_id = ensure_experiment(self.client, experiment_name(self.sweep_name))
-        run_id = self.run_ids.get(trial_id) or self._find_child(trial_id)
+        run_id = self.run_ids.get(trial_id)
+        if run_id is None and (self._restored is None or trial_id in self._restored):
+            run_id = self._find_child(trial_id)
         if run_id is not None:
             # Restored ids come from Tune's last experiment snapshot, which can be older
             # than what reached MLflow before a crash: ask MLflow what is already logged.

@@ -474,3 +474,42 @@ def test_checkpoint_returns_are_verified_against_their_listed_checksum(tmp_path:
     listed({})  # every file a checkpoint holds is listed: an unlisted one is not trusted
     with pytest.raises(ValueError, match=r"returns\.csv: not listed in meta\.json's checksums"):
         checkpoint_returns(checkpoint)
+
+
+def test_only_a_restored_trial_searches_for_its_run(mlflow_uri: str) -> None:
+    """A trial this driver created never had a run: its run is created without a search
+    over the sweep's runs (which costs in proportion to them). A trial Tune restored with
+    the sweep finds its run again."""
+
+    def spy(callback: MlflowSweepCallback) -> list[str]:
+        filters: list[str] = []
+        real = callback.client.search_runs
+
+        def search_runs(*args: Any, **kwargs: Any) -> Any:
+            filters.append(str(kwargs.get("filter_string", "")))
+            return real(*args, **kwargs)
+
+        callback.client.search_runs = search_runs  # type: ignore[method-assign]
+        return filters
+
+    callback, client, parent = _setup(mlflow_uri)
+    searched = spy(callback)
+    callback.on_step_begin(0, [])  # a new sweep: Tune restored no trial
+    for name in ("n0", "n1", "n2"):
+        callback.on_trial_start(0, [], _trial(name))
+    assert callback.flush()
+    assert searched == [] and sorted(callback.run_ids) == ["n0", "n1", "n2"]
+
+    resumed = MlflowSweepCallback(mlflow_uri, "track", parent)  # its state was lost
+    searched = spy(resumed)
+    restored = _trial("n0")
+    resumed.on_step_begin(0, [restored])
+    resumed.on_trial_start(0, [], restored)
+    resumed.on_trial_start(0, [], _trial("n3"))  # created by the resumed driver
+    assert resumed.flush()
+    assert resumed.run_ids["n0"] == callback.run_ids["n0"]
+    assert [f for f in searched if "trial_id" in f] == [
+        f"tags.trial_id = 'n0' and tags.`mlflow.parentRunId` = '{parent}'"
+    ]
+    # The parent, n0 and n3 (n1 and n2, not restored, were deleted as orphans).
+    assert len(client.search_runs([callback.experiment_id])) == 3
