@@ -40,11 +40,10 @@ def measure(model: str, steps: int) -> tuple[int, float]:
     trainer = Trainer(config)
     params = count_parameters(trainer.folds[0].model)
     run = trainer.folds[0]
-    train = trainer._train_rl if trainer.is_rl else trainer._train_forecast
-    train(run)  # warm-up (allocations, lazily built buffers)
+    trainer.train_fold(run)  # warm-up (allocations, lazily built buffers)
     before = trainer.global_step
     start = time.perf_counter()
-    train(run)
+    trainer.train_fold(run)
     elapsed = time.perf_counter() - start
     return params, (trainer.global_step - before) / elapsed
 

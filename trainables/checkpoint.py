@@ -243,7 +243,7 @@ def file_size(directory: Path, name: str = WEIGHTS_FILE) -> int:
 def portable_generator_states(
     state: Mapping[str, torch.Tensor],
     device: torch.device | str,
-    saved_on: str | None = None,
+    saved_on: str,
 ) -> dict[str, torch.Tensor]:
     """``state`` with every generator state (key ending in ``generator``) loadable on
     ``device``.
@@ -260,7 +260,7 @@ def portable_generator_states(
     for key, saved in state.items():
         if key.rsplit(".", 1)[-1] != GENERATOR_KEY:
             continue
-        if saved.numel() == native_size and saved_on in (None, device.type):
+        if saved.numel() == native_size and saved_on == device.type:
             continue
         out[key] = derived_generator_state(saved, device)
     return out

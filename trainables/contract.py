@@ -249,7 +249,7 @@ def untrained_and_trained_sharpe(
     untrained, trained = [], []
     for seed in seeds:
         trainer = Trainer(config.replace(seed=seed))
-        untrained.append(trainer._evaluate(trainer.folds[0], trainer.folds[0].data.val).sharpe)
+        untrained.append(trainer.evaluate(trainer.folds[0], trainer.folds[0].data.val).sharpe)
         trained.append(trainer.fit()[-1]["val_sharpe"])
     return untrained, trained
 

@@ -81,7 +81,8 @@ def _return_moments(returns: np.ndarray) -> dict[str, float]:
 
     Skew and kurtosis are the biased moment ratios m3 / m2^1.5 and m4 / m2^2, what
     ``scipy.stats.skew`` / ``kurtosis(fisher=False)`` return by default, computed here:
-    importing ``scipy.stats`` costs a trial worker about 0.9 s at its first epoch."""
+    importing ``scipy.stats`` would stall each trial worker's first epoch (measured in
+    bench/README.md, "Ray Tune overhead")."""
     n = int(returns.size)
     std = float(returns.std(ddof=1)) if n > 1 else 0.0
     if n < 3 or std == 0.0:

@@ -27,7 +27,6 @@ resumes in f32. Why: docs/statistics.md#one-quantity, docs/precision.md#the-hot-
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -226,8 +225,8 @@ class Trainer:
         self._check_divergence()
         steps = self.global_step - steps_before
 
-        val_results = [self._evaluate(run, run.data.val, "val") for run in self.folds]
-        test_result = self._evaluate(self.folds[-1], self.folds[-1].data.test, "test")
+        val_results = [self.evaluate(run, run.data.val, "val") for run in self.folds]
+        test_result = self.evaluate(self.folds[-1], self.folds[-1].data.test, "test")
         self._evaluated = OutOfSample(val=val_results, test=test_result)
         self.epoch += 1
         metrics = self._epoch_metrics(loss_sums, self._evaluated, steps, train_seconds)
@@ -405,7 +404,9 @@ class Trainer:
         with self.policy.autocast():
             return span_positions(self.family, run.model, run.data, span)
 
-    def _evaluate(self, run: FoldRun, span: tuple[int, int], split: str = "val") -> BacktestResult:
+    def evaluate(self, run: FoldRun, span: tuple[int, int], split: str = "val") -> BacktestResult:
+        """Fold ``run``'s backtest at decision bars ``span`` (its positions clipped to
+        [-1, 1]); non-finite positions raise :class:`TrialDiverged` naming ``split``."""
         positions = self.positions(run, span).double().cpu().numpy()  # (T_span, A)
         bad = ~np.isfinite(positions)
         if bad.any():
@@ -519,13 +520,13 @@ class Trainer:
     def _restore(self, ckpt: Checkpoint) -> None:
         """Load ``ckpt`` into freshly built folds, casting to this trainer's policy/device."""
         meta = ckpt.meta
-        if meta.get("family") != self.family.name:
+        if meta["family"] != self.family.name:
             raise CheckpointError(
-                ckpt.path, f"holds a {meta.get('family')!r} model, not {self.family.name!r}"
+                ckpt.path, f"holds a {meta['family']!r} model, not {self.family.name!r}"
             )
         # Generator states of another device type (a GPU checkpoint resumed on a CPU, or
         # the reverse) are re-derived; on the same device type they load as saved.
-        saved_state = portable_generator_states(ckpt.state, self.device, meta.get("rng_device"))
+        saved_state = portable_generator_states(ckpt.state, self.device, meta["rng_device"])
         for run in self.folds:
             prefix = f"fold{run.index}."
             params = {n: p for n, p in run.model.named_parameters()}
@@ -583,9 +584,9 @@ class Trainer:
                 learner.load_buffer_state(buffer)  # casts stored windows to this run's dtype
         self.epoch = int(meta["epoch"])
         self.global_step = int(meta["global_step"])
-        self.history = list(meta.get("history", []))
+        self.history = list(meta["history"])
         self.fell_back_to_f32 = _stays_fallen_back(self.config, meta)
-        self.fallback_epoch = meta.get("fallback_epoch") if self.fell_back_to_f32 else None
+        self.fallback_epoch = meta["fallback_epoch"] if self.fell_back_to_f32 else None
         restore_default_rng(meta, self.device)
 
 
@@ -614,16 +615,12 @@ def resumed_precision(config: TrainConfig, checkpoint: Checkpoint | None) -> str
     from (a Tune retry, ``hpo resume``, ``hpo train --resume``). Asking for another
     precision on resume is honoured."""
     if checkpoint is not None and _stays_fallen_back(config, checkpoint.meta):
-        return str(checkpoint.meta.get("precision", "f32"))
+        return str(checkpoint.meta["precision"])
     return config.precision
 
 
 def _stays_fallen_back(config: TrainConfig, meta: Mapping[str, Any]) -> bool:
     """A fallback holds while the trial is resumed under the precision it fell back from;
     a precision asked for on resume is a policy of its own, not a fallback."""
-    requested = meta.get("requested_precision", config.precision)
-    return bool(meta.get("fell_back_to_f32")) and requested == config.precision
-
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+    requested = meta["requested_precision"]
+    return bool(meta["fell_back_to_f32"]) and requested == config.precision

@@ -320,7 +320,7 @@ def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capt
     `_count` on CPU with the device facts faked: a capture that keeps the step, and
     allocator statistics that log when read."""
     import cluster.profiler as profiler
-    import trainables.cuda_graphs as trainer_module
+    from trainables import cuda_graphs
     from trainables.cuda_graphs import GRAPH_WARMUP_STEPS
     from trainables.trainer import Trainer
 
@@ -333,8 +333,8 @@ def test_the_allocated_peak_is_read_from_eager_steps_and_the_reserved_after_capt
     def read(name: str) -> Any:
         return lambda device=None: events.append(name) or 0
 
-    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
-    monkeypatch.setattr(trainer_module, "capture_cuda_graph", capture)
+    monkeypatch.setattr(cuda_graphs, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "capture_cuda_graph", capture)
     for name in ("synchronize", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", read("allocated peak read"))

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import torch
 
-import trainables.cuda_graphs as trainer_module
 from models import family_names, get_family
 from models.base import Batch
 from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
+from trainables import cuda_graphs
 from trainables.config import DataConfig, TrainConfig
 from trainables.contract import NoHostReads, check_host_reads
 from trainables.trainer import Trainer
@@ -106,7 +106,7 @@ def test_every_forecast_step_sees_a_full_batch(model: str, monkeypatch: pytest.M
         return step(run_, batch)
 
     monkeypatch.setattr(trainer, "forecast_step", recording_step)
-    trainer._train_forecast(run)
+    trainer.train_fold(run)
     assert len(shapes) == n_train // 48  # the short tail is dropped, never stepped
     assert set(shapes) == {((48, 2, 16, trainer.shape.n_features), (48, 2), (48, 16))}
 
@@ -141,8 +141,8 @@ def test_a_replayed_step_trains_to_the_eager_numbers(
     eager_metrics = eager.fit()
 
     calls: list[str] = []
-    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
-    monkeypatch.setattr(trainer_module, "capture_cuda_graph", _fake_capture(calls))
+    monkeypatch.setattr(cuda_graphs, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "capture_cuda_graph", _fake_capture(calls))
     graphed = Trainer(config)  # auto: tlob declares its step static
     graphed_metrics = graphed.fit()
 
@@ -167,10 +167,10 @@ def test_a_failed_capture_steps_eagerly_and_says_why(
     config = _config("tlob", "f32", max_steps_per_epoch=6)
     eager = Trainer(config.replace(cuda_graphs="off"))
     eager.fit()
-    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
-    monkeypatch.setattr(trainer_module, "capture_cuda_graph", failing_capture)
+    monkeypatch.setattr(cuda_graphs, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "capture_cuda_graph", failing_capture)
     trainer = Trainer(config.replace(cuda_graphs="on"))
-    with caplog.at_level(logging.WARNING, logger="trainables.trainer"):
+    with caplog.at_level(logging.WARNING, logger=cuda_graphs.log.name):
         metrics = trainer.fit()
     step = trainer.folds[0].step
     assert step is not None and not step.replaying
@@ -189,8 +189,8 @@ def test_a_failed_capture_steps_eagerly_and_says_why(
 
 def test_a_fallback_to_f32_captures_the_step_again(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(trainer_module, "cuda_graphs_supported", lambda device: True)
-    monkeypatch.setattr(trainer_module, "capture_cuda_graph", _fake_capture(calls))
+    monkeypatch.setattr(cuda_graphs, "cuda_graphs_supported", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "capture_cuda_graph", _fake_capture(calls))
     config = _config("tlob", "bf16", max_steps_per_epoch=10, fallback_after=3, log_every=6)
     trainer = Trainer(config.replace(data=DataConfig(n_bars=600, n_assets=2)))
     run = trainer.folds[0]
@@ -225,7 +225,7 @@ def test_a_fallback_to_f32_captures_the_step_again(monkeypatch: pytest.MonkeyPat
     ],
 )
 def test_graph_plan(setting: str, device: str, model: str, expected: tuple[bool, str]) -> None:
-    assert trainer_module.graph_plan(setting, torch.device(device), get_family(model)) == expected
+    assert cuda_graphs.graph_plan(setting, torch.device(device), get_family(model)) == expected
 
 
 def test_cuda_graphs_setting_is_validated() -> None:
@@ -302,7 +302,7 @@ def test_a_capture_records_on_the_given_stream_and_returns_to_the_callers(
     fake = _FakeCuda(step_error=None)
     fake.install(monkeypatch)
     warm_up_stream = _Stream("warm-up", fake.log)
-    replay = trainer_module.capture_cuda_graph(fake.step, torch.device("cuda", 0), warm_up_stream)
+    replay = cuda_graphs.capture_cuda_graph(fake.step, torch.device("cuda", 0), warm_up_stream)
     assert fake.log == [
         "warm-up waits for default",
         "capture begins on warm-up",
@@ -323,6 +323,6 @@ def test_a_step_that_fails_inside_the_capture_raises_its_own_error_on_the_caller
     fake = _FakeCuda(step_error=RuntimeError("operation not permitted when stream is capturing"))
     fake.install(monkeypatch)
     with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
-        trainer_module.capture_cuda_graph(fake.step, torch.device("cuda", 0))
+        cuda_graphs.capture_cuda_graph(fake.step, torch.device("cuda", 0))
     assert fake.current is fake.default  # the eager fallback steps on the caller's stream
     assert fake.log[-1] == "graph reset"  # the failed capture's pool is given back

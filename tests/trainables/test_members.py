@@ -34,7 +34,7 @@ from models.ops import GRU, LSTM, Dropout
 from tests.devices import ON_CUDA
 from tests.models.test_contract import POLICIES, TINY
 from tests.trainables.helpers import tiny_config
-from trainables import fusion as trainer_module
+from trainables import fusion
 from trainables.config import DataConfig, TrainConfig
 from trainables.fusion import fuse_plan
 from trainables.members import StackedFolds, StackedModules, epoch_schedule
@@ -818,7 +818,7 @@ def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
         raise RuntimeError("Batching rule not implemented for aten::example")
 
     monkeypatch.setattr(StackedModules, "loss", refuse)
-    with caplog.at_level(logging.WARNING, logger=trainer_module.log.name):
+    with caplog.at_level(logging.WARNING, logger=fusion.log.name):
         trainer = _trainer("kan")
     assert trainer.fused is None
     assert trainer.unfused_reason == (

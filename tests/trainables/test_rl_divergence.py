@@ -27,4 +27,4 @@ def test_an_rl_model_with_nan_weights_makes_its_trial_diverged(family: str) -> N
         for p in run.model.parameters():
             p.fill_(float("nan"))
     with pytest.raises(TrialDiverged, match="non-finite positions in fold 0 val"):
-        trainer._evaluate(run, run.data.val)
+        trainer.evaluate(run, run.data.val)

@@ -229,14 +229,14 @@ def test_generator_states_of_this_device_pass_unchanged_others_are_rederived() -
         "fold1.env.generator": _philox_state(seed=5, offset=8),
         "fold0.feature_mean": torch.zeros(3, dtype=torch.float64),
     }
-    out = portable_generator_states(state, "cpu", saved_on=None)
+    out = portable_generator_states(state, "cpu", saved_on="cpu")
     assert out["fold0.generator"] is cpu_state  # same device type: bit-exact resume
     assert out["fold0.feature_mean"] is state["fold0.feature_mean"]
     rederived = [out["fold0.env.generator"], out["fold1.env.generator"]]
     for s in rederived:
         torch.Generator().set_state(s)  # loadable on the CPU
     assert not torch.equal(*rederived)  # another offset, another stream
-    again = portable_generator_states(state, "cpu", saved_on=None)
+    again = portable_generator_states(state, "cpu", saved_on="cpu")
     assert torch.equal(again["fold1.env.generator"], out["fold1.env.generator"])  # deterministic
     # A CPU-shaped state recorded as saved on another device type is re-derived too.
     assert not torch.equal(
