@@ -1,10 +1,10 @@
-"""ATen ops and CPU time per training step, per family and precision policy, against a
+"""ATen ops and CPU time per training step, per family and precision, against a
 bare loop with ``torch.optim.AdamW(fused=True)`` on the same module and batches.
 
-    .venv/bin/python bench/step_ops.py            # every family x all policies (minutes)
-    .venv/bin/python bench/step_ops.py --smoke    # kan and dqn, two policies, few steps
+    .venv/bin/python bench/step_ops.py            # every family x all precisions (minutes)
+    .venv/bin/python bench/step_ops.py --smoke    # kan and dqn, two precisions, few steps
     .venv/bin/python bench/step_ops.py tlob dqn   # chosen families
-    .venv/bin/python bench/step_ops.py --policies f32 bf16   # chosen policies
+    .venv/bin/python bench/step_ops.py --precisions f32 bf16   # chosen precisions
     .venv/bin/python bench/step_ops.py --members 1 4 8       # fused members vs unfused
 
 Ops are top-level ATen ops counted with ``torch.profiler`` on CPU (a proxy for GPU kernel
@@ -19,7 +19,7 @@ replay holds ``learning_starts`` transitions), PPO on the minibatches of one col
 rollout (``learner.loss(indices)``); collecting and ``after_step`` (priorities, target
 updates) stay outside the count, on both sides.
 
-``--members K ...`` compares, per forecast family, policy and K, one *trial-step* (a step
+``--members K ...`` compares, per forecast family, precision and K, one *trial-step* (a step
 of each of a trial's K folds) fused (``trainer.fuse = "on"``: one vmapped step over the K
 folds) against the same K folds stepped one after another (``fuse = "off"``), through the
 trainer's own step code: ops, ms, and their ratios fused / unfused. Sizes are the
@@ -50,13 +50,13 @@ from models.base import RLLearner
 from trainables.config import DataConfig, build_train_config
 from trainables.trainer import Trainer
 
-POLICIES = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed")
+PRECISIONS = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed")
 
 
 @dataclass(frozen=True)
 class Row:
     family: str
-    policy: str
+    precision: str
     tensors: int
     fwd_bwd: int
     opt_guard: int
@@ -77,12 +77,12 @@ def count_ops(fn: Callable[[], None]) -> int:
     )
 
 
-def measure(family: str, policy_name: str, steps: int, repeats: int) -> Row:
+def measure(family: str, precision: str, steps: int, repeats: int) -> Row:
     cfg = build_train_config(
         family,
         {},
         data=DataConfig(),
-        precision=policy_name,
+        precision=precision,
         seed=0,
         epochs=1,
         max_steps_per_epoch=4,
@@ -136,7 +136,7 @@ def measure(family: str, policy_name: str, steps: int, repeats: int) -> Row:
         bare_ms.append(timed(bare_step))
     return Row(
         family=family,
-        policy=policy_name,
+        precision=precision,
         tensors=len(params),
         fwd_bwd=fwd_bwd,
         opt_guard=step_ops - fwd_bwd,
@@ -181,7 +181,7 @@ def _rl_batches(trainer: Trainer) -> tuple[LossOf, list[object]]:
 @dataclass(frozen=True)
 class MembersRow:
     family: str
-    policy: str
+    precision: str
     members: int
     unfused_ops: int
     fused_ops: int
@@ -190,7 +190,7 @@ class MembersRow:
 
 
 def measure_members(
-    family: str, policy_name: str, k: int, steps: int, repeats: int, size: str
+    family: str, precision: str, k: int, steps: int, repeats: int, size: str
 ) -> MembersRow:
     """One trial-step of K folds, fused and unfused, through the trainer's step code."""
     model_config = dict(get_family(family).tiny) if size == "tiny" else {}
@@ -200,7 +200,7 @@ def measure_members(
             family,
             model_config,
             data=DataConfig(n_bars=2000),
-            precision=policy_name,
+            precision=precision,
             seed=0,
             epochs=1,
             n_folds=k,
@@ -243,7 +243,7 @@ def measure_members(
         unfused_ms.append(timed(unfused_step))
     return MembersRow(
         family,
-        policy_name,
+        precision,
         k,
         unfused_ops,
         fused_ops,
@@ -253,28 +253,28 @@ def measure_members(
 
 
 MEMBERS_HEADER = (
-    "| family | policy | K | unfused ops | fused ops | ops ratio | unfused ms | fused ms "
+    "| family | precision | K | unfused ops | fused ops | ops ratio | unfused ms | fused ms "
     "| ms ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
 def members_row(r: MembersRow) -> str:
     return (
-        f"| {r.family} | {r.policy} | {r.members} | {r.unfused_ops} | {r.fused_ops} "
+        f"| {r.family} | {r.precision} | {r.members} | {r.unfused_ops} | {r.fused_ops} "
         f"| {r.fused_ops / r.unfused_ops:.3f} | {r.unfused_ms:.2f} | {r.fused_ms:.2f} "
         f"| {r.fused_ms / r.unfused_ms:.2f}x |"
     )
 
 
 HEADER = (
-    "| family | policy | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
+    "| family | precision | param tensors | fwd+bwd ops | opt+guard ops | fused-loop ops "
     "| trainer ms/step | bare ms/step | ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
 def table_row(r: Row) -> str:
     return (
-        f"| {r.family} | {r.policy} | {r.tensors} | {r.fwd_bwd} | {r.opt_guard} | {r.fused} "
+        f"| {r.family} | {r.precision} | {r.tensors} | {r.fwd_bwd} | {r.opt_guard} | {r.fused} "
         f"| {r.trainer_ms:.2f} | {r.bare_ms:.2f} | {r.trainer_ms / r.bare_ms:.2f}x |"
     )
 
@@ -286,12 +286,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps per timed block")
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks per loop")
     parser.add_argument(
-        "--policies",
+        "--precisions",
         nargs="+",
-        choices=POLICIES,
-        default=list(POLICIES),
-        metavar="POLICY",
-        help=f"default: all of {', '.join(POLICIES)}",
+        choices=PRECISIONS,
+        default=list(PRECISIONS),
+        metavar="PRECISION",
+        help=f"default: all of {', '.join(PRECISIONS)}",
     )
     parser.add_argument(
         "--members",
@@ -315,36 +315,36 @@ def main(argv: list[str] | None = None) -> None:
     if args.members:
         members_main(args)
         return
-    policies: tuple[str, ...]
+    precisions: tuple[str, ...]
     if args.smoke:
-        families, policies, steps, repeats = ["kan", "dqn"], ("f32", "bf16"), 2, 1
+        families, precisions, steps, repeats = ["kan", "dqn"], ("f32", "bf16"), 2, 1
     else:
         families = args.families or list(family_names())
-        policies, steps, repeats = tuple(args.policies), args.steps, args.repeats
+        precisions, steps, repeats = tuple(args.precisions), args.steps, args.repeats
     print(HEADER, flush=True)
     rows = []
     for family in families:
-        for policy in policies:
-            rows.append(measure(family, policy, steps, repeats))
+        for precision in precisions:
+            rows.append(measure(family, precision, steps, repeats))
             print(table_row(rows[-1]), flush=True)  # a row as soon as it is measured
     worst = max(rows, key=lambda r: r.opt_guard)
-    print(f"\nmost optimizer+guard ops: {worst.opt_guard} ({worst.family}, {worst.policy})")
+    print(f"\nmost optimizer+guard ops: {worst.opt_guard} ({worst.family}, {worst.precision})")
 
 
 def members_main(args: argparse.Namespace) -> None:
     forecast = [f for f in family_names() if get_family(f).fuses]
     if args.smoke:
-        families, policies, steps, repeats = ["kan"], ("f32",), 2, 1
+        families, precisions, steps, repeats = ["kan"], ("f32",), 2, 1
     else:
         families = args.families or forecast
-        policies, steps, repeats = tuple(args.policies), args.steps, args.repeats
+        precisions, steps, repeats = tuple(args.precisions), args.steps, args.repeats
     if args.recurrent == "gpu":  # the device fact that picks the fused recurrent form
         models.ops.BLOCK_DIAGONAL_MAX_UNITS["cpu"] = models.ops.BLOCK_DIAGONAL_MAX_UNITS["cuda"]
     print(MEMBERS_HEADER, flush=True)
     for family in families:
-        for policy in policies:
+        for precision in precisions:
             for k in args.members:
-                row = measure_members(family, policy, k, steps, repeats, args.size)
+                row = measure_members(family, precision, k, steps, repeats, args.size)
                 print(members_row(row), flush=True)
 
 

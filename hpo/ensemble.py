@@ -5,8 +5,8 @@
 1. Selection: per family, the ``top`` finished (Tune ``TERMINATED``, not diverged) trials
    with a checkpoint, ranked by ``val_sharpe`` (ties by trial id). ``test_*`` never enters
    selection or weighting.
-2. Evaluation: each member's checkpoint is loaded (any precision) and run under the
-   inference policy (``auto``: bf16 on Ampere+, else f32) on its trial's own data: every
+2. Evaluation: each member's checkpoint is loaded (any precision) and run in the
+   inference precision (``auto``: bf16 on Ampere+, else f32) on its trial's own data: every
    fold's model on its validation window and the last fold's on the test period, with a
    confidence per asset and bar (:mod:`trainables.ensemble`).
 3. Weights, from the members' validation tracks only (:data:`WEIGHTINGS`): ``equal``
@@ -204,7 +204,7 @@ def evaluate_ensemble(
     all_rows: Sequence[TrialRow],
     weighting: str = "psr",
     device: torch.device | None = None,
-    policy: str = "auto",
+    precision: str = "auto",
 ) -> EnsembleResult:
     """Load, evaluate and weight the chosen trials; backtest on validation and test."""
     if weighting not in WEIGHTINGS:
@@ -214,7 +214,7 @@ def evaluate_ensemble(
         assert row.checkpoint is not None
         with local_copy(row.checkpoint) as local:
             ckpt = load_checkpoint(local)
-        members.append(evaluate_member(ckpt, device=device, policy=policy))
+        members.append(evaluate_member(ckpt, device=device, precision=precision))
     _check_same_data(rows, members)
     market, config = members[0].market, members[0].config
     val_returns = [track_returns(mr.val, market, config) for mr in members]
@@ -408,7 +408,7 @@ def build_ensemble(
     precisions: Sequence[str] | None = None,
     weighting: str = "psr",
     device: torch.device | None = None,
-    policy: str = "auto",
+    precision: str = "auto",
     log_mlflow: bool = True,
 ) -> EnsembleResult:
     """The whole ``hpo ensemble`` command: select, evaluate, weight, write, log."""
@@ -418,14 +418,14 @@ def build_ensemble(
     record = SweepRecord.read(sweep_dir)
     rows = trial_rows(record.sweep_dir)
     chosen = select_members(rows, top, models, precisions)
-    result = evaluate_ensemble(chosen, rows, weighting, device=device, policy=policy)
+    result = evaluate_ensemble(chosen, rows, weighting, device=device, precision=precision)
     options = {
         "sweep": str(record.sweep_dir),
         "top": top,
         "models": ",".join(models or []),
-        "precisions": ",".join(precisions or []),
+        "of_precision": ",".join(precisions or []),
         "weighting": weighting,
-        "policy": result.members[0].ran_in,
+        "precision": result.members[0].ran_in,
     }
     write_ensemble(result, Path(out), {"sweep": options["sweep"], "options": options})
     if log_mlflow:

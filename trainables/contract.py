@@ -7,7 +7,7 @@ drift. Each check raises :class:`ContractFailure` naming what does not hold:
 
 record        the family resolves, its contract version and records are consistent, and
               its tiny configuration builds
-policy        under a precision policy: the weights' dtypes the policy promises, outputs
+precision     under a precision: the weights' dtypes its policy promises, outputs
               of the right shape (positions in [-1, 1]), a short run that is finite and
               skips nothing, a checkpoint that round-trips and resumes bit for bit
 host reads    the training step reads nothing on the host (it could not run at the
@@ -25,6 +25,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from trainables.config import DataConfig, TrainConfig
 from trainables.precision import BF16, F32, keep_f32_names
 from trainables.trainer import Trainer
 
-POLICIES = ("f32", "bf16", "bf16-mixed", "fp16-mixed")
+PRECISIONS = ("f32", "bf16", "bf16-mixed", "fp16-mixed")
 
 
 class ContractFailure(AssertionError):
@@ -61,12 +62,12 @@ def _require(ok: bool, message: str) -> None:
 # tiny trials
 
 
-def tiny_config(family: str, policy: str = "f32", **overrides: Any) -> TrainConfig:
+def tiny_config(family: str, precision: str = "f32", **overrides: Any) -> TrainConfig:
     """A trial of ``family`` at its tiny size (``Family.tiny``) on a small synthetic set:
     seconds on one CPU core."""
     values: dict[str, Any] = {
         "family": family,
-        "precision": policy,
+        "precision": precision,
         "epochs": 2,
         "n_folds": 1,
         "lookback": 16,
@@ -104,15 +105,17 @@ def check_record(family_ref: str) -> str:
     return f"{family.name} ({family.kind}, contract {family.contract}); tiny config {config}"
 
 
-def check_policy(family_ref: str, policy: str, directory: Path | None = None) -> str:
+def check_precision(family_ref: str, precision: str, directory: Path | None = None) -> str:
     """dtypes, output shapes, a finite short run and a bit-exact round trip and resume."""
     family = get_family(family_ref)
-    probe = Trainer(tiny_config(family_ref, policy))
+    probe = Trainer(tiny_config(family_ref, precision))
     run = probe.folds[0]
     keep = keep_f32_names(run.model)
     for name, p in run.model.named_parameters():
-        expected = BF16 if policy == "bf16" and name not in keep else F32
-        _require(p.dtype == expected, f"{policy}: {name} is {p.dtype}, the policy holds {expected}")
+        expected = BF16 if precision == "bf16" and name not in keep else F32
+        _require(
+            p.dtype == expected, f"{precision}: {name} is {p.dtype}, its policy holds {expected}"
+        )
     with torch.no_grad():
         if family.kind == "forecast":
             _require(isinstance(run.model, ForecastModel), "its module has no loss/positions")
@@ -138,23 +141,23 @@ def check_policy(family_ref: str, policy: str, directory: Path | None = None) ->
             valid = bool(((actions >= 0) & (actions < probe.shape.n_actions)).all())
             _require(valid, "actions outside [0, n_actions)")
 
-    straight = Trainer(tiny_config(family_ref, policy))
+    straight = Trainer(tiny_config(family_ref, precision))
     history = straight.fit()
     for metrics in history:
         _require(
-            metrics["skipped_steps"] == 0, f"{policy}: {metrics['skipped_steps']} steps skipped"
+            metrics["skipped_steps"] == 0, f"{precision}: {metrics['skipped_steps']} steps skipped"
         )
         for key in ("train_loss", "val_sharpe", "test_sharpe"):
-            _require(math.isfinite(metrics[key]), f"{policy}: {key} is {metrics[key]}")
+            _require(math.isfinite(metrics[key]), f"{precision}: {key} is {metrics[key]}")
 
     # Stop after one of the same two epochs (schedules such as epsilon depend on the total).
     with contextlib.ExitStack() as stack:
         where = directory or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        first = Trainer(tiny_config(family_ref, policy))
+        first = Trainer(tiny_config(family_ref, precision))
         first.train_epoch()
         first.save(where / "ckpt")
         restored = Trainer(
-            tiny_config(family_ref, policy), checkpoint=load_checkpoint(where / "ckpt")
+            tiny_config(family_ref, precision), checkpoint=load_checkpoint(where / "ckpt")
         )
     for name, tensor in fold_weights(first).items():
         _require(torch.equal(fold_weights(restored)[name], tensor), f"{name} does not round-trip")
@@ -163,10 +166,10 @@ def check_policy(family_ref: str, policy: str, directory: Path | None = None) ->
         _require(torch.equal(fold_weights(restored)[name], tensor), f"resumed {name} differs")
     same = restored.history[-1]["val_sharpe"] == history[-1]["val_sharpe"]
     _require(same, "a resumed trial ends with another validation Sharpe")
-    return f"{policy}: dtypes, shapes, finite run, bit-exact round trip and resume"
+    return f"{precision}: dtypes, shapes, finite run, bit-exact round trip and resume"
 
 
-def check_host_reads(family_ref: str, policy: str = "f32") -> str:
+def check_host_reads(family_ref: str, precision: str = "f32") -> str:
     """The trainer's training loop (forward, loss, backward, guarded step) reads nothing
     on the host; a family's once-per-epoch refit (``on_epoch_start``) is allowed to."""
     family = get_family(family_ref)
@@ -177,7 +180,7 @@ def check_host_reads(family_ref: str, policy: str = "f32") -> str:
         model_config["learning_starts"] = max(1, min(tiny.learning_starts, first))
     config = tiny_config(
         family_ref,
-        policy,
+        precision,
         epochs=1,
         max_steps_per_epoch=2,
         rl_iterations=2,
@@ -207,9 +210,9 @@ def check_host_reads(family_ref: str, policy: str = "f32") -> str:
     _require(steps >= 2, f"took {steps} steps: the check saw no step")
     skipped = int(run.guard.skipped)
     _require(float(n_ok) + skipped == steps, "a step was not counted")
-    _require(skipped == 0 or policy == "fp16-mixed", f"{skipped} steps skipped")
+    _require(skipped == 0 or precision == "fp16-mixed", f"{skipped} steps skipped")
     _require(bool(torch.isfinite(loss_sum)), "the training loss is not finite")
-    return f"{steps} steps under {policy}, no host read"
+    return f"{steps} steps under {precision}, no host read"
 
 
 @dataclass(frozen=True)
@@ -255,11 +258,11 @@ def untrained_and_trained_sharpe(
 
 
 def check_learning(
-    family_ref: str, budget: LearningCheck = DEFAULT_LEARNING, policy: str = "f32"
+    family_ref: str, budget: LearningCheck = DEFAULT_LEARNING, precision: str = "f32"
 ) -> str:
     values = {**budget.config}
     values.setdefault("model_config", dict(get_family(family_ref).tiny))
-    config = tiny_config(family_ref, policy, **values)
+    config = tiny_config(family_ref, precision, **values)
     untrained, trained = untrained_and_trained_sharpe(config, budget.seeds)
     mean_untrained = sum(untrained) / len(untrained)
     mean_trained = sum(trained) / len(trained)
@@ -289,15 +292,15 @@ def check_fusion(family_ref: str) -> str:
 
 def run_checks(
     family_ref: str,
-    policies: Sequence[str] = POLICIES,
+    precisions: Sequence[str] = PRECISIONS,
     learning: LearningCheck | None = DEFAULT_LEARNING,
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> list[CheckResult]:
     """Every check on ``family_ref``; a failure is recorded with its message, and the
     checks after it still run (a family that does not resolve stops there)."""
     checks: list[tuple[str, Callable[[], str]]] = [("record", lambda: check_record(family_ref))]
-    for policy in policies:
-        checks.append((f"policy {policy}", lambda p=policy: check_policy(family_ref, p)))  # type: ignore[misc]
+    for precision in precisions:
+        checks.append((f"precision {precision}", partial(check_precision, family_ref, precision)))
     checks.append(("host reads", lambda: check_host_reads(family_ref)))
     if learning is not None:
         checks.append(("learning", lambda: check_learning(family_ref, learning)))

@@ -220,12 +220,12 @@ class Track:
 
 @dataclass(frozen=True)
 class MemberRun:
-    """One member evaluated on its trial's own data under an inference policy."""
+    """One member evaluated on its trial's own data in an inference precision."""
 
     ckpt: Checkpoint
     family: str
     precision: str  # the trial's (its weights' dtype)
-    ran_in: str  # the policy it was evaluated in here
+    ran_in: str  # the precision it was evaluated in here
     val: Track
     test: Track
     error_scales: list[float | None]  # per fold: validation RMSE of point forecasts
@@ -239,12 +239,12 @@ class MemberRun:
 
 
 def evaluate_member(
-    ckpt: Checkpoint, device: torch.device | None = None, policy: str = "auto"
+    ckpt: Checkpoint, device: torch.device | None = None, precision: str = "auto"
 ) -> MemberRun:
     """Every fold's model on its validation window, the last fold's on the test period,
     exactly as the trainer scores them (same data pipeline, folds and chunking)."""
     device = device or default_device()
-    run_policy = get_policy(policy, device)
+    policy = get_policy(precision, device)
     config = TrainConfig.from_dict(ckpt.meta["config"])
     market = build_market(config)
     stamps = market.features.timestamps
@@ -258,14 +258,14 @@ def evaluate_member(
     scales: list[float | None] = []
     test: SpanSignal | None = None
     for k in folds:
-        family, model, _, _ = load_fold_model(ckpt, k, run_policy)
-        data = build_fold(market, k, config.lookback, device, run_policy.data_dtype)
-        val = span_signal(family, model, data, data.val, run_policy, shape.n_actions)
+        family, model, _, _ = load_fold_model(ckpt, k, policy)
+        data = build_fold(market, k, config.lookback, device, policy.data_dtype)
+        val = span_signal(family, model, data, data.val, policy, shape.n_actions)
         scale = math.sqrt(val.sq_error / val.n) if val.n else None
         scales.append(scale)
         val_parts.append((k, data.val, val))
         if k == folds[-1]:
-            test = span_signal(family, model, data, data.test, run_policy, shape.n_actions, scale)
+            test = span_signal(family, model, data, data.test, policy, shape.n_actions, scale)
     assert test is not None
     val_track = Track(
         timestamps=np.concatenate([stamps[a:b] for _, (a, b), _ in val_parts]),
@@ -278,8 +278,8 @@ def evaluate_member(
     return MemberRun(
         ckpt=ckpt,
         family=ckpt.meta["family"],
-        precision=str(ckpt.meta.get("precision")),
-        ran_in=run_policy.name,
+        precision=str(ckpt.meta["precision"]),
+        ran_in=policy.name,
         val=val_track,
         test=test_track,
         error_scales=scales,
@@ -537,14 +537,14 @@ def predict_ensemble(
     directory: Path,
     data: Path | str,
     device: torch.device | None = None,
-    policy: str = "auto",
+    precision: str = "auto",
 ) -> Prediction:
     """Positions and confidences of an ensemble for new bars, each member run as
     trainables.predict runs a trial checkpoint, combined on the bars where every member
     has a full window; with the backtest of those bars."""
     device = device or default_device()
     ensemble = load_ensemble(Path(directory), device="cpu")
-    run_policy = get_policy(policy, device)
+    policy = get_policy(precision, device)
     first_config = TrainConfig.from_dict(ensemble.checkpoints[0].meta["config"])
     fs = read_features(data, first_config)
     tracks = []
@@ -552,11 +552,9 @@ def predict_ensemble(
         check_fits(fs, ckpt, data, f"member {spec.name}")
         shape = DataShape(**ckpt.meta["data_shape"])
         fold = fold_indices(ckpt)[-1]
-        family, model, config, _ = load_fold_model(ckpt, fold, run_policy)
-        bars, span = inference_data(fs, ckpt, fold, config.lookback, run_policy, data)
-        signal = span_signal(
-            family, model, bars, span, run_policy, shape.n_actions, spec.error_scale
-        )
+        family, model, config, _ = load_fold_model(ckpt, fold, policy)
+        bars, span = inference_data(fs, ckpt, fold, config.lookback, policy, data)
+        signal = span_signal(family, model, bars, span, policy, shape.n_actions, spec.error_scale)
         stamps = fs.timestamps[span[0] : span[1]]
         tracks.append(Track(stamps, signal.positions, signal.confidence, np.zeros(len(stamps))))
     combined = combine_tracks(tracks, ensemble.weights, ensemble.typical)
@@ -567,7 +565,7 @@ def predict_ensemble(
         confidence=combined.confidence,
         backtest=bars_backtest(combined.positions, fs, combined.timestamps, first_config),
         checkpoint=ensemble.path,
-        policy=run_policy.name,
+        precision=policy.name,
     )
 
 

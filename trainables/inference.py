@@ -1,7 +1,7 @@
 """Serving a trial checkpoint on new bars: what predict and ensembles share.
 
 The checkpoint's newest good epoch is loaded into the family module of a fold (for a
-trial, the last fold: the model trained on the most data) under a policy for this device,
+trial, the last fold: the model trained on the most data) in a precision for this device,
 features of the new bars are scaled with the training statistics saved in the checkpoint,
 and every bar with a full window gets a position (:func:`span_positions`, the evaluation
 loop the trainer runs too). A model whose positions are not finite is refused with an
@@ -43,7 +43,7 @@ class Prediction:
     positions: np.ndarray  # (N, A) in [-1, 1]
     backtest: BacktestResult
     checkpoint: Path
-    policy: str  # the precision policy it ran in
+    precision: str  # the precision it ran in
     confidence: np.ndarray | None = None  # (N, A) in [0, 1]: ensembles only
 
     def write_csv(self, path: Path) -> None:
@@ -211,7 +211,7 @@ def predict_checkpoint(
     checkpoint_dir: Path,
     data: Path | str,
     device: torch.device | None = None,
-    policy: str = "auto",
+    precision: str = "auto",
 ) -> Prediction:
     """Positions for ``data``'s bars from a trial checkpoint (its last fold's model)."""
     device = device or default_device()
@@ -220,11 +220,11 @@ def predict_checkpoint(
     fs = read_features(data, config)
     check_fits(fs, ckpt, data, "the checkpoint")
     last = fold_indices(ckpt)[-1]
-    run_policy = get_policy(policy, device)
-    family, model, _, _ = load_fold_model(ckpt, last, run_policy)
-    bars, span = inference_data(fs, ckpt, last, config.lookback, run_policy, data)
+    policy = get_policy(precision, device)
+    family, model, _, _ = load_fold_model(ckpt, last, policy)
+    bars, span = inference_data(fs, ckpt, last, config.lookback, policy, data)
     stamps = fs.timestamps[span[0] : span[1]]
-    with run_policy.autocast():
+    with policy.autocast():
         positions = span_positions(family, model, bars, span)
     host = clipped_positions(positions, f"{ckpt.path}: the model on {data}", stamps, fs.assets)
     return Prediction(
@@ -233,5 +233,5 @@ def predict_checkpoint(
         positions=host,
         backtest=bars_backtest(host, fs, stamps, config),
         checkpoint=ckpt.path,
-        policy=run_policy.name,
+        precision=policy.name,
     )

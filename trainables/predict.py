@@ -1,7 +1,7 @@
 """Positions for new bars from a checkpoint or an ensemble, on whatever device is present.
 
 ``hpo predict``: a trial checkpoint is served by :func:`trainables.inference.predict_checkpoint`
-under the ``auto`` policy for this device (bf16 on an Ampere-or-newer GPU, f32 elsewhere);
+at the ``auto`` precision for this device (bf16 on an Ampere-or-newer GPU, f32 elsewhere);
 an ensemble directory (``hpo ensemble``) by :func:`trainables.ensemble.predict_ensemble`,
 which adds a confidence per asset and bar. Either way the backtest of the positions over
 the same bars comes with them.
@@ -23,11 +23,11 @@ def predict(
     checkpoint_dir: Path,
     data: Path | str,
     device: torch.device | None = None,
-    policy: str = "auto",
+    precision: str = "auto",
 ) -> Prediction:
     """Positions for ``data``'s bars from a trial checkpoint, or from an ensemble directory,
-    whose prediction adds a confidence per asset and bar, run in ``policy`` (a precision
-    policy name; ``auto``: bf16 on Ampere-or-newer GPUs, else f32)."""
+    whose prediction adds a confidence per asset and bar, run in ``precision`` (``auto``:
+    bf16 on Ampere-or-newer GPUs, else f32)."""
     if is_ensemble_dir(checkpoint_dir):
-        return predict_ensemble(Path(checkpoint_dir), data, device=device, policy=policy)
-    return predict_checkpoint(Path(checkpoint_dir), data, device=device, policy=policy)
+        return predict_ensemble(Path(checkpoint_dir), data, device=device, precision=precision)
+    return predict_checkpoint(Path(checkpoint_dir), data, device=device, precision=precision)

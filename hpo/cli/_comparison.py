@@ -140,9 +140,9 @@ def run_ensemble_command(
     out: Path,
     top: int = 1,
     models: list[str] | None = None,
-    precision: list[str] | None = None,
+    of_precision: list[str] | None = None,
     weighting: str = "psr",
-    policy: str = "auto",
+    precision: str = "auto",
     device: str = "auto",
     as_json: bool = False,
 ) -> dict[str, Any]:
@@ -156,10 +156,10 @@ def run_ensemble_command(
         out,
         top=top,
         models=_split(models),
-        precisions=_split(precision),
+        precisions=_split(of_precision),
         weighting=weighting,
         device=resolve_device(device),
-        policy=policy,
+        precision=precision,
     )
     summary = {
         "out": str(result.out),
@@ -216,14 +216,15 @@ def ensemble_cmd(
     models: Annotated[
         list[str] | None, typer.Option(help="Only these families (repeatable or a,b).")
     ] = None,
-    precision: Annotated[
-        list[str] | None, typer.Option(help="Only trials of these precisions (repeatable).")
+    of_precision: Annotated[
+        list[str] | None,
+        typer.Option(help="Only trials of these precisions (repeatable or a,b)."),
     ] = None,
     weighting: Annotated[
         str, typer.Option(help="psr, inverse-variance, equal or stacked (validation only).")
     ] = "psr",
-    policy: Annotated[
-        str, typer.Option(help="Policy members run in; auto = bf16 on Ampere+, else f32.")
+    precision: Annotated[
+        str, typer.Option(help="Precision members run in; auto = bf16 on Ampere+, else f32.")
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
     as_json: JsonFlag = False,
@@ -236,7 +237,7 @@ def ensemble_cmd(
 
     try:
         run_ensemble_command(
-            sweep_dir, out, top, models, precision, weighting, policy, device, as_json
+            sweep_dir, out, top, models, of_precision, weighting, precision, device, as_json
         )
     except (EnsembleError, SweepError, CheckpointError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))

@@ -189,7 +189,7 @@ def predict_cmd(
     try:
         with _local_checkpoint(checkpoint) as local:
             assert local is not None
-            prediction = predict(local, data, policy=precision)
+            prediction = predict(local, data, precision=precision)
     except (CheckpointError, OHLCVError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     prediction.write_csv(out)
@@ -199,7 +199,7 @@ def predict_cmd(
     _print_summary(summary, title="backtest of the new bars")
     console.print(
         f"{len(prediction.timestamps)} bars x {len(prediction.assets)} assets -> {out} "
-        f"(ran in {prediction.policy}; checkpoint {prediction.checkpoint})"
+        f"(ran in {prediction.precision}; checkpoint {prediction.checkpoint})"
     )
 
 
@@ -218,10 +218,10 @@ def check_family_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Check a model family against the contract the ten built-in families pass: its
-    records, dtypes and outputs under every precision policy, a finite run, a bit-exact
+    records, dtypes and outputs under every precision, a finite run, a bit-exact
     checkpoint round trip and resume, a step that reads nothing on the host, learning
     the planted signal, and fused folds (or why not). Exit 1 when a check fails."""
-    from trainables.contract import DEFAULT_LEARNING, POLICIES, run_checks
+    from trainables.contract import DEFAULT_LEARNING, PRECISIONS, run_checks
 
     def progress(result: Any) -> None:
         if not as_json:
@@ -230,7 +230,7 @@ def check_family_cmd(
 
     results = run_checks(
         reference,
-        policies=tuple(precisions or POLICIES),
+        precisions=tuple(precisions or PRECISIONS),
         learning=DEFAULT_LEARNING if learning else None,
         on_result=progress,
     )
@@ -405,7 +405,7 @@ class _EpochPrinter:
         cfg = trainer.config
         where = f"resuming at epoch {trainer.epoch}" if trainer.epoch else "starting"
         console.print(
-            f"[bold]{cfg.family}[/] {where}: policy {trainer.policy.name}, device {trainer.device}, "
+            f"[bold]{cfg.family}[/] {where}: precision {trainer.policy.name}, device {trainer.device}, "
             f"{len(trainer.folds)} fold(s), {cfg.epochs} epochs"
         )
 

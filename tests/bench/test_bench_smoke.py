@@ -80,7 +80,7 @@ def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    cases = {(row[header.index("family")], row[header.index("policy")]) for row in rows}
+    cases = {(row[header.index("family")], row[header.index("precision")]) for row in rows}
     assert cases == {(f, p) for f in ("kan", "dqn") for p in ("f32", "bf16")}, proc.stdout
     for row in rows:
         assert int(row[header.index("fwd+bwd ops")]) > 0

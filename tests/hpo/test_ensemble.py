@@ -123,8 +123,8 @@ def test_an_ensemble_of_one_serves_its_members_positions_exactly(
     # the member's validation Sharpe recomputed from its checkpoint is the trial's own
     assert result.metrics["val_sharpe"] == row.val_sharpe
     out = write_ensemble(result, tmp_path / "ens", {})
-    served = predict_ensemble(out, bars_csv, device=CPU, policy="f32")
-    alone = predict(Path(str(row.checkpoint)), bars_csv, device=CPU, policy="f32")
+    served = predict_ensemble(out, bars_csv, device=CPU, precision="f32")
+    alone = predict(Path(str(row.checkpoint)), bars_csv, device=CPU, precision="f32")
     assert np.array_equal(served.timestamps, alone.timestamps)
     assert np.array_equal(served.positions, alone.positions)
     assert served.backtest.sharpe == alone.backtest.sharpe

@@ -114,7 +114,7 @@ def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None: 
         timeout=600,
     )
     assert served.returncode == 0, served.stderr[-3000:]
-    prediction = predict_ensemble(out, bars, policy="f32")
+    prediction = predict_ensemble(out, bars, precision="f32")
     with open(positions_csv) as fh:
         table = list(csv.DictReader(fh))
     assert len(table) == len(prediction.timestamps) * 2 > 400

@@ -44,7 +44,7 @@ from models.base import (
     count_parameters,
 )
 from tests.models.learning import LEARNING
-from trainables.contract import check_learning, check_policy
+from trainables.contract import PRECISIONS, check_learning, check_precision
 from trainables.members import setting_buffers
 from trainables.precision import (
     BF16,
@@ -55,8 +55,6 @@ from trainables.precision import (
     keep_f32_names,
 )
 
-POLICIES = ("f32", "bf16", "bf16-mixed", "fp16-mixed")
-
 # Small configurations of every family (a few thousand parameters), fast on one CPU thread.
 TINY: dict[str, dict[str, Any]] = {name: dict(get_family(name).tiny) for name in family_names()}
 
@@ -66,13 +64,13 @@ def test_every_family_is_registered_and_covered() -> None:
     assert len(family_names()) == 10
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("model", family_names())
-def test_family_contract(model: str, policy: str, tmp_path: Path) -> None:
-    """The contract `hpo check-family` runs (trainables/contract.py), per policy: dtypes,
+def test_family_contract(model: str, precision: str, tmp_path: Path) -> None:
+    """The contract `hpo check-family` runs (trainables/contract.py), per precision: dtypes,
     output shapes and positions in [-1, 1], a finite short run that skips nothing, a
     bit-exact checkpoint round trip and resume."""
-    check_policy(model, policy, tmp_path)
+    check_precision(model, precision, tmp_path)
 
 
 @pytest.mark.slow
@@ -376,11 +374,10 @@ class Case:
     keep_f32: frozenset[str] = frozenset()  # floating tensors that stay f32 under bf16
     bf16_tol: float = 0.05  # max |bf16 output - f32 output|
     moves: tuple[str, ...] = ()  # parameters the first guarded bf16 step must change
-    loss_tol: Mapping[str, float] = field(default_factory=dict)  # policy -> max |loss - f32|
+    loss_tol: Mapping[str, float] = field(default_factory=dict)  # precision -> max |loss - f32|
     sampled: bool = False  # the output is f32 samples (diffusion), not a bf16 forecast
 
 
-ALL_POLICIES = ("f32", "bf16", "bf16-mixed", "fp16-mixed")
 DIFFUSION_SCHEDULE = (
     "betas",
     "alphas_cumprod",
@@ -405,7 +402,7 @@ CASES: dict[str, Case] = {
         ),
         bf16_tol=0.05,  # measured 0.011
         moves=("blocks.0.mixer.A_log", "blocks.0.mixer.in_proj.weight"),
-        loss_tol=dict.fromkeys(ALL_POLICIES, 0.02),  # measured <= 0.002 (bf16-mixed)
+        loss_tol=dict.fromkeys(PRECISIONS, 0.02),  # measured <= 0.002 (bf16-mixed)
     ),
     "tggn": Case(
         "tggn",
@@ -443,7 +440,7 @@ CASES: dict[str, Case] = {
         keep_f32=frozenset({"blocks.0.gate_bias", "blocks.1.gate_bias"}),
         bf16_tol=0.05,  # measured 0.007
         moves=("blocks.1.recurrent",),  # R learns from its zero init
-        loss_tol=dict.fromkeys(ALL_POLICIES, 0.02),  # measured <= 2e-4
+        loss_tol=dict.fromkeys(PRECISIONS, 0.02),  # measured <= 2e-4
     ),
     "diffusion": Case(
         "diffusion",

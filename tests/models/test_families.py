@@ -123,12 +123,12 @@ def test_check_family_passes_the_example_and_the_same_checks_name_what_breaks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The contract, in process: the example meets it; a family whose positions leave
-    [-1, 1] fails the policy check, one whose loss reads the host fails that check, and
+    [-1, 1] fails the precision check, one whose loss reads the host fails that check, and
     the others still run."""
     monkeypatch.syspath_prepend(str(EXAMPLE))
-    good = run_checks("desk_gru:FAMILY", policies=("f32", "bf16"), learning=None)
+    good = run_checks("desk_gru:FAMILY", precisions=("f32", "bf16"), learning=None)
     assert [(r.name, r.passed) for r in good] == [
-        ("record", True), ("policy f32", True), ("policy bf16", True),
+        ("record", True), ("precision f32", True), ("precision bf16", True),
         ("host reads", True), ("fusion", True),
     ]  # fmt: skip
     assert good[-1].detail == "2 folds fused (2 members)"
@@ -139,9 +139,9 @@ def test_check_family_passes_the_example_and_the_same_checks_name_what_breaks(
         "        return 2.0 * super().positions(batch) + 1.5\n",
     )
     _module(tmp_path, "wide_gru", wide, monkeypatch)
-    results = {r.name: r for r in run_checks("wide_gru:FAMILY", policies=("f32",), learning=None)}
-    assert not results["policy f32"].passed
-    assert "positions outside [-1, 1]" in results["policy f32"].detail
+    results = {r.name: r for r in run_checks("wide_gru:FAMILY", precisions=("f32",), learning=None)}
+    assert not results["precision f32"].passed
+    assert "positions outside [-1, 1]" in results["precision f32"].detail
     assert results["host reads"].passed and results["fusion"].passed
     reading = DESK.replace(
         "class DeskGRU(RegressionHead[DeskGRUConfig]):",
@@ -153,11 +153,11 @@ def test_check_family_passes_the_example_and_the_same_checks_name_what_breaks(
     )
     _module(tmp_path, "reading_gru", reading, monkeypatch)
     results = {
-        r.name: r for r in run_checks("reading_gru:FAMILY", policies=("f32",), learning=None)
+        r.name: r for r in run_checks("reading_gru:FAMILY", precisions=("f32",), learning=None)
     }
     assert not results["host reads"].passed
     assert results["host reads"].detail == "host read of a tensor in the hot loop"
-    assert results["policy f32"].passed
+    assert results["precision f32"].passed
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ import torch
 
 from models import family_names, get_family
 from models.base import Batch
-from tests.models.test_contract import POLICIES, TINY
+from tests.models.test_contract import PRECISIONS, TINY
 from tests.trainables.helpers import tiny_config
 from trainables import cuda_graphs
 from trainables.config import DataConfig, TrainConfig
@@ -38,10 +38,10 @@ from trainables.trainer import Trainer
 STEP_OVERRIDES: dict[str, dict[str, Any]] = {"dqn": {"learning_starts": 16}}
 
 
-def _config(model: str, policy: str, **overrides: Any) -> TrainConfig:
+def _config(model: str, precision: str, **overrides: Any) -> TrainConfig:
     values: dict[str, Any] = {
         "model": model,
-        "precision": policy,
+        "precision": precision,
         "epochs": 1,
         "max_steps_per_epoch": 2,
         "rl_iterations": 2,
@@ -53,13 +53,13 @@ def _config(model: str, policy: str, **overrides: Any) -> TrainConfig:
     return tiny_config(**values)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("model", family_names())
-def test_the_training_step_reads_nothing_on_the_host(model: str, policy: str) -> None:
+def test_the_training_step_reads_nothing_on_the_host(model: str, precision: str) -> None:
     """The contract's host-read check (trainables/contract.py), as `hpo check-family`
     runs it: every step ran and was counted, nothing read on the host, and nothing
     skipped (fp16 may skip while its loss scale backs off from 2^16)."""
-    check_host_reads(model, policy)
+    check_host_reads(model, precision)
 
 
 class _SyncInBackward(torch.autograd.Function):
@@ -130,12 +130,12 @@ def _weights(trainer: Trainer) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(("fuse", "captures"), [("off", 2), ("on", 1)])
-@pytest.mark.parametrize("policy", ["f32", "fp16-mixed"])
+@pytest.mark.parametrize("precision", ["f32", "fp16-mixed"])
 def test_a_replayed_step_trains_to_the_eager_numbers(
-    policy: str, fuse: str, captures: int, monkeypatch: pytest.MonkeyPatch
+    precision: str, fuse: str, captures: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each fold's step captured and replayed, or the fused folds' one step."""
-    config = _config("tlob", policy, epochs=2, max_steps_per_epoch=6, n_folds=2, fuse=fuse)
+    config = _config("tlob", precision, epochs=2, max_steps_per_epoch=6, n_folds=2, fuse=fuse)
     config = config.replace(data=DataConfig(n_bars=600, n_assets=2))
     eager = Trainer(config.replace(cuda_graphs="off"))
     eager_metrics = eager.fit()

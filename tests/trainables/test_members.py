@@ -32,7 +32,7 @@ from models import get_family
 from models.base import Batch
 from models.ops import GRU, LSTM, Dropout
 from tests.devices import ON_CUDA
-from tests.models.test_contract import POLICIES, TINY
+from tests.models.test_contract import PRECISIONS, TINY
 from tests.trainables.helpers import tiny_config
 from trainables import fusion
 from trainables.config import DataConfig, TrainConfig
@@ -54,13 +54,13 @@ F32_TOLERANCE = {"tlob": 1e-4, "xlstm": 1e-4}
 # tft's LSTM and the diffusion's GRU run fused as one block-diagonal layer on a GPU and as
 # a loop over bars on a CPU: the family checks run both (the GPU's by its device fact).
 FUSED_CASES = (*FORECAST, "tft+block-diagonal", "diffusion+block-diagonal")
-# (case, policy): a block-diagonal case under every policy but fp16-mixed, where the
+# (case, precision): a block-diagonal case under every precision but fp16-mixed, where the
 # layers loop as in the family's own case.
 FUSED_RUNS = [
-    (case, policy)
+    (case, precision)
     for case in FUSED_CASES
-    for policy in POLICIES
-    if not (case.endswith("+block-diagonal") and policy == "fp16-mixed")
+    for precision in PRECISIONS
+    if not (case.endswith("+block-diagonal") and precision == "fp16-mixed")
 ]
 LOW_PRECISION_TOLERANCE = 3e-2
 
@@ -145,12 +145,12 @@ def test_guard_and_scaler_count_each_member_and_leave_idle_ones_alone() -> None:
 # data, schedule and modules
 
 
-def _trainer(family: str, policy: str = "f32", **overrides: Any) -> Trainer:
-    config = _config(family, policy, **overrides)
+def _trainer(family: str, precision: str = "f32", **overrides: Any) -> Trainer:
+    config = _config(family, precision, **overrides)
     return Trainer(config)
 
 
-def _config(family: str, policy: str = "f32", **overrides: Any) -> TrainConfig:
+def _config(family: str, precision: str = "f32", **overrides: Any) -> TrainConfig:
     model_config = {**TINY[family]}
     if "dropout" in get_family(family).config_fields():
         model_config["dropout"] = 0.0  # dropout draws differ between fused and unfused
@@ -162,7 +162,7 @@ def _config(family: str, policy: str = "f32", **overrides: Any) -> TrainConfig:
         "data": DataConfig(n_bars=800, n_assets=2),
     }
     values.update(overrides)
-    return tiny_config(family, policy, **values)
+    return tiny_config(family, precision, **values)
 
 
 def test_a_stacked_batch_is_every_folds_own_batch() -> None:
@@ -247,9 +247,9 @@ def test_on_cuda_fused_recurrent_layers_are_one_cudnn_layer_each(rnn: type) -> N
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("family", ["tft", "diffusion"])
-@pytest.mark.parametrize("policy", ["f32", "bf16", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["f32", "bf16", "bf16-mixed"])
 def test_on_cuda_tft_and_diffusion_fuse_and_train(
-    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+    family: str, precision: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fused try-out step (forward and backward, block-diagonal layers included)
     passes on a GPU, so auto fuses these families there, and an epoch trains fused with
@@ -263,7 +263,7 @@ def test_on_cuda_tft_and_diffusion_fuse_and_train(
         return layer(*args)
 
     monkeypatch.setattr(models.ops, "_block_diagonal_layer", counted)
-    trainer = _trainer(family, policy, fuse="auto", device="cuda")
+    trainer = _trainer(family, precision, fuse="auto", device="cuda")
     assert trainer.fused is not None, trainer.unfused_reason
     metrics = trainer.train_epoch()
     assert metrics["fused_members"] == 2 and math.isfinite(metrics["train_loss"])
@@ -614,27 +614,27 @@ def _weights(trainer: Trainer, k: int) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "policy"), FUSED_RUNS)
+@pytest.mark.parametrize(("case", "precision"), FUSED_RUNS)
 def test_a_fused_fold_trains_as_the_unfused_fold(
-    case: str, policy: str, monkeypatch: pytest.MonkeyPatch
+    case: str, precision: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     family, block_diagonal_layers = _family_in_its_form(case, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
     runs = {}
     for fuse in ("off", "on"):  # "on": also the families auto leaves unfused on a CPU
-        trainer = _trainer(family, policy, fuse=fuse)
+        trainer = _trainer(family, precision, fuse=fuse)
         assert (trainer.fused is not None) == (fuse == "on"), trainer.unfused_reason
         history = trainer.fit()
         runs[fuse] = (trainer, history)
     (alone, alone_history), (fused, fused_history) = runs["off"], runs["on"]
     assert fused.global_step == alone.global_step == 40  # 2 folds x 10 steps x 2 epochs
     assert [m["fused_members"] for m in fused_history] == [2, 2]
-    tolerance = F32_TOLERANCE.get(family, 1e-5) if policy == "f32" else LOW_PRECISION_TOLERANCE
+    tolerance = F32_TOLERANCE.get(family, 1e-5) if precision == "f32" else LOW_PRECISION_TOLERANCE
     for k in range(2):
         a, b = _weights(alone, k), _weights(fused, k)
         assert float((a - b).norm() / a.norm()) < tolerance, k
-        if policy == "f32":  # a low-precision weight drift moves a short window's Sharpe
+        if precision == "f32":  # a low-precision weight drift moves a short window's Sharpe
             key = f"val_sharpe_fold{k}"
             assert fused_history[-1][key] == pytest.approx(alone_history[-1][key], abs=0.01)
     assert fused_history[-1]["skipped_steps"] == alone_history[-1]["skipped_steps"]
@@ -660,18 +660,18 @@ def test_folds_of_different_lengths_step_as_often_as_unfused() -> None:
         assert float((a - b).norm() / a.norm()) < 1e-5
 
 
-@pytest.mark.parametrize(("case", "policy"), FUSED_RUNS)
+@pytest.mark.parametrize(("case", "precision"), FUSED_RUNS)
 def test_a_nan_in_one_member_skips_only_that_member(
-    case: str, policy: str, monkeypatch: pytest.MonkeyPatch
+    case: str, precision: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fold 1's minibatch carries a NaN target: its step is skipped (weights, moments
     and step count untouched, one skip counted); fold 0 steps as it would alone."""
     family, block_diagonal_layers = _family_in_its_form(case, monkeypatch)
     if family == "diffusion":
         _deterministic_noise(monkeypatch)
-    trainer = _trainer(family, policy, fuse="on")
+    trainer = _trainer(family, precision, fuse="on")
     fused = trainer.fused
-    alone = _trainer(family, policy, fuse="off")
+    alone = _trainer(family, precision, fuse="off")
     assert fused is not None
     before = [p.detach().clone() for p in fused.model.parameters()]
     times = torch.tensor([[300, 301, 302, 303], [400, 401, 402, 403]])
@@ -691,7 +691,7 @@ def test_a_nan_in_one_member_skips_only_that_member(
     alone.forecast_step(run, run.data.batch(times[0]))
     a = torch.cat([p.detach().float().flatten() for p in run.model.parameters()])
     b = torch.cat([p.detach().float().flatten() for p in fused.model.members[0].parameters()])
-    tolerance = F32_TOLERANCE.get(family, 1e-5) if policy == "f32" else LOW_PRECISION_TOLERANCE
+    tolerance = F32_TOLERANCE.get(family, 1e-5) if precision == "f32" else LOW_PRECISION_TOLERANCE
     assert float((a - b).norm() / a.norm()) < tolerance
     assert bool(block_diagonal_layers) == case.endswith("+block-diagonal")
 
@@ -701,9 +701,9 @@ def test_a_nan_in_one_member_skips_only_that_member(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "policy"), FUSED_RUNS)
+@pytest.mark.parametrize(("case", "precision"), FUSED_RUNS)
 def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
-    case: str, policy: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    case: str, precision: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The contract's checkpoint check, fused: saved and restored bit for bit, and a
     resumed trial ends exactly where an uninterrupted one does."""
@@ -713,7 +713,7 @@ def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
     def config() -> TrainConfig:
         # A full pass (no step cap): fold 0 runs out of batches first, so the epoch ends
         # with steps of fold 1 alone.
-        return _config(family, policy, fuse="on", max_steps_per_epoch=None)
+        return _config(family, precision, fuse="on", max_steps_per_epoch=None)
 
     straight = Trainer(config())
     straight.fit()

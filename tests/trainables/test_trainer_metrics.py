@@ -158,7 +158,7 @@ def test_predict_refuses_nan_positions(tmp_path: Path) -> None:
     meta = {k: v for k, v in ckpt.meta.items() if k not in ("checksums", "schema_version")}
     save_checkpoint(tmp_path / "nan", weights, ckpt.optim, ckpt.state, meta)
     with pytest.raises(ValueError, match=r"non-finite position"):
-        predict(tmp_path / "nan", "synthetic", device=torch.device("cpu"), policy="f32")
+        predict(tmp_path / "nan", "synthetic", device=torch.device("cpu"), precision="f32")
 
 
 def test_peak_memory_is_per_trial_not_per_process() -> None:
