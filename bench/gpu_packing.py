@@ -5,7 +5,7 @@ packed sweep of all of them on the GPU, counting OOMs.
     .venv/bin/python bench/gpu_packing.py --require-cuda --out "$OUT"   # one GPU, < 8 minutes
     .venv/bin/python bench/gpu_packing.py --smoke          # CPU, estimates only, dqn + tft, tiny
     .venv/bin/python bench/gpu_packing.py --families dqn,tft --out bench/results
-    .venv/bin/python bench/gpu_packing.py --smoke --families tft --members 1 2   # fused rows
+    .venv/bin/python bench/gpu_packing.py --smoke --families tft --slots 1 2   # fused rows
 
 Writes OUT/gpu_packing.json and OUT/gpu_packing.md (OUT defaults to bench/results) after
 every row, so a run stopped by its time limit keeps what it measured; each row is also
@@ -17,7 +17,7 @@ recorded with its traceback.
 
 The packed sweep (on by default with CUDA, ``--sweep`` / ``--no-sweep`` to choose) reports
 the OOMs (the target is 0) and the most trials that ran at once. ``--seconds`` sets how
-long steps/s is timed. Fused-member rows (``--members``; 1, 8 and 32 with CUDA) time a
+long steps/s is timed. Fused-slot rows (``--slots``; 1, 8 and 32 with CUDA) time a
 trial-step of K folds fused against the same folds stepped one after another, in bf16 on
 a GPU. Families whose module does not import are listed as skipped, not failed. What each row and the sweep measure: docs/packing.md#the-packing-benchmark
 """
@@ -143,11 +143,11 @@ def ms_per_trial_step(
             return elapsed * 1e3 / (calls * per_call), replayed, unfused_reason
 
 
-def member_row(
+def fused_row(
     family: str, precision: str, k: int, device: torch.device, seconds: float, per_call: int
 ) -> dict[str, Any]:
     """ms per trial-step (a step of each of K folds) fused and unfused, CUDA graphs on
-    where the family's step is static: what fusing saves at K members."""
+    where the family's step is static: what fusing saves at K slots."""
     timings: dict[str, tuple[float, bool, str | None]] = {}
     for fuse in ("on", "off"):
         config = TrainConfig(
@@ -166,7 +166,7 @@ def member_row(
     return {
         "family": family,
         "precision": precision,
-        "members": k,
+        "slots": k,
         "ms_per_trial_step_fused": round(fused, 3),
         "ms_per_trial_step_unfused": round(unfused, 3),
         "speedup": round(unfused / fused, 2),
@@ -262,19 +262,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {family} | {ratio['peak']:.2f} | {ratio['trials']:.2f} | {ratio['steps']:.2f} "
             f"| {ratio['eager_ms']:.2f} |"
         )
-    if report.get("members"):
+    if report.get("fused"):
         lines += [
             "",
-            "Fused members: ms per trial-step (one step of each of K folds), CUDA graphs on "
+            "Fused slots: ms per trial-step (one step of each of K folds), CUDA graphs on "
             "where the step is static",
             "",
             "| family | precision | K | fused ms | unfused ms | speedup | graphs | not fused "
             "because |",
             "|---|---|---:|---:|---:|---:|---|---|",
         ]
-        for m in report["members"]:
+        for m in report["fused"]:
             lines.append(
-                f"| {m['family']} | {m['precision']} | {m['members']} | "
+                f"| {m['family']} | {m['precision']} | {m['slots']} | "
                 f"{m['ms_per_trial_step_fused']} | {m['ms_per_trial_step_unfused']} | "
                 f"{m['speedup']}x | {m['cuda_graphs']} | {m.get('unfused_reason') or ''} |"
             )
@@ -524,11 +524,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"({SWEEP_RESERVE_S:.0f} s)",
     )
     parser.add_argument(
-        "--members",
+        "--slots",
         nargs="*",
         type=int,
         default=None,
-        help="fused-member rows at these K (default: 1 8 32 with CUDA, none without)",
+        help="fused-slot rows at these K (default: 1 8 32 with CUDA, none without)",
     )
     parser.add_argument(
         "--require-cuda",
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratios": {},
         "skipped": [],
         "sweep": None,
-        "members": [],
+        "fused": [],
         "elapsed_s": 0.0,
     }
     print(json.dumps({"gpu": report["gpu"] or "cpu"}), flush=True)
@@ -602,18 +602,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["elapsed_s"] = round(time.perf_counter() - started, 1)
             write_report(args.out, report)
 
-    # Fused members, bf16 (what a GPU trial runs): ms per trial-step at each K, fused and
+    # Fused slots, bf16 (what a GPU trial runs): ms per trial-step at each K, fused and
     # not, for the forecast families; a row starts only if it fits like the others.
-    ks = args.members if args.members is not None else ([1, 8, 32] if device.type == "cuda" else [])
+    ks = args.slots if args.slots is not None else ([1, 8, 32] if device.type == "cuda" else [])
     for family in [f for f in families if f not in left_out and get_family(f).fuses]:
         for k in ks:
             if not fits(row_s):
-                skipped.append(f"{family} K={k} fused members (time budget)")
+                skipped.append(f"{family} K={k} fused slots (time budget)")
                 continue
             row_start = time.perf_counter()
             try:
-                report["members"].append(
-                    member_row(
+                report["fused"].append(
+                    fused_row(
                         family,
                         "bf16" if device.type == "cuda" else "f32",
                         k,
@@ -622,9 +622,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         per_call=2 if args.smoke else 20,
                     )
                 )
-                print(json.dumps(report["members"][-1]), flush=True)
+                print(json.dumps(report["fused"][-1]), flush=True)
             except Exception as exc:
-                skipped.append(f"{family} K={k} fused members ({type(exc).__name__}: {exc})")
+                skipped.append(f"{family} K={k} fused slots ({type(exc).__name__}: {exc})")
             row_s = max(row_s, time.perf_counter() - row_start)
             report["elapsed_s"] = round(time.perf_counter() - started, 1)
             write_report(args.out, report)

@@ -20,13 +20,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_session}
 PYTHON=${PYTHON:-python3}
 TESTS_S=${TESTS_S:-100}       # the CUDA-only tests
-PACKING_S=${PACKING_S:-170}   # bench/gpu_packing.py's --budget-s (rows, then fused members)
+PACKING_S=${PACKING_S:-170}   # bench/gpu_packing.py's --budget-s (rows, then fused slots)
 GROUP_S=${GROUP_S:-60}        # bench/group_trainer.py on CUDA
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
 if [[ -n ${GPU_SESSION_SMOKE:-} ]]; then
-    packing=(--smoke --families tft,kan --members 1 2)
+    packing=(--smoke --families tft,kan --slots 1 2)
     group=(--families kan --members 2 --epochs 1 --steps 2 --repeats 1)
 else
     packing=(--require-cuda --no-sweep)
@@ -66,7 +66,7 @@ else
     step "CUDA tests" "$TESTS_S" gpu_tests.log \
         "$PYTHON" -m pytest -p no:cacheprovider -v -ra --timeout=60 -m gpu "${cuda_tests[@]}"
 fi
-step "packing and fused-member rows" "$((PACKING_S + 30))" gpu_packing.log \
+step "packing and fused-slot rows" "$((PACKING_S + 30))" gpu_packing.log \
     "$PYTHON" bench/gpu_packing.py "${packing[@]}" --budget-s "$PACKING_S" --out "$OUT"
 step "group trials" "$GROUP_S" group_trainer.log \
     "$PYTHON" bench/group_trainer.py "${group[@]}"

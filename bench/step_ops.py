@@ -5,7 +5,7 @@ bare loop with ``torch.optim.AdamW(fused=True)`` on the same module and batches.
     .venv/bin/python bench/step_ops.py --smoke    # kan and dqn, two precisions, few steps
     .venv/bin/python bench/step_ops.py tlob dqn   # chosen families
     .venv/bin/python bench/step_ops.py --precisions f32 bf16   # chosen precisions
-    .venv/bin/python bench/step_ops.py --members 1 4 8       # fused members vs unfused
+    .venv/bin/python bench/step_ops.py --slots 1 4 8         # fused slots vs unfused
 
 Ops are top-level ATen ops counted with ``torch.profiler`` on CPU (a proxy for GPU kernel
 launches): "fwd+bwd" is forward, loss and backward alone (gradients zeroed outside the
@@ -19,7 +19,7 @@ replay holds ``learning_starts`` transitions), PPO on the minibatches of one col
 rollout (``learner.loss(indices)``); collecting and ``after_step`` (priorities, target
 updates) stay outside the count, on both sides.
 
-``--members K ...`` compares, per forecast family, precision and K, one *trial-step* (a step
+``--slots K ...`` compares, per forecast family, precision and K, one *trial-step* (a step
 of each of a trial's K folds) fused (``trainer.fuse = "on"``: one vmapped step over the K
 folds) against the same K folds stepped one after another (``fuse = "off"``), through the
 trainer's own step code: ops, ms, and their ratios fused / unfused. Sizes are the
@@ -179,19 +179,19 @@ def _rl_batches(trainer: Trainer) -> tuple[LossOf, list[object]]:
 
 
 @dataclass(frozen=True)
-class MembersRow:
+class FusedRow:
     family: str
     precision: str
-    members: int
+    slots: int
     unfused_ops: int
     fused_ops: int
     unfused_ms: float
     fused_ms: float
 
 
-def measure_members(
+def measure_fused(
     family: str, precision: str, k: int, steps: int, repeats: int, size: str
-) -> MembersRow:
+) -> FusedRow:
     """One trial-step of K folds, fused and unfused, through the trainer's step code."""
     model_config = dict(get_family(family).tiny) if size == "tiny" else {}
     trainers = {}
@@ -241,7 +241,7 @@ def measure_members(
     for _ in range(repeats):  # interleaved blocks
         fused_ms.append(timed(fused_step))
         unfused_ms.append(timed(unfused_step))
-    return MembersRow(
+    return FusedRow(
         family,
         precision,
         k,
@@ -252,15 +252,15 @@ def measure_members(
     )
 
 
-MEMBERS_HEADER = (
+FUSED_HEADER = (
     "| family | precision | K | unfused ops | fused ops | ops ratio | unfused ms | fused ms "
     "| ms ratio |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
-def members_row(r: MembersRow) -> str:
+def fused_row(r: FusedRow) -> str:
     return (
-        f"| {r.family} | {r.precision} | {r.members} | {r.unfused_ops} | {r.fused_ops} "
+        f"| {r.family} | {r.precision} | {r.slots} | {r.unfused_ops} | {r.fused_ops} "
         f"| {r.fused_ops / r.unfused_ops:.3f} | {r.unfused_ms:.2f} | {r.fused_ms:.2f} "
         f"| {r.fused_ms / r.unfused_ms:.2f}x |"
     )
@@ -294,26 +294,26 @@ def main(argv: list[str] | None = None) -> None:
         help=f"default: all of {', '.join(PRECISIONS)}",
     )
     parser.add_argument(
-        "--members",
+        "--slots",
         nargs="+",
         type=int,
         metavar="K",
-        help="fused members: a trial-step of K folds fused vs unfused, per K",
+        help="fused slots: a trial-step of K folds fused vs unfused, per K",
     )
     parser.add_argument(
-        "--size", choices=("tiny", "default"), default="tiny", help="--members model sizes"
+        "--size", choices=("tiny", "default"), default="tiny", help="--slots model sizes"
     )
     parser.add_argument(
         "--recurrent",
         choices=("device", "gpu"),
         default="device",
-        help="--members: the fused LSTM/GRU form this device runs (a CPU: a loop over "
+        help="--slots: the fused LSTM/GRU form this device runs (a CPU: a loop over "
         "bars), or the one a GPU runs (one block-diagonal layer) to count its ops here",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.members:
-        members_main(args)
+    if args.slots:
+        fused_main(args)
         return
     precisions: tuple[str, ...]
     if args.smoke:
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nmost optimizer+guard ops: {worst.opt_guard} ({worst.family}, {worst.precision})")
 
 
-def members_main(args: argparse.Namespace) -> None:
+def fused_main(args: argparse.Namespace) -> None:
     forecast = [f for f in family_names() if get_family(f).fuses]
     if args.smoke:
         families, precisions, steps, repeats = ["kan"], ("f32",), 2, 1
@@ -340,12 +340,12 @@ def members_main(args: argparse.Namespace) -> None:
         precisions, steps, repeats = tuple(args.precisions), args.steps, args.repeats
     if args.recurrent == "gpu":  # the device fact that picks the fused recurrent form
         models.ops.BLOCK_DIAGONAL_MAX_UNITS["cpu"] = models.ops.BLOCK_DIAGONAL_MAX_UNITS["cuda"]
-    print(MEMBERS_HEADER, flush=True)
+    print(FUSED_HEADER, flush=True)
     for family in families:
         for precision in precisions:
-            for k in args.members:
-                row = measure_members(family, precision, k, steps, repeats, args.size)
-                print(members_row(row), flush=True)
+            for k in args.slots:
+                row = measure_fused(family, precision, k, steps, repeats, args.size)
+                print(fused_row(row), flush=True)
 
 
 if __name__ == "__main__":

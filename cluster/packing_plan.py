@@ -165,7 +165,7 @@ class ClusterPacker:
         if identity not in self._placed and pinned:
             if pinned in by_name:
                 self._placed[identity] = pinned
-                self._load[pinned] = self._load.get(pinned, 0.0) + self.slot(by_name[pinned])
+                self._load[pinned] = self._load.get(pinned, 0.0) + self.taken(by_name[pinned])
             else:
                 log.warning(
                     "an OOM retry ran out of memory on GPU type %s, which the cluster no longer "
@@ -189,18 +189,18 @@ class ClusterPacker:
             chosen = min(fitting, key=lambda s: (self.fill(s), -s.capacity))
         self._placed[identity] = chosen.gpu_type.name
         name = chosen.gpu_type.name
-        self._load[name] = self._load.get(name, 0.0) + self.slot(chosen)
+        self._load[name] = self._load.get(name, 0.0) + self.taken(chosen)
         return chosen
 
     @staticmethod
-    def slot(share: TypeShare) -> float:
+    def taken(share: TypeShare) -> float:
         """The GPU a trial takes up: 1 / trials per GPU, not its share, as Ray packs whole
         trials into one GPU (three 0.26 shares fill an L4: the 0.22 left holds no fourth)."""
         return 1.0 / share.packing.trials_per_gpu if share.packing.trials_per_gpu else 1.0
 
     def fill(self, share: TypeShare) -> float:
         """How full the type's GPUs would be with one more trial of ``share``."""
-        used = self._load.get(share.gpu_type.name, 0.0) + self.slot(share)
+        used = self._load.get(share.gpu_type.name, 0.0) + self.taken(share)
         return used / share.gpu_type.gpus
 
     def resources_of(self, trial: TrialConfig, members: int = 1) -> dict[str, float]:

@@ -256,11 +256,11 @@ def _nvml_handle(pynvml: Any, index: int, props: Any) -> tuple[Any, int | None]:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
         if current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
             wanted = str(getattr(props, "uuid", "")).removeprefix("MIG-").removeprefix("GPU-")
-            for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            for mig_index in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
                 try:
-                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
                 except Exception:
-                    continue  # an empty slot
+                    continue  # no MIG device at this index
                 uuid = pynvml.nvmlDeviceGetUUID(mig)
                 uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
                 if wanted and uuid.removeprefix("MIG-").removeprefix("GPU-") == wanted:

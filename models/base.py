@@ -297,7 +297,7 @@ class Family:
     (their steps come from a Python generator over replay or rollouts)."""
     shape_settings: frozenset[str] = frozenset()
     """Settings that change the module's shapes or structure (a width, a depth, a kernel,
-    a layer kind, the loss): models that differ in one cannot train as fused members. Every
+    a layer kind, the loss): models that differ in one cannot share a fused stack. Every
     other setting (rates, loss weights, position scale, initialization) leaves one module
     the same shape; checked by tests/models/test_contract.py."""
     member_settings: frozenset[str] = frozenset()
@@ -306,18 +306,18 @@ class Family:
     own module; an initialization range, read only when a member's module is built) and
     ones it reads per member, as a tensor: a dropout rate (every dropout the setting feeds
     is a :class:`models.ops.Dropout`), a loss weight the module also holds as a 0-d buffer
-    named in ``setting_buffers`` and reads through :func:`models.ops.per_member`, a buffer
+    named in ``setting_buffers`` and reads through :func:`models.ops.per_slot`, a buffer
     derived from the setting (a noise schedule). Each member evaluates and saves with its
     own values. Empty: members share every model setting. Checked per family by
     tests/trainables/test_group.py (members that differ in them train as they would
     alone; a member without dropout beside one with it, as it would alone)."""
     fusable: bool | None = None
     """Whether same-shape models of the family can train fused (one vmapped model, see
-    ``trainables.members``). None: True for forecast families, False for rl families
-    (their environments and replay buffers have no member dimension yet)."""
+    ``trainables.stacked``). None: True for forecast families, False for rl families
+    (their environments and replay buffers have no slot dimension yet)."""
     fuse_on_cpu: bool = True
     """Whether ``trainer.fuse = "auto"`` fuses on a CPU: False where ``bench/step_ops.py
-    --members`` measured the fused step slower there than the members one by one (a
+    --slots`` measured the fused step slower there than the folds one by one (a
     GPU, launch-bound for these sizes, fuses every fusable family)."""
     tiny: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Settings of a small build (a few thousand parameters) that ``hpo check-family``

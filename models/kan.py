@@ -47,7 +47,7 @@ from models.base import (
     unfold_assets,
 )
 from models.heads import LossKind, RegressionHead, check_head
-from models.ops import f32, like, per_member, setting_tensor
+from models.ops import f32, like, per_slot, setting_tensor
 
 __all__ = [
     "FAMILY",
@@ -263,10 +263,10 @@ def edge_regularization(phi: torch.Tensor, entropy_weight: float | torch.Tensor)
 
 class KAN(RegressionHead[KANConfig]):
     """KAN over the last ``window`` bars of (B, A, L, F) windows; assets folded. The
-    regularization weights are also tensors, so fused members may differ in them."""
+    regularization weights are also tensors, so fused slots may differ in them."""
 
     grid_updates: torch.Tensor  # () int64: grid updates done (saved with checkpoints)
-    reg_lambda: torch.Tensor  # () f32: config.reg_lambda, read per fused member
+    reg_lambda: torch.Tensor  # () f32: config.reg_lambda, read per fused slot
     reg_entropy: torch.Tensor  # () f32: config.reg_entropy, likewise
     keep_f32 = ("reg_lambda", "reg_entropy")
     setting_buffers = ("reg_lambda", "reg_entropy")
@@ -328,11 +328,11 @@ class KAN(RegressionHead[KANConfig]):
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """f32 Huber/MSE loss of the forecast + reg_lambda * the paper's regularization
-        (each fused member with its own weights where the members' differ)."""
-        weight = per_member(self.config.reg_lambda, self.reg_lambda)
+        (each fused slot with its own weights where the slots' differ)."""
+        weight = per_slot(self.config.reg_lambda, self.reg_lambda)
         if not isinstance(weight, torch.Tensor) and weight == 0:
             return super().loss(batch)
-        entropy_weight = per_member(self.config.reg_entropy, self.reg_entropy)
+        entropy_weight = per_slot(self.config.reg_entropy, self.reg_entropy)
         pred, reg = self.forward_regularized(batch.x, entropy_weight)
         return self.fit_loss(pred, batch.y) + weight * reg
 
@@ -397,8 +397,8 @@ FAMILY = Family(
         "Liu, Wang, Vaidya, Ruehle, Halverson, Soljacic, Hou & Tegmark (2024), KAN: "
         "Kolmogorov-Arnold Networks, arXiv:2404.19756"
     ),
-    # Read by positions or by each member's own grid refit only; the regularization
-    # weights per member.
+    # Read by positions or by each trial's own grid refit only; the regularization
+    # weights per slot.
     member_settings=frozenset(
         {"position_scale", "grid_eps", "grid_update_epochs", "reg_lambda", "reg_entropy"}
     ),

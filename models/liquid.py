@@ -270,7 +270,7 @@ FAMILY = Family(
         "Closed-form continuous-time neural networks, Nature Machine Intelligence 4"
     ),
     tiny={"hidden": 8, "backbone_units": 16},
-    # The position scale is read by positions only; the dropout rate per member.
+    # The position scale is read by positions only; the dropout rate per slot.
     member_settings=frozenset({"position_scale", "backbone_dropout"}),
     shape_settings=frozenset(
         {

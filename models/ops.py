@@ -1,7 +1,7 @@
 """Tensor operations shared by the family files: the casts around an f32 island, the
 stable segment sum of the scan families (Mamba-2's SSD mask, xLSTM's log gate matrix), and
-layers that fused members can batch (:class:`LSTM`, :class:`GRU`, and :class:`Dropout`,
-whose rate may differ per member).
+layers that fused slots can batch (:class:`LSTM`, :class:`GRU`, and :class:`Dropout`,
+whose rate may differ per slot).
 
 A family keeps a numerically sensitive part (a scan, a schedule, a log-softmax ratio) in
 f32 whatever the policy's dtype: it upcasts the inputs with :func:`f32` and casts the
@@ -56,24 +56,24 @@ def under_vmap(*tensors: torch.Tensor) -> bool:
 def setting_tensor(value: float) -> torch.Tensor:
     """A setting (a rate, a loss weight) as the 0-d f32 buffer a module registers beside
     its Python value (not saved, named in the module's ``setting_buffers`` and
-    ``keep_f32``), so fused members may differ in it (see :func:`per_member`)."""
+    ``keep_f32``), so fused slots may differ in it (see :func:`per_slot`)."""
     return torch.tensor(float(value), dtype=F32)
 
 
-def per_member(value: float, tensor: torch.Tensor) -> float | torch.Tensor:
+def per_slot(value: float, tensor: torch.Tensor) -> float | torch.Tensor:
     """The setting a module holds as ``value`` and as the buffer ``tensor``: the buffer
-    where a vmap batches it (fused members that differ in it, each reads its own), else
-    the Python float, so an unfused step, or members that agree, compute as always."""
+    where a vmap batches it (fused slots that differ in it, each reads its own), else
+    the Python float, so an unfused step, or slots that agree, compute as always."""
     return tensor if under_vmap(tensor) else value
 
 
 class Dropout(torch.nn.Dropout):
-    """``nn.Dropout`` whose rate is also a tensor, so fused members may differ in it.
+    """``nn.Dropout`` whose rate is also a tensor, so fused slots may differ in it.
 
     The rate is a 0-d f32 buffer (``rate``; not saved, so checkpoints are ``nn.Dropout``'s)
-    named in ``setting_buffers``: ``trainables.members`` passes it per member where the
-    members' rates differ, and under that vmap each member drops at its own rate. Anywhere
-    else (unfused, or every member at one rate) this is ``nn.Dropout`` (a rate of 0 returns
+    named in ``setting_buffers``: ``trainables.stacked`` passes it per slot where the
+    slots' rates differ, and under that vmap each slot drops at its own rate. Anywhere
+    else (unfused, or every slot at one rate) this is ``nn.Dropout`` (a rate of 0 returns
     its input, as ``nn.Dropout`` does, without dispatching)."""
 
     keep_f32 = ("rate",)  # a probability, compared with f32 uniforms whatever the policy
@@ -89,29 +89,29 @@ class Dropout(torch.nn.Dropout):
             return x
         if not under_vmap(self.rate):
             return super().forward(x) if self.p > 0 else x
-        # Inverted dropout at this member's rate (a rate of 0 keeps every unit, exactly).
+        # Inverted dropout at this slot's rate (a rate of 0 keeps every unit, exactly).
         keep = torch.rand_like(x, dtype=F32) >= self.rate
         return x * like(keep / (1 - self.rate), x)  # the f32 scale, rounded once
 
 
 # ----------------------------------------------------------------------------------------
-# Recurrent layers fused members can batch. torch.func.vmap has no batching rule for
-# aten::lstm / aten::gru, so under vmap each layer runs through _MemberRecurrentLayer,
-# whose batching rule runs the K members as ONE torch layer with block-diagonal weights
-# (member k's units see only member k's inputs and state): one aten::lstm per layer for
-# all members (unfused: one per module and fold), instead of ~10 ops per bar. On a CPU,
-# where the members are wide, or where the layer computes in fp16 (``_computes_in_fp16``),
+# Recurrent layers fused slots can batch. torch.func.vmap has no batching rule for
+# aten::lstm / aten::gru, so under vmap each layer runs through _FusedRecurrentLayer,
+# whose batching rule runs the K slots as ONE torch layer with block-diagonal weights
+# (slot k's units see only slot k's inputs and state): one aten::lstm per layer for
+# all slots (unfused: one per module and fold), instead of ~10 ops per bar. On a CPU,
+# where the slots are wide, or where the layer computes in fp16 (``_computes_in_fp16``),
 # it runs the same equations as a loop over bars (``recurrent_loop``). Under autocast the
 # layers compute in autocast's dtype with autocast off (``_run_layers``), fused or not
 # (batch_first, unidirectional layers without projection, on a batch of sequences).
 # Parameter names and layout are torch's either way, so a checkpoint loads in both
 # modes; outside vmap these are torch's own layers, cuDNN kernels included.
 
-# The most units per gate (members x hidden) the block-diagonal form is used for, per
+# The most units per gate (slots x hidden) the block-diagonal form is used for, per
 # device type. Its matmuls do K times the arithmetic of K separate layers (the zero
 # blocks): cheap next to the launches saved on a GPU while the layer is this narrow
 # (unmeasured until a GPU run). A CPU is compute-bound at these sizes and runs the loop
-# (bench/README.md, "Fused members").
+# (bench/README.md, "Fused slots").
 BLOCK_DIAGONAL_MAX_UNITS: dict[str, int] = {"cuda": 1024}
 _GATES = {"lstm": 4, "gru": 3}
 # cuDNN copies weights that are not one flat buffer into one on every call and warns
@@ -127,7 +127,7 @@ class LSTM(torch.nn.LSTM):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.between_layers = Dropout(self.dropout)  # the fused form's, rate per member
+        self.between_layers = Dropout(self.dropout)  # the fused form's, rate per slot
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -144,7 +144,7 @@ class GRU(torch.nn.GRU):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.between_layers = Dropout(self.dropout)  # the fused form's, rate per member
+        self.between_layers = Dropout(self.dropout)  # the fused form's, rate per slot
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, hx: torch.Tensor | None = None
@@ -173,9 +173,9 @@ def _run_layers(
     Under autocast the layers compute in autocast's dtype, autocast off: torch's CUDA
     autocast runs cuDNN's recurrent layers in fp16 whatever autocast's dtype, so a
     bf16-mixed step would otherwise run them in fp16 without a loss scale, and fused
-    members could not use the block-diagonal form. (A CPU's autocast already runs the
+    slots could not use the block-diagonal form. (A CPU's autocast already runs the
     LSTM in its dtype; it left the GRU in f32.) Under vmap each layer runs through
-    :class:`_MemberRecurrentLayer`; otherwise as torch's layer with the cast weights."""
+    :class:`_FusedRecurrentLayer`; otherwise as torch's layer with the cast weights."""
     _check_loopable(rnn, x)
     weights = [_layer_weights(rnn, layer) for layer in range(rnn.num_layers)]
     batched = under_vmap(x, weights[0][0])
@@ -193,7 +193,7 @@ def _run_layers(
             states = [zeros] * (2 if kind == "lstm" else 1)
         states = [cast(s) for s in states]
         cast_weights = [tuple(cast(w) for w in layer) for layer in weights]
-        run = _member_layers if batched else _torch_layers
+        run = _fused_layers if batched else _torch_layers
         return run(rnn, kind, x, states, cast_weights)
 
 
@@ -218,22 +218,22 @@ def _torch_layers(
     return out, [h]
 
 
-def _member_layers(
+def _fused_layers(
     rnn: LSTM | GRU,
     kind: str,
     x: torch.Tensor,
     states: list[torch.Tensor],
     weights: Weights,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The layers of fused members, one :class:`_MemberRecurrentLayer` each (dropout
-    between layers at each member's rate)."""
+    """The layers of fused slots, one :class:`_FusedRecurrentLayer` each (dropout
+    between layers at each slot's rate)."""
     h0, c0 = states[0], (states[1] if kind == "lstm" else None)
     out = x
     last_h, last_c = [], []
     for layer in range(rnn.num_layers):
         if layer > 0:
             out = rnn.between_layers(out)
-        out, h, c = _MemberRecurrentLayer.apply(
+        out, h, c = _FusedRecurrentLayer.apply(
             kind, out, h0[layer], None if c0 is None else c0[layer], *weights[layer]
         )
         last_h.append(h)
@@ -259,7 +259,7 @@ Layer = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # outputs, last 
 
 
 def recurrent_loop(kind: str, layer: RecurrentInputs) -> Layer:
-    """One layer of one member -> (N, L, H), last h, last c: torch's LSTM / GRU equations
+    """One layer of one slot -> (N, L, H), last h, last c: torch's LSTM / GRU equations
     as a loop over the L bars (vmap batches every op)."""
     x, h, c, w_ih, w_hh, b_ih, b_hh = layer
     inputs = torch.nn.functional.linear(x, w_ih, b_ih)  # (N, L, gates * H): once per layer
@@ -282,9 +282,9 @@ def recurrent_loop(kind: str, layer: RecurrentInputs) -> Layer:
 
 
 def block_diagonal(weights: torch.Tensor, gates: int) -> torch.Tensor:
-    """K members' (gates * H, I) weights -> one (gates * K * H, K * I) weight: rows gate by
-    gate, member by member within a gate (the layout torch's layer chunks into gates);
-    member k's rows are zero outside member k's columns."""
+    """K slots' (gates * H, I) weights -> one (gates * K * H, K * I) weight: rows gate by
+    gate, slot by slot within a gate (the layout torch's layer chunks into gates);
+    slot k's rows are zero outside slot k's columns."""
     k, rows, cols = weights.shape
     eye = torch.eye(k, dtype=weights.dtype, device=weights.device)
     blocks = weights.view(k, gates, rows // gates, 1, cols).transpose(0, 1) * eye.view(
@@ -294,20 +294,20 @@ def block_diagonal(weights: torch.Tensor, gates: int) -> torch.Tensor:
 
 
 def _gate_major(bias: torch.Tensor, gates: int) -> torch.Tensor:
-    """K members' (gates * H,) biases -> (gates * K * H,) in :func:`block_diagonal`'s rows."""
+    """K slots' (gates * H,) biases -> (gates * K * H,) in :func:`block_diagonal`'s rows."""
     k, rows = bias.shape
     return bias.view(k, gates, rows // gates).transpose(0, 1).reshape(-1)
 
 
-def _block_diagonal_layer(kind: str, members: RecurrentInputs) -> Layer:
-    """:func:`recurrent_loop` for K members at once (every tensor with a leading member
-    dimension) as one torch layer over the members' concatenated units, quarantined
-    (:class:`_Quarantine`) so that one member's non-finite values stay its own."""
+def _block_diagonal_layer(kind: str, slots: RecurrentInputs) -> Layer:
+    """:func:`recurrent_loop` for K slots at once (every tensor with a leading slot
+    dimension) as one torch layer over the slots' concatenated units, quarantined
+    (:class:`_Quarantine`) so that one slot's non-finite values stay its own."""
     gates = _GATES[kind]
-    k, n, length, _ = members.x.shape
-    hidden = members.w_hh.shape[-1]
-    quarantine = _Quarantine(k, members.x.device)
-    x, h, c, w_ih, w_hh, b_ih, b_hh = quarantine.enter_backward(*quarantine.enter_forward(*members))
+    k, n, length, _ = slots.x.shape
+    hidden = slots.w_hh.shape[-1]
+    quarantine = _Quarantine(k, slots.x.device)
+    x, h, c, w_ih, w_hh, b_ih, b_hh = quarantine.enter_backward(*quarantine.enter_forward(*slots))
 
     def joined(state: torch.Tensor) -> torch.Tensor:  # (K, N, H) -> (1, N, K * H)
         return state.transpose(0, 1).reshape(1, n, k * hidden)
@@ -344,46 +344,46 @@ def _refill(tensors: tuple[Any, ...], present: Any) -> tuple[Any, ...]:
     return tuple(None if t is None else next(values) for t in tensors)
 
 
-def _per_member(flags: torch.Tensor, like_tensor: torch.Tensor) -> torch.Tensor:
-    """(K,) -> (K, 1, ..., 1), to broadcast over ``like_tensor``'s member rows."""
+def _slot_column(flags: torch.Tensor, like_tensor: torch.Tensor) -> torch.Tensor:
+    """(K,) -> (K, 1, ..., 1), to broadcast over ``like_tensor``'s slot rows."""
     return flags.view(-1, *([1] * (like_tensor.dim() - 1)))
 
 
-def _finite_members(*tensors: torch.Tensor | None) -> torch.Tensor:
-    """(K,) whether each member's rows of every tensor (leading member dimension) are
+def _finite_slots(*tensors: torch.Tensor | None) -> torch.Tensor:
+    """(K,) whether each slot's rows of every tensor (leading slot dimension) are
     all finite."""
     flags = [torch.isfinite(t).flatten(1).all(1) for t in _present(tensors)]
     return functools.reduce(torch.logical_and, flags)
 
 
 class _Quarantine:
-    """Keeps each member's non-finite values its own in a block-diagonal layer.
+    """Keeps each slot's non-finite values its own in a block-diagonal layer.
 
-    The zero blocks put every member's values into every other member's sums, and
-    0 * inf is NaN: one diverging member would otherwise turn the others' outputs or
-    gradients NaN, and the guarded step would skip them all. In forward a member whose
+    The zero blocks put every slot's values into every other slot's sums, and
+    0 * inf is NaN: one diverging slot would otherwise turn the others' outputs or
+    gradients NaN, and the guarded step would skip them all. In forward a slot whose
     inputs or weights are not all finite enters as zeros and leaves as NaN (its own
     layer would give NaN too, and its loss is then NaN, which the guarded step skips
-    whatever its gradients); in backward a member whose incoming gradient is not all
+    whatever its gradients); in backward a slot whose incoming gradient is not all
     finite enters the layer's backward as zeros and its inputs' and weights' gradients
-    leave as NaN (so its step is skipped, as unfused). The other members compute exactly
-    what they compute beside finite members. Every tensor has a leading member dimension
-    and each member's rows are its own (fused members' weights always are)."""
+    leave as NaN (so its step is skipped, as unfused). The other slots compute exactly
+    what they compute beside finite slots. Every tensor has a leading slot dimension
+    and each slot's rows are its own (fused slots' weights always are)."""
 
     def __init__(self, k: int, device: torch.device) -> None:
         self.finite_inputs: torch.Tensor  # (K,), set by enter_forward
         self.finite_grads = torch.ones(k, dtype=torch.bool, device=device)
 
     def enter_forward(self, *tensors: torch.Tensor | None) -> Any:
-        self.finite_inputs = _finite_members(*tensors)
+        self.finite_inputs = _finite_slots(*tensors)
         return tuple(
-            None if t is None else torch.where(_per_member(self.finite_inputs, t), t, 0.0)
+            None if t is None else torch.where(_slot_column(self.finite_inputs, t), t, 0.0)
             for t in tensors
         )
 
     def leave_forward(self, *tensors: torch.Tensor | None) -> Any:
         return tuple(
-            None if t is None else torch.where(_per_member(self.finite_inputs, t), t, math.nan)
+            None if t is None else torch.where(_slot_column(self.finite_inputs, t), t, math.nan)
             for t in tensors
         )
 
@@ -396,9 +396,9 @@ class _Quarantine:
 
 class _GradientGate(torch.autograd.Function):
     """Identity in forward; in backward, the quarantine's gate on the gradients: on the
-    way into the layer's backward ("leave": the layer's outputs) it zeroes the members
+    way into the layer's backward ("leave": the layer's outputs) it zeroes the slots
     whose gradient is not all finite and records them; on the way out ("enter": the
-    layer's inputs) it makes the recorded members' gradients NaN."""
+    layer's inputs) it makes the recorded slots' gradients NaN."""
 
     @staticmethod
     def forward(quarantine: _Quarantine, side: str, *tensors: torch.Tensor) -> Any:
@@ -412,22 +412,22 @@ class _GradientGate(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         quarantine: _Quarantine = ctx.quarantine
         if ctx.side == "leave":
-            quarantine.finite_grads = _finite_members(*grads)
+            quarantine.finite_grads = _finite_slots(*grads)
             fill = 0.0
         else:
             fill = math.nan
-        gated = [torch.where(_per_member(quarantine.finite_grads, g), g, fill) for g in grads]
+        gated = [torch.where(_slot_column(quarantine.finite_grads, g), g, fill) for g in grads]
         return (None, None, *gated)
 
 
-class _MemberRecurrentLayer(torch.autograd.Function):
-    """One recurrent layer of fused members: only a batching rule (``vmap``). Under it the
-    layer's tensors carry a member dimension, and regular autograd records the ops the
+class _FusedRecurrentLayer(torch.autograd.Function):
+    """One recurrent layer of fused slots: only a batching rule (``vmap``). Under it the
+    layer's tensors carry a slot dimension, and regular autograd records the ops the
     rule runs on them, so no backward of its own is needed."""
 
     @staticmethod
     def forward(*args: Any) -> Any:
-        raise RuntimeError("_MemberRecurrentLayer runs only under torch.func.vmap")
+        raise RuntimeError("_FusedRecurrentLayer runs only under torch.func.vmap")
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
@@ -436,35 +436,35 @@ class _MemberRecurrentLayer(torch.autograd.Function):
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], kind: str, *tensors: Any) -> Any:
         k = info.batch_size
-        members = RecurrentInputs(
+        slots = RecurrentInputs(
             *(  # type: ignore[arg-type]  # None only where the layer has none (c, biases)
-                None if t is None else _member_first(t, d, k)
+                None if t is None else _slot_first(t, d, k)
                 for t, d in zip(tensors, in_dims[1:], strict=True)
             )
         )
-        most = BLOCK_DIAGONAL_MAX_UNITS.get(members.x.device.type, 0)
-        if k * members.w_hh.shape[-1] <= most and not _computes_in_fp16(members.x):
-            outs = _block_diagonal_layer(kind, members)
+        most = BLOCK_DIAGONAL_MAX_UNITS.get(slots.x.device.type, 0)
+        if k * slots.w_hh.shape[-1] <= most and not _computes_in_fp16(slots.x):
+            outs = _block_diagonal_layer(kind, slots)
         else:
-            outs = _vmapped_loop(kind, members)
+            outs = _vmapped_loop(kind, slots)
         return outs, tuple(None if t is None else 0 for t in outs)
 
 
-def _vmapped_loop(kind: str, members: RecurrentInputs) -> Layer:
-    """:func:`recurrent_loop` under a vmap of its own over the members (whose arguments
+def _vmapped_loop(kind: str, slots: RecurrentInputs) -> Layer:
+    """:func:`recurrent_loop` under a vmap of its own over the slots (whose arguments
     and results are tensors only: the GRU's cell state is None)."""
 
-    def one_member(*present: torch.Tensor) -> list[torch.Tensor]:
-        return _present(recurrent_loop(kind, RecurrentInputs(*_refill(members, present))))
+    def one_slot(*present: torch.Tensor) -> list[torch.Tensor]:
+        return _present(recurrent_loop(kind, RecurrentInputs(*_refill(slots, present))))
 
-    out, h, *c = torch.func.vmap(one_member)(*_present(members))
+    out, h, *c = torch.func.vmap(one_slot)(*_present(slots))
     return out, h, (c[0] if c else None)
 
 
 def _computes_in_fp16(x: torch.Tensor) -> bool:
     """Whether a layer on ``x`` computes in fp16. There the block-diagonal form is not used:
     fp16 overflows inside a layer (where the quarantine does not look), and the zero
-    blocks would carry one member's inf into the others' sums. :func:`_run_layers` turns
+    blocks would carry one slot's inf into the others' sums. :func:`_run_layers` turns
     autocast off before a layer, so ``x`` carries the dtype; were a layer run under CUDA
     autocast, it would compute in fp16 whatever autocast's dtype."""
     device = x.device.type
@@ -475,7 +475,7 @@ def _computes_in_fp16(x: torch.Tensor) -> bool:
     return device == "cuda" or torch.get_autocast_dtype(device) == torch.float16
 
 
-def _member_first(t: torch.Tensor, dim: int | None, k: int) -> torch.Tensor:
+def _slot_first(t: torch.Tensor, dim: int | None, k: int) -> torch.Tensor:
     return t.expand(k, *t.shape) if dim is None else t.movedim(dim, 0)
 
 

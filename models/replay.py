@@ -51,7 +51,7 @@ class NStepTransition:
 class ReplaySample(NStepTransition):
     """A prioritized minibatch: the transitions, where they live, and their IS weights."""
 
-    indices: torch.Tensor  # (B,) int64 buffer slots
+    indices: torch.Tensor  # (B,) int64 buffer rows
     weights: torch.Tensor  # (B,) f32 importance-sampling weights in (0, 1], max 1
 
 
@@ -106,8 +106,8 @@ class NStepAccumulator:
         self.terminal = torch.zeros_like(self.done)  # ... in a terminal state (no bootstrap)
         self.next_window = torch.zeros_like(self.window)  # the state each step led to
         self.next_position = torch.zeros_like(self.position)
-        # Constants, built once: gamma^j for j = 0..n, ring slots in age order for each
-        # possible oldest slot (orders[o] = [o, o+1, ..., o+n-1] mod n), env indices.
+        # Constants, built once: gamma^j for j = 0..n, ring rows in age order for each
+        # possible oldest row (orders[o] = [o, o+1, ..., o+n-1] mod n), env indices.
         self.gamma_powers = gamma ** torch.arange(n + 1, dtype=F32, device=self.device)
         ages = torch.arange(n, device=self.device)
         self.orders = (ages[:, None] + ages[None, :]) % n  # (n, n)
@@ -116,25 +116,25 @@ class NStepAccumulator:
 
     def push(self, transition: Transition) -> NStepTransition | None:
         """Store one vectorized step; return the n-step transitions now complete, if any."""
-        slot = self.steps % self.n
+        row = self.steps % self.n
         window, position = transition.obs
         if transition.final_obs is None:  # every episode end is terminal
             next_window, next_position = transition.next_obs
-            self.terminal[slot].copy_(transition.done)
+            self.terminal[row].copy_(transition.done)
         else:  # episode ends are time limits: bootstrap from the state before the reset
             next_window, next_position = transition.final_obs
-            self.terminal[slot].zero_()
-        self.window[slot].copy_(window)
-        self.position[slot].copy_(position)
-        self.action[slot].copy_(transition.action)
-        self.reward[slot].copy_(transition.reward)
-        self.done[slot].copy_(transition.done)
-        self.next_window[slot].copy_(next_window)
-        self.next_position[slot].copy_(next_position)
+            self.terminal[row].zero_()
+        self.window[row].copy_(window)
+        self.position[row].copy_(position)
+        self.action[row].copy_(transition.action)
+        self.reward[row].copy_(transition.reward)
+        self.done[row].copy_(transition.done)
+        self.next_window[row].copy_(next_window)
+        self.next_position[row].copy_(next_position)
         self.steps += 1
         if self.steps < self.n:
             return None
-        oldest = self.steps % self.n  # the slot written n - 1 steps ago
+        oldest = self.steps % self.n  # the row written n - 1 steps ago
         order = self.orders[oldest]
         rewards = self.reward.index_select(0, order)  # (n, N), oldest first
         dones = self.done.index_select(0, order).to(torch.int64)  # (n, N)
@@ -142,7 +142,7 @@ class NStepAccumulator:
         alive = (dones.cumsum(0) - dones) == 0  # (n, N) bool
         ret = (self.gamma_powers[: self.n, None] * rewards * alive).sum(0)  # (N,) f32
         k = alive.sum(0)  # (N,) steps used, in [1, n]
-        last = (oldest + k - 1) % self.n  # (N,) ring slot of the last step used
+        last = (oldest + k - 1) % self.n  # (N,) ring row of the last step used
         return NStepTransition(
             obs=(self.window[oldest], self.position[oldest]),
             action=self.action[oldest],
@@ -293,11 +293,11 @@ class PrioritizedReplay:
         self.count += b
 
     def update_priorities(self, indices: torch.Tensor, td_abs: torch.Tensor) -> None:
-        """Set p_i = |TD_i| + eps for sampled slots; tensor ops only, no host sync.
+        """Set p_i = |TD_i| + eps for sampled rows; tensor ops only, no host sync.
 
-        A slot drawn twice in one batch gets the larger of its two errors (deterministic,
+        A row drawn twice in one batch gets the larger of its two errors (deterministic,
         unlike an indexed assignment with duplicate indices). Non-finite errors (a skipped
-        step) leave the slot at the current maximum priority instead of poisoning sampling.
+        step) leave the row at the current maximum priority instead of poisoning sampling.
         """
         td = td_abs.detach().to(F32)
         td = torch.where(torch.isfinite(td), td, self.max_priority)
@@ -346,7 +346,7 @@ class PrioritizedReplay:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors only (safetensors-ready). Only the filled part [0, size) is stored: items
-        are written from slot 0 on, so the filled part is always a prefix. The slices are
+        are written from row 0 on, so the filled part is always a prefix. The slices are
         contiguous views; the checkpoint writer copies them out."""
         n = self.size
         state = {name: getattr(self, name)[:n] for name in self._STORED}

@@ -44,7 +44,7 @@ from models.base import (
     check_int,
 )
 from models.heads import LOSS_KINDS, LossKind, RegressionHead, check_head
-from models.ops import Dropout, f32, like, per_member, setting_tensor
+from models.ops import Dropout, f32, like, per_slot, setting_tensor
 
 __all__ = [
     "FAMILY",
@@ -176,7 +176,7 @@ class GraphPropagation(nn.Module):
     """``hops`` steps of mix-hop or diffusion propagation + information selection.
 
     (B, A, ..., d_in) -> (B, A, ..., d_out): a linear map of [H_0, H_1, ..., H_K]. Mix-hop's
-    beta is also a tensor (``beta_t``), so fused members may differ in it.
+    beta is also a tensor (``beta_t``), so fused slots may differ in it.
     """
 
     keep_f32 = ("beta_t",)
@@ -197,7 +197,7 @@ class GraphPropagation(nn.Module):
         """x (B, A, ..., d_in), adj (A, A) in x's dtype -> (B, A, ..., d_out)."""
         outputs = [x]
         h = x
-        beta = per_member(self.beta, self.beta_t)
+        beta = per_slot(self.beta, self.beta_t)
         for _ in range(self.hops):
             h = propagate(adj, h)
             if self.mode == "mixhop":
@@ -373,7 +373,7 @@ FAMILY = Family(
     ),
     tiny={"channels": 8, "skip_channels": 16, "end_channels": 16, "node_dim": 4, "n_layers": 1},
     # The position scale is read by positions only; the dropout rate and mix-hop's beta
-    # per member.
+    # per slot.
     member_settings=frozenset({"position_scale", "dropout", "beta"}),
     shape_settings=frozenset(
         {

@@ -305,9 +305,9 @@ FAMILY = Family(
         "Berti & Kasneci (2025), TLOB: A Novel Transformer Model with Dual Attention for "
         "Stock Price Trend Prediction with Limit Order Book Data, arXiv:2502.15757"
     ),
-    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused slots
     tiny={"hidden_dim": 16, "n_layers": 1},
-    # The position scale is read by positions only; the dropout rate per member.
+    # The position scale is read by positions only; the dropout rate per slot.
     member_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset({"hidden_dim", "n_layers", "n_heads", "sinusoidal", "loss"}),
     keeps_f32=(

@@ -409,9 +409,9 @@ FAMILY = Family(
         "Beck, Pöppel, Spanring, Auer, Prudnikova, Kopp, Klambauer, Brandstetter & "
         "Hochreiter (2024), xLSTM: Extended Long Short-Term Memory, NeurIPS"
     ),
-    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused members
+    fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused slots
     tiny={"d_model": 16, "blocks": "ms", "n_heads": 2, "dropout": 0.0},
-    # The position scale is read by positions only; the dropout rate per member.
+    # The position scale is read by positions only; the dropout rate per slot.
     member_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset(
         {

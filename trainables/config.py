@@ -99,13 +99,13 @@ class TrainConfig:
     fails, the step runs eagerly and the reason is logged; the ``cuda_graphs`` metric says
     which ran (1 replayed, 0 eager)."""
     fuse: str = "auto"
-    """Train the walk-forward folds as fused members, one vmapped model with a leading
-    member dimension (``trainables.members``): ``auto`` wherever the family fuses on this
+    """Train the walk-forward folds fused, one vmapped model with a fold in each slot of
+    its leading dimension (``trainables.stacked``): ``auto`` wherever the family fuses on this
     device (``Family.fusable``; on a CPU only where ``Family.fuse_on_cpu``) and there are
     two folds or more; ``on`` wherever the family fuses at all (a single fold too: the
     benchmarks' baseline); ``off`` never. Where the folds cannot fuse (a fold shorter
     than a batch, a module vmap cannot batch) they train one after another and the
-    reason is logged; the ``fused_members`` metric says how many trained fused."""
+    reason is logged; the ``fused_folds`` metric says how many trained fused."""
     data: DataConfig = field(default_factory=DataConfig)
     model_config: Mapping[str, Any] = field(default_factory=dict)
     """The family's settings (fields of its config dataclass) that differ from defaults."""

@@ -284,7 +284,7 @@ def check_fusion(family_ref: str) -> str:
     metrics = trainer.train_epoch()
     _require(math.isfinite(metrics["train_loss"]), "the epoch's loss is not finite")
     if trainer.fused is not None:
-        return f"2 folds fused ({metrics['fused_members']} members)"
+        return f"{metrics['fused_folds']} folds fused"
     return f"trains unfused: {trainer.unfused_reason}" + (
         "" if family.fuses else " (rl families do not fuse)"
     )

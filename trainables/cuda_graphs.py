@@ -107,9 +107,9 @@ def _on_stream(device: torch.device, side: Any) -> Iterator[None]:
 
 class StepRunner:
     """One training step, called with its inputs each time; returns (f32 loss, ok) tensors
-    (``(K,)`` each for fused members).
+    (``(K,)`` each for fused slots).
 
-    ``step`` is the eager step on ``inputs`` (a fold's batch fields, or the fused members'
+    ``step`` is the eager step on ``inputs`` (a fold's batch fields, or the fused slots'
     decision times and active mask). Eager: ``step(*inputs)``. Captured (``capture``
     True): the inputs are copied into static tensors and the step runs on them; the first
     :data:`GRAPH_WARMUP_STEPS` calls eagerly on a side stream, the next one is recorded

@@ -2,7 +2,7 @@
 one fused model.
 
 :class:`Fusion` stacks its trainers' folds into one :class:`FusedFolds` (one vmapped
-module, data, optimizer, guard and scaler over the fused slots, :mod:`trainables.members`)
+module, data, optimizer, guard and scaler over the fused slots, :mod:`trainables.stacked`)
 where :func:`fuse_plan` says so and a first fused step runs; otherwise the folds train
 one after another and ``unfused_reason`` says why: a fold that cannot fuse is a fallback,
 never an error. Fused or not, each fold draws its minibatches in its own order and steps
@@ -10,7 +10,7 @@ exactly as often as unfused. Fusion works through the public surface of its trai
 (:class:`FoldTrainer`, which :class:`~trainables.trainer.Trainer` is): they count their
 own steps and act on their own divergence. A trainer builds its own fusion (a group,
 :mod:`trainables.group`, one for all its trials), so this module does not import the
-trainer. Why and what it costs: docs/precision.md, "Fused members".
+trainer. Why and what it costs: docs/precision.md, "Fused slots".
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from models.base import Family
 from trainables.config import TrainConfig
 from trainables.cuda_graphs import StepRunner, graph_plan
 from trainables.fold_run import EPOCH_START_SAMPLE, FoldRun, TrialDiverged
-from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.optim import GuardedAdamW
 from trainables.precision import F32, LossScaler, PrecisionPolicy, StepGuard, StepResult
+from trainables.stacked import StackedFolds, StackedModules, epoch_schedule
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class FusedFolds:
-    """Folds as fused members (member k = ``runs[k]``): one module, data, optimizer, guard
+    """Folds in fused slots (slot k holds ``runs[k]``): one module, data, optimizer, guard
     and scaler over all of them."""
 
     runs: list[FoldRun]
@@ -44,7 +44,7 @@ class FusedFolds:
     optimizer: GuardedAdamW
     guard: StepGuard
     scaler: LossScaler | None
-    step: StepRunner | None = None  # the step of every member
+    step: StepRunner | None = None  # the step of every slot
     subset_steps: dict[tuple[int, ...], StepRunner] = field(default_factory=dict)
 
     @property
@@ -52,7 +52,7 @@ class FusedFolds:
         return self.model.k
 
 
-class _MemberOptimizer:
+class _SlotOptimizer:
     """What a checkpoint reads of a fused fold's optimizer: its own parameters, and its
     slice of the fused optimizer's state (views)."""
 
@@ -64,7 +64,7 @@ class _MemberOptimizer:
         group = self.fused.optimizer.param_groups[0]
         own = [mine for _, mine in self.fused.model.pairs(self.k)]
         settings = {
-            # lr and weight decay are one value per member when a group's members differ
+            # lr and weight decay are one value per slot where a group trial's trials differ
             key: value[self.k] if isinstance(value, list | tuple) and key != "betas" else value
             for key, value in group.items()
             if key != "params"
@@ -73,7 +73,7 @@ class _MemberOptimizer:
 
     @property
     def state(self) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.fused.optimizer.member_state(self.k, self.fused.model.pairs(self.k))
+        return self.fused.optimizer.slot_state(self.k, self.fused.model.pairs(self.k))
 
 
 class FoldTrainer(Protocol):
@@ -109,23 +109,23 @@ TrainerT = TypeVar("TrainerT", bound=FoldTrainer)
 
 class Fusion(Generic[TrainerT]):
     """The fused training of the folds of one or more trainers: a trial's own folds, or
-    the members' folds of a group (:class:`trainables.group.TrainerGroup`), as one
+    the folds of a group trial's trials (:class:`trainables.group.TrainerGroup`), as one
     :class:`FusedFolds`. Its steps run with the first trainer's settings (a group's
-    members share every setting a step reads but lr and weight decay, which the fused
-    optimizer takes per member); each trainer counts its own folds' steps and acts on
-    its own divergence. A member that falls back to f32 leaves (:meth:`leave`), one that
+    trials share every setting a step reads but lr and weight decay, which the fused
+    optimizer takes per slot); each trainer counts its own folds' steps and acts on
+    its own divergence. A trial that falls back to f32 leaves (:meth:`leave`), one that
     diverges or is stopped is removed (:meth:`remove`): the rest fuse again without it. A
-    trial's own divergence is raised; a group member's is kept in ``diverged``."""
+    trial's own divergence is raised; a grouped trial's is kept in ``diverged``."""
 
     def __init__(self, trainers: Sequence[TrainerT]) -> None:
         self.trainers = list(trainers)
         self.grouped = len(self.trainers) > 1
         self.fused: FusedFolds | None = None
         self.unfused_reason = ""
-        self.pending = False  # fuse at the start of the next epoch (a member that left)
+        self.pending = False  # fuse at the start of the next epoch (a trial that left)
         self.stepping_alone = False  # an epoch is stepping the runs one after another
         self.stopped: set[int] = set()  # ids of removed trainers: they take no more steps
-        self.diverged: dict[TrainerT, TrialDiverged] = {}  # members removed as diverged
+        self.diverged: dict[TrainerT, TrialDiverged] = {}  # trials removed as diverged
 
     @property
     def host(self) -> TrainerT:
@@ -152,7 +152,7 @@ class Fusion(Generic[TrainerT]):
             _try_fused_step(module, data, host.policy, host.config.batch_size)
         except torch.cuda.OutOfMemoryError:
             raise  # the share's fault, not fusion's: the trial's OOM path handles it
-        except Exception as exc:  # a module vmap cannot batch, or one that refuses members
+        except Exception as exc:  # a module vmap cannot batch, or one that refuses to stack
             module.release()
             self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
             log.warning(
@@ -163,26 +163,26 @@ class Fusion(Generic[TrainerT]):
         owners = [trainer for trainer in self.trainers for _ in trainer.folds]
         optimizer = host.policy.make_optimizer(
             module.parameters(),
-            lr=_per_member([t.config.lr for t in owners]),
-            weight_decay=_per_member([t.config.weight_decay for t in owners]),
-            members=k,
+            lr=_per_slot([t.config.lr for t in owners]),
+            weight_decay=_per_slot([t.config.weight_decay for t in owners]),
+            n_slots=k,
         )
-        guard = StepGuard(host.device, members=k)
-        scaler = host.policy.make_scaler(members=k)
+        guard = StepGuard(host.device, n_slots=k)
+        scaler = host.policy.make_scaler(n_slots=k)
         fused = FusedFolds(runs, module, data, optimizer, guard, scaler)
         for i, run in enumerate(runs):
-            for p, slots in optimizer.member_state(i, module.pairs(i)).items():
+            for p, state in optimizer.slot_state(i, module.pairs(i)).items():
                 saved = run.optimizer.state.get(p, {})
-                for key, slot in slots.items():
+                for key, value in state.items():
                     if key in saved:
-                        slot.copy_(saved[key])
-            guard.member(i).load_state_dict(run.guard.state_dict())
+                        value.copy_(saved[key])
+            guard.slot(i).load_state_dict(run.guard.state_dict())
             if scaler is not None and run.scaler is not None:
-                scaler.member(i).load_state_dict(run.scaler.state_dict())
+                scaler.slot(i).load_state_dict(run.scaler.state_dict())
             run.data = views[i]
-            run.optimizer = _MemberOptimizer(fused, i)
-            run.guard = guard.member(i)
-            run.scaler = scaler.member(i) if scaler is not None else None
+            run.optimizer = _SlotOptimizer(fused, i)
+            run.guard = guard.slot(i)
+            run.scaler = scaler.slot(i) if scaler is not None else None
             run.step = None
         self.fused = fused
 
@@ -195,8 +195,8 @@ class Fusion(Generic[TrainerT]):
         saved = [
             (
                 {
-                    p: {key: v.clone() for key, v in slots.items()}
-                    for p, slots in run.optimizer.state.items()
+                    p: {key: v.clone() for key, v in state.items()}
+                    for p, state in run.optimizer.state.items()
                 },
                 run.guard.state_dict(),
                 run.scaler.state_dict() if run.scaler is not None else None,
@@ -211,10 +211,10 @@ class Fusion(Generic[TrainerT]):
             run.optimizer = owner.policy.make_optimizer(
                 run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
             )
-            for p, slots in run.optimizer.state.items():
-                for key, slot in slots.items():
+            for p, values in run.optimizer.state.items():
+                for key, value in values.items():
                     if key in state.get(p, {}):
-                        slot.copy_(state[p][key])
+                        value.copy_(state[p][key])
             run.guard = StepGuard(owner.device)
             run.guard.load_state_dict(guard_state)
             run.scaler = owner.policy.make_scaler()
@@ -259,7 +259,7 @@ class Fusion(Generic[TrainerT]):
         """One epoch of every run: (loss sum, ok steps) per fold, per trainer."""
         if self.pending:
             self.fuse()
-        trainers = list(self.trainers)  # a member that falls back leaves during the epoch
+        trainers = list(self.trainers)  # a trial that falls back leaves during the epoch
         if self.fused is None:
             out: dict[TrainerT, list[tuple[torch.Tensor, torch.Tensor]]] = {}
             self.stepping_alone = True
@@ -290,7 +290,7 @@ class Fusion(Generic[TrainerT]):
         steps: eagerly those steps run the runs that still have one (no compute wasted);
         with CUDA graphs the one captured step runs every run, the others masked off
         (a launch-bound GPU step costs the same, and the profile measured that step). A
-        fallback during the epoch fuses again (or not), maybe without a member that left:
+        fallback during the epoch fuses again (or not), maybe without a trial that left:
         each step reads the current fused unit, and runs outside it step alone."""
         host = self.host
         cfg, device = host.config, host.device
@@ -319,7 +319,7 @@ class Fusion(Generic[TrainerT]):
         n_ok = torch.zeros(len(runs), dtype=F32, device=device)
         layout: tuple[FusedFolds | None, list[int], torch.Tensor | None] = (None, [], None)
         for i in range(n_steps):
-            members = tuple(
+            stepping = tuple(  # the runs with a batch at step i
                 m
                 for m, count in enumerate(counts)
                 if count > i and id(owners[m]) not in self.stopped
@@ -330,8 +330,8 @@ class Fusion(Generic[TrainerT]):
             if current is not layout[0]:
                 layout = _layout(current, runs, device)
             _, slot_of, by_slot = layout  # fused slot per run (-1: outside); runs by slot
-            inside = tuple(m for m in members if slot_of[m] >= 0)
-            for m in members:
+            inside = tuple(m for m in stepping if slot_of[m] >= 0)
+            for m in stepping:
                 if slot_of[m] < 0:
                     run = runs[m]
                     batch = run.data.batch(times[m, i])
@@ -354,7 +354,7 @@ class Fusion(Generic[TrainerT]):
                     loss_sum.index_add_(0, by_slot, torch.where(ok, loss, 0.0))
                     n_ok.index_add_(0, by_slot, ok.to(F32))
             for trainer in dict.fromkeys(owners):
-                stepped = sum(1 for m in members if owners[m] is trainer)
+                stepped = sum(1 for m in stepping if owners[m] is trainer)
                 if not stepped:
                     continue
                 try:
@@ -367,7 +367,7 @@ class Fusion(Generic[TrainerT]):
         return list(zip(loss_sum.unbind(), n_ok.unbind(), strict=True))
 
     def _fused_step(self, fused: FusedFolds) -> StepRunner:
-        """The step of every member, those ``active`` leaves out masked off (built again
+        """The step of every slot, those ``active`` leaves out masked off (built again
         after a fallback dropped it)."""
         if fused.step is None:
             host = self.host
@@ -387,20 +387,20 @@ class Fusion(Generic[TrainerT]):
             )
         return fused.step
 
-    def _subset_step(self, fused: FusedFolds, members: tuple[int, ...]) -> StepRunner:
-        """The eager step of ``members`` only (the runs that still have batches), one
-        runner per set of members, kept across epochs."""
-        runner = fused.subset_steps.get(members)
+    def _subset_step(self, fused: FusedFolds, slots: tuple[int, ...]) -> StepRunner:
+        """The eager step of ``slots`` only (the runs that still have batches), one
+        runner per set of slots, kept across epochs."""
+        runner = fused.subset_steps.get(slots)
         if runner is None:
             device = self.host.device
-            index = torch.tensor(members, device=device)
+            index = torch.tensor(slots, device=device)
             active = torch.zeros(fused.k, dtype=torch.bool, device=device)
             active[index] = True
 
             def step(times: torch.Tensor) -> StepResult:
                 return self.fused_step(fused, times, index, active)
 
-            label = f"folds {list(members)} fused"
+            label = f"folds {list(slots)} fused"
             host = self.host
             runner = StepRunner(
                 label,
@@ -411,27 +411,27 @@ class Fusion(Generic[TrainerT]):
                 family=host.family.name,
                 cuda_graphs=host.config.cuda_graphs,
             )
-            fused.subset_steps[members] = runner
+            fused.subset_steps[slots] = runner
         return runner
 
     def fused_step(
         self,
         fused: FusedFolds,
         times: torch.Tensor,
-        members: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
         active: torch.Tensor | None = None,
     ) -> StepResult:
-        """One step of every member on its minibatch at ``times[k]`` (``(K, B)``); a member
-        ``active`` (``(K,)``) leaves out takes no step and counts no skip. With ``members``
+        """One step of every slot on its minibatch at ``times[k]`` (``(K, B)``); a slot
+        ``active`` (``(K,)``) leaves out takes no step and counts no skip. With ``slots``
         (indices, ``times`` then ``(M, B)``) only those compute at all. Loss and ok are
         ``(K,)``."""
         host = self.host
-        batch = fused.data.batch(times, members)
+        batch = fused.data.batch(times, slots)
         with host.policy.autocast():
-            losses = fused.model.loss(batch, members)
-        if members is not None:
-            every = losses.new_zeros(fused.k)  # a member left out: loss 0, no gradient
-            losses = every.index_copy(0, members, losses)
+            losses = fused.model.loss(batch, slots)
+        if slots is not None:
+            every = losses.new_zeros(fused.k)  # a slot left out: loss 0, no gradient
+            losses = every.index_copy(0, slots, losses)
         return host.policy.backward_and_step(
             losses, fused.optimizer, fused.guard, host.config.grad_clip, fused.scaler, active=active
         )
@@ -455,8 +455,8 @@ def _layout(
     return fused, slot_of, torch.tensor(order, device=device)
 
 
-def _per_member(values: list[float]) -> float | list[float]:
-    """One value when every member has it (the optimizer's scalar path), else a list."""
+def _per_slot(values: list[float]) -> float | list[float]:
+    """One value when every slot has it (the optimizer's scalar path), else a list."""
     return values[0] if all(v == values[0] for v in values) else values
 
 
@@ -468,7 +468,7 @@ def fuse_plan(
         return False, "trainer.fuse is off"
     if not family.fuses:
         why = (
-            "its environments and replay have no member dimension"
+            "its environments and replay have no slot dimension"
             if family.kind == "rl"
             else "Family.fusable is False"
         )

@@ -67,10 +67,10 @@ class _Region:
 class _Arena:
     """Flat state and scratch of one (param group, device).
 
-    Every arena has ``rows`` rows: one per member for an optimizer over stacked members
-    (``GuardedAdamW(members=K)``: each parameter is ``(K, ...)``, row k holds member k's
+    Every arena has ``rows`` rows: one per slot for an optimizer over a fused stack
+    (``GuardedAdamW(n_slots=K)``: each parameter is ``(K, ...)``, row k holds slot k's
     elements), one otherwise. Per-element ops run on ``(rows, total)`` tensors, and
-    per-member factors (the skip mask, the gradient scale, lr and weight decay) are
+    per-slot factors (the skip mask, the gradient scale, lr and weight decay) are
     ``(rows, 1)`` columns broadcast over a row.
     """
 
@@ -85,8 +85,8 @@ class _Arena:
         device = params[0].device
         sd = optimizer.state_dtype
         self.device = device
-        self.members = optimizer.members
-        rows = max(1, self.members)
+        self.n_slots = optimizer.n_slots
+        rows = max(1, self.n_slots)
         self.rows = rows
         # Regions in a fixed order: exact (f32) first, then one per low-precision dtype.
         buckets: dict[tuple[torch.dtype, str], list[torch.Tensor]] = {}
@@ -103,7 +103,7 @@ class _Arena:
         ordered = sorted(buckets.items(), key=lambda kv: (kv[0][1] != "exact", str(kv[0])))
         self.params = [p for _, ps in ordered for p in ps]
         n = len(self.params)
-        sizes = [_row_numel(p, self.members) for p in self.params]
+        sizes = [_row_numel(p, self.n_slots) for p in self.params]
         total = sum(sizes)
         self.n, self.total = n, total
 
@@ -112,14 +112,14 @@ class _Arena:
         steps = torch.zeros((rows, n), dtype=sd, device=device)
         self.moments, self.steps = moments, steps
         self.exp_avg, self.exp_avg_sq = moments[0], moments[1]
-        # A parameter's step count: 0-d, or (K,) across the members.
-        self.step_views = list(steps.unbind(1)) if self.members else list(steps[0].unbind())
+        # A parameter's step count: 0-d, or (K,) across the slots.
+        self.step_views = list(steps.unbind(1)) if self.n_slots else list(steps[0].unbind())
         # Scratch: gradients in f32, the two ratios m/b1 and v/b2, the spread bias terms.
         self.grad = torch.zeros((rows, total), dtype=sd, device=device)
         self.ratio = torch.zeros((2, rows, total), dtype=sd, device=device)
         self.update, self.denom = self.ratio[0], self.ratio[1]
         self.bias = torch.zeros((2, rows, total), dtype=sd, device=device)
-        # Bias corrections per parameter (and member): b1^s and b2^s are computed in place
+        # Bias corrections per parameter (and slot): b1^s and b2^s are computed in place
         # in ``powers`` (0-d views, so the scalar pow kernel of the per-parameter code),
         # then 1 - powers is spread over each parameter's elements by ``owner``.
         self.safe_steps = torch.ones((rows, n), dtype=sd, device=device)  # max(step, 1)
@@ -136,25 +136,25 @@ class _Arena:
         offset = 0
         index = 0
         for (dtype, rule), ps in ordered:
-            size = sum(_row_numel(p, self.members) for p in ps)
+            size = sum(_row_numel(p, self.n_slots) for p in ps)
             region = _Region(dtype, rule, ps, offset, offset + size)
             region_grad = self.grad[:, offset : offset + size]
             region_update = self.update[:, offset : offset + size]
-            region.grad_views = _split(region_grad, ps, self.members)
+            region.grad_views = _split(region_grad, ps, self.n_slots)
             region.update_flat = region_update
-            region.update_views = _split(region_update, ps, self.members)
+            region.update_views = _split(region_update, ps, self.n_slots)
             if rule == "kahan":
                 region.compensation = torch.zeros((rows, size), dtype=dtype, device=device)
                 region.rounded = torch.zeros((rows, size), dtype=dtype, device=device)
-                region.rounded_views = _split(region.rounded, ps, self.members)
+                region.rounded_views = _split(region.rounded, ps, self.n_slots)
                 region.carry = torch.zeros((rows, size), dtype=sd, device=device)
             if (
                 rule == "kahan"
                 or (_any(group["weight_decay"]) and rule != "exact")
-                or _per_member(group["weight_decay"])
+                or _per_slot(group["weight_decay"])
             ):
                 region.before = torch.zeros((rows, size), dtype=sd, device=device)
-                region.before_views = _split(region.before, ps, self.members)
+                region.before_views = _split(region.before, ps, self.n_slots)
             self._adopt_state(optimizer, region, index)
             self.regions.append(region)
             offset += size
@@ -166,12 +166,12 @@ class _Arena:
 
     def _adopt_state(self, optimizer: GuardedAdamW, region: _Region, index: int) -> None:
         """Copy existing state values into the arenas and point the state entries at them."""
-        exp_avg = _split(self.exp_avg[:, region.start : region.stop], region.params, self.members)
+        exp_avg = _split(self.exp_avg[:, region.start : region.stop], region.params, self.n_slots)
         exp_avg_sq = _split(
-            self.exp_avg_sq[:, region.start : region.stop], region.params, self.members
+            self.exp_avg_sq[:, region.start : region.stop], region.params, self.n_slots
         )
         comp_views = (
-            _split(region.compensation, region.params, self.members)
+            _split(region.compensation, region.params, self.n_slots)
             if region.compensation is not None
             else None
         )
@@ -192,7 +192,7 @@ class _Arena:
 
     def set_hyper(self, group: dict) -> None:
         """Device constants for the current lr/betas/weight decay (rebuilt only when they
-        change); lr and weight decay may be one value per member."""
+        change); lr and weight decay may be one value per slot."""
         beta1, beta2 = group["betas"]
         hyper = (
             _values(group["lr"], self.rows, "lr"),
@@ -229,7 +229,7 @@ class _Arena:
             torch.tensor(decays, dtype=sd, device=self.device).unsqueeze(-1)
             if len(set(decays)) > 1
             else None
-        )  # (rows, 1) when the members' weight decays differ
+        )  # (rows, 1) when the slots' weight decays differ
         self.beta_rows[0].fill_(beta1)
         self.beta_rows[1].fill_(beta2)
 
@@ -243,53 +243,53 @@ class _Arena:
         self.gathered = True
 
     def column(self, factor: torch.Tensor) -> torch.Tensor:
-        """A 0-d or per-member ``(K,)`` factor shaped to broadcast over the rows."""
+        """A 0-d or per-slot ``(K,)`` factor shaped to broadcast over the rows."""
         return factor.view(-1, 1) if factor.dim() else factor
 
 
-def _row_numel(p: torch.Tensor, members: int) -> int:
-    """Elements of ``p`` in one row: one member's slice, or the whole parameter."""
-    if not members:
+def _row_numel(p: torch.Tensor, n_slots: int) -> int:
+    """Elements of ``p`` in one row: one slot's slice, or the whole parameter."""
+    if not n_slots:
         return p.numel()
-    if p.dim() == 0 or p.shape[0] != members:
+    if p.dim() == 0 or p.shape[0] != n_slots:
         raise ValueError(
-            f"an optimizer over {members} members needs parameters of shape ({members}, ...), "
+            f"an optimizer over {n_slots} slots needs parameters of shape ({n_slots}, ...), "
             f"got {tuple(p.shape)}"
         )
     return p[0].numel()
 
 
 def _any(value: Any) -> bool:
-    return any(_values(value, 1, "weight_decay")) if _per_member(value) else bool(value)
+    return any(_values(value, 1, "weight_decay")) if _per_slot(value) else bool(value)
 
 
-def _per_member(value: Any) -> bool:
+def _per_slot(value: Any) -> bool:
     return isinstance(value, list | tuple | torch.Tensor) and len(set(_values(value, 1, ""))) > 1
 
 
 def _values(value: Any, rows: int, name: str) -> tuple[float, ...]:
-    """A hyperparameter as one float per row: a number for every row, or one per member."""
+    """A hyperparameter as one float per row: a number for every row, or one per slot."""
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     if isinstance(value, list | tuple):
         values = tuple(float(v) for v in value)
         if rows > 1 and len(values) != rows:
-            raise ValueError(f"{name} has {len(values)} values for {rows} members")
+            raise ValueError(f"{name} has {len(values)} values for {rows} slots")
         return values
     return (float(value),) * rows
 
 
-def _state_shape(key: str, p: torch.Tensor, members: int = 0) -> torch.Size:
+def _state_shape(key: str, p: torch.Tensor, n_slots: int = 0) -> torch.Size:
     if key == "step":
-        return torch.Size([members]) if members else torch.Size([])
+        return torch.Size([n_slots]) if n_slots else torch.Size([])
     return p.shape
 
 
-def _split(flat: torch.Tensor, params: list[torch.Tensor], members: int = 0) -> list[torch.Tensor]:
+def _split(flat: torch.Tensor, params: list[torch.Tensor], n_slots: int = 0) -> list[torch.Tensor]:
     """Views of ``flat`` (rows, size) shaped like each parameter, in order."""
     views, offset = [], 0
     for p in params:
-        size = _row_numel(p, members)
+        size = _row_numel(p, n_slots)
         views.append(flat[:, offset : offset + size].view(p.shape))
         offset += size
     return views
@@ -310,11 +310,11 @@ class GuardedAdamW:
     a guarded step reads every gradient once. The gathered f32 copy is what ``step`` uses;
     the parameters' ``.grad`` tensors are left as they are.
 
-    ``members=K`` (fused members): every parameter is K members' stacked ``(K, ...)``
+    ``n_slots=K`` (a fused stack): every parameter is K slots' stacked ``(K, ...)``
     tensor, and the optimizer is K independent AdamWs in one: :meth:`grad_norm` returns
-    each member's norm ``(K,)``, ``ok`` and ``grad_scale`` may be ``(K,)`` (a member whose
+    each slot's norm ``(K,)``, ``ok`` and ``grad_scale`` may be ``(K,)`` (a slot whose
     ``ok`` is False is left exactly as it was), a group's ``lr`` and ``weight_decay`` may
-    be K values, and ``state[p]["step"]`` is ``(K,)``. :meth:`member_state` is member k's
+    be K values, and ``state[p]["step"]`` is ``(K,)``. :meth:`slot_state` is slot k's
     state in the unstacked layout.
 
     ``params`` is an iterable of parameters or of param-group dicts, as for torch's
@@ -332,14 +332,14 @@ class GuardedAdamW:
         kahan: bool = True,
         *,
         state_dtype: torch.dtype,
-        members: int = 0,
+        n_slots: int = 0,
     ) -> None:
         for value in _values(lr, 1, "lr"):
             if value <= 0 or not math.isfinite(value):
                 raise ValueError(f"lr must be a positive finite number, got {lr}")
-        if members < 0:
-            raise ValueError(f"members must be >= 0, got {members}")
-        self.members = members
+        if n_slots < 0:
+            raise ValueError(f"n_slots must be >= 0, got {n_slots}")
+        self.n_slots = n_slots
         self.defaults: dict[str, Any] = {
             "lr": lr,
             "betas": betas,
@@ -396,16 +396,16 @@ class GuardedAdamW:
     @torch.no_grad()
     def grad_norm(self) -> torch.Tensor:
         """Global L2 norm of all gradients, in ``state_dtype`` (gathers them); one per
-        member, ``(K,)``, with ``members=K``."""
+        slot, ``(K,)``, with ``n_slots=K``."""
         norms = []
         for _, arena in self._current_arenas():
             arena.gather()
-            if self.members:
+            if self.n_slots:
                 norms.append(torch.linalg.vector_norm(arena.grad, dim=1))
             else:
                 norms.append(torch.linalg.vector_norm(arena.grad))
         if not norms:
-            shape = (self.members,) if self.members else ()
+            shape = (self.n_slots,) if self.n_slots else ()
             return torch.zeros(shape, dtype=self.state_dtype)
         if len(norms) == 1:
             return norms[0]
@@ -502,7 +502,7 @@ class GuardedAdamW:
                 raise ValueError(f"parameter {index} of the state dict: {what}")
             p = by_index[index]
             for key, value in values.items():
-                shape, wanted = torch.as_tensor(value).shape, _state_shape(key, p, self.members)
+                shape, wanted = torch.as_tensor(value).shape, _state_shape(key, p, self.n_slots)
                 if shape != wanted:
                     raise ValueError(
                         f"parameter {index} of the state dict: {key} has shape "
@@ -556,7 +556,7 @@ class GuardedAdamW:
         for region in a.regions:
             if region.before is not None:
                 torch._foreach_copy_(region.before_views, region.params)
-        if a.decay is not None:  # the members' weight decays differ: every region has ``before``
+        if a.decay is not None:  # the slots' weight decays differ: every region has ``before``
             for region in a.regions:
                 region.update_flat.addcmul_(region.before, a.decay)  # type: ignore[union-attr,arg-type]
         elif wd:
@@ -570,15 +570,15 @@ class GuardedAdamW:
             _apply(region, region.update_flat)  # type: ignore[arg-type]
 
     # -- views for checks and the fallback -------------------------------------------------
-    def member_state(
+    def slot_state(
         self, k: int, params: Iterable[tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
-        """Member k's state, keyed by its own parameters: ``params`` pairs each stacked
-        parameter with the member's tensor it stands for. The values are views of this
+        """Slot k's state, keyed by its module's parameters: ``params`` pairs each stacked
+        parameter with the slot's tensor it stands for. The values are views of this
         optimizer's state (what a checkpoint writes and a restore copies into); take them
         again after a step that rebuilt the arenas."""
-        if not self.members:
-            raise ValueError("member_state needs an optimizer over stacked members")
+        if not self.n_slots:
+            raise ValueError("slot_state needs an optimizer over a fused stack")
         return {
             own: {key: value[k] for key, value in self.state[stacked].items()}
             for stacked, own in params

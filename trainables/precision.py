@@ -124,26 +124,26 @@ class StepGuard:
     ``longest_streak`` is the longest run of consecutive skips seen since the last
     :meth:`reset_streak`; reading it once per logging interval is enough to decide a
     fallback, because skipped steps leave the weights untouched. The three counters are
-    views of one int64 tensor, so a step updates them with three ops. With ``members=K``
-    each counter is ``(K,)``, one per fused member, and :meth:`member` is member k's
+    views of one int64 tensor, so a step updates them with three ops. With ``n_slots=K``
+    each counter is ``(K,)``, one per fused slot, and :meth:`slot` is slot k's
     guard (views of the same counters).
     """
 
     device: torch.device
-    members: int = 0
+    n_slots: int = 0
     skipped: torch.Tensor = field(init=False)
     streak: torch.Tensor = field(init=False)
     longest_streak: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         i64 = torch.int64
-        column = (self.members,) if self.members else ()
+        column = (self.n_slots,) if self.n_slots else ()
         self._counts = torch.zeros((3, *column), dtype=i64, device=self.device)
         self.skipped, self.streak, self.longest_streak = self._counts.unbind()
         # counts <- counts * keep + add: (skipped, 0, longest) on a clean step,
-        # (skipped + 1, streak + 1, longest) on a skip, as they were for an idle member;
+        # (skipped + 1, streak + 1, longest) on a skip, as they were for an idle slot;
         # then longest = max(longest, streak).
-        rule_shape = (6, 1) if self.members else (6,)
+        rule_shape = (6, 1) if self.n_slots else (6,)
         self._clean = torch.tensor([1, 0, 1, 0, 0, 0], dtype=i64, device=self.device)
         self._skip = torch.tensor([1, 1, 1, 1, 1, 0], dtype=i64, device=self.device)
         self._idle = torch.tensor([1, 1, 1, 0, 0, 0], dtype=i64, device=self.device)
@@ -154,7 +154,7 @@ class StepGuard:
         self._keep, self._add = self._rule[:3], self._rule[3:]
 
     def record(self, ok: torch.Tensor, active: torch.Tensor | None = None) -> None:
-        """Count a step: ``ok`` (0-d, or ``(K,)``) False is a skip, except for members
+        """Count a step: ``ok`` (0-d, or ``(K,)``) False is a skip, except for slots
         ``active`` leaves out (they took no step and count nothing)."""
         if active is None:
             torch.where(ok, self._clean, self._skip, out=self._rule)
@@ -169,12 +169,12 @@ class StepGuard:
         self.streak.zero_()
         self.longest_streak.zero_()
 
-    def member(self, k: int) -> StepGuard:
-        """Member k's guard: 0-d views of these counters (reads, checkpoints, restores)."""
-        if not self.members:
-            raise ValueError("member() needs a guard over fused members")
+    def slot(self, k: int) -> StepGuard:
+        """Slot k's guard: 0-d views of these counters (reads, checkpoints, restores)."""
+        if not self.n_slots:
+            raise ValueError("slot() needs a guard over fused slots")
         view = object.__new__(StepGuard)
-        view.device, view.members = self.device, 0
+        view.device, view.n_slots = self.device, 0
         view._counts = self._counts[:, k]
         view.skipped, view.streak, view.longest_streak = view._counts.unbind()
         return view
@@ -205,17 +205,17 @@ class LossScaler:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
-    members: int = 0  # K > 0: one scale per fused member, (K,)
+    n_slots: int = 0  # K > 0: one scale per fused slot, (K,)
     scale: torch.Tensor = field(init=False)
     clean_steps: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        shape = (self.members,) if self.members else ()
+        shape = (self.n_slots,) if self.n_slots else ()
         self.scale = torch.full(shape, self.init_scale, dtype=F32, device=self.device)
         self.clean_steps = torch.zeros(shape, dtype=torch.int64, device=self.device)
 
     def update(self, ok: torch.Tensor, active: torch.Tensor | None = None) -> None:
-        """After a step: grow, keep or back off the scale; members ``active`` leaves out
+        """After a step: grow, keep or back off the scale; slots ``active`` leaves out
         (they took no step) keep theirs and their clean-step count."""
         before = self.clean_steps.clone() if active is not None else None
         # clean_steps = (clean_steps + 1) if ok else 0, as ok + clean_steps * ok
@@ -229,13 +229,13 @@ class LossScaler:
         self.scale.mul_(factor)
         self.clean_steps.masked_fill_(grow, 0)
 
-    def member(self, k: int) -> LossScaler:
-        """Member k's scaler: 0-d views of this one's tensors."""
-        if not self.members:
-            raise ValueError("member() needs a scaler over fused members")
+    def slot(self, k: int) -> LossScaler:
+        """Slot k's scaler: 0-d views of this one's tensors."""
+        if not self.n_slots:
+            raise ValueError("slot() needs a scaler over fused slots")
         view = object.__new__(LossScaler)
         view.__dict__.update(self.__dict__)
-        view.members, view.scale, view.clean_steps = 0, self.scale[k], self.clean_steps[k]
+        view.n_slots, view.scale, view.clean_steps = 0, self.scale[k], self.clean_steps[k]
         return view
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -312,22 +312,22 @@ class PrecisionPolicy:
         params: Iterable[nn.Parameter],
         lr: float | Sequence[float],
         weight_decay: float | Sequence[float] = 0.0,
-        members: int = 0,
+        n_slots: int = 0,
     ) -> GuardedAdamW:
-        """The guarded AdamW with f32 moments; ``members=K`` for K stacked members (lr and
-        weight decay then may be one value per member)."""
+        """The guarded AdamW with f32 moments; ``n_slots=K`` for a fused stack of K (lr
+        and weight decay then may be one value per slot)."""
         optimizer = GuardedAdamW(
             params,
             lr=lr,  # type: ignore[arg-type]
             weight_decay=weight_decay,  # type: ignore[arg-type]
             kahan=True,
             state_dtype=F32,
-            members=members,
+            n_slots=n_slots,
         )
         optimizer.init_state()
         return optimizer
 
-    def make_scaler(self, members: int = 0) -> LossScaler | None:
+    def make_scaler(self, n_slots: int = 0) -> LossScaler | None:
         return None
 
     def backward_and_step(
@@ -345,9 +345,9 @@ class PrecisionPolicy:
         autograd casts it down where the forward ran in bf16). Nothing here reads a tensor
         on the host, and the op count does not grow with the number of parameters.
 
-        Fused members: ``loss`` is ``(K,)``, one per member, and the optimizer, guard and
-        scaler are over K members; each member is clipped, scaled and skipped on its own
-        (its gradients are its loss's alone), and a member ``active`` (``(K,)`` bool)
+        Fused slots: ``loss`` is ``(K,)``, one per slot, and the optimizer, guard and
+        scaler are over K slots; each slot is clipped, scaled and skipped on its own
+        (its gradients are its loss's alone), and a slot ``active`` (``(K,)`` bool)
         leaves out takes no step and counts no skip.
         """
         loss32 = loss if loss.dtype == F32 else loss.float()
@@ -355,10 +355,10 @@ class PrecisionPolicy:
         seed = scale if scale is not None or loss32.dim() == 0 else self._ones(loss32)
         with _float32_matmul(self.device, self.allow_tf32):
             # Seeding backward with the scale gives exactly the gradients of loss * scale
-            # (per member: each member's loss times its own scale).
+            # (per slot: each slot's loss times its own scale).
             loss32.backward(seed)
         with torch.no_grad():
-            grad_norm = optimizer.grad_norm()  # f32 L2 norm over every gradient (per member)
+            grad_norm = optimizer.grad_norm()  # f32 L2 norm over every gradient (per slot)
             if scale is not None:
                 grad_norm = grad_norm / scale
             # grad_norm + 0 * loss is NaN when the loss is inf/NaN: one test for both.
@@ -374,7 +374,7 @@ class PrecisionPolicy:
         return StepResult(loss=loss32.detach(), grad_norm=grad_norm, ok=ok)
 
     def _ones(self, like: torch.Tensor) -> torch.Tensor:
-        """The backward seed of a per-member loss (cached: nothing allocated per step)."""
+        """The backward seed of a per-slot loss (cached: nothing allocated per step)."""
         seed = self._seeds.get(tuple(like.shape))
         if seed is None:
             seed = self._seeds[tuple(like.shape)] = torch.ones_like(like)
@@ -439,8 +439,8 @@ class FP16MixedPolicy(PrecisionPolicy):
     name = "fp16-mixed"
     autocast_dtype = FP16
 
-    def make_scaler(self, members: int = 0) -> LossScaler:
-        return LossScaler(self.device, members=members)
+    def make_scaler(self, n_slots: int = 0) -> LossScaler:
+        return LossScaler(self.device, n_slots=n_slots)
 
 
 _POLICIES: dict[str, type[PrecisionPolicy]] = {

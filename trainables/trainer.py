@@ -111,7 +111,7 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
         # Fused after the restore: a checkpoint holds each fold apart, fused or not. A
-        # group (trainables.group) fuses its members' folds instead: fuse=False.
+        # group trial (trainables.group) fuses its trials' folds instead: fuse=False.
         self.fusion = Fusion([self])
         if fuse:
             self.fusion.fuse()
@@ -221,7 +221,7 @@ class Trainer:
         """After an epoch's training (``loss_sums`` per fold): act on divergence, validate
         every fold, test with the last, record the epoch's metrics. ``train_seconds`` and
         the clocks since ``started`` / ``cpu_started`` are this trainer's share (a group
-        splits its fused training time among its members)."""
+        trial splits its fused training time among its trials)."""
         self._check_divergence()
         steps = self.global_step - steps_before
 
@@ -390,7 +390,7 @@ class Trainer:
         self.fell_back_to_f32 = True
         self.fallback_epoch = self.epoch + 1
         if len(fusion.trainers) > 1:
-            fusion.leave(self)  # a group's member goes on alone, in f32; the rest fuse again
+            fusion.leave(self)  # a grouped trial goes on alone, in f32; the rest fuse again
         else:
             fusion.fuse_again()
 
@@ -439,7 +439,7 @@ class Trainer:
             "peak_mem_mb": self.memory.peak_mb(),
             "fell_back_to_f32": int(self.fell_back_to_f32),
             "cuda_graphs": int(self.cuda_graphs),
-            "fused_members": self.fused.k if self.fused is not None else 0,
+            "fused_folds": self.fused.k if self.fused is not None else 0,
         }
 
     # ------------------------------------------------------------------------------------
@@ -544,12 +544,12 @@ class Trainer:
                 opt_state = run.optimizer.state.get(p)
                 if not opt_state:
                     continue
-                for key, slot in opt_state.items():
+                for key, value in opt_state.items():
                     stored = ckpt.optim.get(f"{prefix}{name}.{key}")
                     if stored is not None:
-                        slot.copy_(stored.to(slot.dtype))
+                        value.copy_(stored.to(value.dtype))
                     elif key == "compensation":
-                        slot.zero_()
+                        value.zero_()
             run.guard.load_state_dict(
                 {
                     k: _require(ckpt, ckpt.optim, f"{prefix}guard.{k}", "optim.safetensors")

@@ -90,11 +90,11 @@ def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
 
 
 @pytest.mark.slow
-def test_step_ops_members_compares_a_fused_trial_step_with_the_folds_one_by_one() -> None:
-    """bench/step_ops.py --members 1 2 --smoke: kan at K = 1 and 2; fusing two folds runs
+def test_step_ops_slots_compares_a_fused_trial_step_with_the_folds_one_by_one() -> None:
+    """bench/step_ops.py --slots 1 2 --smoke: kan at K = 1 and 2; fusing two folds runs
     fewer ops than stepping them one after another (a tiny kan step: about 0.54x)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--members", "1", "2", "--smoke"],
+        [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--slots", "1", "2", "--smoke"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -431,14 +431,14 @@ def test_the_bench_sweep_counts_trials_admitted_together_whose_runs_did_not_over
     assert time.monotonic() - started >= 0.3  # it held its share for the whole hold
 
 
-def test_benchmark_times_fused_members_against_the_folds_one_by_one(tmp_path: Path) -> None:
-    """The GPU run's fused-member rows, on CPU with smoke sizes: one row per K, both sides
+def test_benchmark_times_fused_slots_against_the_folds_one_by_one(tmp_path: Path) -> None:
+    """The GPU run's fused-slot rows, on CPU with smoke sizes: one row per K, both sides
     timed, written with the others."""
     bench = load_bench()
-    args = ["--smoke", "--families", "tft", "--members", "1", "2", "--seconds", "0.05"]
+    args = ["--smoke", "--families", "tft", "--slots", "1", "2", "--seconds", "0.05"]
     report = bench.main([*args, "--out", str(tmp_path)])
-    rows = json.loads((tmp_path / "gpu_packing.json").read_text())["members"]
-    assert rows == report["members"] and [r["members"] for r in rows] == [1, 2]
+    rows = json.loads((tmp_path / "gpu_packing.json").read_text())["fused"]
+    assert rows == report["fused"] and [r["slots"] for r in rows] == [1, 2]
     for row in rows:
         assert row["family"] == "tft" and row["precision"] == "f32"
         assert row["ms_per_trial_step_fused"] > 0 and row["ms_per_trial_step_unfused"] > 0

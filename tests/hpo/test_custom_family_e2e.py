@@ -63,7 +63,7 @@ def test_a_family_from_outside_is_swept_compared_ensembled_and_served(tmp_path: 
     runs = trial_runs(payload["tracking_uri"], "desk")
     assert sorted(r.data.tags[TAG_MODEL] for r in runs) == sorted([REFERENCE] * 2 + ["kan"] * 2)
     desk_runs = [r for r in runs if r.data.tags[TAG_MODEL] == REFERENCE]
-    assert all(r.data.metrics["fused_members"] == 2 for r in desk_runs)  # its folds fused
+    assert all(r.data.metrics["fused_folds"] == 2 for r in desk_runs)  # its folds fused
 
     compared = hpo("compare", "--experiment", "desk", "--tracking-uri", payload["tracking_uri"])
     assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]

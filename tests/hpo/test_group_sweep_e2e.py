@@ -80,7 +80,7 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     members = sorted((r.data.tags["precision"], r.data.tags["seed"]) for r in runs)
     assert members == [(p, s) for p in ("bf16", "f32") for s in ("0", "1", "2")]
     assert all(r.info.status == "FINISHED" for r in runs)
-    assert all(r.data.metrics["fused_members"] == 6 for r in runs)  # 3 members x 2 folds
+    assert all(r.data.metrics["fused_folds"] == 6 for r in runs)  # 3 trials x 2 folds
     assert len({r.data.tags["trial_id"] for r in runs}) == 6
     assert len({r.data.tags["hpo.group_id"] for r in runs}) == 2  # the Tune trial each ran in
 

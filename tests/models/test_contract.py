@@ -45,7 +45,6 @@ from models.base import (
 )
 from tests.models.learning import LEARNING
 from trainables.contract import PRECISIONS, check_learning, check_precision
-from trainables.members import setting_buffers
 from trainables.precision import (
     BF16,
     F32,
@@ -54,6 +53,7 @@ from trainables.precision import (
     get_policy,
     keep_f32_names,
 )
+from trainables.stacked import setting_buffers
 
 # Small configurations of every family (a few thousand parameters), fast on one CPU thread.
 TINY: dict[str, dict[str, Any]] = {name: dict(get_family(name).tiny) for name in family_names()}
@@ -566,7 +566,7 @@ def test_policy_loss_is_finite_and_close_to_f32(case: str, policy_name: str) -> 
 
 
 # --------------------------------------------------------------------------------------
-# shape settings: what fused members must share
+# shape settings: what fused slots must share
 
 
 def _structure(module: torch.nn.Module) -> list[tuple[str, str, tuple[int, ...], str]]:
@@ -587,9 +587,9 @@ def _values(dim: Any) -> list[Any]:
 
 @pytest.mark.parametrize("model", family_names())
 def test_settings_that_change_a_modules_shape_are_declared(model: str) -> None:
-    """Fused members share one module's shapes: a search-space setting that changes a
+    """Fused slots share one module's shapes: a search-space setting that changes a
     parameter's or buffer's shape or dtype, or a submodule, is in ``Family.shape_settings``
-    (every other one may differ between members). Each setting is tried at its range's
+    (every other one may differ between slots). Each setting is tried at its range's
     ends and middle (every option of a choice) over the tiny configuration."""
     family = get_family(model)
     shape = DataShape(n_features=6, lookback=16, n_assets=2)
@@ -610,12 +610,12 @@ def test_settings_that_change_a_modules_shape_are_declared(model: str) -> None:
 
 
 @pytest.mark.parametrize("model", [m for m in FORECAST if get_family(m).fuses])
-def test_settings_fused_members_read_per_member_are_tensors_no_checkpoint_holds(
+def test_settings_fused_slots_read_per_slot_are_tensors_no_checkpoint_holds(
     model: str,
 ) -> None:
-    """Members may differ in a dropout rate only where every dropout is
+    """Slots may differ in a dropout rate only where every dropout is
     ``models.ops.Dropout`` (a plain ``nn.Dropout`` keeps its rate in Python, the first
-    member's for all). A setting buffer (``setting_buffers``) is 0-d, kept f32 and not
+    slot's for all). A setting buffer (``setting_buffers``) is 0-d, kept f32 and not
     saved: checkpoints stay what they were."""
     family = get_family(model)
     module = family.build(

@@ -131,7 +131,7 @@ def test_check_family_passes_the_example_and_the_same_checks_name_what_breaks(
         ("record", True), ("precision f32", True), ("precision bf16", True),
         ("host reads", True), ("fusion", True),
     ]  # fmt: skip
-    assert good[-1].detail == "2 folds fused (2 members)"
+    assert good[-1].detail == "2 folds fused"
     wide = DESK.replace(
         "class DeskGRU(RegressionHead[DeskGRUConfig]):",
         "class DeskGRU(RegressionHead[DeskGRUConfig]):\n"

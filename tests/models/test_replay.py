@@ -155,7 +155,7 @@ def test_per_sampling_frequencies_follow_priorities() -> None:
     for _ in range(draws):
         sample = replay.sample(batch, beta=0.4)
         counts += torch.bincount(sample.indices, minlength=len(PRIORITIES))
-        # the slot index is stored in the window: sampled contents match their indices
+        # the row index is stored in the window: sampled contents match their indices
         assert torch.equal(sample.obs[0][:, 0, 0].to(torch.int64), sample.indices)
 
     p = (np.array(PRIORITIES) + 1e-6) ** alpha
@@ -212,7 +212,7 @@ def test_circular_writes_and_max_priority_for_new_items() -> None:
     # fresh items start at the initial max priority 1
     torch.testing.assert_close(replay.priority[:3], torch.ones(3))
     replay.update_priorities(torch.tensor([0, 1, 2]), torch.tensor([7.0, 0.25, 2.0]))
-    replay.add(_items([13.0, 14.0, 15.0]))  # slots 3, 4 and wraps to 0
+    replay.add(_items([13.0, 14.0, 15.0]))  # rows 3, 4 and wraps to 0
     assert replay.count == 6 and replay.size == 5
     assert replay.window[:, 0, 0].tolist() == [15.0, 11.0, 12.0, 13.0, 14.0]
     assert replay.next_position.tolist() == pytest.approx([1.15, 1.11, 1.12, 1.13, 1.14])

@@ -148,7 +148,7 @@ def test_a_replayed_step_trains_to_the_eager_numbers(
 
     assert calls == ["cpu"] * captures  # one per step unit, after the warm-up steps
     assert [m["cuda_graphs"] for m in graphed_metrics] == [1, 1]
-    assert [m["fused_members"] for m in graphed_metrics] == [2 if fuse == "on" else 0] * 2
+    assert [m["fused_folds"] for m in graphed_metrics] == [2 if fuse == "on" else 0] * 2
     assert [m["cuda_graphs"] for m in eager_metrics] == [0, 0]
     for a, b in zip(_weights(eager), _weights(graphed), strict=True):
         assert torch.equal(a, b)

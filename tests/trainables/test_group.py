@@ -28,8 +28,8 @@ from trainables.checkpoint import load_checkpoint
 from trainables.config import DataConfig, TrainConfig
 from trainables.fold_run import TrialDiverged
 from trainables.group import TrainerGroup, group_problems
-from trainables.members import StackedModules
 from trainables.precision import F32
+from trainables.stacked import StackedModules
 from trainables.trainer import Trainer
 
 
@@ -74,7 +74,7 @@ def test_each_member_trains_as_its_own_trial_alone(family: str) -> None:
         alone_history = alone.fit()
         assert member.global_step == alone.global_step == 24  # 2 folds x 6 steps x 2 epochs
         assert _relative(_weights(alone), _weights(member)) < 1e-5, config.seed
-        assert [h["fused_members"] for h in history] == [8, 8]
+        assert [h["fused_folds"] for h in history] == [8, 8]
         for fold in range(2):
             key = f"val_sharpe_fold{fold}"
             assert history[-1][key] == pytest.approx(alone_history[-1][key], abs=0.01)

@@ -1,22 +1,22 @@
-"""Fused members: K forecast models of one shape trained as one vmapped model.
+"""The fused stack: K forecast models of one shape trained as one vmapped model.
 
 The families are small; on a GPU a training step is hundreds of tiny kernels, launch-bound.
 :class:`StackedModules` holds K same-shape modules' parameters and buffers stacked along a
-leading member dimension and computes every member's loss in one pass
-(``torch.func.functional_call`` under ``vmap``, random numbers drawn per member), so one
+leading dimension, one *slot* k per model, and computes every slot's loss in one pass
+(``torch.func.functional_call`` under ``vmap``, random numbers drawn per slot), so one
 backward of the summed loss and one multi-tensor optimizer step over the stacked
 parameters train all K (:meth:`trainables.precision.PrecisionPolicy.backward_and_step`
-clips, scales and skips each member on its own).
+clips, scales and skips each slot on its own).
 
-The members' own modules stay whole: their parameters and buffers are views of the
-stacked tensors, so evaluation, checkpoints and restores read and write a member exactly
-as an unfused model, and :meth:`StackedModules.release` gives each its own storage again.
-:class:`StackedFolds` stacks the members' data (each fold its own normalization) and
-gathers a minibatch of every member in one indexing op.
+The modules in the slots stay whole: their parameters and buffers are views of the
+stacked tensors, so evaluation, checkpoints and restores read and write a slot's module
+exactly as an unfused model, and :meth:`StackedModules.release` gives each its own storage
+again. :class:`StackedFolds` stacks the slots' data (each fold its own normalization) and
+gathers a minibatch of every slot in one indexing op.
 
-A trial's walk-forward folds are its members (the trainer's ``fuse`` setting); seeds and
-same-shape configurations of a sweep are members too once the sweep groups them.
-Why and what it costs: docs/precision.md, "Fused members".
+A slot holds one fold of one trial: a trial's walk-forward folds fill the slots (the
+trainer's ``fuse`` setting), and a group trial's slots are the folds of all its trials.
+Why and what it costs: docs/precision.md, "Fused slots".
 """
 
 from __future__ import annotations
@@ -46,29 +46,29 @@ class _LossOf(nn.Module):
 class StackedModules(nn.Module):
     """K modules of one shape as one module: each parameter ``(K, ...)``.
 
-    Its parameters are what the optimizer steps (``members=K``); :meth:`loss` is every
-    member's loss on its own minibatch. Built from the members' modules after they are
+    Its parameters are what the optimizer steps (``n_slots=K``); :meth:`loss` is every
+    slot's loss on its own minibatch. Built from the slots' modules after they are
     built, converted to their policy's dtypes and restored: the stacked tensors start as
-    copies of theirs, and the members' tensors become views of them.
+    copies of theirs, and the modules' tensors become views of them.
 
-    The members' tensors are per member; what a module keeps only in Python (a position
-    scale) is the first member's for all of them. A trial's folds share every
-    setting; members that differ in such a setting need it as a tensor: a buffer a module
-    names in ``setting_buffers`` (:class:`models.ops.Dropout`'s rate). Such a buffer goes
-    into the vmap per member only where the members' values differ; where they agree the
-    module reads its own, unbatched, and takes its plain path (``nn.Dropout``'s).
+    The tensors are per slot; what a module keeps only in Python (a position scale) is
+    the first slot's for all of them. A trial's folds share every setting; slots that
+    differ in such a setting (a group trial's trials) need it as a tensor: a buffer a
+    module names in ``setting_buffers`` (:class:`models.ops.Dropout`'s rate). Such a
+    buffer goes into the vmap per slot only where the slots' values differ; where they
+    agree the module reads its own, unbatched, and takes its plain path (``nn.Dropout``'s).
     """
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:
         super().__init__()
         if not modules:
-            raise ValueError("fusing needs at least one member")
+            raise ValueError("fusing needs at least one module")
         shapes = [
             [(n, t.shape, t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())]
             for m in modules
         ]
         if any(s != shapes[0] for s in shapes[1:]):
-            raise ValueError("fused members must have the same parameters, shapes and dtypes")
+            raise ValueError("fused modules must have the same parameters, shapes and dtypes")
         self.k = len(modules)
         params, buffers = stack_module_state(list(modules))
         self.names = list(params)
@@ -76,28 +76,29 @@ class StackedModules(nn.Module):
         self.buffer_names = list(buffers)
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"b{i}", buffers[name])
-        # Settings every member holds at one value: read from the skeleton, not vmapped.
+        # Settings every slot holds at one value: read from the skeleton, not vmapped.
         self.shared_settings = {
             name
             for name in setting_buffers(modules[0])
             if bool((buffers[name] == buffers[name][0]).all())
         }
-        # The members by reference only: registering them would add their parameters
-        # (views of the stacked ones) to this module's.
-        self._members: tuple[nn.Module, ...] = tuple(modules)
+        # The slots' modules by reference only: registering them would add their
+        # parameters (views of the stacked ones) to this module's.
+        self._slot_modules: tuple[nn.Module, ...] = tuple(modules)
         self._loss_of = (_LossOf(modules[0]),)  # the skeleton functional_call reparametrizes
         for k, module in enumerate(modules):
             self._point(k, module)
 
     @property
-    def members(self) -> tuple[nn.Module, ...]:
-        return self._members
+    def slot_modules(self) -> tuple[nn.Module, ...]:
+        """The module in each slot, by slot."""
+        return self._slot_modules
 
     def stacked_buffers(self) -> list[torch.Tensor]:
         return [getattr(self, f"b{i}") for i in range(len(self.buffer_names))]
 
     def _point(self, k: int, module: nn.Module) -> None:
-        """Member k's tensors become views of the stacked ones."""
+        """Slot k's module's tensors become views of the stacked ones."""
         own = dict(module.named_parameters())
         for name, stacked in zip(self.names, self.stacked, strict=True):
             own[name].data = stacked.data[k]
@@ -106,20 +107,20 @@ class StackedModules(nn.Module):
             buffers[name].data = stacked[k]
 
     def pairs(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(stacked parameter, member k's parameter) for each parameter, in order."""
-        own = dict(self._members[k].named_parameters())
+        """(stacked parameter, slot k's module's parameter) for each parameter, in order."""
+        own = dict(self._slot_modules[k].named_parameters())
         return [
             (stacked, own[name]) for name, stacked in zip(self.names, self.stacked, strict=True)
         ]
 
-    def loss(self, batch: Batch, members: torch.Tensor | None = None) -> torch.Tensor:
-        """(K,) losses: member k's on ``batch``'s k-th slice (every field ``(K, ...)``).
-        With ``members`` (indices, ``(M,)``), only those members' losses, ``(M,)``, on a
+    def loss(self, batch: Batch, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """(K,) losses: slot k's on ``batch``'s k-th slice (every field ``(K, ...)``).
+        With ``slots`` (indices, ``(M,)``), only those slots' losses, ``(M,)``, on a
         batch of M slices: the others take no compute (their gradients are zero)."""
         skeleton = self._loss_of[0]
 
         def chosen(t: torch.Tensor) -> torch.Tensor:
-            return t if members is None else t.index_select(0, members)
+            return t if slots is None else t.index_select(0, slots)
 
         params = {"m." + n: chosen(p) for n, p in zip(self.names, self.stacked, strict=True)}
         buffers = {
@@ -128,7 +129,7 @@ class StackedModules(nn.Module):
             if n not in self.shared_settings
         }
 
-        def member_loss(
+        def slot_loss(
             p: dict[str, torch.Tensor],
             b: dict[str, torch.Tensor],
             x: torch.Tensor,
@@ -137,19 +138,19 @@ class StackedModules(nn.Module):
         ) -> torch.Tensor:
             return functional_call(skeleton, (p, b), (x, y, gaps))
 
-        return vmap(member_loss, randomness="different")(
+        return vmap(slot_loss, randomness="different")(
             params, buffers, batch.x, batch.y, batch.gaps
         )
 
     def train(self, mode: bool = True) -> StackedModules:
         super().train(mode)
-        for module in self._members:
+        for module in self._slot_modules:
             module.train(mode)
         return self
 
     def release(self) -> None:
-        """Give every member its own storage again (copies of its current values)."""
-        for module in self._members:
+        """Give every slot's module its own storage again (copies of its current values)."""
+        for module in self._slot_modules:
             for t in (*module.parameters(), *module.buffers()):
                 t.data = t.data.clone()
 
@@ -166,7 +167,7 @@ def setting_buffers(module: nn.Module) -> set[str]:
 
 @dataclass
 class StackedFolds:
-    """The members' fold data stacked: features ``(K, T, A, F)``, targets ``(K, T, A)``
+    """The slots' fold data stacked: features ``(K, T, A, F)``, targets ``(K, T, A)``
     (each fold normalized with its own training statistics), the shared bar gaps."""
 
     features: torch.Tensor
@@ -178,7 +179,7 @@ class StackedFolds:
         self._windows = self.features.unfold(1, self.lookback, 1)  # (K, T-L+1, A, F, L) view
         self._gap_windows = self.gaps.unfold(0, self.lookback, 1)  # (T-L+1, L) view
         k = self.features.shape[0]
-        self._member = torch.arange(k, device=self.features.device).unsqueeze(1)  # (K, 1)
+        self._slots = torch.arange(k, device=self.features.device).unsqueeze(1)  # (K, 1)
 
     @classmethod
     def stack(cls, folds: Sequence[FoldData]) -> tuple[StackedFolds, list[FoldData]]:
@@ -208,21 +209,21 @@ class StackedFolds:
         ]
         return stacked, views
 
-    def batch(self, t: torch.Tensor, members: torch.Tensor | None = None) -> Batch:
-        """Every member's windows at its decision bars ``t`` ((K, B) int64 on the device):
-        x (K, B, A, L, F), y (K, B, A), gaps (K, B, L); with ``members`` ((M,) indices),
-        those members' windows at ``t`` ((M, B))."""
-        member = self._member if members is None else members.unsqueeze(1)
+    def batch(self, t: torch.Tensor, slots: torch.Tensor | None = None) -> Batch:
+        """Every slot's windows at its decision bars ``t`` ((K, B) int64 on the device):
+        x (K, B, A, L, F), y (K, B, A), gaps (K, B, L); with ``slots`` ((M,) indices),
+        those slots' windows at ``t`` ((M, B))."""
+        slot = self._slots if slots is None else slots.unsqueeze(1)
         start = t - (self.lookback - 1)
-        x = self._windows[member, start].permute(0, 1, 2, 4, 3)
-        return Batch(x=x, y=self.targets[member, t], gaps=self._gap_windows[start])
+        x = self._windows[slot, start].permute(0, 1, 2, 4, 3)
+        return Batch(x=x, y=self.targets[slot, t], gaps=self._gap_windows[start])
 
 
 def epoch_schedule(
     orders: Sequence[torch.Tensor], batch_size: int, max_steps: int | None
 ) -> tuple[torch.Tensor, list[int]]:
-    """One epoch of every member's minibatches, aligned: ``times (K, S, B)`` and each
-    member's step count. Member k takes its own shuffled ``orders[k]`` in batches of
+    """One epoch of every slot's minibatches, aligned: ``times (K, S, B)`` and each
+    slot's step count. Slot k takes its own shuffled ``orders[k]`` in batches of
     ``batch_size`` (a short tail dropped, at most ``max_steps``), as it would unfused; its
     rows past its count repeat its first batch (a masked step may compute on them, none
     applies them)."""

@@ -1,13 +1,13 @@
-"""Fused members (trainables/members.py and the trainer's fused folds): each member trains
+"""Fused slots (trainables/stacked.py and the trainer's fused folds): each slot trains
 exactly as it would alone, up to float rounding, whatever the others do.
 
-* the optimizer over K stacked members is K optimizers, bit for bit (per-member lr,
+* the optimizer over K stacked slots is K optimizers, bit for bit (per-slot lr,
   weight decay, skip mask, gradient scale, Kahan under bf16), and so are the guard's
   counters and the fp16 loss scales;
 * a fused trial's fold k equals the unfused trial's fold k after 20 steps, for the eight
   forecast families under f32, bf16, bf16-mixed and fp16-mixed;
-* a NaN in one member skips that member only;
-* members that differ in a dropout rate each drop at their own;
+* a NaN in one slot skips that slot only;
+* slots that differ in a dropout rate each drop at their own;
 * checkpoints are per fold either way: a fused trial resumes bit-exactly, and fused and
   unfused checkpoints resume in the other mode;
 * where folds cannot fuse, they train one after another and the trainer says why.
@@ -37,9 +37,9 @@ from tests.trainables.helpers import tiny_config
 from trainables import fusion
 from trainables.config import DataConfig, TrainConfig
 from trainables.fusion import fuse_plan
-from trainables.members import StackedFolds, StackedModules, epoch_schedule
 from trainables.optim import GuardedAdamW
 from trainables.precision import BF16, F32, LossScaler, StepGuard, get_policy
+from trainables.stacked import StackedFolds, StackedModules, epoch_schedule
 from trainables.trainer import Trainer
 
 CPU = torch.device("cpu")
@@ -66,13 +66,13 @@ LOW_PRECISION_TOLERANCE = 3e-2
 
 
 # --------------------------------------------------------------------------------------
-# the optimizer, guard and scaler over members
+# the optimizer, guard and scaler over slots
 
 
-def _members_and_singles(
+def _slots_and_singles(
     dtype: torch.dtype, k: int = 3, seed: int = 0
 ) -> tuple[list[nn.Parameter], list[list[nn.Parameter]]]:
-    """Stacked parameters (K, ...) and, per member, its own copies."""
+    """Stacked parameters (K, ...) and, per slot, its own copies."""
     gen = torch.Generator().manual_seed(seed)
     shapes = [(4, 3), (5,), ()]
     stacked = [nn.Parameter(torch.randn((k, *s), generator=gen).to(dtype)) for s in shapes]
@@ -81,14 +81,14 @@ def _members_and_singles(
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_an_optimizer_over_members_is_k_optimizers_bit_for_bit(dtype: torch.dtype) -> None:
-    """Per-member lr and weight decay, a skip mask and a gradient scale per member, over
-    several steps: every member's weights, moments, step counts and (bf16) compensation
+def test_an_optimizer_over_slots_is_k_optimizers_bit_for_bit(dtype: torch.dtype) -> None:
+    """Per-slot lr and weight decay, a skip mask and a gradient scale per slot, over
+    several steps: every slot's weights, moments, step counts and (bf16) compensation
     equal those of its own optimizer exactly."""
     k = 3
-    stacked, singles = _members_and_singles(dtype, k)
+    stacked, singles = _slots_and_singles(dtype, k)
     lrs, decays = [1e-2, 3e-3, 1e-3], [0.0, 0.1, 0.01]
-    fused = GuardedAdamW(stacked, lr=lrs, weight_decay=decays, state_dtype=F32, members=k)
+    fused = GuardedAdamW(stacked, lr=lrs, weight_decay=decays, state_dtype=F32, n_slots=k)
     own = [
         GuardedAdamW(singles[i], lr=lrs[i], weight_decay=decays[i], state_dtype=F32)
         for i in range(k)
@@ -110,16 +110,16 @@ def test_an_optimizer_over_members_is_k_optimizers_bit_for_bit(dtype: torch.dtyp
     for i in range(k):
         for p, q in zip(stacked, singles[i], strict=True):
             assert torch.equal(p.detach()[i], q.detach())
-        mine = fused.member_state(i, list(zip(stacked, singles[i], strict=True)))
+        mine = fused.slot_state(i, list(zip(stacked, singles[i], strict=True)))
         for q in singles[i]:
             for key, value in own[i].state[q].items():
                 assert torch.equal(mine[q][key], value), key
     assert fused.state[stacked[0]]["step"].tolist() == [3.0, 3.0, 3.0]  # one skip each
 
 
-def test_guard_and_scaler_count_each_member_and_leave_idle_ones_alone() -> None:
-    guard = StepGuard(CPU, members=3)
-    scaler = LossScaler(CPU, members=3, growth_interval=2)
+def test_guard_and_scaler_count_each_slot_and_leave_idle_ones_alone() -> None:
+    guard = StepGuard(CPU, n_slots=3)
+    scaler = LossScaler(CPU, n_slots=3, growth_interval=2)
     steps = [  # (ok, active) per step
         ([True, False, True], [True, True, False]),
         ([True, False, False], [True, True, False]),
@@ -129,16 +129,16 @@ def test_guard_and_scaler_count_each_member_and_leave_idle_ones_alone() -> None:
         ok_t, active_t = torch.tensor(ok), torch.tensor(active)
         guard.record(ok_t, active_t)
         scaler.update(ok_t, active_t)
-    # member 0: three clean steps; 1: two skips, then clean; 2: idle, idle, skip.
+    # slot 0: three clean steps; 1: two skips, then clean; 2: idle, idle, skip.
     assert guard.skipped.tolist() == [0, 2, 1]
     assert guard.streak.tolist() == [0, 0, 1]
     assert guard.longest_streak.tolist() == [0, 2, 1]
     assert scaler.scale.tolist() == [2.0**17, 2.0**14, 2.0**15]  # grew once; halved twice; once
-    member = guard.member(1)
-    assert int(member.skipped) == 2 and int(member.longest_streak) == 2
-    member.load_state_dict({"skipped": torch.tensor(7)})  # a view: writes through
+    slot = guard.slot(1)
+    assert int(slot.skipped) == 2 and int(slot.longest_streak) == 2
+    slot.load_state_dict({"skipped": torch.tensor(7)})  # a view: writes through
     assert guard.skipped.tolist() == [0, 7, 1]
-    assert float(scaler.member(2).scale) == 2.0**15
+    assert float(scaler.slot(2).scale) == 2.0**15
 
 
 # --------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_a_stacked_batch_is_every_folds_own_batch() -> None:
         assert torch.equal(views[k].batch(t[k]).x, own.x)  # the views read the same data
 
 
-def test_the_epoch_schedule_aligns_the_members_and_a_short_one_leaves_early() -> None:
+def test_the_epoch_schedule_aligns_the_slots_and_a_short_one_leaves_early() -> None:
     orders = [torch.arange(10), torch.arange(100, 106), torch.arange(200, 220)]
     times, counts = epoch_schedule(orders, batch_size=3, max_steps=None)
     assert counts == [3, 2, 6] and times.shape == (3, 6, 3)
@@ -189,7 +189,7 @@ def test_the_epoch_schedule_aligns_the_members_and_a_short_one_leaves_early() ->
     assert counts == [2, 2, 2]
 
 
-def test_the_members_are_views_of_the_stacked_tensors() -> None:
+def test_the_slots_are_views_of_the_stacked_tensors() -> None:
     trainer = _trainer("liquid", fuse="off")
     modules = [run.model for run in trainer.folds]
     before = [m.state_dict()["head.weight"].clone() for m in modules]
@@ -207,7 +207,7 @@ def test_the_members_are_views_of_the_stacked_tensors() -> None:
     own = dict(modules[1].named_parameters())[name]
     assert own.untyped_storage().data_ptr() != stacked.stacked[index].untyped_storage().data_ptr()
     with torch.no_grad():
-        stacked.stacked[index][1].add_(1.0)  # released: the member keeps its own values
+        stacked.stacked[index][1].add_(1.0)  # released: the slot keeps its own values
     assert torch.equal(own, before[1] + 1.0)
 
 
@@ -222,13 +222,13 @@ def _block_diagonal_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fused_recurrent_layers_compute_torchs_layers(
     rnn: type, form: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under vmap (where aten::lstm / aten::gru have no batching rule) member k's output,
-    last state and gradients are torch's layer's with member k's weights and state. On a
-    GPU narrow members run as one torch layer per layer (block-diagonal weights), on a CPU
+    """Under vmap (where aten::lstm / aten::gru have no batching rule) slot k's output,
+    last state and gradients are torch's layer's with slot k's weights and state. On a
+    GPU narrow slots run as one torch layer per layer (block-diagonal weights), on a CPU
     as a loop over bars."""
     if form == "block-diagonal":
         _block_diagonal_on_cpu(monkeypatch)
-    else:  # what a CPU runs; a GPU too where members are wide
+    else:  # what a CPU runs; a GPU too where slots are wide
         assert "cpu" not in models.ops.BLOCK_DIAGONAL_MAX_UNITS
     torch_layers = _fused_layers_against_torchs(rnn, torch.device("cpu"))
     assert torch_layers == (2 if form == "block-diagonal" else 0)
@@ -266,13 +266,13 @@ def test_on_cuda_tft_and_diffusion_fuse_and_train(
     trainer = _trainer(family, precision, fuse="auto", device="cuda")
     assert trainer.fused is not None, trainer.unfused_reason
     metrics = trainer.train_epoch()
-    assert metrics["fused_members"] == 2 and math.isfinite(metrics["train_loss"])
+    assert metrics["fused_folds"] == 2 and math.isfinite(metrics["train_loss"])
     assert ran
 
 
 def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 1e-6) -> int:
-    """Two members of a two-layer ``rnn`` under vmap, a state given, against torch's layer
-    per member: outputs, last states and gradients; returns how many torch layers ran."""
+    """Two slots of a two-layer ``rnn`` under vmap, a state given, against torch's layer
+    per slot: outputs, last states and gradients; returns how many torch layers ran."""
     torch.manual_seed(0)
     layers = [rnn(3, 4, num_layers=2, batch_first=True).to(device) for _ in range(2)]
     stacked = StackedModules(layers)
@@ -289,8 +289,8 @@ def _fused_layers_against_torchs(rnn: type, device: torch.device, rtol: float = 
         fused, fused_last = vmap(run)(params, x, state)
     torch.autograd.backward([fused.square().sum()])
     for k, layer in enumerate(layers):
-        member_state = (state[0][k], state[1][k]) if rnn is LSTM else state[k]
-        alone, alone_last = layer(x[k], member_state)
+        slot_state = (state[0][k], state[1][k]) if rnn is LSTM else state[k]
+        alone, alone_last = layer(x[k], slot_state)
         alone.square().sum().backward()
         torch.testing.assert_close(fused[k], alone, rtol=rtol, atol=rtol / 10)
         for mine, torchs in zip(tree_leaves(fused_last), tree_leaves(alone_last), strict=True):
@@ -313,7 +313,7 @@ def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
 ) -> None:
     """Under autocast(bf16) torch's layer runs with autocast off on bf16 inputs, state and
     weights (torch's CUDA autocast would run cuDNN's layer in fp16, without a loss scale,
-    and fused members could not use the block-diagonal form): outputs and the last state
+    and fused slots could not use the block-diagonal form): outputs and the last state
     are the bf16 layer's (unfused on a CPU bit for bit: the same kernel), the f32 weights
     get f32 gradients, and on a GPU the unfused layer is cuDNN's."""
     _block_diagonal_on_cpu(monkeypatch)  # fused: one torch layer, as on a GPU
@@ -332,13 +332,13 @@ def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
     x = torch.randn(2, 5, 7, 3, device=device)  # (K, N, L, F)
     h0 = torch.randn(2, 2, 5, 4, device=device)  # (K, layers, N, H): f32, as tft passes it
     hx = None if state == "zeros" else ((h0, torch.randn_like(h0)) if rnn is LSTM else h0)
-    member_hx = [None if hx is None else tree_map(lambda t, k=k: t[k], hx) for k in range(2)]
+    slot_hx = [None if hx is None else tree_map(lambda t, k=k: t[k], hx) for k in range(2)]
     with (
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
         torch.autocast(device, dtype=BF16),
     ):
         if mode == "unfused":
-            outs = [layer(x[k], member_hx[k]) for k, layer in enumerate(layers)]
+            outs = [layer(x[k], slot_hx[k]) for k, layer in enumerate(layers)]
         else:
             stacked = StackedModules(layers)
             params = dict(zip(stacked.names, stacked.stacked, strict=True))
@@ -351,7 +351,7 @@ def test_under_autocast_a_recurrent_layer_computes_in_autocasts_dtype(
     assert calls and all(call == (False, {BF16}) for call in calls), calls
     for k, layer in enumerate(layers):
         reference = copy.deepcopy(layer).to(BF16)
-        bf16_hx = None if hx is None else tree_map(lambda t: t.to(BF16), member_hx[k])
+        bf16_hx = None if hx is None else tree_map(lambda t: t.to(BF16), slot_hx[k])
         expected = tree_leaves(reference(x[k].to(BF16), bf16_hx))
         for mine, bf16s in zip(tree_leaves(outs[k]), expected, strict=True):
             assert mine.dtype == BF16
@@ -422,13 +422,13 @@ def test_a_block_diagonal_layer_runs_in_cudnns_training_mode_where_autograd_reco
 
 
 @pytest.mark.parametrize("rnn", [LSTM, GRU])
-def test_a_non_finite_member_leaves_the_others_of_a_block_diagonal_layer_alone(
+def test_a_non_finite_slot_leaves_the_others_of_a_block_diagonal_layer_alone(
     rnn: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The zero blocks put every member's values into the others' sums (0 * inf = nan).
-    A member with an inf input or a NaN weight leaves the layer NaN, and one whose
-    outgoing gradient is NaN gets NaN gradients; the other member's output and gradients
-    are exactly what they are beside a finite member (two layers, a state given)."""
+    """The zero blocks put every slot's values into the others' sums (0 * inf = nan).
+    A slot with an inf input or a NaN weight leaves the layer NaN, and one whose
+    outgoing gradient is NaN gets NaN gradients; the other slot's output and gradients
+    are exactly what they are beside a finite slot (two layers, a state given)."""
     _block_diagonal_on_cpu(monkeypatch)
     torch.manual_seed(0)
     layers = [rnn(3, 4, num_layers=2, batch_first=True) for _ in range(2)]
@@ -447,8 +447,8 @@ def test_a_non_finite_member_leaves_the_others_of_a_block_diagonal_layer_alone(
             params[weight][1, 0, 0] = math.nan
         params = {n: p.requires_grad_() for n, p in params.items()}
 
-        def run(p: dict[str, torch.Tensor], member_x: torch.Tensor, hx: Any) -> torch.Tensor:
-            return torch.func.functional_call(layers[0], p, (member_x, hx))[0]
+        def run(p: dict[str, torch.Tensor], slot_x: torch.Tensor, hx: Any) -> torch.Tensor:
+            return torch.func.functional_call(layers[0], p, (slot_x, hx))[0]
 
         out = vmap(run)(params, xs, state)
         (out.nan_to_num() * outgoing).sum().backward()
@@ -474,7 +474,7 @@ def test_a_non_finite_member_leaves_the_others_of_a_block_diagonal_layer_alone(
 
 
 class _Dropping(nn.Module):
-    """A member whose ``loss`` is its dropout's output (the step's view of the rate)."""
+    """A slot whose ``loss`` is its dropout's output (the step's view of the rate)."""
 
     def __init__(self, rate: float) -> None:
         super().__init__()
@@ -486,11 +486,11 @@ class _Dropping(nn.Module):
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_members_that_differ_in_a_dropout_rate_each_drop_at_their_own(
+def test_slots_that_differ_in_a_dropout_rate_each_drop_at_their_own(
     dtype: torch.dtype,
 ) -> None:
-    """The rates reach the vmap per member: member k zeroes a fraction ``rate_k`` of its
-    units and scales the rest by 1 / (1 - rate_k) (rounded once to the dtype); a member at
+    """The rates reach the vmap per slot: slot k zeroes a fraction ``rate_k`` of its
+    units and scales the rest by 1 / (1 - rate_k) (rounded once to the dtype); a slot at
     0 keeps its input exactly. Members at one rate read it unbatched (nn.Dropout's own
     path). The policy keeps the rates f32."""
     torch.manual_seed(0)
@@ -503,16 +503,16 @@ def test_members_that_differ_in_a_dropout_rate_each_drop_at_their_own(
     x = torch.ones(3, 20_000, dtype=dtype)
     out = stacked.loss(Batch(x=x, y=x, gaps=x))
     assert out.dtype == dtype
-    for member, rate in zip(out, rates, strict=True):
-        dropped = float((member == 0).float().mean())
+    for slot, rate in zip(out, rates, strict=True):
+        dropped = float((slot == 0).float().mean())
         assert dropped == pytest.approx(rate, abs=0.015)
         scale = torch.tensor(1 / (1 - rate), dtype=F32).to(dtype).item()
-        assert member[member != 0].unique().tolist() == [scale]
+        assert slot[slot != 0].unique().tolist() == [scale]
     same = StackedModules([_Dropping(0.3), _Dropping(0.3)]).train()
     assert same.shared_settings == {"drop.rate"}
     out = same.loss(Batch(x=x[:2].float(), y=x[:2], gaps=x[:2]))
     assert [float((m == 0).float().mean()) for m in out] == [pytest.approx(0.3, abs=0.015)] * 2
-    assert not torch.equal(out[0], out[1])  # each member its own mask
+    assert not torch.equal(out[0], out[1])  # each slot its own mask
 
 
 @pytest.mark.parametrize(
@@ -525,11 +525,11 @@ def test_members_that_differ_in_a_dropout_rate_each_drop_at_their_own(
         ("tggn", [{"beta": 0.0, "dropout": 0.0}, {"beta": 0.5, "dropout": 0.0}]),
     ],
 )
-def test_members_that_differ_in_a_loss_weight_each_compute_their_own_loss(
+def test_slots_that_differ_in_a_loss_weight_each_compute_their_own_loss(
     family: str, settings: list[dict[str, Any]]
 ) -> None:
-    """KAN's regularization weights and tggn's beta reach the fused step per member: each
-    member's fused loss is its module's loss alone (same weights, own settings)."""
+    """KAN's regularization weights and tggn's beta reach the fused step per slot: each
+    slot's fused loss is its module's loss alone (same weights, own settings)."""
     spec = get_family(family)
     trainer = _trainer(family, fuse="off")
     shape = trainer.folds[0].model
@@ -548,8 +548,8 @@ def test_members_that_differ_in_a_loss_weight_each_compute_their_own_loss(
     assert not torch.equal(alone[0], alone[1])  # the settings matter to the loss
 
 
-def test_a_recurrent_layer_drops_between_layers_at_each_members_rate() -> None:
-    """A fused LSTM's between-layer dropout is a member's: a member at 0 gives
+def test_a_recurrent_layer_drops_between_layers_at_each_slots_rate() -> None:
+    """A fused LSTM's between-layer dropout is a slot's: a slot at 0 gives
     torch's layer's output, one at 0.5 does not."""
     torch.manual_seed(0)
     layers = [LSTM(3, 4, num_layers=2, batch_first=True, dropout=r) for r in (0.5, 0.0)]
@@ -574,7 +574,7 @@ def test_a_recurrent_layer_drops_between_layers_at_each_members_rate() -> None:
 
 
 def _deterministic_noise(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The diffusion's loss draws timesteps and noise: under vmap each member draws its
+    """The diffusion's loss draws timesteps and noise: under vmap each slot draws its
     own, unfused each fold draws from the trial's stream, so the draws differ by design.
     Fixed draws (the same function of the shape) make the two runs comparable."""
 
@@ -629,7 +629,7 @@ def test_a_fused_fold_trains_as_the_unfused_fold(
         runs[fuse] = (trainer, history)
     (alone, alone_history), (fused, fused_history) = runs["off"], runs["on"]
     assert fused.global_step == alone.global_step == 40  # 2 folds x 10 steps x 2 epochs
-    assert [m["fused_members"] for m in fused_history] == [2, 2]
+    assert [m["fused_folds"] for m in fused_history] == [2, 2]
     tolerance = F32_TOLERANCE.get(family, 1e-5) if precision == "f32" else LOW_PRECISION_TOLERANCE
     for k in range(2):
         a, b = _weights(alone, k), _weights(fused, k)
@@ -661,7 +661,7 @@ def test_folds_of_different_lengths_step_as_often_as_unfused() -> None:
 
 
 @pytest.mark.parametrize(("case", "precision"), FUSED_RUNS)
-def test_a_nan_in_one_member_skips_only_that_member(
+def test_a_nan_in_one_slot_skips_only_that_slot(
     case: str, precision: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fold 1's minibatch carries a NaN target: its step is skipped (weights, moments
@@ -682,15 +682,15 @@ def test_a_nan_in_one_member_skips_only_that_member(
         not torch.equal(p.detach()[0], old[0])
         for p, old in zip(fused.model.parameters(), before, strict=True)
     ]
-    assert any(moved)  # member 0 stepped
+    assert any(moved)  # slot 0 stepped
     for p, old in zip(fused.model.parameters(), before, strict=True):
-        assert torch.equal(p.detach()[1], old[1])  # member 1 untouched
+        assert torch.equal(p.detach()[1], old[1])  # slot 1 untouched
     assert fused.guard.skipped.tolist() == [0, 1]
     assert fused.optimizer.state[next(iter(fused.model.parameters()))]["step"].tolist() == [1, 0]
     run = alone.folds[0]
     alone.forecast_step(run, run.data.batch(times[0]))
     a = torch.cat([p.detach().float().flatten() for p in run.model.parameters()])
-    b = torch.cat([p.detach().float().flatten() for p in fused.model.members[0].parameters()])
+    b = torch.cat([p.detach().float().flatten() for p in fused.model.slot_modules[0].parameters()])
     tolerance = F32_TOLERANCE.get(family, 1e-5) if precision == "f32" else LOW_PRECISION_TOLERANCE
     assert float((a - b).norm() / a.norm()) < tolerance
     assert bool(block_diagonal_layers) == case.endswith("+block-diagonal")
@@ -752,10 +752,10 @@ def test_fused_and_unfused_checkpoints_resume_in_the_other_mode(tmp_path: Any) -
             state_a = {names_a[id(p)]: v for p, v in a.optimizer.state.items()}
             state_b = {names_b[id(p)]: v for p, v in b.optimizer.state.items()}
             assert state_a.keys() == state_b.keys() == set(names_a.values())
-            for name, slots in state_a.items():
-                assert slots.keys() == state_b[name].keys(), name
-                for key in slots:
-                    assert torch.equal(slots[key], state_b[name][key]), (name, key)
+            for name, values in state_a.items():
+                assert values.keys() == state_b[name].keys(), name
+                for key in values:
+                    assert torch.equal(values[key], state_b[name][key]), (name, key)
             assert a.guard.state_dict() == b.guard.state_dict()
             assert torch.equal(a.generator.get_state(), b.generator.get_state())
         source.fit()
@@ -777,7 +777,7 @@ def test_fused_and_unfused_checkpoints_resume_in_the_other_mode(tmp_path: Any) -
             "dqn",
             {},
             "cpu",
-            "dqn does not fuse: its environments and replay have no member dimension",
+            "dqn does not fuse: its environments and replay have no slot dimension",
         ),
         ("kan", {"n_folds": 1}, "cpu", "one fold: nothing to fuse"),
         (
@@ -814,7 +814,7 @@ def test_a_family_slower_fused_on_a_cpu_fuses_only_on_a_gpu() -> None:
 def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def refuse(self: StackedModules, batch: Batch, members: Any = None) -> torch.Tensor:
+    def refuse(self: StackedModules, batch: Batch, slots: Any = None) -> torch.Tensor:
         raise RuntimeError("Batching rule not implemented for aten::example")
 
     monkeypatch.setattr(StackedModules, "loss", refuse)
@@ -826,8 +826,8 @@ def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
     )
     assert any("folds train one after another" in r.message for r in caplog.records)
     metrics = trainer.train_epoch()  # and trains, unfused
-    assert metrics["fused_members"] == 0 and metrics["step"] == 20
-    for run in trainer.folds:  # the members got their own storage back
+    assert metrics["fused_folds"] == 0 and metrics["step"] == 20
+    for run in trainer.folds:  # the slots got their own storage back
         assert all(p.is_contiguous() for p in run.model.parameters())
 
 
@@ -840,9 +840,9 @@ def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
     original = StackedModules.loss
     calls = []
 
-    def poisoned(self: StackedModules, batch: Batch, members: Any = None) -> torch.Tensor:
+    def poisoned(self: StackedModules, batch: Batch, slots: Any = None) -> torch.Tensor:
         calls.append(1)
-        value = original(self, batch, members)
+        value = original(self, batch, slots)
         return value * float("nan") if 2 <= len(calls) <= 5 else value
 
     monkeypatch.setattr(StackedModules, "loss", poisoned)
@@ -858,4 +858,4 @@ def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
     assert steps.tolist() == [7.0, 7.0]
     assert {p.dtype for p in trainer.fused.model.parameters()} == {F32}
     assert {p.dtype for run in trainer.folds for p in run.model.parameters()} == {F32}
-    assert metrics["fused_members"] == 2
+    assert metrics["fused_folds"] == 2
