@@ -1,4 +1,4 @@
-"""Members finished per minute: one compare sweep run ungrouped (``group_size = 1``) and
+"""Trials finished per minute: one compare sweep run ungrouped (``group_size = 1``) and
 grouped (``group_size = 8``), side by side in one run, through the ``hpo`` CLI.
 
     .venv/bin/python bench/fused_sweep.py                      # liquid, tggn; 4 x 3 x 2
@@ -10,16 +10,16 @@ The sweep: ``--models`` (liquid and tggn), ``--samples`` configurations x ``--se
 seeds x f32 and bf16 (compare mode, FIFO, random search), tiny shapes, 2 walk-forward
 folds, 2 epochs. Every shape-changing setting is fixed (each family's tiny size, dropout
 0) and only lr and weight decay are searched, so both sweeps sample the same
-configurations and each member's numbers can be compared across them: the grouped sweep
+configurations and each trial's numbers can be compared across them: the grouped sweep
 trains the seeds of a batch's configurations of one precision as one group trial (compare
-mode batches configurations where only member settings are searched, holding nothing).
+mode batches configurations where only per-trial settings are searched, holding nothing).
 Each sweep runs as a user runs it (``hpo sweep SPEC`` in a fresh directory: its own Ray instance and MLflow
-store), so Ray's per-trial overhead is in both. Printed: wall time, members per minute,
-member runs in MLflow, the verdict per model, and the largest per-member difference in
-the final validation Sharpe between the two sweeps (the tolerance of fused members).
+store), so Ray's per-trial overhead is in both. Printed: wall time, trials per minute,
+trial runs in MLflow, the verdict per model, and the largest per-trial difference in
+the final validation Sharpe between the two sweeps (the tolerance of fused slots).
 
 With ``--gpu`` (a share per Tune trial, or ``measured``) the trials run on this machine's
-GPUs and a members-per-GPU-hour column is added: members finished per hour of wall time
+GPUs and a trials-per-GPU-hour column is added: trials finished per hour of wall time
 per visible GPU (the GPUs are held the whole sweep, whatever the kernels use of them).
 """
 
@@ -171,10 +171,10 @@ def main() -> None:
     gpus = visible_gpus() if args.gpu else 0
     if args.gpu and not gpus:
         sys.exit("--gpu needs a CUDA GPU on this machine (torch sees none)")
-    members = len(args.models) * args.samples * args.seeds * 2
+    n_trials = len(args.models) * args.samples * args.seeds * 2
     print(
         f"compare sweep: {', '.join(args.models)} x {args.samples} configurations x "
-        f"{args.seeds} seeds x f32, bf16 = {members} members; {args.epochs} epochs, "
+        f"{args.seeds} seeds x f32, bf16 = {n_trials} trials; {args.epochs} epochs, "
         f"{args.steps} steps, fuse = {args.fuse}"
     )
     with tempfile.TemporaryDirectory(prefix="hpo-fused-sweep-") as tmp:
@@ -188,18 +188,18 @@ def main() -> None:
             for name, results in runs.items():
                 walls = ", ".join(f"{r['wall']:.1f}" for r in results)
                 print(f"{name}: wall s {walls}")
-    per_gpu = " members/GPU-hour |" if gpus else ""
-    print(f"| group_size | Tune trials | wall s | members/min |{per_gpu} member runs | verdicts |")
+    per_gpu = " trials/GPU-hour |" if gpus else ""
+    print(f"| group_size | Tune trials | wall s | trials/min |{per_gpu} trial runs | verdicts |")
     print("| ---: | ---: | ---: | ---: |" + (" ---: |" if gpus else "") + " ---: | --- |")
     for size, result in ((1, alone), (args.group_size, grouped)):
-        rate = members / (result["wall"] / 60)
+        rate = n_trials / (result["wall"] / 60)
         verdicts = json.dumps(result["verdicts"], sort_keys=True)
-        gpu_hour = f" {members * 3600 / (result['wall'] * gpus):.0f} |" if gpus else ""
+        gpu_hour = f" {n_trials * 3600 / (result['wall'] * gpus):.0f} |" if gpus else ""
         print(
             f"| {size} | {result['tune_trials']} | {result['wall']:.1f} | {rate:.1f} |"
             f"{gpu_hour} {result['runs']} | {verdicts} |"
         )
-    print(f"ratio (members/min grouped / alone): {alone['wall'] / grouped['wall']:.2f}x")
+    print(f"ratio (trials/min grouped / alone): {alone['wall'] / grouped['wall']:.2f}x")
     shared = set(alone["sharpe"]) & set(grouped["sharpe"])
     diffs = [
         abs(alone["sharpe"][k] - grouped["sharpe"][k])
@@ -207,7 +207,7 @@ def main() -> None:
         if alone["sharpe"][k] is not None and grouped["sharpe"][k] is not None
     ]
     print(
-        f"members in both: {len(shared)}/{members}; largest |val Sharpe difference|: "
+        f"trials in both: {len(shared)}/{n_trials}; largest |val Sharpe difference|: "
         f"{max(diffs) if diffs else float('nan'):.2e}; same verdicts: "
         f"{alone['verdicts'] == grouped['verdicts']}"
     )

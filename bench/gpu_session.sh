@@ -27,10 +27,10 @@ mkdir -p "$OUT"
 
 if [[ -n ${GPU_SESSION_SMOKE:-} ]]; then
     packing=(--smoke --families tft,kan --slots 1 2)
-    group=(--families kan --members 2 --epochs 1 --steps 2 --repeats 1)
+    group=(--families kan --trials 2 --epochs 1 --steps 2 --repeats 1)
 else
     packing=(--require-cuda --no-sweep)
-    group=(--families liquid kan tggn --members 4 8 --repeats 1 --device cuda)
+    group=(--families liquid kan tggn --trials 4 8 --repeats 1 --device cuda)
 fi
 
 {

@@ -1,19 +1,19 @@
-"""Members per minute: K trials trained as one group against the same K trials one after
-another, whole epochs (training, every member's validation and test, metrics), through the
+"""Trials per minute: K trials trained as one group trial against the same K trials one
+after another, whole epochs (training, every trial's validation and test, metrics), through the
 trainer's own code.
 
     .venv/bin/python bench/group_trainer.py                    # liquid, kan, tggn; K = 4, 8
-    .venv/bin/python bench/group_trainer.py --families liquid --members 2 4 8 --epochs 2
+    .venv/bin/python bench/group_trainer.py --families liquid --trials 2 4 8 --epochs 2
     .venv/bin/python bench/group_trainer.py --device cuda      # on a GPU (unmeasured yet)
 
-The members are seeds 0..K-1 of one configuration (the families' tiny sizes, 2 folds,
+The trials are seeds 0..K-1 of one configuration (the families' tiny sizes, 2 folds,
 ``--steps`` minibatches per fold and epoch, f32), as a compare sweep's seeds are. Alone:
-each member a :class:`~trainables.trainer.Trainer` with its folds fused as ``--fuse``
+each trial a :class:`~trainables.trainer.Trainer` with its folds fused as ``--fuse``
 (default ``auto``, what a sweep's trial does today) decides; on a CPU ``auto`` leaves the
 families whose fused step measured slower unfused, grouped too ("fused rows" 0). Grouped: one
 :class:`~trainables.group.TrainerGroup`. Both sides are built and timed side by side in
-one run, alternating, best of ``--repeats``; the ratio is members per minute grouped /
-alone. Validation is per member on both sides (not fused), so it bounds the ratio.
+one run, alternating, best of ``--repeats``; the ratio is trials per minute grouped /
+alone. Validation is per trial on both sides (not fused), so it bounds the ratio.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from trainables.group import TrainerGroup
 from trainables.trainer import Trainer
 
 
-def member_configs(family: str, k: int, args: argparse.Namespace) -> list[TrainConfig]:
+def trial_configs(family: str, k: int, args: argparse.Namespace) -> list[TrainConfig]:
     base = TrainConfig(
         family=family,
         precision="f32",
@@ -68,7 +68,7 @@ def grouped_s(configs: list[TrainConfig]) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=["liquid", "kan", "tggn"])
-    parser.add_argument("--members", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--trials", nargs="+", type=int, default=[4, 8])
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20, help="minibatches per fold and epoch")
     parser.add_argument("--repeats", type=int, default=2)
@@ -82,11 +82,11 @@ def main() -> None:
         f"{args.epochs} epochs, 2 folds, {args.steps} steps per fold and epoch, f32, "
         f"{args.device}, 1 thread; best of {args.repeats}"
     )
-    print("| family | K | fused rows | alone s | grouped s | members/min alone | grouped | ratio |")
+    print("| family | K | fused rows | alone s | grouped s | trials/min alone | grouped | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for family in args.families:
-        for k in args.members:
-            configs = member_configs(family, k, args)
+        for k in args.trials:
+            configs = trial_configs(family, k, args)
             alone, grouped, fused = [], [], 0
             for _ in range(args.repeats):  # alternating: drift hits both sides alike
                 alone.append(alone_s(configs))

@@ -103,16 +103,16 @@ def gpu_types(nodes: Iterable[Mapping[str, Any]]) -> list[GpuType]:
             continue
         grouped.setdefault(node_type_name(resources), []).append((str(node["NodeID"]), resources))
     types = []
-    for name, members in sorted(grouped.items()):
-        declared = [m for _, r in members if (m := declared_memory_bytes(r)) is not None]
+    for name, of_type in sorted(grouped.items()):
+        declared = [m for _, r in of_type if (m := declared_memory_bytes(r)) is not None]
         types.append(
             GpuType(
                 name=name,
                 memory_bytes=min(declared) if declared else None,
-                gpus=sum(float(r["GPU"]) for _, r in members),
-                gpus_per_node=min(float(r["GPU"]) for _, r in members),
-                cpus_per_node=min(float(r.get("CPU", 0)) for _, r in members),
-                node_ids=tuple(node_id for node_id, _ in members),
+                gpus=sum(float(r["GPU"]) for _, r in of_type),
+                gpus_per_node=min(float(r["GPU"]) for _, r in of_type),
+                cpus_per_node=min(float(r.get("CPU", 0)) for _, r in of_type),
+                node_ids=tuple(node_id for node_id, _ in of_type),
             )
         )
     return types

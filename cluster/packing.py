@@ -199,16 +199,18 @@ def profile_for_config(
     table: VramTable | None = None,
     mode: str | None = None,
     refresh: bool = False,
-    members: int = 1,
+    group_size: int = 1,
 ) -> tuple[dict[str, Any], MemoryProfile]:
-    """(shape key, profile) of ``config`` (a group trial of ``members`` such trials when
+    """(shape key, profile) of ``config`` (a group trial of ``group_size`` such trials when
     over 1): from the table, else profiled and stored."""
     table = table if table is not None else table_at()
     device, name = _target(mode)
-    key = profile_key(config, device, name, members)
+    key = profile_key(config, device, name, group_size)
 
     def measure() -> MemoryProfile:
-        return profile_trial(config, device=device, measure=device.type == "cuda", members=members)
+        return profile_trial(
+            config, device=device, measure=device.type == "cuda", group_size=group_size
+        )
 
     if refresh:
         profile = measure()
@@ -232,15 +234,15 @@ def gpu_fraction_for_trial(
     grid: int = RAY_GPU_STEPS,
     table: VramTable | None = None,
     mode: str | None = None,
-    members: int = 1,
+    group_size: int = 1,
 ) -> float:
-    """The GPU fraction of a trial (a group trial of ``members`` such trials when over 1):
+    """The GPU fraction of a trial (a group trial of ``group_size`` such trials when over 1):
     its shape's profile through the table, the headroom doubled for each OOM recorded
     against the shape, and never below ``floor`` (the trial's
     :attr:`~trainables.config.TrialConfig.gpu_fraction_floor` after an OOM).
     """
     table = table if table is not None else table_at()
-    key, profile = profile_for_config(config, table=table, mode=mode, members=members)
+    key, profile = profile_for_config(config, table=table, mode=mode, group_size=group_size)
     packing = plan(profile, _boosted(headroom, table.oom_count(key)), grid)
     if not packing.fits:
         log.warning(
@@ -293,10 +295,10 @@ def retry_fraction_after_oom(
     mode: str | None = None,
     shared: SharedVramCache | None = None,
     gpu_type: GpuType | None = None,
-    members: int = 1,
+    group_size: int = 1,
 ) -> float:
     """After a CUDA OOM at ``previous_fraction``: a larger fraction to retry the trial (a
-    group trial of ``members`` such trials when over 1) with.
+    group trial of ``group_size`` such trials when over 1) with.
 
     Records the OOM against the trial's shape -- in the sweep's shared cache under this
     node's GPU type when ``shared`` and ``gpu_type`` are given (the driver reads it there,
@@ -309,7 +311,7 @@ def retry_fraction_after_oom(
     hold every tensor of the failed step.
     """
     if previous_fraction >= 1.0 - _EPS:
-        what = f"a group of {members} " if members > 1 else ""
+        what = f"a group of {group_size} " if group_size > 1 else ""
         raise TrialDoesNotFit(
             f"{what}{config.family}/{config.precision} ran out of memory on a whole GPU; "
             "shrink it (batch size, model size, replay capacity, group size) or use a "
@@ -319,13 +321,13 @@ def retry_fraction_after_oom(
     if shared is not None and gpu_type is not None:
         from cluster.remote_profile import profile_on_node
 
-        key = type_key(config, gpu_type, members)
+        key = type_key(config, gpu_type, group_size)
         ooms = shared.record_oom(key)
         profile = _remeasure(
             config,
             device,
-            lambda: profile_on_node(config, gpu_type, _mode(mode), members=members),
-            members,
+            lambda: profile_on_node(config, gpu_type, _mode(mode), group_size=group_size),
+            group_size,
         )
         if profile.method == "measured" or device.type != "cuda":
             shared.put(key, profile)
@@ -333,15 +335,15 @@ def retry_fraction_after_oom(
         total = declared or profile.device_total_bytes or device_total_bytes()
     else:
         table = table if table is not None else table_at()
-        key = profile_key(config, device, name, members)
+        key = profile_key(config, device, name, group_size)
         ooms = table.record_oom(key)
         profile = _remeasure(
             config,
             device,
             lambda: profile_trial(
-                config, device=device, measure=device.type == "cuda", members=members
+                config, device=device, measure=device.type == "cuda", group_size=group_size
             ),
-            members,
+            group_size,
         )
         if profile.device_name == name:  # a fallback estimate is not stored under a GPU's key
             table.put(key, profile)
@@ -352,7 +354,7 @@ def retry_fraction_after_oom(
     new = round(min(1.0, max(fraction, grown)), 9)
     log.warning(
         "%s%s/%s ran out of memory at GPU fraction %.4f (OOM %d of this shape); retry at %.4f",
-        f"a group of {members} " if members > 1 else "",
+        f"a group of {group_size} " if group_size > 1 else "",
         config.family,
         config.precision,
         previous_fraction,
@@ -366,7 +368,7 @@ def _remeasure(
     config: TrainConfig,
     device: torch.device,
     measure: Callable[[], MemoryProfile],
-    members: int = 1,
+    group_size: int = 1,
 ) -> MemoryProfile:
     gc.collect()
     if device.type != "cuda":
@@ -379,7 +381,9 @@ def _remeasure(
         log.warning("re-measuring after an OOM ran out of memory too; using the estimate")
         gc.collect()
         torch.cuda.empty_cache()
-        return profile_trial(config, device=torch.device("cpu"), measure=False, members=members)
+        return profile_trial(
+            config, device=torch.device("cpu"), measure=False, group_size=group_size
+        )
     finally:
         if _applied_cap is not None:
             torch.cuda.set_per_process_memory_fraction(_applied_cap, device)
@@ -391,20 +395,20 @@ def trial_memory_metrics(
     *,
     table: VramTable | None = None,
     mode: str | None = None,
-    members: int = 1,
+    group_size: int = 1,
 ) -> dict[str, float]:
     """Numbers a trial reports (and so logs to its MLflow run): its GPU fraction and its
-    shape's predicted peak from the table (a group trial's: the group's, of ``members``).
+    shape's predicted peak from the table (a group trial's: the group's, of ``group_size``).
     Looks up only: never profiles. The measured peak on CUDA is the trainer's own
     ``peak_mem_mb``."""
     metrics: dict[str, float] = {"vram_gpu_fraction": float(fraction)}
     table = table if table is not None else table_at()
     try:
         device, name = _target(mode)
-        profile = table.get(profile_key(config, device, name, members))
+        profile = table.get(profile_key(config, device, name, group_size))
         if profile is None and name != ESTIMATE_DEVICE_NAME:
             cpu = torch.device("cpu")
-            profile = table.get(profile_key(config, cpu, ESTIMATE_DEVICE_NAME, members))
+            profile = table.get(profile_key(config, cpu, ESTIMATE_DEVICE_NAME, group_size))
     except (RuntimeError, ValueError, KeyError):
         profile = None
     if profile is not None:

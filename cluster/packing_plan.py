@@ -20,7 +20,7 @@
 3. Each trial goes to ONE type where it fits, the one whose GPUs would be least full; its
    bundle is ``{"CPU": c, "GPU": share, "accelerator_type:<TYPE>": 0.001}`` (the last entry
    only on a cluster of several types). A trial that fits no type asks for a whole GPU of
-   the largest; an OOM retry keeps its member's type. Why: docs/packing.md#the-plan
+   the largest; an OOM retry keeps its trial's type. Why: docs/packing.md#the-plan
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from trainables.config import TrainConfig, TrialConfig, share_sized_by
 log = logging.getLogger("cluster.packing_plan")
 
 Shape = tuple[TrainConfig, int]
-"""What a share is planned for: a trial's config and the members of its group trial (1:
-a trial alone). A group's members differ only in settings that change no memory."""
+"""What a share is planned for: a trial's config and the size of its group trial (1: a
+trial alone). A group trial's trials differ only in settings that change no memory."""
 
 
 def shapes(items: Iterable[TrainConfig | Shape]) -> list[Shape]:
@@ -112,9 +112,9 @@ class ClusterPacker:
         """Profile every (shape, type) not yet known: shared cache first, then one Ray
         task per missing pair, all in parallel. Returns the new profiles."""
         missing: dict[str, tuple[TrainConfig, GpuType, int]] = {}
-        for config, members in shapes(configs):
+        for config, group_size in shapes(configs):
             for gpu_type in self.types:
-                key = type_key(config, gpu_type, members)
+                key = type_key(config, gpu_type, group_size)
                 text = key_string(key)
                 if text in self.profiles or text in missing:
                     continue
@@ -122,7 +122,7 @@ class ClusterPacker:
                 if found is not None:
                     self.profiles[text] = found
                 else:
-                    missing[text] = (config, gpu_type, members)
+                    missing[text] = (config, gpu_type, group_size)
         if not missing:
             return []
         profiled = profile_on_types(
@@ -135,20 +135,20 @@ class ClusterPacker:
             self.profiles[text] = profile
         return profiled
 
-    def _profile(self, config: TrainConfig, gpu_type: GpuType, members: int) -> MemoryProfile:
-        text = key_string(type_key(config, gpu_type, members))
+    def _profile(self, config: TrainConfig, gpu_type: GpuType, group_size: int) -> MemoryProfile:
+        text = key_string(type_key(config, gpu_type, group_size))
         if text not in self.profiles:
-            self.prefetch([(config, members)])
+            self.prefetch([(config, group_size)])
         return self.profiles[text]
 
     # -- shares ------------------------------------------------------------------------------
-    def shares(self, config: TrainConfig, members: int = 1) -> list[TypeShare]:
-        """This shape (a group trial of ``members`` when over 1) on every type, with the
+    def shares(self, config: TrainConfig, group_size: int = 1) -> list[TypeShare]:
+        """This shape (a group trial of ``group_size`` when over 1) on every type, with the
         OOMs recorded against it there."""
         out = []
         for gpu_type in self.types:
-            profile = self._profile(config, gpu_type, members)
-            key = type_key(config, gpu_type, members)
+            profile = self._profile(config, gpu_type, group_size)
+            key = type_key(config, gpu_type, group_size)
             ooms = self.cache.oom_count(key) if self.cache is not None else 0
             # An estimate is a fraction of what the type declares now (a measurement of
             # the device it ran on); the declaration may have changed since it was cached.
@@ -203,18 +203,18 @@ class ClusterPacker:
         used = self._load.get(share.gpu_type.name, 0.0) + self.taken(share)
         return used / share.gpu_type.gpus
 
-    def resources_of(self, trial: TrialConfig, members: int = 1) -> dict[str, float]:
+    def resources_of(self, trial: TrialConfig, group_size: int = 1) -> dict[str, float]:
         """The bundle of one Tune trial: CPUs, its share of the chosen type's GPU (never
         below its OOM floor) and, on a mixed cluster, the type constraint. A group trial
-        is sized by its first member and ``members`` (``share_sized_by``): its fused
+        is sized by its first trial and ``group_size`` (``share_sized_by``): its fused
         group's share."""
-        shares = self.shares(trial.train_config(), members)
-        # The member, not the attempt: an OOM retry (the same member with a floor) stays
+        shares = self.shares(trial.train_config(), group_size)
+        # The trial, not the attempt: an OOM retry (the same trial with a floor) stays
         # on the type it ran out of memory on, as its floor is a share of that type's GPU;
         # its config names that type too, for a packer that never placed its first try.
         identity = json.dumps(
             [trial.config_id, trial.member, trial.seed, trial.family, trial.precision,
-             dict(trial.params), members],
+             dict(trial.params), group_size],
             sort_keys=True,
             default=str,
         )  # fmt: skip
@@ -242,14 +242,14 @@ class ClusterPacker:
 def plan_rows(
     packer: ClusterPacker, configs: Iterable[TrainConfig | Shape]
 ) -> list[dict[str, Any]]:
-    """One row per (model, precision, members, GPU type) of ``configs`` (profiled as
+    """One row per (model, precision, group_size, GPU type) of ``configs`` (profiled as
     needed). ``trials_per_gpu`` and ``trials_per_node`` count Tune trials (a group trial
-    once); ``members_per_gpu`` the trials a user sees."""
+    once); ``grouped_trials_per_gpu`` the trials a user sees."""
     planned = shapes(configs)
     packer.prefetch(planned)
     rows = []
-    for config, members in planned:
-        for share in packer.shares(config, members):
+    for config, group_size in planned:
+        for share in packer.shares(config, group_size):
             by_gpu = share.trials_per_node_by_gpu
             cpu = packer.cpu_per_trial
             by_cpu = math.floor(share.gpu_type.cpus_per_node / cpu + 1e-9) if cpu > 0 else None
@@ -270,9 +270,9 @@ def plan_rows(
                     "device_total_source": profile.device_total_source,
                     "oom_count": share.oom_count,
                     "share": share.packing.fraction,
-                    "members": members,
+                    "group_size": group_size,
                     "trials_per_gpu": share.packing.trials_per_gpu,
-                    "members_per_gpu": share.packing.trials_per_gpu * members,
+                    "grouped_trials_per_gpu": share.packing.trials_per_gpu * group_size,
                     "trials_per_gpu_by_memory": share.packing.trials_per_gpu_unrounded,
                     "trials_per_node": by_gpu if by_cpu is None else min(by_gpu, by_cpu),
                     "binding": binding,
@@ -286,15 +286,15 @@ def plan_rows(
 def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     """The plan as a fixed-width text table (what ``--plan`` prints and the parent run
     stores as ``packing_plan.txt``). Where group trials are planned, the columns count
-    groups (Tune trials) and members (the trials a user sees) apart."""
-    grouped = any(r.get("members", 1) > 1 for r in rows)
+    groups (Tune trials) and the trials a user sees apart."""
+    grouped = any(r.get("group_size", 1) > 1 for r in rows)
     header = [
         "model", "precision", "gpu type", "peak GiB", "how", "GPU GiB", "share",
         "trials/GPU", "by memory", "trials/node", "binding",
     ]  # fmt: skip
     if grouped:
-        header[7:10] = ["groups/GPU", "members/GPU", "groups by memory", "groups/node"]
-        header.insert(3, "members")
+        header[7:10] = ["groups/GPU", "trials/GPU", "groups by memory", "groups/node"]
+        header.insert(3, "trials")
     body = []
     for r in rows:
         row = [
@@ -311,8 +311,8 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
             r["binding"],
         ]
         if grouped:
-            row.insert(8, str(r["members_per_gpu"]))
-            row.insert(3, str(r["members"]))
+            row.insert(8, str(r["grouped_trials_per_gpu"]))
+            row.insert(3, str(r["group_size"]))
         body.append(row)
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     lines = [
@@ -328,8 +328,8 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
 def render_fixed_plan(gpu: float | str, cpu: float, group_size: int = 1) -> str:
     """The plan of a sweep without measured shares: a fixed GPU number per trial, no GPUs
     asked, or ``"measured"`` on a cluster without GPU nodes (the packer needs one). With
-    ``group_size`` > 1 a Tune trial is a group of up to that many members (one fused
-    model in the trial's share), and the plan counts members too."""
+    ``group_size`` > 1 a Tune trial is a group of up to that many trials (one fused
+    model in the trial's share), and the plan counts the trials too."""
     if gpu == "measured":
         return (
             "GPU packing plan: resources.gpu = 'measured', but the cluster has no GPU nodes: "
@@ -337,7 +337,7 @@ def render_fixed_plan(gpu: float | str, cpu: float, group_size: int = 1) -> str:
         )
     share = float(gpu)
     groups = (
-        f"; group trials of up to {group_size} members (fused, one share each)"
+        f"; group trials of up to {group_size} trials (fused, one share each)"
         if group_size > 1
         else ""
     )
@@ -350,7 +350,7 @@ def render_fixed_plan(gpu: float | str, cpu: float, group_size: int = 1) -> str:
         trials = math.floor(1 / share + 1e-9)
         per_gpu = f"{trials} trials per GPU"
         if group_size > 1:
-            per_gpu = f"{trials} group trials per GPU, up to {trials * group_size} members"
+            per_gpu = f"{trials} group trials per GPU, up to {trials * group_size} trials"
     else:
         per_gpu = "whole GPUs"
     return (

@@ -67,13 +67,13 @@ class MemoryProfile:
     The persistent components sum over every walk-forward fold of the trial (the trainer
     keeps them all on the device); the transient ones are those of the busiest single step
     or validation forward (folds run one after another, or fused as one step). A group
-    trial's profile (``members`` > 1) is the same for all its members' folds together.
+    trial's profile (``group_size`` > 1) is the same for all its trials' folds together.
     """
 
     model: str
     precision: str  # the policy that ran (``auto`` resolved)
     batch_size: int
-    n_folds: int  # of one member
+    n_folds: int  # of one trial
     n_params: int  # trained parameters of one fold's model
     method: str  # "measured" (CUDA) or "estimated" (tensor bytes only)
     device_name: str
@@ -97,8 +97,8 @@ class MemoryProfile:
     device_total_source: str | None = None  # "nvml", "torch", "declared" or None (default)
     context_measured: bool = False  # context_bytes from NVML (else the allowance)
     # Trials trained as one fused group (trainables.group): the components are the
-    # group's, every member's folds together, in one process and one CUDA context.
-    members: int = 1
+    # group's, every trial's folds together, in one process and one CUDA context.
+    group_size: int = 1
 
     @property
     def estimated_peak_bytes(self) -> int:
@@ -295,27 +295,27 @@ def target_precision(name: str, device: torch.device) -> str:
     return resolve_policy_name(name, device)
 
 
-def target_fuse(config: TrainConfig, device: torch.device, members: int = 1) -> str:
-    """Whether the trial's folds (a group's: every member's) train fused where its share
+def target_fuse(config: TrainConfig, device: torch.device, group_size: int = 1) -> str:
+    """Whether the trial's folds (a group's: every trial's) train fused where its share
     is planned: ``on`` or ``off``. ``auto`` fuses a fusable family's folds (two or more)
     on a GPU, and an estimate made without one targets a GPU, so it fuses them whatever
     the family does on a CPU. A trial that cannot fuse after all (its folds too short for
     a batch) needs less than its profile says, never more."""
     if config.fuse == "off" or not get_family(config.family).fuses:
         return "off"
-    return "on" if config.fuse == "on" or config.n_folds * members >= 2 else "off"
+    return "on" if config.fuse == "on" or config.n_folds * group_size >= 2 else "off"
 
 
-def profiling_config(config: TrainConfig, device: torch.device, members: int = 1) -> TrainConfig:
+def profiling_config(config: TrainConfig, device: torch.device, group_size: int = 1) -> TrainConfig:
     """``config`` with only what does not change memory cut short: one minibatch per
     forecast step call, one collect-and-learn cycle per rl call, ``learning_starts``
     lowered to one replay batch, on ``device``; fused as the trial (or the group of
-    ``members``) will be (:func:`target_fuse`)."""
+    ``group_size``) will be (:func:`target_fuse`)."""
     family = get_family(config.family)
     changes: dict[str, Any] = {
         "device": str(device),
         "precision": target_precision(config.precision, device),
-        "fuse": target_fuse(config, device, members),
+        "fuse": target_fuse(config, device, group_size),
         "epochs": 1,
         "max_steps_per_epoch": 1,
         "rl_iterations": 1,
@@ -363,8 +363,8 @@ def _cuda_baseline(device: torch.device) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class _Counts:
-    n_folds: int  # of one member
-    members: int
+    n_folds: int  # of one trial
+    group_size: int
     precision: str
     state: StateBytes
     data: StorageSet
@@ -390,7 +390,7 @@ def _until_replayed(trainer: Any, unit: Any) -> None:
 
 def _step_units(trainers: list[Any]) -> list[tuple[Any, Any]]:
     """(trainer, unit) for what one step trains: each fold, or the folds fused into one
-    module (a group's members share theirs: it is listed once)."""
+    module (a group's trials share theirs: it is listed once)."""
     seen: set[int] = set()
     out = []
     for trainer in trainers:
@@ -405,7 +405,7 @@ def _count(
     trainers: list[Any], root: Any, device: torch.device, measure: bool, baseline: tuple[int, int]
 ) -> _Counts:
     # What one step trains: each fold, or the folds fused into one module (what the
-    # trial runs, so what its share must hold); a group's trainers are its members.
+    # trial runs, so what its share must hold); a group's trainers are its trials.
     units = _step_units(trainers)
     for trainer, unit in units:  # warm: grads, optimizer state, replay storage, workspace
         _train_step(trainer, unit)
@@ -446,7 +446,7 @@ def _count(
         context = measured_context_bytes(device, cuda_device(device))
     return _Counts(
         n_folds=len(host.folds),
-        members=len(trainers),
+        group_size=len(trainers),
         precision=host.policy.name,
         state=state,
         data=data,
@@ -463,11 +463,11 @@ def profile_trial(
     *,
     device: torch.device | str | None = None,
     measure: bool | None = None,
-    members: int = 1,
+    group_size: int = 1,
 ) -> MemoryProfile:
     """Profile the trial ``config`` describes on ``device`` (default: CUDA when present);
-    with ``members`` > 1 the group trial of that many such trials (seeds ``config.seed``
-    onwards: a member's other settings do not change memory), fused as it trains.
+    with ``group_size`` > 1 the group trial of that many such trials (seeds ``config.seed``
+    onwards: a trial's other settings do not change memory), fused as it trains.
 
     ``measure`` (default: on CUDA) adds the allocator's measured peaks; without CUDA only
     the estimate exists. Persistent components cover all folds; transients one step.
@@ -475,24 +475,24 @@ def profile_trial(
     from trainables.group import TrainerGroup
     from trainables.trainer import Trainer
 
-    if members < 1:
-        raise ValueError(f"members must be >= 1, got {members}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
     device = torch.device(device) if device is not None else default_device()
     measure = device.type == "cuda" if measure is None else measure
     if measure and device.type != "cuda":
         raise ValueError(f"measuring needs a CUDA device, got {device}")
-    cfg = profiling_config(config, device, members)
+    cfg = profiling_config(config, device, group_size)
     info = cuda_device(device) if device.type == "cuda" else None
     baseline = _cuda_baseline(device) if measure else (0, 0)
     built: Any
-    if members == 1:
+    if group_size == 1:
         built = Trainer(cfg, device=device)
         trainers = [built]
     else:
         built = TrainerGroup(
-            [cfg.replace(seed=cfg.seed + i) for i in range(members)], device=device
+            [cfg.replace(seed=cfg.seed + i) for i in range(group_size)], device=device
         )
-        trainers = built.members
+        trainers = built.trials
     try:
         counts = _count(trainers, built, device, measure, baseline)
     finally:
@@ -506,7 +506,7 @@ def profile_trial(
         precision=counts.precision,
         batch_size=config.batch_size,
         n_folds=counts.n_folds,
-        n_params=counts.state.n_params // (counts.n_folds * counts.members),
+        n_params=counts.state.n_params // (counts.n_folds * counts.group_size),
         method="measured" if measure else "estimated",
         device_name=info.name if info is not None else ESTIMATE_DEVICE_NAME,
         device_total_bytes=info.total_bytes if info is not None else None,
@@ -526,7 +526,7 @@ def profile_trial(
         context_measured=counts.context is not None,
         measured_allocated_bytes=counts.allocated,
         measured_reserved_bytes=counts.reserved,
-        members=counts.members,
+        group_size=counts.group_size,
     )
 
 

@@ -38,16 +38,16 @@ PROFILE_TIMEOUT_S = 900.0
 
 
 def profile_on_node(
-    config: TrainConfig, gpu_type: GpuType, mode: str = "auto", members: int = 1
+    config: TrainConfig, gpu_type: GpuType, mode: str = "auto", group_size: int = 1
 ) -> MemoryProfile:
-    """Profile ``config`` (a group trial of ``members`` such trials when over 1) in this
+    """Profile ``config`` (a group trial of ``group_size`` such trials when over 1) in this
     process (a Ray worker on a node of ``gpu_type``)."""
     node_id, resources = this_node()
     declared = gpu_type.memory_bytes or declared_memory_bytes(resources)
     source: str | None
     if mode != "estimate" and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
-        profile = profile_trial(config, device=device, measure=True, members=members)
+        profile = profile_trial(config, device=device, measure=True, group_size=group_size)
         total, source = profile.device_total_bytes, profile.device_total_source
     elif mode == "measure":
         raise RuntimeError(
@@ -55,7 +55,9 @@ def profile_on_node(
             f"{gpu_type.name} has none in its Ray workers"
         )
     else:
-        profile = profile_trial(config, device=torch.device("cpu"), measure=False, members=members)
+        profile = profile_trial(
+            config, device=torch.device("cpu"), measure=False, group_size=group_size
+        )
         total, source = declared, "declared" if declared else None
     return dataclasses.replace(
         profile,
@@ -72,17 +74,17 @@ def _task(
     gpu_type: dict[str, Any],
     mode: str,
     cache: SharedVramCache | None,
-    members: int = 1,
+    group_size: int = 1,
 ) -> dict[str, Any]:
     train_config, kind = TrainConfig.from_dict(config), GpuType.from_dict(gpu_type)
-    profile = profile_on_node(train_config, kind, mode, members)
+    profile = profile_on_node(train_config, kind, mode, group_size)
     if cache is not None:
-        cache.put(type_key(train_config, kind, members), profile)
+        cache.put(type_key(train_config, kind, group_size), profile)
     return profile.to_dict()
 
 
-def _shape_name(config: TrainConfig, members: int) -> str:
-    group = f" x{members}" if members > 1 else ""
+def _shape_name(config: TrainConfig, group_size: int) -> str:
+    group = f" x{group_size}" if group_size > 1 else ""
     return f"{config.family}/{config.precision}{group}"
 
 
@@ -93,8 +95,8 @@ def profile_on_types(
     cache: SharedVramCache | None = None,
     timeout_s: float = PROFILE_TIMEOUT_S,
 ) -> list[MemoryProfile]:
-    """Profile each (config, type, members) in a Ray task on a node of that type, all at
-    once (members: the group trial's, 1 for a trial alone)."""
+    """Profile each (config, type, group_size) in a Ray task on a node of that type, all at
+    once (group_size: the group trial's, 1 for a trial alone)."""
     import ray
 
     if not requests:
@@ -106,9 +108,9 @@ def profile_on_types(
             num_gpus=PROFILE_GPU_SHARE,
             resources=gpu_type.constraint,
             max_retries=0,
-            name=f"hpo-profile:{_shape_name(config, members)}@{gpu_type.name}",
-        ).remote(config.to_dict(), gpu_type.to_dict(), mode, cache, members)
-        for config, gpu_type, members in requests
+            name=f"hpo-profile:{_shape_name(config, group_size)}@{gpu_type.name}",
+        ).remote(config.to_dict(), gpu_type.to_dict(), mode, cache, group_size)
+        for config, gpu_type, group_size in requests
     ]
     return [MemoryProfile.from_dict(d) for d in ray.get(refs, timeout=timeout_s)]
 

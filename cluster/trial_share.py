@@ -34,23 +34,23 @@ class PackedShare:
     """The :class:`trainables.trial.GpuShare` of a sweep's trials (stateless: picklable)."""
 
     def cap_memory(
-        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+        self, config: TrainConfig, gpu_fraction: float, group_size: int = 1
     ) -> float | None:
         """Cap the allocator to the share less the planned CUDA context; the cap set
         (None on CPU, for no GPU and for whole GPUs)."""
-        context = planned_context_bytes(config, members) if caps_memory(gpu_fraction) else None
+        context = planned_context_bytes(config, group_size) if caps_memory(gpu_fraction) else None
         return apply_memory_cap(gpu_fraction or None, context_bytes=context)
 
     def memory_metrics(
-        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+        self, config: TrainConfig, gpu_fraction: float, group_size: int = 1
     ) -> dict[str, float]:
         """The share and the shape's predicted peak, reported every epoch (GPU trials)."""
         if gpu_fraction <= 0:
             return {}
-        return trial_memory_metrics(config, gpu_fraction, members=members)
+        return trial_memory_metrics(config, gpu_fraction, group_size=group_size)
 
     def after_oom(
-        self, config: TrainConfig, gpu_fraction: float, message: str, members: int = 1
+        self, config: TrainConfig, gpu_fraction: float, message: str, group_size: int = 1
     ) -> dict[str, Any]:
         """The OOM report's fields: the share to retry at (or why none fits) and the GPU
         type it ran out of memory on. A group that ran out of memory on a whole GPU is
@@ -61,7 +61,7 @@ class PackedShare:
         shared, gpu_type = shared_cache(), node_gpu_type()
         try:
             retry = retry_fraction_after_oom(
-                config, gpu_fraction, shared=shared, gpu_type=gpu_type, members=members
+                config, gpu_fraction, shared=shared, gpu_type=gpu_type, group_size=group_size
             )
             report["oom_retry_gpu_fraction"] = retry
             report["failure_reason"] = (
@@ -69,11 +69,11 @@ class PackedShare:
                 f"({message})"
             )
         except TrialDoesNotFit as too_big:
-            if members > 1:
+            if group_size > 1:
                 half = math.ceil(gpu_fraction / 2 * RAY_GPU_STEPS) / RAY_GPU_STEPS
                 report.update(oom_split=1, oom_retry_gpu_fraction=half)
                 report["failure_reason"] = (
-                    f"CUDA out of memory on a whole GPU as a group of {members}: split in "
+                    f"CUDA out of memory on a whole GPU as a group of {group_size}: split in "
                     f"two, each half at a share of at least {half:g} ({message})"
                 )
             else:
@@ -83,15 +83,15 @@ class PackedShare:
         return report
 
 
-def planned_context_bytes(config: TrainConfig, members: int = 1) -> int | None:
-    """The CUDA context ``config``'s share (its group's, of ``members``) was planned with
+def planned_context_bytes(config: TrainConfig, group_size: int = 1) -> int | None:
+    """The CUDA context ``config``'s share (its group's, of ``group_size``) was planned with
     on this node's GPU type (its profile in the sweep's shared cache), or None where no
     profile is found."""
     shared, gpu_type = shared_cache(), node_gpu_type()
     if shared is None or gpu_type is None:
         return None
     try:
-        profile = shared.get(type_key(config, gpu_type, members))
+        profile = shared.get(type_key(config, gpu_type, group_size))
     except Exception as exc:  # an unreadable cache costs the exact cap, not the trial
         log.warning("no profile in the sweep's VRAM cache (%s); capping with the allowance", exc)
         return None

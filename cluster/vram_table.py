@@ -88,11 +88,11 @@ def memory_neutral(model: str) -> frozenset[str]:
 
 
 def profile_key(
-    config: TrainConfig, device: torch.device, device_name: str, members: int = 1
+    config: TrainConfig, device: torch.device, device_name: str, group_size: int = 1
 ) -> dict[str, Any]:
     """The shape key of ``config`` profiled on ``device`` (named ``device_name``); with
-    ``members`` > 1 that of a group trial of that many such trials (a trial alone has no
-    ``members`` entry)."""
+    ``group_size`` > 1 that of a group trial of that many such trials (a trial alone has no
+    ``group_size`` entry)."""
     family = get_family(config.family)
     neutral = memory_neutral(config.family)
     model_config = {
@@ -109,7 +109,7 @@ def profile_key(
             name: _size_value(value, searched_float=name in family.search_space)
             for name, value in sorted(model_config.items())
         },
-        "fused": profiling_config(config, device, members).fuse == "on",
+        "fused": profiling_config(config, device, group_size).fuse == "on",
         "data": {
             "lookback": config.lookback,
             "n_folds": config.n_folds,
@@ -122,8 +122,8 @@ def profile_key(
         "device": device_name,
         "torch": torch.__version__,
     }
-    if members > 1:
-        key["members"] = members
+    if group_size > 1:
+        key["group_size"] = group_size
     if device_name == ESTIMATE_DEVICE_NAME:
         key["allowances"] = {
             "context": context_allowance(),
@@ -132,13 +132,13 @@ def profile_key(
     return key
 
 
-def type_key(config: TrainConfig, gpu_type: GpuType, members: int = 1) -> dict[str, Any]:
+def type_key(config: TrainConfig, gpu_type: GpuType, group_size: int = 1) -> dict[str, Any]:
     """The shape key of ``config`` on a cluster's GPU type: the same fields as
     :func:`profile_key`, the type's name instead of a device name (the profiling task
     decides on the node whether it measures or estimates), and the allowances an
     estimate depends on. The declared memory is not part of it: an estimate's bytes do
     not depend on it, and the share reads the type's current declaration."""
-    key = profile_key(config, torch.device("cpu"), ESTIMATE_DEVICE_NAME, members)
+    key = profile_key(config, torch.device("cpu"), ESTIMATE_DEVICE_NAME, group_size)
     key["device"] = f"ray-type:{gpu_type.name}"
     return key
 

@@ -15,7 +15,7 @@ from typing import Any
 from ray.tune import Callback
 
 from hpo.trials import TrialStatus
-from trainables.trial_keys import GROUP_KEY, is_group_trial, member_slugs
+from trainables.trial_keys import GROUP_KEY, is_group_trial, trial_slugs
 
 
 class SweepProgress(Callback):
@@ -133,8 +133,8 @@ class SweepProgress(Callback):
         if not is_group_trial(config):
             who = f"seed {config['seed']}"
         else:
-            slugs = member_slugs(config[GROUP_KEY])
-            entries = (result.get("members") or {}).values()
+            slugs = trial_slugs(config[GROUP_KEY])
+            entries = (result.get("trials") or {}).values()
             stopped = sum(1 for entry in entries if entry.get("stopped"))
             who = f"group of {len(slugs)} ({', '.join(slugs)})" + (
                 f", {stopped} stopped at a rung" if stopped else ""

@@ -115,7 +115,7 @@ class FusionSpec(_Strict):
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
     (they differ only in what members may: lr, weight decay, and the family's own, such as
-    the position scale and dropout rates; ``trainables.group.member_settings``). Forecast
+    the position scale and dropout rates; ``trainables.group.per_trial_settings``). Forecast
     families only (rl families run ungrouped). Compare mode groups further configurations
     only where the space searches nothing else: its statistics take configurations as
     independent draws, so it never holds a searched shape. With ``resources.gpu =
@@ -283,7 +283,7 @@ class SweepSpec(_Strict):
         """Configurations of one shape the searcher asks for ``model`` at a time: as many
         as fit a group beside their seeds, where a setting members may differ in is
         searched (lr, weight decay, the family's own:
-        :func:`trainables.group.member_settings`); 1 otherwise. Compare mode batches only
+        :func:`trainables.group.per_trial_settings`); 1 otherwise. Compare mode batches only
         where the space searches nothing else: every draw then has the batch's shape
         without holding it, and each configuration stays an independent draw of the
         space, as its statistics take it (holding a searched shape would correlate the
@@ -298,13 +298,13 @@ class SweepSpec(_Strict):
 
     def _batch_size(self, model: str) -> int:
         from hpo.search.space import trial_space
-        from trainables.group import member_settings
+        from trainables.group import per_trial_settings
 
         try:
             dims = trial_space(model, self.search_space.get(model)).dims
         except (FamilyError, ValueError):
             return 1
-        varying = member_settings(get_family(model))
+        varying = per_trial_settings(get_family(model))
         if not any(key in dims for key in varying):
             return 1  # every configuration of one shape would be the same configuration
         if self.compare and any(key not in varying for key in dims):

@@ -68,7 +68,7 @@ class TrialResources:
                 trial.train_config(),
                 headroom=self.headroom,
                 floor=trial.gpu_fraction_floor,
-                members=members,
+                group_size=members,
             )
         bundle = {"CPU": float(self.cpu)}
         if float(gpu) > 0:

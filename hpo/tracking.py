@@ -39,7 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from trainables.trial_keys import is_group_trial, member_key, trial_units
+from trainables.trial_keys import is_group_trial, trial_key, trials_of
 
 log = logging.getLogger("hpo.tracking")
 
@@ -393,7 +393,7 @@ class MlflowSweepCallback(Callback):
         if not is_group_trial(trial.config):
             self._log_result(trial.trial_id, trial.config, result, final_may_repeat=True)
             return
-        reported = result.get("members") or {}
+        reported = result.get("trials") or {}
         for unit_id, config, slug in _units(trial):
             entry = reported.get(slug)
             if entry is None or unit_id in self.closed:
@@ -456,7 +456,7 @@ class MlflowSweepCallback(Callback):
         if is_group_trial(trial.config):
             from trainables.trial import CKPT_SUBDIR
 
-            reported = result.get("members") or {}
+            reported = result.get("trials") or {}
             for unit_id, _, slug in _units(trial):
                 entry = reported.get(slug) or {}
                 if unit_id in self.closed:
@@ -578,7 +578,7 @@ class MlflowSweepCallback(Callback):
             run_id = run.info.run_id
             self.last_epoch[trial_id] = 0
         self.run_ids[trial_id] = run_id
-        self.member_runs.setdefault(member_key(config), run_id)
+        self.member_runs.setdefault(trial_key(config), run_id)
         # Params last, and on a reopened run too (MLflow accepts a param logged again with
         # its value): a retry after a failure here still logs them, and a rejected param
         # leaves the run known, so the trial's metrics still land.
@@ -592,7 +592,7 @@ class MlflowSweepCallback(Callback):
         the first attempt has no run, so the retry opens one); its group tag names the
         group trial the retry runs in (none for a retry alone)."""
         assert self.experiment_id is not None
-        run_id = self.member_runs.get(member_key(config))
+        run_id = self.member_runs.get(trial_key(config))
         if run_id is None:
             runs = self.client.search_runs(
                 [self.experiment_id],
@@ -750,7 +750,7 @@ def _is_retry(config: Mapping[str, Any]) -> bool:
 
 
 def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], str]]:
-    return trial_units(trial.trial_id, trial.config)
+    return trials_of(trial.trial_id, trial.config)
 
 
 def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:

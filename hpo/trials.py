@@ -123,13 +123,13 @@ def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], dict[str, Any], str
     """(trial id, config, last result, checkpoint subpath) of each trial a Tune trial
     holds: itself, or each member of a group trial (``trainables.trial._train_group``)."""
     from trainables.trial import CKPT_SUBDIR
-    from trainables.trial_keys import trial_units
+    from trainables.trial_keys import trials_of
 
     result = trial.last_result or {}
-    units = trial_units(trial.trial_id, trial.config)
+    units = trials_of(trial.trial_id, trial.config)
     if units[0][2] == "":  # a trial of its own
         return [(trial.trial_id, trial.config, result, CKPT_SUBDIR)]
-    reported = result.get("members") or {}
+    reported = result.get("trials") or {}
     return [
         (unit_id, member, dict(reported.get(slug) or {}), f"{CKPT_SUBDIR}/{slug}")
         for unit_id, member, slug in units

@@ -147,17 +147,17 @@ def _check_contract(name: str, family: Family) -> None:
     if not dataclasses.is_dataclass(family.config_cls):
         raise FamilyError(f"model {name!r}: config_cls must be a dataclass")
     fields = set(family.config_fields())
-    named = set(family.search_space) | family.shape_settings | family.member_settings
+    named = set(family.search_space) | family.shape_settings | family.per_trial_settings
     unknown = (named | set(family.tiny)) - fields
     if unknown:
         raise FamilyError(
-            f"model {name!r}: search_space, shape_settings, member_settings and tiny name "
+            f"model {name!r}: search_space, shape_settings, per_trial_settings and tiny name "
             f"settings its config {family.config_cls.__name__} does not have: {sorted(unknown)}"
         )
-    if family.member_settings & family.shape_settings:
+    if family.per_trial_settings & family.shape_settings:
         raise FamilyError(
-            f"model {name!r}: {sorted(family.member_settings & family.shape_settings)} are "
-            "both shape_settings and member_settings (members of one group share shapes)"
+            f"model {name!r}: {sorted(family.per_trial_settings & family.shape_settings)} are "
+            "both shape_settings and per_trial_settings (a group trial's trials share shapes)"
         )
 
 

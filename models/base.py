@@ -300,17 +300,17 @@ class Family:
     a layer kind, the loss): models that differ in one cannot share a fused stack. Every
     other setting (rates, loss weights, position scale, initialization) leaves one module
     the same shape; checked by tests/models/test_contract.py."""
-    member_settings: frozenset[str] = frozenset()
-    """Settings the members of a group trial may differ in: ones the fused training step
-    never reads (the position scale, read only where positions are taken, by each member's
-    own module; an initialization range, read only when a member's module is built) and
-    ones it reads per member, as a tensor: a dropout rate (every dropout the setting feeds
+    per_trial_settings: frozenset[str] = frozenset()
+    """Settings the trials of a group trial may differ in: ones the fused training step
+    never reads (the position scale, read only where positions are taken, by each trial's
+    own module; an initialization range, read only when a trial's module is built) and
+    ones it reads per slot, as a tensor: a dropout rate (every dropout the setting feeds
     is a :class:`models.ops.Dropout`), a loss weight the module also holds as a 0-d buffer
     named in ``setting_buffers`` and reads through :func:`models.ops.per_slot`, a buffer
-    derived from the setting (a noise schedule). Each member evaluates and saves with its
-    own values. Empty: members share every model setting. Checked per family by
-    tests/trainables/test_group.py (members that differ in them train as they would
-    alone; a member without dropout beside one with it, as it would alone)."""
+    derived from the setting (a noise schedule). Each trial evaluates and saves with its
+    own values. Empty: the trials share every model setting. Checked per family by
+    tests/trainables/test_group.py (trials that differ in them train as they would
+    alone; a trial without dropout beside one with it, as it would alone)."""
     fusable: bool | None = None
     """Whether same-shape models of the family can train fused (one vmapped model, see
     ``trainables.stacked``). None: True for forecast families, False for rl families

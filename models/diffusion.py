@@ -541,7 +541,7 @@ FAMILY = Family(
     ),
     tiny={"hidden": 16, "n_samples": 8, "sampling_steps": 5},
     # Read by positions and sampling only; the schedule is buffers, stacked per slot.
-    member_settings=frozenset({"position_scale", "n_samples", "schedule"}),
+    per_trial_settings=frozenset({"position_scale", "n_samples", "schedule"}),
     shape_settings=frozenset(
         {"hidden", "encoder", "denoiser_layers", "diffusion_steps", "sampling_steps"}
     ),

@@ -399,7 +399,7 @@ FAMILY = Family(
     ),
     # Read by positions or by each trial's own grid refit only; the regularization
     # weights per slot.
-    member_settings=frozenset(
+    per_trial_settings=frozenset(
         {"position_scale", "grid_eps", "grid_update_epochs", "reg_lambda", "reg_entropy"}
     ),
     shape_settings=frozenset({"window", "width", "n_layers", "grid_size", "spline_order", "loss"}),

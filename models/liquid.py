@@ -271,7 +271,7 @@ FAMILY = Family(
     ),
     tiny={"hidden": 8, "backbone_units": 16},
     # The position scale is read by positions only; the dropout rate per slot.
-    member_settings=frozenset({"position_scale", "backbone_dropout"}),
+    per_trial_settings=frozenset({"position_scale", "backbone_dropout"}),
     shape_settings=frozenset(
         {
             "hidden",

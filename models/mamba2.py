@@ -371,7 +371,7 @@ FAMILY = Family(
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused slots
     tiny={"d_model": 16, "n_layers": 1, "d_state": 8, "head_dim": 8},
     # Read by positions and by initialization only; the dropout rate per slot.
-    member_settings=frozenset({"position_scale", "dt_min", "dt_max", "dropout"}),
+    per_trial_settings=frozenset({"position_scale", "dt_min", "dt_max", "dropout"}),
     shape_settings=frozenset(
         {"d_model", "n_layers", "d_state", "expand", "head_dim", "d_conv", "chunk_size", "loss"}
     ),

@@ -543,7 +543,7 @@ FAMILY = Family(
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused slots
     tiny={"d_model": 8, "n_heads": 1, "dropout": 0.0},
     # The position scale is read by positions only; the dropout rate per slot.
-    member_settings=frozenset({"position_scale", "dropout"}),
+    per_trial_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset(
         {"d_model", "n_heads", "lstm_layers", "quantiles", "static_embedding"}
     ),

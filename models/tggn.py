@@ -374,7 +374,7 @@ FAMILY = Family(
     tiny={"channels": 8, "skip_channels": 16, "end_channels": 16, "node_dim": 4, "n_layers": 1},
     # The position scale is read by positions only; the dropout rate and mix-hop's beta
     # per slot.
-    member_settings=frozenset({"position_scale", "dropout", "beta"}),
+    per_trial_settings=frozenset({"position_scale", "dropout", "beta"}),
     shape_settings=frozenset(
         {
             "channels",

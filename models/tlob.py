@@ -308,7 +308,7 @@ FAMILY = Family(
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused slots
     tiny={"hidden_dim": 16, "n_layers": 1},
     # The position scale is read by positions only; the dropout rate per slot.
-    member_settings=frozenset({"position_scale", "dropout"}),
+    per_trial_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset({"hidden_dim", "n_layers", "n_heads", "sinusoidal", "loss"}),
     keeps_f32=(
         "BiN's means, standard deviations and normalized window (sums over L or F; "

@@ -412,7 +412,7 @@ FAMILY = Family(
     fuse_on_cpu=False,  # fused slower on a CPU: bench/README.md, Fused slots
     tiny={"d_model": 16, "blocks": "ms", "n_heads": 2, "dropout": 0.0},
     # The position scale is read by positions only; the dropout rate per slot.
-    member_settings=frozenset({"position_scale", "dropout"}),
+    per_trial_settings=frozenset({"position_scale", "dropout"}),
     shape_settings=frozenset(
         {
             "d_model",

@@ -22,8 +22,8 @@ from models import get_family
 from trainables.precision import POLICY_NAMES
 from trainables.trial_keys import GROUP_KEY as GROUP_KEY
 from trainables.trial_keys import is_group_trial as is_group_trial
-from trainables.trial_keys import member_slug as member_slug
-from trainables.trial_keys import member_slugs
+from trainables.trial_keys import trial_slug as trial_slug
+from trainables.trial_keys import trial_slugs
 
 CUDA_GRAPHS_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
 FUSE_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
@@ -257,9 +257,9 @@ class TrialConfig:
     base: TrialBase
     config_id: str = ""
     """The sampled configuration this trial runs (the searcher's suggestion): its seeds,
-    and in compare mode its precisions, are the configuration's members."""
+    and in compare mode its precisions, are the configuration's trials."""
     pair_id: str = ""
-    """Shared by the members of one configuration and seed that differ only in precision."""
+    """Shared by the trials of one configuration and seed that differ only in precision."""
     member: str = ""
     """``precision/seed``: this trial's place in its configuration."""
     gpu_fraction_floor: float = 0.0
@@ -340,56 +340,56 @@ class TrialConfig:
 
 @dataclass(frozen=True)
 class GroupTrialConfig:
-    """One Ray Tune trial that trains several member trials as one group
+    """One Ray Tune trial that trains several trials as one group
     (:class:`trainables.group.TrainerGroup`). Its dict form is::
 
-    {"model", "precision", "config_id", "group": [member trial dicts]}
+    {"model", "precision", "config_id", "group": [trial dicts]}
 
-    where model and precision are the members' own (they share them) and config_id the
-    first member's (a group may hold several configurations of one shape): Tune's trial
+    where model and precision are its trials' own (they share them) and config_id the
+    first trial's (a group may hold several configurations of one shape): Tune's trial
     table, directory names and the sweep's progress read them as from any trial."""
 
-    members: tuple[TrialConfig, ...]
+    trials: tuple[TrialConfig, ...]
 
     def __post_init__(self) -> None:
-        if not self.members:
-            raise ValueError("a group trial needs at least one member")
-        first = self.members[0]
-        for m in self.members[1:]:
-            if (m.family, m.precision) != (first.family, first.precision):
+        if not self.trials:
+            raise ValueError("a group trial needs at least one trial")
+        first = self.trials[0]
+        for t in self.trials[1:]:
+            if (t.family, t.precision) != (first.family, first.precision):
                 raise ValueError(
-                    f"group members share model and precision: {m.member!r} is "
-                    f"{m.family}/{m.precision}, {first.member!r} {first.family}/{first.precision}"
+                    f"a group trial's trials share model and precision: {t.member!r} is "
+                    f"{t.family}/{t.precision}, {first.member!r} {first.family}/{first.precision}"
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        first = self.members[0]
+        first = self.trials[0]
         return {
             "model": first.family,
             "precision": first.precision,
             "config_id": first.config_id,
-            GROUP_KEY: [m.to_dict() for m in self.members],
+            GROUP_KEY: [t.to_dict() for t in self.trials],
         }
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> GroupTrialConfig:
-        return cls(members=tuple(TrialConfig.from_dict(m) for m in config[GROUP_KEY]))
+        return cls(trials=tuple(TrialConfig.from_dict(t) for t in config[GROUP_KEY]))
 
     def train_configs(self) -> list[TrainConfig]:
-        return [m.train_config() for m in self.members]
+        return [t.train_config() for t in self.trials]
 
     def slugs(self) -> list[str]:
-        """Each member's name in reports and checkpoint paths (:func:`member_slugs`)."""
-        return member_slugs([m.to_dict() for m in self.members])
+        """Each trial's name in reports and checkpoint paths (:func:`trial_slugs`)."""
+        return trial_slugs([t.to_dict() for t in self.trials])
 
 
 def share_sized_by(config: Mapping[str, Any]) -> tuple[TrialConfig, int]:
-    """(trial, members) a Tune trial's GPU share is sized and placed by: the trial itself
-    and 1, or a group trial's first member (it carries the group's OOM floor and GPU type)
-    and the group's size."""
+    """(trial, trials of its group) a Tune trial's GPU share is sized and placed by: the
+    trial itself and 1, or a group trial's first trial (it carries the group's OOM floor
+    and GPU type) and the group's size."""
     if is_group_trial(config):
-        members = GroupTrialConfig.from_dict(config).members
-        return members[0], len(members)
+        trials = GroupTrialConfig.from_dict(config).trials
+        return trials[0], len(trials)
     return TrialConfig.from_dict(config), 1
 
 

@@ -36,7 +36,7 @@ from trainables.config import (
 from trainables.fold_run import TrialDiverged
 from trainables.memory import freeze_long_lived_objects
 from trainables.trainer import Trainer
-from trainables.trial_keys import member_key
+from trainables.trial_keys import trial_key
 
 log = logging.getLogger("trainables.trial")
 
@@ -48,21 +48,21 @@ class GpuShare(Protocol):
     """What keeps a trial inside its GPU share: Ray does not enforce fractional shares.
     The sweep hands in :class:`cluster.trial_share.PackedShare`."""
 
-    # ``members``: a group trial's (its shape is the fused group's), 1 for a trial alone.
+    # ``group_size``: a group trial's (its shape is the fused group's), 1 for a trial alone.
     def cap_memory(
-        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+        self, config: TrainConfig, gpu_fraction: float, group_size: int = 1
     ) -> float | None:
         """Cap this process's allocator before anything is built; the cap set, if any."""
         ...
 
     def memory_metrics(
-        self, config: TrainConfig, gpu_fraction: float, members: int = 1
+        self, config: TrainConfig, gpu_fraction: float, group_size: int = 1
     ) -> dict[str, float]:
         """Numbers reported with every epoch (the share, the shape's predicted peak)."""
         ...
 
     def after_oom(
-        self, config: TrainConfig, gpu_fraction: float, message: str, members: int = 1
+        self, config: TrainConfig, gpu_fraction: float, message: str, group_size: int = 1
     ) -> dict[str, Any]:
         """Fields of the OOM report (the share to retry at, or why none fits; for a group
         that no share holds, ``oom_split`` 1 and the share of each half), called once the
@@ -71,11 +71,11 @@ class GpuShare(Protocol):
 
 
 class EarlyStop(Protocol):
-    """What stops members early where the scheduler cannot: a grouped sweep's ASHA, which
-    decides per member (:class:`hpo.rungs.RungJudge`)."""
+    """What stops a group trial's trials early where the scheduler cannot: a grouped
+    sweep's ASHA, which decides per trial (:class:`hpo.rungs.RungJudge`)."""
 
-    def keep(self, member: str, result: Mapping[str, Any]) -> bool:
-        """Whether ``member`` (:func:`~trainables.trial_keys.member_key`) trains on after
+    def keep(self, trial: str, result: Mapping[str, Any]) -> bool:
+        """Whether ``trial`` (its :func:`~trainables.trial_keys.trial_key`) trains on after
         the epoch it reported ``result`` for."""
         ...
 
@@ -84,8 +84,8 @@ def run_trial(
     config: dict[str, Any], share: GpuShare | None = None, judge: EarlyStop | None = None
 ) -> None:
     """Ray Tune function trainable. Without a ``share`` (a direct call) nothing is capped
-    and a CUDA out-of-memory error is raised; without a ``judge`` every member trains to
-    its last epoch unless the scheduler stops its trial."""
+    and a CUDA out-of-memory error is raised; without a ``judge`` every trial trains to
+    its last epoch unless the scheduler stops its Tune trial."""
     freeze_long_lived_objects()  # first, while nothing of this trial exists yet
     resources = tune.get_context().get_trial_resources()
     required = resources.required_resources if resources is not None else {}
@@ -96,7 +96,7 @@ def run_trial(
         return
     trial = TrialConfig.from_dict(config)
     train_config = trial.train_config()
-    keep = _asker(judge, member_key(trial.to_dict()))
+    keep = _asker(judge, trial_key(trial.to_dict()))
     memory: dict[str, float] = {}
     if share is not None:
         share.cap_memory(train_config, gpu_fraction)
@@ -165,7 +165,7 @@ def _train(
             )
             return
         cost = gpu_cost(trainer, gpu_fraction)
-        # Judged before the report, as a group's members are: a snapshot that holds this
+        # Judged before the report, as a group trial's trials are: a snapshot that holds this
         # epoch's checkpoint then has its decision too (a resume re-runs no stopped epoch).
         going_on = trainer.epoch < train_config.epochs
         stopped = keep is not None and going_on and not keep(metrics)
@@ -180,7 +180,7 @@ def _train(
             return  # stopped at a rung: its run and checkpoint are this epoch's
 
 
-GROUP_STATE = "group.json"  # beside the members' checkpoints: members that ended, and why
+GROUP_STATE = "group.json"  # beside the trials' checkpoints: trials that ended, and why
 STOPPED_AT_RUNG = "stopped by ASHA at a rung"
 
 
@@ -190,34 +190,34 @@ def _train_group(
     share: GpuShare | None,
     judge: EarlyStop | None = None,
 ) -> None:
-    """Train a group trial's members as one :class:`~trainables.group.TrainerGroup`. Each
-    epoch reports every member's latest metrics under ``"members"`` (by
-    :meth:`~trainables.config.GroupTrialConfig.slugs`), with each member's checkpoint in
-    ``state/<slug>/``; a member that diverged, or that ``judge`` stopped (``stopped`` 1),
+    """Train a group trial's trials as one :class:`~trainables.group.TrainerGroup`. Each
+    epoch reports every trial's latest metrics under ``"trials"`` (by
+    :meth:`~trainables.config.GroupTrialConfig.slugs`), with each trial's checkpoint in
+    ``state/<slug>/``; a trial that diverged, or that ``judge`` stopped (``stopped`` 1),
     keeps its final entry and trains no more, also after a resume. The top-level
-    ``val_sharpe`` is the best member's (what Tune's progress reads). A CUDA OOM anywhere
-    is the group's share's fault: every member still training reports it (``oom`` 1,
+    ``val_sharpe`` is the best trial's (what Tune's progress reads). A CUDA OOM anywhere
+    is the group's share's fault: every trial still training reports it (``oom`` 1,
     with what ``share`` makes of it), the ended ones their final entries."""
     configs = group.train_configs()
-    members = len(configs)
+    group_size = len(configs)
     memory: dict[str, float] = {}
     if share is not None:
-        share.cap_memory(configs[0], gpu_fraction, members)
-        memory = share.memory_metrics(configs[0], gpu_fraction, members)
+        share.cap_memory(configs[0], gpu_fraction, group_size)
+        memory = share.memory_metrics(configs[0], gpu_fraction, group_size)
     node = _node()
     slugs = group.slugs()
-    latest: dict[str, dict[str, Any]] = {}  # each member's latest entry, by slug
+    latest: dict[str, dict[str, Any]] = {}  # each trial's latest entry, by slug
     oom: str | None = None
     try:
         _fit_group(group, gpu_fraction, judge, memory, node, latest)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
-        oom = str(exc)  # only the message leaves: the traceback holds every member's tensors
+        oom = str(exc)  # only the message leaves: the traceback holds every trial's tensors
     if oom is None or share is None:
         return
     _free_cuda_cache()
-    verdict = share.after_oom(configs[0], gpu_fraction, oom, members)
+    verdict = share.after_oom(configs[0], gpu_fraction, oom, group_size)
     for slug, config in zip(slugs, configs, strict=True):
         entry = latest.get(slug, {})
         if entry.get("diverged") or entry.get("stopped") or entry.get("epoch", 0) >= config.epochs:
@@ -236,7 +236,7 @@ def _train_group(
             "val_sharpe": math.nan,
             "oom": 1,
             "group_size": len(slugs),
-            "members": latest,
+            "trials": latest,
             **node,
             **verdict,
         }
@@ -252,14 +252,14 @@ def _fit_group(
     latest: dict[str, dict[str, Any]],
 ) -> None:
     """The group trial's training (see :func:`_train_group`), reporting each epoch with
-    ``memory`` and ``node`` in every member's entry; ``latest`` holds the entries."""
+    ``memory`` and ``node`` in every trial's entry; ``latest`` holds the entries."""
     from trainables.group import TrainerGroup
 
     slugs = group.slugs()
     checkpoints, restored = _restore_group(slugs)
     latest.update(restored)
     trainers = TrainerGroup(group.train_configs(), checkpoints=checkpoints)
-    del checkpoints  # their tensors are the members' now
+    del checkpoints  # their tensors are the trials' now
     for index, slug in enumerate(slugs):
         ended = latest.get(slug, {})
         if ended.get("diverged"):  # diverged before the restart: stays out
@@ -268,26 +268,26 @@ def _fit_group(
             trainers.diverged[index] = reason
         elif ended.get("stopped"):  # stopped at a rung before the restart
             trainers.stop(index, STOPPED_AT_RUNG)
-    keys = [member_key(m.to_dict()) for m in group.members]
+    keys = [trial_key(t.to_dict()) for t in group.trials]
     while trainers.training:
         metrics = trainers.train_epoch()
-        for index, member in enumerate(trainers.members):
+        for index, trial in enumerate(trainers.trials):
             slug = slugs[index]
             if index in metrics:
-                cost = gpu_cost(member, gpu_fraction)
+                cost = gpu_cost(trial, gpu_fraction)
                 latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
-                going_on = member.epoch < member.config.epochs
+                going_on = trial.epoch < trial.config.epochs
                 if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
                     trainers.stop(index, STOPPED_AT_RUNG)
                     latest[slug]["stopped"] = 1
             elif index in trainers.diverged and not latest.get(slug, {}).get("diverged"):
                 latest[slug] = {
                     **_totals(latest.get(slug, {})),
-                    "epoch": member.epoch + 1,
+                    "epoch": trial.epoch + 1,
                     "val_sharpe": math.nan,
                     "diverged": 1,
                     "failure_reason": trainers.diverged[index],
-                    "fell_back_to_f32": int(member.fell_back_to_f32),
+                    "fell_back_to_f32": int(trial.fell_back_to_f32),
                     **node,
                 }
         finite = [
@@ -300,15 +300,15 @@ def _fit_group(
             "val_sharpe": max(finite) if finite else math.nan,
             "diverged": int(all(m.get("diverged") for m in latest.values())),
             "group_size": len(slugs),
-            "members": {slug: dict(entry) for slug, entry in latest.items()},
+            "trials": {slug: dict(entry) for slug, entry in latest.items()},
             **memory,
             **node,
         }
         with tempfile.TemporaryDirectory(prefix="hpo-ckpt-") as tmp:
             root = Path(tmp) / CKPT_SUBDIR
-            for index, member in enumerate(trainers.members):
+            for index, trial in enumerate(trainers.trials):
                 if index not in trainers.diverged:
-                    member.save(root / slugs[index])
+                    trial.save(root / slugs[index])
             ended = {s: e for s, e in latest.items() if e.get("diverged") or e.get("stopped")}
             (root / GROUP_STATE).write_text(json.dumps(ended, default=str))
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
@@ -318,8 +318,8 @@ _GroupState = tuple[list[Checkpoint | None], dict[str, dict[str, Any]]]
 
 
 def _restore_group(slugs: list[str]) -> _GroupState:
-    """Each member's checkpoint in this group trial's newest good checkpoint (None: a
-    member that starts fresh) and the final entries of members that ended."""
+    """Each trial's checkpoint in this group trial's newest good checkpoint (None: a
+    trial that starts fresh) and the final entries of trials that ended."""
     found = _newest_usable(lambda checkpoint: _load_group(checkpoint, slugs))
     return found if found is not None else ([None] * len(slugs), {})
 
@@ -370,7 +370,7 @@ def _free_cuda_cache() -> None:
 
 
 def _totals(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """The cost totals of a member's last entry: a final entry (diverged, OOM) carries
+    """The cost totals of a trial's last entry: a final entry (diverged, OOM) carries
     them on, so the time its epochs took still counts."""
     return {k: v for k, v in entry.items() if k.endswith("_total")}
 

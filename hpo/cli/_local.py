@@ -77,7 +77,7 @@ def models_cmd(
         console.print(table)
         console.print(f"  [dim]kept in f32 under bf16:[/] {family.keeps_f32}")
         fused = (
-            "no (rl: its environments and replay have no member dimension)"
+            "no (rl: its environments and replay have no slot dimension)"
             if not family.fuses
             else "yes"
             + ("" if family.fuse_on_cpu else " (on a GPU; unfused on a CPU, where it is slower)")

@@ -11,7 +11,7 @@ metric values.
 Group trials (``fusion.group_size`` K > 1, a family that fuses): a search stream asks
 for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.batch_size`), the
 first searched whole and the others with every setting but those members may differ in
-(:func:`trainables.group.member_settings`: seed, lr, weight decay, the family's own)
+(:func:`trainables.group.per_trial_settings`: seed, lr, weight decay, the family's own)
 held at the first's; a batch's members of one precision (configurations x seeds, at most
 K, split evenly) train as one group trial. Compare mode holds nothing: it groups the
 seeds of each configuration, and batches configurations only where nothing else is
@@ -41,8 +41,8 @@ from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
-from trainables.group import member_settings
-from trainables.trial_keys import member_slugs
+from trainables.group import per_trial_settings
+from trainables.trial_keys import trial_slugs
 
 
 @dataclass
@@ -77,7 +77,7 @@ class SweepSearcher(Searcher):
         # whether its trials group, and how many configurations of one shape to ask at once.
         self.grouped = {model: spec.groups(model) for model in spec.models}
         self.batch = {model: spec.batch_size(model) for model in spec.models}
-        self.varying = {model: member_settings(get_family(model)) for model in spec.models}
+        self.varying = {model: per_trial_settings(get_family(model)) for model in spec.models}
         self.asha_per_member = spec.asha_per_member
         self.configs_made = [0] * len(self.streams)
         self.next_stream = 0
@@ -130,12 +130,12 @@ class SweepSearcher(Searcher):
             self.queue.appendleft(retry.to_dict())
             return
         if grouped:  # a group trial: each member's own result
-            reported = (result or {}).get("members") or {}
+            reported = (result or {}).get("trials") or {}
             members = self.trial_group[trial_id]
             dicts = self.trial_config[trial_id][GROUP_KEY]
             retries: list[TrialConfig] = []
             for (config_id, member), slug, config in zip(
-                members, member_slugs(dicts), dicts, strict=True
+                members, trial_slugs(dicts), dicts, strict=True
             ):
                 entry = {} if error else reported.get(slug) or {}
                 if entry.get("oom") and entry.get("oom_retry_gpu_fraction"):

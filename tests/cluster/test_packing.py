@@ -168,7 +168,7 @@ def test_retry_after_oom_grows_the_fraction(
 def test_a_group_oom_is_recorded_against_its_group_shape_and_split_on_a_whole_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The OOM of a group trial of 3 counts against the 3-member shape (the one its share
+    """The OOM of a group trial of 3 counts against the 3-trial shape (the one its share
     was profiled for), not against a trial alone; on a whole GPU PackedShare splits it,
     each half at no less than half the GPU."""
     from cluster.trial_share import PackedShare
@@ -179,27 +179,27 @@ def test_a_group_oom_is_recorded_against_its_group_shape_and_split_on_a_whole_gp
     table = VramTable(tmp_path / "vram.json")
     config = train_config()
     cpu = torch.device("cpu")
-    first = gpu_fraction_for_trial(config, table=table, mode="estimate", members=3)
+    first = gpu_fraction_for_trial(config, table=table, mode="estimate", group_size=3)
     alone = gpu_fraction_for_trial(config, table=table, mode="estimate")
     assert alone < first < 3 * alone  # one context for three
-    retry = retry_fraction_after_oom(config, first, table=table, mode="estimate", members=3)
+    retry = retry_fraction_after_oom(config, first, table=table, mode="estimate", group_size=3)
     assert retry >= first * 1.15 - 1e-4
     group_key, alone_key = (profile_key(config, cpu, "estimate", n) for n in (3, 1))
     assert (table.oom_count(group_key), table.oom_count(alone_key)) == (1, 0)
     with pytest.raises(TrialDoesNotFit, match="a group of 3 tft/bf16 ran out of memory"):
-        retry_fraction_after_oom(config, 1.0, table=table, mode="estimate", members=3)
+        retry_fraction_after_oom(config, 1.0, table=table, mode="estimate", group_size=3)
 
     import ray
 
     ray_before = ray.is_initialized()
     share = PackedShare()  # outside Tune and Ray: the process's table (HPO_VRAM_CACHE)
-    split = share.after_oom(config, 1.0, "CUDA out of memory", members=3)
+    split = share.after_oom(config, 1.0, "CUDA out of memory", group_size=3)
     # Asking for this node's GPU type outside Ray starts no Ray (one without the test
     # session's logical GPUs would then be every later test's).
     assert ray.is_initialized() == ray_before
     assert (split["oom_split"], split["oom_retry_gpu_fraction"]) == (1, 0.5)
     assert "as a group of 3: split in two" in split["failure_reason"]
-    grown = share.after_oom(config, first, "CUDA out of memory", members=3)
+    grown = share.after_oom(config, first, "CUDA out of memory", group_size=3)
     assert "oom_split" not in grown and grown["oom_retry_gpu_fraction"] > first
     assert VramTable(tmp_path / "vram.json").oom_count(group_key) == 2
     alone_whole = share.after_oom(config, 1.0, "CUDA out of memory")

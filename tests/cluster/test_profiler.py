@@ -179,15 +179,15 @@ def test_forecast_profile_is_smaller_in_bf16() -> None:
     assert restored == f32
 
 
-def test_a_group_profile_holds_every_member_in_one_context() -> None:
+def test_a_group_profile_holds_every_trial_in_one_context() -> None:
     """A group trial of three KAN trials (two folds each) fused: three times a trial's
     state and step, one CUDA context and cuBLAS workspace, under its own shape key."""
     from cluster.vram_table import key_string, profile_key
 
     config = tiny_config("kan", "f32", n_folds=2)
     alone = profile_trial(config, device=CPU)
-    group = profile_trial(config, device=CPU, members=3)
-    assert (alone.members, group.members) == (1, 3)
+    group = profile_trial(config, device=CPU, group_size=3)
+    assert (alone.group_size, group.group_size) == (1, 3)
     assert group.n_params == alone.n_params and group.n_folds == alone.n_folds == 2
     for part in ("params_bytes", "grads_bytes", "optimizer_bytes"):
         assert getattr(group, part) == 3 * getattr(alone, part), part
@@ -199,10 +199,10 @@ def test_a_group_profile_holds_every_member_in_one_context() -> None:
     )
     assert group.total_bytes < 3 * alone.total_bytes - 2 * alone.context_bytes + 1
     keys = [key_string(profile_key(config, CPU, "estimate", n)) for n in (1, 3, 4)]
-    assert len(set(keys)) == 3 and '"members"' not in keys[0]  # alone: the key of old
+    assert len(set(keys)) == 3 and '"group_size"' not in keys[0]  # alone: the key of old
     assert MemoryProfile.from_dict(group.to_dict()) == group
-    with pytest.raises(ValueError, match="members must be >= 1"):
-        profile_trial(config, device=CPU, members=0)
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
+        profile_trial(config, device=CPU, group_size=0)
 
 
 @pytest.mark.gpu
@@ -211,7 +211,7 @@ def test_a_group_estimate_within_ten_percent_of_its_cuda_measurement() -> None:
     from trainables.config import build_train_config
 
     config = build_train_config("kan", {}, precision="bf16")
-    measured = profile_trial(config, device="cuda", measure=True, members=4)
+    measured = profile_trial(config, device="cuda", measure=True, group_size=4)
     alone = profile_trial(config, device="cuda", measure=True)
     allocated = measured.measured_allocated_bytes
     assert allocated and alone.measured_allocated_bytes

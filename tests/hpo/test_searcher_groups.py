@@ -16,8 +16,8 @@ from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import parse_spec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, is_group_trial
-from trainables.group import member_settings
-from trainables.trial_keys import MEMBER_SETTINGS, trial_units
+from trainables.group import per_trial_settings
+from trainables.trial_keys import PER_TRIAL_SETTINGS, trials_of
 
 
 def _spec(**overrides: Any) -> Any:
@@ -51,8 +51,8 @@ def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
     for t in kan:
         if is_group_trial(t):
             group = GroupTrialConfig.from_dict(t)
-            assert {m.config_id for m in group.members} == {t["config_id"]}
-            assert all(m.params == group.members[0].params for m in group.members)
+            assert {m.config_id for m in group.trials} == {t["config_id"]}
+            assert all(m.params == group.trials[0].params for m in group.trials)
 
 
 def test_the_searcher_is_told_each_members_result() -> None:
@@ -64,7 +64,7 @@ def test_the_searcher_is_told_each_members_result() -> None:
     for trial_id, config in ids.items():
         precision = config["precision"]
         members = {f"{precision}-s0": {"val_sharpe": 1.0}, f"{precision}-s1": {"val_sharpe": 3.0}}
-        searcher.on_trial_complete(trial_id, {"val_sharpe": 3.0, "members": members})
+        searcher.on_trial_complete(trial_id, {"val_sharpe": 3.0, "trials": members})
     (configuration,) = searcher.configs.values()
     assert configuration.results == {"f32/0": 1.0, "f32/1": 3.0, "bf16/0": 1.0, "bf16/1": 3.0}
     assert searcher.searchers[0].n_told == 1  # the configuration's mean, once
@@ -103,22 +103,22 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
     for config in trials.values():
         if not is_group_trial(config):
             continue
-        members = GroupTrialConfig.from_dict(config).members
+        members = GroupTrialConfig.from_dict(config).trials
         assert len({m.config_id for m in members}) == len(members)
-        varying = member_settings(get_family("kan"))
+        varying = per_trial_settings(get_family("kan"))
         shapes = [{k: v for k, v in m.params.items() if k not in varying} for m in members]
         assert all(shape == shapes[0] for shape in shapes)
         # Searched per member: lr, and the position scale (the fused step never reads it).
         assert len({m.params["lr"] for m in members}) == len(members)
         assert len({m.params["position_scale"] for m in members}) == len(members)
         # Member ids stay unique across the group's configurations.
-        ids = [unit for unit, _, _ in trial_units("abc", config)]
+        ids = [unit for unit, _, _ in trials_of("abc", config)]
         assert len(set(ids)) == len(ids) and ids[0].startswith("abc-g0")
     # Each configuration gets its own member's result, told to the stream's searcher.
     for trial_id, config in trials.items():
-        units = trial_units(trial_id, config)
+        units = trials_of(trial_id, config)
         reported = {slug: {"val_sharpe": float(i)} for i, (_, _, slug) in enumerate(units)}
-        searcher.on_trial_complete(trial_id, {"val_sharpe": 0.0, "members": reported})
+        searcher.on_trial_complete(trial_id, {"val_sharpe": 0.0, "trials": reported})
     assert [s.n_told for s in searcher.searchers] == [6, 6]
     assert searcher.suggest("t99") == Searcher.FINISHED
 
@@ -153,7 +153,7 @@ def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_s
     fixed = {
         key: dim.options[0] if isinstance(dim, Choice) else dim.low  # type: ignore[attr-defined]
         for key, dim in trial_space("kan").dims.items()
-        if key not in MEMBER_SETTINGS
+        if key not in PER_TRIAL_SETTINGS
     }
     spec = _spec(
         models=["kan"],
@@ -184,7 +184,7 @@ def test_a_search_that_holds_every_member_setting_asks_one_configuration_at_a_ti
     default = get_family("kan").default_config()
     held = {
         key: getattr(default, key) if hasattr(default, key) else {"lr": 1e-3}.get(key, 0.0)
-        for key in member_settings(get_family("kan")) - {"seed"}
+        for key in per_trial_settings(get_family("kan")) - {"seed"}
     }
     assert {"lr", "weight_decay", "position_scale", "reg_lambda"} <= set(held)
     spec = _spec(

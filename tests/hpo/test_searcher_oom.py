@@ -129,15 +129,15 @@ def test_a_group_oom_retries_its_training_members_as_a_group_with_a_floor() -> N
     oom = {"oom": 1, "oom_retry_gpu_fraction": 0.5, "gpu_type": "L4"}
     members = {slug: dict(oom) for slug in slugs}
     members[slugs[2]] = {"val_sharpe": 0.7, "stopped": 1, "epoch": 1}
-    searcher.on_trial_complete("t1", {"oom": 1, **oom, "members": members})
+    searcher.on_trial_complete("t1", {"oom": 1, **oom, "trials": members})
     retry = searcher.suggest("t2")
     assert isinstance(retry, dict) and is_group_trial(retry)
-    again = GroupTrialConfig.from_dict(retry).members
+    again = GroupTrialConfig.from_dict(retry).trials
     assert [m.seed for m in again] == [0, 1, 3, 4]
     assert {(m.gpu_fraction_floor, m.gpu_type) for m in again} == {(0.5, "L4")}
     assert searcher.suggest("t3") is None  # the retry has not reported
     retry_members = {s: {"val_sharpe": 1.0} for s in GroupTrialConfig.from_dict(retry).slugs()}
-    searcher.on_trial_complete("t2", {"val_sharpe": 1.0, "members": retry_members})
+    searcher.on_trial_complete("t2", {"val_sharpe": 1.0, "trials": retry_members})
     assert searcher.suggest("t4") == Searcher.FINISHED
     # Told once, the mean of all five members: the stopped one's 0.7 and the retries' 1.0.
     assert searcher.searchers[0].n_told == 1
@@ -149,12 +149,12 @@ def test_a_group_that_does_not_fit_a_whole_gpu_is_split_in_two() -> None:
     assert isinstance(group, dict)
     slugs = GroupTrialConfig.from_dict(group).slugs()
     split = {"oom": 1, "oom_split": 1, "oom_retry_gpu_fraction": 0.5}
-    searcher.on_trial_complete("t1", {**split, "members": {s: dict(split) for s in slugs}})
+    searcher.on_trial_complete("t1", {**split, "trials": {s: dict(split) for s in slugs}})
     halves = []
     for trial_id in ("t2", "t3"):
         half = searcher.suggest(trial_id)
         assert isinstance(half, dict) and is_group_trial(half)
-        halves.append(GroupTrialConfig.from_dict(half).members)
+        halves.append(GroupTrialConfig.from_dict(half).trials)
     assert [[m.seed for m in half] for half in halves] == [[0, 1, 2], [3, 4]]
     assert {m.gpu_fraction_floor for half in halves for m in half} == {0.5}
     assert searcher.suggest("t4") is None

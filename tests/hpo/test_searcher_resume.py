@@ -35,7 +35,7 @@ from hpo.spec import SweepSpec, parse_spec
 from models import family_names, get_family
 from models.base import Choice, Float, Int
 from trainables.config import is_group_trial, split_trial_config
-from trainables.trial_keys import trial_units
+from trainables.trial_keys import trials_of
 
 SEARCHERS = ("tpe", "pso", "random")
 
@@ -85,9 +85,9 @@ def _result(config: dict[str, Any]) -> dict[str, Any]:
     """What the trial reports at its end: its objective, or each member's for a group."""
     if not is_group_trial(config):
         return {"val_sharpe": _objective(config), "epoch": 1}
-    members = {slug: {"val_sharpe": _objective(dict(m))} for _, m, slug in trial_units("t", config)}
+    members = {slug: {"val_sharpe": _objective(dict(m))} for _, m, slug in trials_of("t", config)}
     best = max(m["val_sharpe"] for m in members.values())
-    return {"val_sharpe": best, "epoch": 1, "members": members}
+    return {"val_sharpe": best, "epoch": 1, "trials": members}
 
 
 class Driver:

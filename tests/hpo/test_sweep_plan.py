@@ -140,8 +140,8 @@ def test_a_sweep_without_measured_shares_says_what_each_trial_asks(tmp_path: Pat
     )
     assert "no GPUs asked" in render_fixed_plan(0, 2)
     grouped = render_fixed_plan(0.25, 1, group_size=8)
-    assert "4 group trials per GPU, up to 32 members" in grouped
-    assert "group trials of up to 8 members (fused, one share each)" in grouped
+    assert "4 group trials per GPU, up to 32 trials" in grouped
+    assert "group trials of up to 8 trials (fused, one share each)" in grouped
     assert "'measured', but the cluster has no GPU nodes" in render_fixed_plan("measured", 1)
     spec = tiny_spec(tmp_path, resources={"cpu": 1, "gpu": 1})
     plan_of = sweep_plan(spec, TrialResources(spec))
@@ -210,7 +210,7 @@ def test_hpo_sweep_plan_prints_the_table_and_launches_nothing(tmp_path: Path) ->
     for row, (config, members) in zip(rows, plan_configs(spec), strict=True):
         profile = cache.get(type_key(config, gpu_type, members))
         assert profile is not None and profile.pid is not None and profile.node_id
-        assert profile.members == members == 2
+        assert profile.group_size == members == 2
         packing = plan(profile, 0.15, device_total=16 * GiB)
         assert row[6] == "16.0" and float(row[7]) == packing.fraction
         assert int(row[8]) == packing.trials_per_gpu and int(row[9]) == 2 * int(row[8])
@@ -236,15 +236,15 @@ def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) 
     for size, peak_gib in ((1, 1), (8, 6)):
         packer.profiles[key_string(type_key(config, H200, size))] = fake_profile(
             peak_mib=peak_gib * 1024, model="kan", precision="bf16", method="measured",
-            device_name="NVIDIA H200", device_total_bytes=141 * GiB, members=size,
+            device_name="NVIDIA H200", device_total_bytes=141 * GiB, group_size=size,
         )  # fmt: skip
     (row,) = plan_rows(packer, plan_configs(spec))
     # (6 GiB x 1.15 + 0.5) / 141 = 0.052482 -> 0.0525: 19 groups, 152 members per H200
-    assert (row["members"], row["share"], row["trials_per_gpu"]) == (8, 0.0525, 19)
-    assert row["members_per_gpu"] == 152
+    assert (row["group_size"], row["share"], row["trials_per_gpu"]) == (8, 0.0525, 19)
+    assert row["grouped_trials_per_gpu"] == 152
     header, _, body = render_plan([row], 0.15).splitlines()[1:4]
     assert header.split()[4:5] + header.split()[11:14] == [
-        "members", "groups/GPU", "members/GPU", "groups",
+        "trials", "groups/GPU", "trials/GPU", "groups",
     ]  # fmt: skip
     assert body.split()[:4] == ["kan", "bf16", "H200", "8"]
     assert body.split()[7:10] == ["0.0525", "19", "152"]

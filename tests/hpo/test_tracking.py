@@ -410,9 +410,9 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
     callback.on_trial_start(0, [], first)
     entries = {s: {"epoch": 1, "val_sharpe": 0.1} for s in ("bf16-s0", "bf16-s1", "bf16-s2")}
     entries["bf16-s1"]["stopped"] = 1
-    callback.on_trial_result(0, [], first, {"epoch": 1, "members": entries})
+    callback.on_trial_result(0, [], first, {"epoch": 1, "trials": entries})
     oom = {"epoch": 2, "oom": 1, "oom_retry_gpu_fraction": 0.4, "failure_reason": "CUDA OOM"}
-    first.last_result = {**oom, "members": {**entries, "bf16-s0": oom, "bf16-s2": oom}}
+    first.last_result = {**oom, "trials": {**entries, "bf16-s0": oom, "bf16-s2": oom}}
     callback.on_trial_result(0, [], first, first.last_result)
     callback.on_trial_complete(0, [], first)
     assert callback.flush()
@@ -431,8 +431,8 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
     retry = group("t1", [member(0, 0.4), member(2, 0.4)])
     callback.on_trial_start(0, [], retry)
     done = {s: {"epoch": 2, "val_sharpe": 0.9} for s in ("bf16-s0", "bf16-s2")}
-    callback.on_trial_result(0, [], retry, {"epoch": 2, "members": done})
-    retry.last_result = {"epoch": 2, "members": done}
+    callback.on_trial_result(0, [], retry, {"epoch": 2, "trials": done})
+    retry.last_result = {"epoch": 2, "trials": done}
     callback.on_trial_complete(0, [], retry)
     assert callback.flush()
     after = [r for r in client.search_runs([callback.experiment_id]) if r.data.tags.get("member")]

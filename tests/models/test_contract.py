@@ -624,7 +624,7 @@ def test_settings_fused_slots_read_per_slot_are_tensors_no_checkpoint_holds(
     plain = [n for n, m in module.named_modules() if type(m) is torch.nn.Dropout]
     assert not plain, f"{model}: plain nn.Dropout at {plain}"
     settings = setting_buffers(module)
-    if any("dropout" in name for name in family.member_settings):
+    if any("dropout" in name for name in family.per_trial_settings):
         assert any(name.endswith(".rate") for name in settings)
     buffers = dict(module.named_buffers())
     kept = keep_f32_names(module)

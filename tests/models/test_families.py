@@ -68,10 +68,10 @@ def test_a_reference_resolves_to_a_family_outside_the_repository(
             DESK.replace(
                 'shape_settings=frozenset({"hidden", "layers", "loss"})',
                 'shape_settings=frozenset({"hidden", "layers", "loss"}), '
-                'member_settings=frozenset({"hidden"})',
+                'per_trial_settings=frozenset({"hidden"})',
             ),
             "broken:FAMILY",
-            "['hidden'] are both shape_settings and member_settings",
+            "['hidden'] are both shape_settings and per_trial_settings",
         ),
     ],
 )

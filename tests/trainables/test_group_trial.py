@@ -1,4 +1,4 @@
-"""A group trial under Ray Tune (trainables.trial with a GroupTrialConfig): every member's
+"""A group trial under Ray Tune (trainables.trial with a GroupTrialConfig): every trial's
 metrics each epoch, its own checkpoint, and a row of its own in hpo.trials."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hpo.trials import trial_rows
 from tests.hpo.sweep_helpers import tiny_spec
 from trainables.checkpoint import load_checkpoint
-from trainables.config import GroupTrialConfig, TrialConfig, member_slug
+from trainables.config import GroupTrialConfig, TrialConfig, trial_slug
 from trainables.trainer import Trainer
 
 
@@ -24,7 +24,7 @@ def _group(tmp_path: Path, seeds: tuple[int, ...]) -> GroupTrialConfig:
         walk_forward={"n_folds": 2},
     )
     base = spec.trial_base()
-    members = tuple(
+    trials = tuple(
         TrialConfig(
             family="kan",
             precision="f32",
@@ -37,10 +37,10 @@ def _group(tmp_path: Path, seeds: tuple[int, ...]) -> GroupTrialConfig:
         )
         for seed in seeds
     )
-    return GroupTrialConfig(members)
+    return GroupTrialConfig(trials)
 
 
-def test_a_group_trial_reports_and_checkpoints_every_member(
+def test_a_group_trial_reports_and_checkpoints_every_trial(
     ray_session: Any, tmp_path: Path, mlflow_uri: str
 ) -> None:
     from mlflow.tracking import MlflowClient
@@ -64,24 +64,24 @@ def test_a_group_trial_reports_and_checkpoints_every_member(
     result = tuner.fit()[0]
     assert result.error is None
     last = result.metrics
-    assert last["group_size"] == 3 and set(last["members"]) == {"f32-s0", "f32-s1", "f32-s2"}
-    assert all(m["epoch"] == 2 and m["diverged"] == 0 for m in last["members"].values())
-    assert last["val_sharpe"] == max(m["val_sharpe"] for m in last["members"].values())
+    assert last["group_size"] == 3 and set(last["trials"]) == {"f32-s0", "f32-s1", "f32-s2"}
+    assert all(m["epoch"] == 2 and m["diverged"] == 0 for m in last["trials"].values())
+    assert last["val_sharpe"] == max(m["val_sharpe"] for m in last["trials"].values())
 
     rows = sorted(trial_rows(tmp_path / "tune" / "g"), key=lambda r: r.seed)
     assert [r.seed for r in rows] == [0, 1, 2]
     assert [r.member for r in rows] == ["f32/0", "f32/1", "f32/2"]
-    for row, member in zip(rows, group.members, strict=True):
-        assert row.trial_id.endswith(member_slug(member.member)) and row.epochs == 2
+    for row, trial in zip(rows, group.trials, strict=True):
+        assert row.trial_id.endswith(trial_slug(trial.member)) and row.epochs == 2
         assert row.val_sharpe == pytest.approx(
-            last["members"][member_slug(member.member)]["val_sharpe"]
+            last["trials"][trial_slug(trial.member)]["val_sharpe"]
         )
         assert row.checkpoint is not None
-        # A member's checkpoint is an ordinary trial checkpoint: it resumes alone.
-        alone = Trainer(member.train_config(), checkpoint=load_checkpoint(Path(row.checkpoint)))
-        assert alone.epoch == 2 and alone.config.seed == member.seed
+        # A trial's checkpoint is an ordinary trial checkpoint: it resumes alone.
+        alone = Trainer(trial.train_config(), checkpoint=load_checkpoint(Path(row.checkpoint)))
+        assert alone.epoch == 2 and alone.config.seed == trial.seed
 
-    # One MLflow child run per member, tagged as a trial of its own, each epoch once.
+    # One MLflow child run per trial, tagged as a trial of its own, each epoch once.
     assert callback.flush(60)
     runs = sorted(trial_runs(mlflow_uri, "g"), key=lambda r: int(r.data.tags["seed"]))
     assert [r.data.tags["seed"] for r in runs] == ["0", "1", "2"]
@@ -97,11 +97,11 @@ def test_a_group_trial_reports_and_checkpoints_every_member(
         assert returns == {"returns/returns.csv"}
 
 
-def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
+def test_a_trial_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
     ray_session: Any, tmp_path: Path, mlflow_uri: str
 ) -> None:
     # Two configurations of one shape (lr differs) in one group; the judge (the sweep's
-    # per-member ASHA) stops one member after epoch 1: it trains no more, its entry and
+    # per-trial ASHA) stops one trial after epoch 1: it trains no more, its entry and
     # checkpoint stay those of epoch 1, its run finishes, the others train to epoch 2.
     import json
 
@@ -112,7 +112,7 @@ def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
     from tests.hpo.sweep_helpers import trial_runs
     from trainables.trial import run_trial
 
-    seeded = _group(tmp_path, (0, 1)).members
+    seeded = _group(tmp_path, (0, 1)).trials
     other = TrialConfig.from_dict(
         {**seeded[0].to_dict(), "config_id": "kan-g001", "params": {"width": 4, "lr": 3e-3}}
     )
@@ -121,10 +121,10 @@ def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
     stop = "kan-g001|f32/0"
 
     class Judge:
-        def keep(self, member: str, result: Any) -> bool:
+        def keep(self, trial: str, result: Any) -> bool:
             with asked.open("a") as out:
-                out.write(json.dumps([member, result["epoch"]]) + "\n")
-            return member != stop
+                out.write(json.dumps([trial, result["epoch"]]) + "\n")
+            return trial != stop
 
     client = MlflowClient(mlflow_uri)
     parent = start_sweep_run(client, "rungs", {"name": "rungs"}, compare=False)
@@ -138,11 +138,11 @@ def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
     )
     result = tuner.fit()[0]
     assert result.error is None
-    members = result.metrics["members"]
-    assert set(members) == {"g000-f32-s0", "g001-f32-s0", "g000-f32-s1"}
-    assert members["g001-f32-s0"]["epoch"] == 1 and members["g001-f32-s0"]["stopped"] == 1
-    assert [members[s]["epoch"] for s in ("g000-f32-s0", "g000-f32-s1")] == [2, 2]
-    # Asked once per member after epoch 1; not after the last epoch (it ends there anyway).
+    trials = result.metrics["trials"]
+    assert set(trials) == {"g000-f32-s0", "g001-f32-s0", "g000-f32-s1"}
+    assert trials["g001-f32-s0"]["epoch"] == 1 and trials["g001-f32-s0"]["stopped"] == 1
+    assert [trials[s]["epoch"] for s in ("g000-f32-s0", "g000-f32-s1")] == [2, 2]
+    # Asked once per trial after epoch 1; not after the last epoch (it ends there anyway).
     calls = sorted(tuple(json.loads(line)) for line in asked.read_text().splitlines())
     assert calls == [("kan-g000|f32/0", 1), ("kan-g000|f32/1", 1), ("kan-g001|f32/0", 1)]
 
@@ -166,9 +166,9 @@ def test_a_member_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
 def test_a_corrupt_newest_group_checkpoint_falls_back_to_the_previous_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A group trial restarted (a retry, or a resume) whose newest checkpoint has a member's
-    # weights truncated: every member resumes from the previous checkpoint, as a trial
-    # alone does, and the group's ended members come from that checkpoint too.
+    # A group trial restarted (a retry, or a resume) whose newest checkpoint has a trial's
+    # weights truncated: every trial resumes from the previous checkpoint, as a trial
+    # alone does, and the group's ended trials come from that checkpoint too.
     from ray import tune
 
     from trainables import trial as trial_module
@@ -181,8 +181,8 @@ def test_a_corrupt_newest_group_checkpoint_falls_back_to_the_previous_one(
     for epoch in (1, 2):
         trainers.train_epoch()
         root = trial_dir / f"checkpoint_{epoch - 1:06d}" / trial_module.CKPT_SUBDIR
-        for member, slug in zip(trainers.members, slugs, strict=True):
-            member.save(root / slug)
+        for trial, slug in zip(trainers.trials, slugs, strict=True):
+            trial.save(root / slug)
         (root / trial_module.GROUP_STATE).write_text("{}")
     newest = trial_dir / "checkpoint_000001"
     weights = newest / trial_module.CKPT_SUBDIR / slugs[1] / "model.safetensors"
@@ -193,7 +193,7 @@ def test_a_corrupt_newest_group_checkpoint_falls_back_to_the_previous_one(
     assert ended == {}
     resumed = [
         Trainer(m.train_config(), checkpoint=c)
-        for m, c in zip(group.members, checkpoints, strict=True)
+        for m, c in zip(group.trials, checkpoints, strict=True)
     ]
     assert [t.epoch for t in resumed] == [1, 1]
 
@@ -214,8 +214,8 @@ def test_a_trial_restarted_at_the_epoch_a_rung_stopped_it_trains_no_more(
 
     from trainables import trial as trial_module
 
-    member = _group(tmp_path, (0,)).members[0]
-    config = member.train_config()
+    trial = _group(tmp_path, (0,)).trials[0]
+    config = trial.train_config()
     trainer = Trainer(config)
     trainer.train_epoch()
     root = tmp_path / "trial" / "checkpoint_000000"
@@ -237,13 +237,13 @@ def test_a_trial_restarted_at_the_epoch_a_rung_stopped_it_trains_no_more(
     assert [r["epoch"] for r in reported] == [2]
 
 
-def test_an_oom_in_a_group_reports_every_training_member_and_keeps_the_ended_ones(
+def test_an_oom_in_a_group_reports_every_training_trial_and_keeps_the_ended_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Three members; the judge stops one after epoch 1; epoch 2 runs out of GPU memory.
-    # The OOM is the group's share's fault: asked once, for the group's shape (3 members),
-    # and every member still training reports it with the retry share; the stopped
-    # member's final entry stands. Reported, not raised (a Tune retry would reuse the share).
+    # Three trials; the judge stops one after epoch 1; epoch 2 runs out of GPU memory.
+    # The OOM is the group's share's fault: asked once, for the group's shape (3 trials),
+    # and every trial still training reports it with the retry share; the stopped
+    # trial's final entry stands. Reported, not raised (a Tune retry would reuse the share).
     import torch
     from ray import tune
 
@@ -265,32 +265,34 @@ def test_an_oom_in_a_group_reports_every_training_member_and_keeps_the_ended_one
     asked: list[tuple[str, float, int]] = []
 
     class Share:
-        def cap_memory(self, config: Any, fraction: float, members: int = 1) -> None:
+        def cap_memory(self, config: Any, fraction: float, group_size: int = 1) -> None:
             return None
 
-        def memory_metrics(self, config: Any, fraction: float, members: int = 1) -> dict:
+        def memory_metrics(self, config: Any, fraction: float, group_size: int = 1) -> dict:
             return {}
 
-        def after_oom(self, config: Any, fraction: float, message: str, members: int = 1) -> dict:
-            asked.append((message, fraction, members))
+        def after_oom(
+            self, config: Any, fraction: float, message: str, group_size: int = 1
+        ) -> dict:
+            asked.append((message, fraction, group_size))
             return {"oom_retry_gpu_fraction": 0.4, "failure_reason": f"OOM: {message}"}
 
     class Judge:
-        def keep(self, member: str, result: Any) -> bool:
-            return member != "kan-g000|f32/1"
+        def keep(self, trial: str, result: Any) -> bool:
+            return trial != "kan-g000|f32/1"
 
     trial_module._train_group(group, 0.2, Share(), Judge())
     assert asked == [("CUDA out of memory (planted)", 0.2, 3)]
     first, last = reported
-    assert set(first["members"]) == {"f32-s0", "f32-s1", "f32-s2"} and first["epoch"] == 1
+    assert set(first["trials"]) == {"f32-s0", "f32-s1", "f32-s2"} and first["epoch"] == 1
     assert last["oom"] == 1 and last["oom_retry_gpu_fraction"] == 0.4
-    members = last["members"]
-    assert members["f32-s1"] == first["members"]["f32-s1"]  # stopped at epoch 1: stands
-    assert members["f32-s1"]["stopped"] == 1 and "oom" not in members["f32-s1"]
+    trials = last["trials"]
+    assert trials["f32-s1"] == first["trials"]["f32-s1"]  # stopped at epoch 1: stands
+    assert trials["f32-s1"]["stopped"] == 1 and "oom" not in trials["f32-s1"]
     for slug in ("f32-s0", "f32-s2"):
-        entry = members[slug]
+        entry = trials[slug]
         assert (entry["oom"], entry["epoch"], entry["oom_retry_gpu_fraction"]) == (1, 2, 0.4)
-        assert entry["time_s_total"] == first["members"][slug]["time_s_total"]  # time spent
+        assert entry["time_s_total"] == first["trials"][slug]["time_s_total"]  # time spent
     # Without a share (a direct call) the OOM is raised, as for a trial alone.
     with pytest.raises(torch.cuda.OutOfMemoryError):
         trial_module._train_group(group, 0.2, None)
