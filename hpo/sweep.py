@@ -274,13 +274,21 @@ class SweepWatchers:
 
 
 def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> SweepWatchers:
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
     from hpo.progress import SweepProgress
     from hpo.recovery import TRIALS_TO_STOP, AdoptReportedCheckpoint, StopOnRepeatedError
     from hpo.tracking import MlflowSweepCallback
 
+    # Tune's own result files (result.json, progress.csv) but not its TensorBoard event
+    # files, which MLflow makes redundant: their writer fsyncs on every flush, four times
+    # per trial in Tune's event loop (bench/README.md, "A sweep's per-trial cost").
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Counted in Tune trials: a group's members fail as one.
     stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_tune_trials))
     callbacks = [
+        JsonLoggerCallback(),
+        CSVLoggerCallback(),
         MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id),
         SweepProgress(total=record.spec.n_trials, on_event=on_event),
         AdoptReportedCheckpoint(),

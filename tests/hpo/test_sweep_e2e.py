@@ -66,6 +66,18 @@ def test_every_trial_is_a_nested_child_run(finished_sweep) -> None:  # type: ign
     assert "best_val_sharpe.tft.bf16" in parents[0].data.metrics
 
 
+def test_trial_folders_hold_tunes_result_files_but_no_tensorboard_events(finished_sweep) -> None:  # type: ignore[no-untyped-def]
+    """MLflow records every trial; TensorBoard event files (whose writer fsyncs on every
+    flush, in Tune's event loop) are not written."""
+    _, rows, sweep_dir = finished_sweep
+    folders = [p for p in sweep_dir.iterdir() if p.is_dir()]
+    assert len(folders) == len(rows)
+    for folder in folders:
+        names = {p.name for p in folder.iterdir()}
+        assert {"result.json", "progress.csv", "params.json"} <= names, names
+        assert not [n for n in names if n.startswith("events.out.tfevents")], names
+
+
 def test_newest_checkpoint_is_safetensors_in_the_trial_dtype(finished_sweep) -> None:  # type: ignore[no-untyped-def]
     _, _, sweep_dir = finished_sweep
     for row in trial_rows(sweep_dir):
