@@ -32,28 +32,43 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, special, stats
 
 __all__ = [
     "BOOTSTRAP_RESAMPLES",
+    "DEFAULT_LOOK_EVERY",
     "EQUIVALENCE_POWER",
     "EXACT_MAX_N",
+    "FUTILITY_PROBABILITY",
+    "MEAN_BOOTSTRAP_RESAMPLES",
+    "MIN_FIRST_LOOK",
     "PAIRS_NEEDED_CAP",
     "POWER_TABLE_SD_RATIOS",
+    "SEQUENTIAL_POWER",
     "SKEW_LIMIT",
+    "SPENDING_RHO",
     "VERDICTS",
+    "ComparisonPlan",
     "EquivalenceTest",
     "HodgesLehmann",
+    "LossTail",
+    "MeanInterval",
     "PairedComparison",
+    "SequentialComparison",
+    "SequentialLook",
+    "SequentialPlan",
     "SharpeDifferenceTest",
     "SharpeMoments",
     "SignedRankTest",
+    "Verdict",
     "additional_pairs_needed",
     "compare_paired",
+    "comparison_plan",
     "configs_for_equivalence",
     "deflated_sharpe_ratio",
     "equivalence_test",
@@ -61,10 +76,17 @@ __all__ = [
     "hodges_lehmann",
     "hodges_lehmann_interval",
     "holm_adjust",
+    "loss_tail",
+    "mean_interval",
+    "min_configs_for_verdict",
     "min_track_record_length",
     "paired_signed_rank_test",
     "probabilistic_sharpe_ratio",
     "probability_of_backtest_overfitting",
+    "sequential_comparison",
+    "sequential_levels",
+    "sequential_looks",
+    "sequential_verdict",
     "sharpe_difference_test",
     "sharpe_moments",
 ]
@@ -92,6 +114,20 @@ def _int_at_least(name: str, value: int, minimum: int) -> int:
     if as_int < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {as_int}")
     return as_int
+
+
+def _positive(name: str, value: float) -> float:
+    value = _finite(name, value)
+    if value <= 0.0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = _finite("alpha", alpha)
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    return alpha
 
 
 # ---------------------------------------------------------------------------------------
@@ -581,6 +617,32 @@ def hodges_lehmann(
 # ---------------------------------------------------------------------------------------
 # Equivalence (TOST) of paired Sharpe differences.
 
+
+class Verdict(StrEnum):
+    """A family's decision. :func:`equivalence_test` (the fixed design) ends in EQUIVALENT,
+    WORSE, BETTER or INCONCLUSIVE; :func:`sequential_verdict` in CONTINUE (look again after
+    more configurations), EQUIVALENT, WORSE, BETTER or FUTILE (the budget cannot reach a
+    decision). WORSE and BETTER are "by more than the margin"; which precision is worse is
+    said beside (``EquivalenceTest.verdict`` spells it "bf16 worse")."""
+
+    EQUIVALENT = "equivalent"
+    WORSE = "worse"
+    BETTER = "better"
+    INCONCLUSIVE = "inconclusive"
+    FUTILE = "futile"
+    CONTINUE = "continue"
+
+    @classmethod
+    def of(cls, verdict: str) -> Verdict:
+        """The enum of a verdict string: "bf16 worse" is WORSE, "inconclusive: about 3 more
+        configurations needed" INCONCLUSIVE."""
+        head = verdict.split(":", 1)[0].strip()
+        for member in cls:
+            if head == member.value or head.endswith(f" {member.value}"):
+                return member
+        raise ValueError(f"not a verdict: {verdict!r}")
+
+
 VERDICTS: tuple[str, ...] = ("equivalent", "bf16 worse", "bf16 better", "inconclusive")
 PAIRS_NEEDED_CAP = 1000
 """Above this many more pairs, ``pairs_needed`` says "more than 1,000" (None + a flag):
@@ -635,28 +697,45 @@ class EquivalenceTest(NamedTuple):
     pairs_needed: int | None
     """0 when the verdict is decided; otherwise about how many *more* pairs would decide
     it if the centre and spread stay as observed; None when that cannot be estimated (a
-    single pair, an estimate exactly on the margin, strongly skewed differences) or when
-    it is more than :data:`PAIRS_NEEDED_CAP` (``pairs_needed_capped``)."""
+    single pair, an estimate exactly on the margin) or when it is more than
+    :data:`PAIRS_NEEDED_CAP` (``pairs_needed_capped``)."""
     mean: float = math.nan
     """Mean of ``d``: what a strategy pays on average, beside the pseudo-median."""
     mean_low: float = math.nan
     """Lower end of the (1 - 2 alpha) t-interval of the mean (NaN for n < 2)."""
     mean_high: float = math.nan
-    """Upper end of that t-interval: "equivalent" needs it inside ``±margin`` too."""
+    """Upper end of that t-interval (the verdict reads ``mean_verdict_high``)."""
     skewness: float = math.nan
     """Sample skewness of ``d`` (``scipy.stats.skew(bias=False)``; NaN for n < 3 or no
     spread)."""
     skewed: bool = False
     """Strongly skewed: ``|skewness| >`` :data:`SKEW_LIMIT`, or the mean and the HL
-    estimate more than half the margin apart."""
+    estimate more than half the margin apart. Reported (``note``), no longer a block: the
+    mean's interval holds under skew."""
     blocked: str | None = None
     """Why the signed-rank TOST's "equivalent" was withheld (the mean's interval leaves
-    the margin, or strong skew); None when it was not."""
+    the margin); None when it was not."""
     tail: tuple[int, ...] = ()
     """Positions of the differences beyond Tukey's fences (1.5 IQR beyond the quartiles),
     most extreme first: the configurations that drive a tail (n >= 5)."""
     pairs_needed_capped: bool = False
     """True when more than :data:`PAIRS_NEEDED_CAP` more pairs would be needed."""
+    mean_verdict_low: float = math.nan
+    """Lower end of the mean's (1 - 2 alpha) interval that the verdict reads
+    (:func:`mean_interval`): the lower of the t-interval's and the BCa bootstrap's,
+    valid under skew; NaN for n < 2."""
+    mean_verdict_high: float = math.nan
+    """Upper end of that interval: "equivalent" needs it inside ``±margin`` too."""
+    loss_tail: LossTail | None = None
+    """How many configurations lose more than the margin, with an interval, and the worst
+    (:func:`loss_tail`): the line to print beside the verdict."""
+    note: str | None = None
+    """When strong skew makes the answer fragile: what the interval rests on."""
+
+    @property
+    def decision(self) -> Verdict:
+        """The verdict as a :class:`Verdict` (without the precision's name)."""
+        return Verdict.of(self.verdict)
 
 
 def equivalence_test(
@@ -683,15 +762,20 @@ def equivalence_test(
 
     - "equivalent" iff both one-sided tests reject at ``alpha`` (``pvalue <= alpha``)
       iff ``-margin < low`` and ``high < margin``, *and* the pseudo-median stands for the
-      mean: the mean's (1 - 2 alpha) t-interval lies inside ``±margin`` (a paired t TOST)
-      and the differences are not strongly skewed (``skewed``); otherwise "inconclusive"
-      with the reason in ``blocked`` (with 80% of pairs unchanged and 20% 0.5 worse, the
-      HL centre alone said "equivalent" ~40% of the time with the mean at the margin);
+      mean: the mean's (1 - 2 alpha) interval lies inside ``±margin``; otherwise
+      "inconclusive" with the reason in ``blocked`` (with 80% of pairs unchanged and 20%
+      0.5 worse, the HL centre alone said "equivalent" ~40% of the time with the mean at
+      the margin);
     - "<other> worse" iff ``pvalue_worse <= alpha`` iff ``high < -margin``: worse by more
       than the margin;
     - "<other> better" iff ``pvalue_better <= alpha`` iff ``low > margin``;
     - "inconclusive" otherwise, including an interval that excludes 0 but straddles a
       margin (a difference, of unresolved size).
+
+    Under skew the mean's interval is :func:`mean_interval`'s (t or BCa bootstrap, the
+    wider per side), so strong skew no longer withholds "equivalent" forever: it is
+    flagged (``skewed``, ``note``) and the tail is reported (``loss_tail``: the share of
+    configurations where ``other`` loses more than the margin, with its interval).
 
     These are mutually exclusive. When n is too small for the (1 - 2 alpha) level (``2^-n
     > alpha``: n <= 4 at alpha = 0.05) no test can reject, and the verdict is
@@ -703,7 +787,8 @@ def equivalence_test(
     nearest margin ``| |estimate| - margin |`` (the mean's, ``margin - |mean|`` without
     the ``sqrt(pi/3)``, too, when the HL estimate is inside the margin), and at least
     the smallest n whose level is achievable, minus the pairs already there; None and
-    ``pairs_needed_capped`` above :data:`PAIRS_NEEDED_CAP`. A planning number.
+    ``pairs_needed_capped`` above :data:`PAIRS_NEEDED_CAP`. A planning number: for a
+    family decided in steps, :func:`sequential_verdict` is the rule.
 
     The directional verdicts are each at ``alpha`` one-sided: together "worse or better"
     is a two-sided ``2 alpha`` statement, and over several families more again
@@ -720,12 +805,8 @@ def equivalence_test(
             ``alpha`` outside (0, 0.5).
     """
     d = _check_diffs(diffs)
-    margin = _finite("margin", margin)
-    if margin <= 0.0:
-        raise ValueError(f"margin must be > 0, got {margin!r}")
-    alpha = _finite("alpha", alpha)
-    if not 0.0 < alpha < 0.5:
-        raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    margin = _positive("margin", margin)
+    alpha = _check_alpha(alpha)
     n = int(d.size)
     walsh = _walsh_averages(d)
     # Tested at +-margin, not at 0: a zero difference is an observation here.
@@ -737,16 +818,14 @@ def equivalence_test(
     p_worse = _signed_rank_cdf(n, int(np.count_nonzero(walsh >= -margin)))
     p_better = _signed_rank_cdf(n, int(np.count_nonzero(walsh <= margin)))
     pvalue = max(p_lower, p_upper)
-    mean = float(np.mean(d))
-    mean_low, mean_high = _mean_interval(d, 1.0 - 2.0 * alpha)
+    mean_ci = mean_interval(d, 1.0 - 2.0 * alpha)
+    mean = mean_ci.mean
     skewness = _skewness(d)
     skewed = abs(skewness) > SKEW_LIMIT or abs(mean - interval.estimate) > margin / 2.0
 
     blocked = None
     if _rejects(pvalue, alpha):
-        blocked = _equivalence_withheld(
-            mean, mean_low, mean_high, skewness, skewed, interval.estimate, margin, alpha
-        )
+        blocked = _equivalence_withheld(mean_ci, skewness, margin, alpha)
         verdict = "inconclusive" if blocked else "equivalent"
     elif _rejects(p_worse, alpha):
         verdict = f"{other} worse"
@@ -758,7 +837,7 @@ def equivalence_test(
     pairs_needed: int | None = 0
     capped = False
     if verdict == "inconclusive":
-        pairs_needed, capped = _pairs_needed(d, interval.estimate, mean, skewed, margin, alpha)
+        pairs_needed, capped = _pairs_needed(d, interval.estimate, mean, margin, alpha)
     return EquivalenceTest(
         verdict=verdict,
         pvalue=pvalue,
@@ -776,30 +855,32 @@ def equivalence_test(
         method=interval.method,
         pairs_needed=pairs_needed,
         mean=mean,
-        mean_low=mean_low,
-        mean_high=mean_high,
+        mean_low=mean_ci.t_low,
+        mean_high=mean_ci.t_high,
         skewness=skewness,
         skewed=bool(skewed),
         blocked=blocked,
         tail=_tail(d),
         pairs_needed_capped=capped,
+        mean_verdict_low=mean_ci.low,
+        mean_verdict_high=mean_ci.high,
+        loss_tail=loss_tail(d, margin),
+        note=_skew_note(skewness, d, margin, other) if skewed and n >= 3 else None,
     )
 
 
 def _pairs_needed(
-    d: np.ndarray, estimate: float, mean: float, skewed: bool, margin: float, alpha: float
+    d: np.ndarray, estimate: float, mean: float, margin: float, alpha: float
 ) -> tuple[int | None, bool]:
     """More pairs for an inconclusive verdict: towards "equivalent" (HL estimate inside the
-    margin) both the HL's and the mean's interval must clear it, and a skew never goes
-    away; towards "worse"/"better", the HL's."""
+    margin) both the HL's and the mean's interval must clear it; towards "worse"/"better",
+    the HL's."""
     n = int(d.size)
     spread = float(np.std(d, ddof=1)) if n > 1 else math.nan
     distance = abs(abs(estimate) - margin) * math.sqrt(1.0 / _HL_VARIANCE_RATIO)
     by_hl = additional_pairs_needed(n, spread, distance, alpha)
     if abs(estimate) >= margin:
         return by_hl
-    if skewed:
-        return None, False  # more pairs do not take a skew away
     by_mean = additional_pairs_needed(n, spread, margin - abs(mean), alpha)
     if by_hl[1] or by_mean[1]:
         return None, True
@@ -825,27 +906,24 @@ def _skewness(d: np.ndarray) -> float:
 
 
 def _equivalence_withheld(
-    mean: float,
-    low: float,
-    high: float,
-    skewness: float,
-    skewed: bool,
-    estimate: float,
-    margin: float,
-    alpha: float,
+    ci: MeanInterval, skewness: float, margin: float, alpha: float
 ) -> str | None:
-    reasons = []
-    if not (-margin < low and high < margin):
-        reasons.append(
-            f"the mean difference {mean:+.3f} has a {1 - 2 * alpha:.0%} t-interval "
-            f"[{low:+.3f}, {high:+.3f}] that leaves the margin ±{margin:g}"
-        )
-    if skewed:
-        reasons.append(
-            f"the differences are strongly skewed (sample skewness {skewness:+.2f}, "
-            f"mean {mean:+.3f} vs pseudo-median {estimate:+.3f})"
-        )
-    return "; ".join(reasons) or None
+    if -margin < ci.low and ci.high < margin:
+        return None
+    # Which side left the margin, and whether the BCa side made it wider than the t's.
+    widened = (ci.low < ci.t_low and ci.low <= -margin) or (
+        ci.high > ci.t_high and ci.high >= margin
+    )
+    why = (
+        f"the BCa side, wider than the t-interval: skewed differences, sample skewness "
+        f"{skewness:+.2f}"
+        if widened and math.isfinite(skewness)
+        else "t or BCa bootstrap, the wider"
+    )
+    return (
+        f"the mean difference {ci.mean:+.3f} has a {1 - 2 * alpha:.0%} interval "
+        f"[{ci.low:+.3f}, {ci.high:+.3f}] ({why}) that leaves the margin ±{margin:g}"
+    )
 
 
 def _tail(d: np.ndarray) -> tuple[int, ...]:
@@ -928,6 +1006,800 @@ def holm_adjust(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     adjusted = np.empty(m)
     adjusted[order] = np.maximum.accumulate(stepped) if m else stepped
     return adjusted
+
+
+# ---------------------------------------------------------------------------------------
+# The mean difference's interval, valid under skew: the wider, per side, of the t-interval
+# and the BCa bootstrap's. The resamples are a fixed matrix of multinomial counts per n, so
+# the bootstrap means of many samples at once are one matrix product and a result is
+# reproducible.
+
+MEAN_BOOTSTRAP_RESAMPLES = 2000
+"""Resamples of the BCa bootstrap of the mean (a fixed seeded set per sample size)."""
+_MEAN_BOOTSTRAP_SEED = 39
+_ROW_CHUNK = 512  # rows of a batch per bootstrap product: (512, 2000) floats per array
+
+
+@lru_cache(maxsize=64)
+def _resample_counts(n: int) -> np.ndarray:
+    """(B, n) multinomial counts: how often each of ``n`` values is drawn by each resample
+    (read-only; the same for every sample of size ``n``)."""
+    rng = np.random.default_rng((_MEAN_BOOTSTRAP_SEED, n))
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=MEAN_BOOTSTRAP_RESAMPLES)
+    counts = counts.astype(np.float64)
+    counts.setflags(write=False)
+    return counts
+
+
+class _MeanStats(NamedTuple):
+    """Per row of a (R, n) batch: what the mean's interval at any level needs."""
+
+    n: int
+    mean: np.ndarray  # (R,)
+    se: np.ndarray  # (R,) s / sqrt(n), s with ddof = 1
+    boot: np.ndarray  # (R, B) bootstrap means, sorted per row
+    z0: np.ndarray  # (R,) BCa bias correction
+    accel: np.ndarray  # (R,) BCa acceleration (jackknife of the mean, closed form)
+
+
+def _mean_stats(d: np.ndarray) -> _MeanStats:
+    """``d``: (R, n), n >= 2."""
+    n = d.shape[1]
+    mean = d.mean(axis=1)
+    dev = d - mean[:, None]
+    ss = np.einsum("ij,ij->i", dev, dev)  # (R,)
+    se = np.sqrt(ss / (n - 1) / n)
+    boot = np.sort(d @ _resample_counts(n).T / n, axis=1)  # (R, B)
+    b = boot.shape[1]
+    # A constant sample resamples to its own mean: every bootstrap mean "equals" it.
+    tol = 1e-12 * np.maximum(np.abs(mean), np.sqrt(ss / n))[:, None]
+    below = np.count_nonzero(boot < mean[:, None] - tol, axis=1)
+    equal = np.count_nonzero(np.abs(boot - mean[:, None]) <= tol, axis=1)
+    share = np.clip((below + 0.5 * equal) / b, 0.5 / b, 1.0 - 0.5 / b)
+    z0 = special.ndtri(share)
+    # Jackknife acceleration of the mean: sum(dev^3) / (6 sum(dev^2)^1.5) (Efron 1987).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        accel = np.where(ss > 0.0, np.einsum("ij,ij,ij->i", dev, dev, dev) / (6.0 * ss**1.5), 0.0)
+    return _MeanStats(n, mean, se, boot, z0, accel)
+
+
+def _bca_ends(ms: _MeanStats, level: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """BCa ends at one-sided ``level`` (per row or one): the order statistics of the sorted
+    bootstrap means at the BCa-adjusted levels, the outer one on a split."""
+    b = ms.boot.shape[1]
+    level = np.broadcast_to(np.asarray(level, dtype=np.float64), ms.mean.shape)
+    ends = []
+    for z, lower in ((special.ndtri(level), True), (-special.ndtri(level), False)):
+        shifted = ms.z0 + z
+        denominator = 1.0 - ms.accel * shifted
+        with np.errstate(divide="ignore", invalid="ignore"):
+            adjusted = special.ndtr(ms.z0 + shifted / denominator)
+        # Past the pole of the acceleration the adjusted level runs off: the extreme.
+        adjusted = np.where(denominator > 0.0, adjusted, 0.0 if lower else 1.0)
+        if lower:
+            rank = np.floor(adjusted * (b + 1)).astype(np.int64)
+        else:
+            rank = np.ceil(adjusted * (b + 1)).astype(np.int64)
+        index = np.clip(rank, 1, b) - 1
+        ends.append(np.take_along_axis(ms.boot, index[:, None], axis=1)[:, 0])
+    return ends[0], ends[1]
+
+
+def _mean_ends(
+    ms: _MeanStats, level: np.ndarray | float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, t_low, t_high) at one-sided ``level``: the union per side of the
+    t-interval and the BCa interval, and the t-interval alone."""
+    half = stats.t.isf(level, ms.n - 1) * ms.se
+    t_low, t_high = ms.mean - half, ms.mean + half
+    bca_low, bca_high = _bca_ends(ms, level)
+    return np.minimum(t_low, bca_low), np.maximum(t_high, bca_high), t_low, t_high
+
+
+class MeanInterval(NamedTuple):
+    """The mean of paired differences and its interval (:func:`mean_interval`)."""
+
+    mean: float
+    """Mean of the differences: what a strategy pays on average."""
+    low: float
+    """Lower end: the lower of the t-interval's and the BCa bootstrap interval's."""
+    high: float
+    """Upper end: the higher of the two."""
+    t_low: float
+    """Lower end of the t-interval alone (``scipy.stats.t``)."""
+    t_high: float
+    """Upper end of the t-interval alone."""
+    confidence: float
+    """Two-sided confidence of [low, high] (each side at ``(1 - confidence) / 2``)."""
+    n: int
+    """Number of differences."""
+
+
+def mean_interval(
+    differences: Sequence[float] | np.ndarray, confidence: float = 0.9
+) -> MeanInterval:
+    """The mean difference's interval that stays valid when the differences are skewed.
+
+    Per side, the wider of the t-interval and the BCa bootstrap interval
+    (:data:`MEAN_BOOTSTRAP_RESAMPLES` resamples from a fixed seed, so the same differences
+    give the same interval). The t-interval is exact for normal differences and
+    conservative for symmetric heavy tails, where the bootstrap is not; the BCa interval is
+    second-order accurate for the mean of a skewed distribution, where the t-interval's
+    lower end sits too high for left-skewed differences (losses). Each side's error is at
+    most the smaller of the two methods' (docs/statistics.md gives the measured rates).
+    With no spread the interval is the point; with one difference it is NaN.
+
+    Raises:
+        ValueError: on empty, non-1-D or non-finite ``differences``, or ``confidence``
+            outside (0, 1).
+    """
+    d = _check_diffs(differences, "differences")
+    confidence = _probability("confidence", confidence)
+    mean = float(np.mean(d))
+    if d.size < 2:
+        return MeanInterval(mean, math.nan, math.nan, math.nan, math.nan, confidence, 1)
+    ms = _mean_stats(d[None, :])
+    low, high, t_low, t_high = (float(x[0]) for x in _mean_ends(ms, (1.0 - confidence) / 2.0))
+    return MeanInterval(mean, low, high, t_low, t_high, confidence, int(d.size))
+
+
+# ---------------------------------------------------------------------------------------
+# The tail: configurations where the other precision loses more than the margin.
+
+
+class LossTail(NamedTuple):
+    """How often the other precision loses more than the margin (:func:`loss_tail`)."""
+
+    margin: float
+    """The margin: a configuration is in the tail when its difference is below -margin."""
+    losing: int
+    """Configurations in the tail."""
+    n: int
+    """Configurations looked at."""
+    share: float
+    """``losing / n``."""
+    low: float
+    """Lower end of the Clopper-Pearson interval of the share."""
+    high: float
+    """Upper end (with no configuration in the tail: about 3 / n at 95%)."""
+    confidence: float
+    """Confidence of [low, high]."""
+    worst: tuple[int, ...]
+    """Positions of the worst configurations in the tail, most negative first."""
+    worst_differences: tuple[float, ...]
+    """Their differences."""
+
+    def line(self, other: str = "bf16", names: Sequence[str] | None = None) -> str:
+        """One sentence, e.g. ``bf16 loses more than 0.1 in 3 of 50 configurations (6%,
+        95% CI 1.3%-16.5%); worst: kan-c012 -0.750, ...``; ``names[i]`` labels position i."""
+
+        def label(i: int) -> str:
+            return names[i] if names is not None else f"#{i}"
+
+        head = (
+            f"{other} loses more than {self.margin:g} in {self.losing} of {self.n} "
+            f"configuration{'s' if self.n != 1 else ''} ({self.share:.0%}, "
+            f"{self.confidence:.0%} CI {self.low:.1%}-{self.high:.1%})"
+        )
+        if not self.worst:
+            return head
+        worst = ", ".join(
+            f"{label(i)} {x:+.3f}" for i, x in zip(self.worst, self.worst_differences, strict=True)
+        )
+        more = f" and {self.losing - len(self.worst)} more" if self.losing > len(self.worst) else ""
+        return f"{head}; worst: {worst}{more}"
+
+
+def loss_tail(
+    differences: Sequence[float] | np.ndarray,
+    margin: float,
+    confidence: float = 0.95,
+    worst: int = 5,
+) -> LossTail:
+    """The share of configurations whose difference ``other - reference`` is below
+    ``-margin`` (the other precision loses more than the margin), with its exact
+    Clopper-Pearson interval (``scipy.stats.binomtest``), and the ``worst`` most negative
+    of them by position, so a caller maps them to configuration ids.
+
+    It is reported beside a verdict: "equivalent on average" and "bf16 breaks 6% of
+    configurations badly" are both true of a skewed family, and the mean alone hides the
+    second.
+
+    Raises:
+        ValueError: on empty, non-1-D or non-finite ``differences``, ``margin <= 0``,
+            ``confidence`` outside (0, 1) or ``worst < 0``.
+    """
+    d = _check_diffs(differences, "differences")
+    margin = _positive("margin", margin)
+    confidence = _probability("confidence", confidence)
+    worst = _int_at_least("worst", worst, 0)
+    losing = np.flatnonzero(d < -margin)
+    count, n = int(losing.size), int(d.size)
+    ci = stats.binomtest(count, n).proportion_ci(confidence_level=confidence, method="exact")
+    order = losing[np.argsort(d[losing], kind="stable")][:worst]
+    return LossTail(
+        margin=margin,
+        losing=count,
+        n=n,
+        share=count / n,
+        low=float(ci.low),
+        high=float(ci.high),
+        confidence=confidence,
+        worst=tuple(int(i) for i in order),
+        worst_differences=tuple(float(d[i]) for i in order),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Sequential comparison: repeated confidence intervals of the mean (Jennison & Turnbull
+# 1993) with an alpha-spending boundary (Lan & DeMets 1983, the power family of Kim &
+# DeMets 1987), looks from MIN_FIRST_LOOK configurations, and a non-binding futility rule.
+
+MIN_FIRST_LOOK = 10
+"""Fewest configurations at which the sequential rule looks: earlier looks read "continue"
+and spend no alpha. At fewer, a skewed family's interval is too fragile: at skewness -1
+and sd / margin 1, P(equivalent) at -margin is 0.099 from 8, 0.092 from 10
+(docs/statistics.md); a naive t-interval from 4 reaches 0.13."""
+DEFAULT_LOOK_EVERY = 2
+"""Configurations added to a family between two looks, unless the spec says otherwise."""
+SPENDING_RHO = 2.0
+"""Exponent of the spending function ``alpha * t^rho``: between Pocock (about 1) and
+O'Brien-Fleming (about 3); the smallest expected configurations at 80% power."""
+FUTILITY_PROBABILITY = 0.10
+"""A look stops a family as "futile" when the predicted probability that the budget's
+look decides anything is below this (normal approximation, the spread as observed)."""
+
+_CONTINUE, _EQUIVALENT, _WORSE, _BETTER, _FUTILE, _NOT_REACHED = 0, 1, 2, 3, 4, -1
+_CODES = {
+    _CONTINUE: "continue",
+    _EQUIVALENT: "equivalent",
+    _WORSE: "worse",
+    _BETTER: "better",
+    _FUTILE: "futile",
+}
+_BOUNDARY_GRID = 201  # points per look of the recursive integration
+
+
+def _normal_pdf(x: np.ndarray) -> np.ndarray:
+    # scipy.stats.norm.pdf's argument checks cost more than the recursion's arithmetic.
+    return np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _spent(fraction: np.ndarray, alpha: float) -> np.ndarray:
+    return alpha * np.minimum(fraction, 1.0) ** SPENDING_RHO
+
+
+def _boundary_levels(looks: tuple[int, ...], alpha: float) -> np.ndarray:
+    """One-sided nominal level at each look of a Brownian motion observed at information
+    ``looks`` (the configurations), such that the first crossing of the upper boundary
+    happens by look k with probability ``alpha * (n_k / n_K)^rho`` under the null.
+
+    The recursive numerical integration of Armitage, McPherson & Rowe (1969), as in
+    Jennison & Turnbull (2000, ch. 19): the sub-density of the score S_k = Z_k sqrt(n_k) on
+    the continuation region, carried from look to look on a trapezoid grid; scipy has
+    no group-sequential boundary (its multivariate normal CDF checks this one in the
+    tests). Each level is what a single look at that n would use as its one-sided alpha.
+    """
+    info = np.asarray(looks, dtype=np.float64)
+    increments = np.diff(_spent(info / info[-1], alpha), prepend=0.0)
+    bounds = np.empty(info.size)
+    bounds[0] = -special.ndtri(increments[0])
+    root = math.sqrt(info[0])
+    grid = np.linspace(-8.0 * root, bounds[0] * root, _BOUNDARY_GRID)
+    density = _normal_pdf(grid / root) / root
+    for k in range(1, info.size):
+        step = math.sqrt(info[k] - info[k - 1])
+        weights = np.full(grid.size, grid[1] - grid[0])
+        weights[[0, -1]] /= 2.0
+        mass = density * weights  # (G,) probability carried at each grid point
+        root = math.sqrt(info[k])
+
+        bounds[k] = optimize.brentq(
+            _crossing, -12.0, 40.0, args=(mass, grid, root, step, increments[k]), xtol=1e-12
+        )
+        new_grid = np.linspace(-8.0 * root, bounds[k] * root, _BOUNDARY_GRID)
+        density = _normal_pdf((new_grid[:, None] - grid[None, :]) / step) @ mass / step
+        grid = new_grid
+    return special.ndtr(-bounds)
+
+
+def _crossing(
+    bound: float, mass: np.ndarray, grid: np.ndarray, root: float, step: float, target: float
+) -> float:
+    """Probability of crossing ``bound`` (z scale) at a look, minus ``target``: ``mass`` at
+    the previous look's scores ``grid``, increments of sd ``step``, ``root`` = sqrt(n_k)."""
+    return float(mass @ special.ndtr((grid - bound * root) / step)) - target
+
+
+@lru_cache(maxsize=256)
+def _levels_cached(looks: tuple[int, ...], alpha: float) -> np.ndarray:
+    levels = _boundary_levels(looks, alpha)
+    levels.setflags(write=False)
+    return levels
+
+
+def _check_looks(looks: Sequence[int]) -> tuple[int, ...]:
+    try:
+        values = tuple(_int_at_least("looks", x, 1) for x in looks)
+    except TypeError:
+        raise ValueError(f"looks must be a sequence of integers, got {looks!r}") from None
+    if not values:
+        raise ValueError("looks is empty: at least one look (the budget) is needed")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise ValueError(f"looks must be strictly increasing, got {list(values)}")
+    return values
+
+
+def sequential_levels(looks: Sequence[int], alpha: float = 0.05) -> tuple[float, ...]:
+    """The one-sided nominal level of each look's repeated confidence interval (the
+    interval at look k has two-sided confidence ``1 - 2 level_k``); 0.0 for a look before
+    :data:`MIN_FIRST_LOOK`, which spends nothing. The last look is the budget.
+
+    Raises:
+        ValueError: on looks that are empty, not positive integers or not increasing, or
+            ``alpha`` outside (0, 0.5).
+    """
+    values = _check_looks(looks)
+    alpha = _check_alpha(alpha)
+    active = tuple(n for n in values if n >= MIN_FIRST_LOOK)
+    if not active:
+        return tuple(0.0 for _ in values)
+    levels = iter(_levels_cached(active, alpha).tolist())
+    return tuple(next(levels) if n >= MIN_FIRST_LOOK else 0.0 for n in values)
+
+
+def _decision_probability(
+    mean: np.ndarray, sd: np.ndarray, n: int, budget: int, final_level: float, margin: float
+) -> np.ndarray:
+    """Predicted probability that the budget's look decides anything, given a look at ``n``
+    with ``mean`` and ``sd``: the budget's mean is normal around ``mean`` with variance
+    sd^2 (budget - n) / (budget n) (the predictive law of a flat prior), and its interval
+    the t-interval's half-width at the observed spread."""
+    half = stats.t.isf(final_level, budget - 1) * sd / math.sqrt(budget)
+    scale = sd * math.sqrt((budget - n) / (budget * n))
+    inner = np.maximum(margin - half, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        equivalent = special.ndtr((inner - mean) / scale) - special.ndtr((-inner - mean) / scale)
+        worse = special.ndtr((-margin - half - mean) / scale)
+        better = special.ndtr((mean - margin - half) / scale)
+    probability = np.where(half < margin, equivalent, 0.0) + worse + better
+    # No spread: the budget's mean is the current one, its interval a point.
+    point = (np.abs(mean) < margin) | (np.abs(mean) > margin)
+    return np.where(scale > 0.0, probability, point.astype(np.float64))
+
+
+class _Batch(NamedTuple):
+    codes: np.ndarray  # (R, K) int8: a decision code per look, -1 where not reached
+    low: np.ndarray  # (R, K) the look's interval (NaN where not computed)
+    high: np.ndarray  # (R, K)
+    levels: tuple[float, ...]  # (K,) nominal one-sided levels
+
+
+def _sequential_batch(
+    d: np.ndarray, looks: tuple[int, ...], margin: float, alpha: float, futility: bool = True
+) -> _Batch:
+    """The rule on every row of ``d`` (R, N) at once: the implementation of
+    :func:`sequential_verdict` (which calls it with one row), used as is by the tests'
+    and the benchmark's simulations. ``futility=False`` drops the futility stops before
+    the budget (to show that they are non-binding)."""
+    rows, available = d.shape
+    levels = sequential_levels(looks, alpha)
+    budget = looks[-1]
+    codes = np.full((rows, len(looks)), _NOT_REACHED, dtype=np.int8)
+    low = np.full((rows, len(looks)), np.nan)
+    high = np.full((rows, len(looks)), np.nan)
+    running = np.ones(rows, dtype=bool)
+    for k, n in enumerate(looks):
+        if n > available:
+            break
+        idx = np.flatnonzero(running)
+        if idx.size == 0:
+            break
+        if levels[k] == 0.0:  # before the first look the rule applies at
+            codes[idx, k] = _FUTILE if n == budget else _CONTINUE
+            running[idx] = n != budget
+            continue
+        for chunk in np.array_split(idx, max(1, math.ceil(idx.size / _ROW_CHUNK))):
+            x = d[chunk, :n]
+            ms = _mean_stats(x)
+            lo, hi, _, _ = _mean_ends(ms, levels[k])
+            code = np.where(
+                (lo > -margin) & (hi < margin),
+                _EQUIVALENT,
+                np.where(hi < -margin, _WORSE, np.where(lo > margin, _BETTER, _CONTINUE)),
+            )
+            if n == budget:
+                code = np.where(code == _CONTINUE, _FUTILE, code)
+            elif futility:
+                sd = ms.se * math.sqrt(n)
+                hope = _decision_probability(ms.mean, sd, n, budget, levels[-1], margin)
+                code = np.where((code == _CONTINUE) & (hope < FUTILITY_PROBABILITY), _FUTILE, code)
+            codes[chunk, k] = code
+            low[chunk, k], high[chunk, k] = lo, hi
+        running[idx] = codes[idx, k] == _CONTINUE
+    return _Batch(codes, low, high, levels)
+
+
+def sequential_verdict(
+    differences: Sequence[float], looks: Sequence[int], margin: float, alpha: float = 0.05
+) -> list[str]:
+    """The sequential rule's decision at each look reached: "continue", "equivalent",
+    "worse", "better" or "futile", ending at the first that is not "continue".
+
+    ``differences`` are the per-configuration differences ``other - reference`` (bf16
+    Sharpe - f32 Sharpe, seeds averaged) in the order the configurations finished;
+    ``looks`` the cumulative counts at which the rule is applied, the last one the budget.
+    A look beyond ``len(differences)`` is not reached (the list is shorter than ``looks``
+    and its last entry is "continue" while the family is undecided).
+
+    At look k the mean difference of the first n_k configurations gets its repeated
+    confidence interval (:func:`mean_interval`'s t-or-BCa interval at the one-sided
+    nominal level of :func:`sequential_levels`; together they cover the mean at every look
+    with probability 1 - 2 alpha): "equivalent" when it lies inside ``(-margin, margin)``,
+    "worse" below ``-margin``, "better" above ``margin``. Otherwise "futile" at the budget,
+    or before it when a decision by the budget is predicted with probability below
+    :data:`FUTILITY_PROBABILITY` (non-binding: the error rates hold without it); else
+    "continue". Looks before :data:`MIN_FIRST_LOOK` configurations read "continue" (or
+    "futile" when such a look is the budget). Each claim errs with probability at most
+    about ``alpha`` at the margin (docs/statistics.md has the measured rates).
+
+    Raises:
+        ValueError: naming the argument, on non-finite or non-1-D ``differences``, looks
+            that are empty, not positive integers or not strictly increasing,
+            ``margin <= 0`` or ``alpha`` outside (0, 0.5).
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1:
+        raise ValueError(f"differences must be 1-D, got shape {d.shape}")
+    if d.size:
+        d = _check_diffs(d, "differences")
+    checked = _check_looks(looks)
+    margin = _positive("margin", margin)
+    alpha = _check_alpha(alpha)
+    codes = _sequential_batch(d[None, :], checked, margin, alpha).codes[0]
+    return [_CODES[int(c)] for c in codes if c != _NOT_REACHED]
+
+
+class SequentialLook(NamedTuple):
+    """One look of a family's sequential comparison."""
+
+    configs: int
+    """Configurations seen at this look (n_k)."""
+    decision: Verdict
+    """CONTINUE, EQUIVALENT, WORSE, BETTER or FUTILE."""
+    mean: float
+    """Mean difference of the first ``configs`` configurations."""
+    low: float
+    """Lower end of the repeated confidence interval of the mean (NaN before
+    :data:`MIN_FIRST_LOOK`)."""
+    high: float
+    """Upper end."""
+    level: float
+    """One-sided nominal level of [low, high] (0.0 before :data:`MIN_FIRST_LOOK`)."""
+    hl_estimate: float
+    """Hodges-Lehmann estimate beside the mean (every difference, zeros included)."""
+    hl_low: float
+    """Lower end of its exact signed-rank interval at the look's level (NaN before
+    :data:`MIN_FIRST_LOOK`; the widest, [min, max], when the level is out of reach)."""
+    hl_high: float
+    """Upper end."""
+    decision_probability: float
+    """Predicted probability that the budget's look decides (the futility rule's number;
+    NaN at the budget and before :data:`MIN_FIRST_LOOK`)."""
+
+
+class SequentialComparison(NamedTuple):
+    """A family's sequential comparison so far (:func:`sequential_comparison`)."""
+
+    decision: Verdict
+    """The last look's decision: CONTINUE while undecided and below the budget."""
+    looks: tuple[SequentialLook, ...]
+    """Every look reached, in order; the last is the decision."""
+    configs: int
+    """Configurations the decision rests on (the last look's)."""
+    budget: int
+    """The last planned look: the most configurations the family may get."""
+    margin: float
+    """Equivalence margin."""
+    alpha: float
+    """Error rate of each one-sided claim over all looks."""
+    p_worse: float
+    """Repeated p-value of "worse by more than the margin" over the looks reached: the
+    smallest alpha at which the rule would have said "worse" by now (1.0 when none below
+    0.5 would). Valid across looks, so :func:`holm_adjust` over families holds."""
+    p_better: float
+    """Repeated p-value of "better by more than the margin"."""
+    tail: LossTail | None
+    """Configurations losing more than the margin, at the last look (None before any)."""
+    note: str | None
+    """Why it stopped (futility, with the interval reached), or why it has not looked
+    yet, and a warning when strong skew makes the interval fragile."""
+
+    @property
+    def verdicts(self) -> list[str]:
+        """The decisions as :func:`sequential_verdict` returns them."""
+        return [look.decision.value for look in self.looks]
+
+
+def sequential_comparison(
+    differences: Sequence[float] | np.ndarray,
+    looks: Sequence[int],
+    margin: float,
+    alpha: float = 0.05,
+    other: str = "bf16",
+) -> SequentialComparison:
+    """:func:`sequential_verdict` with what a report shows: per look the interval, its
+    level, the Hodges-Lehmann interval beside it and the futility number; the repeated
+    p-values of the directional claims (for :func:`holm_adjust` across families); the
+    loss tail (:func:`loss_tail`) and a note. ``other`` names the precision in the note.
+
+    The decisions are those of :func:`sequential_verdict`, exactly.
+
+    Raises:
+        ValueError: as :func:`sequential_verdict`.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1:
+        raise ValueError(f"differences must be 1-D, got shape {d.shape}")
+    if d.size:
+        d = _check_diffs(d, "differences")
+    checked = _check_looks(looks)
+    margin = _positive("margin", margin)
+    alpha = _check_alpha(alpha)
+    batch = _sequential_batch(d[None, :], checked, margin, alpha)
+    budget = checked[-1]
+    rows: list[SequentialLook] = []
+    for k, code in enumerate(batch.codes[0]):
+        if code == _NOT_REACHED:
+            break
+        n, level = checked[k], batch.levels[k]
+        x = d[:n]
+        hl_estimate = float(np.median(_walsh_averages(x)))
+        hl_low = hl_high = hope = math.nan
+        if level > 0.0:
+            hl = hodges_lehmann_interval(x, 1.0 - 2.0 * level, zeros="keep")
+            hl_low, hl_high = hl.low, hl.high
+            if n < budget:
+                sd = np.array([np.std(x, ddof=1)])
+                hope = float(
+                    _decision_probability(
+                        np.array([x.mean()]), sd, n, budget, batch.levels[-1], margin
+                    )[0]
+                )
+        rows.append(
+            SequentialLook(
+                configs=n,
+                decision=Verdict(_CODES[int(code)]),
+                mean=float(np.mean(x)),
+                low=float(batch.low[0, k]),
+                high=float(batch.high[0, k]),
+                level=level,
+                hl_estimate=hl_estimate,
+                hl_low=hl_low,
+                hl_high=hl_high,
+                decision_probability=hope,
+            )
+        )
+    decision = rows[-1].decision if rows else Verdict.CONTINUE
+    configs = rows[-1].configs if rows else 0
+    reached = [look.configs for look in rows if look.level > 0.0]
+    p_worse = _repeated_pvalue(d, checked, reached, margin, "worse")
+    p_better = _repeated_pvalue(d, checked, reached, margin, "better")
+    tail = loss_tail(d[:configs], margin) if configs else None
+    return SequentialComparison(
+        decision=decision,
+        looks=tuple(rows),
+        configs=configs,
+        budget=budget,
+        margin=margin,
+        alpha=alpha,
+        p_worse=p_worse,
+        p_better=p_better,
+        tail=tail,
+        note=_sequential_note(rows, d, budget, margin, alpha, other),
+    )
+
+
+def _repeated_pvalue(
+    d: np.ndarray, looks: tuple[int, ...], reached: list[int], margin: float, side: str
+) -> float:
+    """Smallest total alpha at which some reached look's interval clears the margin on
+    ``side`` ("worse": below -margin, "better": above +margin).
+
+    Per look, the interval clears it at every nominal level above a stagewise level
+    (closed form for the t side, bisection on the BCa side's step function); the rule at
+    total alpha ``a`` rejects iff some look's boundary level ``p_k(a)`` reaches its
+    stagewise level, which is increasing in ``a``: a root search on ``log a``, one
+    boundary recursion per step."""
+    if not reached:
+        return 1.0
+    stagewise = np.array([_stagewise_level(d[:n], margin, side) for n in reached])
+    if np.any(stagewise <= 0.0):
+        return 0.0  # no spread and beyond the margin: rejected at every level
+    top, bottom = 0.499, 1e-9
+    if stagewise.min() >= top:
+        return 1.0  # each look's level is below the total alpha, so no a < 0.5 rejects
+    active = tuple(n for n in looks if n >= MIN_FIRST_LOOK)
+
+    def excess(log_a: float) -> float:
+        levels = _boundary_levels(active, math.exp(log_a))[: len(reached)]
+        return float(np.max(np.log(levels) - np.log(stagewise)))
+
+    if excess(math.log(top)) < 0.0:
+        return 1.0
+    if excess(math.log(bottom)) >= 0.0:
+        return bottom
+    return math.exp(optimize.brentq(excess, math.log(bottom), math.log(top), xtol=1e-6))
+
+
+def _stagewise_level(x: np.ndarray, margin: float, side: str) -> float:
+    """Smallest one-sided nominal level at which the interval of ``x``'s mean lies wholly
+    below -margin ("worse") or above +margin ("better"); 1.0 when none below 0.5 does."""
+    ms = _mean_stats(x[None, :])
+    mean, se = float(ms.mean[0]), float(ms.se[0])
+    beyond = (-margin - mean) if side == "worse" else (mean - margin)
+    if se == 0.0:
+        return 0.0 if beyond > 0.0 else 1.0
+    # t side: mean + t_(1-l) se < -margin  <=>  l > P(T_(n-1) > (-margin - mean) / se).
+    t_level = float(stats.t.sf(beyond / se, ms.n - 1))
+
+    def clears(level: float) -> bool:
+        low, high = _bca_ends(ms, level)
+        return bool(high[0] < -margin) if side == "worse" else bool(low[0] > margin)
+
+    lo, hi = 1e-12, 0.4999
+    if not clears(hi):
+        return 1.0
+    if clears(lo):
+        return max(t_level, lo)
+    for _ in range(32):  # bisection on the log scale: the BCa ends are a step function
+        mid = math.sqrt(lo * hi)
+        if clears(mid):
+            hi = mid
+        else:
+            lo = mid
+    return max(t_level, hi)
+
+
+def _sequential_note(
+    rows: list[SequentialLook],
+    d: np.ndarray,
+    budget: int,
+    margin: float,
+    alpha: float,
+    other: str,
+) -> str | None:
+    notes = []
+    if not rows:
+        return None
+    last = rows[-1]
+    coverage = f"{1 - 2 * alpha:.0%} repeated confidence interval"
+    if last.level == 0.0:
+        if last.decision is Verdict.FUTILE:
+            notes.append(
+                f"the budget of {budget} configurations is below the first look "
+                f"({MIN_FIRST_LOOK}): no verdict is reachable"
+            )
+        else:
+            notes.append(f"no look before {MIN_FIRST_LOOK} configurations")
+    elif last.decision is Verdict.FUTILE:
+        reached = (
+            f"the mean difference {last.mean:+.3f} has the {coverage} "
+            f"[{last.low:+.3f}, {last.high:+.3f}] at {last.configs} configurations"
+        )
+        if last.configs == budget:
+            notes.append(f"budget spent: {reached}, neither inside nor beyond ±{margin:g}")
+        else:
+            notes.append(
+                f"futile: {reached}; a decision by the budget of {budget} is predicted "
+                f"with probability {last.decision_probability:.1%}"
+            )
+    x = d[: last.configs]
+    skewness = _skewness(x)
+    if last.level > 0.0 and math.isfinite(skewness) and abs(skewness) > SKEW_LIMIT:
+        notes.append(_skew_note(skewness, x, margin, other))
+    return "; ".join(notes) or None
+
+
+def _skew_note(skewness: float, x: np.ndarray, margin: float, other: str) -> str:
+    """Strong skew: what the mean's interval rests on, and how large the tail may be."""
+    tail = loss_tail(x, margin)
+    return (
+        f"strongly skewed differences (sample skewness {skewness:+.2f}): the mean's interval "
+        f"rests on the {tail.losing} of {tail.n} configurations where {other} loses more "
+        f"than {margin:g}, and such losses may reach {tail.high:.0%} of configurations "
+        f"({tail.confidence:.0%} upper bound); a rarer tail may not have been drawn yet"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Planning: what a family needs before a sweep starts.
+
+
+class SequentialPlan(NamedTuple):
+    """The sequential rule's design for 80% power (:data:`SEQUENTIAL_POWER`)."""
+
+    budget: int
+    """Smallest budget (last look) at which the rule says "equivalent" with probability
+    >= 80% when the true difference is 0."""
+    expected_configs: float
+    """Expected configurations to a decision (any stop) at a true difference of 0."""
+    power: float
+    """Simulated probability of "equivalent" at that budget."""
+
+
+SEQUENTIAL_POWER: dict[float, SequentialPlan] = {
+    0.5: SequentialPlan(10, 10.0, 1.0),
+    1.0: SequentialPlan(12, 10.5, 0.864),
+    1.5: SequentialPlan(26, 18.9, 0.828),
+    2.0: SequentialPlan(46, 32.6, 0.821),
+    3.0: SequentialPlan(102, 70.3, 0.804),
+}
+"""The sequential rule at 80% power by sd(d) / margin: normal differences, alpha 0.05,
+looks from :data:`MIN_FIRST_LOOK` every :data:`DEFAULT_LOOK_EVERY` configurations;
+simulated by ``bench/sequential.py`` (4,000 samples per row; bench/README.md, "Sequential
+comparison"). The fixed design needs 6, 12, 23, 39, 86 (:data:`EQUIVALENCE_POWER`)."""
+
+
+class ComparisonPlan(NamedTuple):
+    """Per sd(d) / margin, what a family needs (:func:`comparison_plan`)."""
+
+    sd_ratio: float
+    """sd of the differences over the margin (unknown before a sweep: read the rows)."""
+    fixed_configs: int
+    """Fixed design, 80% power: simulated (:data:`EQUIVALENCE_POWER`)."""
+    fixed_configs_approx: int
+    """Its normal approximation (:func:`configs_for_equivalence`)."""
+    sequential_budget: int
+    """Sequential rule, budget for 80% power (:data:`SEQUENTIAL_POWER`)."""
+    sequential_expected: float
+    """Expected configurations the sequential rule takes to stop at a true difference of 0."""
+
+
+def min_configs_for_verdict(alpha: float = 0.05, sequential: bool = False) -> int:
+    """Fewest configurations at which a family can reach any verdict: for the fixed design
+    the smallest n with ``2^-n <= alpha`` (no one-sided signed-rank test rejects below it:
+    5 at 0.05), for the sequential rule :data:`MIN_FIRST_LOOK` (its first look). A fixed
+    compare sweep with fewer configurations per family cannot answer.
+
+    Raises:
+        ValueError: if ``alpha`` is outside (0, 0.5).
+    """
+    alpha = _check_alpha(alpha)
+    fixed = math.ceil(math.log2(1.0 / alpha) - _LEVEL_RTOL)
+    return max(fixed, MIN_FIRST_LOOK) if sequential else fixed
+
+
+def sequential_looks(first: int, every: int, budget: int) -> tuple[int, ...]:
+    """The looks ``first, first + every, ...`` up to and including ``budget`` (the last look
+    is the budget even when ``every`` does not land on it).
+
+    Raises:
+        ValueError: if ``first``, ``every`` or ``budget`` is not an integer >= 1, or
+            ``budget < first``.
+    """
+    first = _int_at_least("first", first, 1)
+    every = _int_at_least("every", every, 1)
+    budget = _int_at_least("budget", budget, first)
+    looks = list(range(first, budget, every))
+    return (*looks, budget)
+
+
+def comparison_plan() -> tuple[ComparisonPlan, ...]:
+    """Per sd(d) / margin of :data:`POWER_TABLE_SD_RATIOS`: the configurations for 80% power
+    of the fixed design (simulated and approximated) and the sequential rule's budget and
+    expected configurations (default looks), at alpha 0.05. Table look-ups: cheap at the
+    start of a sweep."""
+    return tuple(
+        ComparisonPlan(
+            sd_ratio=r,
+            fixed_configs=EQUIVALENCE_POWER[r],
+            fixed_configs_approx=configs_for_equivalence(r),
+            sequential_budget=SEQUENTIAL_POWER[r].budget,
+            sequential_expected=SEQUENTIAL_POWER[r].expected_configs,
+        )
+        for r in POWER_TABLE_SD_RATIOS
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -119,8 +119,10 @@ def test_holm_keeps_the_directional_claims_of_five_families_at_five_percent() ->
 def test_equivalent_is_rare_when_a_fifth_of_configurations_lose_half_a_sharpe(n: int) -> None:
     # 80% of configurations unchanged (noise 0.02), 20% losing 0.5: the mean difference
     # is -0.1 = -margin, the pseudo-median ~0. TOST on the HL centre alone says
-    # "equivalent" ~40% of the time; with the mean and skew checks it is the draws with
-    # no loser at all (0.8^10 = 11% at n = 10).
+    # "equivalent" ~40% of the time; with the mean's interval (t or BCa) it is the test's
+    # level at the margin, 5%, once a loser is likely drawn, and at n = 10 about the
+    # draws with no loser at all (0.8^10 = 11%). Until issue 39 a skew block also
+    # withheld the verdict (1.2% and 0% at n = 20, 40), and every skewed family with it.
     from hpo.stats import equivalence_test
 
     rng = np.random.default_rng(1000 + n)
@@ -132,7 +134,8 @@ def test_equivalent_is_rare_when_a_fifth_of_configurations_lose_half_a_sharpe(n:
         equivalent += result.verdict == "equivalent"
         hl_only += result.pvalue <= 0.05
     assert hl_only / reps >= 0.25
-    assert equivalent / reps <= (0.16 if n == 10 else 0.04)
+    level = 0.05 + 3.0 * math.sqrt(0.05 * 0.95 / reps)  # 5% and three MC standard errors
+    assert equivalent / reps <= (0.16 if n == 10 else level)
 
 
 @pytest.mark.parametrize("ratio", [1.0, 2.0])
