@@ -11,7 +11,13 @@
      mean's t-interval and the skew checked too); :func:`holm_adjust` for many claims,
      :func:`configs_for_equivalence` for planning;
    - :func:`sharpe_difference_test`: per pair, the two members' return series over the
-     same bars (Ledoit-Wolf HAC and studentized block bootstrap; JKM, descriptive).
+     same bars (Ledoit-Wolf HAC and studentized block bootstrap; JKM, descriptive);
+   - :func:`sequential_verdict` / :func:`sequential_comparison`: the same question
+     decided as configurations finish (repeated confidence intervals of the mean with
+     alpha spending, a non-binding futility stop); :func:`mean_interval`, the mean's
+     interval valid under skew; :func:`loss_tail`, the share of configurations losing
+     more than the margin; :func:`comparison_plan` and :func:`min_configs_for_verdict`
+     for planning.
 
    :func:`compare_paired` bundles the cross-pair numbers; its Mann-Whitney U and KS are
    descriptive only (they ignore the pairing).

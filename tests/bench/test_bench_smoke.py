@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,3 +113,55 @@ def test_step_ops_slots_compares_a_fused_trial_step_with_the_folds_one_by_one() 
     unfused, fused = (int(two[header.index(c)]) for c in ("unfused ops", "fused ops"))
     assert fused < 0.7 * unfused, two
     assert float(two[header.index("ops ratio")]) == pytest.approx(fused / unfused, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_sequential_smoke_prints_the_fixed_and_sequential_designs_side_by_side() -> None:
+    """bench/sequential.py --smoke: normal and skewness -1 differences at sd/margin 1, 300
+    replications: each row has the fixed design's n, the sequential rule's budget and
+    expected configurations (fewer than the fixed n), its power (>= 80%) and error rates."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sequential.py"), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert [row[0].split()[0] for row in rows] == ["normal", "skew-1"], proc.stdout
+    for row in rows:
+        fixed_n = int(row[header.index("fixed n")].split()[0])
+        budget = int(row[header.index("seq budget")])
+        expected = float(row[header.index("seq E[n] at 0")])
+        assert 10 <= expected < fixed_n <= budget + 2, row
+        assert float(row[header.index("seq power")]) >= 0.8
+        ratio = float(row[header.index("E[n] / fixed")])
+        assert 0.5 < ratio < 1.0, row
+        lower, upper = (float(x) for x in row[header.index("seq P(eq) at -m / +m")].split("/"))
+        assert 0.0 <= lower <= 0.2 and 0.0 <= upper <= 0.2, row  # 300 replications: loose
+        assert float(row[header.index("seq P(w or b) at 0")]) == 0.0
+
+
+def test_sequential_bench_decides_the_fixed_design_as_equivalence_test_does() -> None:
+    """The benchmark's vectorized fixed design (fixed_decisions) is hpo.stats.equivalence_test
+    on every sample, so its fixed n and error rates are the verdict's."""
+    from hpo.stats import equivalence_test
+
+    spec = importlib.util.spec_from_file_location(
+        "sequential_bench", ROOT / "bench" / "sequential.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    rng = np.random.default_rng(3)
+    codes = {"equivalent": 1, "bf16 worse": 2, "bf16 better": 3, "inconclusive": 0}
+    for n in (5, 12, 60):  # exact signed-rank counts, and the normal approximation
+        d = rng.normal(rng.uniform(-0.2, 0.2, (80, 1)), 0.1, (80, n))
+        d[:20] = bench.draw(rng, "contaminated", (20, n)) * 0.1 - 0.05
+        expected = [codes[equivalence_test(row, 0.1).verdict] for row in d]
+        assert bench.fixed_decisions(d, 0.1).tolist() == expected
+        assert len(set(expected)) >= 2
