@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import hpo.stats
 from hpo.stats import (
     VERDICTS,
     HodgesLehmann,
@@ -806,6 +807,29 @@ def test_pbo_equals_the_cscv_loop(t: int, n: int, n_blocks: int) -> None:
     assert probability_of_backtest_overfitting(returns, n_blocks) == pbo_reference(
         returns, n_blocks
     )
+
+
+def test_pbo_in_chunks_of_choices_equals_the_cscv_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    returns = rng.normal(0.0, 0.01, (120, 9)) + rng.normal(0.0, 0.002, 9)
+    monkeypatch.setattr(hpo.stats, "PBO_CHUNK_VALUES", 7 * 9)  # 7 choices per chunk of 924
+    assert probability_of_backtest_overfitting(returns, 12) == pbo_reference(returns, 12)
+
+
+def test_pbo_memory_does_not_grow_with_the_choices_times_the_trials() -> None:
+    """A thousand trials over 16 blocks (12,870 choices): the Sharpe arrays are built a
+    chunk of choices at a time, so the peak stays a few MB (all at once: about 0.9 GB)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    returns = rng.normal(0.0, 0.01, (40, 1000))
+    tracemalloc.start()
+    try:
+        probability_of_backtest_overfitting(returns, 16)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB"
 
 
 def test_pbo_dominating_trial_is_zero() -> None:
