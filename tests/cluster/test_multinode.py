@@ -33,6 +33,7 @@ from mlflow.tracking import MlflowClient
 from cluster.tracking_auth import PASSWORD_VAR, USERNAME_VAR, apply_credentials, load_credentials
 from tests.cluster.local_cluster import (
     LocalCluster,
+    RayNode,
     free_port,
     marked_pids,
     start_cluster,
@@ -187,6 +188,49 @@ def assert_no_token(
                 assert token.encode() not in path.read_bytes(), path
 
 
+def _trial_workers_on(node: RayNode) -> list[int]:
+    """The node's Tune trial workers (processes Ray titles ``ray::ImplicitFunc...``)."""
+    pids = []
+    for pid in marked_pids(node.mark):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"ray::ImplicitFunc"):
+            pids.append(pid)
+    return pids
+
+
+def _hold_the_first_trial_until_the_other_worker_runs_one(
+    cluster: LocalCluster, submitted: subprocess.Popen
+) -> None:
+    """Freeze the first trial's worker until a trial runs on the other GPU worker node.
+
+    A trial that ends before the next one's worker has started on the other node hands
+    its actor to that trial (Tune reuses actors), and a sweep of short trials then never
+    leaves the first node. Held, the first trial keeps its node's only CPU, so the next
+    one can only start on the other node: what is checked is that it does, however fast
+    the trials are."""
+    first = wait_for(
+        lambda: next(((n, p) for n in cluster.workers() for p in _trial_workers_on(n)), None),
+        timeout=300,
+        what="the first trial's worker on a GPU worker node",
+        proc=submitted,
+        interval=0.05,
+    )
+    signal_all([first[1]], signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: any(_trial_workers_on(n) for n in cluster.workers() if n is not first[0]),
+            timeout=300,
+            what="a trial's worker on the other GPU worker node",
+            proc=submitted,
+            interval=0.2,
+        )
+    finally:
+        signal_all([first[1]], signal.SIGCONT)
+
+
 def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_server(
     cluster: LocalCluster, tracking: tuple[str, Path], sweep_user: Path, tmp_path: Path
 ) -> None:
@@ -196,9 +240,21 @@ def test_submitted_sweep_runs_on_both_gpu_workers_and_logs_to_the_tracking_serve
     assert not any(k in cluster.env for k in (USERNAME_VAR, PASSWORD_VAR))
     spec = write_spec(tmp_path, "multinode", uri)
     started = time.monotonic()
-    done = submit(cluster, spec, "--follow", "--shared-storage", *login(sweep_user))
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
+    args = ["--address", cluster.dashboard_url, "--working-dir", str(REPO)]
+    submitted = subprocess.Popen(
+        [*HPO, "submit", str(spec), *args, "--follow", "--shared-storage", *login(sweep_user)],
+        cwd=REPO,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _hold_the_first_trial_until_the_other_worker_runs_one(cluster, submitted)
+        output, _ = submitted.communicate(timeout=360)
+    finally:
+        submitted.kill()
+    assert submitted.returncode == 0, output[-6000:]
     job = job_id(output)
     assert f"job {job}: SUCCEEDED" in output
     print(f"multinode sweep: {time.monotonic() - started:.0f}s")
