@@ -26,9 +26,11 @@ chromium:
 demo: $(STAMP)
 	$(BIN)/hpo sweep examples/quick.toml --name quick-$$(date +%Y%m%d-%H%M%S)
 
-# Style and types first (seconds, then about a minute): CI keeps them without anyone
-# remembering to. The layering is a test (tests/test_layers.py).
-test: lint typecheck chromium
+# Style, types and the browser first, side by side (mypy takes a core for about a minute,
+# chromium's install the network): CI keeps them without anyone remembering to. The
+# layering is a test (tests/test_layers.py).
+test: $(STAMP)
+	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
