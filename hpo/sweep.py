@@ -23,7 +23,7 @@ from hpo.record import SUMMARY_FILE, SWEEP_FILE, SweepError, SweepRecord
 from hpo.rungs import ASHA_REDUCTION_FACTOR, start_rung_board
 from hpo.spec import SweepSpec
 from hpo.tracking_store import StoreWarmup
-from hpo.trials import TrialRow, best_rows, trial_rows
+from hpo.trials import TrialRow, best_rows, latest_attempts, trial_rows
 
 if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
     from mlflow.tracking import MlflowClient
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
     from cluster.gpu_types import GpuType
     from cluster.packing_plan import ClusterPacker
     from hpo.compare import Comparison
+    from hpo.final_trials import FinalTrials
     from hpo.recovery import StopOnRepeatedError
     from trainables.config import TrainConfig
 
@@ -271,11 +272,13 @@ class SweepWatchers:
 
     callbacks: list[Any]
     stop: StopOnRepeatedError
+    final: FinalTrials  # the trials' rows as the experiment ended
 
 
 def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> SweepWatchers:
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+    from hpo.final_trials import FinalTrials
     from hpo.progress import SweepProgress
     from hpo.recovery import TRIALS_TO_STOP, AdoptReportedCheckpoint, StopOnRepeatedError
     from hpo.tracking import MlflowSweepCallback
@@ -286,6 +289,7 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # Counted in Tune trials: a group's members fail as one.
     stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_tune_trials))
+    final = FinalTrials(record.sweep_dir)
     callbacks = [
         JsonLoggerCallback(),
         CSVLoggerCallback(),
@@ -293,8 +297,9 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
         SweepProgress(total=record.spec.n_trials, on_event=on_event),
         AdoptReportedCheckpoint(),
         stop,
+        final,
     ]
-    return SweepWatchers(callbacks=callbacks, stop=stop)
+    return SweepWatchers(callbacks=callbacks, stop=stop, final=final)
 
 
 def _finish_or_refuse(
@@ -302,7 +307,7 @@ def _finish_or_refuse(
 ) -> list[TrialRow]:
     """The sweep's rows after it ended; a sweep its stopper called off is summarized the
     same way, then reported as a SweepError naming the error and the fix."""
-    rows = finish_sweep(record, render_report)
+    rows = finish_sweep(record, render_report, watchers.final.rows)
     if watchers.stop.reason is not None:
         raise SweepError(watchers.stop.reason)
     return rows
@@ -442,14 +447,18 @@ def _replace_watchers(tuner: Any, watchers: SweepWatchers) -> None:
 
 
 def finish_sweep(
-    record: SweepRecord, render_report: ReportRenderer | None = None
+    record: SweepRecord,
+    render_report: ReportRenderer | None = None,
+    attempts: list[TrialRow] | None = None,
 ) -> list[TrialRow]:
     """Summarize into ``hpo-summary.json`` and the MLflow parent run (with the comparison
-    in compare mode, see :func:`run_sweep`)."""
+    in compare mode, see :func:`run_sweep`). ``attempts``: every attempt's row as the
+    driver held them when the experiment ended; without them the rows are read from the
+    sweep's storage."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    rows = trial_rows(record.sweep_dir)
+    rows = trial_rows(record.sweep_dir) if attempts is None else latest_attempts(attempts)
     best = best_rows(rows)
     summary = {
         "sweep": record.spec.name,

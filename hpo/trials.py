@@ -74,14 +74,22 @@ def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> l
     A member that ran out of GPU memory runs again as a new Tune trial: its rows are the
     attempts. Only the newest attempt of each member is a row unless ``retried``; the OOM
     attempts it replaced are left out (see :func:`latest_attempts`)."""
-    from trainables.config import RETRY_ATTEMPT_KEY, RETRY_FLOOR_KEY
-    from trainables.trial import CKPT_SUBDIR
-
     sweep_dir = SweepLocation.parse(where)
     if not sweep_dir.has_tune_state():
         return []  # no trial has been recorded yet
+    return rows_of_trials(_tune_trials(sweep_dir.uri), sweep_dir, retried=retried)
+
+
+def rows_of_trials(
+    trials: list[Any], sweep_dir: SweepLocation, *, retried: bool = False
+) -> list[TrialRow]:
+    """:func:`trial_rows` of Tune trials at hand (read from storage, or those the sweep's
+    driver holds when its experiment ends: :class:`hpo.final_trials.FinalTrials`)."""
+    from trainables.config import RETRY_ATTEMPT_KEY, RETRY_FLOOR_KEY
+    from trainables.trial import CKPT_SUBDIR
+
     rows = []
-    for trial in _tune_trials(sweep_dir.uri):
+    for trial in trials:
         for trial_id, config, result, state in _units(trial):
             checkpoint = trial.checkpoint
             rows.append(

@@ -24,12 +24,35 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EXPECTED_DTYPE = {"f32": "F32", "bf16": "BF16"}
 
 
+READ_FROM_STORAGE: list[str] = []  # what finish_sweep read back with trial_rows
+
+
 @pytest.fixture(scope="module")
 def finished_sweep(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
+    import hpo.sweep
+
     tmp = tmp_path_factory.mktemp("sweep")
     spec = tiny_spec(tmp)
-    rows = run_sweep(spec)
+    with pytest.MonkeyPatch.context() as patch:
+        read = hpo.sweep.trial_rows
+        patch.setattr(
+            hpo.sweep,
+            "trial_rows",
+            lambda where: READ_FROM_STORAGE.append(str(where)) or read(where),
+        )
+        rows = run_sweep(spec)
     return spec, rows, Path(spec.storage) / spec.name
+
+
+def test_the_summary_rows_are_the_trials_tune_held_and_what_storage_holds(finished_sweep) -> None:  # type: ignore[no-untyped-def]
+    """The sweep's end takes its rows from the trials Tune held (not read back from the
+    sweep's storage), and they are the rows `hpo status` reads from storage."""
+    _, rows, sweep_dir = finished_sweep
+    assert READ_FROM_STORAGE == []
+    by_id = {r.trial_id: r for r in trial_rows(sweep_dir)}
+    assert sorted(by_id) == sorted(r.trial_id for r in rows)
+    for row in rows:
+        assert row == by_id[row.trial_id]
 
 
 def test_every_trial_is_a_nested_child_run(finished_sweep) -> None:  # type: ignore[no-untyped-def]
