@@ -1,9 +1,11 @@
 """Run `hpo` sweeps in child processes and poke at them from outside (faults are injected
-there): start one, find its trials' worker processes."""
+there): start one, find its trials' worker processes, freeze them as they appear and step
+one a checkpoint at a time (so a test's state does not depend on how long an epoch lasts)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,8 @@ from typing import Any
 
 import psutil
 
-from tests.hpo.sweep_helpers import ONE_TFT, write_tiny_spec
-from tests.processes import GONE, family
+from tests.hpo.sweep_helpers import ONE_TFT, checkpointed_epochs, trial_dirs, write_tiny_spec
+from tests.processes import GONE, family, signal_all, wait_for
 
 HPO = [sys.executable, "-m", "hpo.cli"]
 # Tune snapshots the experiment every second (and copies the trials' result rows to the
@@ -50,3 +52,33 @@ def trial_workers(driver_pid: int) -> list[psutil.Process]:
         except (*GONE, psutil.AccessDenied):
             continue
     return workers
+
+
+def freeze_on_arrival(driver_pid: int, frozen: list[int], count: int) -> list[int] | None:
+    """SIGSTOP each trial worker the moment it is seen (``frozen`` keeps them across
+    polls); the frozen pids once ``count`` were seen, else None (poll again)."""
+    for worker in trial_workers(driver_pid):
+        if worker.pid not in frozen:
+            signal_all([worker], signal.SIGSTOP)
+            frozen.append(worker.pid)
+    return frozen if len(frozen) >= count else None
+
+
+def advance(pid: int, sweep_dir: Path, driver: subprocess.Popen) -> Path:
+    """Let the frozen worker ``pid`` run until one more checkpoint is written, then freeze
+    it again; the trial folder that grew (the only one: the other workers are frozen)."""
+    before = {d: checkpointed_epochs(d) for d in trial_dirs(sweep_dir)}
+    signal_all([pid], signal.SIGCONT)
+    try:
+        return wait_for(
+            lambda: next(
+                (d for d in trial_dirs(sweep_dir) if checkpointed_epochs(d) > before.get(d, 0)),
+                None,
+            ),
+            timeout=300,
+            what=f"worker {pid}'s next checkpoint",
+            proc=driver,
+            interval=0.02,
+        )
+    finally:
+        signal_all([pid], signal.SIGSTOP)

@@ -19,33 +19,38 @@ from tests.hpo.sweep_helpers import (
     trial_runs,
 )
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
-from tests.reliability.sweep_process import HPO, start, trial_workers, write_spec
+from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 4
 
 
-def _sweep_then_sigterm(tmp_path: Path, spec: Path, sweep_dir: Path, epochs: int) -> str:
+def _sweep_then_sigterm(
+    tmp_path: Path, spec: Path, sweep_dir: Path, epochs: int, workers: int
+) -> str:
     """Start the sweep, SIGTERM its driver once a trial has checkpointed ``epochs`` epochs,
-    wait for it to stop; returns its log. The signal lands mid-sweep whatever the speed of
-    an epoch: the trials' workers are held while it is sent, so the sweep cannot have
-    finished before it."""
+    wait for it to stop; returns its log. The sweep's ``workers`` trial workers are frozen
+    as they appear and the first is stepped one checkpoint at a time, so the signal lands
+    mid-sweep however fast an epoch is (a sleep or a poll after a checkpoint could let a
+    fast sweep finish first)."""
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
+    frozen: list[int] = []
     try:
         wait_for(
-            lambda: any(checkpointed_epochs(d) >= epochs for d in trial_dirs(sweep_dir)),
+            lambda: freeze_on_arrival(driver.pid, frozen, count=workers),
             timeout=300,
-            what=f"a trial's epoch {epochs} checkpointed",
+            what=f"{workers} trial worker(s)",
             proc=driver,
             detail=log_tail(tmp_path / "sweep.log"),
-            interval=0.1,
+            interval=0.02,
         )
-        workers = trial_workers(driver.pid)
-        signal_all(workers, signal.SIGSTOP)
+        while not any(checkpointed_epochs(d) >= epochs for d in trial_dirs(sweep_dir)):
+            advance(frozen[0], sweep_dir, driver)
         driver.send_signal(signal.SIGTERM)
-        signal_all(workers, signal.SIGCONT)
+        signal_all(frozen, signal.SIGCONT)
         driver.wait(timeout=180)
     finally:
+        signal_all(frozen, signal.SIGCONT)
         kill_tree(driver)
     log = (tmp_path / "sweep.log").read_text()
     assert driver.returncode == 3, log[-4000:]
@@ -56,7 +61,7 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
     # Three trials alone (a grouped sweep's resume: the test below).
     spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3, fusion={"group_size": 1})
     sweep_dir = tmp_path / "results" / "sigterm"
-    log = _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=1)
+    log = _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=1, workers=2)
     assert f"hpo resume {sweep_dir}" in log.replace("\n", "")
     assert (sweep_dir / "hpo-summary.json").exists()
 
@@ -88,7 +93,7 @@ def test_a_grouped_asha_sweep_resumes_every_member_once(tmp_path: Path) -> None:
         tmp_path, "grouped", max_epochs=epochs, samples=4, scheduler="asha", grace_epochs=1
     )
     sweep_dir = tmp_path / "results" / "grouped"
-    _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=2)
+    _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=2, workers=1)
     (group_dir,) = trial_dirs(sweep_dir)
     before = [r["epoch"] for r in results(group_dir)]
     assert before and before[-1] < epochs, before  # interrupted mid-way

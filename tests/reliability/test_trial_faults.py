@@ -22,45 +22,14 @@ from tests.hpo.sweep_helpers import (
     last_result,
     newest_checkpoint,
     results,
-    trial_dirs,
     trial_runs,
 )
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
-from tests.reliability.sweep_process import start, trial_workers, write_spec
+from tests.reliability.sweep_process import advance, freeze_on_arrival, start, write_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 10
 RECORDED_S = 5.0  # a few of Tune's 1 s snapshots, which bring the driver's rows to storage
-
-
-def _freeze_on_arrival(driver_pid: int, frozen: list[int]) -> list[int] | None:
-    """SIGSTOP each trial worker the moment it is seen (``frozen`` keeps them across
-    polls); both of them, once both were seen."""
-    for worker in trial_workers(driver_pid):
-        if worker.pid not in frozen:
-            signal_all([worker], signal.SIGSTOP)
-            frozen.append(worker.pid)
-    return frozen if len(frozen) >= 2 else None
-
-
-def _advance(pid: int, sweep_dir: Path, driver: subprocess.Popen) -> Path:
-    """Let the frozen worker ``pid`` run until it has written one more checkpoint, then
-    freeze it again; its trial's folder (the only one that grew: the other is frozen)."""
-    before = {d: checkpointed_epochs(d) for d in trial_dirs(sweep_dir)}
-    signal_all([pid], signal.SIGCONT)
-    try:
-        return wait_for(
-            lambda: next(
-                (d for d in trial_dirs(sweep_dir) if checkpointed_epochs(d) > before.get(d, 0)),
-                None,
-            ),
-            timeout=300,
-            what=f"worker {pid}'s next checkpoint",
-            proc=driver,
-            interval=0.02,
-        )
-    finally:
-        signal_all([pid], signal.SIGSTOP)
 
 
 def _recorded(trial_dir: Path) -> tuple[int, str] | None:
@@ -80,7 +49,7 @@ def _frozen_at_a_recorded_checkpoint(
     only after writing its checkpoint; one frozen between the two never gets recorded,
     so it takes another step. Returns (trial folder, last epoch, its checkpoint)."""
     while True:
-        trial_dir = _advance(pid, sweep_dir, driver)
+        trial_dir = advance(pid, sweep_dir, driver)
         if checkpointed_epochs(trial_dir) < 2:
             continue
         deadline = time.monotonic() + RECORDED_S
@@ -102,7 +71,7 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
     try:
         frozen: list[int] = []
         workers = wait_for(
-            lambda: _freeze_on_arrival(driver.pid, frozen),
+            lambda: freeze_on_arrival(driver.pid, frozen, count=2),
             timeout=300,
             what="both trials' workers",
             proc=driver,
