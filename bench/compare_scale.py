@@ -70,9 +70,9 @@ from hpo.tracking import (
     ROLE_TRIAL,
     TAG_CONFIG,
     TAG_FAILURE,
+    TAG_FAMILY,
     TAG_FELL_BACK,
     TAG_MEMBER,
-    TAG_MODEL,
     TAG_PAIR,
     TAG_PARENT,
     TAG_PRECISION,
@@ -180,7 +180,7 @@ def _build_store(
         model = FAMILIES[group % len(FAMILIES)]
         config_id = f"{model}-g{group:04d}"
         config: dict[str, Any] = {
-            "model": model,
+            "family": model,
             "precision": precision,
             "seed": seed,
             "config_id": config_id,
@@ -229,7 +229,7 @@ def _build_store(
             TAG_PARENT: parent,
             TAG_ROLE: ROLE_TRIAL,
             TAG_SWEEP: experiment,
-            TAG_MODEL: model,
+            TAG_FAMILY: model,
             TAG_PRECISION: precision,
             TAG_SEED: str(seed),
             TAG_PAIR: config["pair_id"],

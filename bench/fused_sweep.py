@@ -2,11 +2,11 @@
 grouped (``group_size = 8``), side by side in one run, through the ``hpo`` CLI.
 
     .venv/bin/python bench/fused_sweep.py                      # liquid, tggn; 4 x 3 x 2
-    .venv/bin/python bench/fused_sweep.py --models liquid --samples 2 --seeds 2   # shorter
+    .venv/bin/python bench/fused_sweep.py --families liquid --samples 2 --seeds 2   # shorter
     .venv/bin/python bench/fused_sweep.py --fuse on            # tggn fused on a CPU too
     .venv/bin/python bench/fused_sweep.py --gpu measured --concurrent 8   # the GPU row
 
-The sweep: ``--models`` (liquid and tggn), ``--samples`` configurations x ``--seeds``
+The sweep: ``--families`` (liquid and tggn), ``--samples`` configurations x ``--seeds``
 seeds x f32 and bf16 (compare mode, FIFO, random search), tiny shapes, 2 walk-forward
 folds, 2 epochs. Every shape-changing setting is fixed (each family's tiny size, dropout
 0) and only lr and weight decay are searched, so both sweeps sample the same
@@ -15,7 +15,7 @@ trains the seeds of a batch's configurations of one precision as one group trial
 mode batches configurations where only per-trial settings are searched, holding nothing).
 Each sweep runs as a user runs it (``hpo sweep SPEC`` in a fresh directory: its own Ray instance and MLflow
 store), so Ray's per-trial overhead is in both. Printed: wall time, trials per minute,
-trial runs in MLflow, the verdict per model, and the largest per-trial difference in
+trial runs in MLflow, the verdict per family, and the largest per-trial difference in
 the final validation Sharpe between the two sweeps (the tolerance of fused slots).
 
 With ``--gpu`` (a share per Tune trial, or ``measured``) the trials run on this machine's
@@ -45,10 +45,10 @@ from models.base import Choice, Float, Int
 HPO = Path(sys.executable).with_name("hpo")
 
 
-def fixed_shapes(model: str) -> dict[str, Any]:
-    """Every searched setting of ``model`` but lr and weight decay, held: the tiny size,
+def fixed_shapes(name: str) -> dict[str, Any]:
+    """Every searched setting of family ``name`` but lr and weight decay, held: the tiny size,
     no dropout, the first choice or the low end otherwise."""
-    family = get_family(model)
+    family = get_family(name)
     fixed: dict[str, Any] = {}
     for key, dim in family.search_space.items():
         if key in family.tiny:
@@ -65,7 +65,7 @@ def fixed_shapes(model: str) -> dict[str, Any]:
 def sweep_payload(name: str, group_size: int, args: argparse.Namespace, where: Path) -> dict:
     return {
         "name": name,
-        "models": list(args.models),
+        "families": list(args.families),
         "precisions": ["f32", "bf16"],
         "compare": True,
         "samples": args.samples,
@@ -85,7 +85,7 @@ def sweep_payload(name: str, group_size: int, args: argparse.Namespace, where: P
         },
         "resources": {"cpu": 1, "gpu": args.gpu},
         "fusion": {"group_size": group_size},
-        "search_space": {m: fixed_shapes(m) for m in args.models},
+        "search_space": {m: fixed_shapes(m) for m in args.families},
     }
 
 
@@ -153,7 +153,7 @@ def read_results(name: str, where: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["liquid", "tggn"])
+    parser.add_argument("--families", nargs="+", default=["liquid", "tggn"])
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
@@ -171,9 +171,9 @@ def main() -> None:
     gpus = visible_gpus() if args.gpu else 0
     if args.gpu and not gpus:
         sys.exit("--gpu needs a CUDA GPU on this machine (torch sees none)")
-    n_trials = len(args.models) * args.samples * args.seeds * 2
+    n_trials = len(args.families) * args.samples * args.seeds * 2
     print(
-        f"compare sweep: {', '.join(args.models)} x {args.samples} configurations x "
+        f"compare sweep: {', '.join(args.families)} x {args.samples} configurations x "
         f"{args.seeds} seeds x f32, bf16 = {n_trials} trials; {args.epochs} epochs, "
         f"{args.steps} steps, fuse = {args.fuse}"
     )

@@ -371,7 +371,7 @@ def _bench_trial(config: dict[str, Any]) -> None:
 
     start = clock.time()
     hold, trial = config["hold"], config["trial"]
-    name = f"{trial['model']}-{trial['member']}"
+    name = f"{trial['family']}-{trial['member']}"
     try:
         run_trial(trial, PackedShare())
     except BaseException:  # counts as trained, so no other waits for it; fails at once

@@ -26,9 +26,9 @@ from trainables.config import DataConfig, TrainConfig
 from trainables.trainer import Trainer
 
 
-def measure(model: str, steps: int) -> tuple[int, float]:
+def measure(name: str, steps: int) -> tuple[int, float]:
     config = TrainConfig(
-        family=model,
+        family=name,
         precision="f32",
         epochs=2,
         n_folds=1,

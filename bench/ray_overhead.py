@@ -47,7 +47,7 @@ OVERRIDES = {"d_model": 8, "n_heads": 1, "lstm_layers": 1}
 def spec_payload(n_trials: int, concurrency: int, tmp: Path) -> dict:
     return {
         "name": "ray-overhead",
-        "models": ["tft"],
+        "families": ["tft"],
         "precisions": ["f32"],
         "samples": n_trials,
         "search": "random",

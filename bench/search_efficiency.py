@@ -82,7 +82,7 @@ class Task:
         return parse_spec(
             {
                 "name": "search-efficiency",
-                "models": ["kan"],
+                "families": ["kan"],
                 "precisions": ["f32"],
                 "seeds": [0],
                 "samples": samples,

@@ -41,7 +41,7 @@ RAY_ALONE = (
 
 SPEC = """\
 name = "{name}"
-models = ["tft"]
+families = ["tft"]
 precisions = ["f32"]
 samples = 1
 search = "random"

@@ -37,7 +37,7 @@ HPO = [sys.executable, "-m", "hpo.cli"]
 
 SPEC = """\
 name = "{name}"
-models = ["kan", "liquid"]
+families = ["kan", "liquid"]
 precisions = ["f32", "bf16"]
 samples = {samples}
 search = "random"

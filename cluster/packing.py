@@ -247,7 +247,7 @@ def gpu_fraction_for_trial(
     if not packing.fits:
         log.warning(
             "%s/%s needs %.2f of a %.0f GiB GPU; asking for the whole GPU (it may not fit)",
-            profile.model,
+            profile.family,
             profile.precision,
             packing.raw_fraction,
             packing.device_total_bytes / GiB,

@@ -2,11 +2,11 @@
 
 * A sweep's plan on a Ray cluster (:class:`ClusterPacker`, :func:`plan_rows`,
   :func:`render_plan`; ``hpo sweep SPEC --plan`` and the first lines of a sweep): per
-  (model, precision, GPU type) the peak and its source, the share, trials per GPU and per
+  (family, precision, GPU type) the peak and its source, the share, trials per GPU and per
   node, and the binding constraint; :func:`render_fixed_plan` when a sweep asks for a fixed
   GPU number per trial, or no GPUs.
 * One shape's, or every family's in f32 and bf16, profiled in this process
-  (:func:`shape_plan`, :func:`family_plans`; ``hpo profile --model`` / ``--all``).
+  (:func:`shape_plan`, :func:`family_plans`; ``hpo profile --family`` / ``--all``).
 
 :class:`ClusterPacker` is the resources callable the sweep hands Tune
 (``tune.with_resources(trainable, resources=packer)``, see ``hpo.sweep``):
@@ -179,7 +179,7 @@ class ClusterPacker:
             chosen = max(shares, key=lambda s: s.packing.device_total_bytes)
             log.warning(
                 "%s/%s fits no GPU type (needs %.2f of a %.0f GiB %s); asking for a whole GPU",
-                chosen.profile.model,
+                chosen.profile.family,
                 chosen.profile.precision,
                 chosen.packing.raw_fraction,
                 chosen.packing.device_total_bytes / GiB,
@@ -242,7 +242,7 @@ class ClusterPacker:
 def plan_rows(
     packer: ClusterPacker, configs: Iterable[TrainConfig | Shape]
 ) -> list[dict[str, Any]]:
-    """One row per (model, precision, group_size, GPU type) of ``configs`` (profiled as
+    """One row per (family, precision, group_size, GPU type) of ``configs`` (profiled as
     needed). ``trials_per_gpu`` and ``trials_per_node`` count Tune trials (a group trial
     once); ``grouped_trials_per_gpu`` the trials a user sees."""
     planned = shapes(configs)
@@ -259,7 +259,7 @@ def plan_rows(
             profile = share.profile
             rows.append(
                 {
-                    "model": config.family,
+                    "family": config.family,
                     "precision": profile.precision,
                     "batch_size": config.batch_size,
                     "gpu_type": share.gpu_type.name,
@@ -289,7 +289,7 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     groups (Tune trials) and the trials a user sees apart."""
     grouped = any(r.get("group_size", 1) > 1 for r in rows)
     header = [
-        "model", "precision", "gpu type", "peak GiB", "how", "GPU GiB", "share",
+        "family", "precision", "gpu type", "peak GiB", "how", "GPU GiB", "share",
         "trials/GPU", "by memory", "trials/node", "binding",
     ]  # fmt: skip
     if grouped:
@@ -298,7 +298,7 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     body = []
     for r in rows:
         row = [
-            r["model"],
+            r["family"],
             r["precision"],
             r["gpu_type"],
             f"{r['peak_bytes'] / GiB:.2f}",
@@ -366,7 +366,7 @@ def render_fixed_plan(gpu: float | str, cpu: float, group_size: int = 1) -> str:
 
 @dataclass(frozen=True)
 class ShapeRequest:
-    """What to profile besides the model and precision: the ``--set`` overrides, the
+    """What to profile besides the family and precision: the ``--set`` overrides, the
     batch size (None: the trainer's), the headroom, and where profiles come from."""
 
     overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -376,13 +376,13 @@ class ShapeRequest:
     refresh: bool = False
 
 
-def shape_plan(model: str, precision: str, request: ShapeRequest) -> tuple[MemoryProfile, Packing]:
-    """The (model, precision) trial's profile (from the VRAM table, or profiled now) and
+def shape_plan(family: str, precision: str, request: ShapeRequest) -> tuple[MemoryProfile, Packing]:
+    """The (family, precision) trial's profile (from the VRAM table, or profiled now) and
     its packing."""
     from trainables.config import build_train_config
 
     base: dict[str, Any] = {} if request.batch_size is None else {"batch_size": request.batch_size}
-    config = build_train_config(model, dict(request.overrides), precision=precision, **base)
+    config = build_train_config(family, dict(request.overrides), precision=precision, **base)
     _, profile = profile_for_config(config, mode=request.mode, refresh=request.refresh)
     return profile, plan(profile, request.headroom)
 
@@ -413,7 +413,7 @@ def family_plans(request: ShapeRequest) -> FamilyPlans:
         except Exception as exc:
             skipped.append(f"{name}: cannot import ({type(exc).__name__}: {exc})")
             continue
-        row: dict[str, Any] = {"model": name}
+        row: dict[str, Any] = {"family": name}
         try:
             for precision in ("f32", "bf16"):
                 profile, packing = shape_plan(name, precision, request)

@@ -70,7 +70,7 @@ class MemoryProfile:
     trial's profile (``group_size`` > 1) is the same for all its trials' folds together.
     """
 
-    model: str
+    family: str
     precision: str  # the policy that ran (``auto`` resolved)
     batch_size: int
     n_folds: int  # of one trial
@@ -502,7 +502,7 @@ def profile_trial(
             torch.cuda.empty_cache()
 
     return MemoryProfile(
-        model=config.family,
+        family=config.family,
         precision=counts.precision,
         batch_size=config.batch_size,
         n_folds=counts.n_folds,

@@ -82,9 +82,9 @@ def _size_value(value: Any, searched_float: bool = False) -> Any:
     return repr(value)
 
 
-def memory_neutral(model: str) -> frozenset[str]:
-    """Config fields family ``model`` declares memory-neutral (``MEMORY_NEUTRAL``)."""
-    return frozenset(getattr(family_module(model), "MEMORY_NEUTRAL", ()))
+def memory_neutral(family: str) -> frozenset[str]:
+    """Config fields ``family`` declares memory-neutral (``MEMORY_NEUTRAL``)."""
+    return frozenset(getattr(family_module(family), "MEMORY_NEUTRAL", ()))
 
 
 def profile_key(

@@ -6,7 +6,7 @@
 makes no network request (a Content-Security-Policy ``default-src 'none'``), so it opens the
 same anywhere, air-gapped included. Its reading notes are ``reading_notes.html`` beside it.
 
-Stable hooks (``<scope>``: a model family or ``overall``, reduced to ``[A-Za-z0-9_-]``):
+Stable hooks (``<scope>``: a family or ``overall``, reduced to ``[A-Za-z0-9_-]``):
 
 * ``p#mlflow-link`` - the trials' deep link into MLflow's runs table (text, not a link);
 * ``h1#verdict`` - the verdict, overall and per family; ``section#cost`` with
@@ -19,7 +19,7 @@ Stable hooks (``<scope>``: a model family or ``overall``, reduced to ``[A-Za-z0-
   ``details``) - the two distributions' medians, skewness and W, U, D, descriptive;
 * ``table#seeds-<scope>-<contrast>`` - every seed pair behind the configuration means;
 * ``table#pairtests-<scope>-<contrast>`` - per seed pair and split, the bootstrap pair test
-  with its BH q, HAC, and JKM (descriptive) (model families only);
+  with its BH q, HAC, and JKM (descriptive) (families only);
 * ``table#overfitting-<scope>`` - PBO, MinTRL of the best trial, val/test Spearman;
 * ``svg#dist-<scope>-<contrast>-<val|test>.plot-dist`` / ``svg#diff-...`` (same suffix,
   ``.plot-diff``) - the configuration means' Sharpe distributions / paired differences;
@@ -376,7 +376,7 @@ def _scope_section(c: Comparison, scope: ScopeComparison, colours: dict[str, str
     ]
     if name == OVERALL:
         parts.append(
-            f'<p class="caption">All families pooled: {escape(", ".join(scope.models))}.</p>'
+            f'<p class="caption">All families pooled: {escape(", ".join(scope.families))}.</p>'
         )
     parts += [
         "<h3>Paired statistics</h3>",

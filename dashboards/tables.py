@@ -239,7 +239,7 @@ def compact_table(comparison: Comparison) -> Any:
 
 def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
     """The verdict and cost headline, then the compact table (fits 100 columns), or with
-    ``wide`` one full ``rich`` table per scope (model families, then overall), for
+    ``wide`` one full ``rich`` table per scope (families, then overall), for
     ``hpo compare``."""
     from rich import box
     from rich.table import Table

@@ -75,7 +75,7 @@ class EnsembleError(ValueError):
 def select_members(
     rows: Sequence[TrialRow],
     top: int = 1,
-    models: Sequence[str] | None = None,
+    families: Sequence[str] | None = None,
     precisions: Sequence[str] | None = None,
 ) -> list[TrialRow]:
     """The best ``top`` finished trials per family by validation Sharpe (families in
@@ -89,18 +89,18 @@ def select_members(
         and not r.diverged
         and r.val_sharpe is not None
         and r.checkpoint is not None
-        and (not models or r.model in models)
+        and (not families or r.family in families)
         and (not precisions or r.precision in precisions)
     ]
     by_family: dict[str, list[TrialRow]] = {}
     for row in eligible:
-        by_family.setdefault(row.model, []).append(row)
+        by_family.setdefault(row.family, []).append(row)
     chosen: list[TrialRow] = []
     for family in sorted(by_family):
         ranked = sorted(by_family[family], key=lambda r: (-(r.val_sharpe or 0.0), r.trial_id))
         chosen.extend(ranked[:top])
     if not chosen:
-        wanted = f" (models {list(models or [])}, precisions {list(precisions or [])})"
+        wanted = f" (families {list(families or [])}, precisions {list(precisions or [])})"
         raise EnsembleError(
             f"no finished trial with a validation Sharpe and a checkpoint matches{wanted}"
         )
@@ -242,7 +242,7 @@ def evaluate_ensemble(
     metrics["test_confidence_mean"] = float(test.confidence.mean())
     metrics.update(_deflation(all_rows, ens_val, best_val, config.periods_per_year))
     for i, (row, w) in enumerate(zip(rows, weights, strict=True)):
-        metrics[f"weight.{i:02d}.{row.model}"] = float(w)
+        metrics[f"weight.{i:02d}.{row.family}"] = float(w)
     return EnsembleResult(
         rows=list(rows),
         members=members,
@@ -305,9 +305,9 @@ def write_ensemble(result: EnsembleResult, out: Path, extra: dict[str, Any]) -> 
     for i, (row, mr, w) in enumerate(zip(result.rows, result.members, result.weights, strict=True)):
         specs.append(
             MemberSpec(
-                name=member_dirname(i, row.model, row.trial_id),
+                name=member_dirname(i, row.family, row.trial_id),
                 trial_id=row.trial_id,
-                family=row.model,
+                family=row.family,
                 precision=mr.precision,
                 weight=float(w),
                 val_sharpe=row.val_sharpe,
@@ -373,20 +373,20 @@ def log_ensemble_run(result: EnsembleResult, record: SweepRecord, options: dict[
             entry = {
                 "trial_id": row.trial_id,
                 "run_id": trial_runs.get(row.trial_id, ""),
-                "model": row.model,
+                "family": row.family,
                 "precision": mr.precision,
                 "weight": float(w),
                 "val_sharpe": row.val_sharpe,
             }
             members.append(entry)
-            for key in ("trial_id", "model", "precision"):
+            for key in ("trial_id", "family", "precision"):
                 params.append(Param(f"member.{i:02d}.{key}", str(entry[key])))
         stamp = int(time.time() * 1000)
         client.log_batch(
             run_id,
             metrics=[Metric(k, float(v), stamp, 0) for k, v in result.metrics.items()],
             params=params,
-            tags=[RunTag("members", ",".join(f"{m['model']}:{m['trial_id']}" for m in members))],
+            tags=[RunTag("members", ",".join(f"{m['family']}:{m['trial_id']}" for m in members))],
         )
         client.log_dict(run_id, {"members": members}, "ensemble/members.json")
         if result.out is not None:
@@ -404,7 +404,7 @@ def build_ensemble(
     sweep_dir: str | Path,
     out: Path,
     top: int = 1,
-    models: Sequence[str] | None = None,
+    families: Sequence[str] | None = None,
     precisions: Sequence[str] | None = None,
     weighting: str = "psr",
     device: torch.device | None = None,
@@ -417,12 +417,12 @@ def build_ensemble(
 
     record = SweepRecord.read(sweep_dir)
     rows = trial_rows(record.sweep_dir)
-    chosen = select_members(rows, top, models, precisions)
+    chosen = select_members(rows, top, families, precisions)
     result = evaluate_ensemble(chosen, rows, weighting, device=device, precision=precision)
     options = {
         "sweep": str(record.sweep_dir),
         "top": top,
-        "models": ",".join(models or []),
+        "families": ",".join(families or []),
         "of_precision": ",".join(precisions or []),
         "weighting": weighting,
         "precision": result.members[0].ran_in,

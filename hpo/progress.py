@@ -101,7 +101,7 @@ class SweepProgress(Callback):
         value = result.get("val_sharpe")
         if isinstance(value, int | float) and math.isfinite(value):
             config = trial.config
-            label = f"{config['model']} {config['precision']} {trial.trial_id}"
+            label = f"{config['family']} {config['precision']} {trial.trial_id}"
             self.latest[trial.trial_id] = (float(value), label)
             heapq.heappush(self._ranked, (-float(value), label, trial.trial_id))
             if len(self._ranked) > 2 * len(self.latest) + 64:  # mostly replaced values
@@ -142,7 +142,7 @@ class SweepProgress(Callback):
         # An OOM attempt ends too, but its trials run again (a new Tune trial).
         self._set_state(trial, None if retry is not None else "done")
         self.on_event(
-            f"trial {trial.trial_id} {config['model']} {config['precision']} {who}: "
+            f"trial {trial.trial_id} {config['family']} {config['precision']} {who}: "
             f"val Sharpe {shown} after {result.get('epoch', 0)} epoch(s){note}  " + self._counts()
         )
 

@@ -2,7 +2,7 @@
 
 Validated once, at the edge, before anything starts: every error names the field (dotted
 path, e.g. ``search_space.tft.dropout``) and the allowed values, and :func:`load_spec`
-raises one :class:`SpecError` listing all of them. Parsing also builds every model's
+raises one :class:`SpecError` listing all of them. Parsing also builds every family's
 walk-forward splits on the spec's bars (the file is loaded once), so settings no trial
 could split are refused here rather than in every trial. See ``examples/quick.toml`` for a
 commented example.
@@ -35,7 +35,7 @@ SCHEDULERS = ("asha", "fifo")
 _BOOL = TypeAdapter(bool)  # pydantic's own reading of a bool field (true, 1, "yes", ...)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Trainer settings a spec may not fix in [trainer]: they are sweep-level fields or per-trial.
-NOT_IN_TRAINER = frozenset({"model", "precision", "seed", "epochs", "device"})
+NOT_IN_TRAINER = frozenset({"family", "precision", "seed", "epochs", "device"})
 
 
 class SpecError(ValueError):
@@ -122,7 +122,7 @@ class FusionSpec(_Strict):
     "measured"`` a group trial's share is profiled for its fused group. Unset:
     :data:`DEFAULT_GROUP_SIZE`."""
     batches: dict[str, Annotated[int, Field(ge=1)]] | None = None
-    """Recorded by ``hpo sweep`` when the sweep starts, not written by hand: for each model
+    """Recorded by ``hpo sweep`` when the sweep starts, not written by hand: for each family
     whose trials group, how many configurations of one shape its searcher asks at a time
     (:meth:`SweepSpec.batch_size`). A resumed sweep groups as it started, whatever a later
     version would decide (one whose families let members differ in more settings would
@@ -132,10 +132,10 @@ class FusionSpec(_Strict):
 class SweepSpec(_Strict):
     name: str
     """Sweep name: the MLflow experiment and the results folder."""
-    models: list[str] = Field(min_length=1)
+    families: list[str] = Field(min_length=1)
     precisions: list[str] = Field(default_factory=lambda: ["f32", "bf16"], min_length=1)
     samples: int = Field(4, ge=1)
-    """Configurations sampled per model (per precision unless compare = true)."""
+    """Configurations sampled per family (per precision unless compare = true)."""
     search: Literal["tpe", "random", "pso"] = "tpe"
     scheduler: Literal["asha", "fifo"] = "asha"
     """ASHA by default; FIFO when compare = true leaves it out."""
@@ -156,7 +156,7 @@ class SweepSpec(_Strict):
     trainer: dict[str, Any] = Field(default_factory=dict)
     """Trainer settings fixed for every trial (lookback, batch_size, cost, ...)."""
     search_space: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Per-model overrides: key = constant | {low, high[, log]} | {choices = [...]}."""
+    """Per-family overrides: key = constant | {low, high[, log]} | {choices = [...]}."""
     resources: ResourcesSpec = ResourcesSpec()
     fusion: FusionSpec = FusionSpec()
     storage: str = "hpo-results"
@@ -172,9 +172,9 @@ class SweepSpec(_Strict):
             )
         return value
 
-    @field_validator("models")
+    @field_validator("families")
     @classmethod
-    def _models(cls, value: list[str]) -> list[str]:
+    def _families(cls, value: list[str]) -> list[str]:
         """Registered names, installed names, or import references to a family (resolved
         with the other checks that need the families, see :func:`parse_spec`)."""
         known = family_names()
@@ -182,11 +182,11 @@ class SweepSpec(_Strict):
         unknown = [m for m in unknown if m not in installed_names()]
         if unknown:
             raise ValueError(
-                f"unknown model(s) {unknown}; allowed: {list(known)}, a name an installed "
+                f"unknown family(ies) {unknown}; allowed: {list(known)}, a name an installed "
                 "package registers, or an import reference 'package.module:ATTR'"
             )
         if len(set(value)) != len(value):
-            raise ValueError("lists a model twice")
+            raise ValueError("lists a family twice")
         return value
 
     @field_validator("precisions")
@@ -235,19 +235,19 @@ class SweepSpec(_Strict):
             raise ValueError(
                 f"grace_epochs ({self.grace_epochs}) must be <= max_epochs ({self.max_epochs})"
             )
-        for model in self.search_space:
-            if model not in self.models:
+        for family in self.search_space:
+            if family not in self.families:
                 raise ValueError(
-                    f"search_space.{model}: not one of this sweep's models {self.models}"
+                    f"search_space.{family}: not one of this sweep's families {self.families}"
                 )
-        for model, batch in (self.fusion.batches or {}).items():
-            if model not in self.models:
+        for family, batch in (self.fusion.batches or {}).items():
+            if family not in self.families:
                 raise ValueError(
-                    f"fusion.batches.{model}: not one of this sweep's models {self.models}"
+                    f"fusion.batches.{family}: not one of this sweep's families {self.families}"
                 )
             if batch > self.group_size:
                 raise ValueError(
-                    f"fusion.batches.{model} = {batch} is over fusion.group_size "
+                    f"fusion.batches.{family} = {batch} is over fusion.group_size "
                     f"({self.group_size}): a batch's configurations share groups of at most "
                     "that many members"
                 )
@@ -257,30 +257,30 @@ class SweepSpec(_Strict):
     @property
     def n_trials(self) -> int:
         per_config = len(self.seeds) * len(self.precisions)
-        return len(self.models) * self.samples * per_config
+        return len(self.families) * self.samples * per_config
 
     @property
     def group_size(self) -> int:
         """Members per group trial at most (``fusion.group_size``)."""
         return self.fusion.group_size
 
-    def groups(self, model: str) -> bool:
-        """Whether ``model``'s trials train in group trials: a family that fuses (rl
+    def groups(self, family: str) -> bool:
+        """Whether ``family``'s trials train in group trials: a family that fuses (rl
         families never group; a family whose module does not import where a sweep is read
         back counts as ungrouped) and a group size over 1, or, in a sweep's record, a
         batch recorded for it (``fusion.batches``)."""
         try:
-            family = get_family(model)
+            record = get_family(family)
         except FamilyError:
             return False
-        if family.kind == "rl" or not family.fuses:
+        if record.kind == "rl" or not record.fuses:
             return False
         if self.fusion.batches is not None:
-            return model in self.fusion.batches  # as the sweep decided when it started
+            return family in self.fusion.batches  # as the sweep decided when it started
         return self.group_size > 1
 
-    def batch_size(self, model: str) -> int:
-        """Configurations of one shape the searcher asks for ``model`` at a time: as many
+    def batch_size(self, family: str) -> int:
+        """Configurations of one shape the searcher asks for ``family`` at a time: as many
         as fit a group beside their seeds, where a setting members may differ in is
         searched (lr, weight decay, the family's own:
         :func:`trainables.group.per_trial_settings`); 1 otherwise. Compare mode batches only
@@ -290,21 +290,21 @@ class SweepSpec(_Strict):
         configurations). In a sweep's record, as recorded (``fusion.batches``) but never
         more than this version decides: a batch it cannot hold to one shape would form
         groups whose members differ in a shape."""
-        if not self.groups(model):
+        if not self.groups(family):
             return 1
-        decided = self._batch_size(model)
-        recorded = (self.fusion.batches or {}).get(model)
+        decided = self._batch_size(family)
+        recorded = (self.fusion.batches or {}).get(family)
         return decided if recorded is None else min(recorded, decided)
 
-    def _batch_size(self, model: str) -> int:
+    def _batch_size(self, family: str) -> int:
         from hpo.search.space import trial_space
         from trainables.group import per_trial_settings
 
         try:
-            dims = trial_space(model, self.search_space.get(model)).dims
+            dims = trial_space(family, self.search_space.get(family)).dims
         except (FamilyError, ValueError):
             return 1
-        varying = per_trial_settings(get_family(model))
+        varying = per_trial_settings(get_family(family))
         if not any(key in dims for key in varying):
             return 1  # every configuration of one shape would be the same configuration
         if self.compare and any(key not in varying for key in dims):
@@ -313,17 +313,17 @@ class SweepSpec(_Strict):
 
     def with_grouping_recorded(self) -> SweepSpec:
         """This spec with its grouping decided (``fusion.batches``), as a sweep records it."""
-        batches = {model: self.batch_size(model) for model in self.models if self.groups(model)}
+        batches = {f: self.batch_size(f) for f in self.families if self.groups(f)}
         fusion = self.fusion.model_copy(update={"batches": batches})
         return self.model_copy(update={"fusion": fusion})
 
-    def members_per_group(self, model: str) -> int:
-        """Members of ``model``'s largest group trial (1: its trials run alone): a batch's
+    def members_per_group(self, family: str) -> int:
+        """Members of ``family``'s largest group trial (1: its trials run alone): a batch's
         members of one precision, split evenly into groups of at most
         :attr:`group_size` (the searcher's ``_even_chunks``)."""
-        if not self.groups(model):
+        if not self.groups(family):
             return 1
-        members = min(self.batch_size(model), self.samples) * len(self.seeds)
+        members = min(self.batch_size(family), self.samples) * len(self.seeds)
         return -(-members // -(-members // self.group_size))
 
     @property
@@ -343,11 +343,11 @@ class SweepSpec(_Strict):
         (``fusion.group_size``; rl families run ungrouped)."""
         size, seeds = self.group_size, len(self.seeds)
         total = 0
-        for model in self.models:
-            if not self.groups(model):
+        for family in self.families:
+            if not self.groups(family):
                 total += self.samples * len(self.precisions) * seeds
                 continue
-            batch = self.batch_size(model)
+            batch = self.batch_size(family)
             full, rest = divmod(self.samples, batch)
             groups = full * -(-batch * seeds // size) + (-(-rest * seeds // size) if rest else 0)
             total += groups * len(self.precisions)
@@ -391,7 +391,7 @@ def parse_spec(
     problems: list[str] = []
     if check_data:
         spec, problems = _with_absolute_data(spec, base_dir or Path.cwd())
-        problems = [*_model_problems(spec, data_ok=not problems), *problems]
+        problems = [*_family_problems(spec, data_ok=not problems), *problems]
     if problems:
         raise SpecError(source, problems)
     return spec
@@ -461,36 +461,36 @@ def _with_absolute_data(spec: SweepSpec, base_dir: Path) -> tuple[SweepSpec, lis
     return spec.model_copy(update={"data": data}), []
 
 
-def _model_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
-    """Checks that need the model registry, and (when the data source is usable) the
-    walk-forward splits of every model's trials on the spec's bars."""
+def _family_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
+    """Checks that need the family registry, and (when the data source is usable) the
+    walk-forward splits of every family's trials on the spec's bars."""
     from hpo.search.space import trial_space
 
     problems = []
     shapes: dict[DataConfig, tuple[int, int]] = {}
-    for i, model in enumerate(spec.models):
+    for i, family in enumerate(spec.families):
         try:
-            get_family(model)
+            get_family(family)
         except FamilyError as exc:
-            problems.append(f"models[{i}]: {exc}")
+            problems.append(f"families[{i}]: {exc}")
             continue
         try:
-            space = trial_space(model, spec.search_space.get(model))
+            space = trial_space(family, spec.search_space.get(family))
         except ValueError as exc:
             problems.append(str(exc))
             continue
         except (OverflowError, TypeError) as exc:  # e.g. {low = 10**400} read from YAML
-            problems.append(f"search_space.{model}: {exc}")
+            problems.append(f"search_space.{family}: {exc}")
             continue
-        problem = _trial_config_problem(spec, model, space)
+        problem = _trial_config_problem(spec, family, space)
         if problem is None and data_ok:
-            problem = _splits_problem(spec, model, space, shapes)
+            problem = _splits_problem(spec, family, space, shapes)
         if problem:
             problems.append(problem)
-    return list(dict.fromkeys(problems))  # a spec-level problem is said once, not per model
+    return list(dict.fromkeys(problems))  # a spec-level problem is said once, not per family
 
 
-def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None:
+def _trial_config_problem(spec: SweepSpec, family: str, space: Any) -> str | None:
     """Build one trial's configuration (fixed keys, every searched key at its lower bound)
     exactly as a trial would, so settings that would fail in every trial fail here instead,
     before Ray or MLflow start."""
@@ -499,7 +499,7 @@ def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None
 
     sample = {k: d.options[0] if isinstance(d, Choice) else d.low for k, d in space.dims.items()}
     trial = TrialConfig(
-        family=model,
+        family=family,
         precision=spec.precisions[0],
         seed=spec.seeds[0],
         params={**space.fixed, **sample},
@@ -507,9 +507,9 @@ def _trial_config_problem(spec: SweepSpec, model: str, space: Any) -> str | None
     )
     try:
         config = trial.train_config()
-        get_family(model).make_config(config.model_config)
+        get_family(family).make_config(config.model_config)
     except (ValueError, TypeError, OverflowError) as exc:
-        return f"trainer / search_space.{model}: a trial of {model} would fail: {exc}"
+        return f"trainer / search_space.{family}: a trial of {family} would fail: {exc}"
     return None
 
 
@@ -548,9 +548,9 @@ _SPLIT_ARGUMENTS = {
 
 
 def _splits_problem(
-    spec: SweepSpec, model: str, space: Any, shapes: dict[DataConfig, tuple[int, int]]
+    spec: SweepSpec, family: str, space: Any, shapes: dict[DataConfig, tuple[int, int]]
 ) -> str | None:
-    """Build the walk-forward splits of ``model``'s trials on the spec's bars, with every
+    """Build the walk-forward splits of ``family``'s trials on the spec's bars, with every
     searched split setting at the end that needs the most bars, exactly as a trial builds
     them (:func:`trainables.data.walk_forward`); the problem names the spec fields."""
     from trainables.dataset import market_splits
@@ -560,7 +560,7 @@ def _splits_problem(
         if key in space.dims:
             params[key] = _extreme(space.dims[key], high)
     trial = TrialConfig(
-        family=model,
+        family=family,
         precision=spec.precisions[0],
         seed=spec.seeds[0],
         params=params,
@@ -572,7 +572,7 @@ def _splits_problem(
         return None  # the extreme itself is invalid: the trial-config check speaks for it
 
     def names(keys: list[str]) -> str:
-        return ", ".join(_split_field(spec, model, space, k) for k in keys)
+        return ", ".join(_split_field(spec, family, space, k) for k in keys)
 
     try:
         if config.data not in shapes:
@@ -586,17 +586,17 @@ def _splits_problem(
         named = set(re.findall(r"\b(" + "|".join(_SPLIT_ARGUMENTS) + r")\b", str(exc)))
         keys = {k for arg in named for k in _SPLIT_ARGUMENTS[arg]}
         fields = names([k for k in _SPLIT_SETTINGS if k in keys] or ["data.n_bars"])
-        whose = f" for {model}" if "search_space." in fields else ""
+        whose = f" for {family}" if "search_space." in fields else ""
         return f"{fields}: the walk-forward splits cannot be built{whose}: {exc}"
     return None
 
 
-def _split_field(spec: SweepSpec, model: str, space: Any, key: str) -> str:
-    """The spec field that sets split setting ``key`` for ``model``'s trials."""
+def _split_field(spec: SweepSpec, family: str, space: Any, key: str) -> str:
+    """The spec field that sets split setting ``key`` for ``family``'s trials."""
     if key == "data.n_bars" and spec.data.source != "synthetic":
         return "data.source"  # a file's bars are what they are
     if key in space.dims or key in space.fixed:
-        return f"search_space.{model}.{key}"
+        return f"search_space.{family}.{key}"
     if key == "data.n_bars":
         return key
     return "trainer.lookback" if key == "lookback" else f"walk_forward.{key}"

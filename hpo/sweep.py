@@ -104,7 +104,7 @@ def sweep_resources(
 
 def plan_configs(spec: SweepSpec) -> list[tuple[TrainConfig, int]]:
     """The trial shapes known before launch, as (config, members of its group trial): one
-    per (model, precision) stream, at the settings its search space fixes, in the model's
+    per (family, precision) stream, at the settings its search space fixes, in the family's
     largest group trial (:meth:`SweepSpec.members_per_group`). A shape a searcher samples
     (a searched model size or batch size), or a smaller group (a last batch), is profiled
     when its first trial is created."""
@@ -113,11 +113,11 @@ def plan_configs(spec: SweepSpec) -> list[tuple[TrainConfig, int]]:
 
     base = spec.trial_base()
     configs = []
-    for model in spec.models:
-        fixed = trial_space(model, spec.search_space.get(model)).fixed
+    for family in spec.families:
+        fixed = trial_space(family, spec.search_space.get(family)).fixed
         for precision in spec.precisions:
-            trial = TrialConfig(family=model, precision=precision, seed=0, params=fixed, base=base)
-            configs.append((trial.train_config(), spec.members_per_group(model)))
+            trial = TrialConfig(family=family, precision=precision, seed=0, params=fixed, base=base)
+            configs.append((trial.train_config(), spec.members_per_group(family)))
     return configs
 
 
@@ -139,7 +139,7 @@ def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Sw
     from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
 
     if not isinstance(resources, ClusterPacker):
-        members = max(spec.members_per_group(model) for model in spec.models)
+        members = max(spec.members_per_group(f) for f in spec.families)
         return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, members), [])
     rows = plan_rows(resources, plan_configs(spec))
     return SweepPlan(render_plan(rows, spec.resources.headroom), rows)
@@ -181,7 +181,7 @@ def _sigterm_stops_gracefully() -> Iterator[None]:
 
 def _trial_dirname(trial: Any) -> str:
     config = trial.config
-    return f"{config.get('model', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
+    return f"{config.get('family', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
 
 
 def build_tuner(
@@ -470,7 +470,7 @@ def finish_sweep(
     client = MlflowClient(record.tracking_uri)
     stamp = int(time.time() * 1000)
     metrics = [
-        Metric(f"best_val_sharpe.{r.model}.{r.precision}", float(r.val_sharpe or 0.0), stamp, 0)
+        Metric(f"best_val_sharpe.{r.family}.{r.precision}", float(r.val_sharpe or 0.0), stamp, 0)
         for r in best
     ]
     metrics.append(Metric("n_trials", float(len(rows)), stamp, 0))

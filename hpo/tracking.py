@@ -1,7 +1,7 @@
 """MLflow conventions (the one place they are decided) and the sweep's tracking callback.
 
 * One experiment per sweep name; one parent run per sweep (tag ``hpo.role = sweep``);
-  one nested child run per trial (``mlflow.parentRunId``) with the tags model, precision,
+  one nested child run per trial (``mlflow.parentRunId``) with the tags family, precision,
   seed, pair_id, trial_id, fell_back_to_f32; params = the sampled config; metrics per
   epoch with ``step = epoch``.
 * All logging happens in the sweep driver, from Tune's results: one writer per tracking
@@ -47,7 +47,7 @@ log = logging.getLogger("hpo.tracking")
 TAG_ROLE = "hpo.role"
 TAG_SWEEP = "hpo.sweep"
 TAG_PARENT = "mlflow.parentRunId"
-TAG_MODEL = "model"
+TAG_FAMILY = "family"
 TAG_PRECISION = "precision"
 TAG_SEED = "seed"
 TAG_PAIR = "pair_id"
@@ -58,7 +58,7 @@ TAG_OOM_ATTEMPTS = "hpo.oom_attempts"  # trial ids of the attempts that ran out 
 # retry's metric points are the ones logged from then on, the attempts' are older.
 TAG_ATTEMPT_START = "hpo.attempt_started_ms"
 TAG_TRIAL = "trial_id"
-TAG_GROUP = "hpo.group_id"  # a group trial's member: the Tune trial it trained in
+TAG_GROUP = "hpo.group_id"  # a trial of a group trial: the Tune trial it trained in
 TAG_FELL_BACK = "fell_back_to_f32"
 TAG_NODE = "node_id"
 TAG_NODE_IP = "node_ip"
@@ -119,13 +119,13 @@ def experiment_name(sweep_name: str) -> str:
 
 
 def trial_run_name(config: Mapping[str, Any]) -> str:
-    return f"{config['model']}-{config['precision']}-{config['pair_id']}"
+    return f"{config['family']}-{config['precision']}-{config['pair_id']}"
 
 
 def trial_params(config: Mapping[str, Any]) -> dict[str, str]:
-    """MLflow params of a trial: the sampled config plus model, precision and seed."""
+    """MLflow params of a trial: the sampled config plus family, precision and seed."""
     flat = {
-        "model": config["model"],
+        "family": config["family"],
         "precision": config["precision"],
         "seed": config["seed"],
         **config["params"],
@@ -560,7 +560,7 @@ class MlflowSweepCallback(Callback):
                 TAG_PARENT: self.parent_run_id,
                 TAG_ROLE: ROLE_TRIAL,
                 TAG_SWEEP: self.sweep_name,
-                TAG_MODEL: config["model"],
+                TAG_FAMILY: config["family"],
                 TAG_PRECISION: config["precision"],
                 TAG_SEED: str(config["seed"]),
                 TAG_PAIR: config["pair_id"],

@@ -39,7 +39,7 @@ class TrialRow:
     """One trial of a sweep as Tune last recorded it (one OOM attempt, for ``retried``)."""
 
     trial_id: str
-    model: str
+    family: str
     precision: str
     seed: int
     pair_id: str
@@ -95,7 +95,7 @@ def rows_of_trials(
             rows.append(
                 TrialRow(
                     trial_id=trial_id,
-                    model=config.get("model", "?"),
+                    family=config.get("family", "?"),
                     precision=config.get("precision", "?"),
                     seed=int(config.get("seed", 0)),
                     pair_id=config.get("pair_id", ""),
@@ -191,18 +191,18 @@ def spent_hours(rows: list[TrialRow]) -> dict[str, dict[str, float]]:
 
 
 def best_rows(
-    rows: list[TrialRow], model: str | None = None, precision: str | None = None
+    rows: list[TrialRow], family: str | None = None, precision: str | None = None
 ) -> list[TrialRow]:
-    """The best trial (final validation Sharpe) per (model, precision)."""
+    """The best trial (final validation Sharpe) per (family, precision)."""
     best: dict[tuple[str, str], TrialRow] = {}
     for row in rows:
         if (
-            (model and row.model != model)
+            (family and row.family != family)
             or (precision and row.precision != precision)
             or row.val_sharpe is None
         ):
             continue
-        key = (row.model, row.precision)
+        key = (row.family, row.precision)
         if key not in best or row.val_sharpe > (best[key].val_sharpe or float("-inf")):
             best[key] = row
     return [best[k] for k in sorted(best)]

@@ -34,7 +34,7 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "foxhunt_hpo.families"
 
-# name -> module. The order is the order `hpo models` and `hpo profile --all` print.
+# name -> module. The order is the order `hpo families` and `hpo profile --all` print.
 FAMILY_MODULES: dict[str, str] = {
     "dqn": "models.dqn",
     "ppo": "models.ppo",
@@ -90,7 +90,7 @@ def get_family(name: str) -> Family:
     if not is_reference(reference):
         known = [*FAMILY_MODULES, *installed]
         raise FamilyError(
-            f"unknown model {name!r}; known models: {', '.join(known)}; or name a family "
+            f"unknown family {name!r}; known families: {', '.join(known)}; or name a family "
             "of your own by import reference, 'package.module:ATTR'"
         )
     family = _resolve(name, reference)
@@ -109,12 +109,12 @@ def family_module(name: str) -> ModuleType:
 def _resolve(name: str, reference: str) -> Family:
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
-        raise FamilyError(f"model {name!r}: an import reference is 'package.module:ATTR'")
+        raise FamilyError(f"family {name!r}: an import reference is 'package.module:ATTR'")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the module's own error: missing, or failing to import
         raise FamilyError(
-            f"model {name!r}: cannot import module {module_name!r} "
+            f"family {name!r}: cannot import module {module_name!r} "
             f"({type(exc).__name__}: {exc}); it must be importable where the sweep runs "
             "(an installed package, PYTHONPATH, or `hpo submit`'s working directory)"
         ) from exc
@@ -122,11 +122,11 @@ def _resolve(name: str, reference: str) -> Family:
         found = getattr(module, attribute)
     except AttributeError:
         raise FamilyError(
-            f"model {name!r}: module {module_name!r} has no attribute {attribute!r}"
+            f"family {name!r}: module {module_name!r} has no attribute {attribute!r}"
         ) from None
     if not isinstance(found, Family):
         raise FamilyError(
-            f"model {name!r}: {reference} is a {type(found).__name__}, not a "
+            f"family {name!r}: {reference} is a {type(found).__name__}, not a "
             "models.base.Family (docs/families.md)"
         )
     _check_contract(name, found)
@@ -137,26 +137,26 @@ def _check_contract(name: str, family: Family) -> None:
     """Refuse a family written for a contract this release does not implement."""
     if family.contract > CONTRACT_VERSION:
         raise FamilyError(
-            f"model {name!r} was written for family contract {family.contract}; this "
+            f"family {name!r} was written for family contract {family.contract}; this "
             f"foxhunt-hpo implements {CONTRACT_VERSION}: upgrade foxhunt-hpo"
         )
     if family.contract < 1:
-        raise FamilyError(f"model {name!r}: contract must be >= 1, got {family.contract}")
+        raise FamilyError(f"family {name!r}: contract must be >= 1, got {family.contract}")
     if family.kind not in ("forecast", "rl"):
-        raise FamilyError(f"model {name!r}: kind must be 'forecast' or 'rl', got {family.kind!r}")
+        raise FamilyError(f"family {name!r}: kind must be 'forecast' or 'rl', got {family.kind!r}")
     if not dataclasses.is_dataclass(family.config_cls):
-        raise FamilyError(f"model {name!r}: config_cls must be a dataclass")
+        raise FamilyError(f"family {name!r}: config_cls must be a dataclass")
     fields = set(family.config_fields())
     named = set(family.search_space) | family.shape_settings | family.per_trial_settings
     unknown = (named | set(family.tiny)) - fields
     if unknown:
         raise FamilyError(
-            f"model {name!r}: search_space, shape_settings, per_trial_settings and tiny name "
+            f"family {name!r}: search_space, shape_settings, per_trial_settings and tiny name "
             f"settings its config {family.config_cls.__name__} does not have: {sorted(unknown)}"
         )
     if family.per_trial_settings & family.shape_settings:
         raise FamilyError(
-            f"model {name!r}: {sorted(family.per_trial_settings & family.shape_settings)} are "
+            f"family {name!r}: {sorted(family.per_trial_settings & family.shape_settings)} are "
             "both shape_settings and per_trial_settings (a group trial's trials share shapes)"
         )
 

@@ -283,7 +283,7 @@ class Family:
     build: Callable[[Any, DataShape], nn.Module]
     search_space: SearchSpace
     paper: str
-    keeps_f32: str  # what stays f32 under bf16, and why (shown by `hpo models`)
+    keeps_f32: str  # what stays f32 under bf16, and why (shown by `hpo families`)
     summary: str = ""
     confidence: str = ""
     """How its confidence in [0, 1] (ensembles, ``forecast_signal`` / ``act_and_confidence``)
@@ -347,7 +347,7 @@ class Family:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(
-                f"model {self.name!r} has no setting(s) {unknown}; known: {sorted(known)}"
+                f"family {self.name!r} has no setting(s) {unknown}; known: {sorted(known)}"
             )
         return self.config_cls(**values)
 

@@ -50,7 +50,7 @@ class TrainConfig:
     """Everything the shared trainer needs besides the family's own settings."""
 
     family: str = "tft"
-    """Model family name (``hpo models`` lists them; users call it the model)."""
+    """Family name (``hpo families`` lists them)."""
     precision: str = "f32"
     """Precision policy: f32, bf16, bf16-mixed, fp16-mixed or auto."""
     epochs: int = 10
@@ -177,7 +177,7 @@ def split_trial_config(
             unknown.append(key)
     if unknown:
         raise ValueError(
-            f"unknown setting(s) {sorted(unknown)} for model {family_name!r}; trainer settings: "
+            f"unknown setting(s) {sorted(unknown)} for family {family_name!r}; trainer settings: "
             f"{sorted(TRAIN_KEYS)}; data settings: {sorted('data.' + k for k in DATA_KEYS)}; "
             f"{family_name} settings: {sorted(model_keys)}"
         )
@@ -200,7 +200,7 @@ RETRY_GPU_TYPE_KEY = "gpu_type"
 """Trial-dict key of :attr:`TrialConfig.gpu_type` (present only after an OOM on a typed node)."""
 RETRY_ATTEMPT_KEY = "oom_attempt"
 """Trial-dict key of :attr:`TrialConfig.attempt` (present only after an OOM)."""
-_TRIAL_REQUIRED = ("model", "precision", "seed", "params", "base")
+_TRIAL_REQUIRED = ("family", "precision", "seed", "params", "base")
 _TRIAL_OPTIONAL = (
     "config_id",
     "pair_id",
@@ -241,12 +241,9 @@ class TrialBase:
 class TrialConfig:
     """One Ray Tune trial's config. Its dict form (:meth:`to_dict`) is::
 
-    {"model", "precision", "seed", "config_id", "pair_id", "member",
+    {"family", "precision", "seed", "config_id", "pair_id", "member",
      "params": {flat settings}, "base": TrialBase.to_dict()
      [, "gpu_fraction_floor", "gpu_type", "oom_attempt"]}
-
-    where ``"model"`` holds :attr:`family`: the name users give the family everywhere
-    they see a trial (the spec's ``models``, Tune's trial table, MLflow's ``model`` tag).
     """
 
     family: str
@@ -296,7 +293,7 @@ class TrialConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "model": self.family,
+            "family": self.family,
             "precision": self.precision,
             "seed": self.seed,
             "config_id": self.config_id,
@@ -324,7 +321,7 @@ class TrialConfig:
                 f"{list(_TRIAL_REQUIRED)} and optionally {list(_TRIAL_OPTIONAL)}"
             )
         return cls(
-            family=str(config["model"]),
+            family=str(config["family"]),
             precision=str(config["precision"]),
             seed=int(config["seed"]),
             params=dict(config["params"]),
@@ -343,9 +340,9 @@ class GroupTrialConfig:
     """One Ray Tune trial that trains several trials as one group
     (:class:`trainables.group.TrainerGroup`). Its dict form is::
 
-    {"model", "precision", "config_id", "group": [trial dicts]}
+    {"family", "precision", "config_id", "group": [trial dicts]}
 
-    where model and precision are its trials' own (they share them) and config_id the
+    where family and precision are its trials' own (they share them) and config_id the
     first trial's (a group may hold several configurations of one shape): Tune's trial
     table, directory names and the sweep's progress read them as from any trial."""
 
@@ -358,14 +355,14 @@ class GroupTrialConfig:
         for t in self.trials[1:]:
             if (t.family, t.precision) != (first.family, first.precision):
                 raise ValueError(
-                    f"a group trial's trials share model and precision: {t.member!r} is "
+                    f"a group trial's trials share family and precision: {t.member!r} is "
                     f"{t.family}/{t.precision}, {first.member!r} {first.family}/{first.precision}"
                 )
 
     def to_dict(self) -> dict[str, Any]:
         first = self.trials[0]
         return {
-            "model": first.family,
+            "family": first.family,
             "precision": first.precision,
             "config_id": first.config_id,
             GROUP_KEY: [t.to_dict() for t in self.trials],

@@ -111,7 +111,7 @@ def move_confidence(move: torch.Tensor, sigma: torch.Tensor | float) -> torch.Te
 
 def forecast_signal(family: Family, model: nn.Module, batch: Batch) -> ForecastSignal:
     if not isinstance(model, ConfidentForecaster):
-        raise ValueError(f"model {family.name!r} does not report a confidence (forecast_signal)")
+        raise ValueError(f"family {family.name!r} does not report a confidence (forecast_signal)")
     return model.forecast_signal(batch)
 
 
@@ -119,7 +119,9 @@ def act_and_confidence(
     family: Family, model: nn.Module, obs: Obs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(model, ConfidentLearner):
-        raise ValueError(f"model {family.name!r} does not report a confidence (act_and_confidence)")
+        raise ValueError(
+            f"family {family.name!r} does not report a confidence (act_and_confidence)"
+        )
     return model.act_and_confidence(obs)
 
 

@@ -119,7 +119,7 @@ def train_local(
 def _write_metrics(out_dir: Path, trainer: Trainer) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {
-        "model": trainer.family.name,
+        "family": trainer.family.name,
         "requested_precision": trainer.config.precision,
         "precision": trainer.policy.name,
         "fell_back_to_f32": trainer.fell_back_to_f32,

@@ -1,8 +1,8 @@
 """The ``hpo`` command line (the console script ``hpo = "hpo.cli:main"``; also
 ``python -m hpo.cli``).
 
-    hpo models                                         families and their search spaces
-    hpo train --model tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
+    hpo families                                       families and their search spaces
+    hpo train --family tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
     hpo train --resume runs/tft-bf16 [--precision f32] [--epochs 8] [--device cpu]
     hpo predict --checkpoint runs/tft-bf16 --data bars.csv --out positions.csv
     hpo sweep spec.toml                                 a sweep on a local Ray (or --address)
@@ -14,7 +14,7 @@
     hpo jobs --address http://HEAD:8265                         the cluster's jobs
 
 One module per area, each command parsing its flags, calling the packages below and
-printing: ``_local`` (models, train, predict, profile, check-family), ``_sweeps`` (sweep,
+printing: ``_local`` (families, train, predict, profile, check-family), ``_sweeps`` (sweep,
 resume, status, best), ``_comparison`` (compare, ensemble), ``_cluster`` (submit, jobs,
 tracking-server); ``_options`` holds what they share and ``_app`` registers them.
 

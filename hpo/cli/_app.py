@@ -13,7 +13,7 @@ import typer
 
 from hpo.cli._cluster import jobs_cmd, submit_cmd, tracking_server_cmd
 from hpo.cli._comparison import compare_cmd, ensemble_cmd
-from hpo.cli._local import check_family_cmd, models_cmd, predict_cmd, profile_cmd, train_cmd
+from hpo.cli._local import check_family_cmd, families_cmd, predict_cmd, profile_cmd, train_cmd
 from hpo.cli._options import exit_on_user_error
 from hpo.cli._sweeps import best_cmd, resume_cmd, status_cmd, sweep_cmd
 
@@ -25,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
 )
 COMMANDS: dict[str, Callable[..., None]] = {
-    "models": models_cmd,
+    "families": families_cmd,
     "train": train_cmd,
     "predict": predict_cmd,
     "sweep": sweep_cmd,

@@ -131,7 +131,7 @@ def compare_cmd(
 
 
 def _split(values: list[str] | None) -> list[str]:
-    """Repeatable options that also take comma-separated lists (``--models tft,dqn``)."""
+    """Repeatable options that also take comma-separated lists (``--family tft,dqn``)."""
     return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
 
 
@@ -139,7 +139,7 @@ def run_ensemble_command(
     sweep_dir: str,
     out: Path,
     top: int = 1,
-    models: list[str] | None = None,
+    families: list[str] | None = None,
     of_precision: list[str] | None = None,
     weighting: str = "psr",
     precision: str = "auto",
@@ -155,7 +155,7 @@ def run_ensemble_command(
         sweep_dir,
         out,
         top=top,
-        models=_split(models),
+        families=_split(families),
         precisions=_split(of_precision),
         weighting=weighting,
         device=resolve_device(device),
@@ -176,7 +176,7 @@ def run_ensemble_command(
         return summary
     table = titled_table(
         f"ensemble ({weighting}) of {len(result.specs)} trials",
-        *("member", "trial", "model", "precision", "val Sharpe", "weight"),
+        *("member", "trial", "family", "precision", "val Sharpe", "weight"),
     )
     for i, spec in enumerate(result.specs):
         mark = " *" if i == result.best_member else ""
@@ -213,8 +213,9 @@ def ensemble_cmd(
     sweep_dir: SweepDirArg,
     out: Annotated[Path, typer.Option(help="Directory to write the ensemble checkpoint to.")],
     top: Annotated[int, typer.Option(min=1, help="Best trials per family (by val Sharpe).")] = 1,
-    models: Annotated[
-        list[str] | None, typer.Option(help="Only these families (repeatable or a,b).")
+    families: Annotated[
+        list[str] | None,
+        typer.Option("--family", help="Only these families (repeatable or a,b)."),
     ] = None,
     of_precision: Annotated[
         list[str] | None,
@@ -237,7 +238,7 @@ def ensemble_cmd(
 
     try:
         run_ensemble_command(
-            sweep_dir, out, top, models, of_precision, weighting, precision, device, as_json
+            sweep_dir, out, top, families, of_precision, weighting, precision, device, as_json
         )
     except (EnsembleError, SweepError, CheckpointError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))

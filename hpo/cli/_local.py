@@ -1,12 +1,12 @@
 """``hpo`` commands for work on this machine, without Ray: the families
-(``hpo models``, ``hpo check-family``), one trial (``hpo train``), serving a checkpoint
+(``hpo families``, ``hpo check-family``), one trial (``hpo train``), serving a checkpoint
 (``hpo predict``) and a trial's GPU memory (``hpo profile``).
 
-    hpo models                                         families and their search spaces
-    hpo train --model tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
+    hpo families                                       families and their search spaces
+    hpo train --family tft --precision bf16 --out runs/tft-bf16 [--epochs 5] [--set lr=3e-4]
     hpo train --resume runs/tft-bf16 [--precision f32] [--epochs 8] [--device cpu]
     hpo predict --checkpoint runs/tft-bf16 --data bars.csv --out positions.csv
-    hpo profile --model tft --precision bf16            (or --all)
+    hpo profile --family tft --precision bf16           (or --all)
     hpo check-family desk_gru:FAMILY [--no-learning]
 
 Each command parses its flags, calls ``trainables`` / ``cluster`` and prints; torch is
@@ -35,14 +35,14 @@ from hpo.cli._options import (
 )
 
 
-def models_cmd(
+def families_cmd(
     names: Annotated[
         list[str] | None,
         typer.Argument(help="Families to show: names or 'package.module:ATTR' (default: all)."),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """List the model families with their search spaces (their adapters): the registered
+    """List the families with their search spaces (their adapters): the registered
     ones, those installed packages register, or the ones named."""
     from models import FamilyError, all_families, get_family
     from models.base import describe_dim
@@ -86,7 +86,7 @@ def models_cmd(
 
 
 def train_cmd(
-    model: Annotated[str | None, typer.Option(help="Model family (see `hpo models`).")] = None,
+    family: Annotated[str | None, typer.Option(help="Family (see `hpo families`).")] = None,
     precision: Annotated[
         str | None, typer.Option(help="f32, bf16, bf16-mixed, fp16-mixed or auto.")
     ] = None,
@@ -118,11 +118,11 @@ def train_cmd(
 
     config = None
     if resume is None:
-        if model is None or out is None:
-            fail("hpo train needs --model and --out (or --resume DIR)")
+        if family is None or out is None:
+            fail("hpo train needs --family and --out (or --resume DIR)")
         try:
             config = build_train_config(
-                model,
+                family,
                 parse_assignments(set_ or []),
                 data=DataConfig(source=data),
                 precision=precision or "f32",
@@ -217,7 +217,7 @@ def check_family_cmd(
     ] = True,
     as_json: JsonFlag = False,
 ) -> None:
-    """Check a model family against the contract the ten built-in families pass: its
+    """Check a family against the contract the ten built-in families pass: its
     records, dtypes and outputs under every precision, a finite run, a bit-exact
     checkpoint round trip and resume, a step that reads nothing on the host, learning
     the planted signal, and fused folds (or why not). Exit 1 when a check fails."""
@@ -249,7 +249,7 @@ def check_family_cmd(
 
 
 def profile_cmd(
-    model: Annotated[str | None, typer.Option(help="Model family (see `hpo models`).")] = None,
+    family: Annotated[str | None, typer.Option(help="Family (see `hpo families`).")] = None,
     precision: Annotated[
         str, typer.Option(help="f32, bf16, bf16-mixed, fp16-mixed or auto.")
     ] = "f32",
@@ -276,8 +276,8 @@ def profile_cmd(
     from cluster.packing_plan import ShapeRequest, family_plans, shape_plan
     from trainables.config import parse_assignments
 
-    if all_ == (model is not None):
-        fail("hpo profile needs --model NAME or --all")
+    if all_ == (family is not None):
+        fail("hpo profile needs --family NAME or --all")
     try:
         overrides = parse_assignments(set_ or [])
     except ValueError as exc:
@@ -289,7 +289,7 @@ def profile_cmd(
         mode="estimate" if estimate else None,
         refresh=refresh,
     )
-    if model is None:
+    if family is None:
         plans = family_plans(request)
         if as_json:
             console.print_json(json.dumps(plans.to_dict()))
@@ -297,7 +297,7 @@ def profile_cmd(
             _print_family_plans(plans.rows, plans.skipped, headroom)
         return
     try:
-        profile, packing = shape_plan(model, precision, request)
+        profile, packing = shape_plan(family, precision, request)
     except (ValueError, TypeError, RuntimeError) as exc:
         fail(str(exc))
     if as_json:
@@ -309,7 +309,7 @@ def profile_cmd(
         else f"estimated from tensor bytes ({profile.device_name})"
     )
     table = titled_table(
-        f"{profile.model} / {profile.precision}: {how}; {profile.n_params:,} "
+        f"{profile.family} / {profile.precision}: {how}; {profile.n_params:,} "
         f"parameters per fold, {profile.n_folds} fold(s)",
         *("component", "MiB"),
         right={"MiB"},
@@ -355,13 +355,13 @@ def _print_family_plans(rows: list[dict[str, Any]], skipped: list[str], headroom
     )
     table = titled_table(
         f"GPU memory per trial, f32 vs bf16 ({where}; headroom {headroom:g}); MiB",
-        *("model", *numbers),
+        *("family", *numbers),
         right=numbers,
     )
     for row in rows:
         f, b = row["f32"], row["bf16"]
         table.add_row(
-            row["model"],
+            row["family"],
             f"{f['profile']['n_params']:,}",
             _mib(f["profile"]["peak_bytes"]),
             _mib(b["profile"]["peak_bytes"]),

@@ -5,7 +5,7 @@
     hpo sweep spec.toml [--address auto] [--compare] [--plan]
     hpo resume hpo-results/NAME
     hpo status hpo-results/NAME [--json]
-    hpo best hpo-results/NAME [--model tft] [--precision bf16]
+    hpo best hpo-results/NAME [--family tft] [--precision bf16]
 
 A sweep that stops before every planned trial ends exits 3 (:data:`EXIT_INTERRUPTED`):
 ``hpo resume`` continues it. Ray and MLflow are imported inside the commands.
@@ -91,7 +91,7 @@ def sweep_cmd(
     )
     scheduler = "asha per member" if spec.asha_per_member else spec.scheduler
     console.print(
-        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials{grouped} ({', '.join(spec.models)} "
+        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials{grouped} ({', '.join(spec.families)} "
         f"x {', '.join(spec.precisions)}; {spec.search} + {scheduler}), MLflow at "
         f"{spec.tracking_uri}"
     )
@@ -166,13 +166,13 @@ def status_cmd(
         console.print_json(json.dumps(payload, default=str))
         return
     title = f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started"
-    columns = ("trial", "model", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
+    columns = ("trial", "family", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
     table = titled_table(title, *columns, "note")
     for r in rows:
         note = "diverged" if r.diverged else "fell back to f32" if r.fell_back_to_f32 else ""
         table.add_row(
             r.trial_id,
-            r.model,
+            r.family,
             r.precision,
             str(r.seed),
             r.pair_id,
@@ -188,12 +188,12 @@ def status_cmd(
 
 def best_cmd(
     sweep_dir: SweepDirArg,
-    model: Annotated[str | None, typer.Option(help="Only this model family.")] = None,
+    family: Annotated[str | None, typer.Option(help="Only this family.")] = None,
     precision: Annotated[str | None, typer.Option(help="Only this precision.")] = None,
     as_json: JsonFlag = False,
     tracking_credentials: TrackingCredentials = None,
 ) -> None:
-    """The best trial per model and precision, with the checkpoint `hpo train --resume` takes."""
+    """The best trial per family and precision, with the checkpoint `hpo train --resume` takes."""
     from hpo.record import SweepError, SweepRecord
     from hpo.trials import best_rows, trial_rows
 
@@ -201,7 +201,7 @@ def best_cmd(
         record = SweepRecord.read(sweep_dir, check_data=False)
     except SweepError as exc:
         fail(str(exc))
-    best = best_rows(trial_rows(record.sweep_dir), model=model, precision=precision)
+    best = best_rows(trial_rows(record.sweep_dir), family=family, precision=precision)
     if as_json:
         console.print_json(json.dumps([r.to_dict() for r in best], default=str))
         return
@@ -239,14 +239,14 @@ def _num(value: float | None) -> str:
 
 def _print_best(best: list[Any]) -> None:
     table = titled_table(
-        "best trial per model and precision (final validation Sharpe)",
-        *("model", "precision", "val Sharpe", "test Sharpe", "trial", "config", "checkpoint"),
+        "best trial per family and precision (final validation Sharpe)",
+        *("family", "precision", "val Sharpe", "test Sharpe", "trial", "config", "checkpoint"),
         overflow="fold",
     )
     for r in best:
         config = ", ".join(f"{k}={_short(v)}" for k, v in sorted(r.params.items()))
         table.add_row(
-            r.model,
+            r.family,
             r.precision,
             _num(r.val_sharpe),
             _num(r.test_sharpe),

@@ -3,7 +3,7 @@
 :func:`compare_trials` turns trial records (already read, of the compared precisions only)
 into a :class:`~hpo.compare.records.Comparison`, without MLflow:
 
-* Trials are paired by ``(model, pair_id)``; every precision is compared with the first
+* Trials are paired by ``(family, pair_id)``; every precision is compared with the first
   (the reference, normally f32): contrast ``bf16_vs_f32`` is ``bf16 - f32``. The unit of
   inference is the configuration (``config_id``): its seeds are averaged per precision.
 * The verdict is a TOST equivalence test against ``margin`` (:data:`DEFAULT_MARGIN`), per
@@ -13,7 +13,7 @@ into a :class:`~hpo.compare.records.Comparison`, without MLflow:
 * A configuration enters when every member of every seed pair is completed or diverged (a
   diverged member makes it NaN: excluded and counted); the others are listed with the
   reason in ``Contrast.incomplete``. A bf16 trial that fell back to f32 counts as bf16.
-  Nothing is dropped silently; configurations are ordered by ``(model, config_id)``.
+  Nothing is dropped silently; configurations are ordered by ``(family, config_id)``.
 * Return-based numbers (pair tests, PBO) read each record's ``returns``; without them they
   are "not available", with a note.
 
@@ -122,14 +122,14 @@ def compare_trials(
     settings = _Settings(confidence, margin, {})
     chosen = list(precisions)
     records = sorted(
-        trials, key=lambda t: (t.model, t.pair_id, chosen.index(t.precision), t.trial_id)
+        trials, key=lambda t: (t.family, t.pair_id, chosen.index(t.precision), t.trial_id)
     )
     all_notes = list(notes)
     if not records:
         all_notes.append("no trial runs of the compared precisions yet")
     families = {
-        model: _scope(model, [t for t in records if t.model == model], chosen, settings)
-        for model in sorted({t.model for t in records})
+        family: _scope(family, [t for t in records if t.family == family], chosen, settings)
+        for family in sorted({t.family for t in records})
     }
     overall = _scope(OVERALL, records, chosen, settings)
     _adjust_across_families(list(families.values()))
@@ -172,7 +172,7 @@ def _scope(
     reference = precisions[0]
     by_pair: dict[tuple[str, str], dict[str, TrialRecord]] = {}
     for t in trials:
-        members = by_pair.setdefault((t.model, t.pair_id), {})
+        members = by_pair.setdefault((t.family, t.pair_id), {})
         kept = members.get(t.precision)
         if kept is not None:
             # Two runs of one member: a sweep from before OOM retries continued their
@@ -203,7 +203,7 @@ def _scope(
     selection[ALL_PRECISIONS] = _selection(ALL_PRECISIONS, trials)
     return ScopeComparison(
         scope=scope,
-        models=sorted({t.model for t in trials}),
+        families=sorted({t.family for t in trials}),
         counts=counts,
         contrasts=contrasts,
         selection=selection,
@@ -227,7 +227,7 @@ def _overfitting(trials: list[TrialRecord], best: Selection) -> Overfitting:
     by_config: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for t in completed:
         if math.isfinite(t.val_sharpe) and math.isfinite(t.test_sharpe):
-            by_config.setdefault((t.model, t.config_id), []).append((t.val_sharpe, t.test_sharpe))
+            by_config.setdefault((t.family, t.config_id), []).append((t.val_sharpe, t.test_sharpe))
     pairs = [tuple(np.mean(values, axis=0)) for _, values in sorted(by_config.items())]
     out.spearman_n = len(pairs)
     if len(pairs) < 3:
@@ -314,11 +314,11 @@ def _contrast(
     incomplete: dict[str, str] = {}
     seed_pairs: dict[tuple[str, str], list[tuple[str, TrialRecord, TrialRecord]]] = {}
     pending: set[tuple[str, str]] = set()
-    for (model, pair_id), members in sorted(by_pair.items()):
+    for (family, pair_id), members in sorted(by_pair.items()):
         a, b = members.get(reference), members.get(other)
         if a is None and b is None:
             continue  # a pair of other precisions only
-        config = (model, (a or b).config_id)  # type: ignore[union-attr]
+        config = (family, (a or b).config_id)  # type: ignore[union-attr]
         reasons = [w for w in (_not_ready(p, members.get(p)) for p in (reference, other)) if w]
         if reasons:
             incomplete[pair_id] = "; ".join(reasons)
@@ -587,7 +587,7 @@ def _selection(precision: str, trials: list[TrialRecord]) -> Selection:
         if t.state == "completed" and math.isfinite(t.val_sharpe) and math.isfinite(t.psr)
     ]
     n_trials = len(trials)
-    n_configs = len({(t.model, t.config_id) for t in trials})
+    n_configs = len({(t.family, t.config_id) for t in trials})
     srs = np.array([t.sharpe_per_period for t in candidates], dtype=np.float64)
     variance = float(np.var(srs, ddof=1)) if srs.size >= 2 else 0.0
     selection = Selection(
@@ -631,7 +631,7 @@ def _resources(trials: list[TrialRecord]) -> dict[str, float]:
 
 
 def _adjust_across_families(families: list[ScopeComparison]) -> None:
-    """Benjamini-Hochberg and Holm across the model families, per contrast and split.
+    """Benjamini-Hochberg and Holm across the families, per contrast and split.
 
     One BH adjustment is one contrast's Wilcoxon p-values on one split, one per family with
     a finite p-value (``bh_n_tests`` of them): validation and test answer two questions and

@@ -45,8 +45,8 @@ from hpo.tracking import (
     ROLE_TRIAL,
     TAG_CONFIG,
     TAG_FAILURE,
+    TAG_FAMILY,
     TAG_FELL_BACK,
-    TAG_MODEL,
     TAG_PAIR,
     TAG_PARENT,
     TAG_PRECISION,
@@ -300,7 +300,7 @@ def _trial_record(client: Any, run: Any, with_curves: bool) -> TrialRecord:
     return TrialRecord(
         run_id=run.info.run_id,
         trial_id=tags.get(TAG_TRIAL, run.info.run_id),
-        model=tags.get(TAG_MODEL, "?"),
+        family=tags.get(TAG_FAMILY, "?"),
         precision=tags.get(TAG_PRECISION, "?"),
         seed=tags.get(TAG_SEED, ""),
         pair_id=tags.get(TAG_PAIR, run.info.run_id),

@@ -25,7 +25,7 @@ from hpo.stats import PairedComparison
 from trainables.returns_file import SPLITS, parse_returns
 
 OVERALL = "overall"
-"""Scope name of the statistics pooled over every model family."""
+"""Scope name of the statistics pooled over every family."""
 ALL_PRECISIONS = "all"
 """Selection key of the DSR computed over the trials of every precision together."""
 VERDICT_SPLIT = "test"
@@ -79,7 +79,7 @@ class TrialRecord:
 
     run_id: str
     trial_id: str
-    model: str
+    family: str
     precision: str
     seed: str
     pair_id: str
@@ -135,7 +135,7 @@ class SplitInference:
     margin: float
     """Equivalence margin on the paired Sharpe difference (annualised), as given."""
     wilcoxon_p_bh: float = math.nan
-    """Wilcoxon p-value BH-adjusted across the model families of this contrast and split
+    """Wilcoxon p-value BH-adjusted across the families of this contrast and split
     (NaN for ``overall`` and where the p-value is not finite)."""
     bh_n_tests: int = 0
     """How many p-values (one per family) were adjusted together; 0 when not adjusted."""
@@ -349,10 +349,10 @@ class Overfitting:
 
 @dataclass
 class ScopeComparison:
-    """Everything about one model family, or all of them pooled (``overall``)."""
+    """Everything about one family, or all of them pooled (``overall``)."""
 
     scope: str
-    models: list[str]
+    families: list[str]
     counts: dict[str, dict[str, int]]
     """precision -> trials, completed, diverged, error, unfinished, fell_back."""
     contrasts: dict[str, Contrast]
@@ -398,7 +398,7 @@ class Comparison:
         return self.overall if name == OVERALL else self.families[name]
 
     def trials_of(self, scope: str) -> list[TrialRecord]:
-        return [t for t in self.trials if scope in (OVERALL, t.model)]
+        return [t for t in self.trials if scope in (OVERALL, t.family)]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (``json.dumps(..., allow_nan=False)`` works): NaN/inf -> None."""

@@ -1,8 +1,8 @@
 """TPE and random search through Optuna's ask-and-tell interface, public API only.
 
-Why not Ray's ``OptunaSearch``: one sweep holds several model families with different
+Why not Ray's ``OptunaSearch``: one sweep holds several families with different
 spaces, compare mode fans one suggestion out to every precision, and the searcher's state
-must survive ``hpo resume`` as plain data. Ask-and-tell gives all three: each (model
+must survive ``hpo resume`` as plain data. Ask-and-tell gives all three: each (family
 [, precision]) gets its own study, and :meth:`OptunaParamSearcher.state` is JSON (every
 told and every open trial's params and number, and each told trial's value), replayed
 into a fresh study on restore, so a resumed sweep continues the same search with its

@@ -1,5 +1,5 @@
 """A trial's search space: the family's adapter, the trainer's own dimensions, and the
-spec's per-model overrides, merged in one place.
+spec's per-family overrides, merged in one place.
 
 Overrides replace a dimension's range (``{low, high, log}`` or ``{choices = [...]}``) or
 fix a key to a constant (a plain value), and may add keys the family does not search but
@@ -55,20 +55,20 @@ def dim_from_override(where: str, value: Any) -> Dim | None:
 
 
 def trial_space(
-    model: str, overrides: Mapping[str, Any] | None = None, where: str = "search_space"
+    name: str, overrides: Mapping[str, Any] | None = None, where: str = "search_space"
 ) -> TrialSpace:
-    """Merge the family's space, the trainer's space and the spec's overrides for ``model``."""
-    family = get_family(model)
+    """Merge the family's space, the trainer's space and the spec's overrides for family ``name``."""
+    family = get_family(name)
     dims: dict[str, Dim] = {**TRAINER_SPACE, **family.search_space}
     fixed: dict[str, Any] = {}
     settable = set(family.config_fields()) | TRAIN_KEYS | {f"data.{k}" for k in DATA_KEYS}
     for key, value in (overrides or {}).items():
         if key not in settable:
             raise ValueError(
-                f"{where}.{model}.{key}: unknown setting for {model}; searchable: {sorted(dims)}; "
+                f"{where}.{name}.{key}: unknown setting for {name}; searchable: {sorted(dims)}; "
                 f"other settings: {sorted(settable - set(dims))}"
             )
-        dim = dim_from_override(f"{where}.{model}.{key}", value)
+        dim = dim_from_override(f"{where}.{name}.{key}", value)
         if dim is None:
             dims.pop(key, None)
             fixed[key] = value

@@ -1,7 +1,7 @@
-"""One Ray Tune ``Searcher`` for a whole sweep: many models, precisions, seeds and pairs.
+"""One Ray Tune ``Searcher`` for a whole sweep: many families, precisions, seeds and pairs.
 
 A sweep is a set of *streams*, each with its own parameter searcher (TPE, random or PSO)
-over one model's space: one stream per (model, precision) normally, one per model in
+over one family's space: one stream per (family, precision) normally, one per family in
 compare mode. A stream's suggestion is a *configuration* (``config_id``) that fans out into
 member trials, one per seed (and, in compare mode, per precision) with identical sampled
 parameters; members that differ only in precision share a ``pair_id``. When every member
@@ -17,7 +17,7 @@ K, split evenly) train as one group trial. Compare mode holds nothing: it groups
 seeds of each configuration, and batches configurations only where nothing else is
 searched.
 
-Streams are served round-robin so every model progresses at once, and the searcher says
+Streams are served round-robin so every family progresses at once, and the searcher says
 ``FINISHED`` after ``samples`` configurations per stream. Its whole state is JSON (``save`` /
 ``restore``), written by Tune into the experiment directory, so ``hpo resume`` continues
 the same search instead of restarting it.
@@ -60,24 +60,24 @@ class SweepSearcher(Searcher):
         super().__init__(metric=spec.metric, mode="max")
         self.spec = spec
         self.base = spec.trial_base()
-        self.streams: list[tuple[str, str | None]] = []  # (model, precision or None)
+        self.streams: list[tuple[str, str | None]] = []  # (family, precision or None)
         self.spaces: list[TrialSpace] = []
         self.searchers: list[ParamSearcher] = []
-        for model in spec.models:
-            space = trial_space(model, spec.search_space.get(model))
+        for family in spec.families:
+            space = trial_space(family, spec.search_space.get(family))
             precisions: list[str | None] = [None] if spec.compare else list(spec.precisions)
             for precision in precisions:
                 index = len(self.streams)
-                self.streams.append((model, precision))
+                self.streams.append((family, precision))
                 self.spaces.append(space)
                 self.searchers.append(
                     make_param_searcher(spec.search, space, seed=spec.search_seed * 7919 + index)
                 )
-        # What the spec decides per model, once (it builds each family's space to know):
+        # What the spec decides per family, once (it builds each family's space to know):
         # whether its trials group, and how many configurations of one shape to ask at once.
-        self.grouped = {model: spec.groups(model) for model in spec.models}
-        self.batch = {model: spec.batch_size(model) for model in spec.models}
-        self.varying = {model: per_trial_settings(get_family(model)) for model in spec.models}
+        self.grouped = {f: spec.groups(f) for f in spec.families}
+        self.batch = {f: spec.batch_size(f) for f in spec.families}
+        self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
         self.asha_per_member = spec.asha_per_member
         self.configs_made = [0] * len(self.streams)
         self.next_stream = 0
@@ -181,9 +181,9 @@ class SweepSearcher(Searcher):
 
     def _emit(self, index: int) -> None:
         """Queue the stream's next configurations: one, or a batch of one shape."""
-        model, precision = self.streams[index]
-        batch = min(self.batch[model], self.spec.samples - self.configs_made[index])
-        tag = model if precision is None else f"{model}-{precision}"
+        family, precision = self.streams[index]
+        batch = min(self.batch[family], self.spec.samples - self.configs_made[index])
+        tag = family if precision is None else f"{family}-{precision}"
         precisions = list(self.spec.precisions) if precision is None else [precision]
         shape: dict[str, Any] | None = None
         trials: list[TrialConfig] = []
@@ -196,7 +196,7 @@ class SweepSearcher(Searcher):
             asked = self.searchers[index].ask(config_id, held)
             params = {**self.spaces[index].fixed, **asked, **(held or {})}  # held exactly
             if shape is None:
-                shape = {k: v for k, v in params.items() if k not in self.varying[model]}
+                shape = {k: v for k, v in params.items() if k not in self.varying[family]}
             members = []
             for seed in self.spec.seeds:
                 for p in precisions:
@@ -204,7 +204,7 @@ class SweepSearcher(Searcher):
                     members.append(member)
                     trials.append(
                         TrialConfig(
-                            family=model,
+                            family=family,
                             precision=p,
                             seed=seed,
                             params=params,
@@ -215,7 +215,7 @@ class SweepSearcher(Searcher):
                         )
                     )
             self.configs[config_id] = _Configuration(stream=index, members=members)
-        if not self.grouped[model]:
+        if not self.grouped[family]:
             self.queue.extend(t.to_dict() for t in trials)
             return
         for p in precisions:
@@ -293,9 +293,9 @@ class SweepSearcher(Searcher):
     # -- reporting -------------------------------------------------------------------------
     def best_per_stream(self) -> list[dict[str, Any]]:
         rows = []
-        for (model, precision), searcher in zip(self.streams, self.searchers, strict=True):
+        for (family, precision), searcher in zip(self.streams, self.searchers, strict=True):
             best = searcher.best()
-            rows.append({"model": model, "precision": precision, "best": best})
+            rows.append({"family": family, "precision": precision, "best": best})
         return rows
 
 

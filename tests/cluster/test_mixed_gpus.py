@@ -141,7 +141,7 @@ def test_ooms_in_the_shared_cache_raise_the_share(tmp_path: Path) -> None:
 def test_plan_rows_name_the_binding_constraint() -> None:
     packer = packer_with({8: 5, 16: 30})
     configs = [trial(8).train_config(), trial(16).train_config()]
-    rows = {(r["model"], r["gpu_type"], r["share"]): r for r in plan_rows(packer, configs)}
+    rows = {(r["family"], r["gpu_type"], r["share"]): r for r in plan_rows(packer, configs)}
     l4_small = rows[("tft", "L4", 0.2605)]
     h200_small = rows[("tft", "H200", 0.0444)]
     # L4 node: 2 GPUs x 3 = 6 trials, 16 CPUs: memory binds; H200: 44 by memory, 8 CPUs bind.

@@ -382,7 +382,7 @@ def test_losing_a_worker_node_mid_sweep_moves_its_trial_to_the_other_from_its_ch
         tmp_path,
         "nodefault",
         uri,
-        models=["tft"],
+        families=["tft"],
         search_space={"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}},
         max_epochs=epochs,
         trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 20},

@@ -57,7 +57,7 @@ def where(config):
     from ray import tune
     time.sleep(0.5)
     tune.report({"node": ray.get_runtime_context().get_node_id(), "seed": config["trial"]["seed"],
-                 "model": config["trial"]["model"]})
+                 "family": config["trial"]["family"]})
 trials = [t.to_dict() for t in big + small]
 bundles = [packer.resources_of(t) for t in big + small]
 results = tune.Tuner(
@@ -118,7 +118,7 @@ def test_two_gpu_types_get_their_own_shares_and_trials_land_where_they_fit(
     assert {n: t["memory_bytes"] for n, t in types.items()} == {
         n: m * 2**20 for n, m in TYPES.items()
     }
-    rows = {(r["model"], r["gpu_type"]): r for r in out["rows"]}
+    rows = {(r["family"], r["gpu_type"]): r for r in out["rows"]}
     for row in out["rows"]:  # profiled in a worker on a node of that type, not the driver
         assert node_type[row["profiled_on"]] == row["gpu_type"]
         assert row["profiled_pid"] != out["driver_pid"]
@@ -140,4 +140,4 @@ def test_two_gpu_types_get_their_own_shares_and_trials_land_where_they_fit(
     assert planned[("dqn", 0)] == planned[("dqn", 1)] == "H200"
     assert set(planned.values()) == {"L4", "H200"}  # the small ones fill both types
     for ran in out["ran"]:
-        assert node_type[ran["node"]] == planned[(ran["model"], ran["seed"])], ran
+        assert node_type[ran["node"]] == planned[(ran["family"], ran["seed"])], ran

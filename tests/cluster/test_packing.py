@@ -96,7 +96,7 @@ def test_plan_uses_the_gpu_size_from_the_environment(monkeypatch: pytest.MonkeyP
 def trial_config(**extra: Any) -> dict[str, Any]:
     """A sweep trial config as SweepSearcher builds it (tiny shapes)."""
     return {
-        "model": "tft",
+        "family": "tft",
         "precision": "bf16",
         "seed": 0,
         "params": {"d_model": 8, "n_heads": 1, "lr": 1e-3},

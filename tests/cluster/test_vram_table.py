@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 
 def fake_profile(peak_mib: int = 100, **changes: object) -> MemoryProfile:
     values: dict[str, object] = {
-        "model": "tft",
+        "family": "tft",
         "precision": "f32",
         "batch_size": 32,
         "n_folds": 1,

@@ -189,7 +189,7 @@ def build_sweep(
                 trial = FakeTrial(
                     trial_id=f"t{number:04d}",
                     config={
-                        "model": model,
+                        "family": model,
                         "precision": precision,
                         "seed": 0,
                         "config_id": f"{model}-g{index:03d}",
@@ -326,7 +326,7 @@ def trial_record(
     return TrialRecord(
         run_id=f"run-{model}-{precision}-{pair}",
         trial_id=f"{model}-{precision}-{pair}",
-        model=model,
+        family=model,
         precision=precision,
         seed=str(seed),
         pair_id=pair,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # The one-model sweep of the reliability tests: tft only, in f32.
 ONE_TFT: dict[str, Any] = {
-    "models": ["tft"],
+    "families": ["tft"],
     "precisions": ["f32"],
     "search_space": {"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}},
 }
@@ -28,7 +28,7 @@ def tiny_payload(tmp_path: Path, tracking_uri: str | None = None, **overrides: A
     """The tiny sweep as the YAML a user writes; ``overrides`` replace top-level keys."""
     payload: dict[str, Any] = {
         "name": "e2e",
-        "models": ["tft", "dqn"],
+        "families": ["tft", "dqn"],
         "precisions": ["f32", "bf16"],
         "samples": 1,
         "search": "random",

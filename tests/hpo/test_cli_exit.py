@@ -48,7 +48,7 @@ def test_the_program_exits_with_its_status_after_every_handler(
 
 def test_a_real_command_prints_all_its_output() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "hpo.cli", "models", "kan", "--json"],
+        [sys.executable, "-m", "hpo.cli", "families", "kan", "--json"],
         capture_output=True,
         text=True,
     )

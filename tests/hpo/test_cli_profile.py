@@ -24,12 +24,12 @@ def _table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_profile_one_trial_as_json_then_from_the_table(tmp_path: Path) -> None:
-    args = ["profile", "--model", "tft", "--precision", "bf16", "--batch-size", "16", "--estimate"]
+    args = ["profile", "--family", "tft", "--precision", "bf16", "--batch-size", "16", "--estimate"]
     result = runner.invoke(app, [*args, *TINY, "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     profile, packing = payload["profile"], payload["packing"]
-    assert (profile["model"], profile["precision"], profile["batch_size"]) == ("tft", "bf16", 16)
+    assert (profile["family"], profile["precision"], profile["batch_size"]) == ("tft", "bf16", 16)
     assert profile["method"] == "estimated" and profile["activations_bytes"] > 0
     assert profile["total_bytes"] == sum(
         profile[f"{part}_bytes"]
@@ -63,7 +63,7 @@ def test_profile_all_skips_families_that_do_not_import(monkeypatch: pytest.Monke
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     (row,) = payload["rows"]
-    assert row["model"] == "tft" and 0.3 < row["bf16_over_f32_peak"] < 1.0
+    assert row["family"] == "tft" and 0.3 < row["bf16_over_f32_peak"] < 1.0
     assert row["f32"]["profile"]["precision"] == "f32"
     assert [s.split(":")[0] for s in payload["skipped"]] == ["ghost"]
     assert "cannot import" in payload["skipped"][0]

@@ -1,4 +1,4 @@
-"""`hpo train`, `hpo train --resume`, `hpo models` and `hpo predict` through the CLI."""
+"""`hpo train`, `hpo train --resume`, `hpo families` and `hpo predict` through the CLI."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _train(*args: str) -> str:
 def test_train_then_resume_in_f32(tmp_path: Path) -> None:
     out = tmp_path / "run"
     output = _train(
-        "--model", "tft", "--precision", "bf16", "--epochs", "2", "--out", str(out), *TINY
+        "--family", "tft", "--precision", "bf16", "--epochs", "2", "--out", str(out), *TINY
     )
     assert "final metrics (bf16)" in output and "val_sharpe" in output
     metrics = json.loads((out / "metrics.json").read_text())
@@ -58,7 +58,7 @@ def test_train_then_resume_in_f32(tmp_path: Path) -> None:
 
 def test_resume_a_single_checkpoint_dir_needs_out(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _train("--model", "tft", "--epochs", "1", "--out", str(out), *TINY)
+    _train("--family", "tft", "--epochs", "1", "--out", str(out), *TINY)
     single = out / "checkpoints" / "epoch_0001"
     result = runner.invoke(app, ["train", "--resume", str(single), "--epochs", "2"])
     assert result.exit_code != 0
@@ -68,10 +68,10 @@ def test_resume_a_single_checkpoint_dir_needs_out(tmp_path: Path) -> None:
 
 def test_bad_input_names_the_field(tmp_path: Path) -> None:
     cases = {
-        ("--model", "gpt5"): "unknown model 'gpt5'",
-        ("--model", "tft", "--precision", "fp8"): "precision must be one of",
-        ("--model", "tft", "--set", "hiddden=3"): "unknown setting(s) ['hiddden']",
-        ("--model", "tft", "--data", str(tmp_path / "nope.csv")): "nope.csv' does not exist",
+        ("--family", "gpt5"): "unknown family 'gpt5'",
+        ("--family", "tft", "--precision", "fp8"): "precision must be one of",
+        ("--family", "tft", "--set", "hiddden=3"): "unknown setting(s) ['hiddden']",
+        ("--family", "tft", "--data", str(tmp_path / "nope.csv")): "nope.csv' does not exist",
     }
     for args, message in cases.items():
         result = runner.invoke(app, ["train", *args, "--out", str(tmp_path / "x")])
@@ -79,8 +79,8 @@ def test_bad_input_names_the_field(tmp_path: Path) -> None:
         assert message in str(result.exception) or message in result.output, (args, result.output)
 
 
-def test_models_lists_search_spaces() -> None:
-    result = runner.invoke(app, ["models", "--json"])
+def test_families_lists_search_spaces() -> None:
+    result = runner.invoke(app, ["families", "--json"])
     assert result.exit_code == 0, result.output
     listed = {m["name"]: m for m in json.loads(result.output)}
     assert {"dqn", "tft"} <= set(listed)
@@ -90,7 +90,7 @@ def test_models_lists_search_spaces() -> None:
 
 def test_predict_writes_positions_for_new_bars(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _train("--model", "tft", "--epochs", "1", "--out", str(out), *TINY)
+    _train("--family", "tft", "--epochs", "1", "--out", str(out), *TINY)
     bars = synthetic_bars(n_assets=2, n_bars=300, seed=9)
     table = bars.to_frame()
     csv = tmp_path / "new.csv"
@@ -122,7 +122,7 @@ def test_predict_writes_positions_for_new_bars(tmp_path: Path) -> None:
 
 def test_resume_honours_device_and_otherwise_keeps_the_runs_own(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _train("--model", "tft", "--epochs", "1", "--device", "cpu", "--out", str(out), *TINY)
+    _train("--family", "tft", "--epochs", "1", "--device", "cpu", "--out", str(out), *TINY)
 
     def saved_device(epoch: int) -> str:
         meta = json.loads((out / "checkpoints" / f"epoch_{epoch:04d}" / "meta.json").read_text())

@@ -167,7 +167,7 @@ def test_psr_of_every_completed_trial_from_its_logged_moments(comparison: Compar
     assert len(completed) == 24 - 2
     for t in completed:
         index = int(t.pair_id.split("-g")[1][:3])
-        m = moments(t.model, t.precision, index)
+        m = moments(t.family, t.precision, index)
         expected = probabilistic_sharpe_ratio(
             m["val_sharpe_per_period"], 0.0, int(m["val_n_obs"]), m["val_skew"], m["val_kurtosis"]
         )
@@ -183,13 +183,13 @@ def test_dsr_of_the_best_trial_given_every_trial_tried(
     trials = [
         t
         for t in comparison.trials
-        if scope in (OVERALL, t.model) and precision in (ALL_PRECISIONS, t.precision)
+        if scope in (OVERALL, t.family) and precision in (ALL_PRECISIONS, t.precision)
     ]
     finished = [t for t in trials if t.state == "completed"]
     best = max(finished, key=lambda t: t.val_sharpe)
     index = int(best.pair_id.split("-g")[1][:3])
-    assert best.val_sharpe == VAL[best.model][best.precision][index]
-    m = moments(best.model, best.precision, index)
+    assert best.val_sharpe == VAL[best.family][best.precision][index]
+    m = moments(best.family, best.precision, index)
     variance = float(np.var([t.sharpe_per_period for t in finished], ddof=1))
     owner = comparison.overall if scope == OVERALL else comparison.families[scope]
     selection = owner.selection[precision]
@@ -203,7 +203,7 @@ def test_dsr_of_the_best_trial_given_every_trial_tried(
     assert selection.dsr == pytest.approx(
         deflated_sharpe_ratio(m["val_sharpe_per_period"], variance, len(trials), *args), rel=1e-12
     )
-    n_configs = len({(t.model, t.config_id) for t in trials})
+    n_configs = len({(t.family, t.config_id) for t in trials})
     assert selection.dsr_by_configs == pytest.approx(
         deflated_sharpe_ratio(m["val_sharpe_per_period"], variance, n_configs, *args), rel=1e-12
     )
@@ -219,7 +219,7 @@ def test_resources_are_medians_per_precision(comparison: Comparison) -> None:
 
 
 def test_curves_hold_the_validation_sharpe_of_every_epoch(comparison: Comparison) -> None:
-    t = next(t for t in comparison.trials if t.model == "tft" and t.pair_id == pair_id("tft", 1))
+    t = next(t for t in comparison.trials if t.family == "tft" and t.pair_id == pair_id("tft", 1))
     steps = [s for s, _ in t.val_curve]
     assert steps == list(range(1, EPOCHS + 1))
     assert t.val_curve[-1][1] == pytest.approx(t.val_sharpe)
@@ -418,7 +418,7 @@ def test_more_than_two_precisions_are_each_compared_with_the_first(
 
 def _bf16_vs_f32(trials: list, **kwargs: object):  # type: ignore[no-untyped-def]
     result = compare_trials(trials, ("f32", "bf16"), **kwargs)
-    return result, result.families[trials[0].model].contrasts[CONTRAST]
+    return result, result.families[trials[0].family].contrasts[CONTRAST]
 
 
 def test_wilcoxon_with_zero_differences_is_exact_on_the_non_zero_ones() -> None:
@@ -727,7 +727,7 @@ def test_pbo_uses_fewer_blocks_on_few_common_bars() -> None:
 
 
 def _order(t: TrialRecord) -> tuple[str, str, int, str]:
-    return (t.model, t.pair_id, ("f32", "bf16").index(t.precision), t.trial_id)
+    return (t.family, t.pair_id, ("f32", "bf16").index(t.precision), t.trial_id)
 
 
 def test_a_missing_returns_artifact_makes_those_numbers_not_available() -> None:
@@ -754,7 +754,7 @@ def test_the_spec_fixes_the_margin_in_a_comparison_table(tmp_path: Path) -> None
 
     assert ComparisonSpec().margin == DEFAULT_MARGIN  # one default, documented in both
     path = tmp_path / "cmp.toml"
-    base = 'name = "m"\nmodels = ["tft"]\ncompare = true\n'
+    base = 'name = "m"\nfamilies = ["tft"]\ncompare = true\n'
     path.write_text(base + "[comparison]\nmargin = 0.25\n")
     assert load_spec(path).comparison.margin == 0.25
     for bad, message in (("0", "greater than 0"), ("-0.1", "greater than 0"), ("nan", "")):
@@ -877,7 +877,7 @@ def test_a_resumed_trial_overwrites_its_returns_artifact(
     private = copy_sweep(sweep, tmp_path / "store")
     client = MlflowClient(private.tracking_uri)
     config = {
-        "model": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g099",
+        "family": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g099",
         "pair_id": "tft-g099-s0", "params": {"lr": 1e-3},
     }  # fmt: skip
     first, second = synthetic_returns(0.05, 0.01, seed=1), synthetic_returns(0.08, 0.02, seed=2)
@@ -908,7 +908,7 @@ def test_a_corrupt_returns_file_is_not_logged(
     private = copy_sweep(sweep, tmp_path / "store")
     callback = MlflowSweepCallback(private.tracking_uri, private.experiment, private.parent_run_id)
     config = {
-        "model": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g098",
+        "family": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g098",
         "pair_id": "tft-g098-s0", "params": {"lr": 1e-3},
     }  # fmt: skip
     trial = FakeTrial("t-corrupt", config)

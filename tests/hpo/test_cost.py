@@ -193,7 +193,7 @@ def test_the_default_table_fits_100_columns_and_wide_keeps_every_statistic(
 def _row(precision: str, gpu_s: float, cpu_s: float) -> TrialRow:
     return TrialRow(
         trial_id=f"t-{precision}-{gpu_s}",
-        model="tft",
+        family="tft",
         precision=precision,
         seed=0,
         pair_id="p",

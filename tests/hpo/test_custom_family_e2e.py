@@ -16,7 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from hpo.record import SweepRecord
-from hpo.tracking import TAG_MODEL
+from hpo.tracking import TAG_FAMILY
 from tests.hpo.sweep_helpers import trial_runs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -33,7 +33,7 @@ def test_a_family_from_outside_is_swept_compared_ensembled_and_served(tmp_path: 
     work.mkdir()
     payload = {
         "name": "desk",
-        "models": [REFERENCE, "kan"],
+        "families": [REFERENCE, "kan"],
         "precisions": ["f32", "bf16"],
         "compare": True,
         "samples": 1,
@@ -61,8 +61,8 @@ def test_a_family_from_outside_is_swept_compared_ensembled_and_served(tmp_path: 
     swept = hpo("sweep", str(spec_path))
     assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
     runs = trial_runs(payload["tracking_uri"], "desk")
-    assert sorted(r.data.tags[TAG_MODEL] for r in runs) == sorted([REFERENCE] * 2 + ["kan"] * 2)
-    desk_runs = [r for r in runs if r.data.tags[TAG_MODEL] == REFERENCE]
+    assert sorted(r.data.tags[TAG_FAMILY] for r in runs) == sorted([REFERENCE] * 2 + ["kan"] * 2)
+    desk_runs = [r for r in runs if r.data.tags[TAG_FAMILY] == REFERENCE]
     assert all(r.data.metrics["fused_folds"] == 2 for r in desk_runs)  # its folds fused
 
     compared = hpo("compare", "--experiment", "desk", "--tracking-uri", payload["tracking_uri"])
@@ -72,7 +72,7 @@ def test_a_family_from_outside_is_swept_compared_ensembled_and_served(tmp_path: 
     parent = MlflowClient(payload["tracking_uri"]).get_run(record.parent_run_id)
     assert f"cmp.{REFERENCE}.verdict" in parent.data.tags
 
-    ensembled = hpo("ensemble", str(record.sweep_dir), "--models", REFERENCE, "--out", "ens")
+    ensembled = hpo("ensemble", str(record.sweep_dir), "--family", REFERENCE, "--out", "ens")
     assert ensembled.returncode == 0, ensembled.stdout[-3000:] + ensembled.stderr[-3000:]
     served = hpo("predict", "--checkpoint", "ens", "--data", "synthetic", "--out", "pos.csv")
     assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-3000:]

@@ -77,7 +77,7 @@ def test_bad_weights_are_refused() -> None:
 def _row(trial_id: str, model: str, checkpoint: Path, val_sharpe: float) -> TrialRow:
     return TrialRow(
         trial_id=trial_id,
-        model=model,
+        family=model,
         precision="f32",
         seed=0,
         pair_id=trial_id,
@@ -118,7 +118,7 @@ def test_an_ensemble_of_one_serves_its_members_positions_exactly(
     csv_members: tuple[Path, list[TrialRow]], model: str, tmp_path: Path
 ) -> None:
     bars_csv, rows = csv_members
-    row = next(r for r in rows if r.model == model)
+    row = next(r for r in rows if r.family == model)
     result = evaluate_ensemble([row], [row], "stacked", device=CPU)
     # the member's validation Sharpe recomputed from its checkpoint is the trial's own
     assert result.metrics["val_sharpe"] == row.val_sharpe

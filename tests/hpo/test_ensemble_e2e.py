@@ -57,7 +57,7 @@ def test_sweep_then_ensemble_then_predict(ray_session, tmp_path: Path) -> None: 
     expected = set()
     for model in ("tft", "dqn"):
         ranked = sorted(
-            (r for r in rows if r.model == model), key=lambda r: (-(r.val_sharpe or 0), r.trial_id)
+            (r for r in rows if r.family == model), key=lambda r: (-(r.val_sharpe or 0), r.trial_id)
         )
         expected |= {r.trial_id for r in ranked[:2]}
     members = summary["members"]

@@ -40,7 +40,7 @@ def _write_spec(tmp_path: Path, name: str, **settings: object) -> tuple[Path, st
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     payload = {
         "name": name,
-        "models": ["kan"],
+        "families": ["kan"],
         "max_concurrent": 2,
         "storage": str(tmp_path / "results"),
         "tracking_uri": uri,

@@ -32,7 +32,14 @@ from hpo.mlflow_links import (
     trials_link,
     view_link,
 )
-from hpo.tracking import ROLE_TRIAL, TAG_MODEL, TAG_PARENT, TAG_PRECISION, TAG_ROLE, start_sweep_run
+from hpo.tracking import (
+    ROLE_TRIAL,
+    TAG_FAMILY,
+    TAG_PARENT,
+    TAG_PRECISION,
+    TAG_ROLE,
+    start_sweep_run,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 CHROMIUM = "/usr/bin/chromium"
@@ -42,7 +49,7 @@ COLUMNS = [
     column("metrics", "val_sharpe"),
     column("metrics", "test_sharpe"),
     column("tags", TAG_PRECISION),
-    column("tags", TAG_MODEL),
+    column("tags", TAG_FAMILY),
 ]
 
 
@@ -137,7 +144,7 @@ def test_saved_view_is_mlflows_envelope_and_its_link_carries_only_the_key() -> N
             "metrics.`val_sharpe`",
             "metrics.`test_sharpe`",
             "tags.`precision`",
-            "tags.`model`",
+            "tags.`family`",
         ],
     }
     # A search facet in the query would make the page ignore the view: the link has none.
@@ -264,7 +271,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, _mlflow_template: Path) -> I
             tags={
                 TAG_PARENT: parent,
                 TAG_ROLE: ROLE_TRIAL,
-                TAG_MODEL: "tft",
+                TAG_FAMILY: "tft",
                 TAG_PRECISION: precision,
             },
         ).info.run_id
@@ -428,7 +435,7 @@ def test_saved_view_link_shows_the_comparison_columns(store: Store, tmp_path: Pa
     assert "hpo trials: links" in page.texts  # the page says which saved view it shows
     assert page.location()["searchFilter"] == [trials_filter(store.parent_run_id)]
     assert page.matching_runs() == 2
-    assert {"val_sharpe", "test_sharpe", "precision", "model"} <= set(page.headers)
+    assert {"val_sharpe", "test_sharpe", "precision", "family"} <= set(page.headers)
     assert "Dataset" not in page.headers  # the view's columns replace MLflow's defaults
     # Each trial's row: name first, then its values (f32: 1.25 and 0.625; bf16: 0.75, 0.375).
     f32, bf16 = page.texts.index("trial-f32-okapi"), page.texts.index("trial-bf16-okapi")

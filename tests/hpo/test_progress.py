@@ -9,15 +9,15 @@ from types import SimpleNamespace
 from hpo.progress import SweepProgress
 
 
-def _trial(trial_id: str, model: str = "tft") -> SimpleNamespace:
-    config = {"model": model, "precision": "bf16", "seed": 0}
+def _trial(trial_id: str, family: str = "tft") -> SimpleNamespace:
+    config = {"family": family, "precision": "bf16", "seed": 0}
     return SimpleNamespace(trial_id=trial_id, config=config, status="RUNNING", last_result={})
 
 
 def test_best_follows_each_trials_latest_value_not_its_peak() -> None:
     lines: list[str] = []
     progress = SweepProgress(total=2, on_event=lines.append, every_s=0.0)
-    a, b = _trial("a"), _trial("b", model="dqn")
+    a, b = _trial("a"), _trial("b", family="dqn")
     progress.on_trial_result(0, [a, b], a, {"val_sharpe": 1.4})  # a peaks early...
     progress.on_trial_result(0, [a, b], b, {"val_sharpe": 0.6})
     assert progress.best == (1.4, "tft bf16 a")

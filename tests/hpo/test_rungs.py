@@ -91,7 +91,7 @@ def test_the_searcher_saves_and_restores_the_rungs_with_its_state() -> None:
     from hpo.spec import parse_spec
 
     spec = parse_spec(
-        {"name": "r", "models": ["kan"], "precisions": ["f32"], "samples": 4, "search": "random"}
+        {"name": "r", "families": ["kan"], "precisions": ["f32"], "samples": 4, "search": "random"}
     )
     assert spec.asha_per_member  # ASHA by default, four configurations in one group
     rungs = AshaRungs(grace=spec.grace_epochs, max_t=spec.max_epochs)

@@ -23,7 +23,7 @@ from trainables.trial_keys import PER_TRIAL_SETTINGS, trials_of
 def _spec(**overrides: Any) -> Any:
     payload = {
         "name": "groups",
-        "models": ["kan", "dqn"],
+        "families": ["kan", "dqn"],
         "precisions": ["f32", "bf16"],
         "compare": True,
         "samples": 1,
@@ -38,8 +38,8 @@ def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
     searcher = SweepSearcher(_spec())
     suggested = [searcher.suggest(f"t{i}") for i in range(10)]
     trials = [s for s in suggested if isinstance(s, dict)]
-    kan = [t for t in trials if t["model"] == "kan"]
-    dqn = [t for t in trials if t["model"] == "dqn"]
+    kan = [t for t in trials if t["family"] == "kan"]
+    dqn = [t for t in trials if t["family"] == "dqn"]
     # kan: per precision, seeds 0 and 1 in one group, seed 2 alone.
     groups = [[m["member"] for m in t[GROUP_KEY]] for t in kan if is_group_trial(t)]
     assert sorted(groups) == [["bf16/0", "bf16/1"], ["f32/0", "f32/1"]]
@@ -56,7 +56,7 @@ def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
 
 
 def test_the_searcher_is_told_each_members_result() -> None:
-    searcher = SweepSearcher(_spec(models=["kan"], precisions=["f32", "bf16"], seeds=[0, 1]))
+    searcher = SweepSearcher(_spec(families=["kan"], precisions=["f32", "bf16"], seeds=[0, 1]))
     ids = {}
     while isinstance(suggestion := searcher.suggest(f"t{len(ids)}"), dict):
         ids[f"t{len(ids)}"] = suggestion
@@ -87,7 +87,7 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
     # time, the first searched whole, the other three with its shape (kan's grid, width,
     # depth, ...) held: one group trial of four configurations per stream and batch.
     spec = _spec(
-        models=["kan"],
+        families=["kan"],
         compare=False,
         scheduler="fifo",
         search=search,
@@ -126,7 +126,7 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
 def test_compare_mode_groups_the_seeds_of_one_configuration_only() -> None:
     # Compare mode: each configuration stays an independent draw of the space (the
     # statistics' unit), so a group holds one configuration's seeds, never a batch.
-    spec = _spec(models=["kan"], seeds=[0, 1, 2], samples=3, fusion={"group_size": 8})
+    spec = _spec(families=["kan"], seeds=[0, 1, 2], samples=3, fusion={"group_size": 8})
     trials = _all_suggestions(SweepSearcher(spec))
     sizes = sorted(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in trials.values())
     assert sizes == [3] * 6 and spec.n_tune_trials == 6
@@ -156,7 +156,7 @@ def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_s
         if key not in PER_TRIAL_SETTINGS
     }
     spec = _spec(
-        models=["kan"],
+        families=["kan"],
         seeds=[0, 1, 2],
         samples=4,
         fusion={"group_size": 8},
@@ -188,7 +188,7 @@ def test_a_search_that_holds_every_member_setting_asks_one_configuration_at_a_ti
     }
     assert {"lr", "weight_decay", "position_scale", "reg_lambda"} <= set(held)
     spec = _spec(
-        models=["kan"],
+        families=["kan"],
         compare=False,
         scheduler="fifo",
         seeds=[0],
@@ -218,7 +218,7 @@ def test_pso_holds_a_groups_log_scale_shape_exactly() -> None:
 def test_a_new_sweep_groups_and_records_its_group_size() -> None:
     from hpo.spec import DEFAULT_GROUP_SIZE
 
-    payload = {"name": "grouped", "models": ["kan"], "precisions": ["f32"], "samples": 4}
+    payload = {"name": "grouped", "families": ["kan"], "precisions": ["f32"], "samples": 4}
     spec = parse_spec(payload)
     assert spec.group_size == DEFAULT_GROUP_SIZE  # a new sweep groups
     # The spec a new sweep records names its group size: a later default cannot change it.
@@ -230,7 +230,7 @@ def test_a_new_sweep_groups_and_records_its_group_size() -> None:
 def test_group_size_one_asks_what_the_streams_searcher_asks_alone() -> None:
     # The batch path must not change an ungrouped sweep's suggestions.
     grouped = _spec(
-        models=["kan"],
+        families=["kan"],
         compare=False,
         scheduler="fifo",
         search="tpe",
@@ -254,7 +254,7 @@ def test_members_per_group_is_the_largest_group_the_searcher_forms() -> None:
     spec = _spec(**search)  # batches of 8 // 3 seeds = 2 configurations: 6 members
     assert spec.members_per_group("kan") == 6
     trials = _all_suggestions(SweepSearcher(spec))
-    kan = [t for t in trials.values() if t["model"] == "kan"]
+    kan = [t for t in trials.values() if t["family"] == "kan"]
     assert max(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in kan) == 6
     assert _spec(**{**search, "fusion": {"group_size": 4}}).members_per_group("kan") == 3
     assert _spec().members_per_group("kan") == 2  # compare: 3 seeds by 2 -> 2 and 1
@@ -268,7 +268,7 @@ def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> Non
     a time does not start grouping configurations (and ASHA per member) on resume because
     this version lets members differ in more settings."""
     search = {
-        "models": ["kan"],
+        "families": ["kan"],
         "compare": False,
         "scheduler": "asha",
         "samples": 4,
@@ -289,10 +289,10 @@ def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> Non
     assert not _spec(**search, fusion={"group_size": 8, "batches": {}}).groups("kan")
 
 
-def test_recorded_batches_name_this_sweeps_models_and_fit_its_groups() -> None:
+def test_recorded_batches_name_this_sweeps_families_and_fit_its_groups() -> None:
     from hpo.spec import SpecError
 
-    with pytest.raises(SpecError, match=r"fusion.batches.tft: not one of this sweep's models"):
+    with pytest.raises(SpecError, match=r"fusion.batches.tft: not one of this sweep's families"):
         _spec(fusion={"group_size": 8, "batches": {"tft": 2}})
     with pytest.raises(SpecError, match=r"fusion.batches.kan = 9 is over fusion.group_size"):
         _spec(fusion={"group_size": 8, "batches": {"kan": 9}})
@@ -304,7 +304,7 @@ def test_a_recorded_batch_is_never_more_than_this_version_can_hold_to_one_shape(
     # A compare sweep searching a shape setting asks one configuration at a time; a batch
     # of 4 written into its spec would group configurations of different widths.
     spec = _spec(
-        models=["kan"],
+        families=["kan"],
         fusion={"group_size": 8, "batches": {"kan": 4}},
         search_space={"kan": {"width": {"choices": [4, 8]}}},
     )

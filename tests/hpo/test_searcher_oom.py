@@ -25,7 +25,7 @@ def test_oom_requeues_the_same_member_with_a_floor() -> None:
     spec = parse_spec(  # two trials alone (group trials of one shape would hold both)
         {
             "name": "oom",
-            "models": ["kan"],
+            "families": ["kan"],
             "precisions": ["bf16"],
             "samples": 2,
             "search": "random",
@@ -54,7 +54,13 @@ def test_an_oom_retry_names_the_gpu_type_it_ran_out_of_memory_on() -> None:
     """The floor is a share of that type's GPU, so the retry's config carries the type
     (the packer of a resumed sweep has placed nothing yet)."""
     spec = parse_spec(
-        {"name": "oom", "models": ["kan"], "precisions": ["bf16"], "samples": 1, "search": "random"}
+        {
+            "name": "oom",
+            "families": ["kan"],
+            "precisions": ["bf16"],
+            "samples": 1,
+            "search": "random",
+        }
     )
     searcher = SweepSearcher(spec)
     first = searcher.suggest("t1")
@@ -72,7 +78,7 @@ def test_trial_dicts_round_trip_through_the_codec() -> None:
     spec = parse_spec(
         {
             "name": "codec",
-            "models": ["kan"],
+            "families": ["kan"],
             "precisions": ["bf16"],
             "samples": 1,
             "search": "random",
@@ -102,14 +108,14 @@ def test_trial_dicts_round_trip_through_the_codec() -> None:
 
 def test_codec_names_missing_and_unknown_keys() -> None:
     with pytest.raises(ValueError, match=r"missing \['params', 'base'\], unknown \['paramz'\]"):
-        TrialConfig.from_dict({"model": "kan", "precision": "f32", "seed": 0, "paramz": {}})
+        TrialConfig.from_dict({"family": "kan", "precision": "f32", "seed": 0, "paramz": {}})
 
 
 def _group_spec() -> Any:
     return parse_spec(
         {
             "name": "oom",
-            "models": ["kan"],
+            "families": ["kan"],
             "precisions": ["bf16"],
             "samples": 1,
             "search": "random",
@@ -168,7 +174,7 @@ def test_the_newest_attempt_of_a_member_counts_even_at_a_smaller_floor() -> None
 
     def row(trial_id: str, attempt: int, floor: float, oom: float | None) -> TrialRow:
         return TrialRow(
-            trial_id=trial_id, model="kan", precision="bf16", seed=0, pair_id="p",
+            trial_id=trial_id, family="kan", precision="bf16", seed=0, pair_id="p",
             status=TrialStatus("TERMINATED"), epochs=2, val_sharpe=None if oom else 1.0,
             test_sharpe=None, fell_back_to_f32=False, diverged=False, params={},
             checkpoint=None, config_id="kan-g000", member="bf16/0", attempt=attempt,

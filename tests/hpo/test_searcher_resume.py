@@ -43,7 +43,7 @@ SEARCHERS = ("tpe", "pso", "random")
 def _spec(search: str, **overrides: Any) -> SweepSpec:
     payload: dict[str, Any] = {
         "name": "resume-unit",
-        "models": ["tft", "kan"],
+        "families": ["tft", "kan"],
         "precisions": ["f32"],
         "samples": 14,
         "search": search,
@@ -72,7 +72,7 @@ def _objective(config: dict[str, Any]) -> float:
     value = -((math.log10(p["lr"]) + 2.5) ** 2)
     if p.get("weight_decay", 0.0) > 0:
         value -= 0.3 * (math.log10(p["weight_decay"]) + 4.0) ** 2
-    if config["model"] == "tft":
+    if config["family"] == "tft":
         value -= abs(math.log2(p.get("d_model", 64) / 64)) + (p.get("dropout", 0.1) - 0.1) ** 2
         value += 0.2 * p.get("static_embedding", False) - 0.1 * p.get("lstm_layers", 1)
     else:
@@ -336,7 +336,7 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
         search, compare=True, precisions=["f32", "bf16"], seeds=[0, 1], samples=3, scheduler="fifo"
     )
     searcher = SweepSearcher(spec)
-    assert searcher.streams == [("tft", None), ("kan", None)]  # one stream per model
+    assert searcher.streams == [("tft", None), ("kan", None)]  # one stream per family
     configs: dict[str, dict[str, Any]] = {}
     for i in range(spec.n_trials):
         config = searcher.suggest(f"t{i}")
@@ -351,7 +351,7 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
     for config in configs.values():
         groups.setdefault(config["config_id"], []).append(config)
     assert len(groups) == 2 * 3  # samples groups per stream
-    per_model = {m: sum(1 for g in groups.values() if g[0]["model"] == m) for m in ("tft", "kan")}
+    per_model = {m: sum(1 for g in groups.values() if g[0]["family"] == m) for m in ("tft", "kan")}
     assert per_model == {"tft": 3, "kan": 3}
     for members in groups.values():
         assert len(members) == 4  # precisions x seeds
@@ -362,13 +362,13 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
             ("bf16", 1),
         }
         assert all(c["params"] == members[0]["params"] for c in members)
-        assert len({c["model"] for c in members}) == 1
+        assert len({c["family"] for c in members}) == 1
         for seed in (0, 1):
             pair = [c for c in members if c["seed"] == seed]
             assert len(pair) == 2 and pair[0]["pair_id"] == pair[1]["pair_id"]
         assert len({c["pair_id"] for c in members}) == 2  # seeds are separate pairs
-    # Streams are served round-robin, so both models progress at once.
-    order = [configs[f"t{i}"]["model"] for i in range(0, spec.n_trials, 4)]
+    # Streams are served round-robin, so both families progress at once.
+    order = [configs[f"t{i}"]["family"] for i in range(0, spec.n_trials, 4)]
     assert order == ["tft", "kan"] * 3
 
     # The stream's searcher is told once per group, after its last member, with the mean
@@ -421,7 +421,7 @@ def _assert_in(dims: dict[str, Any], params: dict[str, Any]) -> None:
 @pytest.mark.parametrize("search", SEARCHERS)
 def test_every_family_space_comes_from_the_registry(search: str) -> None:
     names = list(family_names())
-    spec = _spec(search, models=names, samples=2, search_space={})
+    spec = _spec(search, families=names, samples=2, search_space={})
     searcher = SweepSearcher(spec)
     assert [m for m, _ in searcher.streams] == names
     for (model, _), space, param_searcher in zip(
@@ -434,11 +434,11 @@ def test_every_family_space_comes_from_the_registry(search: str) -> None:
     seen = set()
     for config in _run_to_finish(searcher):
         seen.add(config["config_id"])
-        family = get_family(config["model"])
+        family = get_family(config["family"])
         params = config["params"]
         assert set(params) == set(TRAINER_SPACE) | set(family.search_space)
         _assert_in({**TRAINER_SPACE, **family.search_space}, params)
-        split_trial_config(config["model"], params)  # every key is a real setting
+        split_trial_config(config["family"], params)  # every key is a real setting
     assert len(seen) == 2 * len(names)
 
 
@@ -450,7 +450,7 @@ def test_searcher_reads_the_registry_not_a_copy(monkeypatch: pytest.MonkeyPatch)
     )
     monkeypatch.setattr(kan_module, "FAMILY", narrowed)
     for search in SEARCHERS:
-        spec = _spec(search, models=["kan"], search_space={}, samples=4)
+        spec = _spec(search, families=["kan"], search_space={}, samples=4)
         searcher = SweepSearcher(spec)
         assert searcher.spaces[0].dims == {**TRAINER_SPACE, **narrowed.search_space}
         for i in range(4):
@@ -475,7 +475,7 @@ def test_spec_overrides_fixed_keys_and_added_settings(search: str) -> None:
             "grid_range": {"low": 1.0, "high": 3.0},  # a model setting the adapter omits
             "width": {"low": 4, "high": 8},  # Int stays Int
             "n_layers": 2,
-            "data.signal": 0.2,  # data settings may be fixed per model too
+            "data.signal": 0.2,  # data settings may be fixed per family too
         },
     }
     spec = _spec(search, search_space=overrides, samples=6)
@@ -497,13 +497,13 @@ def test_spec_overrides_fixed_keys_and_added_settings(search: str) -> None:
     configs = [json.loads(entry[2]) for entry in drive.log if entry[0] == "suggest"]
     assert len(configs) == spec.n_trials
     for config in configs:
-        space = tft_space if config["model"] == "tft" else kan_space
+        space = tft_space if config["family"] == "tft" else kan_space
         params = config["params"]
         assert {k: params[k] for k in space.fixed} == space.fixed  # fixed keys pass through
         assert set(params) == set(space.dims) | set(space.fixed)
         _assert_in(space.dims, params)
-        train, model_values, data_values = split_trial_config(config["model"], params)
-        if config["model"] == "kan":
+        train, model_values, data_values = split_trial_config(config["family"], params)
+        if config["family"] == "kan":
             assert data_values == {"signal": 0.2} and model_values["n_layers"] == 2
         else:
             assert train["lookback"] == 24 and train["batch_size"] in (32, 64)

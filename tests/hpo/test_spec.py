@@ -13,7 +13,7 @@ from hpo.spec import SpecError, load_spec, parse_spec
 from trainables.data import synthetic_bars
 
 ROOT = Path(__file__).resolve().parents[2]
-VALID: dict[str, Any] = {"name": "ok", "models": ["tft"]}
+VALID: dict[str, Any] = {"name": "ok", "families": ["tft"]}
 
 
 def _problems(**changes: Any) -> str:
@@ -30,7 +30,7 @@ def test_shipped_examples_load(path: Path) -> None:
 
 def test_quick_example_is_the_cpu_demo() -> None:
     spec = load_spec(ROOT / "examples" / "quick.toml")
-    assert spec.models == ["liquid", "dqn"] and spec.precisions == ["f32", "bf16"]
+    assert spec.families == ["liquid", "dqn"] and spec.precisions == ["f32", "bf16"]
     assert spec.walk_forward.n_folds == 2  # liquid's folds train fused
     assert spec.resources.gpu == 0 and spec.data.source == "synthetic"
     assert spec.n_trials == 8
@@ -40,8 +40,8 @@ def test_quick_example_is_the_cpu_demo() -> None:
     ("changes", "expected"),
     [
         (
-            {"models": ["tft", "gpt"]},
-            "models: Value error, unknown model(s) ['gpt']; allowed: ['dqn'",
+            {"families": ["tft", "gpt"]},
+            "families: Value error, unknown family(ies) ['gpt']; allowed: ['dqn'",
         ),
         (
             {"precisions": ["f32", "fp8"]},
@@ -71,7 +71,7 @@ def test_quick_example_is_the_cpu_demo() -> None:
         ),
         (
             {"search_space": {"dqn": {"gamma": 0.9}}},
-            "search_space.dqn: not one of this sweep's models",
+            "search_space.dqn: not one of this sweep's families",
         ),
         (
             {"trainer": {"lokback": 8}},
@@ -92,8 +92,8 @@ def test_invalid_spec_names_the_field(changes: dict[str, Any], expected: str) ->
 
 
 def test_all_problems_reported_at_once() -> None:
-    problems = _problems(models=["nope"], samples=0, search="grid")
-    assert "models" in problems and "samples" in problems and "search" in problems
+    problems = _problems(families=["nope"], samples=0, search="grid")
+    assert "families" in problems and "samples" in problems and "search" in problems
 
 
 def test_yaml_and_cli_overrides(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_yaml_and_cli_overrides(tmp_path: Path) -> None:
 
 def test_broken_toml_and_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
-    path.write_text('name = "x"\nmodels = [tft\n')
+    path.write_text('name = "x"\nfamilies = [tft\n')
     with pytest.raises(SpecError, match="not valid TOML"):
         load_spec(path)
     with pytest.raises(SpecError, match="file not found"):
@@ -131,7 +131,9 @@ def test_relative_data_source_is_absolute_when_run_from_the_spec_folder(
     source they get must not depend on the driver's working directory."""
     (tmp_path / "data").mkdir()
     _write_bars(tmp_path / "data" / "bars.csv")
-    (tmp_path / "spec.toml").write_text('name = "ok"\nmodels = ["tft"]\n[data]\nsource = "data"\n')
+    (tmp_path / "spec.toml").write_text(
+        'name = "ok"\nfamilies = ["tft"]\n[data]\nsource = "data"\n'
+    )
     monkeypatch.chdir(tmp_path)
     source = Path(load_spec("spec.toml").data.source)
     assert source.is_absolute() and source == (tmp_path / "data").resolve()
@@ -168,7 +170,7 @@ def test_walk_forward_that_cannot_split_is_refused(
 ) -> None:
     problems = _problems(**changes)
     assert f"{field}: " in problems and reason in problems
-    assert problems.count("walk-forward") == 1  # said once, not once per model
+    assert problems.count("walk-forward") == 1  # said once, not once per family
 
 
 def test_walk_forward_checked_against_the_file_bars(tmp_path: Path) -> None:
@@ -201,7 +203,7 @@ def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 **VALID,
-                "models": ["nope"],
+                "families": ["nope"],
                 "storage": str(tmp_path / "results"),
                 "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
             }
@@ -209,5 +211,5 @@ def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
     )
     result = CliRunner().invoke(app, ["sweep", str(path)])
     assert result.exit_code != 0
-    assert "unknown model(s) ['nope']" in str(result.exception)
+    assert "unknown family(ies) ['nope']" in str(result.exception)
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlflow.db").exists()

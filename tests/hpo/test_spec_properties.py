@@ -120,7 +120,7 @@ def _override(model: str) -> st.SearchStrategy[dict[str, Any]]:
 
 @st.composite
 def valid_payloads(draw: st.DrawFn) -> dict[str, Any]:
-    models = draw(st.lists(st.sampled_from(FAMILIES), min_size=1, max_size=3, unique=True))
+    families = draw(st.lists(st.sampled_from(FAMILIES), min_size=1, max_size=3, unique=True))
     compare = draw(st.booleans())
     precisions = draw(
         st.lists(
@@ -130,7 +130,7 @@ def valid_payloads(draw: st.DrawFn) -> dict[str, Any]:
     max_epochs = draw(st.integers(1, 6))
     payload: dict[str, Any] = {
         "name": draw(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,10}", fullmatch=True)),
-        "models": models,
+        "families": families,
         "precisions": precisions,
         "samples": draw(st.integers(1, 8)),
         "search": draw(st.sampled_from(["tpe", "random", "pso"])),
@@ -145,9 +145,9 @@ def valid_payloads(draw: st.DrawFn) -> dict[str, Any]:
         "resources": {"cpu": 1.0, "gpu": draw(st.sampled_from([0, 0.25, 1, "measured"]))},
     }
     if draw(st.booleans()):
-        model = draw(st.sampled_from(models))
+        family = draw(st.sampled_from(families))
         payload["search_space"] = {
-            model: {"dropout" if model == "tft" else "lr": {"low": 1e-4, "high": 0.1}}
+            family: {"dropout" if family == "tft" else "lr": {"low": 1e-4, "high": 0.1}}
         }
     return payload
 
@@ -155,7 +155,7 @@ def valid_payloads(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def mutated_payloads(draw: st.DrawFn, at_least: int = 1) -> dict[str, Any]:
     """A valid payload with 1-4 mutations: wrong types, out-of-range numbers, unknown keys
-    at every level, deleted keys, nested junk, duplicate models, random search spaces."""
+    at every level, deleted keys, nested junk, duplicate families, random search spaces."""
     payload = draw(valid_payloads())
     # mostly one mutation, so the checks behind the first failing one run too
     for _ in range(draw(st.sampled_from([at_least, 1, 1, 1, 2, 3, 4]))):
@@ -193,8 +193,12 @@ def mutated_payloads(draw: st.DrawFn, at_least: int = 1) -> dict[str, Any]:
                 target[draw(KEYS)] = draw(JUNK)
         elif kind == "delete" and payload:
             payload.pop(draw(st.sampled_from(sorted(payload))))
-        elif kind == "dup_model" and isinstance(payload.get("models"), list) and payload["models"]:
-            payload["models"] = [*payload["models"], draw(st.sampled_from(payload["models"]))]
+        elif (
+            kind == "dup_model"
+            and isinstance(payload.get("families"), list)
+            and payload["families"]
+        ):
+            payload["families"] = [*payload["families"], draw(st.sampled_from(payload["families"]))]
         elif kind == "search_space":
             model = draw(st.sampled_from(FAMILIES) | st.text(max_size=6))
             override = draw(_override(model if model in FAMILIES else "tft"))
@@ -203,10 +207,10 @@ def mutated_payloads(draw: st.DrawFn, at_least: int = 1) -> dict[str, Any]:
             payload[draw(st.sampled_from(SECTIONS))] = draw(JUNK)
         elif kind == "data_source" and isinstance(payload.get("data"), dict):
             payload["data"]["source"] = draw(EDGE_TEXT | st.text(max_size=20))
-        elif kind == "range_override" and isinstance(payload.get("models"), list):
+        elif kind == "range_override" and isinstance(payload.get("families"), list):
             # a real searchable setting of a model of this sweep, with odd bounds
             model = draw(
-                st.sampled_from([m for m in payload["models"] if m in FAMILIES] or ["tft"])
+                st.sampled_from([m for m in payload["families"] if m in FAMILIES] or ["tft"])
             )
             key = draw(st.sampled_from(sorted(get_family(model).search_space) or ["lr"]))
             bound = EDGE_NUMBERS | st.floats()
@@ -310,13 +314,13 @@ def check_problems(error: SpecError, payload: Any) -> None:
 def check_spec(spec: SweepSpec) -> None:
     """Invariants of an accepted spec (what the sweep relies on)."""
     assert NAME_PATTERN.fullmatch(spec.name)
-    assert spec.models and len(set(spec.models)) == len(spec.models)
-    assert set(spec.models) <= set(FAMILIES)
+    assert spec.families and len(set(spec.families)) == len(spec.families)
+    assert set(spec.families) <= set(FAMILIES)
     assert set(spec.precisions) <= set(POLICY_NAMES) and len(set(spec.precisions)) == len(
         spec.precisions
     )
     assert 1 <= spec.grace_epochs <= spec.max_epochs
-    assert set(spec.search_space) <= set(spec.models)
+    assert set(spec.search_space) <= set(spec.families)
     assert not spec.compare or (spec.scheduler == "fifo" and len(spec.precisions) >= 2)
     for value in (
         spec.resources.cpu,
@@ -345,7 +349,7 @@ def _outcome(kind: str, call: Any, payload: Any) -> SweepSpec | None:
 
 
 # -- properties --------------------------------------------------------------------------
-VALID = {"name": "ok", "models": ["tft"]}
+VALID = {"name": "ok", "families": ["tft"]}
 
 
 @settings(SETTINGS, max_examples=150)
@@ -378,7 +382,7 @@ def test_parse_spec_on_arbitrary_tables(payload: dict[str, Any]) -> None:
 )
 @example(file=(".toml", b"\xff\xfe\x00bad"), overrides={})  # UnicodeDecodeError
 @example(file=(".yaml", b"[" * 1000), overrides={})  # RecursionError
-@example(file=(".yaml", b"name: ok\nmodels: [tft]\nresources: {gpu: .inf}\n"), overrides={})
+@example(file=(".yaml", b"name: ok\nfamilies: [tft]\nresources: {gpu: .inf}\n"), overrides={})
 def test_load_spec_file_loads_or_names_the_field(
     file: tuple[str, bytes], overrides: dict[str, Any]
 ) -> None:
@@ -470,7 +474,7 @@ def test_sweep_cli_error_text_is_not_read_as_markup(
     from hpo import cli
 
     spec = tmp_path / "spec.toml"
-    spec.write_text('name = "ok"\nmodels = ["tft"]\n"[/x]" = 1\n', encoding="utf-8")
+    spec.write_text('name = "ok"\nfamilies = ["tft"]\n"[/x]" = 1\n', encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["hpo", "sweep", str(spec)])
     stderr = io.StringIO()

@@ -19,19 +19,19 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_each_family_runs_as_a_sweep_trial(ray_session, tmp_path: Path, mlflow_uri: str) -> None:  # type: ignore[no-untyped-def]
-    models = list(family_names())
+    names = list(family_names())
     spec = tiny_spec(
         tmp_path,
         tracking_uri=mlflow_uri,
         name="zoo",
-        models=models,
+        families=names,
         precisions=["bf16"],
         max_epochs=1,
         trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 4, "rl_iterations": 6},
-        search_space={m: dict(TINY[m]) for m in models},
+        search_space={m: dict(TINY[m]) for m in names},
     )
     rows = run_sweep(spec)
-    assert sorted(r.model for r in rows) == sorted(models)
+    assert sorted(r.family for r in rows) == sorted(names)
     assert all(r.status == "TERMINATED" and not r.diverged for r in rows)
     client = MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("zoo")
@@ -40,6 +40,6 @@ def test_each_family_runs_as_a_sweep_trial(ray_session, tmp_path: Path, mlflow_u
         for r in client.search_runs([experiment.experiment_id])
         if r.data.tags.get(TAG_ROLE) == "trial"
     ]
-    assert sorted(r.data.tags["model"] for r in children) == sorted(models)
+    assert sorted(r.data.tags["family"] for r in children) == sorted(names)
     for run in children:
-        assert math.isfinite(run.data.metrics["val_sharpe"]), run.data.tags["model"]
+        assert math.isfinite(run.data.metrics["val_sharpe"]), run.data.tags["family"]

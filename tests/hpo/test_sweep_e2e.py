@@ -75,12 +75,12 @@ def test_every_trial_is_a_nested_child_run(finished_sweep) -> None:  # type: ign
     for child in children:
         tags = child.data.tags
         assert tags[TAG_PARENT] == parent_id
-        assert {"model", "precision", "seed", "pair_id", "trial_id", "fell_back_to_f32"} <= set(
+        assert {"family", "precision", "seed", "pair_id", "trial_id", "fell_back_to_f32"} <= set(
             tags
         )
-        combos.add((tags["model"], tags["precision"]))
+        combos.add((tags["family"], tags["precision"]))
         assert child.info.status == "FINISHED"
-        assert child.data.params["model"] == tags["model"] and "lr" in child.data.params
+        assert child.data.params["family"] == tags["family"] and "lr" in child.data.params
         history = client.get_metric_history(child.info.run_id, "val_sharpe")
         assert sorted(m.step for m in history) == [1, 2]
         for key in ("train_loss", "skipped_steps", "steps_per_s", "peak_mem_mb", "test_sharpe"):
@@ -126,10 +126,10 @@ def test_status_and_best_then_continue_the_best_bf16_trial_in_f32(finished_sweep
     assert spent["all"]["cpu_hours"] > 0 and spent["all"]["gpu_hours"] == 0
     assert set(spent) == {"all", *(r.precision for r in rows)}
     best = runner.invoke(
-        app, ["best", str(sweep_dir), "--model", "tft", "--precision", "bf16", "--json"]
+        app, ["best", str(sweep_dir), "--family", "tft", "--precision", "bf16", "--json"]
     )
     assert best.exit_code == 0, best.output
-    bf16 = next(r for r in rows if r.model == "tft" and r.precision == "bf16")
+    bf16 = next(r for r in rows if r.family == "tft" and r.precision == "bf16")
     assert bf16.checkpoint is not None and bf16.checkpoint in best.output.replace("\n", "")
     out = tmp_path / "longer"
     result = runner.invoke(
@@ -220,7 +220,7 @@ def test_an_oom_retry_continues_its_run_resolves_its_pair_and_the_sweep_finishes
     spec = tiny_spec(
         tmp_path,
         name="oom-retry",
-        models=["tft"],
+        families=["tft"],
         search_space={"tft": {"d_model": 8, "n_heads": 1, "lstm_layers": 1}},
         compare=True,
         resources={"cpu": 1, "gpu": "measured"},

@@ -84,7 +84,7 @@ def _packer_with_profiles(tmp_path: Path) -> tuple[ClusterPacker, list]:
     """L4 (estimated from tensor bytes against its declared 24 GiB) + H200 (measured)."""
     cache = SharedVramCache.in_storage(pafs.LocalFileSystem(), str(tmp_path))
     packer = ClusterPacker([L4, H200], headroom=0.15, cpu_per_trial=1, cache=cache)
-    spec = tiny_spec(tmp_path, models=["tft"], search_space={"tft": {"d_model": 8, "n_heads": 1}})
+    spec = tiny_spec(tmp_path, families=["tft"], search_space={"tft": {"d_model": 8, "n_heads": 1}})
     configs = [config for config, _ in plan_configs(spec)]
     for config in configs:
         peak = 5 * 1024 if config.precision == "f32" else 3 * 1024
@@ -121,7 +121,7 @@ def test_plan_table_has_a_row_per_model_precision_and_gpu_type(tmp_path: Path) -
         "rounded at Ray's 1e-4"
     )
     assert lines[1].split() == [
-        "model", "precision", "gpu", "type", "peak", "GiB", "how", "GPU", "GiB", "share",
+        "family", "precision", "gpu", "type", "peak", "GiB", "how", "GPU", "GiB", "share",
         "trials/GPU", "by", "memory", "trials/node", "binding",
     ]  # fmt: skip
     body = [line.split() for line in lines[3:]]
@@ -158,7 +158,7 @@ def test_hpo_sweep_plan_prints_the_table_and_launches_nothing(tmp_path: Path) ->
         "\n".join(
             [
                 'name = "planned"',
-                'models = ["tft", "kan"]',
+                'families = ["tft", "kan"]',
                 'precisions = ["f32", "bf16"]',
                 "samples = 2",
                 'search = "random"',
@@ -229,13 +229,13 @@ def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) 
     cache = SharedVramCache.in_storage(pafs.LocalFileSystem(), str(tmp_path))
     packer = ClusterPacker([H200], headroom=0.15, cpu_per_trial=1, cache=cache)
     spec = tiny_spec(
-        tmp_path, models=["kan"], precisions=["bf16"], samples=4, seeds=[0, 1], search_space={}
+        tmp_path, families=["kan"], precisions=["bf16"], samples=4, seeds=[0, 1], search_space={}
     )
     ((config, members),) = plan_configs(spec)
     assert members == 8
     for size, peak_gib in ((1, 1), (8, 6)):
         packer.profiles[key_string(type_key(config, H200, size))] = fake_profile(
-            peak_mib=peak_gib * 1024, model="kan", precision="bf16", method="measured",
+            peak_mib=peak_gib * 1024, family="kan", precision="bf16", method="measured",
             device_name="NVIDIA H200", device_total_bytes=141 * GiB, group_size=size,
         )  # fmt: skip
     (row,) = plan_rows(packer, plan_configs(spec))
@@ -270,7 +270,7 @@ def test_measured_shares_without_gpu_nodes_size_a_group_for_its_members(
     monkeypatch.setenv("HPO_VRAM_CACHE", str(tmp_path / "vram.json"))
     monkeypatch.setenv("HPO_VRAM_MODE", "estimate")
     spec = tiny_spec(
-        tmp_path, models=["kan"], search_space={}, resources={"cpu": 1, "gpu": "measured"}
+        tmp_path, families=["kan"], search_space={}, resources={"cpu": 1, "gpu": "measured"}
     )
     trial = TrialConfig(
         family="kan", precision="bf16", seed=0, params={}, base=spec.trial_base(),

@@ -19,7 +19,7 @@ from hpo.tracking import MlflowSweepCallback, start_sweep_run, trial_params
 
 def _trial(trial_id: str, **params: Any) -> SimpleNamespace:
     config = {
-        "model": "tft",
+        "family": "tft",
         "precision": "bf16",
         "seed": 0,
         "pair_id": "tft-g000-s0",
@@ -403,7 +403,7 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
         return config
 
     def group(trial_id: str, configs: list[dict[str, Any]]) -> SimpleNamespace:
-        config = {"model": "tft", "precision": "bf16", "config_id": "tft-g000", GROUP_KEY: configs}
+        config = {"family": "tft", "precision": "bf16", "config_id": "tft-g000", GROUP_KEY: configs}
         return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
 
     first = group("t9", [member(0), member(1), member(2)])

@@ -110,12 +110,14 @@ def test_a_spec_naming_a_family_that_does_not_import_is_refused_before_launch(
     tmp_path: Path,
 ) -> None:
     payload = tiny_spec(tmp_path).model_dump()
-    payload.update(models=["kan", "desk_nowhere:FAMILY"], search_space={})
+    payload.update(families=["kan", "desk_nowhere:FAMILY"], search_space={})
     with pytest.raises(SpecError) as raised:
         parse_spec(payload, source="spec.toml")
     text = str(raised.value)
     assert (
-        "models" in text and "models[1]" in text and "cannot import module 'desk_nowhere'" in text
+        "families" in text
+        and "families[1]" in text
+        and "cannot import module 'desk_nowhere'" in text
     )
 
 
@@ -180,5 +182,5 @@ def test_hpo_check_family_cli_prints_a_table_and_exits_by_the_verdict(tmp_path: 
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert missing.returncode == 1
-    assert "FAILED record: model 'desk_nowhere:FAMILY': cannot import module" in missing.stdout
+    assert "FAILED record: family 'desk_nowhere:FAMILY': cannot import module" in missing.stdout
     assert "desk_nowhere:FAMILY breaks the contract (0/1)" in missing.stdout

@@ -155,7 +155,7 @@ def test_search_space_leaves_out_chunk_size_and_its_dt_ends_are_valid_together()
 def test_the_documented_bf16_errors_of_the_decay_parameters_are_the_measured_ones() -> None:
     # Over the init ranges (|A| in [1, 16], dt in [1e-3, 0.1]): bf16 rounding of A_log and
     # dt_bias moves A and dt by these relative amounts; the docstring and FAMILY.keeps_f32
-    # (shown by `hpo models` and in models/README.md) quote the same numbers.
+    # (shown by `hpo families` and in models/README.md) quote the same numbers.
     a_log = torch.linspace(0.0, math.log(16.0), 100_001, dtype=torch.float64)
     a_err = ((a_log.to(torch.bfloat16).double().exp() / a_log.exp()) - 1).abs().max()
     dt = torch.logspace(-3, -1, 100_001, dtype=torch.float64)

@@ -341,7 +341,7 @@ def test_trainer_resume_equals_uninterrupted(tmp_path: Path) -> None:
         "minibatches": 2,
         "ppo_epochs": 1,
     }
-    config = tiny_config(model="ppo", epochs=2, rl_iterations=2, model_config=model_config)
+    config = tiny_config(family="ppo", epochs=2, rl_iterations=2, model_config=model_config)
     straight = Trainer(config)
     straight.fit()
     first = Trainer(config.replace(epochs=1))

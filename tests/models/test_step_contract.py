@@ -40,7 +40,7 @@ STEP_OVERRIDES: dict[str, dict[str, Any]] = {"dqn": {"learning_starts": 16}}
 
 def _config(model: str, precision: str, **overrides: Any) -> TrainConfig:
     values: dict[str, Any] = {
-        "model": model,
+        "family": model,
         "precision": precision,
         "epochs": 1,
         "max_steps_per_epoch": 2,

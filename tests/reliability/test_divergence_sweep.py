@@ -22,7 +22,7 @@ def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(
         tmp_path,
         tracking_uri=mlflow_uri,
         name="diverge",
-        models=["tft", "kan"],
+        families=["tft", "kan"],
         precisions=["bf16"],
         max_epochs=3,
         trainer={
@@ -40,11 +40,11 @@ def test_diverging_trial_fails_cleanly_and_the_sweep_goes_on(
     )
     rows = run_sweep(spec)
     assert len(rows) == 2 and all(r.status == "TERMINATED" for r in rows)
-    by_model = {r.model: r for r in rows}
+    by_model = {r.family: r for r in rows}
     assert by_model["tft"].diverged and by_model["tft"].fell_back_to_f32
     assert not by_model["kan"].diverged and by_model["kan"].epochs == 3
 
-    runs = {r.data.tags["model"]: r for r in trial_runs(mlflow_uri, "diverge")}
+    runs = {r.data.tags["family"]: r for r in trial_runs(mlflow_uri, "diverge")}
     failed = runs["tft"]
     assert failed.info.status == "FAILED"
     assert failed.data.tags["fell_back_to_f32"] == "true"

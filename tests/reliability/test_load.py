@@ -25,7 +25,7 @@ def test_two_hundred_trials_all_reach_mlflow(ray_session, tmp_path: Path, mlflow
         tmp_path,
         tracking_uri=mlflow_uri,
         name="load",
-        models=["kan"],
+        families=["kan"],
         precisions=["f32"],
         samples=N_TRIALS,
         max_epochs=1,

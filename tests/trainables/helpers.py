@@ -10,9 +10,9 @@ from trainables.contract import fold_weights as fold_weights  # the tests' name 
 TINY_TFT = {"d_model": 8, "n_heads": 1, "dropout": 0.0}
 
 
-def tiny_config(model: str = "tft", precision: str = "f32", **overrides: Any) -> TrainConfig:
+def tiny_config(family: str = "tft", precision: str = "f32", **overrides: Any) -> TrainConfig:
     values: dict[str, Any] = {
-        "family": model,
+        "family": family,
         "precision": precision,
         "epochs": 2,
         "n_folds": 1,
@@ -20,7 +20,7 @@ def tiny_config(model: str = "tft", precision: str = "f32", **overrides: Any) ->
         "batch_size": 32,
         "max_steps_per_epoch": 8,
         "data": DataConfig(n_bars=600, n_assets=2),
-        "model_config": TINY_TFT if model == "tft" else {},
+        "model_config": TINY_TFT if family == "tft" else {},
         "device": "cpu",
     }
     values.update(overrides)

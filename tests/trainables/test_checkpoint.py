@@ -184,6 +184,6 @@ def test_checkpoint_of_another_family_is_refused(tmp_path: Path) -> None:
     trainer.save(tmp_path / "tft")
     with pytest.raises(CheckpointError, match="holds a 'tft' model, not 'dqn'"):
         Trainer(
-            tiny_config(model="dqn", data=DataConfig(n_bars=600, n_assets=2)),
+            tiny_config(family="dqn", data=DataConfig(n_bars=600, n_assets=2)),
             checkpoint=load_checkpoint(tmp_path / "tft"),
         )

@@ -18,7 +18,7 @@ from trainables.trainer import Trainer
 def _group(tmp_path: Path, seeds: tuple[int, ...]) -> GroupTrialConfig:
     spec = tiny_spec(
         tmp_path,
-        models=["kan"],
+        families=["kan"],
         precisions=["f32"],
         search_space={"kan": {"width": 4}},
         walk_forward={"n_folds": 2},
@@ -88,7 +88,7 @@ def test_a_group_trial_reports_and_checkpoints_every_trial(
     for run, row in zip(runs, rows, strict=True):
         tags = run.data.tags
         assert tags["trial_id"] == row.trial_id and tags["member"] == row.member
-        assert tags["pair_id"] == f"kan-g000-s{row.seed}" and tags["model"] == "kan"
+        assert tags["pair_id"] == f"kan-g000-s{row.seed}" and tags["family"] == "kan"
         assert run.info.status == "FINISHED"
         history = client.get_metric_history(run.info.run_id, "val_sharpe")
         assert [m.step for m in history] == [1, 2]

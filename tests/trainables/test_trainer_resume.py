@@ -51,7 +51,7 @@ RL_TINY = {"rl_iterations": 2, "data": DataConfig(n_bars=600, n_assets=2)}
 
 @pytest.mark.parametrize(
     "config",
-    [tiny_config(epochs=1), tiny_config(model="dqn", epochs=1, **RL_TINY)],
+    [tiny_config(epochs=1), tiny_config(family="dqn", epochs=1, **RL_TINY)],
     ids=["tft", "dqn"],
 )
 def test_checkpoint_with_cuda_generator_states_resumes_on_cpu(
