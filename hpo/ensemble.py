@@ -40,7 +40,7 @@ from trainables.checkpoint import load_checkpoint
 from trainables.ensemble import (
     ENSEMBLE_FILE,
     POSITIONS_FILE,
-    MemberRun,
+    EnsembleMember,
     MemberSpec,
     Track,
     combine_tracks,
@@ -112,7 +112,7 @@ def select_members(
 
 
 def member_weights(
-    method: str, members: Sequence[MemberRun], val_returns: Sequence[np.ndarray]
+    method: str, members: Sequence[EnsembleMember], val_returns: Sequence[np.ndarray]
 ) -> np.ndarray:
     """(M,) weights summing to 1, from validation returns and tracks only."""
     from hpo.stats import probabilistic_sharpe_ratio, sharpe_moments
@@ -140,7 +140,7 @@ def member_weights(
 
 
 def stacked_weights(
-    members: Sequence[MemberRun], shrinkage: float = STACKED_SHRINKAGE
+    members: Sequence[EnsembleMember], shrinkage: float = STACKED_SHRINKAGE
 ) -> np.ndarray:
     """argmax_w Sharpe(ensemble's joined validation returns), w >= 0, sum w = 1, then
     shrunk: (1 - shrinkage) w* + shrinkage / M."""
@@ -176,7 +176,7 @@ def stacked_weights(
     return (1.0 - shrinkage) * best + shrinkage * start
 
 
-def typical_confidences(members: Sequence[MemberRun]) -> np.ndarray:
+def typical_confidences(members: Sequence[EnsembleMember]) -> np.ndarray:
     return np.array([mr.typical_confidence for mr in members], dtype=np.float64)
 
 
@@ -187,7 +187,7 @@ def typical_confidences(members: Sequence[MemberRun]) -> np.ndarray:
 @dataclass
 class EnsembleResult:
     rows: list[TrialRow]
-    members: list[MemberRun]
+    members: list[EnsembleMember]
     weights: np.ndarray
     weighting: str
     val: Track
@@ -280,7 +280,7 @@ def _deflation(
     }
 
 
-def _check_same_data(rows: Sequence[TrialRow], members: Sequence[MemberRun]) -> None:
+def _check_same_data(rows: Sequence[TrialRow], members: Sequence[EnsembleMember]) -> None:
     first = members[0]
     for row, mr in zip(rows[1:], members[1:], strict=True):
         same = (

@@ -84,7 +84,7 @@ SQRT2 = math.sqrt(2.0)
 __all__ = [
     "ENSEMBLE_FILE",
     "EnsembleCheckpoint",
-    "MemberRun",
+    "EnsembleMember",
     "MemberSpec",
     "Track",
     "combine",
@@ -221,7 +221,7 @@ class Track:
 
 
 @dataclass(frozen=True)
-class MemberRun:
+class EnsembleMember:
     """One member evaluated on its trial's own data in an inference precision."""
 
     ckpt: Checkpoint
@@ -242,7 +242,7 @@ class MemberRun:
 
 def evaluate_member(
     ckpt: Checkpoint, device: torch.device | None = None, precision: str = "auto"
-) -> MemberRun:
+) -> EnsembleMember:
     """Every fold's model on its validation window, the last fold's on the test period,
     exactly as the trainer scores them (same data pipeline, folds and chunking)."""
     device = device or default_device()
@@ -277,7 +277,7 @@ def evaluate_member(
     )
     a, b = market.splits.test
     test_track = Track(stamps[a:b], test.positions, test.confidence, np.full(b - a, folds[-1]))
-    return MemberRun(
+    return EnsembleMember(
         ckpt=ckpt,
         family=ckpt.meta["family"],
         precision=str(ckpt.meta["precision"]),
