@@ -178,7 +178,7 @@ def _build_store(
     for i in range(trials):
         precision, seed, group = PRECISIONS[i % 2], i // 2 % SEEDS, i // (2 * SEEDS)
         model = FAMILIES[group % len(FAMILIES)]
-        config_id = f"{model}-g{group:04d}"
+        config_id = f"{model}-c{group:04d}"
         config: dict[str, Any] = {
             "family": model,
             "precision": precision,

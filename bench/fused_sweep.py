@@ -84,7 +84,7 @@ def sweep_payload(name: str, group_size: int, args: argparse.Namespace, where: P
             "fuse": args.fuse,
         },
         "resources": {"cpu": 1, "gpu": args.gpu},
-        "fusion": {"group_size": group_size},
+        "grouping": {"group_size": group_size},
         "search_space": {m: fixed_shapes(m) for m in args.families},
     }
 

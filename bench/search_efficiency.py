@@ -88,7 +88,7 @@ class Task:
                 "samples": samples,
                 # One configuration per trial: the searchers' efficiency per configuration
                 # (group trials ask several of one shape at a time, a different search).
-                "fusion": {"group_size": 1},
+                "grouping": {"group_size": 1},
                 "search": search,
                 "search_seed": seed,
                 "scheduler": "asha" if asha else "fifo",

@@ -239,10 +239,9 @@ def stage_snapshot(spec: Any, working_dir: Path, dest: Path) -> str:
         return ignored
 
     shutil.copytree(working_dir, dest, ignore=ignore, symlinks=True, dirs_exist_ok=True)
-    # fusion.batches is what a started sweep records; a spec to submit has none to show.
-    payload = spec.model_dump(
-        exclude={"fusion": {"batches"}} if spec.fusion.batches is None else None
-    )
+    # grouping.configs_per_ask is what a started sweep records: a spec to submit has none.
+    unrecorded = spec.grouping.configs_per_ask is None
+    payload = spec.model_dump(exclude={"grouping": {"configs_per_ask"}} if unrecorded else None)
     source = payload["data"]["source"]
     if source != "synthetic":
         path = Path(source).resolve()

@@ -1,7 +1,7 @@
 """ASHA that decides per member: the rungs of a grouped sweep, shared by its trials.
 
 Ray Tune's ``ASHAScheduler`` decides per Tune trial, and a group trial holds several
-members (``trainables.group``), so a grouped sweep (``fusion.group_size`` > 1 with
+members (``trainables.group``), so a grouped sweep (``grouping.group_size`` > 1 with
 ``scheduler = "asha"``) runs Tune's FIFO scheduler and this instead. Every trial, grouped
 or not, asks :class:`RungJudge` after each epoch whether each of its members goes on; a
 member stopped at a rung leaves its group's fused step, and the group trial ends with its

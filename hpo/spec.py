@@ -104,29 +104,29 @@ class ComparisonSpec(_Strict):
 
 
 DEFAULT_GROUP_SIZE = 8
-"""Members per group trial when ``[fusion] group_size`` is not set: the largest group
+"""Trials per group trial when ``[grouping] group_size`` is not set: the largest group
 the trainer-level bench measures (bench/README.md, "Group trials, trainer level"); a
-sweep's groups are usually smaller (a batch's configurations x seeds)."""
+sweep's groups are usually smaller (one ask's configurations x seeds)."""
 
 
-class FusionSpec(_Strict):
+class GroupingSpec(_Strict):
     group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=64)
-    """Member trials of one precision that train as one group trial, fused
+    """Trials of one precision that train as one group trial, fused
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
-    (they differ only in what members may: lr, weight decay, and the family's own, such as
+    (they differ only in what a group trial's trials may: lr, weight decay, and the family's own, such as
     the position scale and dropout rates; ``trainables.group.per_trial_settings``). Forecast
     families only (rl families run ungrouped). Compare mode groups further configurations
     only where the space searches nothing else: its statistics take configurations as
     independent draws, so it never holds a searched shape. With ``resources.gpu =
     "measured"`` a group trial's share is profiled for its fused group. Unset:
     :data:`DEFAULT_GROUP_SIZE`."""
-    batches: dict[str, Annotated[int, Field(ge=1)]] | None = None
+    configs_per_ask: dict[str, Annotated[int, Field(ge=1)]] | None = None
     """Recorded by ``hpo sweep`` when the sweep starts, not written by hand: for each family
     whose trials group, how many configurations of one shape its searcher asks at a time
-    (:meth:`SweepSpec.batch_size`). A resumed sweep groups as it started, whatever a later
-    version would decide (one whose families let members differ in more settings would
-    otherwise form groups, and ASHA rungs per member, midway through a sweep)."""
+    (:meth:`SweepSpec.configs_per_ask`). A resumed sweep groups as it started, whatever a
+    later version would decide (one whose families let trials differ in more settings
+    would otherwise form groups, and ASHA rungs per trial, midway through a sweep)."""
 
 
 class SweepSpec(_Strict):
@@ -158,7 +158,7 @@ class SweepSpec(_Strict):
     search_space: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-family overrides: key = constant | {low, high[, log]} | {choices = [...]}."""
     resources: ResourcesSpec = ResourcesSpec()
-    fusion: FusionSpec = FusionSpec()
+    grouping: GroupingSpec = GroupingSpec()
     storage: str = "hpo-results"
     """Where Ray keeps results and checkpoints (a path or an object-store URI)."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -228,7 +228,7 @@ class SweepSpec(_Strict):
         if self.compare and self.scheduler == "asha":
             raise ValueError(
                 "compare = true needs scheduler = 'fifo' (or no scheduler, which is FIFO in "
-                "compare mode): ASHA would stop the members of a pair at different epochs and "
+                "compare mode): ASHA would stop the trials of a seed pair at different epochs and "
                 "the paired Sharpe difference would compare unequal training"
             )
         if self.grace_epochs > self.max_epochs:
@@ -240,16 +240,14 @@ class SweepSpec(_Strict):
                 raise ValueError(
                     f"search_space.{family}: not one of this sweep's families {self.families}"
                 )
-        for family, batch in (self.fusion.batches or {}).items():
+        for family, asks in (self.grouping.configs_per_ask or {}).items():
+            where = f"grouping.configs_per_ask.{family}"
             if family not in self.families:
+                raise ValueError(f"{where}: not one of this sweep's families {self.families}")
+            if asks > self.group_size:
                 raise ValueError(
-                    f"fusion.batches.{family}: not one of this sweep's families {self.families}"
-                )
-            if batch > self.group_size:
-                raise ValueError(
-                    f"fusion.batches.{family} = {batch} is over fusion.group_size "
-                    f"({self.group_size}): a batch's configurations share groups of at most "
-                    "that many members"
+                    f"{where} = {asks} is over grouping.group_size ({self.group_size}): one "
+                    "ask's configurations share groups of at most that many trials"
                 )
         return self
 
@@ -261,42 +259,42 @@ class SweepSpec(_Strict):
 
     @property
     def group_size(self) -> int:
-        """Members per group trial at most (``fusion.group_size``)."""
-        return self.fusion.group_size
+        """Trials per group trial at most (``grouping.group_size``)."""
+        return self.grouping.group_size
 
     def groups(self, family: str) -> bool:
         """Whether ``family``'s trials train in group trials: a family that fuses (rl
         families never group; a family whose module does not import where a sweep is read
         back counts as ungrouped) and a group size over 1, or, in a sweep's record, a
-        batch recorded for it (``fusion.batches``)."""
+        number of configurations per ask recorded for it (``grouping.configs_per_ask``)."""
         try:
             record = get_family(family)
         except FamilyError:
             return False
         if record.kind == "rl" or not record.fuses:
             return False
-        if self.fusion.batches is not None:
-            return family in self.fusion.batches  # as the sweep decided when it started
+        if self.grouping.configs_per_ask is not None:
+            return family in self.grouping.configs_per_ask  # as the sweep decided when it started
         return self.group_size > 1
 
-    def batch_size(self, family: str) -> int:
+    def configs_per_ask(self, family: str) -> int:
         """Configurations of one shape the searcher asks for ``family`` at a time: as many
-        as fit a group beside their seeds, where a setting members may differ in is
+        as fit a group beside their seeds, where a setting a group's trials may differ in is
         searched (lr, weight decay, the family's own:
-        :func:`trainables.group.per_trial_settings`); 1 otherwise. Compare mode batches only
-        where the space searches nothing else: every draw then has the batch's shape
+        :func:`trainables.group.per_trial_settings`); 1 otherwise. Compare mode asks for several
+        only where the space searches nothing else: every draw then has the ask's shape
         without holding it, and each configuration stays an independent draw of the
         space, as its statistics take it (holding a searched shape would correlate the
-        configurations). In a sweep's record, as recorded (``fusion.batches``) but never
-        more than this version decides: a batch it cannot hold to one shape would form
-        groups whose members differ in a shape."""
+        configurations). In a sweep's record, as recorded
+        (``grouping.configs_per_ask``) but never more than this version decides: an ask it
+        cannot hold to one shape would form groups whose trials differ in a shape."""
         if not self.groups(family):
             return 1
-        decided = self._batch_size(family)
-        recorded = (self.fusion.batches or {}).get(family)
+        decided = self._configs_per_ask(family)
+        recorded = (self.grouping.configs_per_ask or {}).get(family)
         return decided if recorded is None else min(recorded, decided)
 
-    def _batch_size(self, family: str) -> int:
+    def _configs_per_ask(self, family: str) -> int:
         from hpo.search.space import trial_space
         from trainables.group import per_trial_settings
 
@@ -312,44 +310,45 @@ class SweepSpec(_Strict):
         return max(1, self.group_size // len(self.seeds))
 
     def with_grouping_recorded(self) -> SweepSpec:
-        """This spec with its grouping decided (``fusion.batches``), as a sweep records it."""
-        batches = {f: self.batch_size(f) for f in self.families if self.groups(f)}
-        fusion = self.fusion.model_copy(update={"batches": batches})
-        return self.model_copy(update={"fusion": fusion})
+        """This spec with its grouping decided (``grouping.configs_per_ask``), as a sweep
+        records it."""
+        asks = {f: self.configs_per_ask(f) for f in self.families if self.groups(f)}
+        grouping = self.grouping.model_copy(update={"configs_per_ask": asks})
+        return self.model_copy(update={"grouping": grouping})
 
-    def members_per_group(self, family: str) -> int:
-        """Members of ``family``'s largest group trial (1: its trials run alone): a batch's
-        members of one precision, split evenly into groups of at most
+    def trials_per_group(self, family: str) -> int:
+        """Trials in ``family``'s largest group trial (1: its trials run alone): one ask's
+        trials of one precision, split evenly into groups of at most
         :attr:`group_size` (the searcher's ``_even_chunks``)."""
         if not self.groups(family):
             return 1
-        members = min(self.batch_size(family), self.samples) * len(self.seeds)
-        return -(-members // -(-members // self.group_size))
+        trials = min(self.configs_per_ask(family), self.samples) * len(self.seeds)
+        return -(-trials // -(-trials // self.group_size))
 
     @property
     def forms_groups(self) -> bool:
-        """Whether some Tune trial of this sweep holds several members."""
+        """Whether some Tune trial of this sweep holds several trials."""
         return self.n_tune_trials < self.n_trials
 
     @property
-    def asha_per_member(self) -> bool:
-        """ASHA decides per member (:mod:`hpo.rungs`, asked by the trials) rather than per
-        Tune trial: a grouped sweep's, where one Tune trial holds several members."""
+    def asha_per_trial(self) -> bool:
+        """ASHA decides per trial (:mod:`hpo.rungs`, asked by the trials) rather than per
+        Tune trial: a grouped sweep's, where one Tune trial holds several trials."""
         return self.scheduler == "asha" and self.forms_groups
 
     @property
     def n_tune_trials(self) -> int:
         """Ray Tune trials planned: :attr:`n_trials` with each group trial counted once
-        (``fusion.group_size``; rl families run ungrouped)."""
+        (``grouping.group_size``; rl families run ungrouped)."""
         size, seeds = self.group_size, len(self.seeds)
         total = 0
         for family in self.families:
             if not self.groups(family):
                 total += self.samples * len(self.precisions) * seeds
                 continue
-            batch = self.batch_size(family)
-            full, rest = divmod(self.samples, batch)
-            groups = full * -(-batch * seeds // size) + (-(-rest * seeds // size) if rest else 0)
+            asks = self.configs_per_ask(family)
+            full, rest = divmod(self.samples, asks)
+            groups = full * -(-asks * seeds // size) + (-(-rest * seeds // size) if rest else 0)
             total += groups * len(self.precisions)
         return total
 

@@ -105,7 +105,7 @@ def sweep_resources(
 def plan_configs(spec: SweepSpec) -> list[tuple[TrainConfig, int]]:
     """The trial shapes known before launch, as (config, members of its group trial): one
     per (family, precision) stream, at the settings its search space fixes, in the family's
-    largest group trial (:meth:`SweepSpec.members_per_group`). A shape a searcher samples
+    largest group trial (:meth:`SweepSpec.trials_per_group`). A shape a searcher samples
     (a searched model size or batch size), or a smaller group (a last batch), is profiled
     when its first trial is created."""
     from hpo.search.space import trial_space
@@ -117,7 +117,7 @@ def plan_configs(spec: SweepSpec) -> list[tuple[TrainConfig, int]]:
         fixed = trial_space(family, spec.search_space.get(family)).fixed
         for precision in spec.precisions:
             trial = TrialConfig(family=family, precision=precision, seed=0, params=fixed, base=base)
-            configs.append((trial.train_config(), spec.members_per_group(family)))
+            configs.append((trial.train_config(), spec.trials_per_group(family)))
     return configs
 
 
@@ -139,7 +139,7 @@ def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Sw
     from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
 
     if not isinstance(resources, ClusterPacker):
-        members = max(spec.members_per_group(f) for f in spec.families)
+        members = max(spec.trials_per_group(f) for f in spec.families)
         return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, members), [])
     rows = plan_rows(resources, plan_configs(spec))
     return SweepPlan(render_plan(rows, spec.resources.headroom), rows)
@@ -196,7 +196,7 @@ def build_tuner(
     from hpo.search.sweep_searcher import SweepSearcher
 
     scheduler: Any
-    if spec.scheduler == "asha" and not spec.asha_per_member:
+    if spec.scheduler == "asha" and not spec.asha_per_trial:
         scheduler = ASHAScheduler(
             time_attr="epoch",
             metric=spec.metric,
@@ -252,7 +252,7 @@ def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> An
     from trainables.trial import run_trial
 
     judge = None
-    if spec.asha_per_member:
+    if spec.asha_per_trial:
         judge = start_rung_board(
             spec.name,
             spec.metric,

@@ -38,7 +38,7 @@ def trial_key(config: Mapping[str, Any]) -> str:
 
 def trial_slugs(trials: Sequence[Mapping[str, Any]]) -> list[str]:
     """Each trial's name in a group trial as a path and id part (``trials`` are trial
-    dicts): its :func:`trial_slug`, led by its configuration's number (``g003-bf16-s3``,
+    dicts): its :func:`trial_slug`, led by its configuration's number (``c003-bf16-s3``,
     the end of its ``config_id``) where the group holds several configurations."""
     configs = {str(t.get("config_id", "")) for t in trials}
     slugs = []

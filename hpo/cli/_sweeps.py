@@ -89,7 +89,7 @@ def sweep_cmd(
         if spec.forms_groups
         else ""
     )
-    scheduler = "asha per member" if spec.asha_per_member else spec.scheduler
+    scheduler = "asha per trial" if spec.asha_per_trial else spec.scheduler
     console.print(
         f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials{grouped} ({', '.join(spec.families)} "
         f"x {', '.join(spec.precisions)}; {spec.search} + {scheduler}), MLflow at "

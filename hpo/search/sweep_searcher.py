@@ -8,8 +8,8 @@ parameters; members that differ only in precision share a ``pair_id``. When ever
 of a configuration has finished, the stream's searcher is told the mean of their finite
 metric values.
 
-Group trials (``fusion.group_size`` K > 1, a family that fuses): a search stream asks
-for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.batch_size`), the
+Group trials (``grouping.group_size`` K > 1, a family that fuses): a search stream asks
+for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.configs_per_ask`), the
 first searched whole and the others with every setting but those members may differ in
 (:func:`trainables.group.per_trial_settings`: seed, lr, weight decay, the family's own)
 held at the first's; a batch's members of one precision (configurations x seeds, at most
@@ -76,9 +76,9 @@ class SweepSearcher(Searcher):
         # What the spec decides per family, once (it builds each family's space to know):
         # whether its trials group, and how many configurations of one shape to ask at once.
         self.grouped = {f: spec.groups(f) for f in spec.families}
-        self.batch = {f: spec.batch_size(f) for f in spec.families}
+        self.batch = {f: spec.configs_per_ask(f) for f in spec.families}
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
-        self.asha_per_member = spec.asha_per_member
+        self.asha_per_trial = spec.asha_per_trial
         self.configs_made = [0] * len(self.streams)
         self.next_stream = 0
         self.queue: deque[dict[str, Any]] = deque()
@@ -188,10 +188,10 @@ class SweepSearcher(Searcher):
         shape: dict[str, Any] | None = None
         trials: list[TrialConfig] = []
         for _ in range(batch):
-            config_id = f"{tag}-g{self.configs_made[index]:03d}"
+            config_id = f"{tag}-c{self.configs_made[index]:03d}"
             self.configs_made[index] += 1
             # Compare mode holds nothing: it batches only where no searched setting
-            # changes the shape (SweepSpec.batch_size), and its draws stay independent.
+            # changes the shape (SweepSpec.configs_per_ask), and its draws stay independent.
             held = None if self.spec.compare else shape
             asked = self.searchers[index].ask(config_id, held)
             params = {**self.spaces[index].fixed, **asked, **(held or {})}  # held exactly
@@ -244,7 +244,7 @@ class SweepSearcher(Searcher):
     def _rungs_state(self) -> dict[str, Any] | None:
         """The member rungs of a sweep where ASHA decides per member: the running board's
         (saved with each experiment snapshot), else the last known."""
-        if not self.asha_per_member:
+        if not self.asha_per_trial:
             return None
         live = board_state(self.spec.name)
         if live is not None:

@@ -149,10 +149,12 @@ def test_snapshot_holds_the_project_and_the_spec_but_no_clutter(tmp_path: Path) 
     payload = yaml.safe_load((dest / spec_rel).read_text())
     assert payload["data"]["source"] == "data/bars.csv"  # travels with the snapshot
     assert payload["storage"] == str(project / "shared")
-    # The spec as validated, less what only a started sweep records (fusion.batches).
-    assert payload["fusion"] == {"group_size": spec.fusion.group_size}
+    # The spec as validated, less what only a started sweep records (grouping.configs_per_ask).
+    assert payload["grouping"] == {"group_size": spec.grouping.group_size}
     assert {k: v for k, v in payload.items() if k != "data"} == {
-        k: v for k, v in spec.model_dump(exclude={"fusion": {"batches"}}).items() if k != "data"
+        k: v
+        for k, v in spec.model_dump(exclude={"grouping": {"configs_per_ask"}}).items()
+        if k != "data"
     }
 
 

@@ -244,7 +244,7 @@ def test_the_seed_table_keeps_every_seed_of_a_configuration() -> None:
     assert table is not None
     rows = re.findall(r'<tr data-unit="([^"]+)" data-pair="([^"]+)">(.*?)</tr>', table.group(0))
     assert [(u, p) for u, p, _ in rows] == [
-        (f"tft-g00{g}", f"tft-g00{g}-s{s}") for g in range(2) for s in range(3)
+        (f"tft-c00{g}", f"tft-c00{g}-s{s}") for g in range(2) for s in range(3)
     ]
     means = re.findall(r"<td class='unit-mean'>([^<]+)</td>", table.group(0))
     # val then test per configuration: (0.1 + 0.2 + 0.0) / 3 and (-0.1 + 0.0 + 0.3) / 3.

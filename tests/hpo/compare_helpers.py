@@ -6,15 +6,15 @@ and a change of tracking conventions breaks the comparison tests instead of hidi
 
 Known final values (3 epochs, the final one is the value below):
 
-* tft, 6 pairs: the bf16 member of g002 diverges in epoch 3 (its NaN Sharpe is not logged,
-  so MLflow still holds the finite epoch-2 value); the bf16 member of g004 falls back to
+* tft, 6 pairs: the bf16 member of c002 diverges in epoch 3 (its NaN Sharpe is not logged,
+  so MLflow still holds the finite epoch-2 value); the bf16 member of c004 falls back to
   f32 and completes.
-* dqn, 6 pairs: the bf16 member of g005 is still running (2 of 3 epochs).
+* dqn, 6 pairs: the bf16 member of c005 is still running (2 of 3 epochs).
 
 Every epoch reports a checkpoint with a ``returns.csv`` (:func:`synthetic_returns`: its
 validation track's Sharpe is exactly that epoch's logged per-period Sharpe), and the
 callback logs the final one as the run's artifact (:data:`hpo.tracking.RETURNS_ARTIFACT`),
-except for the f32 member of dqn g000 (:data:`NO_RETURNS`: checkpoints without the file),
+except for the f32 member of dqn c000 (:data:`NO_RETURNS`: checkpoints without the file),
 so dqn's PBO and that pair's tests are "not available".
 """
 
@@ -38,7 +38,7 @@ EPOCHS = 3
 PERIODS_PER_YEAR = 252
 NAN = math.nan
 
-# model -> precision -> final Sharpe per pair g000..g005 (NAN = diverged / unfinished)
+# model -> precision -> final Sharpe per pair c000..c005 (NAN = diverged / unfinished)
 VAL = {
     "tft": {
         "f32": [0.80, 1.10, 0.30, -0.20, 0.50, 0.90],
@@ -68,7 +68,7 @@ TEST_BARS = 80
 
 
 def pair_id(model: str, index: int, seed: int = 0) -> str:
-    return f"{model}-g{index:03d}-s{seed}"
+    return f"{model}-c{index:03d}-s{seed}"
 
 
 def _value(table: dict[str, dict[str, list[float]]], model: str, precision: str, i: int) -> float:
@@ -192,7 +192,7 @@ def build_sweep(
                         "family": model,
                         "precision": precision,
                         "seed": 0,
-                        "config_id": f"{model}-g{index:03d}",
+                        "config_id": f"{model}-c{index:03d}",
                         "pair_id": pair_id(model, index),
                         "params": {"lr": 1e-3 * (index + 1)},
                     },
@@ -321,7 +321,7 @@ def trial_record(
 ) -> TrialRecord:
     """A completed (by default) trial of configuration ``group`` and ``seed``, named as the
     sweep searcher names them (``<model>-g<NNN>``, pair ``<group>-s<seed>``)."""
-    config_id = f"{model}-g{group:03d}"
+    config_id = f"{model}-c{group:03d}"
     pair = f"{config_id}-s{seed}"
     return TrialRecord(
         run_id=f"run-{model}-{precision}-{pair}",

@@ -166,7 +166,7 @@ def test_psr_of_every_completed_trial_from_its_logged_moments(comparison: Compar
     completed = [t for t in comparison.trials if t.state == "completed"]
     assert len(completed) == 24 - 2
     for t in completed:
-        index = int(t.pair_id.split("-g")[1][:3])
+        index = int(t.pair_id.split("-c")[1][:3])
         m = moments(t.family, t.precision, index)
         expected = probabilistic_sharpe_ratio(
             m["val_sharpe_per_period"], 0.0, int(m["val_n_obs"]), m["val_skew"], m["val_kurtosis"]
@@ -187,7 +187,7 @@ def test_dsr_of_the_best_trial_given_every_trial_tried(
     ]
     finished = [t for t in trials if t.state == "completed"]
     best = max(finished, key=lambda t: t.val_sharpe)
-    index = int(best.pair_id.split("-g")[1][:3])
+    index = int(best.pair_id.split("-c")[1][:3])
     assert best.val_sharpe == VAL[best.family][best.precision][index]
     m = moments(best.family, best.precision, index)
     variance = float(np.var([t.sharpe_per_period for t in finished], ddof=1))
@@ -468,11 +468,11 @@ def test_seeds_of_one_configuration_are_averaged_into_one_unit() -> None:
     unit_diffs = [np.mean(np.subtract(b, a)) for a, b in zip(f32, bf16, strict=True)]
     assert val.mean_difference == pytest.approx(np.mean(unit_diffs), rel=1e-12)
     assert val.median_a == pytest.approx(np.median([np.mean(a) for a in f32]), rel=1e-12)
-    assert contrast.config_ids == ["tft-g000", "tft-g001"]
+    assert contrast.config_ids == ["tft-c000", "tft-c001"]
     # The per-seed pairs are kept for the report.
     assert contrast.config_pairs == {
-        "tft-g000": ["tft-g000-s0", "tft-g000-s1", "tft-g000-s2"],
-        "tft-g001": ["tft-g001-s0", "tft-g001-s1", "tft-g001-s2"],
+        "tft-c000": ["tft-c000-s0", "tft-c000-s1", "tft-c000-s2"],
+        "tft-c001": ["tft-c001-s0", "tft-c001-s1", "tft-c001-s2"],
     }
     assert len(contrast.pair_ids) == 6
     assert comparison_metrics(comparison)["cmp.tft.bf16_vs_f32.val.n_units"] == 2.0
@@ -488,21 +488,21 @@ def test_a_configuration_with_a_diverged_seed_is_excluded_as_one_unit() -> None:
             t.state = "diverged"
     _, contrast = _bf16_vs_f32(trials)
     assert contrast.val.n_pairs_total == 3 and contrast.val.n_pairs_used == 2
-    assert contrast.excluded_config_ids("val") == ["tft-g001"]
-    assert contrast.excluded_pair_ids("val") == ["tft-g001-s0", "tft-g001-s1"]
+    assert contrast.excluded_config_ids("val") == ["tft-c001"]
+    assert contrast.excluded_pair_ids("val") == ["tft-c001-s0", "tft-c001-s1"]
 
 
 def test_a_configuration_with_a_pending_seed_waits_for_it() -> None:
     trials = paired_records(
         "tft", [[0.5, 0.6], [0.2, 0.1], [0.3, 0.3]], [[0.6, 0.8], [0.1, 0.0], [0.4, 0.2]]
     )
-    running = next(t for t in trials if t.pair_id == "tft-g001-s1" and t.precision == "bf16")
+    running = next(t for t in trials if t.pair_id == "tft-c001-s1" and t.precision == "bf16")
     running.state = "unfinished"
     _, contrast = _bf16_vs_f32(trials)
-    assert contrast.config_ids == ["tft-g000", "tft-g002"]
+    assert contrast.config_ids == ["tft-c000", "tft-c002"]
     assert contrast.incomplete == {
-        "tft-g001-s1": f"bf16 trial {running.trial_id} unfinished",
-        "tft-g001-s0": "configuration tft-g001 has a pending seed",
+        "tft-c001-s1": f"bf16 trial {running.trial_id} unfinished",
+        "tft-c001-s0": "configuration tft-c001 has a pending seed",
     }
 
 
@@ -806,7 +806,7 @@ def test_pair_tests_and_pbo_are_recomputed_from_the_runs_artifacts(
     matrix = np.column_stack([tracks[(t.precision, t.pair_id)].returns["val"] for t in completed])
     assert tft.overfitting.n_completed == 11  # 12 trials, one diverged
     assert tft.overfitting.pbo == probability_of_backtest_overfitting(matrix, 16)
-    # The diverged pair (g002) has no test; dqn g000's f32 member has no artifact.
+    # The diverged pair (c002) has no test; dqn c000's f32 member has no artifact.
     assert "diverged" in tft.contrasts[CONTRAST].pair_tests[pair_id("tft", 2)]["val"].note
     dqn = comparison.families["dqn"]
     missing = dqn.contrasts[CONTRAST].pair_tests[pair_id("dqn", 0)]["test"]
@@ -877,8 +877,8 @@ def test_a_resumed_trial_overwrites_its_returns_artifact(
     private = copy_sweep(sweep, tmp_path / "store")
     client = MlflowClient(private.tracking_uri)
     config = {
-        "family": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g099",
-        "pair_id": "tft-g099-s0", "params": {"lr": 1e-3},
+        "family": "tft", "precision": "f32", "seed": 0, "config_id": "tft-c099",
+        "pair_id": "tft-c099-s0", "params": {"lr": 1e-3},
     }  # fmt: skip
     first, second = synthetic_returns(0.05, 0.01, seed=1), synthetic_returns(0.08, 0.02, seed=2)
     state: dict[str, Any] = {}
@@ -908,8 +908,8 @@ def test_a_corrupt_returns_file_is_not_logged(
     private = copy_sweep(sweep, tmp_path / "store")
     callback = MlflowSweepCallback(private.tracking_uri, private.experiment, private.parent_run_id)
     config = {
-        "family": "tft", "precision": "f32", "seed": 0, "config_id": "tft-g098",
-        "pair_id": "tft-g098-s0", "params": {"lr": 1e-3},
+        "family": "tft", "precision": "f32", "seed": 0, "config_id": "tft-c098",
+        "pair_id": "tft-c098-s0", "params": {"lr": 1e-3},
     }  # fmt: skip
     trial = FakeTrial("t-corrupt", config)
     trial.checkpoint = tune_checkpoint(tmp_path / "ckpt", synthetic_returns(0.05, 0.01, seed=1))
@@ -989,8 +989,8 @@ def test_a_tail_of_configurations_blocks_equivalent_and_is_named() -> None:
     # The HL interval alone would say "equivalent"; the mean (-0.05) and the skew do not.
     assert inference.tost_low > -0.1 and inference.tost_high < 0.1
     assert inference.verdict is not None and inference.verdict.startswith("inconclusive")
-    assert inference.tail_configs == ["tft-g018", "tft-g019"]
-    assert "tft-g018" in (inference.verdict_note or "")
+    assert inference.tail_configs == ["tft-c018", "tft-c019"]
+    assert "tft-c018" in (inference.verdict_note or "")
     diffs = np.array(d)
     half = stats.t.ppf(0.975, 19) * diffs.std(ddof=1) / math.sqrt(20)
     assert (contrast.test.mean_low, contrast.test.mean_high) == pytest.approx(
@@ -1077,8 +1077,8 @@ def test_val_test_spearman_is_over_configuration_means() -> None:
     fit = compare_trials(trials, ("f32", "bf16")).families["tft"].overfitting
     means = {
         g: (
-            np.mean([t.val_sharpe for t in trials if t.config_id == f"tft-g00{g}"]),
-            np.mean([t.test_sharpe for t in trials if t.config_id == f"tft-g00{g}"]),
+            np.mean([t.val_sharpe for t in trials if t.config_id == f"tft-c00{g}"]),
+            np.mean([t.test_sharpe for t in trials if t.config_id == f"tft-c00{g}"]),
         )
         for g in range(4)
     }

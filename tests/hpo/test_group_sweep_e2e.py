@@ -1,5 +1,5 @@
 """Grouped sweeps through the `hpo` CLI as a user runs them. A compare sweep with
-`fusion.group_size`: the seeds of each configuration and precision train as one group
+`grouping.group_size`: the seeds of each configuration and precision train as one group
 trial, and everything a user reads still lists members (one MLflow child run each, status
 rows, the comparison). A search sweep with the default group size and ASHA: configurations
 of one shape train as one group, and ASHA stops members, not groups."""
@@ -65,7 +65,7 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
         max_epochs=2,
         seeds=[0, 1, 2],
         walk_forward={"n_folds": 2},
-        fusion={"group_size": 3},
+        grouping={"group_size": 3},
         search_space={"kan": {"width": 4}},
     )
 
@@ -100,7 +100,7 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
 
 
 def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) -> None:
-    # No [fusion] table: the default group size (8) groups nine sampled configurations of
+    # No [grouping] table: the default group size (8) groups nine sampled configurations of
     # one shape as a group of 8 and a lone trial; ASHA decides per member at epochs 1, 2.
     spec_path, uri = _write_spec(
         tmp_path,
@@ -121,10 +121,10 @@ def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) ->
     assert len(trial_dirs(sweep_dir)) == 2  # a group of eight, one alone
     printed = swept.stdout.replace("\n", "")  # the console wraps long lines
     assert "9 trials as 2 Tune trials (groups of up to 8)" in printed
-    assert "asha per member" in printed and "group of 8 (g000-f32-s0, g001-f32-s0," in printed
+    assert "asha per trial" in printed and "group of 8 (c000-f32-s0, c001-f32-s0," in printed
 
     # The grouping is recorded with the sweep: a resume groups as it started.
-    assert SweepRecord.read(sweep_dir, check_data=False).spec.fusion.batches == {"kan": 8}
+    assert SweepRecord.read(sweep_dir, check_data=False).spec.grouping.configs_per_ask == {"kan": 8}
 
     decisions = rung_decisions(sweep_dir)
     assert len(decisions[1]) == 9  # every member judged at the first rung

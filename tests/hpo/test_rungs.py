@@ -93,9 +93,9 @@ def test_the_searcher_saves_and_restores_the_rungs_with_its_state() -> None:
     spec = parse_spec(
         {"name": "r", "families": ["kan"], "precisions": ["f32"], "samples": 4, "search": "random"}
     )
-    assert spec.asha_per_member  # ASHA by default, four configurations in one group
+    assert spec.asha_per_trial  # ASHA by default, four configurations in one group
     rungs = AshaRungs(grace=spec.grace_epochs, max_t=spec.max_epochs)
-    rungs.keep("kan-f32-g000|f32/0", 1, 1.0)
+    rungs.keep("kan-f32-c000|f32/0", 1, 1.0)
     searcher = SweepSearcher(spec)
     state = searcher.get_state()
     assert state["rungs"] is None  # nothing saved yet, no board

@@ -1,4 +1,4 @@
-"""`fusion.group_size`: the searcher queues the seeds of a configuration, and further
+"""`grouping.group_size`: the searcher queues the seeds of a configuration, and further
 configurations of the same shape, (per precision) as group trials of up to K members, is
 told each member's own result, and rl families stay ungrouped; how large a model's
 largest group is (what a measured share is profiled for)."""
@@ -29,7 +29,7 @@ def _spec(**overrides: Any) -> Any:
         "samples": 1,
         "search": "random",
         "seeds": [0, 1, 2],
-        "fusion": {"group_size": 2},
+        "grouping": {"group_size": 2},
     }
     return parse_spec({**payload, **overrides})
 
@@ -93,7 +93,7 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
         search=search,
         seeds=[0],
         samples=6,
-        fusion={"group_size": 4},
+        grouping={"group_size": 4},
     )
     searcher = SweepSearcher(spec)
     trials = _all_suggestions(searcher)
@@ -113,7 +113,7 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
         assert len({m.params["position_scale"] for m in members}) == len(members)
         # Member ids stay unique across the group's configurations.
         ids = [unit for unit, _, _ in trials_of("abc", config)]
-        assert len(set(ids)) == len(ids) and ids[0].startswith("abc-g0")
+        assert len(set(ids)) == len(ids) and ids[0].startswith("abc-c0")
     # Each configuration gets its own member's result, told to the stream's searcher.
     for trial_id, config in trials.items():
         units = trials_of(trial_id, config)
@@ -126,7 +126,7 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
 def test_compare_mode_groups_the_seeds_of_one_configuration_only() -> None:
     # Compare mode: each configuration stays an independent draw of the space (the
     # statistics' unit), so a group holds one configuration's seeds, never a batch.
-    spec = _spec(families=["kan"], seeds=[0, 1, 2], samples=3, fusion={"group_size": 8})
+    spec = _spec(families=["kan"], seeds=[0, 1, 2], samples=3, grouping={"group_size": 8})
     trials = _all_suggestions(SweepSearcher(spec))
     sizes = sorted(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in trials.values())
     assert sizes == [3] * 6 and spec.n_tune_trials == 6
@@ -159,17 +159,17 @@ def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_s
         families=["kan"],
         seeds=[0, 1, 2],
         samples=4,
-        fusion={"group_size": 8},
+        grouping={"group_size": 8},
         search_space={"kan": fixed},
     )
-    assert spec.batch_size("kan") == 2 and spec.members_per_group("kan") == 6
+    assert spec.configs_per_ask("kan") == 2 and spec.trials_per_group("kan") == 6
     trials = _all_suggestions(SweepSearcher(spec))
     sizes = sorted(len(t[GROUP_KEY]) for t in trials.values())
     assert sizes == [6] * 4 and spec.n_tune_trials == 4
     assert all(len({m["config_id"] for m in t[GROUP_KEY]}) == 2 for t in trials.values())
     # Independent draws, the same as ungrouped: the random searcher's own sequence.
     alone = _all_suggestions(
-        SweepSearcher(_spec(**{**spec.model_dump(), "fusion": {"group_size": 1}}))
+        SweepSearcher(_spec(**{**spec.model_dump(), "grouping": {"group_size": 1}}))
     )
     drawn = lambda found: {  # noqa: E731
         m["config_id"]: m["params"] for t in found.values() for m in t.get(GROUP_KEY, [t])
@@ -194,10 +194,10 @@ def test_a_search_that_holds_every_member_setting_asks_one_configuration_at_a_ti
         seeds=[0],
         samples=3,
         precisions=["f32"],
-        fusion={"group_size": 8},
+        grouping={"group_size": 8},
         search_space={"kan": held},
     )
-    assert spec.batch_size("kan") == 1 and not spec.forms_groups
+    assert spec.configs_per_ask("kan") == 1 and not spec.forms_groups
     trials = _all_suggestions(SweepSearcher(spec))
     assert len(trials) == 3 and not any(is_group_trial(t) for t in trials.values())
 
@@ -222,7 +222,7 @@ def test_a_new_sweep_groups_and_records_its_group_size() -> None:
     spec = parse_spec(payload)
     assert spec.group_size == DEFAULT_GROUP_SIZE  # a new sweep groups
     # The spec a new sweep records names its group size: a later default cannot change it.
-    assert spec.model_dump()["fusion"]["group_size"] == DEFAULT_GROUP_SIZE
+    assert spec.model_dump()["grouping"]["group_size"] == DEFAULT_GROUP_SIZE
     # Measured shares are profiled for the fused group: a measured sweep groups too.
     assert parse_spec({**payload, "resources": {"gpu": "measured"}}).group_size == 8
 
@@ -236,7 +236,7 @@ def test_group_size_one_asks_what_the_streams_searcher_asks_alone() -> None:
         search="tpe",
         seeds=[0],
         samples=3,
-        fusion={"group_size": 1},
+        grouping={"group_size": 1},
     )
     from hpo.search import make_param_searcher
     from hpo.search.space import trial_space
@@ -250,20 +250,20 @@ def test_group_size_one_asks_what_the_streams_searcher_asks_alone() -> None:
 def test_members_per_group_is_the_largest_group_the_searcher_forms() -> None:
     """What the plan profiles a model's group share for: a batch's members of one
     precision, split evenly into groups of at most group_size."""
-    search = {"compare": False, "scheduler": "fifo", "samples": 5, "fusion": {"group_size": 8}}
+    search = {"compare": False, "scheduler": "fifo", "samples": 5, "grouping": {"group_size": 8}}
     spec = _spec(**search)  # batches of 8 // 3 seeds = 2 configurations: 6 members
-    assert spec.members_per_group("kan") == 6
+    assert spec.trials_per_group("kan") == 6
     trials = _all_suggestions(SweepSearcher(spec))
     kan = [t for t in trials.values() if t["family"] == "kan"]
     assert max(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in kan) == 6
-    assert _spec(**{**search, "fusion": {"group_size": 4}}).members_per_group("kan") == 3
-    assert _spec().members_per_group("kan") == 2  # compare: 3 seeds by 2 -> 2 and 1
-    assert _spec(**{**search, "samples": 1, "seeds": [0]}).members_per_group("kan") == 1
-    assert spec.members_per_group("dqn") == 1  # rl: alone
+    assert _spec(**{**search, "grouping": {"group_size": 4}}).trials_per_group("kan") == 3
+    assert _spec().trials_per_group("kan") == 2  # compare: 3 seeds by 2 -> 2 and 1
+    assert _spec(**{**search, "samples": 1, "seeds": [0]}).trials_per_group("kan") == 1
+    assert spec.trials_per_group("dqn") == 1  # rl: alone
 
 
 def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> None:
-    """A sweep records how it groups (``fusion.batches``) when it starts; read back, the
+    """A sweep records how it groups (``grouping.configs_per_ask``) when it starts; read back, the
     spec groups as recorded. A sweep started by a version that asked one configuration at
     a time does not start grouping configurations (and ASHA per member) on resume because
     this version lets members differ in more settings."""
@@ -275,28 +275,32 @@ def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> Non
         "seeds": [0],
         "precisions": ["f32"],
     }
-    spec = _spec(**search, fusion={"group_size": 8})
-    assert spec.batch_size("kan") == 8 and spec.asha_per_member  # this version batches
-    assert spec.with_grouping_recorded().fusion.batches == {"kan": 8}
+    spec = _spec(**search, grouping={"group_size": 8})
+    assert spec.configs_per_ask("kan") == 8 and spec.asha_per_trial  # this version batches
+    assert spec.with_grouping_recorded().grouping.configs_per_ask == {"kan": 8}
 
-    older = _spec(**search, fusion={"group_size": 8, "batches": {"kan": 1}})
-    assert older.batch_size("kan") == 1 and not older.forms_groups
-    assert not older.asha_per_member  # the Tune ASHA scheduler it started with
+    older = _spec(**search, grouping={"group_size": 8, "configs_per_ask": {"kan": 1}})
+    assert older.configs_per_ask("kan") == 1 and not older.forms_groups
+    assert not older.asha_per_trial  # the Tune ASHA scheduler it started with
     searcher = pickle.loads(pickle.dumps(SweepSearcher(older)))  # as Tune restores it
     assert searcher.batch == {"kan": 1}
     trials = _all_suggestions(searcher)
     assert len(trials) == 4 and not any(is_group_trial(t) for t in trials.values())
-    assert not _spec(**search, fusion={"group_size": 8, "batches": {}}).groups("kan")
+    assert not _spec(**search, grouping={"group_size": 8, "configs_per_ask": {}}).groups("kan")
 
 
 def test_recorded_batches_name_this_sweeps_families_and_fit_its_groups() -> None:
     from hpo.spec import SpecError
 
-    with pytest.raises(SpecError, match=r"fusion.batches.tft: not one of this sweep's families"):
-        _spec(fusion={"group_size": 8, "batches": {"tft": 2}})
-    with pytest.raises(SpecError, match=r"fusion.batches.kan = 9 is over fusion.group_size"):
-        _spec(fusion={"group_size": 8, "batches": {"kan": 9}})
-    recorded = _spec(fusion={"group_size": 8, "batches": {"kan": 2, "dqn": 2}})
+    with pytest.raises(
+        SpecError, match=r"grouping.configs_per_ask.tft: not one of this sweep's families"
+    ):
+        _spec(grouping={"group_size": 8, "configs_per_ask": {"tft": 2}})
+    with pytest.raises(
+        SpecError, match=r"grouping.configs_per_ask.kan = 9 is over grouping.group_size"
+    ):
+        _spec(grouping={"group_size": 8, "configs_per_ask": {"kan": 9}})
+    recorded = _spec(grouping={"group_size": 8, "configs_per_ask": {"kan": 2, "dqn": 2}})
     assert recorded.groups("kan") and not recorded.groups("dqn")  # rl never groups
 
 
@@ -305,10 +309,10 @@ def test_a_recorded_batch_is_never_more_than_this_version_can_hold_to_one_shape(
     # of 4 written into its spec would group configurations of different widths.
     spec = _spec(
         families=["kan"],
-        fusion={"group_size": 8, "batches": {"kan": 4}},
+        grouping={"group_size": 8, "configs_per_ask": {"kan": 4}},
         search_space={"kan": {"width": {"choices": [4, 8]}}},
     )
-    assert spec.batch_size("kan") == 1
+    assert spec.configs_per_ask("kan") == 1
     trials = _all_suggestions(SweepSearcher(spec))
     for trial in trials.values():
         if is_group_trial(trial):

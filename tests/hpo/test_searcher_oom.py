@@ -29,7 +29,7 @@ def test_oom_requeues_the_same_member_with_a_floor() -> None:
             "precisions": ["bf16"],
             "samples": 2,
             "search": "random",
-            "fusion": {"group_size": 1},
+            "grouping": {"group_size": 1},
         }
     )
     searcher = SweepSearcher(spec)
@@ -120,7 +120,7 @@ def _group_spec() -> Any:
             "samples": 1,
             "search": "random",
             "seeds": [0, 1, 2, 3, 4],
-            "fusion": {"group_size": 8},
+            "grouping": {"group_size": 8},
         }
     )
 
@@ -177,7 +177,7 @@ def test_the_newest_attempt_of_a_member_counts_even_at_a_smaller_floor() -> None
             trial_id=trial_id, family="kan", precision="bf16", seed=0, pair_id="p",
             status=TrialStatus("TERMINATED"), epochs=2, val_sharpe=None if oom else 1.0,
             test_sharpe=None, fell_back_to_f32=False, diverged=False, params={},
-            checkpoint=None, config_id="kan-g000", member="bf16/0", attempt=attempt,
+            checkpoint=None, config_id="kan-c000", member="bf16/0", attempt=attempt,
             gpu_fraction_floor=floor, oom_retry_gpu_fraction=oom,
         )  # fmt: skip
 

@@ -51,7 +51,7 @@ def _spec(search: str, **overrides: Any) -> SweepSpec:
         "search_seed": 3,
         # One configuration per Tune trial unless a test groups them (the grouped resume
         # cases below): most tests here follow single configurations.
-        "fusion": {"group_size": 1},
+        "grouping": {"group_size": 1},
         "search_space": {
             "tft": {"n_heads": 1, "lstm_layers": {"low": 1, "high": 2}},
             "kan": {
@@ -178,7 +178,7 @@ def _resume_cases(
     search: str, tmp_path: Path, how: str, concurrency: int, group_size: int = 1
 ) -> tuple[list[str], list[str], SweepSearcher, SweepSearcher]:
     # Group trials of two configurations: twice the samples for as many Tune trials.
-    spec = _spec(search, samples=14 * group_size, fusion={"group_size": group_size})
+    spec = _spec(search, samples=14 * group_size, grouping={"group_size": group_size})
     uninterrupted, interrupted = SweepSearcher(spec), SweepSearcher(spec)
     drive_u, drive_i = Driver(concurrency), Driver(concurrency)
     first_u = drive_u.run(uninterrupted, 12)

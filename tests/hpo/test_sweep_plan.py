@@ -251,7 +251,7 @@ def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) 
 
     trial = TrialConfig(
         family="kan", precision="bf16", seed=0, params={}, base=spec.trial_base(),
-        config_id="kan-bf16-g000", member="bf16/0",
+        config_id="kan-bf16-c000", member="bf16/0",
     )  # fmt: skip
     group = GroupTrialConfig(tuple(replace(trial, seed=s, member=f"bf16/{s}") for s in range(8)))
     (bundle,) = packer(group.to_dict()).bundles

@@ -22,8 +22,8 @@ def _trial(trial_id: str, **params: Any) -> SimpleNamespace:
         "family": "tft",
         "precision": "bf16",
         "seed": 0,
-        "pair_id": "tft-g000-s0",
-        "config_id": "tft-g000",
+        "pair_id": "tft-c000-s0",
+        "config_id": "tft-c000",
         "params": {"lr": 1e-3, **params},
         "base": {},
     }
@@ -397,13 +397,13 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
 
     def member(seed: int, floor: float = 0.0) -> dict[str, Any]:
         config = _trial("m").config
-        config.update(seed=seed, member=f"bf16/{seed}", pair_id=f"tft-g000-s{seed}")
+        config.update(seed=seed, member=f"bf16/{seed}", pair_id=f"tft-c000-s{seed}")
         if floor:
             config["gpu_fraction_floor"] = floor
         return config
 
     def group(trial_id: str, configs: list[dict[str, Any]]) -> SimpleNamespace:
-        config = {"family": "tft", "precision": "bf16", "config_id": "tft-g000", GROUP_KEY: configs}
+        config = {"family": "tft", "precision": "bf16", "config_id": "tft-c000", GROUP_KEY: configs}
         return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
 
     first = group("t9", [member(0), member(1), member(2)])

@@ -59,7 +59,7 @@ def _sweep_then_sigterm(
 
 def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
     # Three trials alone (a grouped sweep's resume: the test below).
-    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3, fusion={"group_size": 1})
+    spec = write_spec(tmp_path, "sigterm", max_epochs=EPOCHS, samples=3, grouping={"group_size": 1})
     sweep_dir = tmp_path / "results" / "sigterm"
     log = _sweep_then_sigterm(tmp_path, spec, sweep_dir, epochs=1, workers=2)
     assert f"hpo resume {sweep_dir}" in log.replace("\n", "")

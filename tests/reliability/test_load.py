@@ -32,7 +32,7 @@ def test_two_hundred_trials_all_reach_mlflow(ray_session, tmp_path: Path, mlflow
         data={"n_assets": 1, "n_bars": 400},
         trainer={"lookback": 8, "batch_size": 32, "max_steps_per_epoch": 2},
         search_space={"kan": {"window": 1, "width": 2, "n_layers": 1, "grid_size": 3}},
-        fusion={"group_size": 1},  # the driver's load is per Tune trial: 200 of them
+        grouping={"group_size": 1},  # the driver's load is per Tune trial: 200 of them
     )
     process = psutil.Process(os.getpid())
     samples: list[tuple[int, float]] = []

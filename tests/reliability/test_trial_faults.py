@@ -65,7 +65,7 @@ def test_killed_worker_and_corrupt_checkpoint_are_survived(tmp_path: Path) -> No
     # Two trials alone (a group's faults: tests/trainables/test_group_trial.py). Their
     # workers are frozen as they start and stepped one checkpoint at a time, so how long
     # an epoch lasts does not matter.
-    spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS, fusion={"group_size": 1})
+    spec = write_spec(tmp_path, "faults", max_epochs=EPOCHS, grouping={"group_size": 1})
     sweep_dir = tmp_path / "results" / "faults"
     driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     try:

@@ -31,8 +31,8 @@ def _group(tmp_path: Path, seeds: tuple[int, ...]) -> GroupTrialConfig:
             seed=seed,
             params={"width": 4},
             base=base,
-            config_id="kan-g000",
-            pair_id=f"kan-g000-s{seed}",
+            config_id="kan-c000",
+            pair_id=f"kan-c000-s{seed}",
             member=f"f32/{seed}",
         )
         for seed in seeds
@@ -88,7 +88,7 @@ def test_a_group_trial_reports_and_checkpoints_every_trial(
     for run, row in zip(runs, rows, strict=True):
         tags = run.data.tags
         assert tags["trial_id"] == row.trial_id and tags["member"] == row.member
-        assert tags["pair_id"] == f"kan-g000-s{row.seed}" and tags["family"] == "kan"
+        assert tags["pair_id"] == f"kan-c000-s{row.seed}" and tags["family"] == "kan"
         assert run.info.status == "FINISHED"
         history = client.get_metric_history(run.info.run_id, "val_sharpe")
         assert [m.step for m in history] == [1, 2]
@@ -114,11 +114,11 @@ def test_a_trial_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
 
     seeded = _group(tmp_path, (0, 1)).trials
     other = TrialConfig.from_dict(
-        {**seeded[0].to_dict(), "config_id": "kan-g001", "params": {"width": 4, "lr": 3e-3}}
+        {**seeded[0].to_dict(), "config_id": "kan-c001", "params": {"width": 4, "lr": 3e-3}}
     )
     group = GroupTrialConfig((seeded[0], other, seeded[1]))
     asked = tmp_path / "asked.jsonl"
-    stop = "kan-g001|f32/0"
+    stop = "kan-c001|f32/0"
 
     class Judge:
         def keep(self, trial: str, result: Any) -> bool:
@@ -139,15 +139,15 @@ def test_a_trial_stopped_at_a_rung_leaves_the_group_and_keeps_its_run(
     result = tuner.fit()[0]
     assert result.error is None
     trials = result.metrics["trials"]
-    assert set(trials) == {"g000-f32-s0", "g001-f32-s0", "g000-f32-s1"}
-    assert trials["g001-f32-s0"]["epoch"] == 1 and trials["g001-f32-s0"]["stopped"] == 1
-    assert [trials[s]["epoch"] for s in ("g000-f32-s0", "g000-f32-s1")] == [2, 2]
+    assert set(trials) == {"c000-f32-s0", "c001-f32-s0", "c000-f32-s1"}
+    assert trials["c001-f32-s0"]["epoch"] == 1 and trials["c001-f32-s0"]["stopped"] == 1
+    assert [trials[s]["epoch"] for s in ("c000-f32-s0", "c000-f32-s1")] == [2, 2]
     # Asked once per trial after epoch 1; not after the last epoch (it ends there anyway).
     calls = sorted(tuple(json.loads(line)) for line in asked.read_text().splitlines())
-    assert calls == [("kan-g000|f32/0", 1), ("kan-g000|f32/1", 1), ("kan-g001|f32/0", 1)]
+    assert calls == [("kan-c000|f32/0", 1), ("kan-c000|f32/1", 1), ("kan-c001|f32/0", 1)]
 
     rows = trial_rows(tmp_path / "tune" / "rungs")
-    stopped_row = next(r for r in rows if r.config_id == "kan-g001")
+    stopped_row = next(r for r in rows if r.config_id == "kan-c001")
     assert stopped_row.epochs == 1 and stopped_row.checkpoint is not None
     alone = Trainer(other.train_config(), checkpoint=load_checkpoint(Path(stopped_row.checkpoint)))
     assert alone.epoch == 1 and alone.config.lr == pytest.approx(3e-3)
@@ -279,7 +279,7 @@ def test_an_oom_in_a_group_reports_every_training_trial_and_keeps_the_ended_ones
 
     class Judge:
         def keep(self, trial: str, result: Any) -> bool:
-            return trial != "kan-g000|f32/1"
+            return trial != "kan-c000|f32/1"
 
     trial_module._train_group(group, 0.2, Share(), Judge())
     assert asked == [("CUDA out of memory (planted)", 0.2, 3)]
