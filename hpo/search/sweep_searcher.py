@@ -130,7 +130,7 @@ class SweepSearcher(Searcher):
             self.queue.appendleft(retry.to_dict())
             return
         if grouped:  # a group trial: each member's own result
-            reported = (result or {}).get("trials") or {}
+            reported = _trial_entries(result or {})
             members = self.trial_group[trial_id]
             dicts = self.trial_config[trial_id][GROUP_KEY]
             retries: list[TrialConfig] = []
@@ -297,6 +297,21 @@ class SweepSearcher(Searcher):
             best = searcher.best()
             rows.append({"family": family, "precision": precision, "best": best})
         return rows
+
+
+def _trial_entries(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A group trial's result per trial, by slug: under ``"trials"``, or as Tune hands a
+    searcher its result (``flatten_dict``: ``"trials/<slug>/<key>"``; slugs hold no '/')."""
+    nested = result.get("trials")
+    if isinstance(nested, dict):
+        return nested
+    entries: dict[str, dict[str, Any]] = {}
+    for key, value in result.items():
+        head, _, rest = key.partition("/")
+        slug, _, metric = rest.partition("/")
+        if head == "trials" and slug and metric:
+            entries.setdefault(slug, {})[metric] = value
+    return entries
 
 
 def _group_trial(members: list[TrialConfig]) -> dict[str, Any]:

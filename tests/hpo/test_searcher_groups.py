@@ -317,3 +317,20 @@ def test_a_recorded_batch_is_never_more_than_this_version_can_hold_to_one_shape(
     for trial in trials.values():
         if is_group_trial(trial):
             assert len({m["config_id"] for m in trial[GROUP_KEY]}) == 1  # seeds of one
+
+
+def test_a_group_trials_result_as_tune_flattens_it_tells_each_trial_its_own_value() -> None:
+    # Tune hands the searcher ``flatten_dict(trial.last_result)``: the trials' entries
+    # arrive as "trials/<slug>/val_sharpe" keys, not under "trials".
+    from ray.tune.utils import flatten_dict
+
+    searcher = SweepSearcher(_spec(models=["kan"], precisions=["f32", "bf16"], seeds=[0, 1]))
+    trials = _all_suggestions(searcher)
+    for trial_id, config in trials.items():
+        precision = config["precision"]
+        entries = {f"{precision}-s0": {"val_sharpe": 1.0}, f"{precision}-s1": {"val_sharpe": 3.0}}
+        result = {"val_sharpe": 3.0, "trials": entries}
+        searcher.on_trial_complete(trial_id, flatten_dict(result))
+    (configuration,) = searcher.configs.values()
+    assert configuration.results == {"f32/0": 1.0, "f32/1": 3.0, "bf16/0": 1.0, "bf16/1": 3.0}
+    assert searcher.searchers[0].best() is not None
