@@ -101,6 +101,19 @@ class ComparisonSpec(_Strict):
     "as good" when the 90% Hodges-Lehmann interval of the per-configuration differences
     lies inside +-margin (the TOST verdict). Default 0.1 (``hpo.compare.DEFAULT_MARGIN``;
     README "The f32-versus-bf16 comparison" says why)."""
+    sequential: bool = False
+    """Decide each family in steps (docs/statistics.md, "Deciding in steps"): the searcher
+    keeps adding configurations to a family until its verdict is decided, its budget
+    (``max_configs``) is spent, or continuing is futile. ``samples`` is then the first
+    look's size. Needs ``compare = true`` and exactly two precisions."""
+    max_configs: int | None = Field(None, ge=1)
+    """Sequential only, and required there: the most configurations a family may get (its
+    budget, the last look), at least ``samples``. A configuration whose trials leave no
+    finite difference is replaced and does not count."""
+    look_every: int | None = Field(None, ge=1)
+    """Sequential only: configurations added to a family between two looks. Unset:
+    ``hpo.stats.DEFAULT_LOOK_EVERY``, recorded with the sweep when it starts
+    (:meth:`SweepSpec.with_looks_recorded`) so a resume looks where it started to."""
 
 
 DEFAULT_GROUP_SIZE = 8
@@ -235,6 +248,7 @@ class SweepSpec(_Strict):
             raise ValueError(
                 f"grace_epochs ({self.grace_epochs}) must be <= max_epochs ({self.max_epochs})"
             )
+        self._check_sequential()
         for family in self.search_space:
             if family not in self.families:
                 raise ValueError(
@@ -251,11 +265,85 @@ class SweepSpec(_Strict):
                 )
         return self
 
+    def _check_sequential(self) -> None:
+        """``[comparison] sequential`` and its settings, each message naming its field."""
+        comparison = self.comparison
+        if not comparison.sequential:
+            for key in ("max_configs", "look_every"):
+                if getattr(comparison, key) is not None:
+                    raise ValueError(
+                        f"comparison.{key}: only for a sequential comparison "
+                        "(comparison.sequential = true)"
+                    )
+            return
+        if not self.compare:
+            raise ValueError(
+                "comparison.sequential = true needs compare = true: it decides the paired "
+                "comparison of each family"
+            )
+        if len(self.precisions) != 2:
+            raise ValueError(
+                f"comparison.sequential = true needs exactly two precisions (a reference "
+                f"and the other, e.g. ['f32', 'bf16']), got {self.precisions}"
+            )
+        if comparison.max_configs is None:
+            raise ValueError(
+                "comparison.max_configs: required with comparison.sequential = true: the "
+                f"most configurations a family may get (>= samples, {self.samples})"
+            )
+        if comparison.max_configs < self.samples:
+            raise ValueError(
+                f"comparison.max_configs = {comparison.max_configs} is below samples "
+                f"({self.samples}), the first look: it must be >= samples"
+            )
+        from hpo.stats import MIN_FIRST_LOOK  # scipy: only where a sequential spec is read
+
+        if comparison.max_configs < MIN_FIRST_LOOK:
+            raise ValueError(
+                f"comparison.max_configs = {comparison.max_configs} can never reach a "
+                f"verdict: the sequential rule decides from {MIN_FIRST_LOOK} configurations "
+                f"(looks before it only report); set max_configs >= {MIN_FIRST_LOOK}"
+            )
+
     # -- derived ---------------------------------------------------------------------------
     @property
+    def sequential(self) -> bool:
+        """A sequential comparison (``[comparison] sequential = true``)."""
+        return self.comparison.sequential
+
+    @property
+    def configs_per_family(self) -> int:
+        """Configurations a family (a stream) gets at most: ``samples``, or in a sequential
+        comparison its budget ``comparison.max_configs`` (replacements of configurations
+        without a finite difference not counted)."""
+        if self.sequential and self.comparison.max_configs is not None:
+            return self.comparison.max_configs
+        return self.samples
+
+    @property
     def n_trials(self) -> int:
+        """Trials planned; in a sequential comparison the most it may run (families
+        decided early run fewer)."""
         per_config = len(self.seeds) * len(self.precisions)
-        return len(self.families) * self.samples * per_config
+        return len(self.families) * self.configs_per_family * per_config
+
+    @property
+    def look_every(self) -> int:
+        """Configurations between two looks of a sequential comparison (the spec's, else
+        ``hpo.stats.DEFAULT_LOOK_EVERY``)."""
+        if self.comparison.look_every is not None:
+            return self.comparison.look_every
+        from hpo.stats import DEFAULT_LOOK_EVERY  # scipy: only where a sequential sweep runs
+
+        return DEFAULT_LOOK_EVERY
+
+    def with_looks_recorded(self) -> SweepSpec:
+        """This spec with a sequential comparison's ``look_every`` decided, as a sweep
+        records it (a resume looks where the sweep started to, whatever a later default)."""
+        if not self.sequential or self.comparison.look_every is not None:
+            return self
+        comparison = self.comparison.model_copy(update={"look_every": self.look_every})
+        return self.model_copy(update={"comparison": comparison})
 
     @property
     def group_size(self) -> int:
@@ -322,8 +410,14 @@ class SweepSpec(_Strict):
         :attr:`group_size` (the searcher's ``_even_chunks``)."""
         if not self.groups(family):
             return 1
-        trials = min(self.configs_per_ask(family), self.samples) * len(self.seeds)
+        trials = min(self.configs_per_ask(family), self._largest_ask) * len(self.seeds)
         return -(-trials // -(-trials // self.group_size))
+
+    @property
+    def _largest_ask(self) -> int:
+        """Most configurations a stream asks for at once: ``samples`` (a sequential
+        comparison asks the first look's, then up to the next look's)."""
+        return max(self.samples, self.look_every) if self.sequential else self.samples
 
     @property
     def forms_groups(self) -> bool:
@@ -341,13 +435,14 @@ class SweepSpec(_Strict):
         """Ray Tune trials planned: :attr:`n_trials` with each group trial counted once
         (``grouping.group_size``; rl families run ungrouped)."""
         size, seeds = self.group_size, len(self.seeds)
+        configs = self.configs_per_family
         total = 0
         for family in self.families:
             if not self.groups(family):
-                total += self.samples * len(self.precisions) * seeds
+                total += configs * len(self.precisions) * seeds
                 continue
             asks = self.configs_per_ask(family)
-            full, rest = divmod(self.samples, asks)
+            full, rest = divmod(configs, asks)
             groups = full * -(-asks * seeds // size) + (-(-rest * seeds // size) if rest else 0)
             total += groups * len(self.precisions)
         return total
@@ -422,9 +517,19 @@ def load_spec(path: Path | str, overrides: dict[str, Any] | None = None) -> Swee
     return parse_spec(payload, source=str(path), base_dir=path.parent)
 
 
+_FIELD_PATH = re.compile(r"[a-z_]+(?:\.[a-z_]+)*")
+
+
 def _describe(err: Any) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     message = err["msg"]
+    if not err["loc"] and err["type"] == "value_error":
+        # A cross-field rule whose message starts with the field it is about: said as is.
+        text = message.removeprefix("Value error, ")
+        head = _FIELD_PATH.match(text)
+        named = head is not None and head.group(0).split(".")[0] in SweepSpec.model_fields
+        if named and head is not None and text[head.end() : head.end() + 1] in (":", " "):
+            return text
     if err["type"] == "extra_forbidden":
         message = "unknown field"
         parent = err["loc"][:-1]

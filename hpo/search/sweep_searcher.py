@@ -17,10 +17,16 @@ K, split evenly) train as one group trial. Compare mode holds nothing: it groups
 seeds of each configuration, and batches configurations only where nothing else is
 searched.
 
-Streams are served round-robin so every family progresses at once, and the searcher says
-``FINISHED`` after ``samples`` configurations per stream. Its whole state is JSON (``save`` /
+How many configurations a stream gets is its budget's (:mod:`hpo.search.budget`, "the
+sweep asks for more work after a result"): ``samples`` each, or in a sequential comparison
+configurations up to each family's next look until its verdict is decided. Streams that
+may make a configuration are served round-robin so every family progresses at once (a
+decided family's slots go to the others), a stream that ended has its configurations
+still queued withdrawn, and the searcher says ``FINISHED`` once every stream is done and
+every trial reported. What a budget reports (a sequential family's looks) goes to the
+searcher's :attr:`~SweepSearcher.listeners`. Its whole state is JSON (``save`` /
 ``restore``), written by Tune into the experiment directory, so ``hpo resume`` continues
-the same search instead of restarting it.
+the same search, and the same looks, instead of restarting it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +43,7 @@ from ray.tune.search import Searcher
 
 from hpo.rungs import board_state, load_board
 from hpo.search import make_param_searcher
+from hpo.search.budget import Outcome, PolicyEvent, StreamBudget, TrialOutcome, make_budgets
 from hpo.search.param_searcher import ParamSearcher
 from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
@@ -49,11 +57,12 @@ from trainables.trial_keys import trial_slugs
 class _Configuration:
     stream: int
     members: list[str]  # member keys "precision/seed"
-    results: dict[str, float | None] = field(default_factory=dict)
+    results: dict[str, float | None] = field(default_factory=dict)  # the searched metric
+    tests: dict[str, float | None] = field(default_factory=dict)  # test Sharpe, for budgets
 
 
 class SweepSearcher(Searcher):
-    STATE_VERSION = 2
+    STATE_VERSION = 3
     CKPT_FILE_TMPL = "sweep-searcher-{}.json"  # JSON, not the base class's pickle name
 
     def __init__(self, spec: SweepSpec) -> None:
@@ -80,6 +89,11 @@ class SweepSearcher(Searcher):
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
         self.asha_per_trial = spec.asha_per_trial
         self.configs_made = [0] * len(self.streams)
+        names = [m if p is None else f"{m}-{p}" for m, p in self.streams]
+        self.budgets: list[StreamBudget] = make_budgets(spec, names)
+        # Told what a budget reports (a sequential family's looks): the sweep's progress
+        # lines and its MLflow parent run. Not saved: whoever runs the sweep attaches them.
+        self.listeners: list[Callable[[PolicyEvent], None]] = []
         self.next_stream = 0
         self.queue: deque[dict[str, Any]] = deque()
         self.configs: dict[str, _Configuration] = {}
@@ -99,9 +113,10 @@ class SweepSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         if not self.queue and not self._new_config():
-            # Every configuration is out. Finished only when all have reported: until then a trial
-            # may still come back for a retry (a CUDA OOM re-queues it with a larger share).
-            return Searcher.FINISHED if self._all_reported() else None
+            # Nothing to make now. Finished only when every stream is done and every
+            # configuration reported: until then a trial may come back for a retry (a CUDA
+            # OOM re-queues it with a larger share), or a result may let a stream make more.
+            return Searcher.FINISHED if self.complete else None
         config = self.queue.popleft()
         if is_group_trial(config):
             self.trial_group[trial_id] = [(m["config_id"], m["member"]) for m in config[GROUP_KEY]]
@@ -113,6 +128,28 @@ class SweepSearcher(Searcher):
 
     def _all_reported(self) -> bool:
         return all(len(g.results) == len(g.members) for g in self.configs.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every stream done and every configuration reported: the sweep is over."""
+        return all(b.done for b in self.budgets) and self._all_reported()
+
+    @property
+    def planned_trials(self) -> int:
+        """Trials of the configurations made, once the sweep is complete; until then the
+        most it may run (:attr:`hpo.spec.SweepSpec.n_trials`)."""
+        if not self.complete:
+            return self.spec.n_trials
+        return sum(len(c.members) for c in self.configs.values())
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """What each stream's budget records (a sequential family's looks), by stream."""
+        out = {}
+        for budget in self.budgets:
+            record = budget.record()
+            if record is not None:
+                out[budget.stream] = record
+        return out
 
     def on_trial_complete(
         self, trial_id: str, result: dict | None = None, error: bool = False
@@ -143,7 +180,7 @@ class SweepSearcher(Searcher):
                     ran_on = str(entry.get("gpu_type") or "")
                     retries.append(TrialConfig.from_dict(config).with_floor(floor, gpu_type=ran_on))
                 else:
-                    self._record(config_id, member, entry.get(self.spec.metric))
+                    self._record(config_id, member, entry)
             if retries:
                 # Those that ran out of memory, again as one group with a larger share, or
                 # as two halves where the group did not fit a whole GPU.
@@ -153,28 +190,68 @@ class SweepSearcher(Searcher):
                     self.queue.appendleft(_group_trial(half))
         else:
             config_id, member = located
-            self._record(
-                config_id, member, None if error or not result else result.get(self.spec.metric)
-            )
+            self._record(config_id, member, {} if error or not result else result)
 
-    def _record(self, config_id: str, member: str, value: Any) -> None:
-        """One member's result; the configuration's mean goes to its stream's searcher once
-        every member of it has one."""
+    def _record(self, config_id: str, member: str, result: dict[str, Any]) -> None:
+        """One member's result; once every member of the configuration has one, their mean
+        goes to its stream's searcher and the configuration's outcome to its budget."""
         configuration = self.configs[config_id]
-        configuration.results[member] = float(value) if isinstance(value, int | float) else None
-        if len(configuration.results) == len(configuration.members):
-            results = configuration.results.values()
-            finite = [v for v in results if v is not None and math.isfinite(v)]
-            self.searchers[configuration.stream].tell(
-                config_id, sum(finite) / len(finite) if finite else None
-            )
+        value = _number(result.get(self.spec.metric))
+        configuration.results[member] = value
+        # A trial's test Sharpe counts only where its own metric does (a diverged trial
+        # reports its last good epoch's, beside a NaN validation Sharpe).
+        configuration.tests[member] = None if value is None else _number(result.get("test_sharpe"))
+        if len(configuration.results) < len(configuration.members):
+            return
+        finite = [v for v in configuration.results.values() if v is not None]
+        self.searchers[configuration.stream].tell(
+            config_id, sum(finite) / len(finite) if finite else None
+        )
+        self._after_outcome(config_id, configuration)
+
+    def _after_outcome(self, config_id: str, configuration: _Configuration) -> None:
+        """The configuration's outcome to its stream's budget: what it reports goes to the
+        listeners, and a stream that ended has its queued configurations withdrawn."""
+        budget = self.budgets[configuration.stream]
+        trials = []
+        for member in configuration.members:
+            precision, _, seed = member.partition("/")
+            metrics = {
+                self.spec.metric: configuration.results[member],
+                "test_sharpe": configuration.tests.get(member),
+            }
+            trials.append(TrialOutcome(precision, int(seed), metrics))
+        events = budget.on_outcome(Outcome(config_id, tuple(trials)))
+        if budget.done:
+            self._withdraw(configuration.stream)
+        for event in events:
+            for listener in self.listeners:
+                listener(event)
+
+    def _withdraw(self, stream: int) -> None:
+        """Take back the queued configurations of ``stream`` none of whose trials has
+        started: the stream ended (a sequential family decided) and needs none of them."""
+        started = {config_id for config_id, _ in self.trial_member.values()}
+        started.update(c for members in self.trial_group.values() for c, _ in members)
+        withdrawn = {
+            config_id
+            for config_id, g in self.configs.items()
+            if g.stream == stream and not g.results and config_id not in started
+        }
+        if not withdrawn:
+            return
+        self.queue = deque(c for c in self.queue if _config_ids(c).isdisjoint(withdrawn))
+        for config_id in sorted(withdrawn):
+            del self.configs[config_id]
+            self.searchers[stream].tell(config_id, None)
+            self.budgets[stream].withdrawn(config_id)
 
     # -- configurations --------------------------------------------------------------------
     def _new_config(self) -> bool:
         for _ in range(len(self.streams)):
             index = self.next_stream
             self.next_stream = (self.next_stream + 1) % len(self.streams)
-            if self.configs_made[index] < self.spec.samples:
+            if self.budgets[index].allowance() > 0:
                 self._emit(index)
                 return True
         return False
@@ -182,7 +259,7 @@ class SweepSearcher(Searcher):
     def _emit(self, index: int) -> None:
         """Queue the stream's next configurations: one, or a batch of one shape."""
         family, precision = self.streams[index]
-        batch = min(self.batch[family], self.spec.samples - self.configs_made[index])
+        batch = min(self.batch[family], self.budgets[index].allowance())
         tag = family if precision is None else f"{family}-{precision}"
         precisions = list(self.spec.precisions) if precision is None else [precision]
         shape: dict[str, Any] | None = None
@@ -190,6 +267,7 @@ class SweepSearcher(Searcher):
         for _ in range(batch):
             config_id = f"{tag}-c{self.configs_made[index]:03d}"
             self.configs_made[index] += 1
+            self.budgets[index].made(config_id)
             # Compare mode holds nothing: it batches only where no searched setting
             # changes the shape (SweepSpec.configs_per_ask), and its draws stay independent.
             held = None if self.spec.compare else shape
@@ -231,9 +309,15 @@ class SweepSearcher(Searcher):
             "next_stream": self.next_stream,
             "queue": list(self.queue),
             "configs": {
-                k: {"stream": g.stream, "members": g.members, "results": g.results}
+                k: {
+                    "stream": g.stream,
+                    "members": g.members,
+                    "results": g.results,
+                    "tests": g.tests,
+                }
                 for k, g in self.configs.items()
             },
+            "budgets": [b.state() for b in self.budgets],
             "trial_member": self.trial_member,
             "trial_group": self.trial_group,
             "trial_config": self.trial_config,
@@ -261,9 +345,13 @@ class SweepSearcher(Searcher):
         self.next_stream = int(state["next_stream"])
         self.queue = deque(state["queue"])
         self.configs = {
-            k: _Configuration(stream=g["stream"], members=g["members"], results=g["results"])
+            k: _Configuration(
+                stream=g["stream"], members=g["members"], results=g["results"], tests=g["tests"]
+            )
             for k, g in state["configs"].items()
         }
+        for budget, saved in zip(self.budgets, state["budgets"], strict=True):
+            budget.load_state(saved)
         self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
         self.trial_config = dict(state["trial_config"])
         self.trial_group = {
@@ -297,6 +385,20 @@ class SweepSearcher(Searcher):
             best = searcher.best()
             rows.append({"family": family, "precision": precision, "best": best})
         return rows
+
+
+def _number(value: Any) -> float | None:
+    """A finite reported number, else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _config_ids(trial: dict[str, Any]) -> set[str]:
+    """The configurations a queued Tune trial dict trains."""
+    if is_group_trial(trial):
+        return {m["config_id"] for m in trial[GROUP_KEY]}
+    return {trial["config_id"]}
 
 
 def _trial_entries(result: dict[str, Any]) -> dict[str, dict[str, Any]]:

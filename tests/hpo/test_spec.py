@@ -213,3 +213,64 @@ def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert "unknown family(ies) ['nope']" in str(result.exception)
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+SEQUENTIAL: dict[str, Any] = {"models": ["kan", "liquid"], "compare": True, "samples": 6}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"comparison": {"sequential": True}},
+            "comparison.max_configs: required with comparison.sequential = true",
+        ),
+        (
+            {"comparison": {"sequential": True, "max_configs": 4}},
+            "comparison.max_configs = 4 is below samples (6), the first look: it must be "
+            ">= samples",
+        ),
+        (
+            {"comparison": {"sequential": True, "max_configs": 8}},
+            "comparison.max_configs = 8 can never reach a verdict: the sequential rule "
+            "decides from 10 configurations",
+        ),
+        (
+            {"comparison": {"max_configs": 20}},
+            "comparison.max_configs: only for a sequential comparison",
+        ),
+        (
+            {"comparison": {"look_every": 2}},
+            "comparison.look_every: only for a sequential comparison",
+        ),
+        (
+            {"comparison": {"sequential": True, "max_configs": 20, "look_every": 0}},
+            "comparison.look_every: Input should be greater than or equal to 1",
+        ),
+        (
+            {"compare": False, "comparison": {"sequential": True, "max_configs": 20}},
+            "comparison.sequential = true needs compare = true",
+        ),
+        (
+            {
+                "precisions": ["f32", "bf16", "bf16-mixed"],
+                "comparison": {"sequential": True, "max_configs": 20},
+            },
+            "comparison.sequential = true needs exactly two precisions",
+        ),
+    ],
+)
+def test_a_bad_sequential_comparison_names_its_field(
+    changes: dict[str, Any], expected: str
+) -> None:
+    assert expected in _problems(**{**SEQUENTIAL, **changes})
+
+
+def test_a_sequential_comparison_records_its_looks() -> None:
+    spec = parse_spec(
+        {**VALID, **SEQUENTIAL, "comparison": {"sequential": True, "max_configs": 24}}
+    )
+    assert spec.sequential and spec.configs_per_family == 24 and spec.look_every == 2
+    assert spec.n_trials == 2 * 24 * 2  # the most it may run
+    recorded = spec.with_looks_recorded()
+    assert recorded.comparison.look_every == 2 and recorded.with_looks_recorded() == recorded

@@ -1,0 +1,421 @@
+"""More work after a result (hpo.search.budget): the fixed and sequential stream budgets on
+their own, then inside a SweepSearcher driven by hand as Tune drives it (no Ray): a
+sequential compare sweep makes configurations up to each family's next look, stops a
+decided family and withdraws its queued work, ends when every family is decided, and a
+searcher saved mid-sweep and restored continues with its looks (none repeated, none lost).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from ray.tune.search import Searcher
+
+from hpo.search.budget import (
+    FixedBudget,
+    Outcome,
+    PolicyEvent,
+    SequentialBudget,
+    TrialOutcome,
+    make_budgets,
+)
+from hpo.search.sweep_searcher import SweepSearcher
+from hpo.spec import SweepSpec, parse_spec
+from hpo.stats import MIN_FIRST_LOOK, sequential_looks, sequential_verdict
+from trainables.config import is_group_trial
+from trainables.trial_keys import trials_of
+
+MARGIN = 0.1
+
+
+def _outcome(config_id: str, difference: float | None, seeds: int = 1) -> Outcome:
+    """A configuration whose bf16 trials' test Sharpe is the f32 ones' + ``difference``
+    (None: the bf16 trials diverged)."""
+    trials = []
+    for seed in range(seeds):
+        base = 0.5 + 0.1 * seed
+        trials.append(TrialOutcome("f32", seed, {"val_sharpe": base, "test_sharpe": base}))
+        other = None if difference is None else base + difference
+        trials.append(TrialOutcome("bf16", seed, {"val_sharpe": other, "test_sharpe": other}))
+    return Outcome(config_id, tuple(trials))
+
+
+def _sequential(plan: tuple[int, ...]) -> SequentialBudget:
+    return SequentialBudget("kan", plan, MARGIN, 0.05, "f32", "bf16")
+
+
+def _feed(budget: SequentialBudget, differences: list[float | None]) -> list[PolicyEvent]:
+    """Make and complete one configuration per difference, as long as the budget allows."""
+    events: list[PolicyEvent] = []
+    for i, d in enumerate(differences):
+        if budget.done:
+            break
+        assert budget.allowance() > 0, (i, budget.record())
+        budget.made(f"kan-g{i:03d}")
+        events += budget.on_outcome(_outcome(f"kan-g{i:03d}", d))
+    return events
+
+
+def test_a_fixed_budget_makes_samples_whatever_the_results() -> None:
+    budget = FixedBudget("kan-f32", 3)
+    assert budget.allowance() == 3 and not budget.done
+    for i in range(3):
+        budget.made(f"c{i}")
+        assert budget.on_outcome(_outcome(f"c{i}", 5.0)) == []
+    assert budget.allowance() == 0 and budget.done and budget.record() is None
+    restored = FixedBudget("kan-f32", 3)
+    restored.load_state(json.loads(json.dumps(budget.state())))
+    assert restored.done and restored.made_ids == ["c0", "c1", "c2"]
+    with pytest.raises(ValueError, match="'fixed' budget's state, expected 'sequential'"):
+        _sequential((10, 12)).load_state(budget.state())
+
+
+def test_a_sequential_budget_asks_up_to_each_look_and_decides_as_the_rule_does() -> None:
+    plan = sequential_looks(6, 2, 20)
+    assert plan == (6, 8, 10, 12, 14, 16, 18, 20)
+    budget = _sequential(plan)
+    assert budget.allowance() == 6  # the first look's configurations at once
+    for i in range(6):
+        budget.made(f"c{i}")
+    assert budget.allowance() == 0  # six pending: nothing more until they report
+    # Small differences around 0.01: "continue" before MIN_FIRST_LOOK, then equivalent.
+    differences = [0.01 * (-1) ** i + 0.002 * i for i in range(20)]
+    events = []
+    for i in range(6):
+        events += budget.on_outcome(_outcome(f"c{i}", differences[i]))
+        if i < 5:
+            assert budget.allowance() == 0
+    assert budget.allowance() == 2  # the next look (8) is 2 away
+    events += _feed_more(budget, differences, start=6)
+    expected = sequential_verdict(differences, plan, MARGIN)
+    assert [look["decision"] for look in budget.record()["looks"]] == expected
+    assert expected[:2] == ["continue", "continue"] and expected[-1] == "equivalent"
+    assert budget.done and budget.stopped_on == "decision" and budget.allowance() == 0
+    assert budget.record()["looks"][-1]["configs"] == MIN_FIRST_LOOK
+    # One event per look, each carrying its look; the last says what it stopped on.
+    assert [e.look["configs"] for e in events if e.look] == [6, 8, 10]
+    assert "look 3 at 10 of up to 20 configurations" in events[-1].line
+    assert events[-1].line.endswith("equivalent (stopped on decision)")
+    assert "no interval before 10" in events[0].line
+
+
+def _feed_more(budget: SequentialBudget, differences: list[float], start: int) -> list[PolicyEvent]:
+    events: list[PolicyEvent] = []
+    i = start
+    while budget.allowance() > 0:
+        budget.made(f"c{i}")
+        events += budget.on_outcome(_outcome(f"c{i}", differences[i]))
+        i += 1
+    return events
+
+
+@pytest.mark.parametrize(
+    ("shift", "decision", "stopped_on"),
+    [(-0.6, "worse", "decision"), (0.6, "better", "decision"), (0.1, "futile", None)],
+)
+def test_a_sequential_budget_stops_on_each_decision(
+    shift: float, decision: str, stopped_on: str | None
+) -> None:
+    plan = sequential_looks(10, 2, 14)
+    # Spread 0.3 around the margin itself (futile: can be neither inside nor beyond it).
+    differences = [shift + 0.3 * math.sin(1.7 * i) for i in range(14)]
+    budget = _sequential(plan)
+    _feed(budget, differences)
+    expected = sequential_verdict(differences, plan, MARGIN)
+    assert expected[-1] == decision
+    assert [look["decision"] for look in budget.record()["looks"]] == expected
+    assert budget.decision == decision and budget.done
+    if stopped_on is not None:
+        assert budget.stopped_on == stopped_on
+    else:  # futility before the budget, or the budget's own look
+        assert budget.stopped_on in ("futility", "budget")
+        assert (budget.note and "futile" in budget.note) or "budget spent" in (budget.note or "")
+
+
+def test_a_configuration_without_a_finite_difference_is_replaced_not_counted() -> None:
+    budget = _sequential(sequential_looks(10, 2, 12))
+    # Every third configuration diverges in bf16: 14 made for the 10 that count.
+    differences = [None if i % 3 == 2 else 0.01 * math.cos(i) for i in range(30)]
+    _feed(budget, differences)
+    record = budget.record()
+    assert record["looks"][0]["configs"] == 10
+    assert len(record["order"]) == 14 and sum(o["difference"] is None for o in record["order"]) == 4
+    assert budget.decision == "equivalent"
+
+
+def test_a_family_whose_trials_all_fail_ends_saying_so() -> None:
+    budget = _sequential(sequential_looks(10, 2, 12))
+    events = _feed(budget, [None] * 40)
+    assert budget.done and budget.stopped_on == "failures" and budget.looks == []
+    assert budget.failed == 12  # as many as its budget
+    assert "12 of 12 configurations left no finite difference" in events[-1].line
+
+
+def test_a_sequential_budget_restored_repeats_no_look() -> None:
+    plan = sequential_looks(6, 2, 20)
+    differences = [0.04 * math.sin(i) for i in range(20)]
+    budget = _sequential(plan)
+    events = _feed(budget, differences[:9])  # looks at 6 and 8 applied, one pending
+    budget.made("kan-g009")
+    assert len(budget.looks) == 2 and budget.pending == 1
+    restored = _sequential(plan)
+    restored.load_state(json.loads(json.dumps(budget.state())))
+    assert restored.record() == budget.record() and restored.pending == 1
+    more = restored.on_outcome(_outcome("kan-g009", differences[9]))
+    assert [e.look["configs"] for e in events + more if e.look] == [6, 8, 10]
+    assert [look.configs for look in restored.looks] == [6, 8, 10]
+    with pytest.raises(ValueError, match="differ from the spec's"):
+        _sequential(sequential_looks(6, 3, 20)).load_state(budget.state())
+
+
+# -- inside the searcher -------------------------------------------------------------------
+
+
+def _spec(**overrides: Any) -> SweepSpec:
+    payload: dict[str, Any] = {
+        "name": "budget-unit",
+        "models": ["kan", "liquid"],
+        "precisions": ["f32", "bf16"],
+        "samples": 6,
+        "search": "random",
+        "scheduler": "fifo",
+        "compare": True,
+        "comparison": {"sequential": True, "max_configs": 20, "look_every": 2},
+        "fusion": {"group_size": 1},
+        "search_space": {
+            "kan": {"n_layers": 1, "spline_order": 3},
+            "liquid": {"backbone_layers": 1},
+        },
+    }
+    payload.update(overrides)
+    return parse_spec(payload)
+
+
+Difference = Callable[[str, int], float | None]
+"""The bf16 - f32 test Sharpe of a family's n-th configuration (by its id)."""
+
+
+def _index(config_id: str) -> int:
+    return int(config_id.rsplit("-g", 1)[1])
+
+
+def _differences(family: str, n: int) -> float | None:
+    if family == "kan":  # equivalent: within a hundredth of 0
+        return 0.01 * math.sin(n)
+    return -0.6 + 0.05 * math.cos(n)  # liquid: bf16 worse by more than the margin
+
+
+class Driver:
+    """Tune's calls on ``searcher``: ``suggest`` while it hands out trials (at most
+    ``concurrent`` running), then ``on_trial_complete`` of the oldest running."""
+
+    def __init__(self, searcher: SweepSearcher, difference: Difference = _differences) -> None:
+        self.searcher = searcher
+        self.difference = difference
+        self.running: list[tuple[str, dict[str, Any]]] = []
+        self.count = 0
+        self.completed: list[str] = []
+        self.finished = False
+
+    def result(self, trial_id: str, config: dict[str, Any]) -> dict[str, Any]:
+        def metrics(unit: dict[str, Any]) -> dict[str, Any]:
+            config_id = unit["config_id"]
+            family = config_id.rsplit("-g", 1)[0]
+            base = 0.3 + 0.01 * _index(config_id)
+            if unit["precision"] == "f32":
+                return {"val_sharpe": base, "test_sharpe": base}
+            d = self.difference(family, _index(config_id))
+            value = math.nan if d is None else base + d
+            return {"val_sharpe": value, "test_sharpe": value}
+
+        if not is_group_trial(config):
+            return metrics(config)
+        return {
+            "val_sharpe": 0.0,
+            "trials": {slug: metrics(unit) for _, unit, slug in trials_of(trial_id, config)},
+        }
+
+    def fill(self, concurrent: int) -> None:
+        while len(self.running) < concurrent:
+            trial_id = f"t{self.count:04d}"
+            config = self.searcher.suggest(trial_id)
+            if config == Searcher.FINISHED:
+                self.finished = True
+                return
+            if config is None:
+                return
+            assert isinstance(config, dict)
+            self.count += 1
+            self.running.append((trial_id, config))
+
+    def step(self, concurrent: int = 4) -> bool:
+        """Fill, then complete the oldest running trial; False once nothing runs."""
+        self.fill(concurrent)
+        if not self.running:
+            return False
+        trial_id, config = self.running.pop(0)
+        self.searcher.on_trial_complete(trial_id, self.result(trial_id, config))
+        self.completed.append(trial_id)
+        return True
+
+
+def _run(driver: Driver, concurrent: int = 4, steps: int | None = None) -> None:
+    done = 0
+    while (steps is None or done < steps) and driver.step(concurrent):
+        done += 1
+
+
+def test_budgets_come_from_the_spec() -> None:
+    spec = _spec()
+    fixed = make_budgets(_spec(comparison={}), ["kan", "liquid"])
+    assert all(isinstance(b, FixedBudget) and b.samples == 6 for b in fixed)
+    (kan, liquid) = make_budgets(spec, ["kan", "liquid"])
+    assert isinstance(kan, SequentialBudget) and isinstance(liquid, SequentialBudget)
+    assert kan.plan == sequential_looks(6, 2, 20) and (kan.reference, kan.other) == ("f32", "bf16")
+    assert spec.n_trials == 2 * 20 * 2  # the most a sweep may run
+
+
+def test_a_sequential_sweep_stops_each_family_when_decided() -> None:
+    searcher = SweepSearcher(_spec())
+    lines: list[str] = []
+    searcher.listeners = [lambda event: lines.append(event.line)]
+    driver = Driver(searcher)
+    _run(driver)
+    driver.fill(4)
+    assert driver.finished and searcher.complete
+    records = searcher.records()
+    expected = {
+        family: sequential_verdict(
+            [_differences(family, i) or 0.0 for i in range(20)], sequential_looks(6, 2, 20), MARGIN
+        )
+        for family in ("kan", "liquid")
+    }
+    for family in ("kan", "liquid"):
+        looks = [look["decision"] for look in records[family]["looks"]]
+        assert looks == expected[family], family
+    assert records["kan"]["decision"] == "equivalent" and records["liquid"]["decision"] == "worse"
+    # Decided at the first deciding look (10): nothing made beyond what was running.
+    for family in ("kan", "liquid"):
+        assert records[family]["looks"][-1]["configs"] == MIN_FIRST_LOOK
+        assert MIN_FIRST_LOOK <= records[family]["configs_made"] <= MIN_FIRST_LOOK + 2
+    assert searcher.planned_trials == sum(r["configs_made"] for r in records.values()) * 2
+    assert len(driver.completed) == searcher.planned_trials
+    assert sum("look" in line for line in lines) == 6  # 6, 8, 10 per family
+
+
+def _grouped_spec() -> SweepSpec:
+    """Configurations of one shape per family, two members per group trial, first look 10."""
+    return _spec(
+        fusion={"group_size": 2},
+        search_space={
+            "kan": {"n_layers": 1, "spline_order": 3, "width": 4, "window": 2, "grid_size": 5},
+            "liquid": {
+                "hidden": 16,
+                "backbone_units": 16,
+                "backbone_layers": 1,
+                "mode": "gated",
+                "backbone_activation": "tanh",
+            },
+        },
+        comparison={"sequential": True, "max_configs": 20, "look_every": 4},
+        samples=10,
+    )
+
+
+def test_group_trials_count_a_configuration_once_all_its_members_reported() -> None:
+    spec = _grouped_spec()
+    assert spec.batch_size("kan") == spec.batch_size("liquid") == 2
+    searcher = SweepSearcher(spec)
+    driver = Driver(searcher)
+    driver.fill(2)
+    assert all(is_group_trial(config) for _, config in driver.running)
+    _run(driver, concurrent=2)
+    records = searcher.records()
+    assert records["liquid"]["decision"] == "worse" and records["kan"]["decision"] == "equivalent"
+    for family in ("kan", "liquid"):
+        assert [look["configs"] for look in records[family]["looks"]] == [10]
+        assert records[family]["configs_made"] == 10
+    assert not searcher.queue and searcher.complete
+
+
+class _StopAfterFirst(FixedBudget):
+    """A policy that ends its stream at its first outcome (as PBT's would end a member)."""
+
+    kind = "stop-after-first"
+
+    def on_outcome(self, outcome: Outcome) -> list[PolicyEvent]:
+        self.samples = 0
+        return [PolicyEvent(self.stream, f"{self.stream}: stopped at {outcome.config_id}", {})]
+
+    @property
+    def done(self) -> bool:
+        return self.samples == 0 or super().done
+
+
+def test_a_stream_that_ended_has_its_queued_work_withdrawn() -> None:
+    searcher = SweepSearcher(_grouped_spec())
+    searcher.budgets[1] = _StopAfterFirst("liquid", 10)
+    lines: list[str] = []
+    searcher.listeners = [lambda event: lines.append(event.line)]
+    driver = Driver(searcher)
+    _run(driver, concurrent=2)
+    driver.fill(2)
+    assert driver.finished and searcher.complete
+    liquid = sorted(c for c in searcher.configs if c.startswith("liquid"))
+    # Ended after its first configuration's members reported: what had started finished,
+    # the rest of the ten it had queued was withdrawn and never handed to Tune.
+    started = {
+        unit["config_id"]
+        for trial_id, config in [(t, searcher.trial_config[t]) for t in driver.completed]
+        for _, unit, _ in trials_of(trial_id, config)
+    }
+    assert set(liquid) == {c for c in started if c.startswith("liquid")}
+    assert 1 <= len(liquid) < 10 and searcher.budgets[1].made_ids == liquid
+    assert "liquid: stopped at liquid-g000" in lines
+    assert all(not c.startswith("liquid") or c in liquid for c in started)
+    assert searcher.planned_trials == 2 * (len(liquid) + searcher.records()["kan"]["configs_made"])
+
+
+def _resume_at(steps: int, via: str) -> tuple[SweepSearcher, Driver]:
+    """Run ``steps`` completions, then restore the searcher into a fresh one (through its
+    JSON file or pickle) and hand the running trials over to a driver of the restored."""
+    spec = _spec()
+    first = SweepSearcher(spec)
+    driver = Driver(first)
+    _run(driver, steps=steps)
+    if via == "pickle":
+        restored = pickle.loads(pickle.dumps(first))
+    else:
+        restored = SweepSearcher(spec)
+        restored.set_state(json.loads(json.dumps(first.get_state())))
+    resumed = Driver(restored)
+    resumed.running, resumed.count = list(driver.running), driver.count
+    return restored, resumed
+
+
+@pytest.mark.parametrize("via", ["json", "pickle"])
+@pytest.mark.parametrize("steps", [7, 20, 26])
+def test_a_restored_sequential_sweep_repeats_no_look_and_loses_none(steps: int, via: str) -> None:
+    uninterrupted = SweepSearcher(_spec())
+    _run(Driver(uninterrupted))
+    restored, driver = _resume_at(steps, via)
+    before = {f: len(r["looks"]) for f, r in restored.records().items()}
+    events: list[PolicyEvent] = []
+    restored.listeners = [events.append]
+    _run(driver)
+    driver.fill(4)
+    assert driver.finished
+    assert restored.records() == uninterrupted.records()
+    # Only the looks still to come were announced after the restore, each once.
+    announced = [(e.stream, e.look["configs"]) for e in events if e.look]
+    expected = [
+        (f, look["configs"])
+        for f, r in uninterrupted.records().items()
+        for look in r["looks"][before[f] :]
+    ]
+    assert sorted(announced) == sorted(expected) and len(set(announced)) == len(announced)
