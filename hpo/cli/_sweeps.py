@@ -36,7 +36,7 @@ from hpo.cli._options import (
 
 if TYPE_CHECKING:
     from cluster.storage import SweepLocation
-    from hpo.trials import TrialRow
+    from hpo.sweep import SweepRows
 
 
 def sweep_cmd(
@@ -76,6 +76,10 @@ def sweep_cmd(
     if num_gpus is not None and address is not None:
         fail("--num-gpus sets up a local Ray; a cluster at --address declares its own GPUs")
     if plan:
+        if spec.compare:  # from the spec alone: said even where the GPU plan fails
+            from hpo.compare.plan import comparison_plan_text
+
+            console.print(comparison_plan_text(spec), markup=False, highlight=False)
         try:
             text = plan_only(spec, address=address, num_gpus=num_gpus).text
         except SweepError as exc:
@@ -90,8 +94,10 @@ def sweep_cmd(
         else ""
     )
     scheduler = "asha per trial" if spec.asha_per_trial else spec.scheduler
+    # A sequential comparison's n_trials is its most: families decided early run fewer.
+    trials = f"up to {spec.n_trials} trials" if spec.sequential else f"{spec.n_trials} trials"
     console.print(
-        f"sweep [bold]{spec.name}[/]: {spec.n_trials} trials{grouped} ({', '.join(spec.families)} "
+        f"sweep [bold]{spec.name}[/]: {trials}{grouped} ({', '.join(spec.families)} "
         f"x {', '.join(spec.precisions)}; {spec.search} + {scheduler}), MLflow at "
         f"{spec.tracking_uri}"
     )
@@ -105,8 +111,8 @@ def sweep_cmd(
         )
     except SweepError as exc:
         fail(str(exc))
-    _print_sweep_result(rows, spec.n_trials, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
-    _exit_if_interrupted(rows, spec.n_trials)
+    _print_sweep_result(rows, _sweep_dir(spec.storage, spec.name), spec.tracking_uri)
+    _exit_if_interrupted(rows)
 
 
 def resume_cmd(
@@ -137,8 +143,8 @@ def resume_cmd(
         )
     except SweepError as exc:
         fail(str(exc))
-    _print_sweep_result(rows, record.spec.n_trials, record.sweep_dir, record.tracking_uri)
-    _exit_if_interrupted(rows, record.spec.n_trials)
+    _print_sweep_result(rows, record.sweep_dir, record.tracking_uri)
+    _exit_if_interrupted(rows)
 
 
 def status_cmd(
@@ -165,7 +171,8 @@ def status_cmd(
         }
         console.print_json(json.dumps(payload, default=str))
         return
-    title = f"{record.spec.name}: {len(rows)} of {record.spec.n_trials} trials started"
+    up_to = "up to " if record.spec.sequential else ""
+    title = f"{record.spec.name}: {len(rows)} of {up_to}{record.spec.n_trials} trials started"
     columns = ("trial", "family", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
     table = titled_table(title, *columns, "note")
     for r in rows:
@@ -221,9 +228,10 @@ def _print_event(line: str) -> None:
     console.print(line, markup=False, highlight=False)
 
 
-def _exit_if_interrupted(rows: list[TrialRow], planned: int) -> None:
-    """A sweep that stopped before every planned trial ended exits 3 (resumable)."""
-    if sum(r.done for r in rows) < planned:
+def _exit_if_interrupted(rows: SweepRows) -> None:
+    """A sweep that stopped before it was complete (every planned trial ended, every
+    sequential family decided) exits 3 (resumable)."""
+    if not rows.complete:
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
@@ -290,21 +298,23 @@ def _print_links(tracking_uri: str, sweep_dir: SweepLocation | Path | str) -> No
         console.print(line, soft_wrap=True)  # a link folded over lines does not open
 
 
-def _print_sweep_result(
-    rows: list[TrialRow], planned: int, sweep_dir: SweepLocation, tracking_uri: str
-) -> None:
+def _print_sweep_result(rows: SweepRows, sweep_dir: SweepLocation, tracking_uri: str) -> None:
+    from dashboards.tables import family_lines
     from hpo.trials import best_rows
 
     done = sum(r.done for r in rows)
     diverged = sum(r.diverged for r in rows)
     fell_back = sum(r.fell_back_to_f32 for r in rows)
     console.print(
-        f"{done}/{planned} trials finished ({len(rows) - done} not finished; {diverged} diverged, "
+        f"{done}/{rows.planned} trials finished ({len(rows) - done} not finished; {diverged} diverged, "
         f"{fell_back} fell back to f32) in {sweep_dir}"
     )
     best = best_rows(rows)
     if best:
         _print_best(best)
-    if done < planned:
+    if rows.comparison is not None:
+        for line in family_lines(rows.comparison):
+            console.print(line, markup=False, highlight=False)
+    if not rows.complete:
         console.print(f"[yellow]interrupted: continue with[/] hpo resume {sweep_dir}")
     _print_links(tracking_uri, sweep_dir)

@@ -15,6 +15,9 @@ The package, one job a module:
   cache, a pool of threads where the reads wait on a server).
 * :mod:`~hpo.compare.inference`: the statistics per family and pooled, and the verdicts
   (:func:`compare_trials`, no MLflow).
+* :mod:`~hpo.compare.sequential`: a sequential comparison's families, their looks
+  recomputed from the sweep's record and their verdicts (:func:`apply_sequential`).
+* :mod:`~hpo.compare.plan`: what a compare sweep can decide, printed before it launches.
 * :mod:`~hpo.compare.mlflow_writer`: the ``cmp.*`` metrics and tags and the artifacts on
   the parent run.
 
@@ -49,12 +52,15 @@ from hpo.compare.records import (
     PairSharpeTest,
     ScopeComparison,
     Selection,
+    SequentialLookRecord,
+    SequentialRecord,
     SplitInference,
     TrialRecord,
     TrialReturns,
     TrialState,
     contrast_key,
 )
+from hpo.compare.sequential import STOPPED_ON, apply_sequential
 from hpo.tracking import MARGIN_PARAM, RETURNS_ARTIFACT
 from trainables.returns_file import SPLITS
 
@@ -68,6 +74,7 @@ __all__ = [
     "PBO_BLOCKS",
     "RETURNS_ARTIFACT",
     "SPLITS",
+    "STOPPED_ON",
     "VERDICT_SPLIT",
     "Comparison",
     "ComparisonError",
@@ -76,10 +83,13 @@ __all__ = [
     "PairSharpeTest",
     "ScopeComparison",
     "Selection",
+    "SequentialLookRecord",
+    "SequentialRecord",
     "SplitInference",
     "TrialRecord",
     "TrialReturns",
     "TrialState",
+    "apply_sequential",
     "compare_trials",
     "comparison_from_mlflow",
     "comparison_metrics",

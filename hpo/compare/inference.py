@@ -26,7 +26,7 @@ import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,6 +47,7 @@ from hpo.compare.records import (
     TrialRecord,
     TrialReturns,
 )
+from hpo.compare.sequential import apply_sequential
 from hpo.cost import summarise_cost
 from hpo.stats import (
     EXACT_MAX_N,
@@ -109,11 +110,15 @@ def compare_trials(
     tracking_uri: str = "",
     parent_run_id: str | None = None,
     notes: Sequence[str] = (),
+    sequential: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Comparison:
     """The comparison of ``trials`` (already read), reference precision first.
 
     The computation behind :func:`~hpo.compare.mlflow_reader.comparison_from_mlflow`,
-    without MLflow: trials of other precisions must already be left out. The remaining
+    without MLflow: trials of other precisions must already be left out. ``sequential``:
+    a sequential sweep's record per family (the parent run's
+    :data:`~hpo.tracking.SEQUENTIAL_ARTIFACT`), whose looks decide those
+    families' verdicts (:func:`~hpo.compare.sequential.apply_sequential`). The remaining
     arguments are recorded in the result as they are given (``tracking_uri`` without
     credentials).
     """
@@ -136,6 +141,13 @@ def compare_trials(
     for contrast in overall.contrasts.values():
         for split in SPLITS:
             _holm([contrast.inference[split]], contrast.other)
+    if sequential:
+        all_notes += apply_sequential(families, sequential)
+        overall.notes.append(
+            "a sequential comparison: each family stopped at its own look, so the pooled "
+            "statistics are a fixed-design analysis of the configurations they took, "
+            "descriptive; the families' verdicts are their looks'"
+        )
     return Comparison(
         experiment=experiment,
         experiment_id=experiment_id,
@@ -466,7 +478,10 @@ def _equivalence(
     inference.tost_confidence = tost.confidence
     inference.tost_verdict = tost.verdict
     inference.pvalue_worse, inference.pvalue_better = tost.pvalue_worse, tost.pvalue_better
-    inference.mean_tost_low, inference.mean_tost_high = tost.mean_low, tost.mean_high
+    inference.mean_tost_low, inference.mean_tost_high = (
+        tost.mean_verdict_low,
+        tost.mean_verdict_high,
+    )
     inference.skewness = tost.skewness
     inference.diff_sd = float(np.std(diff, ddof=1)) if diff.size > 1 else math.nan
     inference.n_configs = int(diff.size)
@@ -482,11 +497,11 @@ def _equivalence(
         )
     if tost.blocked:
         notes.append(f"equivalence withheld: {tost.blocked}")
-    elif tost.skewed:
-        notes.append(
-            f"the differences are strongly skewed (sample skewness {tost.skewness:+.2f}, mean "
-            f"{tost.mean:+.3f} vs pseudo-median {tost.estimate:+.3f})"
-        )
+    if tost.note:
+        notes.append(tost.note)
+    if tost.loss_tail is not None:
+        inference.tail_line = tost.loss_tail.line(other, names)
+        notes.append(inference.tail_line)
     if inference.tail_configs:
         shown = ", ".join(f"{names[i]} ({diff[i]:+.3f})" for i in tost.tail[:5])
         more = f" and {len(tost.tail) - 5} more" if len(tost.tail) > 5 else ""
@@ -537,14 +552,6 @@ def _decide(inference: SplitInference, other: str) -> None:
                 f"claims (Holm p {holm:.3f})"
             )
             inference.verdict_note = "; ".join(n for n in (inference.verdict_note, note) if n)
-        elif (
-            inference.skewed
-            and inference.configs_needed is None
-            and not inference.configs_needed_capped
-            and abs(inference.tost_estimate) < inference.margin
-        ):
-            # Towards equivalence, but more configurations would not remove the skew.
-            verdict = "inconclusive: strongly skewed differences"
         if inference.configs_needed_capped:
             verdict = f"inconclusive: more than {PAIRS_NEEDED_CAP:,} more configurations needed"
         elif inference.configs_needed and verdict == "inconclusive":

@@ -43,6 +43,8 @@ from hpo.tracking import (
     RETURNS_ARTIFACT,
     ROLE_SWEEP,
     ROLE_TRIAL,
+    SEQUENTIAL_ARTIFACT,
+    SEQUENTIAL_PARAM,
     TAG_CONFIG,
     TAG_FAILURE,
     TAG_FAMILY,
@@ -127,6 +129,12 @@ def comparison_from_mlflow(
     trials = _read_trials(client, tracking_uri, compared, with_curves, with_returns)
     if ignored:
         notes.append(f"left out trials of precisions not compared: {ignored}")
+    sequential = _sequential_records(client, parent, notes)
+    if sequential and margin != _sweep_margin(parent, []):
+        notes.append(
+            f"the sequential families' looks keep the sweep's margin; --margin {margin:g} "
+            "applies to the fixed-design statistics only"
+        )
     return compare_trials(
         trials,
         chosen,
@@ -137,7 +145,29 @@ def comparison_from_mlflow(
         tracking_uri=tracking_uri,
         parent_run_id=parent.info.run_id,
         notes=notes,
+        sequential=sequential,
     )
+
+
+def _sequential_records(client: Any, parent: Any, notes: list[str]) -> dict[str, Any] | None:
+    """A sequential sweep's record per family (the parent run's
+    :data:`~hpo.tracking.SEQUENTIAL_ARTIFACT`), or None for a fixed design."""
+    import json
+
+    if parent.data.params.get(SEQUENTIAL_PARAM) != "True":
+        return None
+    text, reason = _artifact_text(client, parent, SEQUENTIAL_ARTIFACT)
+    if text is None:
+        notes.append(
+            f"a sequential comparison with no look logged yet ({SEQUENTIAL_ARTIFACT}: {reason})"
+        )
+        return None
+    try:
+        families = json.loads(text)["families"]
+    except (ValueError, KeyError, TypeError) as exc:
+        notes.append(f"{SEQUENTIAL_ARTIFACT} unreadable ({exc}): the looks are not shown")
+        return None
+    return dict(families)
 
 
 def _search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
@@ -344,7 +374,7 @@ def _trial_returns(
         if end and key in _RETURNS_CACHE:
             _RETURNS_CACHE.move_to_end(key)
             return _RETURNS_CACHE[key], None
-    text, reason = _returns_text(client, run)
+    text, reason = _artifact_text(client, run, RETURNS_ARTIFACT)
     if text is None:
         return None, f"no returns artifact {RETURNS_ARTIFACT} ({reason})"
     try:
@@ -359,8 +389,8 @@ def _trial_returns(
     return returns, None
 
 
-def _returns_text(client: Any, run: Any) -> tuple[str | None, str]:
-    """The text of the run's returns artifact, or None and the first line of the error."""
+def _artifact_text(client: Any, run: Any, artifact: str) -> tuple[str | None, str]:
+    """The text of the run's ``artifact``, or None and the first line of the error."""
     import tempfile
 
     from mlflow.exceptions import MlflowException
@@ -371,10 +401,10 @@ def _returns_text(client: Any, run: Any) -> tuple[str | None, str]:
         # download_artifacts would fetch the run again and copy the file to a temp dir.
         # When the read fails, MLflow's does too and says why in its words, as before.
         with contextlib.suppress(OSError, UnicodeDecodeError):
-            return (local / RETURNS_ARTIFACT).read_text(encoding="utf-8"), ""
+            return (local / artifact).read_text(encoding="utf-8"), ""
     try:
-        with tempfile.TemporaryDirectory(prefix="hpo-returns-") as tmp:
-            path = client.download_artifacts(run.info.run_id, RETURNS_ARTIFACT, tmp)
+        with tempfile.TemporaryDirectory(prefix="hpo-artifact-") as tmp:
+            path = client.download_artifacts(run.info.run_id, artifact, tmp)
             with open(path, encoding="utf-8") as fh:
                 return fh.read(), ""
     except (MlflowException, OSError, UnicodeDecodeError) as exc:

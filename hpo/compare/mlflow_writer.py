@@ -50,8 +50,11 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     ``cmp.<family>.<other>_vs_<ref>.<split>.<pair_id>.<jkm|hac>_<p|z>`` and ``boot_p`` /
     ``boot_p_bh`` (the Sharpe-difference tests of its two members; ``boot_p_bh`` is the
     one to read); ``cmp.<scope>.<precision>.gpu_hours`` / ``cpu_hours`` and
-    ``cmp.<scope>.<other>_vs_<ref>.cost.<stat>`` (:mod:`hpo.cost`). The verdicts are
-    tags (:func:`comparison_tags`).
+    ``cmp.<scope>.<other>_vs_<ref>.cost.<stat>`` (:mod:`hpo.cost`). A family of a
+    sequential comparison: ``cmp.<family>.configs`` (its decision's), ``configs_made``,
+    ``looks``, ``gpu_hours`` / ``cpu_hours`` (all its trials: what the verdict cost),
+    ``p_worse`` / ``p_better`` (repeated p-values) and ``holm_p_worse`` /
+    ``holm_p_better``. The verdicts are tags (:func:`comparison_tags`).
     """
     out: dict[str, float] = {}
     for scope in comparison.scopes:
@@ -121,6 +124,17 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
             out[f"{name}.trials_per_gpu_ratio"] = ratio.trials_per_gpu
             out[f"{name}.step_speedup"] = ratio.step_speedup
             out[f"{name}.peak_mem_ratio"] = ratio.memory_ratio
+        if scope.sequential is not None:
+            record = scope.sequential
+            out[f"{prefix}.configs"] = float(record.configs)
+            out[f"{prefix}.configs_made"] = float(record.configs_made)
+            out[f"{prefix}.looks"] = float(len(record.looks))
+            out[f"{prefix}.gpu_hours"] = record.gpu_hours
+            out[f"{prefix}.cpu_hours"] = record.cpu_hours
+            out[f"{prefix}.p_worse"] = record.p_worse
+            out[f"{prefix}.p_better"] = record.p_better
+            out[f"{prefix}.holm_p_worse"] = record.holm_p_worse
+            out[f"{prefix}.holm_p_better"] = record.holm_p_better
         pooled = scope.selection[ALL_PRECISIONS]
         out[f"{prefix}.dsr_best"] = pooled.dsr
         out[f"{prefix}.dsr_best_by_configs"] = pooled.dsr_by_configs
@@ -158,7 +172,10 @@ def comparison_tags(comparison: Comparison) -> dict[str, str]:
     ``cmp.<scope>.<other>_vs_<ref>.<val|test>.verdict`` and ``...wilcoxon_method`` per
     split, and ``cmp.<scope>.verdict``: the one contrast's verdict, or
     ``<key>: <verdict>; ...`` with several; ``cmp.<scope>.<other>_vs_<ref>.cost``: the
-    cost sentence (:meth:`hpo.cost.CostRatio.sentence`).
+    cost sentence (:meth:`hpo.cost.CostRatio.sentence`). A family of a sequential
+    comparison: ``cmp.<family>.decision`` (the rule's), ``cmp.<family>.stopped_on``
+    (``running`` while it runs) and ``cmp.<family>.look_decisions`` (``configs decision``
+    per look).
     """
     tags = {
         "cmp.reference": comparison.reference,
@@ -186,6 +203,13 @@ def comparison_tags(comparison: Comparison) -> dict[str, str]:
             headline.append((key, verdict))
             if contrast.other in scope.cost.ratios:
                 tags[f"{prefix}.{key}.cost"] = scope.cost.ratios[contrast.other].sentence()
+        if scope.sequential is not None:
+            record = scope.sequential
+            tags[f"{prefix}.decision"] = record.decision
+            tags[f"{prefix}.stopped_on"] = record.stopped_on or "running"
+            tags[f"{prefix}.look_decisions"] = "; ".join(
+                f"{look.configs} {look.decision}" for look in record.looks
+            )
         if len(headline) == 1:
             tags[f"{prefix}.verdict"] = headline[0][1]
         elif headline:

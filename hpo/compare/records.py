@@ -141,10 +141,13 @@ class SplitInference:
     """How many p-values (one per family) were adjusted together; 0 when not adjusted."""
     verdict: str | None = None
     """TOST verdict against ``margin``: ``equivalent`` (the mean's interval inside the
-    margin too, no strong skew), ``<other> worse`` / ``<other> better`` (Holm-adjusted),
-    ``inconclusive: about N more configurations needed``, ``inconclusive: more than 1,000
-    more configurations needed``, ``inconclusive: strongly skewed differences`` or
-    ``inconclusive``; None while not computable (``verdict_note`` says why)."""
+    margin too), ``<other> worse`` / ``<other> better`` (Holm-adjusted), ``inconclusive:
+    about N more configurations needed``, ``inconclusive: more than 1,000 more
+    configurations needed`` or ``inconclusive``; None while not computable
+    (``verdict_note`` says why). A family of a sequential comparison reads its
+    :class:`SequentialRecord`'s verdict on the :data:`VERDICT_SPLIT` split instead (its
+    ``verdict``), the TOST's staying in ``tost_verdict``. :meth:`hpo.stats.Verdict.of`
+    maps any of them to the enum."""
     equivalence_pvalue: float = math.nan
     """p-value of the two one-sided tests (the larger of the two)."""
     tost_estimate: float = math.nan
@@ -178,7 +181,9 @@ class SplitInference:
     """How many one-sided p-values were adjusted together (2 per family)."""
     mean_tost_low: float = math.nan
     mean_tost_high: float = math.nan
-    """The mean difference's 90% t-interval: "equivalent" needs it inside the margin too."""
+    """The mean difference's 90% interval that the verdict reads (per side the wider of
+    the t-interval and the BCa bootstrap's, :func:`hpo.stats.mean_interval`, valid under
+    skew): "equivalent" needs it inside the margin too."""
     skewness: float = math.nan
     """Sample skewness of the configuration differences (bias-corrected)."""
     diff_sd: float = math.nan
@@ -188,12 +193,93 @@ class SplitInference:
     """Configurations behind the verdict (the used ones)."""
     equivalence_withheld: str | None = None
     """Why the signed-rank TOST's "equivalent" was withheld (the mean's interval leaves
-    the margin, or the differences are strongly skewed); None when it was not."""
+    the margin); None when it was not."""
     skewed: bool = False
     """Strongly skewed differences (:data:`hpo.stats.SKEW_LIMIT`, or mean and HL more
-    than half the margin apart)."""
+    than half the margin apart): reported (``verdict_note``), not a block."""
     tail_configs: list[str] = field(default_factory=list)
     """Configurations whose difference lies beyond Tukey's fences, most extreme first."""
+    tail_line: str | None = None
+    """How often the other precision loses more than the margin, with its interval and
+    the worst configurations by id (:meth:`hpo.stats.LossTail.line`): said beside the
+    verdict, because "equivalent on average" can hide a few configurations it breaks."""
+
+
+@dataclass
+class SequentialLookRecord:
+    """One look of a family's sequential comparison (:class:`hpo.stats.SequentialLook`)."""
+
+    configs: int
+    """Configurations (with a finite difference) the look read."""
+    decision: str
+    """``continue``, ``equivalent``, ``worse``, ``better`` or ``futile``."""
+    mean: float
+    low: float
+    """Repeated confidence interval of the mean difference (NaN before
+    :data:`hpo.stats.MIN_FIRST_LOOK`)."""
+    high: float
+    level: float
+    """One-sided nominal level of [low, high] (0 before the first look that spends)."""
+    hl_estimate: float
+    hl_low: float
+    hl_high: float
+    decision_probability: float
+    """The futility rule's predicted probability that the budget's look decides."""
+
+
+@dataclass
+class SequentialRecord:
+    """A family of a sequential comparison (``[comparison] sequential = true``): its looks,
+    what it stopped on, its verdict after the Holm adjustment across families, and what
+    it cost. Recomputed by :func:`hpo.stats.sequential_comparison` from the sweep's record
+    of the planned looks and the differences in the order the configurations completed
+    (the parent run's ``sequential.json``); the rule being deterministic, the looks are
+    those the sweep applied (``recorded_decisions``, a note where they are not)."""
+
+    decision: str
+    """The rule's last decision: ``continue`` (still running), ``equivalent``,
+    ``worse``, ``better`` or ``futile``."""
+    verdict: str
+    """What the family's verdict reads: ``equivalent``, ``<other> worse`` / ``<other>
+    better`` (the repeated p-value Holm-adjusted across families at or below alpha),
+    ``futile: ...``, ``continue: ...`` or ``inconclusive: ...``."""
+    stopped_on: str | None
+    """``decision``, ``futility``, ``budget`` or ``failures``; None while it runs."""
+    configs: int
+    """Configurations the decision rests on (the last look's)."""
+    configs_made: int
+    """Configurations the sweep made for the family (replacements and those finished
+    after the decision included)."""
+    budget: int
+    plan: list[int]
+    """The planned looks (cumulative configurations), the last the budget."""
+    margin: float
+    alpha: float
+    metric: str
+    """What the differences are of (``test_sharpe``)."""
+    looks: list[SequentialLookRecord]
+    p_worse: float
+    """Repeated p-value of "worse by more than the margin" over the looks reached."""
+    p_better: float
+    holm_p_worse: float = math.nan
+    """``p_worse`` Holm-adjusted over both directions of every sequential family."""
+    holm_p_better: float = math.nan
+    holm_n_tests: int = 0
+    tail: str | None = None
+    """The loss-tail line at the last look (:meth:`hpo.stats.LossTail.line`)."""
+    note: str | None = None
+    order: list[str] = field(default_factory=list)
+    """Configuration ids in the order they completed."""
+    differences: list[float | None] = field(default_factory=list)
+    """Their differences (None: no finite difference, replaced)."""
+    recorded_decisions: list[str] = field(default_factory=list)
+    """The decisions the sweep logged at its looks."""
+    gpu_hours: float = math.nan
+    """GPU-hours the family's trials spent, every precision and state (the verdict's cost)."""
+    cpu_hours: float = math.nan
+    """CPU-hours likewise."""
+    trials: int = 0
+    """Trials that recorded their cost."""
 
 
 @dataclass
@@ -363,6 +449,8 @@ class ScopeComparison:
     """What each precision spent and the paired cost ratios (:mod:`hpo.cost`)."""
     overfitting: Overfitting
     notes: list[str] = field(default_factory=list)
+    sequential: SequentialRecord | None = None
+    """A family of a sequential comparison: its looks and verdict (None otherwise)."""
 
 
 @dataclass
