@@ -24,9 +24,14 @@ class SweepProgress(Callback):
     Tune's statuses as they stood at the sweep's first step (all of them, on a resume)."""
 
     def __init__(
-        self, total: int, on_event: Callable[[str], None] | None = None, every_s: float = 10.0
+        self,
+        total: int,
+        on_event: Callable[[str], None] | None = None,
+        every_s: float = 10.0,
+        up_to: bool = False,
     ) -> None:
         self.total = total
+        self.up_to = up_to  # total is a most (a sequential comparison's)
         self.on_event = on_event or (lambda line: print(line, flush=True))
         self.every_s = every_s
         # Each trial's latest validation Sharpe: "best" ranks trials the way `hpo best` and
@@ -49,7 +54,7 @@ class SweepProgress(Callback):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__ = {"up_to": False, **state}
         self.on_event = lambda line: print(line, flush=True)
         self._seen_first_step = False  # a resumed driver counts from Tune's statuses again
 
@@ -69,7 +74,8 @@ class SweepProgress(Callback):
             if self.best
             else ""
         )
-        return f"[{done + errored}/{self.total}] running {running}, done {done}, errored {errored}{best}"
+        total = f"up to {self.total}" if self.up_to else str(self.total)
+        return f"[{done + errored}/{total}] running {running}, done {done}, errored {errored}{best}"
 
     @property
     def best(self) -> tuple[float, str] | None:

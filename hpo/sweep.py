@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
     from hpo.compare import Comparison
     from hpo.final_trials import FinalTrials
     from hpo.recovery import StopOnRepeatedError
+    from hpo.search.budget import PolicyEvent
+    from hpo.search.sweep_searcher import SweepSearcher
+    from hpo.tracking import MlflowSweepCallback
     from trainables.config import TrainConfig
 
 log = logging.getLogger("hpo.sweep")
@@ -189,11 +192,15 @@ def build_tuner(
     record: SweepRecord,
     watchers: SweepWatchers,
     resources: TrialResources | ClusterPacker | None = None,
+    searcher: SweepSearcher | None = None,
 ) -> Any:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from hpo.search.sweep_searcher import SweepSearcher
+
+    if searcher is None:
+        searcher = watchers.attach(SweepSearcher(spec))
 
     scheduler: Any
     if spec.scheduler == "asha" and not spec.asha_per_trial:
@@ -221,7 +228,7 @@ def build_tuner(
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=SweepSearcher(spec),
+            search_alg=searcher,
             scheduler=scheduler,
             # The searcher decides when the sweep is complete (FINISHED once every planned
             # trial has reported): OOM retries add trials beyond the plan.
@@ -267,12 +274,26 @@ def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> An
 
 @dataclass(frozen=True)
 class SweepWatchers:
-    """What watches a sweep's trials: Tune callbacks, and the stopper among them that ends
-    a sweep whose first trials all fail alike (its ``reason`` says why)."""
+    """What watches a sweep: Tune callbacks, the stopper among them that ends a sweep
+    whose first trials all fail alike (its ``reason`` says why), and what the searcher's
+    budgets report (a sequential family's looks: a progress line, and the parent run's
+    record through the MLflow callback's outbox, so Tune's loop never waits for it)."""
 
     callbacks: list[Any]
     stop: StopOnRepeatedError
     final: FinalTrials  # the trials' rows as the experiment ended
+    mlflow: MlflowSweepCallback
+    print_line: Callable[[str], None]
+
+    def attach(self, searcher: SweepSearcher) -> SweepSearcher:
+        """Tell these watchers what ``searcher``'s budgets report; returns it."""
+
+        def on_policy_event(event: PolicyEvent) -> None:
+            self.print_line(event.line)
+            self.mlflow.log_looks(searcher.records(), event.stream, event.look)
+
+        searcher.listeners = [on_policy_event]
+        return searcher
 
 
 def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> SweepWatchers:
@@ -290,24 +311,33 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
     # Counted in Tune trials: a group's members fail as one.
     stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_tune_trials))
     final = FinalTrials(record.sweep_dir)
+    tracking = MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id)
+    progress = SweepProgress(
+        total=record.spec.n_trials, on_event=on_event, up_to=record.spec.sequential
+    )
     callbacks = [
         JsonLoggerCallback(),
         CSVLoggerCallback(),
-        MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id),
-        SweepProgress(total=record.spec.n_trials, on_event=on_event),
+        tracking,
+        progress,
         AdoptReportedCheckpoint(),
         stop,
         final,
     ]
-    return SweepWatchers(callbacks=callbacks, stop=stop, final=final)
+    return SweepWatchers(
+        callbacks=callbacks, stop=stop, final=final, mlflow=tracking, print_line=progress.on_event
+    )
 
 
 def _finish_or_refuse(
-    record: SweepRecord, watchers: SweepWatchers, render_report: ReportRenderer | None
-) -> list[TrialRow]:
+    record: SweepRecord,
+    watchers: SweepWatchers,
+    render_report: ReportRenderer | None,
+    searcher: SweepSearcher,
+) -> SweepRows:
     """The sweep's rows after it ended; a sweep its stopper called off is summarized the
     same way, then reported as a SweepError naming the error and the fix."""
-    rows = finish_sweep(record, render_report, watchers.final.rows)
+    rows = finish_sweep(record, render_report, searcher, watchers.final.rows)
     if watchers.stop.reason is not None:
         raise SweepError(watchers.stop.reason)
     return rows
@@ -321,16 +351,17 @@ def run_sweep(
     num_cpus: int | None = None,
     num_gpus: int | None = None,
     render_report: ReportRenderer | None = None,
-) -> list[TrialRow]:
+) -> SweepRows:
     """Run ``spec`` to completion (or until interrupted) and return every trial's row.
     A compare sweep logs its statistics on the parent run, with the HTML report where
     ``render_report`` is given."""
     from mlflow.tracking import MlflowClient
 
+    from hpo.search.sweep_searcher import SweepSearcher
     from hpo.tracking import start_sweep_run
 
-    # Decided once and recorded: a resumed sweep groups its trials as it started.
-    spec = spec.with_grouping_recorded()
+    # Decided once and recorded: a resumed sweep groups its trials, and looks, as it started.
+    spec = spec.with_grouping_recorded().with_looks_recorded()
     storage = SweepLocation.parse(spec.storage)
     sweep_dir = storage.child(spec.name)
     if sweep_dir.exists(SWEEP_FILE):
@@ -348,23 +379,35 @@ def run_sweep(
     except BaseException:
         store.discard()
         raise
+    comparison_plan = None
+    if spec.compare:
+        from hpo.compare.plan import comparison_plan_text
+
+        comparison_plan = comparison_plan_text(spec)
     if on_event is not None:
         on_event(plan.text)
+        if comparison_plan is not None:
+            on_event(comparison_plan)
     store.join()
     client = MlflowClient(spec.tracking_uri)
     parent = start_sweep_run(
         client, spec.name, spec.model_dump(exclude={"search_space", "trainer"}), spec.compare
     )
     plan.log_to(client, parent)
+    if comparison_plan is not None:
+        from hpo.compare.plan import PLAN_ARTIFACT
+
+        client.log_text(parent, comparison_plan, PLAN_ARTIFACT)
     record = SweepRecord(
         spec=spec, sweep_dir=sweep_dir, parent_run_id=parent, tracking_uri=spec.tracking_uri
     )
     record.write()
     watchers = _watchers(record, on_event)
-    tuner = build_tuner(spec, record, watchers, resources)
+    searcher = watchers.attach(SweepSearcher(spec))
+    tuner = build_tuner(spec, record, watchers, resources, searcher)
     with _sigterm_stops_gracefully():
         tuner.fit()
-    return _finish_or_refuse(record, watchers, render_report)
+    return _finish_or_refuse(record, watchers, render_report, searcher)
 
 
 def resume_sweep(
@@ -373,9 +416,10 @@ def resume_sweep(
     address: str | None = None,
     on_event: Callable[[str], None] | None = None,
     render_report: ReportRenderer | None = None,
-) -> list[TrialRow]:
+) -> SweepRows:
     """Continue an interrupted sweep: unfinished trials from their newest checkpoints,
-    finished ones kept as they are, the search continuing from its saved state.
+    finished ones kept as they are, the search continuing from its saved state (a
+    sequential comparison's looks included: none is applied twice).
 
     Ray Tune unpickles that state from the sweep's storage: resume only storage you
     trust. A local sweep directory that other users can write is refused."""
@@ -401,9 +445,10 @@ def resume_sweep(
     )
     watchers = _watchers(record, on_event)
     _replace_watchers(tuner, watchers)
+    searcher = watchers.attach(_restored_searcher(tuner))
     with _sigterm_stops_gracefully():
         tuner.fit()
-    return _finish_or_refuse(record, watchers, render_report)
+    return _finish_or_refuse(record, watchers, render_report, searcher)
 
 
 def _refuse_untrusted(sweep_dir: SweepLocation) -> None:
@@ -437,6 +482,17 @@ def _join_cluster(spec: SweepSpec, storage: str, address: str | None, **kwargs: 
         raise SweepError(str(exc)) from exc
 
 
+def _restored_searcher(tuner: Any) -> SweepSearcher:
+    """The searcher Tune restored with the sweep (its saved state, looks included, is
+    loaded into this object as the fit starts)."""
+    from hpo.search.sweep_searcher import SweepSearcher
+
+    searcher = tuner._local_tuner._tune_config.search_alg
+    if not isinstance(searcher, SweepSearcher):
+        raise SweepError(f"the sweep's saved search is a {type(searcher).__name__}, not hpo's")
+    return searcher
+
+
 def _replace_watchers(tuner: Any, watchers: SweepWatchers) -> None:
     """Fresh callbacks and stopper after a restore (MLflow clients and consoles are not
     restored); the callbacks' saved state (child run ids) is loaded by Tune from the
@@ -446,25 +502,59 @@ def _replace_watchers(tuner: Any, watchers: SweepWatchers) -> None:
     internal._run_config.stop = watchers.stop
 
 
+class SweepRows(list[TrialRow]):
+    """A sweep's trial rows (a list, as readers of rows take it), with what it planned:
+    ``planned`` trials (a sequential comparison's: those of the configurations it made,
+    once complete; until then the most it may run), whether it is ``complete`` (every
+    stream done, every trial reported), and its ``comparison`` (compare mode)."""
+
+    def __init__(
+        self,
+        rows: list[TrialRow],
+        planned: int,
+        complete: bool,
+        comparison: Comparison | None = None,
+    ) -> None:
+        super().__init__(rows)
+        self.planned = planned
+        self.complete = complete
+        self.comparison = comparison
+
+
 def finish_sweep(
     record: SweepRecord,
     render_report: ReportRenderer | None = None,
+    searcher: SweepSearcher | None = None,
     attempts: list[TrialRow] | None = None,
-) -> list[TrialRow]:
+) -> SweepRows:
     """Summarize into ``hpo-summary.json`` and the MLflow parent run (with the comparison
-    in compare mode, see :func:`run_sweep`). ``attempts``: every attempt's row as the
-    driver held them when the experiment ended; without them the rows are read from the
-    sweep's storage."""
+    in compare mode, see :func:`run_sweep`). ``searcher``: the sweep's, as the run left it
+    (what it planned and whether it is complete; without it, the spec's plan).
+    ``attempts``: every attempt's row as the driver held them when the experiment ended;
+    without them the rows are read from the sweep's storage."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     rows = trial_rows(record.sweep_dir) if attempts is None else latest_attempts(attempts)
     best = best_rows(rows)
+    planned = searcher.planned_trials if searcher is not None else record.spec.n_trials
+    # One row per planned member (latest_attempts): an OOM retry adds a Tune trial, not a
+    # member; an OOM attempt whose retry has not run yet is not done.
+    complete = all(r.done for r in rows) and len(rows) == planned
+    if searcher is not None:
+        complete = complete and searcher.complete
     summary = {
         "sweep": record.spec.name,
         "n_trials": len(rows),
+        "planned": planned,
+        "complete": complete,
         "status_counts": _count(r.status for r in rows),
         "best": [r.to_dict() for r in best],
+        **(
+            {"sequential": searcher.records()}
+            if searcher is not None and searcher.records()
+            else {}
+        ),
     }
     record.sweep_dir.write_text(SUMMARY_FILE, json.dumps(summary, indent=1, default=str))
     client = MlflowClient(record.tracking_uri)
@@ -476,16 +566,22 @@ def finish_sweep(
     metrics.append(Metric("n_trials", float(len(rows)), stamp, 0))
     client.log_batch(record.parent_run_id, metrics=metrics)
     client.log_dict(record.parent_run_id, summary, SUMMARY_FILE)
+    if searcher is not None and searcher.records():
+        from hpo.tracking import SEQUENTIAL_ARTIFACT, sequential_payload
+
+        # The looks as the searcher holds them now: the outbox wrote them at each look,
+        # but configurations made or finished since (and a write a stopped driver never
+        # sent) are only here; the comparison below reads this.
+        payload = sequential_payload(searcher.records())
+        client.log_dict(record.parent_run_id, payload, SEQUENTIAL_ARTIFACT)
+    comparison = None
     if record.spec.compare:
-        _log_comparison(record, render_report)
-    # One row per planned member (latest_attempts): an OOM retry adds a Tune trial, not a
-    # member; an OOM attempt whose retry has not run yet is not done.
-    finished = all(r.done for r in rows) and len(rows) == record.spec.n_trials
-    client.set_terminated(record.parent_run_id, status="FINISHED" if finished else "KILLED")
-    return rows
+        comparison = _log_comparison(record, render_report)
+    client.set_terminated(record.parent_run_id, status="FINISHED" if complete else "KILLED")
+    return SweepRows(rows, planned, complete, comparison)
 
 
-def _log_comparison(record: SweepRecord, render_report: ReportRenderer | None) -> None:
+def _log_comparison(record: SweepRecord, render_report: ReportRenderer | None) -> Comparison | None:
     """Paired precision statistics (and the HTML report, rendered by ``render_report``)
     onto the parent run (compare mode).
 
@@ -511,6 +607,7 @@ def _log_comparison(record: SweepRecord, render_report: ReportRenderer | None) -
             record.parent_run_id,
             report_html=render_report(comparison) if render_report is not None else None,
         )
+        return comparison
     except Exception as exc:  # keep the sweep's own results; say how to redo this part
         log.warning(
             "comparison statistics not logged (%s: %s); recompute with "
@@ -520,6 +617,7 @@ def _log_comparison(record: SweepRecord, render_report: ReportRenderer | None) -
             experiment,
             record.tracking_uri,
         )
+        return None
 
 
 def _count(items: Any) -> dict[str, int]:

@@ -76,6 +76,21 @@ epoch's out-of-sample returns: split, fold, timestamp, return), logged when the 
 ends; a resumed trial that ends again overwrites it (one file per run, never two)."""
 MARGIN_PARAM = "comparison.margin"
 """Parent-run param: the spec's ``[comparison] margin`` (what ``hpo compare`` uses)."""
+SEQUENTIAL_PARAM = "comparison.sequential"
+"""Parent-run param: ``True`` for a sequential comparison (``[comparison] sequential``)."""
+SEQUENTIAL_ARTIFACT = "sequential.json"
+"""Parent-run artifact of a sequential comparison, rewritten at each look:
+``{"version": 1, "families": {family: record}}``, each record what
+:meth:`hpo.search.budget.SequentialBudget.record` returns (the planned looks, the
+differences in the order the configurations completed, the looks applied, what the
+family stopped on). ``hpo compare`` recomputes the looks from it."""
+
+
+def sequential_payload(records: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The :data:`SEQUENTIAL_ARTIFACT` of a sequential comparison's records by family."""
+    return {"version": 1, "families": {k: dict(v) for k, v in records.items()}}
+
+
 METRIC_DROPPED = "hpo.dropped_writes"  # parent run: calls the store rejected, so far
 TAG_LAST_DROPPED = "hpo.last_dropped_write"
 
@@ -496,6 +511,44 @@ class MlflowSweepCallback(Callback):
                 self.tracking_uri,
                 len(self.outbox.pending),
             )
+
+    def log_looks(
+        self,
+        records: Mapping[str, Mapping[str, Any]],
+        family: str,
+        look: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Queue a sequential comparison's records (every family's, as
+        :meth:`hpo.search.budget.SequentialBudget.record` returns them) onto the parent run:
+        the artifact :data:`SEQUENTIAL_ARTIFACT`, rewritten whole, the tags
+        ``cmp.<family>.decision`` and ``cmp.<family>.stopped_on``, the metrics
+        ``cmp.<family>.configs`` (the last look's) and ``cmp.<family>.configs_made``, and
+        ``look``'s mean and interval as ``cmp.<family>.look_mean`` / ``look_low`` /
+        ``look_high`` at step = its configurations. Through the outbox: never waits."""
+        payload = sequential_payload(records)
+        record = records[family]
+        looks = record["looks"]
+        stamp = int(time.time() * 1000)
+        metrics = [
+            Metric(f"cmp.{family}.configs", float(looks[-1]["configs"] if looks else 0), stamp, 0),
+            Metric(f"cmp.{family}.configs_made", float(record["configs_made"]), stamp, 0),
+        ]
+        if look is not None:
+            for key in ("mean", "low", "high"):
+                if _is_number(look.get(key)):
+                    metrics.append(
+                        Metric(f"cmp.{family}.look_{key}", float(look[key]), stamp, look["configs"])
+                    )
+        tags = [
+            RunTag(f"cmp.{family}.decision", str(record["decision"])),
+            RunTag(f"cmp.{family}.stopped_on", str(record["stopped_on"] or "running")),
+        ]
+
+        def send() -> None:
+            self.client.log_dict(self.parent_run_id, payload, SEQUENTIAL_ARTIFACT)
+            self.client.log_batch(self.parent_run_id, metrics=metrics, tags=tags)
+
+        self.outbox.send(f"sequential looks of {family}", send)
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait for every queued MLflow call to go through; False if some are still queued."""

@@ -1,0 +1,176 @@
+"""A sequential compare sweep as a user runs it (the ``hpo`` CLI in child processes): kan
+and liquid, first look 6, budget 12, looks every 2. The sweep is interrupted (SIGTERM)
+once a family's first look is applied, resumed with ``hpo resume`` to the end, then read
+back with ``hpo compare --json --html``: every look printed once across the two runs (none
+repeated, none lost), each family's looks those of ``hpo.stats.sequential_verdict`` on
+its recorded differences, a decided family given no configuration after its decision,
+and the looks in the JSON, the report and the parent run.
+
+One trial worker, frozen as it appears and stepped one checkpoint at a time, so the
+signal lands after the first look however fast a trial is (no sleeps)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from hpo.stats import sequential_looks, sequential_verdict
+from hpo.tracking import SEQUENTIAL_ARTIFACT
+from tests.hpo.sweep_helpers import write_tiny_spec
+from tests.processes import kill_tree, log_tail, signal_all, wait_for
+from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+FIRST, EVERY, BUDGET = 6, 2, 12
+MARGIN = 0.1  # the default
+LOOK = re.compile(r"^(kan|liquid): look (\d+) at (\d+) of up to 12 configurations", re.M)
+
+
+def _spec(tmp_path: Path) -> Path:
+    # Every shape-changing setting pinned: configurations of a family batch into group
+    # trials (one per precision and look), as a sweep on a GPU would run them.
+    return write_tiny_spec(
+        tmp_path,
+        "seq",
+        models=["kan", "liquid"],
+        compare=True,
+        samples=FIRST,
+        max_epochs=1,
+        max_concurrent=1,
+        comparison={
+            "sequential": True,
+            "max_configs": BUDGET,
+            "look_every": EVERY,
+        },
+        trainer={"lookback": 8, "batch_size": 32, "max_steps_per_epoch": 2},
+        search_space={
+            "kan": {"n_layers": 1, "width": 4, "window": 2, "grid_size": 3, "spline_order": 1},
+            "liquid": {
+                "hidden": 8,
+                "backbone_units": 8,
+                "backbone_layers": 1,
+                "backbone_activation": "relu",
+                "mode": "gated",
+            },
+        },
+    )
+
+
+def _interrupt_after_first_look(tmp_path: Path, spec: Path, sweep_dir: Path) -> str:
+    driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
+    log = tmp_path / "sweep.log"
+    frozen: list[int] = []
+    try:
+        wait_for(
+            lambda: freeze_on_arrival(driver.pid, frozen, count=1),
+            timeout=300,
+            what="the trial worker",
+            proc=driver,
+            detail=log_tail(log),
+            interval=0.02,
+        )
+        while not LOOK.search(log.read_text()):
+            freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
+            advance(frozen[-1], sweep_dir, driver)
+        driver.send_signal(signal.SIGTERM)
+        signal_all(frozen, signal.SIGCONT)
+        driver.wait(timeout=180)
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+        kill_tree(driver)
+    text = log.read_text()
+    assert driver.returncode == 3, text[-4000:]
+    return text
+
+
+def _logged(client: MlflowClient, tmp_path: Path, experiment: str) -> dict[str, Any]:
+    """The families of the sweep's parent run's sequential.json."""
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (parent,) = client.search_runs([found.experiment_id], "tags.`hpo.role` = 'sweep'")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_artifacts(parent.info.run_id, SEQUENTIAL_ARTIFACT, tmp)
+        return dict(json.loads(Path(path).read_text())["families"])
+
+
+def test_a_sequential_sweep_interrupted_and_resumed_decides_each_family_once(
+    tmp_path: Path,
+) -> None:
+    spec = _spec(tmp_path)
+    sweep_dir = tmp_path / "results" / "seq"
+    plan = sequential_looks(FIRST, EVERY, BUDGET)
+    assert plan == (6, 8, 10, 12)
+
+    first = _interrupt_after_first_look(tmp_path, spec, sweep_dir)
+    assert "up to 48 trials" in first and "comparison plan (bf16 vs f32" in first
+    assert f"hpo resume {sweep_dir}" in first.replace("\n", "")
+    assert "undecided after" in first  # the families' lines of an interrupted sweep
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    # What the parent run holds once the driver stopped: the searcher's records as they
+    # were at the end (configurations made after the last look included), not the last
+    # look's snapshot.
+    summary = json.loads((sweep_dir / "hpo-summary.json").read_text())
+    assert _logged(client, tmp_path, "seq") == summary["sequential"]
+
+    resumed = subprocess.run(
+        [*HPO, "resume", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    second = resumed.stdout
+    assert resumed.returncode == 0, second[-3000:] + resumed.stderr[-3000:]
+
+    # Every look announced once over the two runs, in order, at the planned counts.
+    looks = [(m[1], int(m[2]), int(m[3])) for m in LOOK.finditer(first + second)]
+    assert len(set(looks)) == len(looks), looks
+    for family in ("kan", "liquid"):
+        mine = [(k, n) for f, k, n in looks if f == family]
+        assert mine == [(k + 1, plan[k]) for k in range(len(mine))], (family, looks)
+        assert len(mine) >= 3  # no verdict before 10 configurations
+
+    out = tmp_path / "compare.json"
+    html = tmp_path / "report.html"
+    compared = subprocess.run(
+        [
+            *HPO,
+            *("compare", "--experiment", "seq", "--tracking-uri", uri),
+            *("--json", str(out), "--html", str(html)),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
+    comparison = json.loads(out.read_text())
+    report = html.read_text()
+    parent = client.get_run(comparison["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    logged = _logged(client, tmp_path, "seq")
+    for family in ("kan", "liquid"):
+        sequential = comparison["families"][family]["sequential"]
+        record = logged[family]
+        differences = [o["difference"] for o in record["order"] if o["difference"] is not None]
+        decisions = sequential_verdict(differences, plan, MARGIN)
+        assert [look["decision"] for look in sequential["looks"]] == decisions
+        assert [look["configs"] for look in sequential["looks"]] == list(plan[: len(decisions)])
+        assert sequential["decision"] == decisions[-1] != "continue"
+        assert all(
+            {"configs", "low", "high", "decision"} <= set(look) for look in sequential["looks"]
+        )
+        # Decided at its last look: nothing made beyond it (one trial ran at a time).
+        assert record["configs_made"] == len(record["order"])
+        assert len(differences) == sequential["looks"][-1]["configs"]
+        verdict_line = f"{family}: "
+        assert verdict_line in second and f"of up to {BUDGET} configurations" in second
+        assert f'id="looks-{family}"' in report
+        assert report.count('data-configs="') >= len(decisions)
+        assert parent.data.tags[f"cmp.{family}.decision"] == decisions[-1]
