@@ -11,7 +11,12 @@ Stable hooks (``<scope>``: a family or ``overall``, reduced to ``[A-Za-z0-9_-]``
 * ``p#mlflow-link`` - the trials' deep link into MLflow's runs table (text, not a link);
 * ``h1#verdict`` - the verdict, overall and per family; ``section#cost`` with
   ``table#cost-table`` - hours, shares, speed and memory per scope and precision, and the
-  paired cost ratio; ``ul#verdicts`` - why, per family;
+  paired cost ratio; ``ul#verdicts`` - why, per family; ``ul#family-verdicts`` - per
+  family the verdict, the configurations it rests on, what it cost (GPU- and CPU-hours)
+  and the tail line, with a sequential family's looks;
+* ``table#looks-<scope>`` - a sequential family's looks (configurations, mean, repeated
+  interval and its level, Hodges-Lehmann beside it, the futility number, decision), with
+  what it stopped on (``p#stopped-<scope>``);
 * ``#summary-table`` - one row per scope, contrast and split;
 * ``section#family-<scope>.family`` - everything about one scope;
 * ``table#stats-<scope>.stats-table``, ``table#counts-<scope>``, ``table#selection-<scope>``
@@ -46,6 +51,7 @@ from dashboards._svg import (
 )
 from dashboards.tables import (
     cost_headline,
+    family_lines,
     format_ci,
     format_confidence,
     format_interval,
@@ -62,10 +68,12 @@ from hpo.compare import (
     OVERALL,
     PBO_BLOCKS,
     SPLITS,
+    STOPPED_ON,
     VERDICT_SPLIT,
     Comparison,
     Contrast,
     ScopeComparison,
+    SequentialRecord,
     TrialRecord,
 )
 from hpo.mlflow_links import mlflow_ui, trials_link
@@ -139,6 +147,7 @@ def render_report(comparison: Comparison) -> str:
         + "</h1>",
         _cost(c),
         _verdicts(c),
+        _list(family_lines(c), "family-verdicts"),
         f'<p class="title">Does precision change out-of-sample Sharpe? {escape(c.experiment)}</p>',
         '<p class="meta">',
         f"{n_trials} trials; precisions {escape(', '.join(c.precisions))} "
@@ -279,7 +288,7 @@ def _cost(c: Comparison) -> str:
 
 def _verdicts(c: Comparison) -> str:
     items = [
-        verdict_sentence(scope.scope, contrast)
+        verdict_sentence(scope.scope, contrast, sequential=scope.sequential)
         for scope in c.scopes
         for contrast in scope.contrasts.values()
     ]
@@ -378,6 +387,8 @@ def _scope_section(c: Comparison, scope: ScopeComparison, colours: dict[str, str
         parts.append(
             f'<p class="caption">All families pooled: {escape(", ".join(scope.families))}.</p>'
         )
+    if scope.sequential is not None:
+        parts += ["<h3>Sequential looks</h3>", _looks_table(name, scope.sequential)]
     parts += [
         "<h3>Paired statistics</h3>",
         _stats_table(c, scope),
@@ -444,6 +455,8 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
     detail_head = (
         f"<tr><th class='text'>contrast, Sharpe</th><th>median {escape(c.reference)}</th>"
         "<th>median other</th><th>median diff</th><th>skewness of the differences</th>"
+        "<th title='the interval of the mean that the verdict reads: valid when the "
+        "differences are skewed'>mean: 90% interval (t or BCa, the wider)</th>"
         "<th>Wilcoxon W</th><th>MWU U</th><th>MWU p (descriptive)</th><th>KS D</th>"
         "<th>KS p (descriptive)</th></tr>"
     )
@@ -478,6 +491,8 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
                 f"<td>{escape(contrast.other)} {format_num(r.median_b)}</td>"
                 f'<td class="median-diff">{format_num(r.median_difference, True)}</td>'
                 f'<td class="skewness">{format_num(inference.skewness, True)}</td>'
+                '<td class="mean-verdict-interval">'
+                f"{format_interval(inference.mean_tost_low, inference.mean_tost_high)}</td>"
                 f"<td>{format_num(r.wilcoxon_statistic)}</td>"
                 f"<td>{format_num(r.mannwhitney_statistic)}</td>"
                 f"{_descriptive_cell(r.mannwhitney_pvalue)}"
@@ -780,6 +795,44 @@ def _overfitting_table(scope: ScopeComparison) -> str:
         f'<table id="{dom_id("overfitting", scope.scope)}" class="overfitting-table">'
         "<thead><tr><th class='text'>quantity</th><th>value</th><th class='text'>from</th>"
         f"<th class='text'>note</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def _looks_table(scope: str, record: SequentialRecord) -> str:
+    """A sequential family's looks, and what it stopped on and cost."""
+    rows = "".join(
+        f'<tr data-configs="{look.configs}"><td>{look.configs}</td>'
+        f"<td>{format_num(look.mean, signed=True)}</td>"
+        f'<td class="interval">{format_interval(look.low, look.high)}</td>'
+        f"<td>{_small(look.level)}</td>"
+        f"<td>{format_num(look.hl_estimate, signed=True)} "
+        f"{format_interval(look.hl_low, look.hl_high)}</td>"
+        f"<td>{_small(look.decision_probability)}</td>"
+        f'<td class="text decision">{escape(look.decision)}</td></tr>'
+        for look in record.looks
+    )
+    stopped = (
+        f"stopped on {STOPPED_ON.get(record.stopped_on, record.stopped_on)}"
+        if record.stopped_on
+        else "still running"
+    )
+    line = (
+        f"{record.verdict}: {record.configs} of up to {record.budget} configurations "
+        f"(planned looks {', '.join(str(n) for n in record.plan)}; {record.configs_made} made, "
+        f"replacements and those finished after the decision included); {stopped}; "
+        f"{record.gpu_hours:.3f} GPU-hours, {record.cpu_hours:.3f} CPU-hours over "
+        f"{record.trials} trials; repeated p-values worse {format_p(record.p_worse)} / better "
+        f"{format_p(record.p_better)}, Holm {format_p(record.holm_p_worse)} / "
+        f"{format_p(record.holm_p_better)} over {record.holm_n_tests} claims"
+    )
+    notes = [n for n in (record.tail, record.note) if n]
+    return (
+        f'<p id="{dom_id("stopped", scope)}" class="stopped">{escape(line)}</p>'
+        f'<div class="table-wrap"><table id="{dom_id("looks", scope)}" class="looks-table">'
+        "<thead><tr><th>configurations</th><th>mean diff</th><th>repeated interval</th>"
+        "<th>one-sided level</th><th>HL [interval]</th><th>P(decision by budget)</th>"
+        f"<th class='text'>decision</th></tr></thead><tbody>{rows}</tbody></table></div>"
+        + _list(notes)
     )
 
 

@@ -14,24 +14,29 @@ from typing import Any
 from hpo.compare import (
     NOT_COMPUTED,
     SPLITS,
+    STOPPED_ON,
     VERDICT_SPLIT,
     Comparison,
     Contrast,
     ScopeComparison,
+    SequentialRecord,
     SplitInference,
 )
-from hpo.stats import PairedComparison
+from hpo.stats import PairedComparison, Verdict
 
 __all__ = [
     "compact_table",
     "cost_cell",
     "cost_headline",
+    "family_lines",
     "format_ci",
     "format_confidence",
     "format_interval",
+    "format_looks",
     "format_mean_ci",
     "format_num",
     "format_p",
+    "hours_text",
     "overfitting_text",
     "rich_tables",
     "verdict_headline",
@@ -113,8 +118,16 @@ def _holm_text(inference: SplitInference, side: str) -> str:
     return f"Holm p {format_p(p)} over {inference.holm_n_tests} one-sided claims"
 
 
-def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT) -> str:
-    """One sentence that explains the verdict of ``contrast`` in ``scope``."""
+def verdict_sentence(
+    scope: str,
+    contrast: Contrast,
+    split: str = VERDICT_SPLIT,
+    sequential: SequentialRecord | None = None,
+) -> str:
+    """One sentence that explains the verdict of ``contrast`` in ``scope``; a family of a
+    sequential comparison (``sequential``) explains its looks on the verdict's split."""
+    if sequential is not None and split == VERDICT_SPLIT:
+        return _sequential_sentence(scope, contrast, sequential)
     r = contrast.split(split)
     inference = contrast.inference[split]
     margin = f"\u00b1{inference.margin:.2f}"
@@ -126,7 +139,8 @@ def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT)
         f"{format_interval(inference.tost_low, inference.tost_high)}"
     )
     mean = (
-        f"the mean difference {format_num(r.mean_difference, True)} has the 90% t-interval "
+        f"the mean difference {format_num(r.mean_difference, True)} has the 90% interval "
+        f"(t or BCa, the wider) "
         f"{format_interval(inference.mean_tost_low, inference.mean_tost_high)}"
     )
     p = f"TOST p = {format_p(inference.equivalence_pvalue)}"
@@ -134,9 +148,10 @@ def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT)
     if verdict is None:
         why = inference.verdict_note or inference.wilcoxon_method
         return f"{scope}: no verdict ({why})."
-    if verdict == "equivalent":
+    decision = Verdict.of(verdict)
+    if decision is Verdict.EQUIVALENT:
         return f"{scope}: equivalent: {interval} and {mean}, both inside the margin {margin} ({p})."
-    if verdict.startswith("inconclusive"):
+    if decision is Verdict.INCONCLUSIVE:
         tail = f"; {inference.verdict_note}" if inference.verdict_note else ""
         low, high, m = inference.tost_low, inference.tost_high, inference.margin
         if inference.equivalence_withheld:
@@ -152,11 +167,103 @@ def verdict_sentence(scope: str, contrast: Contrast, split: str = VERDICT_SPLIT)
         else:
             where = f"which reaches beyond the margin {margin} without lying wholly outside it"
         return f"{scope}: {verdict}: {interval}, {where} ({p}{tail})."
-    side = "below" if verdict.endswith("worse") else "above"
+    side = "below" if decision is Verdict.WORSE else "above"
     return (
         f"{scope}: {verdict}: {interval}, wholly {side} the margin {margin} "
         f"({p}; {_holm_text(inference, side)})."
     )
+
+
+def _sequential_sentence(scope: str, contrast: Contrast, record: SequentialRecord) -> str:
+    """The verdict of a family decided in steps: what its last look read, and why."""
+    margin = f"\u00b1{record.margin:.2f}"
+    diff = f"{contrast.other} - {contrast.reference} {_metric_label(record.metric)}"
+    last = record.looks[-1] if record.looks else None
+    if last is None:
+        return f"{scope}: {record.verdict}: no look yet (the first at {record.plan[0]})."
+    interval = (
+        f"at the look at {last.configs} configurations the mean difference "
+        f"{format_num(last.mean, True)} ({diff}) has the {1 - 2 * last.level:.1%} repeated "
+        f"confidence interval {format_interval(last.low, last.high)}"
+        if math.isfinite(last.low)
+        else f"{last.configs} configurations so far, before the first look that decides"
+    )
+    decision = Verdict.of(record.verdict)
+    if decision is Verdict.EQUIVALENT:
+        why = f"inside the margin {margin}"
+    elif decision in (Verdict.WORSE, Verdict.BETTER):
+        side = "below" if decision is Verdict.WORSE else "above"
+        holm = record.holm_p_worse if decision is Verdict.WORSE else record.holm_p_better
+        why = (
+            f"wholly {side} the margin {margin} (Holm p {format_p(holm)} over "
+            f"{record.holm_n_tests} one-sided claims)"
+        )
+    else:
+        why = record.note or f"neither inside nor beyond the margin {margin}"
+    stopped = (
+        f"; stopped on {STOPPED_ON.get(record.stopped_on, record.stopped_on)}"
+        if record.stopped_on
+        else ""
+    )
+    return f"{scope}: {record.verdict} (sequential): {interval}, {why}{stopped}."
+
+
+def _metric_label(metric: str) -> str:
+    return "test Sharpe" if metric == "test_sharpe" else metric
+
+
+def format_looks(record: SequentialRecord) -> str:
+    """The looks in one line: ``6 continue; 8 continue; 10 [-0.027, +0.027] equivalent``."""
+    return "; ".join(
+        f"{look.configs} {format_interval(look.low, look.high)} {look.decision}"
+        if math.isfinite(look.low)
+        else f"{look.configs} {look.decision}"
+        for look in record.looks
+    )
+
+
+def hours_text(gpu_hours: float, cpu_hours: float) -> str:
+    """``0.012 GPU-hours, 0.34 CPU-hours`` (three digits; a dash where not recorded)."""
+    gpu = f"{gpu_hours:.3g}" if math.isfinite(gpu_hours) else "\u2014"
+    cpu = f"{cpu_hours:.3g}" if math.isfinite(cpu_hours) else "\u2014"
+    return f"{gpu} GPU-hours, {cpu} CPU-hours"
+
+
+def family_lines(comparison: Comparison) -> list[str]:
+    """Per family: its verdict, the configurations it rests on and what reaching it cost
+    (every trial of the family, each precision and state), then a sequential family's
+    looks, and the tail line (how often the other precision loses more than the margin)."""
+    lines = []
+    for scope in comparison.families.values():
+        spent = scope.cost.by_precision.values()
+        cost = hours_text(sum(c.gpu_hours for c in spent), sum(c.cpu_hours for c in spent))
+        record = scope.sequential
+        for contrast in scope.contrasts.values():
+            inference = contrast.inference[VERDICT_SPLIT]
+            verdict = inference.verdict or NOT_COMPUTED
+            if record is not None:
+                stopped = (
+                    f", stopped on {STOPPED_ON.get(record.stopped_on, record.stopped_on)}"
+                    if record.stopped_on
+                    else ", running"
+                )
+                if Verdict.of(record.verdict) is Verdict.CONTINUE:
+                    verdict = "undecided"  # its "continue: ..." says the same as the line
+                lines.append(
+                    f"{scope.scope}: {verdict} after {record.configs} of up to {record.budget} "
+                    f"configurations ({record.configs_made} made{stopped}); cost {cost}"
+                )
+                lines.append(f"  looks: {format_looks(record) or 'none yet'}")
+                tail = record.tail
+            else:
+                lines.append(
+                    f"{scope.scope}: {verdict} with {inference.n_configs} configurations; "
+                    f"cost {cost}"
+                )
+                tail = inference.tail_line
+            if tail:
+                lines.append(f"  {tail}")
+    return lines
 
 
 def overfitting_text(scope: ScopeComparison) -> str:
@@ -249,6 +356,8 @@ def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
         yield Text(line, style="bold")
     for line in cost_headline(comparison):
         yield Text(line)
+    for line in family_lines(comparison):
+        yield Text(line)
     if not wide:
         yield compact_table(comparison)
         for scope in comparison.scopes:
@@ -264,7 +373,8 @@ def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
         "diverged member; pend.: seed pairs not finished\n"
         "Wilcoxon p: exact/normal = how it was computed; q: BH-adjusted across the families "
         "of one split (one test per family); MWU, KS: descriptive, not the test\n"
-        "mean: mean difference and its t-interval; Holm w/b: the worse/better claims' "
+        "mean: mean difference and its t-interval (the verdict reads the 90% interval, t or "
+        "BCa, the wider); Holm w/b: the worse/better claims' "
         "p-values Holm-adjusted over every family's one-sided claims of the split\n"
         f"verdict: TOST against \u00b1{comparison.margin:.2f} annualised Sharpe, with the mean "
         "inside it too; diverged, DSR best: ref/other; cost: paired hours ratio other/ref"

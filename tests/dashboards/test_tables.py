@@ -38,7 +38,7 @@ def test_an_equivalent_verdict_states_the_mean_interval_too() -> None:
     noise = [0.01, -0.01, 0.02, -0.02, 0.0, 0.015, -0.015, 0.005, -0.005, 0.012]
     sentence = _sentence(noise)
     assert sentence.startswith("tft: equivalent")
-    assert "mean" in sentence and "90% t-interval" in sentence
+    assert "mean" in sentence and "90% interval (t or BCa, the wider)" in sentence
 
 
 def test_a_claim_lost_to_the_holm_adjustment_says_so() -> None:
