@@ -55,7 +55,7 @@ def comparison_plan_text(spec: SweepSpec) -> str:
     rows: list[tuple[str, ...]] = [
         ("family", "design", "fewest for a verdict", "80% power up to", "expected configs")
     ]
-    rows += [(model, design, fewest, power, expected) for model in spec.models]
+    rows += [(family, design, fewest, power, expected) for family in spec.families]
     lines += _columns(rows, left=5)
     table: list[tuple[str, ...]] = [
         (

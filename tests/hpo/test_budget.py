@@ -179,7 +179,7 @@ def test_a_sequential_budget_restored_repeats_no_look() -> None:
 def _spec(**overrides: Any) -> SweepSpec:
     payload: dict[str, Any] = {
         "name": "budget-unit",
-        "models": ["kan", "liquid"],
+        "families": ["kan", "liquid"],
         "precisions": ["f32", "bf16"],
         "samples": 6,
         "search": "random",

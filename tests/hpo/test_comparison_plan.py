@@ -18,7 +18,7 @@ from hpo.spec import parse_spec
 from hpo.stats import EQUIVALENCE_POWER, SEQUENTIAL_POWER, min_configs_for_verdict
 from tests.hpo.sweep_helpers import write_tiny_spec
 
-BASE: dict[str, Any] = {"name": "p", "models": ["kan", "liquid"], "compare": True}
+BASE: dict[str, Any] = {"name": "p", "families": ["kan", "liquid"], "compare": True}
 
 
 def test_a_fixed_design_that_cannot_decide_is_warned_about() -> None:

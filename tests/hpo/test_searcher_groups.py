@@ -324,7 +324,7 @@ def test_a_group_trials_result_as_tune_flattens_it_tells_each_trial_its_own_valu
     # arrive as "trials/<slug>/val_sharpe" keys, not under "trials".
     from ray.tune.utils import flatten_dict
 
-    searcher = SweepSearcher(_spec(models=["kan"], precisions=["f32", "bf16"], seeds=[0, 1]))
+    searcher = SweepSearcher(_spec(families=["kan"], precisions=["f32", "bf16"], seeds=[0, 1]))
     trials = _all_suggestions(searcher)
     for trial_id, config in trials.items():
         precision = config["precision"]

@@ -41,7 +41,7 @@ def _spec(tmp_path: Path) -> Path:
     return write_tiny_spec(
         tmp_path,
         "seq",
-        models=["kan", "liquid"],
+        families=["kan", "liquid"],
         compare=True,
         samples=FIRST,
         max_epochs=1,

@@ -215,7 +215,7 @@ def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-SEQUENTIAL: dict[str, Any] = {"models": ["kan", "liquid"], "compare": True, "samples": 6}
+SEQUENTIAL: dict[str, Any] = {"families": ["kan", "liquid"], "compare": True, "samples": 6}
 
 
 @pytest.mark.parametrize(
