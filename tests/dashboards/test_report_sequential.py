@@ -29,11 +29,11 @@ def _record(family: str, differences: list[float]) -> dict:
     for i, d in enumerate(differences):
         if budget.done:
             break
-        budget.made(f"{family}-g{i:03d}")
+        budget.made(f"{family}-c{i:03d}")
         f32 = 0.5 + 0.01 * i
         budget.on_outcome(
             Outcome(
-                f"{family}-g{i:03d}",
+                f"{family}-c{i:03d}",
                 (
                     TrialOutcome("f32", 0, {"test_sharpe": f32}),
                     TrialOutcome("bf16", 0, {"test_sharpe": f32 + d}),
@@ -86,7 +86,7 @@ def test_the_report_shows_the_looks_the_tail_and_the_verdicts_interval(
     lines = family_lines(comparison)
     assert lines[0].startswith("kan: equivalent after 10 of up to 12 configurations")
     tail = next(line for line in lines if "loses more than 0.1" in line)
-    assert "1 of 10 configurations" in tail and "kan-g003" in tail
+    assert "1 of 10 configurations" in tail and "kan-c003" in tail
     assert tail.strip() in html
     assert "90% interval (t or BCa, the wider)" in html
     inference = comparison.families["kan"].contrasts["bf16_vs_f32"].inference["test"]

@@ -56,8 +56,8 @@ def _feed(budget: SequentialBudget, differences: list[float | None]) -> list[Pol
         if budget.done:
             break
         assert budget.allowance() > 0, (i, budget.record())
-        budget.made(f"kan-g{i:03d}")
-        events += budget.on_outcome(_outcome(f"kan-g{i:03d}", d))
+        budget.made(f"kan-c{i:03d}")
+        events += budget.on_outcome(_outcome(f"kan-c{i:03d}", d))
     return events
 
 
@@ -161,12 +161,12 @@ def test_a_sequential_budget_restored_repeats_no_look() -> None:
     differences = [0.04 * math.sin(i) for i in range(20)]
     budget = _sequential(plan)
     events = _feed(budget, differences[:9])  # looks at 6 and 8 applied, one pending
-    budget.made("kan-g009")
+    budget.made("kan-c009")
     assert len(budget.looks) == 2 and budget.pending == 1
     restored = _sequential(plan)
     restored.load_state(json.loads(json.dumps(budget.state())))
     assert restored.record() == budget.record() and restored.pending == 1
-    more = restored.on_outcome(_outcome("kan-g009", differences[9]))
+    more = restored.on_outcome(_outcome("kan-c009", differences[9]))
     assert [e.look["configs"] for e in events + more if e.look] == [6, 8, 10]
     assert [look.configs for look in restored.looks] == [6, 8, 10]
     with pytest.raises(ValueError, match="differ from the spec's"):
@@ -186,7 +186,7 @@ def _spec(**overrides: Any) -> SweepSpec:
         "scheduler": "fifo",
         "compare": True,
         "comparison": {"sequential": True, "max_configs": 20, "look_every": 2},
-        "fusion": {"group_size": 1},
+        "grouping": {"group_size": 1},
         "search_space": {
             "kan": {"n_layers": 1, "spline_order": 3},
             "liquid": {"backbone_layers": 1},
@@ -201,7 +201,7 @@ Difference = Callable[[str, int], float | None]
 
 
 def _index(config_id: str) -> int:
-    return int(config_id.rsplit("-g", 1)[1])
+    return int(config_id.rsplit("-c", 1)[1])
 
 
 def _differences(family: str, n: int) -> float | None:
@@ -225,7 +225,7 @@ class Driver:
     def result(self, trial_id: str, config: dict[str, Any]) -> dict[str, Any]:
         def metrics(unit: dict[str, Any]) -> dict[str, Any]:
             config_id = unit["config_id"]
-            family = config_id.rsplit("-g", 1)[0]
+            family = config_id.rsplit("-c", 1)[0]
             base = 0.3 + 0.01 * _index(config_id)
             if unit["precision"] == "f32":
                 return {"val_sharpe": base, "test_sharpe": base}
@@ -311,7 +311,7 @@ def test_a_sequential_sweep_stops_each_family_when_decided() -> None:
 def _grouped_spec() -> SweepSpec:
     """Configurations of one shape per family, two members per group trial, first look 10."""
     return _spec(
-        fusion={"group_size": 2},
+        grouping={"group_size": 2},
         search_space={
             "kan": {"n_layers": 1, "spline_order": 3, "width": 4, "window": 2, "grid_size": 5},
             "liquid": {
@@ -329,7 +329,7 @@ def _grouped_spec() -> SweepSpec:
 
 def test_group_trials_count_a_configuration_once_all_its_members_reported() -> None:
     spec = _grouped_spec()
-    assert spec.batch_size("kan") == spec.batch_size("liquid") == 2
+    assert spec.configs_per_ask("kan") == spec.configs_per_ask("liquid") == 2
     searcher = SweepSearcher(spec)
     driver = Driver(searcher)
     driver.fill(2)
@@ -376,7 +376,7 @@ def test_a_stream_that_ended_has_its_queued_work_withdrawn() -> None:
     }
     assert set(liquid) == {c for c in started if c.startswith("liquid")}
     assert 1 <= len(liquid) < 10 and searcher.budgets[1].made_ids == liquid
-    assert "liquid: stopped at liquid-g000" in lines
+    assert "liquid: stopped at liquid-c000" in lines
     assert all(not c.startswith("liquid") or c in liquid for c in started)
     assert searcher.planned_trials == 2 * (len(liquid) + searcher.records()["kan"]["configs_made"])
 

@@ -247,7 +247,7 @@ def test_group_size_one_asks_what_the_streams_searcher_asks_alone() -> None:
     assert [t["params"] for t in f32] == [direct.ask(f"x{i}") for i in range(3)]
 
 
-def test_members_per_group_is_the_largest_group_the_searcher_forms() -> None:
+def test_trials_per_group_is_the_largest_group_the_searcher_forms() -> None:
     """What the plan profiles a model's group share for: a batch's members of one
     precision, split evenly into groups of at most group_size."""
     search = {"compare": False, "scheduler": "fifo", "samples": 5, "grouping": {"group_size": 8}}
