@@ -170,12 +170,19 @@ def _sequential_records(client: Any, parent: Any, notes: list[str]) -> dict[str,
     return dict(families)
 
 
+SEARCH_PAGE = 200
+"""Runs per MLflow search page. A page's runs are loaded as SQLAlchemy objects (every tag,
+param and latest metric) before MLflow turns them into its entities: at 1000 per page that
+transient load was the peak of a 1000-trial compare sweep's driver (bench/README.md, "A
+sweep's per-trial cost"); the entities kept are a fraction of it."""
+
+
 def _search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
     runs: list[Any] = []
     token = None
     while True:
         page = client.search_runs(
-            [experiment_id], filter_string=filter_string, max_results=1000, page_token=token
+            [experiment_id], filter_string=filter_string, max_results=SEARCH_PAGE, page_token=token
         )
         runs.extend(page)
         token = page.token
