@@ -98,8 +98,9 @@ class ComparisonSpec(_Strict):
 
     margin: float = Field(0.1, gt=0.0)
     """Equivalence margin on the paired difference of annualised Sharpe ratios: bf16 is
-    "as good" when the 90% Hodges-Lehmann interval of the per-configuration differences
-    lies inside +-margin (the TOST verdict). Default 0.1 (``hpo.compare.DEFAULT_MARGIN``;
+    "as good" when the 90% interval of the mean per-configuration difference (t or BCa,
+    the wider; repeated over the looks in a sequential comparison) lies inside +-margin
+    (the TOST verdict). Default 0.1 (``hpo.compare.DEFAULT_MARGIN``;
     README "The f32-versus-bf16 comparison" says why)."""
     sequential: bool = False
     """Decide each family in steps (docs/statistics.md, "Deciding in steps"): the searcher
@@ -285,6 +286,14 @@ class SweepSpec(_Strict):
             raise ValueError(
                 f"comparison.sequential = true needs exactly two precisions (a reference "
                 f"and the other, e.g. ['f32', 'bf16']), got {self.precisions}"
+            )
+        if self.search != "random":
+            # Its looks take the configurations made so far as independent draws of one
+            # distribution; an adaptive searcher's later draws come from another.
+            raise ValueError(
+                f"comparison.sequential = true needs search = 'random', got "
+                f"{self.search!r}: each look takes the configurations so far as independent "
+                "draws of the space, which an adaptive searcher's are not"
             )
         if comparison.max_configs is None:
             raise ValueError(

@@ -1389,14 +1389,25 @@ class _Batch(NamedTuple):
 
 
 def _sequential_batch(
-    d: np.ndarray, looks: tuple[int, ...], margin: float, alpha: float, futility: bool = True
+    d: np.ndarray,
+    looks: tuple[int, ...],
+    margin: float,
+    alpha: float,
+    futility: bool = True,
+    directional_alpha: float | None = None,
 ) -> _Batch:
     """The rule on every row of ``d`` (R, N) at once: the implementation of
     :func:`sequential_verdict` (which calls it with one row), used as is by the tests'
     and the benchmark's simulations. ``futility=False`` drops the futility stops before
-    the budget (to show that they are non-binding)."""
+    the budget (to show that they are non-binding). ``directional_alpha`` (at most
+    ``alpha``): the "worse" and "better" claims read the repeated interval at that error
+    rate instead (a sweep's families share a Bonferroni split of ``alpha``, so that a
+    family stopped on a claim keeps it after the Holm adjustment across families)."""
     rows, available = d.shape
     levels = sequential_levels(looks, alpha)
+    claim_levels = (
+        levels if directional_alpha is None else sequential_levels(looks, directional_alpha)
+    )
     budget = looks[-1]
     codes = np.full((rows, len(looks)), _NOT_REACHED, dtype=np.int8)
     low = np.full((rows, len(looks)), np.nan)
@@ -1416,10 +1427,15 @@ def _sequential_batch(
             x = d[chunk, :n]
             ms = _mean_stats(x)
             lo, hi, _, _ = _mean_ends(ms, levels[k])
+            claim_lo, claim_hi = (
+                (lo, hi) if claim_levels is levels else _mean_ends(ms, claim_levels[k])[:2]
+            )
             code = np.where(
                 (lo > -margin) & (hi < margin),
                 _EQUIVALENT,
-                np.where(hi < -margin, _WORSE, np.where(lo > margin, _BETTER, _CONTINUE)),
+                np.where(
+                    claim_hi < -margin, _WORSE, np.where(claim_lo > margin, _BETTER, _CONTINUE)
+                ),
             )
             if n == budget:
                 code = np.where(code == _CONTINUE, _FUTILE, code)
@@ -1454,7 +1470,9 @@ def sequential_verdict(
     :data:`FUTILITY_PROBABILITY` (non-binding: the error rates hold without it); else
     "continue". Looks before :data:`MIN_FIRST_LOOK` configurations read "continue" (or
     "futile" when such a look is the budget). Each claim errs with probability at most
-    about ``alpha`` at the margin (docs/statistics.md has the measured rates).
+    about ``alpha`` at the margin (docs/statistics.md has the measured rates). A sweep
+    splits alpha over its families' directional claims: :func:`sequential_comparison`'s
+    ``directional_alpha``.
 
     Raises:
         ValueError: naming the argument, on non-finite or non-1-D ``differences``, looks
@@ -1471,6 +1489,15 @@ def sequential_verdict(
     alpha = _check_alpha(alpha)
     codes = _sequential_batch(d[None, :], checked, margin, alpha).codes[0]
     return [_CODES[int(c)] for c in codes if c != _NOT_REACHED]
+
+
+def _check_directional_alpha(directional_alpha: float | None, alpha: float) -> float | None:
+    if directional_alpha is None:
+        return None
+    directional_alpha = _check_alpha(directional_alpha)
+    if directional_alpha > alpha:
+        raise ValueError(f"directional_alpha ({directional_alpha}) must be at most alpha ({alpha})")
+    return directional_alpha
 
 
 class SequentialLook(NamedTuple):
@@ -1540,11 +1567,15 @@ def sequential_comparison(
     margin: float,
     alpha: float = 0.05,
     other: str = "bf16",
+    directional_alpha: float | None = None,
 ) -> SequentialComparison:
     """:func:`sequential_verdict` with what a report shows: per look the interval, its
     level, the Hodges-Lehmann interval beside it and the futility number; the repeated
     p-values of the directional claims (for :func:`holm_adjust` across families); the
     loss tail (:func:`loss_tail`) and a note. ``other`` names the precision in the note.
+    ``directional_alpha`` (at most ``alpha``): the error rate the "worse" and "better"
+    stops read their interval at (a compare sweep's ``alpha / (2 x families)``, so a
+    family stopped on a claim keeps it under Holm's adjustment across families).
 
     The decisions are those of :func:`sequential_verdict`, exactly.
 
@@ -1559,7 +1590,10 @@ def sequential_comparison(
     checked = _check_looks(looks)
     margin = _positive("margin", margin)
     alpha = _check_alpha(alpha)
-    batch = _sequential_batch(d[None, :], checked, margin, alpha)
+    directional_alpha = _check_directional_alpha(directional_alpha, alpha)
+    batch = _sequential_batch(
+        d[None, :], checked, margin, alpha, directional_alpha=directional_alpha
+    )
     budget = checked[-1]
     rows: list[SequentialLook] = []
     for k, code in enumerate(batch.codes[0]):

@@ -92,10 +92,16 @@ def _family_plan(spec: SweepSpec, plan: tuple[ComparisonPlan, ...]) -> tuple[str
             f", ..., {looks[-1]}" if len(looks) > 4 else f", {looks[-1]}" if len(looks) == 4 else ""
         )
         design = f"sequential, looks at {shown}"
-        fewest = min_configs_for_verdict(sequential=True)
+        # The first look the rule applies at: the plan's first at or past MIN_FIRST_LOOK
+        # (samples = 3, look_every = 2: looks 3, 5, ..., 11 decides first, not 10).
+        fewest = next((n for n in looks if n >= MIN_FIRST_LOOK), looks[-1] + 1)
         powered = [p for p in plan if p.sequential_budget <= spec.configs_per_family]
+        # The table's expected number is the rule's with the budget the table gives for
+        # 80% power at that sd / margin (looks every 2 from 10), not this spec's budget:
+        # say which budget it was simulated for.
         expected = (
-            f"{powered[-1].sequential_expected:.1f} at sd/margin {powered[-1].sd_ratio:g}"
+            f"{powered[-1].sequential_expected:.1f} at sd/margin {powered[-1].sd_ratio:g} "
+            f"(budget {powered[-1].sequential_budget})"
             if powered
             else f"up to {spec.configs_per_family}"
         )

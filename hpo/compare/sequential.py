@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpo.compare.records import (
+    STOPPED_FAILURES,
     VERDICT_SPLIT,
     ScopeComparison,
     SequentialLookRecord,
@@ -85,7 +86,12 @@ def _record(raw: Mapping[str, Any], scope: ScopeComparison) -> SequentialRecord:
     plan = [int(n) for n in raw["plan"]]
     margin, alpha = float(raw["margin"]), float(raw["alpha"])
     result = sequential_comparison(
-        [d for _, d in finite], plan, margin, alpha, other=str(raw["other"])
+        [d for _, d in finite],
+        plan,
+        margin,
+        alpha,
+        other=str(raw["other"]),
+        directional_alpha=float(raw["directional_alpha"]),
     )
     looks = [
         SequentialLookRecord(
@@ -106,7 +112,7 @@ def _record(raw: Mapping[str, Any], scope: ScopeComparison) -> SequentialRecord:
     tail = result.tail.line(str(raw["other"]), names) if result.tail is not None else None
     stopped_on = raw.get("stopped_on")
     note = result.note
-    if stopped_on == "failures":
+    if stopped_on == STOPPED_FAILURES:
         note = "; ".join(n for n in (raw.get("note"), note) if n)
     costs = scope.cost.by_precision.values()
     return SequentialRecord(
@@ -163,7 +169,7 @@ def _verdict(record: SequentialRecord, other: str) -> str:
             f"the Holm adjustment over {record.holm_n_tests} one-sided claims (Holm p "
             f"{holm:.3f})"
         )
-    if record.stopped_on == "failures":
+    if record.stopped_on == STOPPED_FAILURES:
         failed = sum(d is None for d in record.differences)
         return (
             f"{Verdict.INCONCLUSIVE.value}: stopped after {failed} configurations without "

@@ -33,6 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from hpo.compare.records import (
+    STOPPED_BUDGET,
+    STOPPED_DECIDED,
+    STOPPED_FAILURES,
+    STOPPED_FUTILE,
+)
 from hpo.spec import SweepSpec
 
 __all__ = [
@@ -47,7 +53,9 @@ __all__ = [
 
 DIFFERENCE_METRIC = "test_sharpe"
 """What a sequential comparison differences: the held-out test Sharpe, the comparison's
-headline split (``hpo.compare.VERDICT_SPLIT``), which no decision of the sweep saw."""
+headline split (``hpo.compare.VERDICT_SPLIT``). No searcher sees it and no trial is
+chosen by it, but it decides how many configurations a family gets (docs/statistics.md
+says what that means for the pool ``hpo best`` chooses from)."""
 
 
 @dataclass(frozen=True)
@@ -142,10 +150,6 @@ class FixedBudget(StreamBudget):
 
 
 # What a sequential family stopped on (``SequentialBudget.stopped_on``).
-STOPPED_DECIDED = "decision"  # a look said equivalent, worse or better
-STOPPED_FUTILE = "futility"  # a look before the budget predicted no decision by it
-STOPPED_BUDGET = "budget"  # the budget's look decided nothing
-STOPPED_FAILURES = "failures"  # as many configurations without a finite difference as its budget
 
 
 @dataclass
@@ -186,12 +190,18 @@ class SequentialBudget(StreamBudget):
         alpha: float,
         reference: str,
         other: str,
+        directional_alpha: float | None = None,
     ) -> None:
         super().__init__(stream)
         self.plan = tuple(plan)
         """The looks: cumulative configurations (with a finite difference), the last the
         budget (:func:`hpo.stats.sequential_looks`)."""
         self.margin, self.alpha = margin, alpha
+        self.directional_alpha = alpha if directional_alpha is None else directional_alpha
+        """Error rate of a "worse" or "better" stop: the sweep's ``alpha / (2 x families)``
+        (Bonferroni), so a family stopped on a claim keeps it after ``hpo compare``'s Holm
+        adjustment over every family's two claims (a stop at ``alpha`` could end
+        "inconclusive" there, with no configurations left to make)."""
         self.reference, self.other = reference, other
         self.order: list[tuple[str, float | None]] = []
         """(config id, difference or None) in the order the configurations completed."""
@@ -275,7 +285,12 @@ class SequentialBudget(StreamBudget):
         if len(differences) < self.plan[0] or len(self.looks) == len(self.plan):
             return []
         result = sequential_comparison(
-            differences, self.plan, self.margin, self.alpha, other=self.other
+            differences,
+            self.plan,
+            self.margin,
+            self.alpha,
+            other=self.other,
+            directional_alpha=self.directional_alpha,
         )
         new = []
         for look in result.looks[len(self.looks) :]:
@@ -329,6 +344,7 @@ class SequentialBudget(StreamBudget):
             "metric": DIFFERENCE_METRIC,
             "margin": self.margin,
             "alpha": self.alpha,
+            "directional_alpha": self.directional_alpha,
             "plan": list(self.plan),
             "budget": self.budget,
             "configs_made": len(self.made_ids),
@@ -367,7 +383,10 @@ def make_budgets(spec: SweepSpec, streams: Sequence[str]) -> list[StreamBudget]:
 
     reference, other = spec.precisions
     margin = spec.comparison.margin
+    # Holm over every family's two one-sided claims in hpo compare: a stop at the
+    # Bonferroni share of alpha passes it whatever the other families show.
+    directional = EQUIVALENCE_ALPHA / (2 * len(streams))
     return [
-        SequentialBudget(stream, plan, margin, EQUIVALENCE_ALPHA, reference, other)
+        SequentialBudget(stream, plan, margin, EQUIVALENCE_ALPHA, reference, other, directional)
         for stream in streams
     ]

@@ -196,6 +196,11 @@ class SweepSearcher(Searcher):
         """One member's result; once every member of the configuration has one, their mean
         goes to its stream's searcher and the configuration's outcome to its budget."""
         configuration = self.configs[config_id]
+        if len(configuration.results) == len(configuration.members):
+            # Its outcome went out already (a trial that errored, restarted by `hpo
+            # resume`, reports again): the searcher and the budget were told, and the
+            # budget made a replacement; a second outcome would count it twice.
+            return
         value = _number(result.get(self.spec.metric))
         configuration.results[member] = value
         # A trial's test Sharpe counts only where its own metric does (a diverged trial

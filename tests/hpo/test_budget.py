@@ -13,6 +13,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from ray.tune.search import Searcher
 
@@ -26,7 +27,13 @@ from hpo.search.budget import (
 )
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import SweepSpec, parse_spec
-from hpo.stats import MIN_FIRST_LOOK, sequential_looks, sequential_verdict
+from hpo.stats import (
+    MIN_FIRST_LOOK,
+    holm_adjust,
+    sequential_comparison,
+    sequential_looks,
+    sequential_verdict,
+)
 from trainables.config import is_group_trial
 from trainables.trial_keys import trials_of
 
@@ -290,9 +297,12 @@ def test_a_sequential_sweep_stops_each_family_when_decided() -> None:
     assert driver.finished and searcher.complete
     records = searcher.records()
     expected = {
-        family: sequential_verdict(
-            [_differences(family, i) or 0.0 for i in range(20)], sequential_looks(6, 2, 20), MARGIN
-        )
+        family: sequential_comparison(
+            [_differences(family, i) or 0.0 for i in range(20)],
+            sequential_looks(6, 2, 20),
+            MARGIN,
+            directional_alpha=0.05 / 4,  # two families, two claims each
+        ).verdicts
         for family in ("kan", "liquid")
     }
     for family in ("kan", "liquid"):
@@ -419,3 +429,55 @@ def test_a_restored_sequential_sweep_repeats_no_look_and_loses_none(steps: int, 
         for look in r["looks"][before[f] :]
     ]
     assert sorted(announced) == sorted(expected) and len(set(announced)) == len(announced)
+
+
+def test_a_family_stopped_on_a_claim_keeps_it_after_holm_across_families() -> None:
+    # hpo compare adjusts every family's two one-sided claims by Holm: a family that
+    # stopped on "worse" at the unadjusted alpha, with nothing more to make, could end
+    # "inconclusive" for good (two families, bf16 worse by twice the margin: most did).
+    # Stops at the Bonferroni share of alpha always pass Holm.
+    spec = _spec()
+    rng = np.random.default_rng(11)
+    stopped = 0
+    for _ in range(30):
+        budgets = make_budgets(spec, ["kan", "liquid"])
+        shifts = {"kan": 0.0, "liquid": -2 * MARGIN}
+        for budget in budgets:
+            assert isinstance(budget, SequentialBudget)
+            assert budget.directional_alpha == pytest.approx(0.05 / 4)
+            _feed(budget, (shifts[budget.stream] + rng.normal(0, 0.15, 20)).tolist())
+        results = [
+            sequential_comparison(
+                b.differences[: b.looks[-1].configs],
+                b.plan,
+                b.margin,
+                b.alpha,
+                directional_alpha=b.directional_alpha,
+            )
+            for b in budgets
+            if isinstance(b, SequentialBudget)
+        ]
+        holm = holm_adjust([p for r in results for p in (r.p_worse, r.p_better)])
+        liquid = budgets[1]
+        if liquid.decision == "worse":
+            stopped += 1
+            assert holm[2] <= 0.05, (liquid.differences, holm)
+    assert stopped >= 20  # the claim is reached, at the stricter level, in most runs
+
+
+def test_a_trial_restarted_after_its_configuration_was_told_is_not_counted_again() -> None:
+    # `hpo resume` restarts errored trials; Tune had already reported the error, so the
+    # configuration's outcome (no difference) went to the budget, which made another.
+    # The restarted trial's result must not add a second outcome for it.
+    searcher = SweepSearcher(_spec())
+    driver = Driver(searcher)
+    driver.fill(2)  # kan-c000's two trials (f32 and bf16, seed 0)
+    (f32_id, f32), (bf16_id, bf16) = driver.running
+    assert f32["config_id"] == bf16["config_id"] == "kan-c000"
+    searcher.on_trial_complete(f32_id, driver.result(f32_id, f32))
+    searcher.on_trial_complete(bf16_id, None, error=True)
+    budget = searcher.budgets[0]
+    assert isinstance(budget, SequentialBudget)
+    assert budget.order == [("kan-c000", None)]
+    searcher.on_trial_complete(bf16_id, driver.result(bf16_id, bf16))  # the restart's
+    assert budget.order == [("kan-c000", None)] and budget.pending >= 0

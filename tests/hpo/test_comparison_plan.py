@@ -18,7 +18,12 @@ from hpo.spec import parse_spec
 from hpo.stats import EQUIVALENCE_POWER, SEQUENTIAL_POWER, min_configs_for_verdict
 from tests.hpo.sweep_helpers import write_tiny_spec
 
-BASE: dict[str, Any] = {"name": "p", "families": ["kan", "liquid"], "compare": True}
+BASE: dict[str, Any] = {
+    "name": "p",
+    "families": ["kan", "liquid"],
+    "compare": True,
+    "search": "random",
+}
 
 
 def test_a_fixed_design_that_cannot_decide_is_warned_about() -> None:
@@ -41,9 +46,18 @@ def test_the_sequential_plan_names_its_looks_and_expected_configurations() -> No
     assert "sequential, looks at 6, 8, 10, ..., 24" in text
     # 80% power within 24 configurations up to sd/margin 1 (the budget it needs: 12).
     assert SEQUENTIAL_POWER[1.0].budget <= 24 < SEQUENTIAL_POWER[1.5].budget
-    assert "sd/margin 1      10.5 at sd/margin 1" in text
+    expected = SEQUENTIAL_POWER[1.0]
+    assert f"{expected.expected_configs:.1f} at sd/margin 1 (budget {expected.budget})" in text
+    assert " 10  " in text  # the first look that decides: 10 (6, 8, 10, ...)
     fixed = "  ".join(f"{EQUIVALENCE_POWER[r]:>4}" for r in (0.5, 1.0, 1.5, 2.0, 3.0))
     assert " ".join(fixed.split()) in " ".join(text.split())
+
+
+def test_the_sequential_plan_counts_the_first_deciding_look_on_its_own_grid() -> None:
+    # Looks at 3, 5, 7, 9, 11, ...: the rule first applies at 11, not MIN_FIRST_LOOK.
+    spec = parse_spec({**BASE, "samples": 3, "comparison": {"sequential": True, "max_configs": 21}})
+    row = next(line for line in comparison_plan_text(spec).splitlines() if "kan" in line)
+    assert "looks at 3, 5, 7, ..., 21" in row and " 11 " in row
 
 
 @pytest.mark.parametrize("samples", [3, 6])

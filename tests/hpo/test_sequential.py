@@ -208,9 +208,9 @@ def test_equivalent_at_the_margin_is_rare(dist: str, ratio: float, budget: int, 
 def test_equivalent_at_the_margin_stays_below_ten_percent_at_skewness_minus_one(
     ratio: float, budget: int
 ) -> None:
-    # A long tail of losses, mean at -margin: the t-interval alone errs 10-13% (the
-    # interval's lower end sits too high when the losses have not been drawn); the
-    # BCa side of the interval keeps it below 10% (8-9% in the benchmark).
+    # A long tail of losses, mean at -margin: the issue bounds "equivalent" at 10% here
+    # (8-9% in the benchmark). At these cells the t side alone would pass too; the BCa
+    # side matters at skewness -2 (bench/README.md, "Sequential comparison").
     rng = np.random.default_rng(int(10 * ratio) + 39)
     d = -MARGIN + ratio * MARGIN * shape(rng, "skew-1", (REPS, budget))
     looks = sequential_looks(MIN_FIRST_LOOK, DEFAULT_LOOK_EVERY, budget)
@@ -223,7 +223,8 @@ def test_equivalent_at_the_margin_stays_below_ten_percent_at_skewness_minus_one(
 
 def test_futility_is_non_binding() -> None:
     # Without the futility stops the rule is the pure repeated-interval rule, whose error
-    # the spending function bounds; the futility stops can only lower it.
+    # the spending function bounds; the futility stops can only lower it (the first
+    # inequality holds by construction: the bound on the rule without them is the check).
     rng = np.random.default_rng(5)
     d = -MARGIN + MARGIN * shape(rng, "normal", (REPS, 16))
     looks = sequential_looks(MIN_FIRST_LOOK, 2, 16)
@@ -273,6 +274,15 @@ def test_holm_over_families_keeps_the_directional_claims_at_five_percent() -> No
             holm_claim[np.flatnonzero(reached)] |= (high < -MARGIN) | (low > MARGIN)
     assert raw_claim.mean() >= 0.12
     assert holm_claim.mean() <= bound(ALPHA, reps)
+    # What a sweep's families stop on: "worse"/"better" at the Bonferroni share (the
+    # budget's directional_alpha), so a stop somewhere stays within alpha as well.
+    stopped = np.zeros(reps, dtype=bool)
+    for f in range(families):
+        batch = hs._sequential_batch(
+            d[f], looks, MARGIN, ALPHA, directional_alpha=ALPHA / (2 * families)
+        )
+        stopped |= np.isin(batch.codes, (hs._WORSE, hs._BETTER)).any(axis=1)
+    assert stopped.mean() <= bound(ALPHA, reps)
 
 
 def test_repeated_pvalues_agree_with_the_decisions() -> None:

@@ -215,7 +215,12 @@ def test_invalid_spec_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-SEQUENTIAL: dict[str, Any] = {"families": ["kan", "liquid"], "compare": True, "samples": 6}
+SEQUENTIAL: dict[str, Any] = {
+    "families": ["kan", "liquid"],
+    "compare": True,
+    "samples": 6,
+    "search": "random",
+}
 
 
 @pytest.mark.parametrize(
@@ -257,6 +262,10 @@ SEQUENTIAL: dict[str, Any] = {"families": ["kan", "liquid"], "compare": True, "s
                 "comparison": {"sequential": True, "max_configs": 20},
             },
             "comparison.sequential = true needs exactly two precisions",
+        ),
+        (
+            {"search": "tpe", "comparison": {"sequential": True, "max_configs": 20}},
+            "comparison.sequential = true needs search = 'random', got 'tpe'",
         ),
     ],
 )
