@@ -11,7 +11,7 @@ run search: today's reads against the reads as they were, side by side in one ru
 The store is a SQLite MLflow store with a file artifact root (what an embedded sweep
 writes) in a temporary directory (or ``--dir``): a sweep parent run and ``--trials`` child
 runs tagged as :class:`hpo.tracking.MlflowSweepCallback` tags them (the same constants,
-params from :func:`hpo.tracking.trial_params`), f32 and bf16 members of each
+params from :func:`hpo.tracking.trial_params`), f32 and bf16 trials of each
 configuration and seed over a few families, each with a short ``val_sharpe`` history and
 a returns artifact written by the trainer's own writer
 (:func:`trainables.returns_file.returns_csv`) through ``MlflowClient.log_text``, as the
@@ -72,7 +72,6 @@ from hpo.tracking import (
     TAG_FAILURE,
     TAG_FAMILY,
     TAG_FELL_BACK,
-    TAG_MEMBER,
     TAG_PAIR,
     TAG_PARENT,
     TAG_PRECISION,
@@ -185,7 +184,6 @@ def _build_store(
             "seed": seed,
             "config_id": config_id,
             "pair_id": f"{config_id}-s{seed}",
-            "member": f"{precision}/s{seed}",
             "params": {"lr": 1e-4 * (1 + group % 7), "hidden": 16 * (1 + group % 4)},
         }
         diverged = i in diverging
@@ -234,7 +232,6 @@ def _build_store(
             TAG_SEED: str(seed),
             TAG_PAIR: config["pair_id"],
             TAG_CONFIG: config_id,
-            TAG_MEMBER: config["member"],
             TAG_TRIAL: f"t{i:05d}",
             TAG_FELL_BACK: "false",
         }

@@ -143,7 +143,9 @@ def read_results(name: str, where: Path) -> dict[str, Any]:
         [experiment.experiment_id], f"tags.mlflow.parentRunId = '{record.parent_run_id}'"
     )
     sharpe = {
-        f"{r.data.tags['config_id']}|{r.data.tags['member']}": r.data.metrics.get("val_sharpe")
+        f"{r.data.tags['config_id']}|{r.data.tags['precision']}/{r.data.tags['seed']}": (
+            r.data.metrics.get("val_sharpe")
+        )
         for r in runs
     }
     sweep_dir = where / "results" / name

@@ -371,7 +371,7 @@ def _bench_trial(config: dict[str, Any]) -> None:
 
     start = clock.time()
     hold, trial = config["hold"], config["trial"]
-    name = f"{trial['family']}-{trial['member']}"
+    name = f"{trial['family']}-{trial['precision']}/{trial['seed']}"
     try:
         run_trial(trial, PackedShare())
     except BaseException:  # counts as trained, so no other waits for it; fails at once
@@ -423,7 +423,6 @@ def packed_sweep(
             seed=0,
             params=SMOKE_MODEL.get(family, {}) if smoke else {},
             base=TrialBase(epochs=1, trainer=trainer, data=SMOKE_DATA if smoke else DataConfig()),
-            member=f"{precision}/0",
         )
         for family in families
         for precision in PRECISIONS

@@ -213,7 +213,7 @@ class ClusterPacker:
         # on the type it ran out of memory on, as its floor is a share of that type's GPU;
         # its config names that type too, for a packer that never placed its first try.
         identity = json.dumps(
-            [trial.config_id, trial.member, trial.seed, trial.family, trial.precision,
+            [trial.config_id, trial.seed, trial.family, trial.precision,
              dict(trial.params), group_size],
             sort_keys=True,
             default=str,

@@ -250,7 +250,7 @@ def curves_plot(
     y_label: str,
     columns: int = 4,
 ) -> str:
-    """Small multiples, one per pair: the members' metric per epoch overlaid.
+    """Small multiples, one per pair: its trials' metric per epoch overlaid.
 
     ``panels``: ``(pair name, [(series label, colour, [(epoch, value), ...], dashed),
     ...])``. All panels share both axes, so the pairs can be compared with each other too.

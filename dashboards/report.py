@@ -443,8 +443,8 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
     the descriptive statistics of the two distributions."""
     head = (
         "<tr><th class='text'>contrast, Sharpe</th><th>configs used</th>"
-        "<th title='configurations with a diverged member (NaN Sharpe)'>excluded</th>"
-        "<th title='seed pairs with a member unfinished, errored or missing, or another "
+        "<th title='configurations with a diverged trial (NaN Sharpe)'>excluded</th>"
+        "<th title='seed pairs with a trial unfinished, errored or missing, or another "
         "seed of their configuration so'>pending pairs</th>"
         f"<th>HL estimate</th><th>HL {c.confidence:.0%} CI</th><th>achieved</th>"
         f"<th>mean diff [{c.confidence:.0%} t CI]</th>"
@@ -520,12 +520,12 @@ def _used_units(
     for i, config_id in enumerate(contrast.config_ids):
         if i in excluded:
             continue
-        members = [
+        seed_pairs = [
             (by_key.get((p, contrast.reference)), by_key.get((p, contrast.other)))
             for p in contrast.config_pairs[config_id]
         ]
-        pairs = [(a, b) for a, b in members if a is not None and b is not None]
-        if len(pairs) < len(members):
+        pairs = [(a, b) for a, b in seed_pairs if a is not None and b is not None]
+        if len(pairs) < len(seed_pairs):
             continue
         a_mean = sum(_split_value(a, split) for a, _ in pairs) / len(pairs)
         b_mean = sum(_split_value(b, split) for _, b in pairs) / len(pairs)
@@ -591,7 +591,7 @@ def _curves(
             label = precision if t.state == "completed" else f"{precision} ({t.state})"
             if t.fell_back_to_f32:
                 label = f"{precision} (fell back to f32)"
-            # Dashed: a member that did not finish normally in its own precision.
+            # Dashed: a trial that did not finish normally in its own precision.
             dashed = t.state != "completed" or t.fell_back_to_f32
             series.append((label, colours[precision], t.val_curve, dashed))
         if series:
@@ -731,7 +731,7 @@ def _selection_table(c: Comparison, scope: ScopeComparison) -> str:
 
 
 def _pair_tests_table(scope: str, contrast: Contrast) -> str:
-    """Per seed pair and split: the two members' Sharpe ratios compared on the bars both
+    """Per seed pair and split: the two trials' Sharpe ratios compared on the bars both
     traded (positive z: the other precision's Sharpe is higher)."""
     head = (
         "<tr><th class='text'>seed pair</th><th class='text'>split</th><th>bars</th>"

@@ -370,7 +370,7 @@ def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
         f"val: validation Sharpe (selection); test: held-out (reported); diff = other - {ref}\n"
         "units: sampled configurations, seeds averaged; HL: Hodges-Lehmann estimate, exact "
         "signed-rank CI and the confidence it achieves; excl.: configurations with a "
-        "diverged member; pend.: seed pairs not finished\n"
+        "diverged trial; pend.: seed pairs not finished\n"
         "Wilcoxon p: exact/normal = how it was computed; q: BH-adjusted across the families "
         "of one split (one test per family); MWU, KS: descriptive, not the test\n"
         "mean: mean difference and its t-interval (the verdict reads the 90% interval, t or "

@@ -172,6 +172,6 @@ def _state_of(trial: Any) -> str | None:
 
 
 def _size(trial: Any) -> int:
-    """Members a Tune trial holds (a group trial's, else 1)."""
+    """Trials a Tune trial holds (a group trial's, else 1)."""
     config = trial.config
     return len(config[GROUP_KEY]) if is_group_trial(config) else 1

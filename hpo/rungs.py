@@ -1,15 +1,15 @@
-"""ASHA that decides per member: the rungs of a grouped sweep, shared by its trials.
+"""ASHA that decides per trial: the rungs of a grouped sweep, shared by its Tune trials.
 
 Ray Tune's ``ASHAScheduler`` decides per Tune trial, and a group trial holds several
-members (``trainables.group``), so a grouped sweep (``grouping.group_size`` > 1 with
-``scheduler = "asha"``) runs Tune's FIFO scheduler and this instead. Every trial, grouped
-or not, asks :class:`RungJudge` after each epoch whether each of its members goes on; a
-member stopped at a rung leaves its group's fused step, and the group trial ends with its
-last member.
+trials (``trainables.group``), so a grouped sweep (``grouping.group_size`` > 1 with
+``scheduler = "asha"``) runs Tune's FIFO scheduler and this instead. Every Tune trial, a
+group trial or not, asks :class:`RungJudge` after each epoch whether each of its trials
+goes on; a trial stopped at a rung leaves its group's fused step, and the group trial ends
+with its last trial.
 
 :class:`AshaRungs` is the algorithm of Tune's ``ASHAScheduler`` with one bracket (Li et
 al. 2020, asynchronous successive halving): rungs at ``grace * rf**k`` epochs below
-``max_t``; a member reaching a rung is recorded there and stopped when its value is below
+``max_t``; a trial reaching a rung is recorded there and stopped when its value is below
 the rung's ``1 - 1/rf`` quantile of the values recorded before it (NaN values are
 recorded and never stop). Each decision is remembered, so an epoch re-run after a resume
 gets the decision it got the first time. The rungs live in one Ray actor per sweep
@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-ASHA_REDUCTION_FACTOR = 2  # every sweep's, per trial (Tune's) or per member (here)
+ASHA_REDUCTION_FACTOR = 2  # every sweep's, per Tune trial (Tune's) or per trial (here)
 _ACTOR_PREFIX = "hpo-asha-rungs-"
 # The boards this driver started: a named actor that is not detached dies with its last
 # handle, so the driver keeps one for the sweep's life (trials find it by name).
@@ -32,7 +32,7 @@ _BOARDS: dict[str, Any] = {}
 
 
 class AshaRungs:
-    """One ASHA bracket over named members (see the module docstring)."""
+    """One ASHA bracket over trials named by their trial keys (see the module docstring)."""
 
     def __init__(self, grace: int, max_t: int, reduction_factor: float = 2.0) -> None:
         if not 1 <= grace <= max_t:
@@ -40,28 +40,28 @@ class AshaRungs:
         self.reduction_factor = float(reduction_factor)
         n_rungs = int(math.log(max_t / grace) / math.log(self.reduction_factor) + 1)
         # Ray's rungs: grace * rf**k for k < n_rungs (a rung at max_t stops nobody there:
-        # the member ends anyway).
+        # the trial ends anyway).
         self.milestones = [int(grace * self.reduction_factor**k) for k in range(n_rungs)]
         self.max_t = max_t
         self.recorded: dict[int, dict[str, float]] = {m: {} for m in self.milestones}
         self.decisions: dict[int, dict[str, bool]] = {m: {} for m in self.milestones}
 
-    def keep(self, member: str, epoch: int, value: float) -> bool:
-        """Whether ``member``, at ``epoch`` with ``value`` (higher is better), goes on."""
+    def keep(self, trial: str, epoch: int, value: float) -> bool:
+        """Whether ``trial``, at ``epoch`` with ``value`` (higher is better), goes on."""
         if epoch >= self.max_t:
             return False  # its last epoch
         reached = [m for m in self.milestones if m <= epoch]
         if not reached:
             return True
         rung = max(reached)  # Ray judges a result at the highest rung it has reached
-        if member in self.decisions[rung]:
-            return self.decisions[rung][member]
+        if trial in self.decisions[rung]:
+            return self.decisions[rung][trial]
         values = [v for v in self.recorded[rung].values() if not math.isnan(v)]
         keep = True
         if values and not math.isnan(value):
             keep = value >= _percentile(values, (1 - 1 / self.reduction_factor) * 100)
-        self.recorded[rung][member] = float(value)
-        self.decisions[rung][member] = keep
+        self.recorded[rung][trial] = float(value)
+        self.decisions[rung][trial] = keep
         return keep
 
     def state(self) -> dict[str, Any]:
@@ -99,14 +99,14 @@ class RungJudge:
         self.metric = metric
         self._actor: Any = None
 
-    def keep(self, member: str, result: Mapping[str, Any]) -> bool:
+    def keep(self, trial: str, result: Mapping[str, Any]) -> bool:
         import ray
 
         value = result.get(self.metric)
         number = float(value) if isinstance(value, int | float) else math.nan
         if self._actor is None:
             self._actor = ray.get_actor(self.actor_name)
-        return bool(ray.get(self._actor.keep.remote(member, int(result["epoch"]), number)))
+        return bool(ray.get(self._actor.keep.remote(trial, int(result["epoch"]), number)))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"actor_name": self.actor_name, "metric": self.metric, "_actor": None}

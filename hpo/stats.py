@@ -10,7 +10,7 @@
    - :func:`equivalence_test`: the answer, a TOST verdict against a pre-set margin (the
      mean's t-interval and the skew checked too); :func:`holm_adjust` for many claims,
      :func:`configs_for_equivalence` for planning;
-   - :func:`sharpe_difference_test`: per pair, the two members' return series over the
+   - :func:`sharpe_difference_test`: per pair, the two trials' return series over the
      same bars (Ledoit-Wolf HAC and studentized block bootstrap; JKM, descriptive);
    - :func:`sequential_verdict` / :func:`sequential_comparison`: the same question
      decided as configurations finish (repeated confidence intervals of the mean with
@@ -462,7 +462,7 @@ def paired_signed_rank_test(
 ) -> SignedRankTest:
     """Wilcoxon signed-rank test that the paired differences are centred on 0.
 
-    Zero differences (both members of a pair equal, e.g. both flat) are dropped
+    Zero differences (both sides of a pair equal, e.g. both flat) are dropped
     (``zero_method='wilcox'``) and the *exact* null distribution of the remaining ``n``
     differences is used for ``n <= 50``; scipy's default instead counts the zeros toward
     ``n``, switches to the normal approximation, and gives p = 0.043 for 15 zeros and
@@ -643,9 +643,9 @@ class Verdict(StrEnum):
         """The enum of a verdict string: "bf16 worse" is WORSE, "inconclusive: about 3 more
         configurations needed" INCONCLUSIVE."""
         head = verdict.split(":", 1)[0].strip()
-        for member in cls:
-            if head == member.value or head.endswith(f" {member.value}"):
-                return member
+        for kind in cls:
+            if head == kind.value or head.endswith(f" {kind.value}"):
+                return kind
         raise ValueError(f"not a verdict: {verdict!r}")
 
 
@@ -756,7 +756,7 @@ def equivalence_test(
     configuration, seeds averaged); negative means ``other`` is worse.
 
     Nonparametric, on purpose: with 2-10 pairs and Sharpe differences that are skewed
-    or have outliers (a member that nearly diverged), a t-based TOST leans on normality
+    or have outliers (a trial that nearly diverged), a t-based TOST leans on normality
     that cannot be checked. The signed-rank tests only assume a distribution symmetric
     about its centre, and are consistent with :func:`hodges_lehmann_interval`:
 
@@ -1931,7 +1931,7 @@ def sharpe_difference_test(
     ``std_error`` and ``bandwidth`` are the HAC ones. Sizes measured: docs/statistics.md.
 
     Degenerate inputs: identical series -> statistic 0, p-value 1 ("identical returns");
-    a constant series (e.g. a flat member) has no Sharpe ratio -> NaN with a note.
+    a constant series (e.g. a flat trial) has no Sharpe ratio -> NaN with a note.
 
     Args:
         returns_a, returns_b: Per-period returns over the same bars, equal length >= 8.

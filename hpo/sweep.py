@@ -67,12 +67,12 @@ class TrialResources:
             from cluster.packing import gpu_fraction_for_trial
             from trainables.config import share_sized_by
 
-            trial, members = share_sized_by(config)
+            trial, group_size = share_sized_by(config)
             gpu = gpu_fraction_for_trial(
                 trial.train_config(),
                 headroom=self.headroom,
                 floor=trial.gpu_fraction_floor,
-                group_size=members,
+                group_size=group_size,
             )
         bundle = {"CPU": float(self.cpu)}
         if float(gpu) > 0:
@@ -106,7 +106,7 @@ def sweep_resources(
 
 
 def plan_configs(spec: SweepSpec) -> list[tuple[TrainConfig, int]]:
-    """The trial shapes known before launch, as (config, members of its group trial): one
+    """The trial shapes known before launch, as (config, trials in its group trial): one
     per (family, precision) stream, at the settings its search space fixes, in the family's
     largest group trial (:meth:`SweepSpec.trials_per_group`). A shape a searcher samples
     (a searched model size or batch size), or a smaller group (a last batch), is profiled
@@ -142,8 +142,8 @@ def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Sw
     from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
 
     if not isinstance(resources, ClusterPacker):
-        members = max(spec.trials_per_group(f) for f in spec.families)
-        return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, members), [])
+        per_group = max(spec.trials_per_group(f) for f in spec.families)
+        return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, per_group), [])
     rows = plan_rows(resources, plan_configs(spec))
     return SweepPlan(render_plan(rows, spec.resources.headroom), rows)
 
@@ -212,7 +212,7 @@ def build_tuner(
             grace_period=spec.grace_epochs,
             reduction_factor=ASHA_REDUCTION_FACTOR,
         )
-    else:  # FIFO, or ASHA per member, which the trials ask (hpo.rungs)
+    else:  # FIFO, or ASHA per trial of a group trial, which the trials ask (hpo.rungs)
         scheduler = FIFOScheduler()
     # Per-epoch checkpoints with num_to_keep=2 make Tune snapshot the experiment state often
     # (by design: a snapshot must never point at a deleted checkpoint); its warning about
@@ -252,7 +252,7 @@ def build_tuner(
 def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Any:
     """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
     (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, and asking the
-    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per member."""
+    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per trial."""
     from ray import tune
 
     from cluster.trial_share import PackedShare
@@ -308,7 +308,7 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
     # files, which MLflow makes redundant: their writer fsyncs on every flush, four times
     # per trial in Tune's event loop (bench/README.md, "A sweep's per-trial cost").
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # Counted in Tune trials: a group's members fail as one.
+    # Counted in Tune trials: a group trial's trials fail as one.
     stop = StopOnRepeatedError(trials=min(TRIALS_TO_STOP, record.spec.n_tune_trials))
     final = FinalTrials(record.sweep_dir)
     tracking = MlflowSweepCallback(record.tracking_uri, record.spec.name, record.parent_run_id)
@@ -538,8 +538,8 @@ def finish_sweep(
     rows = trial_rows(record.sweep_dir) if attempts is None else latest_attempts(attempts)
     best = best_rows(rows)
     planned = searcher.planned_trials if searcher is not None else record.spec.n_trials
-    # One row per planned member (latest_attempts): an OOM retry adds a Tune trial, not a
-    # member; an OOM attempt whose retry has not run yet is not done.
+    # One row per planned trial (latest_attempts): an OOM retry adds a Tune trial, not a
+    # trial; an OOM attempt whose retry has not run yet is not done.
     complete = all(r.done for r in rows) and len(rows) == planned
     if searcher is not None:
         complete = complete and searcher.complete

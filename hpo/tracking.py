@@ -9,11 +9,11 @@
 * Resume-safe: a trial's child run is found again by its ``trial_id`` tag under the
   sweep's parent run (and remembered in the callback state Tune saves with the sweep), so
   a resumed trial continues its own run; no epoch's metric point is logged twice.
-* One run per member, not per attempt: a retry after a GPU OOM (a new Tune trial, same
-  configuration and member, a larger share) continues the member's run, found by its
-  ``config_id`` + ``member`` tags; the ``trial_id`` tag becomes the retry's,
-  ``hpo.oom_attempts`` lists the OOM attempts and ``hpo.attempt_started_ms`` marks where
-  the retry's points begin.
+* One run per trial, not per attempt: a retry after a GPU OOM (a new Tune trial, same
+  configuration, precision and seed, a larger share) continues the trial's run, found by
+  its ``config_id``, ``precision`` and ``seed`` tags; the ``trial_id`` tag becomes the
+  retry's, ``hpo.oom_attempts`` lists the OOM attempts and ``hpo.attempt_started_ms``
+  marks where the retry's points begin.
 * Tune's event loop never waits for MLflow: one background thread sends queued calls in
   order. A call that failed on the connection or the server's side
   (:func:`may_succeed_later`) is retried with backoff before anything newer, and the
@@ -52,9 +52,8 @@ TAG_PRECISION = "precision"
 TAG_SEED = "seed"
 TAG_PAIR = "pair_id"
 TAG_CONFIG = "config_id"
-TAG_MEMBER = "member"  # precision/seed in the configuration: with config_id, the run's identity
 TAG_OOM_ATTEMPTS = "hpo.oom_attempts"  # trial ids of the attempts that ran out of GPU memory
-# When an OOM retry took over its member's run (ms since the epoch, the driver's clock): the
+# When an OOM retry took over its trial's run (ms since the epoch, the driver's clock): the
 # retry's metric points are the ones logged from then on, the attempts' are older.
 TAG_ATTEMPT_START = "hpo.attempt_started_ms"
 TAG_TRIAL = "trial_id"
@@ -349,8 +348,8 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id = parent_run_id
         self.run_ids: dict[str, str] = {}  # trial_id -> child run id
         self.last_epoch: dict[str, int] = {}  # trial_id -> last epoch logged
-        self.member_runs: dict[str, str] = {}  # "config_id|member" -> child run id
-        self.closed: set[str] = set()  # group members whose run ended before their group
+        self.trial_runs: dict[str, str] = {}  # trial_key "config_id|precision/seed" -> run id
+        self.closed: set[str] = set()  # trials of a group trial whose run ended before it
         self._connect()
 
     def _connect(self) -> None:
@@ -429,7 +428,7 @@ class MlflowSweepCallback(Callback):
         result: Mapping[str, Any],
         final_may_repeat: bool,
     ) -> None:
-        """Queue one trial's (or group member's) epoch. A group reports an ended member's
+        """Queue one trial's epoch. A group trial reports an ended trial's
         final entry again each epoch (``final_may_repeat`` False): logged once."""
         epoch = int(result.get("epoch", result.get("training_iteration", 0)))
         # Strictly increasing per trial: MLflow orders points of one step by timestamp, and
@@ -446,7 +445,7 @@ class MlflowSweepCallback(Callback):
             # last value (hpo compare) see the failure instead of an earlier epoch's Sharpe.
             metrics.append(Metric("val_sharpe", math.nan, stamp, epoch))
         if _is_retry(config) and "oom" not in result:
-            # The member's run holds the OOM attempt's oom = 1: the retry's epochs say 0.
+            # The trial's run holds the OOM attempt's oom = 1: the retry's epochs say 0.
             metrics.append(Metric("oom", 0.0, stamp, epoch))
         tags = [RunTag(TAG_FELL_BACK, str(bool(result.get("fell_back_to_f32"))).lower())]
         if result.get("node_id"):
@@ -572,7 +571,7 @@ class MlflowSweepCallback(Callback):
     # -- runs ------------------------------------------------------------------------------
     def _ensure_run(self, trial: Any) -> None:
         """Queue finding (after a restore) or creating the child run of the trial (of each
-        member of a group trial), once."""
+        trial of a group trial), once."""
         group = trial.trial_id if is_group_trial(trial.config) else ""
         for unit_id, config, _ in _units(trial):
             self._ensure_unit(unit_id, config, group)
@@ -605,7 +604,7 @@ class MlflowSweepCallback(Callback):
             self.last_epoch[trial_id] = max(self.last_epoch.get(trial_id, 0), logged)
             self.client.update_run(run_id, status="RUNNING")
         elif _is_retry(config) and (
-            run_id := self._continue_member_run(trial_id, config, started, group)
+            run_id := self._continue_trial_run(trial_id, config, started, group)
         ):
             self.client.update_run(run_id, status="RUNNING")
         else:
@@ -618,7 +617,6 @@ class MlflowSweepCallback(Callback):
                 TAG_SEED: str(config["seed"]),
                 TAG_PAIR: config["pair_id"],
                 TAG_CONFIG: config["config_id"],
-                TAG_MEMBER: config.get("member", ""),
                 TAG_TRIAL: trial_id,
                 TAG_FELL_BACK: "false",
                 TAG_STATUS: "running",
@@ -631,27 +629,28 @@ class MlflowSweepCallback(Callback):
             run_id = run.info.run_id
             self.last_epoch[trial_id] = 0
         self.run_ids[trial_id] = run_id
-        self.member_runs.setdefault(trial_key(config), run_id)
+        self.trial_runs.setdefault(trial_key(config), run_id)
         # Params last, and on a reopened run too (MLflow accepts a param logged again with
         # its value): a retry after a failure here still logs them, and a rejected param
         # leaves the run known, so the trial's metrics still land.
         params = [Param(k, v) for k, v in trial_params(config).items()]
         self.client.log_batch(run_id, params=params)
 
-    def _continue_member_run(
+    def _continue_trial_run(
         self, trial_id: str, config: Mapping[str, Any], started: int, group: str = ""
     ) -> str | None:
-        """The run of the member an OOM retry belongs to, taken over by the retry (None:
+        """The run of the trial an OOM retry is an attempt at, taken over by the retry (None:
         the first attempt has no run, so the retry opens one); its group tag names the
         group trial the retry runs in (none for a retry alone)."""
         assert self.experiment_id is not None
-        run_id = self.member_runs.get(trial_key(config))
+        run_id = self.trial_runs.get(trial_key(config))
         if run_id is None:
             runs = self.client.search_runs(
                 [self.experiment_id],
                 filter_string=(
                     f"tags.{TAG_CONFIG} = '{config['config_id']}' and "
-                    f"tags.{TAG_MEMBER} = '{config['member']}' and "
+                    f"tags.{TAG_PRECISION} = '{config['precision']}' and "
+                    f"tags.{TAG_SEED} = '{config['seed']}' and "
                     f"tags.`{TAG_PARENT}` = '{self.parent_run_id}'"
                 ),
                 max_results=1,
@@ -738,8 +737,8 @@ class MlflowSweepCallback(Callback):
         self._log_returns_of(trial.trial_id, trial, CKPT_SUBDIR)
 
     def _log_returns_of(self, trial_id: str, trial: Any, state: str) -> None:
-        """:meth:`_log_returns` of one trial or group member, whose state is ``state``
-        inside the Tune checkpoint."""
+        """:meth:`_log_returns` of one trial (alone or in a group trial), whose state is
+        ``state`` inside the Tune checkpoint."""
         checkpoint = getattr(trial, "checkpoint", None)
         if checkpoint is None:
             return
@@ -776,20 +775,20 @@ class MlflowSweepCallback(Callback):
         return {
             "run_ids": dict(self.run_ids),
             "last_epoch": dict(self.last_epoch),
-            "member_runs": dict(self.member_runs),
+            "trial_runs": dict(self.trial_runs),
             "closed": sorted(self.closed),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.run_ids.update(state.get("run_ids", {}))
         self.last_epoch.update(state.get("last_epoch", {}))
-        self.member_runs.update(state.get("member_runs", {}))
+        self.trial_runs.update(state.get("trial_runs", {}))
         self.closed.update(state.get("closed", []))
 
 
 def _ended_as(entry: Mapping[str, Any]) -> str:
-    """How a group member's reported entry failed: ``"oom"`` (its group ran out of GPU
-    memory; a retry continues its run), ``"diverged"``, or "" (it did not)."""
+    """How one trial's entry in a group trial's result failed: ``"oom"`` (the group ran
+    out of GPU memory; a retry continues its run), ``"diverged"``, or "" (it did not)."""
     if entry.get("oom"):
         return "oom"
     return "diverged" if entry.get("diverged") else ""

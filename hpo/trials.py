@@ -8,7 +8,7 @@ Words for where a trial is, each for one idea:
 * *terminated* (:attr:`TrialStatus.terminated`): Tune's status TERMINATED: the trial ran
   its course (to its last epoch, stopped by the scheduler, diverged, or out of memory),
   as opposed to PENDING, RUNNING, PAUSED or ERROR;
-* *done* (:attr:`TrialRow.done`): a member with its final result: terminated, and not an
+* *done* (:attr:`TrialRow.done`): a trial with its final result: terminated, and not an
   OOM attempt whose retry is still to run;
 * *completed* (``hpo.compare``'s trial state): done with a finite validation Sharpe, as
   opposed to *diverged*.
@@ -52,7 +52,6 @@ class TrialRow:
     params: dict[str, Any]
     checkpoint: str | None
     config_id: str = ""
-    member: str = ""  # ``precision/seed`` in its configuration: one or more attempts
     gpu_fraction_floor: float = 0.0  # > 0: an OOM retry's attempt
     attempt: int = 0  # OOM retries before this attempt (records before it: by the floor)
     oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
@@ -71,8 +70,8 @@ class TrialRow:
 def trial_rows(where: str | Path | SweepLocation, *, retried: bool = False) -> list[TrialRow]:
     """Every trial of a sweep with its status, final metrics and newest checkpoint.
 
-    A member that ran out of GPU memory runs again as a new Tune trial: its rows are the
-    attempts. Only the newest attempt of each member is a row unless ``retried``; the OOM
+    A trial that ran out of GPU memory runs again as a new Tune trial: its rows are the
+    attempts. Only the newest attempt of each trial is a row unless ``retried``; the OOM
     attempts it replaced are left out (see :func:`latest_attempts`)."""
     sweep_dir = SweepLocation.parse(where)
     if not sweep_dir.has_tune_state():
@@ -90,7 +89,7 @@ def rows_of_trials(
 
     rows = []
     for trial in trials:
-        for trial_id, config, result, state in _units(trial):
+        for trial_id, config, result, state in _trials_in(trial):
             checkpoint = trial.checkpoint
             rows.append(
                 TrialRow(
@@ -111,7 +110,6 @@ def rows_of_trials(
                     and not (state != CKPT_SUBDIR and result.get("diverged"))
                     else None,
                     config_id=str(config.get("config_id", "")),
-                    member=str(config.get("member", "")),
                     gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
                     attempt=int(config.get(RETRY_ATTEMPT_KEY) or 0),
                     oom_retry_gpu_fraction=_finite(result.get("oom_retry_gpu_fraction"))
@@ -138,32 +136,32 @@ def _tune_trials(uri: str) -> list[Any]:
     return list(Snapshot(uri).trials)
 
 
-def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], dict[str, Any], str]]:
+def _trials_in(trial: Any) -> list[tuple[str, Mapping[str, Any], dict[str, Any], str]]:
     """(trial id, config, last result, checkpoint subpath) of each trial a Tune trial
-    holds: itself, or each member of a group trial (``trainables.trial._train_group``)."""
+    holds: itself, or each trial of a group trial (``trainables.trial._train_group``)."""
     from trainables.trial import CKPT_SUBDIR
     from trainables.trial_keys import trials_of
 
     result = trial.last_result or {}
-    units = trials_of(trial.trial_id, trial.config)
-    if units[0][2] == "":  # a trial of its own
+    held = trials_of(trial.trial_id, trial.config)
+    if held[0][2] == "":  # a trial of its own
         return [(trial.trial_id, trial.config, result, CKPT_SUBDIR)]
     reported = result.get("trials") or {}
     return [
-        (unit_id, member, dict(reported.get(slug) or {}), f"{CKPT_SUBDIR}/{slug}")
-        for unit_id, member, slug in units
+        (trial_id, config, dict(reported.get(slug) or {}), f"{CKPT_SUBDIR}/{slug}")
+        for trial_id, config, slug in held
     ]
 
 
 def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
-    """``rows`` without the OOM attempts that a retry of the same member replaced.
+    """``rows`` without the OOM attempts that a retry of the same trial replaced.
 
     Trial ids are not chronological; attempts are: each retry carries its attempt number
-    (:attr:`~trainables.config.TrialConfig.attempt`), so a member's newest attempt is the
+    (:attr:`~trainables.config.TrialConfig.attempt`), so a trial's newest attempt is the
     one with the largest."""
-    newest: dict[tuple[str, str], TrialRow] = {}
+    newest: dict[tuple[str, str, int], TrialRow] = {}
     for row in rows:
-        key = (row.config_id, row.member)
+        key = (row.config_id, row.precision, row.seed)
         if row.config_id and (key not in newest or row.attempt > newest[key].attempt):
             newest[key] = row
     return [
@@ -172,7 +170,7 @@ def latest_attempts(rows: list[TrialRow]) -> list[TrialRow]:
         if not (
             r.config_id
             and r.oom_retry_gpu_fraction is not None
-            and newest[(r.config_id, r.member)] is not r
+            and newest[(r.config_id, r.precision, r.seed)] is not r
         )
     ]
 

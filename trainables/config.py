@@ -22,8 +22,8 @@ from models import get_family
 from trainables.precision import POLICY_NAMES
 from trainables.trial_keys import GROUP_KEY as GROUP_KEY
 from trainables.trial_keys import is_group_trial as is_group_trial
+from trainables.trial_keys import trial_key, trial_slugs
 from trainables.trial_keys import trial_slug as trial_slug
-from trainables.trial_keys import trial_slugs
 
 CUDA_GRAPHS_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
 FUSE_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
@@ -204,7 +204,6 @@ _TRIAL_REQUIRED = ("family", "precision", "seed", "params", "base")
 _TRIAL_OPTIONAL = (
     "config_id",
     "pair_id",
-    "member",
     RETRY_FLOOR_KEY,
     RETRY_GPU_TYPE_KEY,
     RETRY_ATTEMPT_KEY,
@@ -241,7 +240,7 @@ class TrialBase:
 class TrialConfig:
     """One Ray Tune trial's config. Its dict form (:meth:`to_dict`) is::
 
-    {"family", "precision", "seed", "config_id", "pair_id", "member",
+    {"family", "precision", "seed", "config_id", "pair_id",
      "params": {flat settings}, "base": TrialBase.to_dict()
      [, "gpu_fraction_floor", "gpu_type", "oom_attempt"]}
     """
@@ -257,8 +256,6 @@ class TrialConfig:
     and in compare mode its precisions, are the configuration's trials."""
     pair_id: str = ""
     """Shared by the trials of one configuration and seed that differ only in precision."""
-    member: str = ""
-    """``precision/seed``: this trial's place in its configuration."""
     gpu_fraction_floor: float = 0.0
     """The least GPU share after a CUDA OOM (0: none); packing never asks for less."""
     gpu_type: str = ""
@@ -298,7 +295,6 @@ class TrialConfig:
             "seed": self.seed,
             "config_id": self.config_id,
             "pair_id": self.pair_id,
-            "member": self.member,
             "params": dict(self.params),
             "base": self.base.to_dict(),
         }
@@ -328,7 +324,6 @@ class TrialConfig:
             base=TrialBase.from_dict(config["base"]),
             config_id=str(config.get("config_id", "")),
             pair_id=str(config.get("pair_id", "")),
-            member=str(config.get("member", "")),
             gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
             gpu_type=str(config.get(RETRY_GPU_TYPE_KEY) or ""),
             attempt=int(config.get(RETRY_ATTEMPT_KEY) or 0),
@@ -355,8 +350,9 @@ class GroupTrialConfig:
         for t in self.trials[1:]:
             if (t.family, t.precision) != (first.family, first.precision):
                 raise ValueError(
-                    f"a group trial's trials share family and precision: {t.member!r} is "
-                    f"{t.family}/{t.precision}, {first.member!r} {first.family}/{first.precision}"
+                    f"a group trial's trials share family and precision: "
+                    f"{trial_key(t.to_dict())!r} is {t.family}/{t.precision}, "
+                    f"{trial_key(first.to_dict())!r} {first.family}/{first.precision}"
                 )
 
     def to_dict(self) -> dict[str, Any]:

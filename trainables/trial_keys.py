@@ -23,17 +23,22 @@ def is_group_trial(config: Mapping[str, Any]) -> bool:
     return GROUP_KEY in config
 
 
-def trial_slug(member: str) -> str:
-    """A trial's ``precision/seed`` in its configuration (its ``member``) as a path and id
-    part: ``bf16-s3``."""
-    precision, _, seed = member.partition("/")
-    return f"{precision}-s{seed}" if seed else precision
+def trial_slug(precision: str, seed: int | str) -> str:
+    """A trial's precision and seed in its configuration as a path and id part:
+    ``bf16-s3``."""
+    return f"{precision}-s{seed}"
+
+
+def precision_seed(config: Mapping[str, Any]) -> str:
+    """A trial's place among the trials of its configuration (a trial dict's precision
+    and seed): ``bf16/3``."""
+    return f"{config.get('precision', '')}/{config.get('seed', '')}"
 
 
 def trial_key(config: Mapping[str, Any]) -> str:
     """A trial's identity in its sweep, ``config_id|precision/seed``: the same for every
     attempt at it (an OOM retry is a new Tune trial) and whatever group it ran in."""
-    return f"{config.get('config_id', '')}|{config.get('member', '')}"
+    return f"{config.get('config_id', '')}|{precision_seed(config)}"
 
 
 def trial_slugs(trials: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -43,7 +48,7 @@ def trial_slugs(trials: Sequence[Mapping[str, Any]]) -> list[str]:
     configs = {str(t.get("config_id", "")) for t in trials}
     slugs = []
     for trial in trials:
-        slug = trial_slug(str(trial.get("member", "")))
+        slug = trial_slug(str(trial.get("precision", "")), str(trial.get("seed", "")))
         if len(configs) > 1:
             slug = f"{str(trial.get('config_id', '')).rsplit('-', 1)[-1]}-{slug}"
         slugs.append(slug)

@@ -10,8 +10,8 @@ into a :class:`~hpo.compare.records.Comparison`, without MLflow:
   family and overall, per split; :data:`~hpo.compare.records.VERDICT_SPLIT` is the
   headline. "worse"/"better" are Holm-adjusted over the families' one-sided claims of a
   contrast and split.
-* A configuration enters when every member of every seed pair is completed or diverged (a
-  diverged member makes it NaN: excluded and counted); the others are listed with the
+* A configuration enters when every trial of every seed pair is completed or diverged (a
+  diverged trial makes it NaN: excluded and counted); the others are listed with the
   reason in ``Contrast.incomplete``. A bf16 trial that fell back to f32 counts as bf16.
   Nothing is dropped silently; configurations are ordered by ``(family, config_id)``.
 * Return-based numbers (pair tests, PBO) read each record's ``returns``; without them they
@@ -81,7 +81,7 @@ MIN_TRL_CONFIDENCE = 0.95
 """Confidence at which the MinTRL of the best trial beats a zero Sharpe (the PSR's 0)."""
 PAIR_TEST_MIN_BARS = 8
 _TERMINAL: frozenset[str] = frozenset({"completed", "diverged"})
-"""Trial states that are final for a pair: it compares once both members are."""
+"""Trial states that are final for a pair: it compares once both its trials are."""
 
 
 def aligned_returns(tracks: Sequence[TrialReturns], split: str) -> np.ndarray:
@@ -172,7 +172,7 @@ class _Settings(NamedTuple):
     """(reference run, other run, split) -> its test: a family's pairs again in overall."""
 
 
-# Which of two runs of one member the comparison keeps: the one that got furthest.
+# Which of two runs of one trial the comparison keeps: the one that got furthest.
 _STATE_RANK = {"error": 0, "unfinished": 1, "diverged": 2, "completed": 3}
 
 
@@ -184,15 +184,15 @@ def _scope(
     reference = precisions[0]
     by_pair: dict[tuple[str, str], dict[str, TrialRecord]] = {}
     for t in trials:
-        members = by_pair.setdefault((t.family, t.pair_id), {})
-        kept = members.get(t.precision)
+        pair = by_pair.setdefault((t.family, t.pair_id), {})
+        kept = pair.get(t.precision)
         if kept is not None:
-            # Two runs of one member: a sweep from before OOM retries continued their
-            # member's run left the failed attempt beside the retry. Trial ids are not
+            # Two runs of one trial: a sweep from before OOM retries continued their
+            # trial's run left the failed attempt beside the retry. Trial ids are not
             # chronological, so keep the attempt that got furthest, not the first id.
             dropped = kept
             if _STATE_RANK[t.state] > _STATE_RANK[kept.state]:
-                members[t.precision] = kept = t
+                pair[t.precision] = kept = t
             else:
                 dropped = t
             notes.append(
@@ -200,7 +200,7 @@ def _scope(
                 f"({kept.trial_id}, {dropped.trial_id}); kept {kept.trial_id} ({kept.state})"
             )
             continue
-        members[t.precision] = t
+        pair[t.precision] = t
     contrasts = {}
     for other in precisions[1:]:
         contrast = _contrast(by_pair, reference, other, settings)
@@ -235,7 +235,8 @@ def _overfitting(trials: list[TrialRecord], best: Selection) -> Overfitting:
         best.expected_max_sharpe,
         out,
     )
-    # One point per configuration: its seeds and its two members are not independent.
+    # One point per configuration: its seeds and each seed pair's two trials are not
+    # independent.
     by_config: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for t in completed:
         if math.isfinite(t.val_sharpe) and math.isfinite(t.test_sharpe):
@@ -326,12 +327,12 @@ def _contrast(
     incomplete: dict[str, str] = {}
     seed_pairs: dict[tuple[str, str], list[tuple[str, TrialRecord, TrialRecord]]] = {}
     pending: set[tuple[str, str]] = set()
-    for (family, pair_id), members in sorted(by_pair.items()):
-        a, b = members.get(reference), members.get(other)
+    for (family, pair_id), pair in sorted(by_pair.items()):
+        a, b = pair.get(reference), pair.get(other)
         if a is None and b is None:
             continue  # a pair of other precisions only
         config = (family, (a or b).config_id)  # type: ignore[union-attr]
-        reasons = [w for w in (_not_ready(p, members.get(p)) for p in (reference, other)) if w]
+        reasons = [w for w in (_not_ready(p, pair.get(p)) for p in (reference, other)) if w]
         if reasons:
             incomplete[pair_id] = "; ".join(reasons)
             pending.add(config)
@@ -348,7 +349,7 @@ def _contrast(
     results: dict[str, PairedComparison] = {}
     inference: dict[str, SplitInference] = {}
     for split in SPLITS:
-        # Mean over the configuration's seeds; one diverged member makes it NaN, and
+        # Mean over the configuration's seeds; one diverged trial makes it NaN, and
         # compare_paired excludes and counts it.
         ref = [float(np.mean([_value(a, split) for _, a, _ in seed_pairs[c]])) for c in ordered]
         oth = [float(np.mean([_value(b, split) for _, _, b in seed_pairs[c]])) for c in ordered]
@@ -400,12 +401,12 @@ def _pair_tests(
 
 def _pair_test(reference: TrialRecord, other: TrialRecord, split: str) -> PairSharpeTest:
     """Bootstrap, HAC and JKM tests of ``other`` vs ``reference`` on their common bars."""
-    for member in (reference, other):
-        if member.state != "completed":
-            return PairSharpeTest(0, note=f"not available: {member.trial_id} {member.state}")
-        if member.returns is None:
-            why = member.returns_note or "returns not read"
-            return PairSharpeTest(0, note=f"not available: {member.trial_id}: {why}")
+    for trial in (reference, other):
+        if trial.state != "completed":
+            return PairSharpeTest(0, note=f"not available: {trial.trial_id} {trial.state}")
+        if trial.returns is None:
+            why = trial.returns_note or "returns not read"
+            return PairSharpeTest(0, note=f"not available: {trial.trial_id}: {why}")
     joined = aligned_returns([other.returns, reference.returns], split)  # type: ignore[list-item]
     n_bars = int(joined.shape[0])
     if n_bars < PAIR_TEST_MIN_BARS:
@@ -447,7 +448,7 @@ def _paired(
     diff = diff[used]  # (n_used,) the configurations compare_paired used
     inference = SplitInference(wilcoxon_method=_wilcoxon_method(result), margin=margin)
     if diff.size == 0:
-        inference.verdict_note = "no configuration with both members finite"
+        inference.verdict_note = "no configuration with both precisions finite"
         return result, inference
     names = [c for c, ok in zip(config_ids, used, strict=True) if ok]
     _equivalence(diff, margin, kwargs["labels"][1], inference, names)
@@ -664,5 +665,5 @@ def _adjust_across_families(families: list[ScopeComparison]) -> None:
                 contrast.inference[split].bh_n_tests = len(cells)
     for key in keys:
         for split in SPLITS:
-            members = [s.contrasts[key] for s in families if key in s.contrasts]
-            _holm([c.inference[split] for c in members], members[0].other)
+            contrasts = [s.contrasts[key] for s in families if key in s.contrasts]
+            _holm([c.inference[split] for c in contrasts], contrasts[0].other)

@@ -37,7 +37,7 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
 
     Names: ``cmp.<scope>.<other>_vs_<ref>.<val|test>.<stat>`` for the paired statistics
     (``n_units``: configurations used, seeds averaged; ``n_seed_pairs``: the seed pairs in
-    them; ``n_excluded``: configurations with a diverged member; ``n_incomplete``: seed
+    them; ``n_excluded``: configurations with a diverged trial; ``n_incomplete``: seed
     pairs not compared yet; ``ci_low`` / ``ci_high``: the Hodges-Lehmann interval, zeros
     included, at the achieved ``ci_confidence``; ``hl_nonzero_estimate``: zeros dropped;
     ``mean_ci_low`` / ``mean_ci_high``: the mean difference's t-interval; ``pvalue_worse``
@@ -48,7 +48,7 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     (bars, vs 0) and ``min_trl_sr0`` (vs the DSR's SR0), ``cmp.<scope>.val_test_spearman``
     (:class:`~hpo.compare.records.Overfitting`); per seed pair of a family,
     ``cmp.<family>.<other>_vs_<ref>.<split>.<pair_id>.<jkm|hac>_<p|z>`` and ``boot_p`` /
-    ``boot_p_bh`` (the Sharpe-difference tests of its two members; ``boot_p_bh`` is the
+    ``boot_p_bh`` (the Sharpe-difference tests of its two trials; ``boot_p_bh`` is the
     one to read); ``cmp.<scope>.<precision>.gpu_hours`` / ``cpu_hours`` and
     ``cmp.<scope>.<other>_vs_<ref>.cost.<stat>`` (:mod:`hpo.cost`). A family of a
     sequential comparison: ``cmp.<family>.configs`` (its decision's), ``configs_made``,

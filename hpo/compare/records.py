@@ -290,14 +290,15 @@ class SequentialRecord:
 
 @dataclass
 class PairSharpeTest:
-    """The two members of one seed pair on one split: is their Sharpe ratio different,
+    """The two trials of one seed pair on one split: is their Sharpe ratio different,
     on the bars both traded? (:func:`hpo.stats.sharpe_difference_test` of other vs
     reference; statistics > 0 when the other precision's Sharpe is higher.)"""
 
     n_bars: int
     """Common bars (inner join on timestamp and fold); 0 when not available."""
     difference: float = math.nan
-    """Per-period Sharpe of the other member minus the reference's, on those bars."""
+    """Per-period Sharpe of the other precision's trial minus the reference's, on those
+    bars."""
     jkm_statistic: float = math.nan
     jkm_pvalue: float = math.nan
     """Jobson-Korkie with Memmel's correction: i.i.d. normal returns assumed; descriptive
@@ -337,14 +338,14 @@ class Contrast:
     config_pairs: dict[str, list[str]]
     """Configuration -> its seed pairs (pair ids), every one of them complete."""
     incomplete: dict[str, str]
-    """Pairs not compared (yet): pair_id -> why (missing, unfinished or errored member, or
+    """Pairs not compared (yet): pair_id -> why (missing, unfinished or errored trial, or
     another seed of its configuration pending)."""
     val: PairedComparison
     test: PairedComparison
     inference: dict[str, SplitInference]
     """Split -> test method, BH adjustment and verdict."""
     pair_tests: dict[str, dict[str, PairSharpeTest]] = field(default_factory=dict)
-    """Seed pair -> split -> Sharpe-difference tests of its two members' return series
+    """Seed pair -> split -> Sharpe-difference tests of its two trials' return series
     (``boot_p_bh`` adjusted over this contrast's pairs of the split)."""
 
     @property
@@ -363,7 +364,7 @@ class Contrast:
         return self.inference[split or VERDICT_SPLIT].verdict
 
     def excluded_config_ids(self, split: str = "val") -> list[str]:
-        """Configurations left out of ``split``: a member of one of their seeds diverged."""
+        """Configurations left out of ``split``: a trial of one of their seeds diverged."""
         return [self.config_ids[i] for i in self.split(split).excluded_indices]
 
     def excluded_pair_ids(self, split: str = "val") -> list[str]:

@@ -150,7 +150,7 @@ class PSOParamSearcher(ParamSearcher):
             self.x[particle] = x.copy()
         self.outstanding[token] = (particle, x)
         # The held values themselves: a log-scale float decoded from its coordinate can
-        # come back an ulp off, and a group's members must share the shape exactly.
+        # come back an ulp off, and a group trial's trials must share the shape exactly.
         return {**self._decode(x), **{k: v for k, v in (fixed or {}).items() if k in self.dims}}
 
     def _next_point(self) -> tuple[int | None, np.ndarray]:

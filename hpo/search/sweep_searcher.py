@@ -3,16 +3,16 @@
 A sweep is a set of *streams*, each with its own parameter searcher (TPE, random or PSO)
 over one family's space: one stream per (family, precision) normally, one per family in
 compare mode. A stream's suggestion is a *configuration* (``config_id``) that fans out into
-member trials, one per seed (and, in compare mode, per precision) with identical sampled
-parameters; members that differ only in precision share a ``pair_id``. When every member
+its trials, one per seed (and, in compare mode, per precision) with identical sampled
+parameters; trials that differ only in precision share a ``pair_id``. When every trial
 of a configuration has finished, the stream's searcher is told the mean of their finite
 metric values.
 
 Group trials (``grouping.group_size`` K > 1, a family that fuses): a search stream asks
 for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.configs_per_ask`), the
-first searched whole and the others with every setting but those members may differ in
+first searched whole and the others with every setting but those its trials may differ in
 (:func:`trainables.group.per_trial_settings`: seed, lr, weight decay, the family's own)
-held at the first's; a batch's members of one precision (configurations x seeds, at most
+held at the first's; a batch's trials of one precision (configurations x seeds, at most
 K, split evenly) train as one group trial. Compare mode holds nothing: it groups the
 seeds of each configuration, and batches configurations only where nothing else is
 searched.
@@ -50,19 +50,19 @@ from hpo.spec import SweepSpec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.group import per_trial_settings
-from trainables.trial_keys import trial_slugs
+from trainables.trial_keys import precision_seed, trial_slugs
 
 
 @dataclass
 class _Configuration:
     stream: int
-    members: list[str]  # member keys "precision/seed"
+    trials: list[str]  # each trial's place in it, "precision/seed" (trial_keys.precision_seed)
     results: dict[str, float | None] = field(default_factory=dict)  # the searched metric
     tests: dict[str, float | None] = field(default_factory=dict)  # test Sharpe, for budgets
 
 
 class SweepSearcher(Searcher):
-    STATE_VERSION = 3
+    STATE_VERSION = 4
     CKPT_FILE_TMPL = "sweep-searcher-{}.json"  # JSON, not the base class's pickle name
 
     def __init__(self, spec: SweepSpec) -> None:
@@ -97,11 +97,12 @@ class SweepSearcher(Searcher):
         self.next_stream = 0
         self.queue: deque[dict[str, Any]] = deque()
         self.configs: dict[str, _Configuration] = {}
-        self.trial_member: dict[str, tuple[str, str]] = {}  # trial_id -> (config_id, member key)
+        # Tune trial id -> (config_id, "precision/seed") of its trial ("" for a group trial)
+        self.trial_of: dict[str, tuple[str, str]] = {}
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
-        # group trial_id -> its members, (config_id, member key) each
+        # group trial_id -> its trials, (config_id, "precision/seed") each
         self.trial_group: dict[str, list[tuple[str, str]]] = {}
-        # ASHA per member (hpo.rungs): the rungs as last saved or restored, for when no
+        # ASHA per trial (hpo.rungs): the rungs as last saved or restored, for when no
         # board is running (a searcher unpickled outside the sweep's Ray job).
         self.rungs: dict[str, Any] | None = None
 
@@ -119,15 +120,17 @@ class SweepSearcher(Searcher):
             return Searcher.FINISHED if self.complete else None
         config = self.queue.popleft()
         if is_group_trial(config):
-            self.trial_group[trial_id] = [(m["config_id"], m["member"]) for m in config[GROUP_KEY]]
-            self.trial_member[trial_id] = (config["config_id"], "")
+            self.trial_group[trial_id] = [
+                (t["config_id"], precision_seed(t)) for t in config[GROUP_KEY]
+            ]
+            self.trial_of[trial_id] = (config["config_id"], "")
         else:
-            self.trial_member[trial_id] = (config["config_id"], config["member"])
+            self.trial_of[trial_id] = (config["config_id"], precision_seed(config))
         self.trial_config[trial_id] = config
         return config
 
     def _all_reported(self) -> bool:
-        return all(len(g.results) == len(g.members) for g in self.configs.values())
+        return all(len(g.results) == len(g.trials) for g in self.configs.values())
 
     @property
     def complete(self) -> bool:
@@ -140,7 +143,7 @@ class SweepSearcher(Searcher):
         most it may run (:attr:`hpo.spec.SweepSpec.n_trials`)."""
         if not self.complete:
             return self.spec.n_trials
-        return sum(len(c.members) for c in self.configs.values())
+        return sum(len(c.trials) for c in self.configs.values())
 
     def records(self) -> dict[str, dict[str, Any]]:
         """What each stream's budget records (a sequential family's looks), by stream."""
@@ -154,25 +157,25 @@ class SweepSearcher(Searcher):
     def on_trial_complete(
         self, trial_id: str, result: dict | None = None, error: bool = False
     ) -> None:
-        located = self.trial_member.get(trial_id)
+        located = self.trial_of.get(trial_id)
         if located is None:
             return
         grouped = trial_id in self.trial_group
         if result and result.get("oom") and result.get("oom_retry_gpu_fraction") and not grouped:
-            # Ran out of GPU memory: the same member again, with at least the larger share
+            # Ran out of GPU memory: the same trial again, with at least the larger share
             # of the same type's GPU (the trial reports the type of the node it ran on).
             trial = TrialConfig.from_dict(self.trial_config[trial_id])
             ran_on = str(result.get("gpu_type") or "")
             retry = trial.with_floor(float(result["oom_retry_gpu_fraction"]), gpu_type=ran_on)
             self.queue.appendleft(retry.to_dict())
             return
-        if grouped:  # a group trial: each member's own result
+        if grouped:  # a group trial: each trial's own result
             reported = _trial_entries(result or {})
-            members = self.trial_group[trial_id]
+            trials = self.trial_group[trial_id]
             dicts = self.trial_config[trial_id][GROUP_KEY]
             retries: list[TrialConfig] = []
-            for (config_id, member), slug, config in zip(
-                members, trial_slugs(dicts), dicts, strict=True
+            for (config_id, place), slug, config in zip(
+                trials, trial_slugs(dicts), dicts, strict=True
             ):
                 entry = {} if error else reported.get(slug) or {}
                 if entry.get("oom") and entry.get("oom_retry_gpu_fraction"):
@@ -180,7 +183,7 @@ class SweepSearcher(Searcher):
                     ran_on = str(entry.get("gpu_type") or "")
                     retries.append(TrialConfig.from_dict(config).with_floor(floor, gpu_type=ran_on))
                 else:
-                    self._record(config_id, member, entry)
+                    self._record(config_id, place, entry)
             if retries:
                 # Those that ran out of memory, again as one group with a larger share, or
                 # as two halves where the group did not fit a whole GPU.
@@ -189,12 +192,13 @@ class SweepSearcher(Searcher):
                 for half in reversed(halves):
                     self.queue.appendleft(_group_trial(half))
         else:
-            config_id, member = located
-            self._record(config_id, member, {} if error or not result else result)
+            config_id, place = located
+            self._record(config_id, place, {} if error or not result else result)
 
-    def _record(self, config_id: str, member: str, result: dict[str, Any]) -> None:
-        """One member's result; once every member of the configuration has one, their mean
-        goes to its stream's searcher and the configuration's outcome to its budget."""
+    def _record(self, config_id: str, place: str, result: dict[str, Any]) -> None:
+        """The result of the trial at ``place`` ("precision/seed") of configuration
+        ``config_id``; once every trial of the configuration has one, their mean goes to its
+        stream's searcher and the configuration's outcome to its budget."""
         configuration = self.configs[config_id]
         if len(configuration.results) == len(configuration.members):
             # Its outcome went out already (a trial that errored, restarted by `hpo
@@ -202,11 +206,11 @@ class SweepSearcher(Searcher):
             # budget made a replacement; a second outcome would count it twice.
             return
         value = _number(result.get(self.spec.metric))
-        configuration.results[member] = value
+        configuration.results[place] = value
         # A trial's test Sharpe counts only where its own metric does (a diverged trial
         # reports its last good epoch's, beside a NaN validation Sharpe).
-        configuration.tests[member] = None if value is None else _number(result.get("test_sharpe"))
-        if len(configuration.results) < len(configuration.members):
+        configuration.tests[place] = None if value is None else _number(result.get("test_sharpe"))
+        if len(configuration.results) < len(configuration.trials):
             return
         finite = [v for v in configuration.results.values() if v is not None]
         self.searchers[configuration.stream].tell(
@@ -218,15 +222,15 @@ class SweepSearcher(Searcher):
         """The configuration's outcome to its stream's budget: what it reports goes to the
         listeners, and a stream that ended has its queued configurations withdrawn."""
         budget = self.budgets[configuration.stream]
-        trials = []
-        for member in configuration.members:
-            precision, _, seed = member.partition("/")
+        outcomes = []
+        for place in configuration.trials:
+            precision, _, seed = place.partition("/")
             metrics = {
-                self.spec.metric: configuration.results[member],
-                "test_sharpe": configuration.tests.get(member),
+                self.spec.metric: configuration.results[place],
+                "test_sharpe": configuration.tests.get(place),
             }
-            trials.append(TrialOutcome(precision, int(seed), metrics))
-        events = budget.on_outcome(Outcome(config_id, tuple(trials)))
+            outcomes.append(TrialOutcome(precision, int(seed), metrics))
+        events = budget.on_outcome(Outcome(config_id, tuple(outcomes)))
         if budget.done:
             self._withdraw(configuration.stream)
         for event in events:
@@ -236,8 +240,8 @@ class SweepSearcher(Searcher):
     def _withdraw(self, stream: int) -> None:
         """Take back the queued configurations of ``stream`` none of whose trials has
         started: the stream ended (a sequential family decided) and needs none of them."""
-        started = {config_id for config_id, _ in self.trial_member.values()}
-        started.update(c for members in self.trial_group.values() for c, _ in members)
+        started = {config_id for config_id, _ in self.trial_of.values()}
+        started.update(c for trials in self.trial_group.values() for c, _ in trials)
         withdrawn = {
             config_id
             for config_id, g in self.configs.items()
@@ -280,24 +284,23 @@ class SweepSearcher(Searcher):
             params = {**self.spaces[index].fixed, **asked, **(held or {})}  # held exactly
             if shape is None:
                 shape = {k: v for k, v in params.items() if k not in self.varying[family]}
-            members = []
-            for seed in self.spec.seeds:
-                for p in precisions:
-                    member = f"{p}/{seed}"
-                    members.append(member)
-                    trials.append(
-                        TrialConfig(
-                            family=family,
-                            precision=p,
-                            seed=seed,
-                            params=params,
-                            base=self.base,
-                            config_id=config_id,
-                            pair_id=f"{config_id}-s{seed}",
-                            member=member,
-                        )
-                    )
-            self.configs[config_id] = _Configuration(stream=index, members=members)
+            made = [
+                TrialConfig(
+                    family=family,
+                    precision=p,
+                    seed=seed,
+                    params=params,
+                    base=self.base,
+                    config_id=config_id,
+                    pair_id=f"{config_id}-s{seed}",
+                )
+                for seed in self.spec.seeds
+                for p in precisions
+            ]
+            trials.extend(made)
+            self.configs[config_id] = _Configuration(
+                stream=index, trials=[precision_seed(t.to_dict()) for t in made]
+            )
         if not self.grouped[family]:
             self.queue.extend(t.to_dict() for t in trials)
             return
@@ -316,14 +319,14 @@ class SweepSearcher(Searcher):
             "configs": {
                 k: {
                     "stream": g.stream,
-                    "members": g.members,
+                    "trials": g.trials,
                     "results": g.results,
                     "tests": g.tests,
                 }
                 for k, g in self.configs.items()
             },
             "budgets": [b.state() for b in self.budgets],
-            "trial_member": self.trial_member,
+            "trial_of": self.trial_of,
             "trial_group": self.trial_group,
             "trial_config": self.trial_config,
             "searchers": [s.state() for s in self.searchers],
@@ -331,7 +334,7 @@ class SweepSearcher(Searcher):
         }
 
     def _rungs_state(self) -> dict[str, Any] | None:
-        """The member rungs of a sweep where ASHA decides per member: the running board's
+        """The rungs of a sweep where ASHA decides per trial: the running board's
         (saved with each experiment snapshot), else the last known."""
         if not self.asha_per_trial:
             return None
@@ -351,17 +354,17 @@ class SweepSearcher(Searcher):
         self.queue = deque(state["queue"])
         self.configs = {
             k: _Configuration(
-                stream=g["stream"], members=g["members"], results=g["results"], tests=g["tests"]
+                stream=g["stream"], trials=g["trials"], results=g["results"], tests=g["tests"]
             )
             for k, g in state["configs"].items()
         }
         for budget, saved in zip(self.budgets, state["budgets"], strict=True):
             budget.load_state(saved)
-        self.trial_member = {k: (v[0], v[1]) for k, v in state["trial_member"].items()}
+        self.trial_of = {k: (v[0], v[1]) for k, v in state["trial_of"].items()}
         self.trial_config = dict(state["trial_config"])
         self.trial_group = {
-            trial: [(m[0], m[1]) for m in members]
-            for trial, members in state["trial_group"].items()
+            trial_id: [(t[0], t[1]) for t in trials]
+            for trial_id, trials in state["trial_group"].items()
         }
         for searcher, saved in zip(self.searchers, state["searchers"], strict=True):
             searcher.load_state(saved)
@@ -402,7 +405,7 @@ def _number(value: Any) -> float | None:
 def _config_ids(trial: dict[str, Any]) -> set[str]:
     """The configurations a queued Tune trial dict trains."""
     if is_group_trial(trial):
-        return {m["config_id"] for m in trial[GROUP_KEY]}
+        return {t["config_id"] for t in trial[GROUP_KEY]}
     return {trial["config_id"]}
 
 
@@ -421,11 +424,11 @@ def _trial_entries(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def _group_trial(members: list[TrialConfig]) -> dict[str, Any]:
-    """The Tune trial dict of ``members``: a group trial, or the trial alone."""
-    if len(members) == 1:
-        return members[0].to_dict()
-    return GroupTrialConfig(tuple(members)).to_dict()
+def _group_trial(trials: list[TrialConfig]) -> dict[str, Any]:
+    """The Tune trial dict of ``trials``: a group trial, or the trial alone."""
+    if len(trials) == 1:
+        return trials[0].to_dict()
+    return GroupTrialConfig(tuple(trials)).to_dict()
 
 
 def _even_chunks(items: list[TrialConfig], size: int) -> list[list[TrialConfig]]:

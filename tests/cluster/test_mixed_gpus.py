@@ -31,7 +31,6 @@ def trial(d_model: int, seed: int = 0, floor: float = 0.0) -> TrialConfig:
         seed=seed,
         params={"d_model": d_model, "n_heads": 1},
         base=TrialBase(epochs=1, trainer={"n_folds": 1}, data=DataConfig(n_bars=600)),
-        member=f"bf16/{seed}",
         gpu_fraction_floor=floor,
     )
 

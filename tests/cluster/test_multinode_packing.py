@@ -39,8 +39,7 @@ base = TrialBase(
     data=DataConfig(n_assets=2, n_bars=600),
 )
 def trial(model, params, seed):
-    return TrialConfig(family=model, precision="f32", seed=seed, params=params, base=base,
-                       member=f"f32/{seed}")
+    return TrialConfig(family=model, precision="f32", seed=seed, params=params, base=base)
 small = [trial("tft", {"d_model": 8, "n_heads": 1}, s) for s in range(4)]
 big = [trial("dqn", {"hidden": 32, "buffer_capacity": 300_000}, s) for s in range(2)]
 

@@ -123,8 +123,8 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
     metrics = json.loads((cont / "metrics.json").read_text())
     assert metrics["epochs"] == EPOCHS + 1 and metrics["history"][-1]["epoch"] == EPOCHS + 1
     fetched = trained.stderr.split(" to ", 1)[1].split()[0]
-    member = best_checkpoint.rsplit("/", 1)[-1]  # the member's folder in its group's state/
-    assert "hpo-fetch-" in fetched and fetched.endswith(f"/{member}")
+    trial = best_checkpoint.rsplit("/", 1)[-1]  # the trial's folder in its group's state/
+    assert "hpo-fetch-" in fetched and fetched.endswith(f"/{trial}")
     assert not Path(fetched).exists()  # the temporary copy is gone with the command
 
     # Resuming reads the spec, the searcher and Tune's state back from S3; the finished

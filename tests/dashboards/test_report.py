@@ -103,10 +103,10 @@ def test_plots_draw_exactly_the_pairs_the_statistics_use(
         assert _count_inside(parsed, "polygon", "violin", dist_id) == 2
 
 
-def test_curves_overlay_both_members_of_every_pair(parsed: _Elements) -> None:
+def test_curves_overlay_both_trials_of_every_pair(parsed: _Elements) -> None:
     curves = dom_id("curves", "tft", CONTRAST)
     assert _count_inside(parsed, "g", "pair-panel", curves) == 6
-    # 6 pairs x 2 members; the diverged member's curve stops at its last good epoch.
+    # 6 pairs x 2 trials; the diverged trial's curve stops at its last good epoch.
     assert _count_inside(parsed, "polyline", "curve", curves) == 12
     assert _count_inside(parsed, "rect", "bar", dom_id("resources", "tft")) == 4
 

@@ -6,15 +6,15 @@ and a change of tracking conventions breaks the comparison tests instead of hidi
 
 Known final values (3 epochs, the final one is the value below):
 
-* tft, 6 pairs: the bf16 member of c002 diverges in epoch 3 (its NaN Sharpe is not logged,
-  so MLflow still holds the finite epoch-2 value); the bf16 member of c004 falls back to
+* tft, 6 pairs: the bf16 trial of c002 diverges in epoch 3 (its NaN Sharpe is not logged,
+  so MLflow still holds the finite epoch-2 value); the bf16 trial of c004 falls back to
   f32 and completes.
-* dqn, 6 pairs: the bf16 member of c005 is still running (2 of 3 epochs).
+* dqn, 6 pairs: the bf16 trial of c005 is still running (2 of 3 epochs).
 
 Every epoch reports a checkpoint with a ``returns.csv`` (:func:`synthetic_returns`: its
 validation track's Sharpe is exactly that epoch's logged per-period Sharpe), and the
 callback logs the final one as the run's artifact (:data:`hpo.tracking.RETURNS_ARTIFACT`),
-except for the f32 member of dqn c000 (:data:`NO_RETURNS`: checkpoints without the file),
+except for the f32 trial of dqn c000 (:data:`NO_RETURNS`: checkpoints without the file),
 so dqn's PBO and that pair's tests are "not available".
 """
 
@@ -350,7 +350,7 @@ def trial_record(
 def paired_records(
     model: str, f32: list[list[float]], bf16: list[list[float]]
 ) -> list[TrialRecord]:
-    """Both members of every (configuration, seed): ``f32[g][s]`` and ``bf16[g][s]`` are
+    """Both trials of every (configuration, seed): ``f32[g][s]`` and ``bf16[g][s]`` are
     the validation (and test) Sharpe ratios of configuration ``g``, seed ``s``."""
     out = []
     for g, (ref, other) in enumerate(zip(f32, bf16, strict=True)):

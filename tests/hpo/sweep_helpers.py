@@ -163,8 +163,8 @@ def snapshot(sweep_dir: Path) -> dict[str, dict[str, Any]] | None:
 
 
 def rung_decisions(sweep_dir: Path) -> dict[int, dict[str, bool]]:
-    """ASHA's per-member decisions (hpo.rungs) as the sweep's newest searcher snapshot
-    holds them: rung epoch -> member key -> went on."""
+    """ASHA's per-trial decisions (hpo.rungs) as the sweep's newest searcher snapshot
+    holds them: rung epoch -> trial key -> went on."""
     newest = max(sweep_dir.glob("sweep-searcher-*.json"), key=lambda p: p.name)
     rungs = json.loads(newest.read_text())["rungs"]
     return {int(m): d for m, d in rungs["decisions"].items()}

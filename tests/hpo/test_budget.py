@@ -319,7 +319,7 @@ def test_a_sequential_sweep_stops_each_family_when_decided() -> None:
 
 
 def _grouped_spec() -> SweepSpec:
-    """Configurations of one shape per family, two members per group trial, first look 10."""
+    """Configurations of one shape per family, two trials per group trial, first look 10."""
     return _spec(
         grouping={"group_size": 2},
         search_space={
@@ -337,7 +337,7 @@ def _grouped_spec() -> SweepSpec:
     )
 
 
-def test_group_trials_count_a_configuration_once_all_its_members_reported() -> None:
+def test_group_trials_count_a_configuration_once_all_its_trials_reported() -> None:
     spec = _grouped_spec()
     assert spec.configs_per_ask("kan") == spec.configs_per_ask("liquid") == 2
     searcher = SweepSearcher(spec)
@@ -354,7 +354,7 @@ def test_group_trials_count_a_configuration_once_all_its_members_reported() -> N
 
 
 class _StopAfterFirst(FixedBudget):
-    """A policy that ends its stream at its first outcome (as PBT's would end a member)."""
+    """A policy that ends its stream at its first outcome (as PBT's would end a trial)."""
 
     kind = "stop-after-first"
 
@@ -377,7 +377,7 @@ def test_a_stream_that_ended_has_its_queued_work_withdrawn() -> None:
     driver.fill(2)
     assert driver.finished and searcher.complete
     liquid = sorted(c for c in searcher.configs if c.startswith("liquid"))
-    # Ended after its first configuration's members reported: what had started finished,
+    # Ended after its first configuration's trials reported: what had started finished,
     # the rest of the ten it had queued was withdrawn and never handed to Tune.
     started = {
         unit["config_id"]

@@ -405,7 +405,7 @@ def test_more_than_two_precisions_are_each_compared_with_the_first(
     )
     tft = result.families["tft"]
     assert set(tft.contrasts) == {"bf16_vs_f32", "bf16-mixed_vs_f32"}
-    # bf16-mixed is bf16 shifted by -0.05 and completes everywhere (no diverged member).
+    # bf16-mixed is bf16 shifted by -0.05 and completes everywhere (no diverged trial).
     a = VAL["tft"]["f32"]
     b = [v - 0.05 if math.isfinite(v) else 0.6 - 0.05 for v in VAL["tft"]["bf16"]]
     got = tft.contrasts["bf16-mixed_vs_f32"].val.to_dict()
@@ -423,7 +423,7 @@ def _bf16_vs_f32(trials: list, **kwargs: object):  # type: ignore[no-untyped-def
 
 
 def test_wilcoxon_with_zero_differences_is_exact_on_the_non_zero_ones() -> None:
-    # 15 configurations where both members are flat (difference exactly 0) and five with
+    # 15 configurations where both trials are flat (difference exactly 0) and five with
     # differences 0.1 .. 0.5: scipy's method='auto' counted the zeros and switched to the
     # normal approximation (p = 0.043); the exact p of the five non-zero differences is
     # 2 / 2**5 = 0.0625 (all five positive: the most extreme of 32 sign patterns, twice).
@@ -639,7 +639,7 @@ def test_the_best_trial_is_the_best_joined_validation_track(val_sharpe: str) -> 
 
 
 def _pair(group: int, shift: float, skip_ref: int = 0) -> list:  # type: ignore[type-arg]
-    """f32 and bf16 members of configuration ``group``: bf16's returns are f32's plus a
+    """f32 and bf16 trials of configuration ``group``: bf16's returns are f32's plus a
     small perturbation and ``shift`` per bar; f32 misses its first ``skip_ref`` bars."""
     base = _folds(group % 4, (0.001, 0.0012), (0.01, 0.012))
     other = [f + shift + 0.001 * Z[(group + 1) % 4, k] for k, f in enumerate(base)]
@@ -650,7 +650,7 @@ def _pair(group: int, shift: float, skip_ref: int = 0) -> list:  # type: ignore[
     ]
 
 
-def test_pair_tests_are_jkm_and_hac_on_the_bars_both_members_have() -> None:
+def test_pair_tests_are_jkm_and_hac_on_the_bars_both_trials_have() -> None:
     trials = _pair(0, 0.0004, skip_ref=5)  # f32 lacks the first 5 bars of each segment
     _, contrast = _bf16_vs_f32(trials)
     for split in ("val", "test"):
@@ -694,7 +694,7 @@ def test_pbo_min_trl_and_spearman_of_a_family_from_its_completed_trials() -> Non
     assert fit.min_trl == min_track_record_length(
         best.sharpe_per_period, 0.0, best.skew, best.kurtosis, 0.95
     )
-    # On the 4 configurations (each the mean of its two members), not the 8 trials.
+    # On the 4 configurations (each the mean of its two trials), not the 8 trials.
     means = [
         (np.mean([t.val_sharpe for t in c]), np.mean([t.test_sharpe for t in c]))
         for c in (result.trials[i : i + 2] for i in range(0, 8, 2))
@@ -810,7 +810,7 @@ def test_pair_tests_and_pbo_are_recomputed_from_the_runs_artifacts(
     matrix = np.column_stack([tracks[(t.precision, t.pair_id)].returns["val"] for t in completed])
     assert tft.overfitting.n_completed == 11  # 12 trials, one diverged
     assert tft.overfitting.pbo == probability_of_backtest_overfitting(matrix, 16)
-    # The diverged pair (c002) has no test; dqn c000's f32 member has no artifact.
+    # The diverged pair (c002) has no test; dqn c000's f32 trial has no artifact.
     assert "diverged" in tft.contrasts[CONTRAST].pair_tests[pair_id("tft", 2)]["val"].note
     dqn = comparison.families["dqn"]
     missing = dqn.contrasts[CONTRAST].pair_tests[pair_id("dqn", 0)]["test"]
@@ -929,10 +929,10 @@ def test_a_corrupt_returns_file_is_not_logged(
     assert MlflowClient(private.tracking_uri).list_artifacts(run_id, "returns") == []
 
 
-def test_of_two_runs_of_one_member_the_one_that_got_furthest_is_kept() -> None:
-    # A sweep from before OOM retries continued their member's run left the failed
+def test_of_two_runs_of_one_trial_the_one_that_got_furthest_is_kept() -> None:
+    # A sweep from before OOM retries continued their trial's run left the failed
     # attempt (an errored run) beside the retry; its trial id sorts first ("a" < "b"), and
-    # the first id is not the retry. The completed retry is the member's result.
+    # the first id is not the retry. The completed retry is the trial's result.
     import dataclasses
 
     records = paired_records("tft", [[0.2], [0.4]], [[0.3], [0.6]])

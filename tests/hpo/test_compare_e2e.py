@@ -50,7 +50,7 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
         # Two configurations cannot show equivalence at 5%: the verdict says so.
         assert tags[f"cmp.{model}.verdict"] == (contrast.verdict() or "not computed")
         assert tags[f"cmp.{model}.verdict"].startswith(("inconclusive", "not computed"))
-        # Per pair: JKM and HAC on the members' returns over the same bars.
+        # Per pair: JKM and HAC on the trials' returns over the same bars.
         completed = [t for t in recomputed.trials_of(model) if t.state == "completed"]
         done = {t.pair_id for t in completed if t.precision == "bf16"} & {
             t.pair_id for t in completed if t.precision == "f32"
@@ -58,7 +58,7 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
         tested = {
             p for p, by in contrast.pair_tests.items() if math.isfinite(by["test"].hac_pvalue)
         }
-        assert tested == done  # every pair with both members completed has its tests
+        assert tested == done  # every pair with both trials completed has its tests
         for pair, by_split in contrast.pair_tests.items():
             for split, test in by_split.items():
                 key = f"cmp.{model}.{CONTRAST}.{split}.{pair}"

@@ -1,8 +1,8 @@
 """Grouped sweeps through the `hpo` CLI as a user runs them. A compare sweep with
 `grouping.group_size`: the seeds of each configuration and precision train as one group
-trial, and everything a user reads still lists members (one MLflow child run each, status
+trial, and everything a user reads still lists its trials (one MLflow child run each, status
 rows, the comparison). A search sweep with the default group size and ASHA: configurations
-of one shape train as one group, and ASHA stops members, not groups."""
+of one shape train as one group, and ASHA stops trials, not groups."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from hpo.record import SweepRecord
 from tests.hpo.sweep_helpers import rung_decisions, trial_dirs, trial_runs
+from trainables.trial_keys import trial_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 HPO = Path(sys.executable).with_name("hpo")  # the console script, as a user runs it
@@ -54,7 +55,7 @@ def _write_spec(tmp_path: Path, name: str, **settings: object) -> tuple[Path, st
     return spec_path, uri
 
 
-def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -> None:
+def test_a_grouped_compare_sweep_lists_every_trial_everywhere(tmp_path: Path) -> None:
     spec_path, uri = _write_spec(
         tmp_path,
         "grouped",
@@ -72,13 +73,13 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     swept = _hpo(tmp_path, "sweep", str(spec_path))
     assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
     assert "6/6 trials finished" in swept.stdout
-    # Two Tune trials (one group per precision), six members.
+    # Two Tune trials (one group per precision), six trials.
     sweep_dir = tmp_path / "results" / "grouped"
     assert len(trial_dirs(sweep_dir)) == 2
 
     runs = trial_runs(uri, "grouped")
-    members = sorted((r.data.tags["precision"], r.data.tags["seed"]) for r in runs)
-    assert members == [(p, s) for p in ("bf16", "f32") for s in ("0", "1", "2")]
+    listed = sorted((r.data.tags["precision"], r.data.tags["seed"]) for r in runs)
+    assert listed == [(p, s) for p in ("bf16", "f32") for s in ("0", "1", "2")]
     assert all(r.info.status == "FINISHED" for r in runs)
     assert all(r.data.metrics["fused_folds"] == 6 for r in runs)  # 3 trials x 2 folds
     assert len({r.data.tags["trial_id"] for r in runs}) == 6
@@ -90,7 +91,7 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     assert len(rows) == 6 and all(r["status"] == "TERMINATED" and r["epochs"] == 2 for r in rows)
     assert all(r["checkpoint"].endswith(f"/state/{r['precision']}-s{r['seed']}") for r in rows)
 
-    # The comparison pairs the members: three seed pairs of one configuration.
+    # The comparison pairs the trials: three seed pairs of one configuration.
     record = SweepRecord.read(sweep_dir, check_data=False)
     parent = MlflowClient(uri).get_run(record.parent_run_id).data.metrics
     assert parent["cmp.kan.bf16_vs_f32.val.n_seed_pairs"] == 3.0
@@ -99,9 +100,9 @@ def test_a_grouped_compare_sweep_lists_every_member_everywhere(tmp_path: Path) -
     assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
 
 
-def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) -> None:
+def test_asha_stops_trials_of_a_default_grouped_search_sweep(tmp_path: Path) -> None:
     # No [grouping] table: the default group size (8) groups nine sampled configurations of
-    # one shape as a group of 8 and a lone trial; ASHA decides per member at epochs 1, 2.
+    # one shape as a group of 8 and a lone trial; ASHA decides per trial at epochs 1, 2.
     spec_path, uri = _write_spec(
         tmp_path,
         "rungs",
@@ -127,11 +128,11 @@ def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) ->
     assert SweepRecord.read(sweep_dir, check_data=False).spec.grouping.configs_per_ask == {"kan": 8}
 
     decisions = rung_decisions(sweep_dir)
-    assert len(decisions[1]) == 9  # every member judged at the first rung
+    assert len(decisions[1]) == 9  # every trial judged at the first rung
     stopped = [k for d in decisions.values() for k, keep in d.items() if not keep]
-    assert stopped, "ASHA kept every one of nine members: nothing was stopped"
+    assert stopped, "ASHA kept every one of nine trials: nothing was stopped"
 
-    def epochs_of(key: str) -> int:  # where the rungs say the member ended
+    def epochs_of(key: str) -> int:  # where the rungs say the trial ended
         for rung in sorted(decisions):
             if decisions[rung].get(key) is False:
                 return rung
@@ -141,13 +142,11 @@ def test_asha_stops_members_of_a_default_grouped_search_sweep(tmp_path: Path) ->
     runs = trial_runs(uri, "rungs")
     assert len(runs) == 9 and all(r.info.status == "FINISHED" for r in runs)
     for run in runs:
-        key = f"{run.data.tags['config_id']}|{run.data.tags['member']}"
+        key = trial_key(run.data.tags)
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
         assert steps == list(range(1, epochs_of(key) + 1)), (key, steps)
 
     status = _hpo(tmp_path, "status", str(sweep_dir), "--json")
     assert status.returncode == 0, status.stderr[-3000:]
     rows = json.loads(status.stdout)["trials"]
-    assert sorted(r["epochs"] for r in rows) == sorted(
-        epochs_of(f"{r['config_id']}|{r['member']}") for r in rows
-    )
+    assert sorted(r["epochs"] for r in rows) == sorted(epochs_of(trial_key(r)) for r in rows)

@@ -1,6 +1,7 @@
-"""ASHA per member (hpo.rungs): the same decisions as Ray Tune's ASHAScheduler, each
-remembered across a resume, the rungs saved and restored with the searcher's state. The
-search efficiency benchmark (bench/search_efficiency.py) runs the same rungs."""
+"""ASHA per trial of a group trial (hpo.rungs): the same decisions as Ray Tune's
+ASHAScheduler, each remembered across a resume, the rungs saved and restored with the
+searcher's state. The search efficiency benchmark (bench/search_efficiency.py) runs the
+same rungs."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from hpo.rungs import AshaRungs
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # Ray's all-NaN rung
 @pytest.mark.parametrize("case", range(12))
 def test_decisions_equal_ray_tunes_asha_scheduler(case: int) -> None:
-    """Random interleavings of results (NaNs and ties included), several members at once:
+    """Random interleavings of results (NaNs and ties included), several trials at once:
     the same CONTINUE/STOP decisions as Tune's ASHAScheduler (one bracket)."""
     rng = random.Random(case)
     max_t = rng.choice([2, 4, 8, 9, 16])
@@ -72,9 +73,9 @@ def test_a_decision_is_remembered_and_survives_a_restart() -> None:
     again = AshaRungs(grace=1, max_t=4)
     again.load_state(json.loads(json.dumps(rungs.state())))
     assert not again.keep("c", 1, 9.0) and again.keep("a", 1, -9.0)
-    assert again.keep("d", 1, 5.0)  # new members are judged against all recorded values
+    assert again.keep("d", 1, 5.0)  # new trials are judged against all recorded values
     assert not again.keep("e", 1, 1.0)  # median of 2, 3, 0 and 5 is 2.5
-    # The last epoch always ends a member (Tune's ASHA stops a trial at max_t).
+    # The last epoch always ends a trial (Tune's ASHA stops a trial at max_t).
     assert not again.keep("a", 4, 10.0)
 
 

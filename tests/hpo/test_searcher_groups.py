@@ -1,6 +1,6 @@
 """`grouping.group_size`: the searcher queues the seeds of a configuration, and further
-configurations of the same shape, (per precision) as group trials of up to K members, is
-told each member's own result, and rl families stay ungrouped; how large a model's
+configurations of the same shape, (per precision) as group trials of up to K trials, is
+told each trial's own result, and rl families stay ungrouped; how large a model's
 largest group is (what a measured share is profiled for)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hpo.spec import parse_spec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, is_group_trial
 from trainables.group import per_trial_settings
-from trainables.trial_keys import PER_TRIAL_SETTINGS, trials_of
+from trainables.trial_keys import PER_TRIAL_SETTINGS, precision_seed, trials_of
 
 
 def _spec(**overrides: Any) -> Any:
@@ -41,13 +41,13 @@ def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
     kan = [t for t in trials if t["family"] == "kan"]
     dqn = [t for t in trials if t["family"] == "dqn"]
     # kan: per precision, seeds 0 and 1 in one group, seed 2 alone.
-    groups = [[m["member"] for m in t[GROUP_KEY]] for t in kan if is_group_trial(t)]
+    groups = [[precision_seed(m) for m in t[GROUP_KEY]] for t in kan if is_group_trial(t)]
     assert sorted(groups) == [["bf16/0", "bf16/1"], ["f32/0", "f32/1"]]
-    assert sorted(t["member"] for t in kan if not is_group_trial(t)) == ["bf16/2", "f32/2"]
+    assert sorted(precision_seed(t) for t in kan if not is_group_trial(t)) == ["bf16/2", "f32/2"]
     # dqn, an rl family: six trials alone.
     assert len(dqn) == 6 and not any(is_group_trial(t) for t in dqn)
     assert searcher.spec.n_trials == 12 and searcher.spec.n_tune_trials == len(trials) == 10
-    # Every group decodes, and its members share the configuration's parameters.
+    # Every group decodes, and its trials share the configuration's parameters.
     for t in kan:
         if is_group_trial(t):
             group = GroupTrialConfig.from_dict(t)
@@ -55,7 +55,7 @@ def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
             assert all(m.params == group.trials[0].params for m in group.trials)
 
 
-def test_the_searcher_is_told_each_members_result() -> None:
+def test_the_searcher_is_told_each_trials_result() -> None:
     searcher = SweepSearcher(_spec(families=["kan"], precisions=["f32", "bf16"], seeds=[0, 1]))
     ids = {}
     while isinstance(suggestion := searcher.suggest(f"t{len(ids)}"), dict):
@@ -63,8 +63,8 @@ def test_the_searcher_is_told_each_members_result() -> None:
     assert len(ids) == 2 and all(is_group_trial(t) for t in ids.values())
     for trial_id, config in ids.items():
         precision = config["precision"]
-        members = {f"{precision}-s0": {"val_sharpe": 1.0}, f"{precision}-s1": {"val_sharpe": 3.0}}
-        searcher.on_trial_complete(trial_id, {"val_sharpe": 3.0, "trials": members})
+        entries = {f"{precision}-s0": {"val_sharpe": 1.0}, f"{precision}-s1": {"val_sharpe": 3.0}}
+        searcher.on_trial_complete(trial_id, {"val_sharpe": 3.0, "trials": entries})
     (configuration,) = searcher.configs.values()
     assert configuration.results == {"f32/0": 1.0, "f32/1": 3.0, "bf16/0": 1.0, "bf16/1": 3.0}
     assert searcher.searchers[0].n_told == 1  # the configuration's mean, once
@@ -103,18 +103,18 @@ def test_search_mode_groups_configurations_of_one_shape(search: str) -> None:
     for config in trials.values():
         if not is_group_trial(config):
             continue
-        members = GroupTrialConfig.from_dict(config).trials
-        assert len({m.config_id for m in members}) == len(members)
+        held = GroupTrialConfig.from_dict(config).trials
+        assert len({m.config_id for m in held}) == len(held)
         varying = per_trial_settings(get_family("kan"))
-        shapes = [{k: v for k, v in m.params.items() if k not in varying} for m in members]
+        shapes = [{k: v for k, v in m.params.items() if k not in varying} for m in held]
         assert all(shape == shapes[0] for shape in shapes)
-        # Searched per member: lr, and the position scale (the fused step never reads it).
-        assert len({m.params["lr"] for m in members}) == len(members)
-        assert len({m.params["position_scale"] for m in members}) == len(members)
-        # Member ids stay unique across the group's configurations.
+        # Searched per trial: lr, and the position scale (the fused step never reads it).
+        assert len({m.params["lr"] for m in held}) == len(held)
+        assert len({m.params["position_scale"] for m in held}) == len(held)
+        # Trial ids stay unique across the group's configurations.
         ids = [unit for unit, _, _ in trials_of("abc", config)]
         assert len(set(ids)) == len(ids) and ids[0].startswith("abc-c0")
-    # Each configuration gets its own member's result, told to the stream's searcher.
+    # Each configuration gets its own trial's result, told to the stream's searcher.
     for trial_id, config in trials.items():
         units = trials_of(trial_id, config)
         reported = {slug: {"val_sharpe": float(i)} for i, (_, _, slug) in enumerate(units)}
@@ -131,10 +131,10 @@ def test_compare_mode_groups_the_seeds_of_one_configuration_only() -> None:
     sizes = sorted(len(t[GROUP_KEY]) if is_group_trial(t) else 1 for t in trials.values())
     assert sizes == [3] * 6 and spec.n_tune_trials == 6
     assert all(len({m["config_id"] for m in t[GROUP_KEY]}) == 1 for t in trials.values())
-    # Pairs stay pairs: each f32 member has its bf16 twin with the same parameters.
-    members = [m for t in trials.values() for m in t.get(GROUP_KEY, [t])]
+    # Pairs stay pairs: each f32 trial has its bf16 twin with the same parameters.
+    all_trials = [m for t in trials.values() for m in t.get(GROUP_KEY, [t])]
     by_pair: dict[str, list[dict[str, Any]]] = {}
-    for m in members:
+    for m in all_trials:
         by_pair.setdefault(m["pair_id"], []).append(m)
     assert len(by_pair) == 9
     assert all(len(p) == 2 and p[0]["params"] == p[1]["params"] for p in by_pair.values())
@@ -146,7 +146,7 @@ def test_compare_mode_groups_the_seeds_of_one_configuration_only() -> None:
 def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_searched() -> None:
     # Every shape setting fixed by the spec: each configuration is still an independent
     # draw (nothing is held), and all share the shape, so a group holds several
-    # configurations' seeds of one precision: 8 // 3 = 2 configurations, 6 members.
+    # configurations' seeds of one precision: 8 // 3 = 2 configurations, 6 trials.
     from hpo.search.space import trial_space
     from models.base import Choice
 
@@ -177,9 +177,9 @@ def test_compare_mode_groups_configurations_where_only_lr_and_weight_decay_are_s
     assert drawn(trials) == drawn(alone) and len(drawn(trials)) == 4
 
 
-def test_a_search_that_holds_every_member_setting_asks_one_configuration_at_a_time() -> None:
-    # Nothing members may differ in is searched (lr, weight decay, kan's own member
-    # settings): a batch of one shape would be K copies of one configuration. Each
+def test_a_search_that_holds_every_per_trial_setting_asks_one_configuration_at_a_time() -> None:
+    # Nothing a group's trials may differ in is searched (lr, weight decay, kan's own
+    # per-trial settings): a batch of one shape would be K copies of one configuration. Each
     # configuration is asked alone (its seeds still group).
     default = get_family("kan").default_config()
     held = {
@@ -204,7 +204,7 @@ def test_a_search_that_holds_every_member_setting_asks_one_configuration_at_a_ti
 
 def test_pso_holds_a_groups_log_scale_shape_exactly() -> None:
     # A log-scale float decoded from its unit coordinate can come back an ulp off; the
-    # group's members must share it exactly (group_problems compares with ==).
+    # group's trials must share it exactly (group_problems compares with ==).
     from hpo.search.pso import PSOParamSearcher
     from models.base import Float
 
@@ -248,10 +248,10 @@ def test_group_size_one_asks_what_the_streams_searcher_asks_alone() -> None:
 
 
 def test_trials_per_group_is_the_largest_group_the_searcher_forms() -> None:
-    """What the plan profiles a model's group share for: a batch's members of one
+    """What the plan profiles a model's group share for: a batch's trials of one
     precision, split evenly into groups of at most group_size."""
     search = {"compare": False, "scheduler": "fifo", "samples": 5, "grouping": {"group_size": 8}}
-    spec = _spec(**search)  # batches of 8 // 3 seeds = 2 configurations: 6 members
+    spec = _spec(**search)  # batches of 8 // 3 seeds = 2 configurations: 6 trials
     assert spec.trials_per_group("kan") == 6
     trials = _all_suggestions(SweepSearcher(spec))
     kan = [t for t in trials.values() if t["family"] == "kan"]
@@ -265,8 +265,8 @@ def test_trials_per_group_is_the_largest_group_the_searcher_forms() -> None:
 def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> None:
     """A sweep records how it groups (``grouping.configs_per_ask``) when it starts; read back, the
     spec groups as recorded. A sweep started by a version that asked one configuration at
-    a time does not start grouping configurations (and ASHA per member) on resume because
-    this version lets members differ in more settings."""
+    a time does not start grouping configurations (and ASHA per trial) on resume because
+    this version lets a group's trials differ in more settings."""
     search = {
         "families": ["kan"],
         "compare": False,

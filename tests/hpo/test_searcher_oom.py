@@ -1,4 +1,4 @@
-"""An out-of-memory trial comes back as the same member with a larger GPU share, and the
+"""An out-of-memory trial comes back as the same trial with a larger GPU share, and the
 searcher only says FINISHED once every planned trial has reported; what the searcher emits
 is the trial codec's dict form."""
 
@@ -21,7 +21,7 @@ from trainables.config import (
 )
 
 
-def test_oom_requeues_the_same_member_with_a_floor() -> None:
+def test_oom_requeues_the_same_trial_with_a_floor() -> None:
     spec = parse_spec(  # two trials alone (group trials of one shape would hold both)
         {
             "name": "oom",
@@ -41,7 +41,8 @@ def test_oom_requeues_the_same_member_with_a_floor() -> None:
     )
     retry = searcher.suggest("t4")
     assert isinstance(retry, dict)
-    assert retry["params"] == first["params"] and retry["member"] == first["member"]
+    assert retry["params"] == first["params"]
+    assert (retry["precision"], retry["seed"]) == (first["precision"], first["seed"])
     assert retry[RETRY_FLOOR_KEY] == 0.3
     searcher.on_trial_complete("t4", {"val_sharpe": 1.0})
     assert searcher.suggest("t5") is None  # t2 still running
@@ -125,27 +126,27 @@ def _group_spec() -> Any:
     )
 
 
-def test_a_group_oom_retries_its_training_members_as_a_group_with_a_floor() -> None:
-    """The members that ran out of memory come back as one group trial, each with the
-    larger share as its floor and the GPU type; a member that had ended keeps its result."""
+def test_a_group_oom_retries_its_training_trials_as_a_group_with_a_floor() -> None:
+    """The trials that ran out of memory come back as one group trial, each with the
+    larger share as its floor and the GPU type; a trial that had ended keeps its result."""
     searcher = SweepSearcher(_group_spec())
     group = searcher.suggest("t1")
     assert isinstance(group, dict) and len(group[GROUP_KEY]) == 5
     slugs = GroupTrialConfig.from_dict(group).slugs()
     oom = {"oom": 1, "oom_retry_gpu_fraction": 0.5, "gpu_type": "L4"}
-    members = {slug: dict(oom) for slug in slugs}
-    members[slugs[2]] = {"val_sharpe": 0.7, "stopped": 1, "epoch": 1}
-    searcher.on_trial_complete("t1", {"oom": 1, **oom, "trials": members})
+    entries = {slug: dict(oom) for slug in slugs}
+    entries[slugs[2]] = {"val_sharpe": 0.7, "stopped": 1, "epoch": 1}
+    searcher.on_trial_complete("t1", {"oom": 1, **oom, "trials": entries})
     retry = searcher.suggest("t2")
     assert isinstance(retry, dict) and is_group_trial(retry)
     again = GroupTrialConfig.from_dict(retry).trials
     assert [m.seed for m in again] == [0, 1, 3, 4]
     assert {(m.gpu_fraction_floor, m.gpu_type) for m in again} == {(0.5, "L4")}
     assert searcher.suggest("t3") is None  # the retry has not reported
-    retry_members = {s: {"val_sharpe": 1.0} for s in GroupTrialConfig.from_dict(retry).slugs()}
-    searcher.on_trial_complete("t2", {"val_sharpe": 1.0, "trials": retry_members})
+    retry_entries = {s: {"val_sharpe": 1.0} for s in GroupTrialConfig.from_dict(retry).slugs()}
+    searcher.on_trial_complete("t2", {"val_sharpe": 1.0, "trials": retry_entries})
     assert searcher.suggest("t4") == Searcher.FINISHED
-    # Told once, the mean of all five members: the stopped one's 0.7 and the retries' 1.0.
+    # Told once, the mean of all five trials: the stopped one's 0.7 and the retries' 1.0.
     assert searcher.searchers[0].n_told == 1
 
 
@@ -166,7 +167,7 @@ def test_a_group_that_does_not_fit_a_whole_gpu_is_split_in_two() -> None:
     assert searcher.suggest("t4") is None
 
 
-def test_the_newest_attempt_of_a_member_counts_even_at_a_smaller_floor() -> None:
+def test_the_newest_attempt_of_a_trial_counts_even_at_a_smaller_floor() -> None:
     """A group ran out of memory at 0.6, again at a whole GPU (its retry's floor 1.0), and
     was split: each half asks half a GPU (floor 0.5). The half's attempt replaces the
     failed ones in `hpo status` and the sweep's count, though its floor is smaller."""
@@ -177,7 +178,7 @@ def test_the_newest_attempt_of_a_member_counts_even_at_a_smaller_floor() -> None
             trial_id=trial_id, family="kan", precision="bf16", seed=0, pair_id="p",
             status=TrialStatus("TERMINATED"), epochs=2, val_sharpe=None if oom else 1.0,
             test_sharpe=None, fell_back_to_f32=False, diverged=False, params={},
-            checkpoint=None, config_id="kan-c000", member="bf16/0", attempt=attempt,
+            checkpoint=None, config_id="kan-c000", attempt=attempt,
             gpu_fraction_floor=floor, oom_retry_gpu_fraction=oom,
         )  # fmt: skip
 

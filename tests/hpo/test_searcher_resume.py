@@ -82,12 +82,12 @@ def _objective(config: dict[str, Any]) -> float:
 
 
 def _result(config: dict[str, Any]) -> dict[str, Any]:
-    """What the trial reports at its end: its objective, or each member's for a group."""
+    """What the trial reports at its end: its objective, or each trial's for a group."""
     if not is_group_trial(config):
         return {"val_sharpe": _objective(config), "epoch": 1}
-    members = {slug: {"val_sharpe": _objective(dict(m))} for _, m, slug in trials_of("t", config)}
-    best = max(m["val_sharpe"] for m in members.values())
-    return {"val_sharpe": best, "epoch": 1, "trials": members}
+    entries = {slug: {"val_sharpe": _objective(dict(t))} for _, t, slug in trials_of("t", config)}
+    best = max(e["val_sharpe"] for e in entries.values())
+    return {"val_sharpe": best, "epoch": 1, "trials": entries}
 
 
 class Driver:
@@ -213,7 +213,7 @@ RESUME_CASES = [
     pytest.param("tpe", 1, 1, id="tpe-sequential"),
     pytest.param("tpe", 3, 1, id="tpe-concurrent"),
     # Group trials: configurations of one shape asked together (the shape held for all
-    # but the first), each member's result told to its own configuration.
+    # but the first), each trial's result told to its own configuration.
     pytest.param("pso", 3, 2, id="pso-groups"),
     pytest.param("tpe", 3, 2, id="tpe-groups"),
 ]
@@ -353,26 +353,26 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
     assert len(groups) == 2 * 3  # samples groups per stream
     per_model = {m: sum(1 for g in groups.values() if g[0]["family"] == m) for m in ("tft", "kan")}
     assert per_model == {"tft": 3, "kan": 3}
-    for members in groups.values():
-        assert len(members) == 4  # precisions x seeds
-        assert {(c["precision"], c["seed"]) for c in members} == {
+    for trials in groups.values():
+        assert len(trials) == 4  # precisions x seeds
+        assert {(c["precision"], c["seed"]) for c in trials} == {
             ("f32", 0),
             ("bf16", 0),
             ("f32", 1),
             ("bf16", 1),
         }
-        assert all(c["params"] == members[0]["params"] for c in members)
-        assert len({c["family"] for c in members}) == 1
+        assert all(c["params"] == trials[0]["params"] for c in trials)
+        assert len({c["family"] for c in trials}) == 1
         for seed in (0, 1):
-            pair = [c for c in members if c["seed"] == seed]
+            pair = [c for c in trials if c["seed"] == seed]
             assert len(pair) == 2 and pair[0]["pair_id"] == pair[1]["pair_id"]
-        assert len({c["pair_id"] for c in members}) == 2  # seeds are separate pairs
+        assert len({c["pair_id"] for c in trials}) == 2  # seeds are separate pairs
     # Streams are served round-robin, so both families progress at once.
     order = [configs[f"t{i}"]["family"] for i in range(0, spec.n_trials, 4)]
     assert order == ["tft", "kan"] * 3
 
-    # The stream's searcher is told once per group, after its last member, with the mean
-    # of the members' finite values (a failed member does not count).
+    # The stream's searcher is told once per group, after its last trial, with the mean
+    # of the trials' finite values (a failed trial does not count).
     first = configs["t0"]["config_id"]
     ids = [t for t, c in configs.items() if c["config_id"] == first]
     stream = searcher.searchers[0]
@@ -387,7 +387,7 @@ def test_compare_mode_fans_out_pairs_and_finishes(search: str) -> None:
     assert best[1] == pytest.approx((1.0 + 2.0 + 4.0) / 3)
     assert best[0] == {k: v for k, v in configs["t0"]["params"].items() if k in stream.dims}
 
-    # FINISHED only once every member trial of every group has reported.
+    # FINISHED only once every trial of every group has reported.
     rest = [t for t in configs if t not in ids]
     for trial_id in rest[:-1]:
         searcher.on_trial_complete(trial_id, {"val_sharpe": _objective(configs[trial_id])})
@@ -404,7 +404,7 @@ def test_per_precision_streams_without_compare() -> None:
     configs = _run_to_finish(searcher)
     assert len(configs) == spec.n_trials == 2 * 2 * 2 * 2
     assert _told_trials(searcher) == [2, 2, 2, 2]
-    for config in configs:  # each group: one precision, one member per seed
+    for config in configs:  # each group: one precision, one trial per seed
         group = [c for c in configs if c["config_id"] == config["config_id"]]
         assert {c["precision"] for c in group} == {config["precision"]}
         assert sorted(c["seed"] for c in group) == [0, 1]

@@ -185,7 +185,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
         if config["precision"] != "bf16" or marker.exists():
             trial_module.run_trial(config, share, judge)
             return
-        marker.write_text(config["member"])
+        marker.write_text(f"{config['precision']}/{config['seed']}")
         original = Trainer.train_epoch
         epochs = [0]
 
@@ -208,8 +208,8 @@ def test_an_oom_retry_continues_its_run_resolves_its_pair_and_the_sweep_finishes
     ray_session, tmp_path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     """A compare sweep of one pair with measured shares on the session's 4 logical GPUs
-    (the ClusterPacker): the bf16 member runs out of memory in epoch 2 and is retried with
-    a larger share; MLflow then holds one run per member, the retry's, the pair is
+    (the ClusterPacker): the bf16 trial runs out of memory in epoch 2 and is retried with
+    a larger share; MLflow then holds one run per trial, the retry's, the pair is
     compared, and the parent run is FINISHED."""
     from hpo.compare import comparison_from_mlflow
     from trainables import trial as trial_module
@@ -232,7 +232,8 @@ def test_an_oom_retry_continues_its_run_resolves_its_pair_and_the_sweep_finishes
     attempts = trial_rows(Path(spec.storage) / spec.name, retried=True)
     (oomed,) = [r for r in attempts if r.oom_retry_gpu_fraction is not None]
     retry = next(r for r in rows if r.precision == "bf16")
-    assert len(attempts) == 3 and oomed.member == retry.member == "bf16/0"
+    assert len(attempts) == 3
+    assert (oomed.precision, oomed.seed) == (retry.precision, retry.seed) == ("bf16", 0)
     assert oomed.epochs == 2 and retry.epochs == 2
     assert retry.gpu_fraction_floor == oomed.oom_retry_gpu_fraction > 0
     assert any("out of GPU memory: retrying" in e for e in events)
@@ -244,7 +245,7 @@ def test_an_oom_retry_continues_its_run_resolves_its_pair_and_the_sweep_finishes
     (parent,) = [r for r in runs if r.data.tags.get(TAG_ROLE) == "sweep"]
     children = [r for r in runs if r.data.tags.get(TAG_ROLE) == "trial"]
     assert parent.info.status == "FINISHED"
-    assert len(children) == 2  # one run per member: the retry continued the bf16 run
+    assert len(children) == 2  # one run per trial: the retry continued the bf16 run
     bf16 = next(r for r in children if r.data.tags["precision"] == "bf16")
     tags = bf16.data.tags
     assert bf16.info.status == "FINISHED" and tags["trial_status"] == "completed"

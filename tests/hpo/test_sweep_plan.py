@@ -48,8 +48,8 @@ def test_measured_shares_on_gpu_nodes_use_the_cluster_packer(tmp_path: Path) -> 
 def test_plan_configs_are_one_shape_per_model_and_precision(tmp_path: Path) -> None:
     spec = tiny_spec(tmp_path)
     shapes = [
-        (c.family, c.precision, c.batch_size, c.lookback, members)
-        for c, members in plan_configs(spec)
+        (c.family, c.precision, c.batch_size, c.lookback, group_size)
+        for c, group_size in plan_configs(spec)
     ]
     assert shapes == [  # one sample of one seed: every group trial would be a trial alone
         ("tft", "f32", 32, 16, 1),
@@ -70,7 +70,7 @@ def test_fixed_resources_decode_the_trial_with_its_floor(
     spec = tiny_spec(tmp_path, resources={"cpu": 1, "gpu": "measured"})
     trial = TrialConfig(
         family="tft", precision="bf16", seed=0, params={"d_model": 8, "n_heads": 1},
-        base=spec.trial_base(), config_id="g", member="bf16/0",
+        base=spec.trial_base(), config_id="g",
     )  # fmt: skip
     resources = TrialResources(spec)
     small = resources(trial.to_dict()).required_resources["GPU"]
@@ -207,10 +207,10 @@ def test_hpo_sweep_plan_prints_the_table_and_launches_nothing(tmp_path: Path) ->
     spec = load_spec(spec_path, {})
     cache = SharedVramCache.at(str(tmp_path / "results"))
     gpu_type = GpuType("GPU", None, gpus=2, gpus_per_node=2, cpus_per_node=2)
-    for row, (config, members) in zip(rows, plan_configs(spec), strict=True):
-        profile = cache.get(type_key(config, gpu_type, members))
+    for row, (config, group_size) in zip(rows, plan_configs(spec), strict=True):
+        profile = cache.get(type_key(config, gpu_type, group_size))
         assert profile is not None and profile.pid is not None and profile.node_id
-        assert profile.group_size == members == 2
+        assert profile.group_size == group_size == 2
         packing = plan(profile, 0.15, device_total=16 * GiB)
         assert row[6] == "16.0" and float(row[7]) == packing.fraction
         assert int(row[8]) == packing.trials_per_gpu and int(row[9]) == 2 * int(row[8])
@@ -221,8 +221,8 @@ def test_hpo_sweep_plan_prints_the_table_and_launches_nothing(tmp_path: Path) ->
 
 
 def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) -> None:
-    """A grouped sweep's plan profiles each model's largest group trial (8 members here:
-    4 configurations of one shape x 2 seeds) and shows groups and members per GPU; Tune's
+    """A grouped sweep's plan profiles each model's largest group trial (8 trials here:
+    4 configurations of one shape x 2 seeds) and shows groups and trials per GPU; Tune's
     resources callable gives a group trial its group's share, a trial alone its own."""
     from trainables.config import GroupTrialConfig
 
@@ -231,15 +231,15 @@ def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) 
     spec = tiny_spec(
         tmp_path, families=["kan"], precisions=["bf16"], samples=4, seeds=[0, 1], search_space={}
     )
-    ((config, members),) = plan_configs(spec)
-    assert members == 8
+    ((config, group_size),) = plan_configs(spec)
+    assert group_size == 8
     for size, peak_gib in ((1, 1), (8, 6)):
         packer.profiles[key_string(type_key(config, H200, size))] = fake_profile(
             peak_mib=peak_gib * 1024, family="kan", precision="bf16", method="measured",
             device_name="NVIDIA H200", device_total_bytes=141 * GiB, group_size=size,
         )  # fmt: skip
     (row,) = plan_rows(packer, plan_configs(spec))
-    # (6 GiB x 1.15 + 0.5) / 141 = 0.052482 -> 0.0525: 19 groups, 152 members per H200
+    # (6 GiB x 1.15 + 0.5) / 141 = 0.052482 -> 0.0525: 19 groups, 152 trials per H200
     assert (row["group_size"], row["share"], row["trials_per_gpu"]) == (8, 0.0525, 19)
     assert row["grouped_trials_per_gpu"] == 152
     header, _, body = render_plan([row], 0.15).splitlines()[1:4]
@@ -251,20 +251,20 @@ def test_a_group_trial_is_planned_and_placed_at_its_fused_share(tmp_path: Path) 
 
     trial = TrialConfig(
         family="kan", precision="bf16", seed=0, params={}, base=spec.trial_base(),
-        config_id="kan-bf16-c000", member="bf16/0",
+        config_id="kan-bf16-c000",
     )  # fmt: skip
-    group = GroupTrialConfig(tuple(replace(trial, seed=s, member=f"bf16/{s}") for s in range(8)))
+    group = GroupTrialConfig(tuple(replace(trial, seed=s) for s in range(8)))
     (bundle,) = packer(group.to_dict()).bundles
     assert bundle == {"CPU": 1.0, "GPU": 0.0525}
     (alone,) = packer(trial.to_dict()).bundles
     assert alone == {"CPU": 1.0, "GPU": 0.0117}  # (1 x 1.15 + 0.5) / 141
 
 
-def test_measured_shares_without_gpu_nodes_size_a_group_for_its_members(
+def test_measured_shares_without_gpu_nodes_size_a_group_for_its_trials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The local path (no GPU types to plan for): the group's fused profile, one context
-    for all its members, so less than that many trials alone."""
+    for all its trials, so less than that many trials alone."""
     from trainables.config import GroupTrialConfig
 
     monkeypatch.setenv("HPO_VRAM_CACHE", str(tmp_path / "vram.json"))
@@ -274,10 +274,10 @@ def test_measured_shares_without_gpu_nodes_size_a_group_for_its_members(
     )
     trial = TrialConfig(
         family="kan", precision="bf16", seed=0, params={}, base=spec.trial_base(),
-        config_id="g", member="bf16/0",
+        config_id="g",
     )  # fmt: skip
     resources = TrialResources(spec)
     alone = resources(trial.to_dict()).required_resources["GPU"]
-    group = GroupTrialConfig(tuple(replace(trial, seed=s, member=f"bf16/{s}") for s in range(4)))
+    group = GroupTrialConfig(tuple(replace(trial, seed=s) for s in range(4)))
     grouped = resources(group.to_dict()).required_resources["GPU"]
     assert alone < grouped < 4 * alone

@@ -30,6 +30,14 @@ def _trial(trial_id: str, **params: Any) -> SimpleNamespace:
     return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
 
 
+BF16_SEED_0 = "tags.precision = 'bf16' and tags.seed = '0'"
+
+
+def _precision_seed(run: Any) -> str:
+    """A trial run's ``precision/seed`` from its tags."""
+    return f"{run.data.tags['precision']}/{run.data.tags['seed']}"
+
+
 def _setup(uri: str) -> tuple[MlflowSweepCallback, MlflowClient, str]:
     client = MlflowClient(uri)
     parent = start_sweep_run(
@@ -313,12 +321,12 @@ def test_ending_runs_prints_no_view_run_links(
     assert capsys.readouterr().out == ""
 
 
-def test_an_oom_retry_continues_its_members_run(mlflow_uri: str) -> None:
-    """The retry (a new trial id, the same group and member, a floor) continues the run
+def test_an_oom_retry_continues_its_trials_run(mlflow_uri: str) -> None:
+    """The retry (a new trial id, the same configuration, precision and seed, a floor)
+    continues the run
     the OOM closed, even from a driver that restarted in between (found by its tags)."""
     callback, client, parent = _setup(mlflow_uri)
     first = _trial("t9")
-    first.config["member"] = "bf16/0"
     callback.on_trial_start(0, [], first)
     callback.on_trial_result(0, [], first, {"epoch": 1, "val_sharpe": 0.2})
     first.last_result = {"epoch": 2, "oom": 1, "oom_retry_gpu_fraction": 0.3,
@@ -329,14 +337,14 @@ def test_an_oom_retry_continues_its_members_run(mlflow_uri: str) -> None:
     for driver in ("same", "restarted"):
         runner = callback if driver == "same" else MlflowSweepCallback(mlflow_uri, "track", parent)
         retry = _trial(f"t1-{driver}")  # ids are not chronological: t1 < t9
-        retry.config.update(member="bf16/0", gpu_fraction_floor=0.3)
+        retry.config.update(gpu_fraction_floor=0.3)
         runner.on_trial_start(0, [], retry)
         for epoch in (1, 2):
             runner.on_trial_result(0, [], retry, {"epoch": epoch, "val_sharpe": 0.5 * epoch})
         retry.last_result = {"epoch": 2, "val_sharpe": 1.0}
         runner.on_trial_complete(0, [], retry)
         assert runner.flush()
-    (run,) = client.search_runs([callback.experiment_id], filter_string="tags.member = 'bf16/0'")
+    (run,) = client.search_runs([callback.experiment_id], filter_string=BF16_SEED_0)
     tags = run.data.tags
     assert run.info.status == "FINISHED" and tags["trial_status"] == "completed"
     assert tags["trial_id"] == "t1-restarted" and tags["hpo.oom_attempts"] == "t9,t1-same"
@@ -349,13 +357,12 @@ def test_an_oom_retry_continues_its_members_run(mlflow_uri: str) -> None:
 def test_a_resumed_oom_retry_logs_its_own_epochs_past_those_of_the_attempt_before(
     mlflow_uri: str,
 ) -> None:
-    """The OOM attempt logged epochs 1-3 into the member's run; its retry logged epoch 1
+    """The OOM attempt logged epochs 1-3 into the trial's run; its retry logged epoch 1
     and the driver stopped. After the restart the retry re-reports epochs 2 and 3 from its
     checkpoint: they are the retry's and must land, not be taken for points already
     logged (the attempt's epochs 2 and 3 are someone else's)."""
     callback, client, parent = _setup(mlflow_uri)
     attempt = _trial("t9")
-    attempt.config["member"] = "bf16/0"
     callback.on_trial_start(0, [], attempt)
     for epoch in (1, 2, 3):
         callback.on_trial_result(0, [], attempt, {"epoch": epoch, "val_sharpe": -1.0})
@@ -363,7 +370,7 @@ def test_a_resumed_oom_retry_logs_its_own_epochs_past_those_of_the_attempt_befor
     callback.on_trial_result(0, [], attempt, attempt.last_result)
     callback.on_trial_complete(0, [], attempt)
     retry = _trial("t1")
-    retry.config.update(member="bf16/0", gpu_fraction_floor=0.3)
+    retry.config.update(gpu_fraction_floor=0.3)
     callback.on_trial_start(0, [], retry)
     callback.on_trial_result(0, [], retry, {"epoch": 1, "val_sharpe": 1.0})
     assert callback.flush()
@@ -377,27 +384,27 @@ def test_a_resumed_oom_retry_logs_its_own_epochs_past_those_of_the_attempt_befor
     retry.last_result = {"epoch": 3, "val_sharpe": 3.0}
     resumed.on_trial_complete(0, [], retry)
     assert resumed.flush()
-    (run,) = client.search_runs([callback.experiment_id], filter_string="tags.member = 'bf16/0'")
+    (run,) = client.search_runs([callback.experiment_id], filter_string=BF16_SEED_0)
     assert run.data.metrics["val_sharpe"] == 3.0
     history = client.get_metric_history(run.info.run_id, "val_sharpe")
     retry_points = sorted((m.step, m.value) for m in history if m.value >= 0)
     assert retry_points == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
-def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
+def test_a_group_oom_fails_its_trials_runs_and_their_retry_continues_them(
     mlflow_uri: str,
 ) -> None:
-    """A group trial runs out of memory: each member still training logs the OOM and its
-    run closes as an OOM (not as completed); the member that had ended keeps its finished
-    run. The retry group's members (new Tune trial, floors) continue the runs: one run per
-    member in all."""
+    """A group trial runs out of memory: each of its trials still training logs the OOM
+    and its run closes as an OOM (not as completed); the trial that had ended keeps its
+    finished run. The retry group's trials (new Tune trial, floors) continue the runs: one
+    run per trial in all."""
     from trainables.config import GROUP_KEY
 
     callback, client, _ = _setup(mlflow_uri)
 
-    def member(seed: int, floor: float = 0.0) -> dict[str, Any]:
+    def trial(seed: int, floor: float = 0.0) -> dict[str, Any]:
         config = _trial("m").config
-        config.update(seed=seed, member=f"bf16/{seed}", pair_id=f"tft-c000-s{seed}")
+        config.update(seed=seed, pair_id=f"tft-c000-s{seed}")
         if floor:
             config["gpu_fraction_floor"] = floor
         return config
@@ -406,7 +413,7 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
         config = {"family": "tft", "precision": "bf16", "config_id": "tft-c000", GROUP_KEY: configs}
         return SimpleNamespace(trial_id=trial_id, config=config, last_result={}, error_file=None)
 
-    first = group("t9", [member(0), member(1), member(2)])
+    first = group("t9", [trial(0), trial(1), trial(2)])
     callback.on_trial_start(0, [], first)
     entries = {s: {"epoch": 1, "val_sharpe": 0.1} for s in ("bf16-s0", "bf16-s1", "bf16-s2")}
     entries["bf16-s1"]["stopped"] = 1
@@ -417,9 +424,9 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
     callback.on_trial_complete(0, [], first)
     assert callback.flush()
     runs = {
-        r.data.tags["member"]: r
+        _precision_seed(r): r
         for r in client.search_runs([callback.experiment_id])
-        if r.data.tags.get("member")  # not the sweep's parent run
+        if r.data.tags.get("seed")  # not the sweep's parent run
     }
     assert {m: (r.info.status, r.data.tags["trial_status"]) for m, r in runs.items()} == {
         "bf16/0": ("FAILED", "oom"),
@@ -428,22 +435,22 @@ def test_a_group_oom_fails_its_members_runs_and_their_retry_continues_them(
     }
     assert runs["bf16/0"].data.metrics["oom"] == 1.0
 
-    retry = group("t1", [member(0, 0.4), member(2, 0.4)])
+    retry = group("t1", [trial(0, 0.4), trial(2, 0.4)])
     callback.on_trial_start(0, [], retry)
     done = {s: {"epoch": 2, "val_sharpe": 0.9} for s in ("bf16-s0", "bf16-s2")}
     callback.on_trial_result(0, [], retry, {"epoch": 2, "trials": done})
     retry.last_result = {"epoch": 2, "trials": done}
     callback.on_trial_complete(0, [], retry)
     assert callback.flush()
-    after = [r for r in client.search_runs([callback.experiment_id]) if r.data.tags.get("member")]
-    assert len(after) == 3  # no run of its own for a retried member
-    by_member = {r.data.tags["member"]: r for r in after}
+    after = [r for r in client.search_runs([callback.experiment_id]) if r.data.tags.get("seed")]
+    assert len(after) == 3  # no run of its own for a retried trial
+    by_trial = {_precision_seed(r): r for r in after}
     for name in ("bf16/0", "bf16/2"):
-        run = by_member[name]
+        run = by_trial[name]
         assert (run.info.status, run.data.metrics["val_sharpe"]) == ("FINISHED", 0.9)
         assert run.data.tags["hpo.oom_attempts"] == f"t9-bf16-s{name[-1]}"
         assert run.data.tags["hpo.group_id"] == "t1"  # the group trial the retry ran in
-    assert by_member["bf16/1"].data.tags["hpo.group_id"] == "t9"
+    assert by_trial["bf16/1"].data.tags["hpo.group_id"] == "t9"
 
 
 def test_checkpoint_returns_are_verified_against_their_listed_checksum(tmp_path: Any) -> None:

@@ -20,6 +20,7 @@ from tests.hpo.sweep_helpers import (
 )
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
 from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start, write_spec
+from trainables.trial_keys import trial_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS = 4
@@ -83,10 +84,10 @@ def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
         assert [r["epoch"] for r in results(trial_dir)] == list(range(1, EPOCHS + 1))
 
 
-def test_a_grouped_asha_sweep_resumes_every_member_once(tmp_path: Path) -> None:
+def test_a_grouped_asha_sweep_resumes_every_trial_once(tmp_path: Path) -> None:
     # Four tft configurations of one shape: one group trial (the default group size), ASHA
-    # per member at epochs 1, 2 and 4. SIGTERM after the group's second epoch is checkpointed,
-    # when the first rung has judged every member; the resume continues the members still
+    # per trial at epochs 1, 2 and 4. SIGTERM after the group's second epoch is checkpointed,
+    # when the first rung has judged every trial; the resume continues the trials still
     # training from that checkpoint and leaves the stopped ones stopped.
     epochs = 6  # rungs at 1, 2 and 4; four epochs still to go at the signal
     spec = write_spec(
@@ -115,7 +116,7 @@ def test_a_grouped_asha_sweep_resumes_every_member_once(tmp_path: Path) -> None:
     runs = trial_runs(uri, "grouped")
     assert len(runs) == 4 and len({r.data.tags["trial_id"] for r in runs}) == 4
     for run in runs:
-        key = f"{run.data.tags['config_id']}|{run.data.tags['member']}"
+        key = trial_key(run.data.tags)
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_sharpe")]
         assert run.info.status == "FINISHED"
         assert sorted(steps) == list(range(1, last_epoch(key) + 1)), (key, steps)
@@ -123,7 +124,6 @@ def test_a_grouped_asha_sweep_resumes_every_member_once(tmp_path: Path) -> None:
     assert [r["epoch"] for r in results(group_dir)] == list(
         range(
             1,
-            max(last_epoch(f"{r.data.tags['config_id']}|{r.data.tags['member']}") for r in runs)
-            + 1,
+            max(last_epoch(trial_key(r.data.tags)) for r in runs) + 1,
         )
     )

@@ -214,7 +214,7 @@ def test_settings_a_step_reads_must_match_and_rl_does_not_group() -> None:
 def test_a_bf16_trial_that_falls_back_leaves_the_group_and_the_others_stay_fused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Member 1's losses are NaN for its first steps: its streak reaches fallback_after,
+    """Trial 1's losses are NaN for its first steps: its streak reaches fallback_after,
     it falls back to f32 and trains on alone; trials 0 and 2 stay fused and end where
     they would without trial 1 (a group of two)."""
     configs = [_config("kan", "bf16", seed=s, fallback_after=3, log_every=3) for s in range(3)]
@@ -317,7 +317,7 @@ def test_a_trials_checkpoint_resumes_alone_and_the_group_resumes_from_them(
     group.train_epoch()
     paths = [m.save(tmp_path / f"trial{i}") for i, m in enumerate(group.trials)]
     group.train_epoch()
-    # Member 1 continued alone from its checkpoint ends where it ended in the group.
+    # Trial 1 continued alone from its checkpoint ends where it ended in the group.
     alone = Trainer(configs[1].replace(fuse="off"), checkpoint=load_checkpoint(paths[1]))
     assert alone.epoch == 1 and alone.folds[0].optimizer.param_groups[0]["lr"] == 2e-3
     alone.fit()

@@ -33,7 +33,6 @@ def _group(tmp_path: Path, seeds: tuple[int, ...]) -> GroupTrialConfig:
             base=base,
             config_id="kan-c000",
             pair_id=f"kan-c000-s{seed}",
-            member=f"f32/{seed}",
         )
         for seed in seeds
     )
@@ -70,12 +69,11 @@ def test_a_group_trial_reports_and_checkpoints_every_trial(
 
     rows = sorted(trial_rows(tmp_path / "tune" / "g"), key=lambda r: r.seed)
     assert [r.seed for r in rows] == [0, 1, 2]
-    assert [r.member for r in rows] == ["f32/0", "f32/1", "f32/2"]
+    assert [f"{r.precision}/{r.seed}" for r in rows] == ["f32/0", "f32/1", "f32/2"]
     for row, trial in zip(rows, group.trials, strict=True):
-        assert row.trial_id.endswith(trial_slug(trial.member)) and row.epochs == 2
-        assert row.val_sharpe == pytest.approx(
-            last["trials"][trial_slug(trial.member)]["val_sharpe"]
-        )
+        slug = trial_slug(trial.precision, trial.seed)
+        assert row.trial_id.endswith(slug) and row.epochs == 2
+        assert row.val_sharpe == pytest.approx(last["trials"][slug]["val_sharpe"])
         assert row.checkpoint is not None
         # A trial's checkpoint is an ordinary trial checkpoint: it resumes alone.
         alone = Trainer(trial.train_config(), checkpoint=load_checkpoint(Path(row.checkpoint)))
@@ -87,7 +85,7 @@ def test_a_group_trial_reports_and_checkpoints_every_trial(
     assert [r.data.tags["seed"] for r in runs] == ["0", "1", "2"]
     for run, row in zip(runs, rows, strict=True):
         tags = run.data.tags
-        assert tags["trial_id"] == row.trial_id and tags["member"] == row.member
+        assert tags["trial_id"] == row.trial_id and tags["precision"] == row.precision
         assert tags["pair_id"] == f"kan-c000-s{row.seed}" and tags["family"] == "kan"
         assert run.info.status == "FINISHED"
         history = client.get_metric_history(run.info.run_id, "val_sharpe")

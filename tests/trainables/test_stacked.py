@@ -491,7 +491,7 @@ def test_slots_that_differ_in_a_dropout_rate_each_drop_at_their_own(
 ) -> None:
     """The rates reach the vmap per slot: slot k zeroes a fraction ``rate_k`` of its
     units and scales the rest by 1 / (1 - rate_k) (rounded once to the dtype); a slot at
-    0 keeps its input exactly. Members at one rate read it unbatched (nn.Dropout's own
+    0 keeps its input exactly. Slots at one rate read it unbatched (nn.Dropout's own
     path). The policy keeps the rates f32."""
     torch.manual_seed(0)
     rates = [0.5, 0.0, 0.3]
