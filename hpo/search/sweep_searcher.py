@@ -200,7 +200,7 @@ class SweepSearcher(Searcher):
         ``config_id``; once every trial of the configuration has one, their mean goes to its
         stream's searcher and the configuration's outcome to its budget."""
         configuration = self.configs[config_id]
-        if len(configuration.results) == len(configuration.members):
+        if len(configuration.results) == len(configuration.trials):
             # Its outcome went out already (a trial that errored, restarted by `hpo
             # resume`, reports again): the searcher and the budget were told, and the
             # budget made a replacement; a second outcome would count it twice.
