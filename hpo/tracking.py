@@ -392,7 +392,7 @@ class MlflowSweepCallback(Callback):
         # The first step, before any trial starts: the trials Tune knows now are all those
         # of the sweep (none on a new sweep, the restored ones on a resume).
         self._orphans_checked = True
-        known = {unit_id for t in trials for unit_id, _, _ in _units(t)}
+        known = {run_trial_id for t in trials for run_trial_id, _, _ in _trials_in(t)}
         self._restored = known
         if known:
             self.outbox.send("orphaned trial runs", lambda: self._delete_orphans(known))
@@ -408,18 +408,18 @@ class MlflowSweepCallback(Callback):
             self._log_result(trial.trial_id, trial.config, result, final_may_repeat=True)
             return
         reported = result.get("trials") or {}
-        for unit_id, config, slug in _units(trial):
+        for run_trial_id, config, slug in _trials_in(trial):
             entry = reported.get(slug)
-            if entry is None or unit_id in self.closed:
+            if entry is None or run_trial_id in self.closed:
                 continue
             ended = _ended_as(entry)
             if ended:  # its final point once, and its run closed now
-                self._log_result(unit_id, config, entry, final_may_repeat=True)
+                self._log_result(run_trial_id, config, entry, final_may_repeat=True)
                 reason = str(entry.get("failure_reason", ""))
-                self._finish_unit(unit_id, "FAILED", ended, reason)
-                self.closed.add(unit_id)
+                self._finish_trial_run(run_trial_id, "FAILED", ended, reason)
+                self.closed.add(run_trial_id)
             else:
-                self._log_result(unit_id, config, entry, final_may_repeat=False)
+                self._log_result(run_trial_id, config, entry, final_may_repeat=False)
 
     def _log_result(
         self,
@@ -471,17 +471,17 @@ class MlflowSweepCallback(Callback):
             from trainables.trial import CKPT_SUBDIR
 
             reported = result.get("trials") or {}
-            for unit_id, _, slug in _units(trial):
+            for run_trial_id, _, slug in _trials_in(trial):
                 entry = reported.get(slug) or {}
-                if unit_id in self.closed:
+                if run_trial_id in self.closed:
                     continue
                 ended = _ended_as(entry)
                 if ended:
                     reason = str(entry.get("failure_reason", ""))
-                    self._finish_unit(unit_id, "FAILED", ended, reason)
+                    self._finish_trial_run(run_trial_id, "FAILED", ended, reason)
                 else:
-                    self._log_returns_of(unit_id, trial, f"{CKPT_SUBDIR}/{slug}")
-                    self._finish_unit(unit_id, "FINISHED", "completed")
+                    self._log_returns_of(run_trial_id, trial, f"{CKPT_SUBDIR}/{slug}")
+                    self._finish_trial_run(run_trial_id, "FINISHED", "completed")
             return
         if result.get("oom"):
             self._finish(trial, "FAILED", "oom", str(result.get("failure_reason", "")))
@@ -498,8 +498,8 @@ class MlflowSweepCallback(Callback):
         if getattr(trial, "error_file", None):
             reason = f"see {trial.error_file}"
         self._ensure_run(trial)
-        for unit_id, _, _ in _units(trial):
-            self._finish_unit(unit_id, "FAILED", "error", reason)
+        for run_trial_id, _, _ in _trials_in(trial):
+            self._finish_trial_run(run_trial_id, "FAILED", "error", reason)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.flush(timeout_s=300.0)
@@ -573,10 +573,10 @@ class MlflowSweepCallback(Callback):
         """Queue finding (after a restore) or creating the child run of the trial (of each
         trial of a group trial), once."""
         group = trial.trial_id if is_group_trial(trial.config) else ""
-        for unit_id, config, _ in _units(trial):
-            self._ensure_unit(unit_id, config, group)
+        for run_trial_id, config, _ in _trials_in(trial):
+            self._ensure_trial_run(run_trial_id, config, group)
 
-    def _ensure_unit(self, trial_id: str, config: Mapping[str, Any], group: str = "") -> None:
+    def _ensure_trial_run(self, trial_id: str, config: Mapping[str, Any], group: str = "") -> None:
         if trial_id in self._queued:
             return
         self._queued.add(trial_id)
@@ -756,9 +756,9 @@ class MlflowSweepCallback(Callback):
 
     def _finish(self, trial: Any, status: str, label: str, reason: str = "") -> None:
         self._ensure_run(trial)
-        self._finish_unit(trial.trial_id, status, label, reason)
+        self._finish_trial_run(trial.trial_id, status, label, reason)
 
-    def _finish_unit(self, trial_id: str, status: str, label: str, reason: str = "") -> None:
+    def _finish_trial_run(self, trial_id: str, status: str, label: str, reason: str = "") -> None:
         tags = [RunTag(TAG_STATUS, label)]
         if reason:
             tags.append(RunTag(TAG_FAILURE, reason[:5000]))
@@ -801,7 +801,7 @@ def _is_retry(config: Mapping[str, Any]) -> bool:
     return bool(config.get(RETRY_FLOOR_KEY))
 
 
-def _units(trial: Any) -> list[tuple[str, Mapping[str, Any], str]]:
+def _trials_in(trial: Any) -> list[tuple[str, Mapping[str, Any], str]]:
     return trials_of(trial.trial_id, trial.config)
 
 

@@ -36,7 +36,7 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     "not computable", with the reason in the JSON artifact's notes).
 
     Names: ``cmp.<scope>.<other>_vs_<ref>.<val|test>.<stat>`` for the paired statistics
-    (``n_units``: configurations used, seeds averaged; ``n_seed_pairs``: the seed pairs in
+    (``n_configs``: configurations used, seeds averaged; ``n_seed_pairs``: the seed pairs in
     them; ``n_excluded``: configurations with a diverged trial; ``n_incomplete``: seed
     pairs not compared yet; ``ci_low`` / ``ci_high``: the Hodges-Lehmann interval, zeros
     included, at the achieved ``ci_confidence``; ``hl_nonzero_estimate``: zeros dropped;
@@ -65,7 +65,7 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
                 inference = contrast.inference[split]
                 excluded = set(contrast.excluded_config_ids(split))
                 values = {
-                    "n_units": r.n_pairs_used,
+                    "n_configs": r.n_pairs_used,
                     "n_seed_pairs": sum(
                         len(pairs)
                         for u, pairs in contrast.config_pairs.items()

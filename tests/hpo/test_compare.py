@@ -476,7 +476,7 @@ def test_seeds_of_one_configuration_are_averaged_into_one_unit() -> None:
         "tft-c001": ["tft-c001-s0", "tft-c001-s1", "tft-c001-s2"],
     }
     assert len(contrast.pair_ids) == 6
-    assert comparison_metrics(comparison)["cmp.tft.bf16_vs_f32.val.n_units"] == 2.0
+    assert comparison_metrics(comparison)["cmp.tft.bf16_vs_f32.val.n_configs"] == 2.0
     assert comparison_metrics(comparison)["cmp.tft.bf16_vs_f32.val.n_seed_pairs"] == 6.0
 
 

@@ -43,7 +43,7 @@ def test_compare_sweep_logs_statistics_that_hpo_compare_reproduces(
         contrast = family.contrasts[CONTRAST]
         # One seed: every configuration is one unit of inference.
         assert (
-            metrics[f"cmp.{model}.{CONTRAST}.val.n_units"]
+            metrics[f"cmp.{model}.{CONTRAST}.val.n_configs"]
             + metrics[f"cmp.{model}.{CONTRAST}.val.n_excluded"]
             == 2.0
         )
