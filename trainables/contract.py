@@ -159,11 +159,13 @@ def check_precision(family_ref: str, precision: str, directory: Path | None = No
         restored = Trainer(
             tiny_config(family_ref, precision), checkpoint=load_checkpoint(where / "ckpt")
         )
+    loaded = fold_weights(restored)
     for name, tensor in fold_weights(first).items():
-        _require(torch.equal(fold_weights(restored)[name], tensor), f"{name} does not round-trip")
+        _require(torch.equal(loaded[name], tensor), f"{name} does not round-trip")
     restored.fit()
+    resumed = fold_weights(restored)
     for name, tensor in fold_weights(straight).items():
-        _require(torch.equal(fold_weights(restored)[name], tensor), f"resumed {name} differs")
+        _require(torch.equal(resumed[name], tensor), f"resumed {name} differs")
     same = restored.history[-1]["val_sharpe"] == history[-1]["val_sharpe"]
     _require(same, "a resumed trial ends with another validation Sharpe")
     return f"{precision}: dtypes, shapes, finite run, bit-exact round trip and resume"

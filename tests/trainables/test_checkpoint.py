@@ -43,8 +43,9 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
                 assert value.dtype in (F32, BF16)
     assert ckpt.meta["precision"] == "bf16" and ckpt.meta["weights_dtype"] == "bfloat16"
     restored = Trainer(tiny_config(precision="bf16", epochs=1), checkpoint=ckpt)
+    restored_weights = fold_weights(restored)
     for name, tensor in fold_weights(trainer).items():
-        assert torch.equal(fold_weights(restored)[name], tensor), name
+        assert torch.equal(restored_weights[name], tensor), name
 
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
@@ -61,8 +62,9 @@ def test_resumed_training_equals_uninterrupted(tmp_path: Path, precision: str) -
     assert resumed.epoch == 1
     resumed.fit()
 
+    resumed_weights = fold_weights(resumed)
     for name, tensor in fold_weights(straight).items():
-        assert torch.equal(fold_weights(resumed)[name], tensor), name
+        assert torch.equal(resumed_weights[name], tensor), name
     assert resumed.history[-1]["val_sharpe"] == straight.history[-1]["val_sharpe"]
     assert resumed.history[-1]["train_loss"] == straight.history[-1]["train_loss"]
     assert [m["epoch"] for m in resumed.history] == [1, 2]

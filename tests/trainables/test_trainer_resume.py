@@ -161,8 +161,9 @@ def test_fallen_back_trial_resumes_in_f32_with_its_master_weights(tmp_path: Path
     # ... and it goes on exactly as the trial that never stopped.
     straight.train_epoch()
     resumed.train_epoch()
+    resumed_weights = fold_weights(resumed)
     for name, tensor in fold_weights(straight).items():
-        assert torch.equal(fold_weights(resumed)[name], tensor), name
+        assert torch.equal(resumed_weights[name], tensor), name
     assert resumed.history[-1]["val_sharpe"] == straight.history[-1]["val_sharpe"]
 
 
