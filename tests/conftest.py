@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
 # Tiny test models run faster on one intra-op thread than on two contended ones.
 torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test module is imported now (torch, mlflow, hypothesis, the packages): move
+    what survives a collection into gc's permanent generation, as Tune workers do
+    (trainables.memory.freeze_long_lived_objects). Each trainer's construction runs a
+    full collection (TrialMemory); without this it walks the whole test process, about
+    0.5 s each and hundreds of trainers in the suite."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
