@@ -59,9 +59,25 @@ def mlflow_uri(tmp_path, _mlflow_template) -> str:  # type: ignore[no-untyped-de
     return f"sqlite:///{target}"
 
 
+SHARED_SCOPES = ("module", "class", "package")
+
+
+def _uses_a_shared_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definitions[-1].scope in SHARED_SCOPES for definitions in info.name2fixturedefs.values()
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    """Under pytest-xdist, every test that starts or uses Ray runs on one worker, one after
-    another (they each want the machine's 2 CPUs); the rest spread over the other workers."""
+    """Under pytest-xdist (``--dist loadgroup``), the tests of a module that share a module-
+    or class-scoped fixture (a finished sweep, a tracking server) run on one worker: spread
+    out, each worker would build it again. Tests that use Ray spread like the rest, each
+    worker with its own session Ray: one after another on one worker they would take
+    longer than everything else together (about 1,000 of the suite's 2,500 test-seconds)."""
     for item in items:
-        if item.get_closest_marker("ray") or "ray_session" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        if _uses_a_shared_fixture(item) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
