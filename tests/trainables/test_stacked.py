@@ -711,9 +711,15 @@ def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
     from trainables.checkpoint import load_checkpoint
 
     def config() -> TrainConfig:
-        # A full pass (no step cap): fold 0 runs out of batches first, so the epoch ends
-        # with steps of fold 1 alone.
-        return _config(family, precision, fuse="on", max_steps_per_epoch=None)
+        # A full pass (no step cap): fold 0 runs out of batches first (5 batches to
+        # fold 1's 7 at 400 bars), so the epoch ends with steps of fold 1 alone.
+        return _config(
+            family,
+            precision,
+            fuse="on",
+            max_steps_per_epoch=None,
+            data=DataConfig(n_bars=400, n_assets=2),
+        )
 
     straight = Trainer(config())
     straight.fit()
@@ -722,6 +728,8 @@ def test_a_fused_trial_round_trips_and_resumes_bit_exactly(
     first.save(tmp_path / "ckpt")
     resumed = Trainer(config(), checkpoint=load_checkpoint(tmp_path / "ckpt"))
     assert resumed.fused is not None and resumed.epoch == 1
+    batches = [len(run.data.decision_times(run.data.train)) // 32 for run in resumed.folds]
+    assert batches[0] < batches[1]
     for k in range(2):
         assert torch.equal(_weights(first, k), _weights(resumed, k))
     resumed.fit()
