@@ -84,7 +84,9 @@ def _hpo(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
 
 def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[str, str]) -> None:
     storage = f"s3://{BUCKET}/sweeps"
-    spec = write_spec(tmp_path, "in-s3", max_epochs=EPOCHS, storage=storage)
+    # A few steps an epoch: the test is about where the sweep's files go, not training.
+    trainer = {"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 3}
+    spec = write_spec(tmp_path, "in-s3", max_epochs=EPOCHS, storage=storage, trainer=trainer)
     swept = _hpo(["sweep", str(spec)], tmp_path, s3_env)
     assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
     assert "2/2 trials finished" in swept.stdout
