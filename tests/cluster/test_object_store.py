@@ -97,7 +97,7 @@ def test_a_sweep_runs_and_resumes_from_an_s3_uri(tmp_path: Path, s3_env: dict[st
     assert any(n.startswith("experiment_state") for n in names)
     # The two configurations train as one group trial: a checkpoint folder each in its
     # checkpoints' state/.
-    weights = [p for p in files if "/state/g00" in p and p.endswith("/model.safetensors")]
+    weights = [p for p in files if "/state/c00" in p and p.endswith("/model.safetensors")]
     assert len(weights) >= 2 and all(files[p] > 0 for p in weights)
     trial_results = sorted(p for p in files if p.endswith("/result.json"))
     assert len(trial_results) == 1
