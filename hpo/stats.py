@@ -1479,16 +1479,21 @@ def sequential_verdict(
             that are empty, not positive integers or not strictly increasing,
             ``margin <= 0`` or ``alpha`` outside (0, 0.5).
     """
+    d, checked, margin, alpha = _sequential_args(differences, looks, margin, alpha)
+    codes = _sequential_batch(d[None, :], checked, margin, alpha).codes[0]
+    return [_CODES[int(c)] for c in codes if c != _NOT_REACHED]
+
+
+def _sequential_args(
+    differences: Sequence[float] | np.ndarray, looks: Sequence[int], margin: float, alpha: float
+) -> tuple[np.ndarray, tuple[int, ...], float, float]:
+    """The checked arguments of :func:`sequential_verdict` and :func:`sequential_comparison`."""
     d = np.asarray(differences, dtype=np.float64)
     if d.ndim != 1:
         raise ValueError(f"differences must be 1-D, got shape {d.shape}")
     if d.size:
         d = _check_diffs(d, "differences")
-    checked = _check_looks(looks)
-    margin = _positive("margin", margin)
-    alpha = _check_alpha(alpha)
-    codes = _sequential_batch(d[None, :], checked, margin, alpha).codes[0]
-    return [_CODES[int(c)] for c in codes if c != _NOT_REACHED]
+    return d, _check_looks(looks), _positive("margin", margin), _check_alpha(alpha)
 
 
 def _check_directional_alpha(directional_alpha: float | None, alpha: float) -> float | None:
@@ -1582,14 +1587,7 @@ def sequential_comparison(
     Raises:
         ValueError: as :func:`sequential_verdict`.
     """
-    d = np.asarray(differences, dtype=np.float64)
-    if d.ndim != 1:
-        raise ValueError(f"differences must be 1-D, got shape {d.shape}")
-    if d.size:
-        d = _check_diffs(d, "differences")
-    checked = _check_looks(looks)
-    margin = _positive("margin", margin)
-    alpha = _check_alpha(alpha)
+    d, checked, margin, alpha = _sequential_args(differences, looks, margin, alpha)
     directional_alpha = _check_directional_alpha(directional_alpha, alpha)
     batch = _sequential_batch(
         d[None, :], checked, margin, alpha, directional_alpha=directional_alpha
