@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,8 +24,7 @@ from mlflow.tracking import MlflowClient
 from hpo.stats import sequential_looks, sequential_verdict
 from hpo.tracking import SEQUENTIAL_ARTIFACT
 from tests.hpo.sweep_helpers import write_tiny_spec
-from tests.processes import kill_tree, log_tail, signal_all, wait_for
-from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start
+from tests.reliability.sweep_process import HPO, sweep_then_sigterm
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -66,30 +64,10 @@ def _spec(tmp_path: Path) -> Path:
 
 
 def _interrupt_after_first_look(tmp_path: Path, spec: Path, sweep_dir: Path) -> str:
-    driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
     log = tmp_path / "sweep.log"
-    frozen: list[int] = []
-    try:
-        wait_for(
-            lambda: freeze_on_arrival(driver.pid, frozen, count=1),
-            timeout=300,
-            what="the trial worker",
-            proc=driver,
-            detail=log_tail(log),
-            interval=0.02,
-        )
-        while not LOOK.search(log.read_text()):
-            freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
-            advance(frozen[-1], sweep_dir, driver)
-        driver.send_signal(signal.SIGTERM)
-        signal_all(frozen, signal.SIGCONT)
-        driver.wait(timeout=180)
-    finally:
-        signal_all(frozen, signal.SIGCONT)
-        kill_tree(driver)
-    text = log.read_text()
-    assert driver.returncode == 3, text[-4000:]
-    return text
+    return sweep_then_sigterm(
+        tmp_path, spec, sweep_dir, 1, lambda: bool(LOOK.search(log.read_text()))
+    )
 
 
 def _logged(client: MlflowClient, tmp_path: Path, experiment: str) -> dict[str, Any]:

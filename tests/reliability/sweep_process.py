@@ -8,13 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from tests.hpo.sweep_helpers import ONE_TFT, checkpointed_epochs, trial_dirs, write_tiny_spec
-from tests.processes import GONE, family, signal_all, wait_for
+from tests.processes import GONE, family, kill_tree, log_tail, signal_all, wait_for
 
 HPO = [sys.executable, "-m", "hpo.cli"]
 # Tune snapshots the experiment every second (and copies the trials' result rows to the
@@ -82,3 +83,38 @@ def advance(pid: int, sweep_dir: Path, driver: subprocess.Popen) -> Path:
         )
     finally:
         signal_all([pid], signal.SIGSTOP)
+
+
+def sweep_then_sigterm(
+    tmp_path: Path, spec: Path, sweep_dir: Path, workers: int, reached: Callable[[], bool]
+) -> str:
+    """Start ``hpo sweep spec``, SIGTERM its driver once ``reached()`` holds, wait for it
+    to stop; returns its log and asserts the resumable exit (3). The sweep's first
+    ``workers`` trial workers are frozen as they appear (and any later one, as it
+    appears) and the newest is stepped one checkpoint at a time, so the signal lands
+    mid-sweep however fast an epoch is (a sleep or a poll after a checkpoint could let a
+    fast sweep finish first)."""
+    log = tmp_path / "sweep.log"
+    driver = start(["sweep", str(spec)], tmp_path, log.name)
+    frozen: list[int] = []
+    try:
+        wait_for(
+            lambda: freeze_on_arrival(driver.pid, frozen, count=workers),
+            timeout=300,
+            what=f"{workers} trial worker(s)",
+            proc=driver,
+            detail=log_tail(log),
+            interval=0.02,
+        )
+        while not reached():
+            freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
+            advance(frozen[-1], sweep_dir, driver)
+        driver.send_signal(signal.SIGTERM)
+        signal_all(frozen, signal.SIGCONT)
+        driver.wait(timeout=180)
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+        kill_tree(driver)
+    text = log.read_text()
+    assert driver.returncode == 3, text[-4000:]
+    return text

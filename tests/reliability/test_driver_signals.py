@@ -4,7 +4,6 @@ with one child run and one metric point per epoch for every trial."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from pathlib import Path
 
@@ -18,8 +17,7 @@ from tests.hpo.sweep_helpers import (
     trial_dirs,
     trial_runs,
 )
-from tests.processes import kill_tree, log_tail, signal_all, wait_for
-from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start, write_spec
+from tests.reliability.sweep_process import HPO, sweep_then_sigterm, write_spec
 from trainables.trial_keys import trial_key
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -29,33 +27,14 @@ EPOCHS = 4
 def _sweep_then_sigterm(
     tmp_path: Path, spec: Path, sweep_dir: Path, epochs: int, workers: int
 ) -> str:
-    """Start the sweep, SIGTERM its driver once a trial has checkpointed ``epochs`` epochs,
-    wait for it to stop; returns its log. The sweep's ``workers`` trial workers are frozen
-    as they appear and the first is stepped one checkpoint at a time, so the signal lands
-    mid-sweep however fast an epoch is (a sleep or a poll after a checkpoint could let a
-    fast sweep finish first)."""
-    driver = start(["sweep", str(spec)], tmp_path, "sweep.log")
-    frozen: list[int] = []
-    try:
-        wait_for(
-            lambda: freeze_on_arrival(driver.pid, frozen, count=workers),
-            timeout=300,
-            what=f"{workers} trial worker(s)",
-            proc=driver,
-            detail=log_tail(tmp_path / "sweep.log"),
-            interval=0.02,
-        )
-        while not any(checkpointed_epochs(d) >= epochs for d in trial_dirs(sweep_dir)):
-            advance(frozen[0], sweep_dir, driver)
-        driver.send_signal(signal.SIGTERM)
-        signal_all(frozen, signal.SIGCONT)
-        driver.wait(timeout=180)
-    finally:
-        signal_all(frozen, signal.SIGCONT)
-        kill_tree(driver)
-    log = (tmp_path / "sweep.log").read_text()
-    assert driver.returncode == 3, log[-4000:]
-    return log
+    """The sweep SIGTERMed once a trial has checkpointed ``epochs`` epochs; its log."""
+    return sweep_then_sigterm(
+        tmp_path,
+        spec,
+        sweep_dir,
+        workers,
+        lambda: any(checkpointed_epochs(d) >= epochs for d in trial_dirs(sweep_dir)),
+    )
 
 
 def test_sigterm_saves_state_and_resume_completes(tmp_path: Path) -> None:
