@@ -9,8 +9,9 @@
 # larger than what a call may carry). Every step below imports none of those: it runs from
 # the working tree as it travels (PYTHONPATH, no install), without the packed sweep, which
 # needs Ray. What each step writes goes to $OUT as it is written, so a run stopped by its
-# timeout still returns what it measured. About 5.5 minutes with the default budgets, so a
-# 15-minute lease leaves room to start the machine and rerun once.
+# timeout still returns what it measured. About 7 minutes with the default budgets (the
+# first run, 2026-12-04: tests 31 s, the twenty rows 166 s, the fused slots of five
+# families ~150 s), so a 15-minute lease leaves room to start the machine and a short rerun.
 #
 # Files back in $OUT (at most 8 come back): env.txt, gpu_tests.log, gpu_packing.{log,json,md},
 # group_trainer.log. What to do with them: bench/README.md ("GPU rows").
@@ -19,9 +20,9 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-bench/results/gpu_session}
 PYTHON=${PYTHON:-python3}
-TESTS_S=${TESTS_S:-100}       # the CUDA-only tests
-PACKING_S=${PACKING_S:-170}   # bench/gpu_packing.py's --budget-s (rows, then fused slots)
-GROUP_S=${GROUP_S:-60}        # bench/group_trainer.py on CUDA
+TESTS_S=${TESTS_S:-75}        # the CUDA-only tests (31 s on an H200)
+PACKING_S=${PACKING_S:-300}   # bench/gpu_packing.py's --budget-s (rows, then fused slots)
+GROUP_S=${GROUP_S:-75}        # bench/group_trainer.py on CUDA
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
@@ -30,7 +31,7 @@ if [[ -n ${GPU_SESSION_SMOKE:-} ]]; then
     group=(--families kan --trials 2 --epochs 1 --steps 2 --repeats 1)
 else
     packing=(--require-cuda --no-sweep)
-    group=(--families liquid kan tggn --trials 4 8 --repeats 1 --device cuda)
+    group=(--families liquid kan tggn --trials 4 8 --repeats 2 --device cuda)
 fi
 
 {

@@ -7,7 +7,7 @@ trainer's own step:
 
 * estimate, on any device: parameters + gradients + optimizer state + data + activations
   saved for backward + temporaries at the busiest moment of a step or validation forward
-  + 512-byte allocator rounding + the cuBLAS workspace + the CUDA context allowance;
+  + 512-byte allocator rounding + the cuBLAS workspaces + the CUDA context allowance;
 * on CUDA also measure: ``max_memory_allocated`` / ``max_memory_reserved`` of a step and a
   validation forward on every fold, above the process's baseline; the device's name and
   total memory from pynvml (torch when NVML cannot answer); the context as what NVML sees
@@ -16,10 +16,11 @@ trainer's own step:
 The peak a packing uses is the measured reservation on CUDA, the estimate elsewhere; the
 context is kept apart (the fraction adds it outside the headroom).
 
-Allowances: ``HPO_CUDA_CONTEXT_MB`` (default 512) for the per-process CUDA context;
-``CUBLAS_WORKSPACE_CONFIG`` (torch's variable) for the cuBLAS workspace, by default 32 MiB
-on compute capability >= 9, else 8 MiB + 128 KiB (torch's own values). An estimate made
-without a GPU assumes the H100 the packing assumes (:mod:`cluster.packing`).
+Allowances: ``HPO_CUDA_CONTEXT_MB`` (default 1024) for the per-process CUDA context;
+``CUBLAS_WORKSPACE_CONFIG`` (torch's variable) for one cuBLAS workspace, by default 32 MiB
+on compute capability >= 9, else 8 MiB + 128 KiB (torch's own values); a trial holds one
+per cuBLAS handle and stream (:func:`trial_workspace_bytes`). An estimate made without a
+GPU assumes the H100 the packing assumes (:mod:`cluster.packing`).
 Method and constants: docs/packing.md#profiling
 """
 
@@ -45,14 +46,22 @@ from cluster.tensor_bytes import (
 )
 from models import get_family
 from trainables.config import TrainConfig
+from trainables.cuda_graphs import graph_plan
 from trainables.precision import default_device, resolve_policy_name
 
 MiB = 2**20
 GiB = 2**30
 CONTEXT_ENV = "HPO_CUDA_CONTEXT_MB"
-DEFAULT_CONTEXT_BYTES = 512 * MiB
+# NVML saw 742-940 MiB per process on an H200 (torch 2.11, CUDA 13; bench/README.md, "GPU
+# rows"): the context grows with the kernels a process has loaded.
+DEFAULT_CONTEXT_BYTES = 1024 * MiB
 ASSUMED_CAPABILITY = (9, 0)  # an estimate without CUDA targets an H100
 ESTIMATE_DEVICE_NAME = "estimate"
+# A training step calls cuBLAS through two handles, the calling thread's (forward,
+# validation) and autograd's device thread's (backward), and torch keeps one workspace per
+# handle and stream: an H200 under torch 2.11 held two 32 MiB blocks per stream after a
+# profile (bench/README.md, "GPU rows").
+CUBLAS_HANDLES_PER_STEP = 2
 MAX_COLLECT_CYCLES = 512  # rl warm-up: collect-and-learn cycles allowed before a first loss
 
 
@@ -86,7 +95,7 @@ class MemoryProfile:
     activations_bytes: int  # saved for backward by the largest step
     temporaries_bytes: int  # alive beyond the saved activations at the busiest moment
     allocator_bytes: int  # 512-byte block rounding of the persistent tensors
-    workspace_bytes: int  # cuBLAS workspace
+    workspace_bytes: int  # cuBLAS workspaces (trial_workspace_bytes)
     context_bytes: int  # CUDA context (outside the allocator)
     measured_allocated_bytes: int | None = None  # CUDA: max_memory_allocated above baseline
     measured_reserved_bytes: int | None = None  # CUDA: max_memory_reserved above baseline
@@ -170,7 +179,7 @@ class MemoryProfile:
 
 
 def context_allowance() -> int:
-    """Bytes of CUDA context per process: ``HPO_CUDA_CONTEXT_MB`` or the 512 MiB default."""
+    """Bytes of CUDA context per process: ``HPO_CUDA_CONTEXT_MB`` or the 1024 MiB default."""
     raw = os.environ.get(CONTEXT_ENV)
     if raw is None:
         return DEFAULT_CONTEXT_BYTES
@@ -191,6 +200,22 @@ def cublas_workspace_bytes(capability: tuple[int, int] = ASSUMED_CAPABILITY) -> 
     if capability[0] >= 9:
         return 4096 * 8 * 1024
     return 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def step_streams(config: TrainConfig) -> int:
+    """CUDA streams a trial's step runs matmuls on where it trains (a GPU): the current
+    stream, plus the side stream a step captured in a CUDA graph warms up and is captured
+    on (the trainer's own :func:`~trainables.cuda_graphs.graph_plan` decides)."""
+    captured, _ = graph_plan(config.cuda_graphs, torch.device("cuda"), get_family(config.family))
+    return 2 if captured else 1
+
+
+def trial_workspace_bytes(
+    config: TrainConfig, capability: tuple[int, int] = ASSUMED_CAPABILITY
+) -> int:
+    """The cuBLAS workspaces a trial holds: one per handle (:data:`CUBLAS_HANDLES_PER_STEP`)
+    and stream (:func:`step_streams`), each :func:`cublas_workspace_bytes`."""
+    return cublas_workspace_bytes(capability) * CUBLAS_HANDLES_PER_STEP * step_streams(config)
 
 
 @dataclass(frozen=True)
@@ -519,8 +544,8 @@ def profile_trial(
         activations_bytes=counts.saved,
         temporaries_bytes=max(0, counts.transient - counts.saved),
         allocator_bytes=counts.state.rounding + counts.data.rounding,
-        workspace_bytes=cublas_workspace_bytes(
-            info.capability if info is not None else ASSUMED_CAPABILITY
+        workspace_bytes=trial_workspace_bytes(
+            cfg, info.capability if info is not None else ASSUMED_CAPABILITY
         ),
         context_bytes=counts.context if counts.context is not None else context_allowance(),
         context_measured=counts.context is not None,
@@ -533,6 +558,7 @@ def profile_trial(
 __all__ = [
     "ASSUMED_CAPABILITY",
     "CONTEXT_ENV",
+    "CUBLAS_HANDLES_PER_STEP",
     "DEFAULT_CONTEXT_BYTES",
     "CudaDevice",
     "MemoryProfile",
@@ -542,6 +568,8 @@ __all__ = [
     "cuda_device",
     "profile_trial",
     "profiling_config",
+    "step_streams",
     "target_fuse",
     "target_precision",
+    "trial_workspace_bytes",
 ]

@@ -58,7 +58,7 @@ log = logging.getLogger("cluster.vram_table")
 CACHE_ENV = "HPO_VRAM_CACHE"
 # Part of every key: a profile cached under another schema is not found, and is measured
 # again.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: a trial's cuBLAS workspaces per handle and stream
 
 
 def default_cache_path() -> Path:

@@ -15,6 +15,7 @@ from pyarrow import fs as pafs
 
 from cluster.gpu_types import GpuType, gpu_types
 from cluster.packing_plan import ClusterPacker, plan_rows, render_plan
+from cluster.profiler import DEFAULT_CONTEXT_BYTES
 from cluster.vram_table import SharedVramCache, key_string, type_key
 from tests.cluster.test_vram_table import fake_profile
 from trainables.config import DataConfig, TrainConfig, TrialBase, TrialConfig
@@ -203,7 +204,7 @@ def test_a_trials_memory_cap_leaves_out_the_context_its_share_was_planned_with(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The share is (peak x headroom + the profile's context) / total; the trial's cap
-    must leave out that same context (here a measured 300 MiB), not the 512 MiB allowance,
+    must leave out that same context (here a measured 300 MiB), not the allowance,
     or the allocator gets less than the plan gave it. No profile for the node's type:
     the allowance."""
     import torch
@@ -231,10 +232,10 @@ def test_a_trials_memory_cap_leaves_out_the_context_its_share_was_planned_with(
     )
     node_type = L4  # no profile of this shape cached for L4 nodes
     assert trial_share.PackedShare().cap_memory(config, 0.05) == pytest.approx(
-        0.05 - 512 / (141 * 1024)
+        0.05 - DEFAULT_CONTEXT_BYTES / (141 * GiB)
     )
     assert trial_share.PackedShare().cap_memory(config, 1.0) is None  # a whole GPU is not capped
     assert caps == [
         pytest.approx(0.05 - 300 / (141 * 1024)),
-        pytest.approx(0.05 - 512 / (141 * 1024)),
+        pytest.approx(0.05 - DEFAULT_CONTEXT_BYTES / (141 * GiB)),
     ]

@@ -1,5 +1,5 @@
 """Two GPU node types on a loopback cluster: a head without GPUs, an "L4" worker declaring
-0.75 GiB GPUs and an "H200" worker declaring 4 GiB GPUs (``--resources`` with
+1.25 GiB GPUs and an "H200" worker declaring 8 GiB GPUs (``--resources`` with
 ``accelerator_type:*`` and ``hpo_gpu_memory_mib``, as an operator would). The plan profiles
 each shape in a Ray task on a node of each type (the profile names that node and a pid
 that is not the driver's), gives the types different shares, and every trial runs on a
@@ -21,7 +21,9 @@ from tests.cluster.local_cluster import LocalCluster, start_cluster
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-TYPES = {"L4": 768, "H200": 4096}  # declared MiB per GPU
+# Declared MiB per GPU. With the 1 GiB context allowance a tiny tft's share is ~1.15 GiB
+# and the dqn's ~1.4 GiB: the "L4" holds one tft and no dqn, the "H200" six tft.
+TYPES = {"L4": 1280, "H200": 8192}
 
 DRIVER = """
 import json, os, sys
@@ -123,7 +125,7 @@ def test_two_gpu_types_get_their_own_shares_and_trials_land_where_they_fit(
         assert row["profiled_pid"] != out["driver_pid"]
         assert row["device_total_bytes"] == types[row["gpu_type"]]["memory_bytes"]
     small_l4, small_h200 = rows[("tft", "L4")], rows[("tft", "H200")]
-    assert small_l4["share"] > 4 * small_h200["share"]  # same bytes, 0.75 vs 4 GiB GPUs
+    assert small_l4["share"] > 4 * small_h200["share"]  # same bytes, 1.25 vs 8 GiB GPUs
     assert small_l4["trials_per_gpu"] == 1 and small_h200["trials_per_gpu"] >= 6
     assert rows[("dqn", "L4")]["binding"] == "does not fit"
     assert rows[("dqn", "H200")]["binding"] == "GPU memory"

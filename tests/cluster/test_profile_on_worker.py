@@ -40,7 +40,7 @@ def test_profiles_come_from_a_gpu_worker_and_are_shared(ray_session: Any, tmp_pa
     assert other.prefetch([config]) == []  # found in the shared cache: no new task
     (row,) = plan_rows(other, [config])
     assert row["profiled_pid"] == profile.pid and row["binding"] == "GPU memory"
-    assert row["share"] == other.shares(config)[0].packing.fraction < 0.01
+    assert row["share"] == other.shares(config)[0].packing.fraction < 0.02  # ~its context
 
 
 @pytest.mark.slow
@@ -56,5 +56,5 @@ def test_benchmarks_packed_sweep_runs_at_the_planned_shares(
     assert sweep["most_at_once"] == 2
     rows = sweep["plan_rows"]
     assert [r["precision"] for r in rows] == ["f32", "bf16"]
-    assert all(r["share"] < 0.01 and r["profiled_pid"] != os.getpid() for r in rows)
+    assert all(r["share"] < 0.02 and r["profiled_pid"] != os.getpid() for r in rows)
     assert "trials/GPU" in sweep["plan"]

@@ -280,4 +280,7 @@ def test_measured_shares_without_gpu_nodes_size_a_group_for_its_trials(
     alone = resources(trial.to_dict()).required_resources["GPU"]
     group = GroupTrialConfig(tuple(replace(trial, seed=s) for s in range(4)))
     grouped = resources(group.to_dict()).required_resources["GPU"]
-    assert alone < grouped < 4 * alone
+    # Tiny trials are mostly their 1 GiB context: both may round to the same 1e-4 share.
+    assert alone <= grouped < 4 * alone
+    shapes = json.loads((tmp_path / "vram.json").read_text())["entries"]
+    assert sorted(json.loads(k).get("group_size", 1) for k in shapes) == [1, 4]  # its own
