@@ -629,7 +629,8 @@ class Verdict(StrEnum):
     WORSE, BETTER or INCONCLUSIVE; :func:`sequential_verdict` in CONTINUE (look again after
     more configurations), EQUIVALENT, WORSE, BETTER or FUTILE (the budget cannot reach a
     decision). WORSE and BETTER are "by more than the margin"; which precision is worse is
-    said beside (``EquivalenceTest.verdict`` spells it "bf16 worse")."""
+    said beside it. Code decides from the member; :meth:`text` spells the verdict for
+    people ("bf16 worse"), and records keep the member and its note as separate fields."""
 
     EQUIVALENT = "equivalent"
     WORSE = "worse"
@@ -637,6 +638,14 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "inconclusive"
     FUTILE = "futile"
     CONTINUE = "continue"
+
+    def text(self, other: str, note: str | None = None) -> str:
+        """The verdict as the CLI, the report and the MLflow tags print it, the one place it
+        is spelled: WORSE and BETTER name the precision (``other``: "bf16 worse"), the
+        rest are the bare word; a ``note`` follows a colon ("inconclusive: about 3 more
+        configurations needed")."""
+        head = f"{other} {self.value}" if self in (Verdict.WORSE, Verdict.BETTER) else self.value
+        return f"{head}: {note}" if note else head
 
     @classmethod
     def of(cls, verdict: str) -> Verdict:
@@ -649,7 +658,13 @@ class Verdict(StrEnum):
         raise ValueError(f"not a verdict: {verdict!r}")
 
 
-VERDICTS: tuple[str, ...] = ("equivalent", "bf16 worse", "bf16 better", "inconclusive")
+VERDICTS: tuple[Verdict, ...] = (
+    Verdict.EQUIVALENT,
+    Verdict.WORSE,
+    Verdict.BETTER,
+    Verdict.INCONCLUSIVE,
+)
+"""The decisions of the fixed design (:func:`equivalence_test`)."""
 PAIRS_NEEDED_CAP = 1000
 """Above this many more pairs, ``pairs_needed`` says "more than 1,000" (None + a flag):
 an estimate near the margin divides by almost nothing (7.2 million was seen)."""
@@ -671,9 +686,12 @@ _HL_VARIANCE_RATIO = math.pi / 3.0
 class EquivalenceTest(NamedTuple):
     """Two one-sided signed-rank tests of the paired differences ``d = other - reference``."""
 
-    verdict: str
-    """"equivalent", "<other> worse", "<other> better" or "inconclusive" (``other`` is
-    "bf16" by default, giving the four values of :data:`VERDICTS`)."""
+    decision: Verdict
+    """EQUIVALENT, WORSE, BETTER or INCONCLUSIVE (:data:`VERDICTS`); :attr:`verdict` spells
+    it with the precision's name."""
+    other: str
+    """The precision the differences are of (``other - reference``), named in
+    :attr:`verdict`."""
     pvalue: float
     """TOST p-value ``max(pvalue_lower, pvalue_upper)``: equivalence is shown iff <= alpha."""
     pvalue_lower: float
@@ -739,9 +757,10 @@ class EquivalenceTest(NamedTuple):
     """When strong skew makes the answer fragile: what the interval rests on."""
 
     @property
-    def decision(self) -> Verdict:
-        """The verdict as a :class:`Verdict` (without the precision's name)."""
-        return Verdict.of(self.verdict)
+    def verdict(self) -> str:
+        """ "equivalent", "<other> worse", "<other> better" or "inconclusive"
+        (:meth:`Verdict.text`)."""
+        return self.decision.text(self.other)
 
 
 def equivalence_test(
@@ -832,20 +851,21 @@ def equivalence_test(
     blocked = None
     if _rejects(pvalue, alpha):
         blocked = _equivalence_withheld(mean_ci, skewness, margin, alpha)
-        verdict = "inconclusive" if blocked else "equivalent"
+        decision = Verdict.INCONCLUSIVE if blocked else Verdict.EQUIVALENT
     elif _rejects(p_worse, alpha):
-        verdict = f"{other} worse"
+        decision = Verdict.WORSE
     elif _rejects(p_better, alpha):
-        verdict = f"{other} better"
+        decision = Verdict.BETTER
     else:
-        verdict = "inconclusive"
+        decision = Verdict.INCONCLUSIVE
 
     pairs_needed: int | None = 0
     capped = False
-    if verdict == "inconclusive":
+    if decision is Verdict.INCONCLUSIVE:
         pairs_needed, capped = _pairs_needed(d, interval.estimate, mean, margin, alpha)
     return EquivalenceTest(
-        verdict=verdict,
+        decision=decision,
+        other=other,
         pvalue=pvalue,
         pvalue_lower=p_lower,
         pvalue_upper=p_upper,

@@ -648,7 +648,7 @@ def test_tost_verdict_agrees_with_interval_inclusion() -> None:
         assert (result.verdict == "bf16 better") == (level_ok and result.low > margin)
         assert (result.pvalue <= 0.05) == (result.verdict == "equivalent")
         assert (result.pairs_needed == 0) == (result.verdict != "inconclusive")
-        seen.add(result.verdict)
+        seen.add(result.decision)
     assert seen == set(VERDICTS)
 
 
