@@ -388,7 +388,8 @@ def _scope_section(c: Comparison, scope: ScopeComparison, colours: dict[str, str
             f'<p class="caption">All families pooled: {escape(", ".join(scope.families))}.</p>'
         )
     if scope.sequential is not None:
-        parts += ["<h3>Sequential looks</h3>", _looks_table(name, scope.sequential)]
+        verdict = "; ".join(verdict_text(contrast) for contrast in scope.contrasts.values())
+        parts += ["<h3>Sequential looks</h3>", _looks_table(name, scope.sequential, verdict)]
     parts += [
         "<h3>Paired statistics</h3>",
         _stats_table(c, scope),
@@ -798,8 +799,9 @@ def _overfitting_table(scope: ScopeComparison) -> str:
     )
 
 
-def _looks_table(scope: str, record: SequentialRecord) -> str:
-    """A sequential family's looks, and what it stopped on and cost."""
+def _looks_table(scope: str, record: SequentialRecord, verdict: str) -> str:
+    """A sequential family's looks, and what it stopped on and cost, after its ``verdict``
+    (its contrast's, on the verdict's split)."""
     rows = "".join(
         f'<tr data-configs="{look.configs}"><td>{look.configs}</td>'
         f"<td>{format_num(look.mean, signed=True)}</td>"
@@ -808,7 +810,7 @@ def _looks_table(scope: str, record: SequentialRecord) -> str:
         f"<td>{format_num(look.hl_estimate, signed=True)} "
         f"{format_interval(look.hl_low, look.hl_high)}</td>"
         f"<td>{_small(look.decision_probability)}</td>"
-        f'<td class="text decision">{escape(look.decision)}</td></tr>'
+        f'<td class="text decision">{escape(look.decision.value)}</td></tr>'
         for look in record.looks
     )
     stopped = (
@@ -817,7 +819,7 @@ def _looks_table(scope: str, record: SequentialRecord) -> str:
         else "still running"
     )
     line = (
-        f"{record.verdict}: {record.configs} of up to {record.budget} configurations "
+        f"{verdict}: {record.configs} of up to {record.budget} configurations "
         f"(planned looks {', '.join(str(n) for n in record.plan)}; {record.configs_made} made, "
         f"replacements and those finished after the decision included); {stopped}; "
         f"{record.gpu_hours:.3f} GPU-hours, {record.cpu_hours:.3f} CPU-hours over "

@@ -144,11 +144,10 @@ def verdict_sentence(
         f"{format_interval(inference.mean_tost_low, inference.mean_tost_high)}"
     )
     p = f"TOST p = {format_p(inference.equivalence_pvalue)}"
-    verdict = inference.verdict
-    if verdict is None:
+    decision, verdict = inference.decision, inference.verdict
+    if decision is None:
         why = inference.verdict_note or inference.wilcoxon_method
         return f"{scope}: no verdict ({why})."
-    decision = Verdict.of(verdict)
     if decision is Verdict.EQUIVALENT:
         return f"{scope}: equivalent: {interval} and {mean}, both inside the margin {margin} ({p})."
     if decision is Verdict.INCONCLUSIVE:
@@ -160,7 +159,7 @@ def verdict_sentence(
             where = f"inside the margin {margin}, but too few configurations to say so"
         elif high < -m or low > m:
             side = "below" if high < -m else "above"
-            if inference.tost_verdict not in (None, "inconclusive"):
+            if inference.tost_decision not in (None, Verdict.INCONCLUSIVE):
                 where = f"wholly {side} the margin {margin}, but not beyond chance over all claims"
             else:
                 where = f"wholly {side} the margin {margin}, but too few configurations to say so"
@@ -176,11 +175,12 @@ def verdict_sentence(
 
 def _sequential_sentence(scope: str, contrast: Contrast, record: SequentialRecord) -> str:
     """The verdict of a family decided in steps: what its last look read, and why."""
+    inference = contrast.inference[VERDICT_SPLIT]
     margin = f"\u00b1{record.margin:.2f}"
     diff = f"{contrast.other} - {contrast.reference} {_metric_label(record.metric)}"
     last = record.looks[-1] if record.looks else None
     if last is None:
-        return f"{scope}: {record.verdict}: no look yet (the first at {record.plan[0]})."
+        return f"{scope}: {inference.verdict}: no look yet (the first at {record.plan[0]})."
     interval = (
         f"at the look at {last.configs} configurations the mean difference "
         f"{format_num(last.mean, True)} ({diff}) has the {1 - 2 * last.level:.1%} repeated "
@@ -188,7 +188,7 @@ def _sequential_sentence(scope: str, contrast: Contrast, record: SequentialRecor
         if math.isfinite(last.low)
         else f"{last.configs} configurations so far, before the first look that decides"
     )
-    decision = Verdict.of(record.verdict)
+    decision = inference.decision
     if decision is Verdict.EQUIVALENT:
         why = f"inside the margin {margin}"
     elif decision in (Verdict.WORSE, Verdict.BETTER):
@@ -205,7 +205,7 @@ def _sequential_sentence(scope: str, contrast: Contrast, record: SequentialRecor
         if record.stopped_on
         else ""
     )
-    return f"{scope}: {record.verdict} (sequential): {interval}, {why}{stopped}."
+    return f"{scope}: {inference.verdict} (sequential): {interval}, {why}{stopped}."
 
 
 def _metric_label(metric: str) -> str:
@@ -247,7 +247,7 @@ def family_lines(comparison: Comparison) -> list[str]:
                     if record.stopped_on
                     else ", running"
                 )
-                if Verdict.of(record.verdict) is Verdict.CONTINUE:
+                if inference.decision is Verdict.CONTINUE:
                     verdict = "undecided"  # its "continue: ..." says the same as the line
                 lines.append(
                     f"{scope.scope}: {verdict} after {record.configs} of up to {record.budget} "

@@ -647,16 +647,6 @@ class Verdict(StrEnum):
         head = f"{other} {self.value}" if self in (Verdict.WORSE, Verdict.BETTER) else self.value
         return f"{head}: {note}" if note else head
 
-    @classmethod
-    def of(cls, verdict: str) -> Verdict:
-        """The enum of a verdict string: "bf16 worse" is WORSE, "inconclusive: about 3 more
-        configurations needed" INCONCLUSIVE."""
-        head = verdict.split(":", 1)[0].strip()
-        for kind in cls:
-            if head == kind.value or head.endswith(f" {kind.value}"):
-                return kind
-        raise ValueError(f"not a verdict: {verdict!r}")
-
 
 VERDICTS: tuple[Verdict, ...] = (
     Verdict.EQUIVALENT,

@@ -53,6 +53,7 @@ from hpo.stats import (
     EXACT_MAX_N,
     PAIRS_NEEDED_CAP,
     PairedComparison,
+    Verdict,
     additional_pairs_needed,
     compare_paired,
     deflated_sharpe_ratio,
@@ -140,7 +141,7 @@ def compare_trials(
     _adjust_across_families(list(families.values()))
     for contrast in overall.contrasts.values():
         for split in SPLITS:
-            _holm([contrast.inference[split]], contrast.other)
+            _holm([contrast.inference[split]])
     if sequential:
         all_notes += apply_sequential(families, sequential)
         overall.notes.append(
@@ -446,12 +447,13 @@ def _paired(
     diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
     used = np.isfinite(diff)
     diff = diff[used]  # (n_used,) the configurations compare_paired used
-    inference = SplitInference(wilcoxon_method=_wilcoxon_method(result), margin=margin)
+    other = kwargs["labels"][1]
+    inference = SplitInference(wilcoxon_method=_wilcoxon_method(result), margin=margin, other=other)
     if diff.size == 0:
         inference.verdict_note = "no configuration with both precisions finite"
         return result, inference
     names = [c for c, ok in zip(config_ids, used, strict=True) if ok]
-    _equivalence(diff, margin, kwargs["labels"][1], inference, names)
+    _equivalence(diff, margin, other, inference, names)
     return result, inference
 
 
@@ -477,7 +479,7 @@ def _equivalence(
         tost.high,
     )
     inference.tost_confidence = tost.confidence
-    inference.tost_verdict = tost.verdict
+    inference.tost_decision = tost.decision
     inference.pvalue_worse, inference.pvalue_better = tost.pvalue_worse, tost.pvalue_better
     inference.mean_tost_low, inference.mean_tost_high = (
         tost.mean_verdict_low,
@@ -509,10 +511,10 @@ def _equivalence(
         notes.append(f"configurations in the tail (beyond 1.5 IQR): {shown}{more}")
     inference.verdict_note = "; ".join(notes) or None
     # Provisional; _holm sets the verdict from the adjusted directional p-values.
-    inference.verdict = tost.verdict
+    inference.decision = tost.decision
 
 
-def _holm(cells: list[SplitInference], other: str) -> None:
+def _holm(cells: list[SplitInference]) -> None:
     """Holm over the one-sided directional p-values of ``cells`` (both directions each),
     then each cell's verdict: "worse"/"better" only where the adjusted p is <= 5%."""
     cells = [c for c in cells if math.isfinite(c.pvalue_worse)]
@@ -523,45 +525,45 @@ def _holm(cells: list[SplitInference], other: str) -> None:
     for i, cell in enumerate(cells):
         cell.holm_p_worse, cell.holm_p_better = float(adjusted[2 * i]), float(adjusted[2 * i + 1])
         cell.holm_n_tests = len(raw)
-        _decide(cell, other)
+        _decide(cell)
 
 
-def _decide(inference: SplitInference, other: str) -> None:
+def _decide(inference: SplitInference) -> None:
     alpha = EQUIVALENCE_ALPHA
-    raw = inference.tost_verdict
-    if raw == "equivalent":
-        verdict = "equivalent"
+    raw = inference.tost_decision
+    note = None
+    if raw is Verdict.EQUIVALENT:
+        decision = Verdict.EQUIVALENT
     elif inference.holm_p_worse <= alpha * (1.0 + 1e-12):
-        verdict = f"{other} worse"
+        decision = Verdict.WORSE
     elif inference.holm_p_better <= alpha * (1.0 + 1e-12):
-        verdict = f"{other} better"
+        decision = Verdict.BETTER
     else:
-        verdict = "inconclusive"
-        if raw != "inconclusive":
+        decision = Verdict.INCONCLUSIVE
+        if raw is not Verdict.INCONCLUSIVE:
             # A directional claim lost to the adjustment: plan at the Bonferroni level.
             m = inference.holm_n_tests
-            side = -1.0 if raw == f"{other} worse" else 1.0
             distance = abs(abs(inference.tost_estimate) - inference.margin)
             distance /= math.sqrt(math.pi / 3.0)  # the HL's efficiency
             needed, capped = additional_pairs_needed(
                 inference.n_configs, inference.diff_sd, distance, alpha / m
             )
             inference.configs_needed, inference.configs_needed_capped = needed, capped
-            holm = inference.holm_p_worse if side < 0 else inference.holm_p_better
-            note = (
-                f"{raw} at 5% on its own, not after the Holm adjustment over {m} one-sided "
-                f"claims (Holm p {holm:.3f})"
+            holm = inference.holm_p_worse if raw is Verdict.WORSE else inference.holm_p_better
+            lost = (
+                f"{inference.tost_verdict} at 5% on its own, not after the Holm adjustment "
+                f"over {m} one-sided claims (Holm p {holm:.3f})"
             )
-            inference.verdict_note = "; ".join(n for n in (inference.verdict_note, note) if n)
+            inference.verdict_note = "; ".join(n for n in (inference.verdict_note, lost) if n)
         if inference.configs_needed_capped:
-            verdict = f"inconclusive: more than {PAIRS_NEEDED_CAP:,} more configurations needed"
-        elif inference.configs_needed and verdict == "inconclusive":
+            note = f"more than {PAIRS_NEEDED_CAP:,} more configurations needed"
+        elif inference.configs_needed:
             n = inference.configs_needed
             noun = "configuration" if n == 1 else "configurations"
-            verdict = f"inconclusive: about {n} more {noun} needed"
-    if verdict in ("equivalent", f"{other} worse", f"{other} better"):
+            note = f"about {n} more {noun} needed"
+    if decision is not Verdict.INCONCLUSIVE:
         inference.configs_needed, inference.configs_needed_capped = 0, False
-    inference.verdict = verdict
+    inference.decision, inference.decision_note = decision, note
 
 
 def _compare(a: list[float], b: list[float], kwargs: dict[str, Any]) -> PairedComparison:
@@ -666,4 +668,4 @@ def _adjust_across_families(families: list[ScopeComparison]) -> None:
     for key in keys:
         for split in SPLITS:
             contrasts = [s.contrasts[key] for s in families if key in s.contrasts]
-            _holm([c.inference[split] for c in contrasts], contrasts[0].other)
+            _holm([c.inference[split] for c in contrasts])

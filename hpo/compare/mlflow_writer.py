@@ -162,7 +162,8 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
 
 
 NOT_COMPUTED = "not computed"
-"""Verdict tag value while a verdict cannot be computed (the JSON's ``verdict_note``)."""
+"""Verdict tag value while a verdict cannot be computed (the JSON's ``decision`` is null,
+its ``verdict_note`` says why)."""
 
 
 def comparison_tags(comparison: Comparison) -> dict[str, str]:
@@ -205,10 +206,10 @@ def comparison_tags(comparison: Comparison) -> dict[str, str]:
                 tags[f"{prefix}.{key}.cost"] = scope.cost.ratios[contrast.other].sentence()
         if scope.sequential is not None:
             record = scope.sequential
-            tags[f"{prefix}.decision"] = record.decision
+            tags[f"{prefix}.decision"] = record.decision.value
             tags[f"{prefix}.stopped_on"] = record.stopped_on or "running"
             tags[f"{prefix}.look_decisions"] = "; ".join(
-                f"{look.configs} {look.decision}" for look in record.looks
+                f"{look.configs} {look.decision.value}" for look in record.looks
             )
         if len(headline) == 1:
             tags[f"{prefix}.verdict"] = headline[0][1]

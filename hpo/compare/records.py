@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hpo.cost import CostSummary
-from hpo.stats import PairedComparison
+from hpo.stats import PairedComparison, Verdict
 from trainables.returns_file import SPLITS, parse_returns
 
 # Why a sequential family's stream stopped (hpo.search.budget decides, hpo compare reads).
@@ -140,20 +140,26 @@ class SplitInference:
     differences zero`` or ``not computed: ...``."""
     margin: float
     """Equivalence margin on the paired Sharpe difference (annualised), as given."""
+    other: str
+    """The precision compared with the reference (the contrast's ``other``), named in
+    :attr:`verdict`."""
     wilcoxon_p_bh: float = math.nan
     """Wilcoxon p-value BH-adjusted across the families of this contrast and split
     (NaN for ``overall`` and where the p-value is not finite)."""
     bh_n_tests: int = 0
     """How many p-values (one per family) were adjusted together; 0 when not adjusted."""
-    verdict: str | None = None
-    """TOST verdict against ``margin``: ``equivalent`` (the mean's interval inside the
-    margin too), ``<other> worse`` / ``<other> better`` (Holm-adjusted), ``inconclusive:
-    about N more configurations needed``, ``inconclusive: more than 1,000 more
-    configurations needed`` or ``inconclusive``; None while not computable
-    (``verdict_note`` says why). A family of a sequential comparison reads its
-    :class:`SequentialRecord`'s verdict on the :data:`VERDICT_SPLIT` split instead (its
-    ``verdict``), the TOST's staying in ``tost_verdict``. :meth:`hpo.stats.Verdict.of`
-    maps any of them to the enum."""
+    decision: Verdict | None = None
+    """The verdict's decision (:class:`hpo.stats.Verdict`): EQUIVALENT (the mean's interval
+    inside the margin too), WORSE / BETTER (Holm-adjusted) or INCONCLUSIVE; None while not
+    computable (``verdict_note`` says why). A family of a sequential comparison reads its
+    :class:`SequentialRecord`'s rule on the :data:`VERDICT_SPLIT` split instead (after the
+    Holm adjustment across families: also FUTILE or CONTINUE), the TOST's staying in
+    ``tost_decision``. Code decides from this, never from :attr:`verdict`'s text."""
+    decision_note: str | None = None
+    """What the verdict says after its decision, or None: ``about N more configurations
+    needed``, ``more than 1,000 more configurations needed``; a sequential family's
+    ``no decision at ...``, ``... so far``, why a claim lost to the Holm adjustment. Part of
+    :attr:`verdict`'s text, unlike ``verdict_note`` (the explanation printed beside it)."""
     equivalence_pvalue: float = math.nan
     """p-value of the two one-sided tests (the larger of the two)."""
     tost_estimate: float = math.nan
@@ -170,8 +176,10 @@ class SplitInference:
     configs_needed_capped: bool = False
     """More than :data:`hpo.stats.PAIRS_NEEDED_CAP` more configurations would be needed."""
     verdict_note: str | None = None
-    tost_verdict: str | None = None
-    """The signed-rank TOST's own verdict (:func:`hpo.stats.equivalence_test`), before the
+    """Why the verdict reads as it does, printed beside it: too few configurations, why
+    equivalence was withheld, skew, the tail line, a claim the Holm adjustment took."""
+    tost_decision: Verdict | None = None
+    """The signed-rank TOST's own decision (:func:`hpo.stats.equivalence_test`), before the
     Holm adjustment of the directional claims."""
     pvalue_worse: float = math.nan
     """One-sided p-value of "worse by more than the margin", unadjusted."""
@@ -210,6 +218,20 @@ class SplitInference:
     the worst configurations by id (:meth:`hpo.stats.LossTail.line`): said beside the
     verdict, because "equivalent on average" can hide a few configurations it breaks."""
 
+    @property
+    def verdict(self) -> str | None:
+        """The verdict as people read it (:meth:`hpo.stats.Verdict.text`): ``equivalent``,
+        ``<other> worse``, ``inconclusive: about 3 more configurations needed``, ...; None
+        while not computable."""
+        if self.decision is None:
+            return None
+        return self.decision.text(self.other, self.decision_note)
+
+    @property
+    def tost_verdict(self) -> str | None:
+        """``tost_decision`` spelled as :attr:`verdict` is."""
+        return None if self.tost_decision is None else self.tost_decision.text(self.other)
+
 
 @dataclass
 class SequentialLookRecord:
@@ -217,8 +239,8 @@ class SequentialLookRecord:
 
     configs: int
     """Configurations (with a finite difference) the look read."""
-    decision: str
-    """``continue``, ``equivalent``, ``worse``, ``better`` or ``futile``."""
+    decision: Verdict
+    """CONTINUE, EQUIVALENT, WORSE, BETTER or FUTILE."""
     mean: float
     low: float
     """Repeated confidence interval of the mean difference (NaN before
@@ -236,19 +258,17 @@ class SequentialLookRecord:
 @dataclass
 class SequentialRecord:
     """A family of a sequential comparison (``[comparison] sequential = true``): its looks,
-    what it stopped on, its verdict after the Holm adjustment across families, and what
-    it cost. Recomputed by :func:`hpo.stats.sequential_comparison` from the sweep's record
+    what it stopped on, the repeated p-values and their Holm adjustment across families
+    (its verdict follows from them onto its contrast), and what it cost. Recomputed by :func:`hpo.stats.sequential_comparison` from the sweep's record
     of the planned looks and the differences in the order the configurations completed
     (the parent run's ``sequential.json``); the rule being deterministic, the looks are
     those the sweep applied (``recorded_decisions``, a note where they are not)."""
 
-    decision: str
-    """The rule's last decision: ``continue`` (still running), ``equivalent``,
-    ``worse``, ``better`` or ``futile``."""
-    verdict: str
-    """What the family's verdict reads: ``equivalent``, ``<other> worse`` / ``<other>
-    better`` (the repeated p-value Holm-adjusted across families at or below alpha),
-    ``futile: ...``, ``continue: ...`` or ``inconclusive: ...``."""
+    decision: Verdict
+    """The rule's last decision: CONTINUE (still running), EQUIVALENT, WORSE, BETTER or
+    FUTILE. The family's verdict, this after the Holm adjustment across families, is its
+    contrast's on the :data:`VERDICT_SPLIT` split (``SplitInference.decision`` and
+    ``decision_note``)."""
     stopped_on: str | None
     """``decision``, ``futility``, ``budget`` or ``failures``; None while it runs."""
     configs: int
@@ -361,6 +381,8 @@ class Contrast:
         return self.val if name == "val" else self.test
 
     def verdict(self, split: str | None = None) -> str | None:
+        """The verdict's text on ``split`` (:data:`VERDICT_SPLIT`'s by default); code decides
+        from ``inference[split].decision`` instead."""
         return self.inference[split or VERDICT_SPLIT].verdict
 
     def excluded_config_ids(self, split: str = "val") -> list[str]:
@@ -518,6 +540,8 @@ def _json_safe(value: Any) -> Any:
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
+    if isinstance(value, Verdict):
+        return value.value
     if isinstance(value, bool | np.bool_):
         return bool(value)
     if isinstance(value, int | np.integer):

@@ -52,22 +52,23 @@ def apply_sequential(
             notes.append(f"sequential record of {family!r}, a family without trial runs")
             continue
         record = _record(raw, scope)
-        if record.recorded_decisions != [look.decision for look in record.looks]:
+        recomputed = [look.decision.value for look in record.looks]
+        if record.recorded_decisions != recomputed:
             notes.append(
-                f"{family}: the looks recomputed ({[look.decision for look in record.looks]}) "
+                f"{family}: the looks recomputed ({recomputed}) "
                 f"differ from those the sweep logged ({record.recorded_decisions})"
             )
         scope.sequential = sequential[family] = record
     _holm(list(sequential.values()))
     for family, record in sequential.items():
-        record.verdict = _verdict(record, str(records[family]["other"]))
+        decision, note = _verdict(record)
         for contrast in families[family].contrasts.values():
             inference = contrast.inference[VERDICT_SPLIT]
-            inference.verdict = record.verdict
+            inference.decision, inference.decision_note = decision, note
             inference.verdict_note = "; ".join(
                 n
                 for n in (
-                    f"sequential: {record.verdict} at {record.configs} configurations (looks "
+                    f"sequential: {inference.verdict} at {record.configs} configurations (looks "
                     f"{', '.join(str(look.configs) for look in record.looks) or 'none yet'}); "
                     f"the fixed-design TOST of all {inference.n_configs} finished "
                     f"configurations ({inference.tost_verdict}) is descriptive: it ignores "
@@ -96,7 +97,7 @@ def _record(raw: Mapping[str, Any], scope: ScopeComparison) -> SequentialRecord:
     looks = [
         SequentialLookRecord(
             configs=look.configs,
-            decision=look.decision.value,
+            decision=look.decision,
             mean=look.mean,
             low=look.low,
             high=look.high,
@@ -116,8 +117,7 @@ def _record(raw: Mapping[str, Any], scope: ScopeComparison) -> SequentialRecord:
         note = "; ".join(n for n in (raw.get("note"), note) if n)
     costs = scope.cost.by_precision.values()
     return SequentialRecord(
-        decision=result.decision.value,
-        verdict=result.decision.value,  # set after the Holm adjustment
+        decision=result.decision,
         stopped_on=stopped_on,
         configs=result.configs,
         configs_made=int(raw.get("configs_made", len(order))),
@@ -152,31 +152,27 @@ def _holm(records: list[SequentialRecord]) -> None:
         record.holm_n_tests = len(raw)
 
 
-def _verdict(record: SequentialRecord, other: str) -> str:
-    """The family's verdict: the rule's decision, its directional claims kept only where
-    the Holm-adjusted repeated p-value is at or below alpha."""
-    decision = Verdict(record.decision)
+def _verdict(record: SequentialRecord) -> tuple[Verdict, str | None]:
+    """The family's verdict, its decision and note: the rule's decision, its directional
+    claims kept only where the Holm-adjusted repeated p-value is at or below alpha."""
+    decision = record.decision
     alpha = record.alpha * (1.0 + 1e-12)
     at = f"{record.configs} of up to {record.budget} configurations"
     if decision is Verdict.EQUIVALENT:
-        return Verdict.EQUIVALENT.value
+        return Verdict.EQUIVALENT, None
     if decision in (Verdict.WORSE, Verdict.BETTER):
         holm = record.holm_p_worse if decision is Verdict.WORSE else record.holm_p_better
         if holm <= alpha:
-            return f"{other} {decision.value}"
-        return (
-            f"{Verdict.INCONCLUSIVE.value}: {decision.value} at {at} on its own, not after "
-            f"the Holm adjustment over {record.holm_n_tests} one-sided claims (Holm p "
-            f"{holm:.3f})"
+            return decision, None
+        return Verdict.INCONCLUSIVE, (
+            f"{decision.value} at {at} on its own, not after the Holm adjustment over "
+            f"{record.holm_n_tests} one-sided claims (Holm p {holm:.3f})"
         )
     if record.stopped_on == STOPPED_FAILURES:
         failed = sum(d is None for d in record.differences)
-        return (
-            f"{Verdict.INCONCLUSIVE.value}: stopped after {failed} configurations without "
-            "a finite difference"
+        return Verdict.INCONCLUSIVE, (
+            f"stopped after {failed} configurations without a finite difference"
         )
     if decision is Verdict.FUTILE:
-        return f"{Verdict.FUTILE.value}: no decision at {at}"
-    return (
-        f"{Verdict.CONTINUE.value}: {record.configs} of up to {record.budget} configurations so far"
-    )
+        return Verdict.FUTILE, f"no decision at {at}"
+    return Verdict.CONTINUE, f"{record.configs} of up to {record.budget} configurations so far"

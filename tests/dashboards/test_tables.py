@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dashboards.tables import verdict_sentence
-from hpo.compare import compare_trials
+from dashboards.report import render_report
+from dashboards.tables import family_lines, verdict_sentence, verdict_text
+from hpo.compare import VERDICT_SPLIT, compare_trials, comparison_tags
+from hpo.stats import Verdict
 from tests.hpo.compare_helpers import paired_records
 
 
@@ -51,3 +53,26 @@ def test_a_claim_lost_to_the_holm_adjustment_says_so() -> None:
     sentence = verdict_sentence("a", comparison.families["a"].contrasts["bf16_vs_f32"])
     assert sentence.startswith("a: inconclusive")
     assert "Holm" in sentence and "10 one-sided claims" in sentence
+
+
+def test_the_tables_decide_from_the_decision_never_from_its_words() -> None:
+    # An equivalent family whose decision is then INCONCLUSIVE with a note that says
+    # "equivalent": every line reads the enum, so the cell, the sentence, the family line,
+    # the report and the tag all say inconclusive, and print the words as they are.
+    noise = [0.01, -0.01, 0.02, -0.02, 0.0, 0.015, -0.015, 0.005, -0.005, 0.012]
+    records = paired_records("tft", [[0.5]] * len(noise), [[0.5 + d] for d in noise])
+    comparison = compare_trials(records, ("f32", "bf16"), margin=0.1)
+    contrast = comparison.families["tft"].contrasts["bf16_vs_f32"]
+    inference = contrast.inference[VERDICT_SPLIT]
+    assert inference.decision is Verdict.EQUIVALENT and inference.verdict == "equivalent"
+    inference.decision = Verdict.INCONCLUSIVE
+    inference.decision_note = "equivalent by the interval, bf16 worse by the plan"
+    text = "inconclusive: equivalent by the interval, bf16 worse by the plan"
+    assert verdict_text(contrast) == inference.verdict == text
+    sentence = verdict_sentence("tft", contrast)
+    assert sentence.startswith(f"tft: {text}: the ")
+    assert "both inside the margin" not in sentence  # the EQUIVALENT sentence
+    assert "wholly below" not in sentence  # nor the WORSE one
+    assert family_lines(comparison)[0].startswith(f"tft: {text} with 10 configurations")
+    assert f'<td class="text verdict">{text}</td>' in render_report(comparison)
+    assert comparison_tags(comparison)["cmp.tft.verdict"] == text

@@ -40,6 +40,7 @@ from hpo.compare import (
     mlflow_reader,
 )
 from hpo.stats import (
+    Verdict,
     compare_paired,
     deflated_sharpe_ratio,
     expected_max_sharpe,
@@ -594,6 +595,36 @@ def test_few_configurations_are_inconclusive_and_say_how_many_more() -> None:
     assert inference.configs_needed is not None and inference.configs_needed >= 2  # n >= 5
     assert f"about {inference.configs_needed} more configurations needed" in inference.verdict
     assert "4 or fewer" in (inference.verdict_note or "")
+
+
+def test_the_json_keeps_the_decision_and_its_note_apart() -> None:
+    # comparison.json (what `hpo compare --json` writes) stores the Verdict's value and the
+    # words after it as separate keys; the text ("bf16 worse", "inconclusive: about 2 more
+    # configurations needed") is rendered from them for people, never stored or parsed.
+    def split_json(comparison: Comparison) -> dict[str, Any]:
+        payload = json.loads(json.dumps(comparison.to_dict(), allow_nan=False))
+        return payload["families"]["tft"]["contrasts"][CONTRAST]["inference"][VERDICT_SPLIT]
+
+    worse = [-0.5, -0.45, -0.6, -0.55, -0.4, -0.52]
+    comparison, contrast = _bf16_vs_f32(
+        paired_records("tft", [[0.3]] * 6, [[0.3 + d] for d in worse])
+    )
+    stored = split_json(comparison)
+    assert stored["decision"] == "worse" and stored["decision_note"] is None
+    assert stored["tost_decision"] == "worse" and stored["other"] == "bf16"
+    assert "verdict" not in stored and "tost_verdict" not in stored
+    assert contrast.inference[VERDICT_SPLIT].decision is Verdict.WORSE
+    assert contrast.verdict() == "bf16 worse"
+
+    few, contrast = _bf16_vs_f32(
+        paired_records("tft", [[0.3], [0.5], [0.2]], [[0.31], [0.49], [0.2]])
+    )
+    stored = split_json(few)
+    inference = contrast.inference[VERDICT_SPLIT]
+    assert stored["decision"] == "inconclusive" and inference.decision is Verdict.INCONCLUSIVE
+    assert stored["decision_note"] == f"about {inference.configs_needed} more configurations needed"
+    assert inference.verdict == f"inconclusive: {stored['decision_note']}"
+    assert comparison_tags(few)["cmp.tft.verdict"] == inference.verdict
 
 
 # ---------------------------------------------------------------------------------------
