@@ -326,7 +326,7 @@ def compact_table(comparison: Comparison) -> Any:
         collapse_padding=True,
         pad_edge=False,
     )
-    for i, column in enumerate(("family", "contrast", "units", "HL [CI]", "mean", "verdict")):
+    for i, column in enumerate(("family", "contrast", "configs", "HL [CI]", "mean", "verdict")):
         table.add_column(column, justify="left" if i in (0, 1, 5) else "right", no_wrap=i != 5)
     table.add_column("cost", justify="right", no_wrap=True)
     for scope in comparison.scopes:
@@ -368,7 +368,7 @@ def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
     single = len(others) == 1
     caption = (
         f"val: validation Sharpe (selection); test: held-out (reported); diff = other - {ref}\n"
-        "units: sampled configurations, seeds averaged; HL: Hodges-Lehmann estimate, exact "
+        "configs: sampled configurations, seeds averaged; HL: Hodges-Lehmann estimate, exact "
         "signed-rank CI and the confidence it achieves; excl.: configurations with a "
         "diverged trial; pend.: seed pairs not finished\n"
         "Wilcoxon p: exact/normal = how it was computed; q: BH-adjusted across the families "
@@ -393,7 +393,7 @@ def rich_tables(comparison: Comparison, *, wide: bool = False) -> Iterable[Any]:
         )
         columns = (
             "Sharpe diff",
-            "units",
+            "configs",
             "excl.",
             "pend.",
             f"median {ref}",

@@ -130,7 +130,7 @@ class Trainer:
 
     @property
     def fused(self) -> FusedFolds | None:
-        """The fused unit this trainer's folds train in (a group's: other trials' folds
+        """The fused step unit this trainer's folds train in (a group's: other trials' folds
         too), or None."""
         return self.fusion.fused
 
