@@ -51,3 +51,19 @@ def test_resume_still_names_the_missing_data(tmp_path: Path) -> None:
     result = runner.invoke(app, ["resume", str(sweep_dir)])
     assert isinstance(result.exception, UserError | SpecError), result.output
     assert "does not exist" in str(result.exception)
+
+
+def test_status_of_a_sequential_sweep_counts_up_to_its_budget(tmp_path: Path) -> None:
+    """A sequential comparison stops a family once it is decided, so its trial count is a
+    most: 2 families x 12 configurations x 2 precisions, one seed, said as "up to 48"."""
+    families = {"families": ["kan", "liquid"], "search_space": {}, "compare": True, "samples": 6}
+    spec = tiny_spec(
+        tmp_path, comparison={"sequential": True, "max_configs": 12, "look_every": 2}, **families
+    )
+    where = SweepLocation.parse(tmp_path / "results").child(spec.name)
+    SweepRecord(spec, where, parent_run_id="0" * 32, tracking_uri=spec.tracking_uri).write()
+    status = runner.invoke(app, ["status", str(where.local_path)])
+    assert status.exit_code == 0, status.output
+    assert "e2e: 0 of up to 48 trials started" in status.output
+    fixed = tiny_spec(tmp_path / "fixed", **families)
+    assert fixed.n_trials == 24  # the fixed design: exactly its samples
