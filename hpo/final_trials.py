@@ -1,8 +1,9 @@
 """The rows of a sweep's trials as its driver holds them when the experiment ends.
 
 The sweep's summary (``hpo.sweep.finish_sweep``) needs every trial's row. Read back from
-storage, that is Tune's whole experiment state parsed again, about 0.15 GB and two
-seconds at a thousand trials, right after Tune held the same trials in memory. This
+storage, that is Tune's whole experiment state parsed again (its cost at a thousand
+trials: bench/README.md, "A sweep's per-trial cost"), right after Tune held the same
+trials in memory. This
 callback takes the rows from Tune's own trials at ``on_experiment_end`` instead, when
 every trial had ended by then. An interrupted experiment (SIGINT, SIGTERM) also ends with
 ``on_experiment_end``, after Tune marked its running trials TERMINATED without completing

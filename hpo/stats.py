@@ -45,6 +45,8 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from scipy import optimize, special, stats
 
+from trainables.sharpe_moments import SharpeMoments, sharpe_moments
+
 __all__ = [
     "BOOTSTRAP_RESAMPLES",
     "DEFAULT_LOOK_EVERY",
@@ -249,52 +251,8 @@ def deflated_sharpe_ratio(
     return probabilistic_sharpe_ratio(sr, benchmark, n_obs, skew, kurtosis)
 
 
-class SharpeMoments(NamedTuple):
-    """Inputs of the PSR/DSR measured on one return series."""
-
-    sr: float
-    """Per-period Sharpe ratio ``mean / std(ddof=1)``; 0.0 for constant returns."""
-    skew: float
-    """Sample skewness (``scipy.stats.skew``, biased estimator)."""
-    kurtosis: float
-    """Raw sample kurtosis (``scipy.stats.kurtosis(fisher=False)``, normal = 3)."""
-    n_obs: int
-    """Number of observations."""
-
-
-def sharpe_moments(returns: np.ndarray) -> SharpeMoments:
-    """Per-period Sharpe, skewness and raw kurtosis of a 1-D series of returns.
-
-    The Sharpe uses the same ``ddof=1`` standard deviation as
-    :func:`trainables.backtest.backtest`, so ``sr * sqrt(periods_per_year)`` equals that
-    backtest's annualised Sharpe. Skewness and kurtosis use scipy's default (biased)
-    moment estimators, which is what the PSR's asymptotic variance is written in.
-
-    Constant returns (e.g. a flat strategy) have no defined Sharpe or higher moments; they
-    are reported as ``sr = 0.0`` (the backtest's convention), ``skew = 0.0`` and
-    ``kurtosis = 3.0`` so that PSR/DSR stay computable. With ``sr = 0`` the moments drop
-    out of the PSR's denominator, so this choice does not affect any PSR value.
-
-    Raises:
-        ValueError: if ``returns`` is not 1-D, has fewer than 2 values, or has a
-            non-finite value (the message names the first such index).
-    """
-    r = np.asarray(returns, dtype=np.float64)
-    if r.ndim != 1:
-        raise ValueError(f"returns must be 1-D, got shape {r.shape}")
-    if r.size < 2:
-        raise ValueError(f"returns must have at least 2 observations, got {r.size}")
-    bad = np.flatnonzero(~np.isfinite(r))
-    if bad.size:
-        raise ValueError(
-            f"returns must be finite; index {int(bad[0])} has value {float(r[bad[0]])!r}"
-        )
-    if np.all(r == r[0]):
-        return SharpeMoments(sr=0.0, skew=0.0, kurtosis=3.0, n_obs=int(r.size))
-    sr = float(r.mean() / r.std(ddof=1))
-    skew = float(stats.skew(r))
-    kurtosis = float(stats.kurtosis(r, fisher=False))
-    return SharpeMoments(sr=sr, skew=skew, kurtosis=kurtosis, n_obs=int(r.size))
+# SharpeMoments and sharpe_moments: trainables/sharpe_moments.py (one definition, shared
+# with a trial's epoch metrics), re-exported here.
 
 
 # ---------------------------------------------------------------------------------------
@@ -629,8 +587,8 @@ class Verdict(StrEnum):
     WORSE, BETTER or INCONCLUSIVE; :func:`sequential_verdict` in CONTINUE (look again after
     more configurations), EQUIVALENT, WORSE, BETTER or FUTILE (the budget cannot reach a
     decision). WORSE and BETTER are "by more than the margin"; which precision is worse is
-    said beside it. Code decides from the member; :meth:`text` spells the verdict for
-    people ("bf16 worse"), and records keep the member and its note as separate fields."""
+    said beside it. Code decides from the enum value; :meth:`text` spells the verdict for
+    people ("bf16 worse"), and records keep the decision and its note as separate fields."""
 
     EQUIVALENT = "equivalent"
     WORSE = "worse"

@@ -2,8 +2,8 @@
 
 MLflow creates a SQLite store's schema by running every one of its migrations, which
 takes seconds: for the first sweep into a new ``mlflow.db`` (``make demo``, a user's first
-sweep) it used to follow Ray's start. :class:`StoreWarmup` runs it on a thread beside
-Ray's start instead, and keeps the promise a sweep makes when the cluster refuses it:
+sweep) they would follow Ray's start. :class:`StoreWarmup` runs them on a thread beside
+Ray's start, and keeps the promise a sweep makes when the cluster refuses it:
 nothing is left behind (the file it created is removed).
 
 Only a SQLite file that does not exist yet is warmed: an existing store opens in

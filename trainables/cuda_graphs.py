@@ -6,7 +6,7 @@ whose steps come from a loss generator, nor off CUDA). :class:`StepRunner` runs 
 the same way either way: a captured step trains on the inputs it is given, so a trial
 takes the same steps eagerly and replayed, and a capture that fails steps eagerly from
 then on with the reason logged, never an error. The trial loop (:mod:`trainables.trainer`)
-builds a runner per fold; fold fusion (:mod:`trainables.fusion`) one per fused unit, and
+builds a runner per fold; fold fusion (:mod:`trainables.fusion`) one per fused step unit, and
 an eager one per subset of its slots.
 Tests fake :func:`cuda_graphs_supported` and :func:`capture_cuda_graph` to run the capture
 path on a CPU. Why: docs/precision.md#the-hot-loop

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from trainables.backtest import BacktestResult, sharpe_ratio
+from trainables.sharpe_moments import sharpe_moments
 
 
 @dataclass(frozen=True)
@@ -77,21 +78,17 @@ def validation_metrics(
 
 
 def _return_moments(returns: np.ndarray) -> dict[str, float]:
-    """Per-period Sharpe, skew and raw kurtosis of validation returns (for PSR / DSR).
-
-    Skew and kurtosis are the biased moment ratios m3 / m2^1.5 and m4 / m2^2, what
-    ``scipy.stats.skew`` / ``kurtosis(fisher=False)`` return by default, computed here:
-    importing ``scipy.stats`` would stall each trial worker's first epoch (measured in
-    bench/README.md, "Ray Tune overhead")."""
-    n = int(returns.size)
-    std = float(returns.std(ddof=1)) if n > 1 else 0.0
-    if n < 3 or std == 0.0:
-        return {"sharpe_per_period": 0.0, "skew": 0.0, "kurtosis": 3.0, "n_obs": n}
-    centred = returns.astype(np.float64) - returns.mean(dtype=np.float64)
-    m2 = float(np.mean(centred**2))
+    """Per-period Sharpe, skew and raw kurtosis of validation returns (for PSR / DSR):
+    :func:`~trainables.sharpe_moments.sharpe_moments`'s, and its neutral values (Sharpe 0,
+    skew 0, kurtosis 3) where it has none to give (fewer than 2 returns, or a non-finite
+    one: a diverged fold's metrics must still be written)."""
+    r = np.asarray(returns, dtype=np.float64)
+    if r.size < 2 or not np.isfinite(r).all():
+        return {"sharpe_per_period": 0.0, "skew": 0.0, "kurtosis": 3.0, "n_obs": int(r.size)}
+    moments = sharpe_moments(r)
     return {
-        "sharpe_per_period": float(returns.mean() / std),
-        "skew": float(np.mean(centred**3)) / m2**1.5,
-        "kurtosis": float(np.mean(centred**4)) / m2**2,
-        "n_obs": n,
+        "sharpe_per_period": moments.sr,
+        "skew": moments.skew,
+        "kurtosis": moments.kurtosis,
+        "n_obs": moments.n_obs,
     }

@@ -226,7 +226,7 @@ class Fusion(Generic[TrainerT]):
     def leave(self, trainer: TrainerT) -> None:
         """``trainer`` (unfused, see :meth:`unfuse`) goes on alone: the others fuse again
         without it; its own folds fuse at its next epoch (this one's remaining steps it
-        takes unfused, as the epoch's loop expects of a run outside the fused unit)."""
+        takes unfused, as the epoch's loop expects of a run outside the fused step unit)."""
         self.unfuse()
         self.trainers.remove(trainer)
         trainer.fusion = Fusion([trainer])
@@ -291,7 +291,7 @@ class Fusion(Generic[TrainerT]):
         with CUDA graphs the one captured step runs every run, the others masked off
         (a launch-bound GPU step costs the same, and the profile measured that step). A
         fallback during the epoch fuses again (or not), maybe without a trial that left:
-        each step reads the current fused unit, and runs outside it step alone."""
+        each step reads the current fused step unit, and runs outside it step alone."""
         host = self.host
         cfg, device = host.config, host.device
         runs = list(fused.runs)

@@ -406,7 +406,7 @@ def _artifact_text(client: Any, run: Any, artifact: str) -> tuple[str | None, st
     if local is not None:
         # A file artifact store (an embedded sweep's): the artifact is a file here, and
         # download_artifacts would fetch the run again and copy the file to a temp dir.
-        # When the read fails, MLflow's does too and says why in its words, as before.
+        # When the read fails, MLflow's read fails too and says why in its own words.
         with contextlib.suppress(OSError, UnicodeDecodeError):
             return (local / artifact).read_text(encoding="utf-8"), ""
     try:

@@ -13,8 +13,8 @@ once every stream is done and every trial reported, and the state in JSON.
 
 Two policies now:
 
-* :class:`FixedBudget`: ``samples`` configurations per stream, the sweep's configurations
-  exactly as before there were policies.
+* :class:`FixedBudget`: ``samples`` configurations per stream, made as the searcher
+  asks for them, whatever the results.
 * :class:`SequentialBudget` (``[comparison] sequential = true``): a family gets
   configurations up to its next look, the stopping rule of :func:`hpo.stats.
   sequential_comparison` decides at each look over the per-configuration differences in
