@@ -510,7 +510,7 @@ def _stats_table(c: Comparison, scope: ScopeComparison) -> str:
     )
 
 
-def _used_units(
+def _used_configs(
     contrast: Contrast, split: str, trials: list[TrialRecord]
 ) -> list[tuple[str, float, float]]:
     """The configurations behind the statistics of ``split`` (compared, not excluded):
@@ -539,10 +539,10 @@ def _distribution(
 ) -> str:
     # The same values as the statistics (configuration means of the used ones), so the
     # drawn medians are the table's medians; every trial is in the seed and counts tables.
-    used = _used_units(contrast, split, trials)
+    used = _used_configs(contrast, split, trials)
     groups = [
-        (contrast.reference, [(unit, a) for unit, a, _ in used], colours[contrast.reference]),
-        (contrast.other, [(unit, b) for unit, _, b in used], colours[contrast.other]),
+        (contrast.reference, [(config, a) for config, a, _ in used], colours[contrast.reference]),
+        (contrast.other, [(config, b) for config, _, b in used], colours[contrast.other]),
     ]
     key = "" if len(colours) == 2 else f" ({contrast.other} vs {contrast.reference})"
     return distribution_plot(
@@ -557,7 +557,7 @@ def _diff_plot(
     scope: str, contrast: Contrast, split: str, trials: list[TrialRecord], colour: str
 ) -> str:
     result = contrast.split(split)
-    differences = [(unit, b - a) for unit, a, b in _used_units(contrast, split, trials)]
+    differences = [(config, b - a) for config, a, b in _used_configs(contrast, split, trials)]
     inference = contrast.inference[split]
     footer = (
         f"{result.n_pairs_used} configurations; {result.n_excluded_nonfinite} excluded "

@@ -7,7 +7,7 @@ compare mode, one per family and precision otherwise) and asks each stream's
 (:attr:`~StreamBudget.done`), and what changes once a configuration's every trial has
 reported (:meth:`~StreamBudget.on_outcome`, which may end the stream and returns what to
 tell the people watching). The searcher does the rest the same way for every policy:
-round robin over the streams that may make something, batches of one shape, group
+round robin over the streams that may make something, asks of one shape, group
 trials, OOM retries, withdrawing the queued work of a stream that ended, ``FINISHED``
 once every stream is done and every trial reported, and the state in JSON.
 

@@ -9,13 +9,13 @@ of a configuration has finished, the stream's searcher is told the mean of their
 metric values.
 
 Group trials (``grouping.group_size`` K > 1, a family that fuses): a search stream asks
-for configurations in batches of one shape (:meth:`~hpo.spec.SweepSpec.configs_per_ask`), the
+for :meth:`~hpo.spec.SweepSpec.configs_per_ask` configurations of one shape at a time, the
 first searched whole and the others with every setting but those its trials may differ in
 (:func:`trainables.group.per_trial_settings`: seed, lr, weight decay, the family's own)
-held at the first's; a batch's trials of one precision (configurations x seeds, at most
+held at the first's; one ask's trials of one precision (configurations x seeds, at most
 K, split evenly) train as one group trial. Compare mode holds nothing: it groups the
-seeds of each configuration, and batches configurations only where nothing else is
-searched.
+seeds of each configuration, and asks for several configurations at a time only where
+nothing else is searched.
 
 How many configurations a stream gets is its budget's (:mod:`hpo.search.budget`, "the
 sweep asks for more work after a result"): ``samples`` each, or in a sequential comparison
@@ -85,7 +85,7 @@ class SweepSearcher(Searcher):
         # What the spec decides per family, once (it builds each family's space to know):
         # whether its trials group, and how many configurations of one shape to ask at once.
         self.grouped = {f: spec.groups(f) for f in spec.families}
-        self.batch = {f: spec.configs_per_ask(f) for f in spec.families}
+        self.per_ask = {f: spec.configs_per_ask(f) for f in spec.families}
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
         self.asha_per_trial = spec.asha_per_trial
         self.configs_made = [0] * len(self.streams)
@@ -266,18 +266,18 @@ class SweepSearcher(Searcher):
         return False
 
     def _emit(self, index: int) -> None:
-        """Queue the stream's next configurations: one, or a batch of one shape."""
+        """Queue the stream's next configurations: one, or one ask's of one shape."""
         family, precision = self.streams[index]
-        batch = min(self.batch[family], self.budgets[index].allowance())
+        n_configs = min(self.per_ask[family], self.budgets[index].allowance())
         tag = family if precision is None else f"{family}-{precision}"
         precisions = list(self.spec.precisions) if precision is None else [precision]
         shape: dict[str, Any] | None = None
         trials: list[TrialConfig] = []
-        for _ in range(batch):
+        for _ in range(n_configs):
             config_id = f"{tag}-c{self.configs_made[index]:03d}"
             self.configs_made[index] += 1
             self.budgets[index].made(config_id)
-            # Compare mode holds nothing: it batches only where no searched setting
+            # Compare mode holds nothing: it asks for several only where no searched setting
             # changes the shape (SweepSpec.configs_per_ask), and its draws stay independent.
             held = None if self.spec.compare else shape
             asked = self.searchers[index].ask(config_id, held)

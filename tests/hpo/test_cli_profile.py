@@ -69,6 +69,6 @@ def test_profile_all_skips_families_that_do_not_import(monkeypatch: pytest.Monke
     assert "cannot import" in payload["skipped"][0]
 
 
-def test_profile_needs_a_model_or_all() -> None:
+def test_profile_needs_a_family_or_all() -> None:
     result = runner.invoke(app, ["profile"])
     assert result.exit_code != 0

@@ -104,7 +104,7 @@ def test_family_statistics_equal_compare_paired_on_the_known_values(
 
 
 @pytest.mark.parametrize("split", ["val", "test"])
-def test_overall_pools_the_pairs_of_every_family_in_model_then_pair_order(
+def test_overall_pools_the_pairs_of_every_family_in_family_then_pair_order(
     comparison: Comparison, split: str
 ) -> None:
     a_dqn, b_dqn = finite_pairs("dqn", split)

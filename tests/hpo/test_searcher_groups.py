@@ -283,13 +283,13 @@ def test_a_recorded_grouping_is_kept_whatever_this_version_would_decide() -> Non
     assert older.configs_per_ask("kan") == 1 and not older.forms_groups
     assert not older.asha_per_trial  # the Tune ASHA scheduler it started with
     searcher = pickle.loads(pickle.dumps(SweepSearcher(older)))  # as Tune restores it
-    assert searcher.batch == {"kan": 1}
+    assert searcher.per_ask == {"kan": 1}
     trials = _all_suggestions(searcher)
     assert len(trials) == 4 and not any(is_group_trial(t) for t in trials.values())
     assert not _spec(**search, grouping={"group_size": 8, "configs_per_ask": {}}).groups("kan")
 
 
-def test_recorded_batches_name_this_sweeps_families_and_fit_its_groups() -> None:
+def test_recorded_configs_per_ask_name_this_sweeps_families_and_fit_its_groups() -> None:
     from hpo.spec import SpecError
 
     with pytest.raises(

@@ -45,7 +45,7 @@ def test_measured_shares_on_gpu_nodes_use_the_cluster_packer(tmp_path: Path) -> 
     assert isinstance(sweep_resources(fixed, storage, types=[L4]), TrialResources)
 
 
-def test_plan_configs_are_one_shape_per_model_and_precision(tmp_path: Path) -> None:
+def test_plan_configs_are_one_shape_per_family_and_precision(tmp_path: Path) -> None:
     spec = tiny_spec(tmp_path)
     shapes = [
         (c.family, c.precision, c.batch_size, c.lookback, group_size)
@@ -98,7 +98,7 @@ def _packer_with_profiles(tmp_path: Path) -> tuple[ClusterPacker, list]:
     return packer, configs
 
 
-def test_plan_table_has_a_row_per_model_precision_and_gpu_type(tmp_path: Path) -> None:
+def test_plan_table_has_a_row_per_family_precision_and_gpu_type(tmp_path: Path) -> None:
     packer, configs = _packer_with_profiles(tmp_path)
     rows = plan_rows(packer, configs)
     table = {(r["precision"], r["gpu_type"]): r for r in rows}
