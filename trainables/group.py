@@ -24,13 +24,17 @@ as if alone. A bf16 trial that falls back to f32 leaves the group and trains on 
 one that diverges is out; the others stay fused. Reinforcement-learning families do not
 group (their environments and replay have no slot dimension). Why and what it costs:
 docs/precision.md, "Fused slots".
+
+Population-based training's exploit is a copy between trials of a group, in memory
+(:meth:`TrainerGroup.exploit`; which trials and what settings: :mod:`trainables.pbt`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -95,6 +99,22 @@ def group_problems(configs: Sequence[TrainConfig]) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class ExploitRecord:
+    """One exploit: at ``epoch`` (epochs both trials had completed) trial ``recipient``
+    took trial ``donor``'s training state, and its mutable settings went from ``before``
+    to ``after`` (the lineage of a trial)."""
+
+    epoch: int
+    recipient: int
+    donor: int
+    before: dict[str, float]
+    after: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 class TrainerGroup:
     """The trials' trainers and the fusion that trains them (see the module docstring)."""
 
@@ -139,6 +159,7 @@ class TrainerGroup:
                 trial.fusion.fuse()
         self.ended: dict[int, str] = {}  # trials out of training early: index -> why
         self.diverged: dict[int, str] = {}  # those that diverged: index -> the reason
+        self.exploits: list[ExploitRecord] = []  # in the order they were done
 
     @property
     def epoch(self) -> int:
@@ -211,7 +232,98 @@ class TrainerGroup:
                 self._diverged(trial, exc)
         return metrics
 
+    # ------------------------------------------------------------------------------------
+    # population-based training
+
+    def mutable_settings(self, index: int) -> dict[str, float]:
+        """Trial ``index``'s settings an exploit may change: lr, weight decay and the
+        family's per-trial model settings that are floats (defaults filled in), by name.
+        The others (the seed, integers, choices of strings) stay the trial's own."""
+        trial = self.trials[index]
+        values = {"lr": float(trial.config.lr), "weight_decay": float(trial.config.weight_decay)}
+        model = dataclasses.asdict(trial.model_config)
+        for name in sorted(trial.family.per_trial_settings):
+            if isinstance(model[name], float):
+                values[name] = model[name]
+        return values
+
+    def exploit(self, recipient: int, donor: int, settings: Mapping[str, float]) -> ExploitRecord:
+        """Trial ``recipient`` takes trial ``donor``'s training state and ``settings``
+        (every one of :meth:`mutable_settings`, as :func:`trainables.pbt.explore` returns
+        them), in memory, between epochs.
+
+        Every fold's weights and buffers, optimizer moments and step counts, bf16 Kahan
+        compensation, guard and loss scale become copies of the donor's
+        (:meth:`Trainer.take_training_state`); then the new lr and weight decay are what
+        the fused optimizer takes for the recipient's slots at its next step, and the
+        new model settings what its modules read. The recipient keeps its identity: its
+        seed, minibatch order, epoch, step count and history (which goes on from here).
+        The group unfuses and fuses again around the copy, the path a fallback takes:
+        the other trials' state moves out of the fused tensors and back unchanged.
+
+        Raises ValueError, changing nothing, when a trial is not in the group's fusion
+        (diverged, stopped, fell back to f32, done), when ``recipient == donor``, when
+        they are at different epochs, or when ``settings`` are not the mutable ones."""
+        if recipient == donor:
+            raise ValueError(f"trial {recipient} cannot exploit itself")
+        for index, role in ((recipient, "recipient"), (donor, "donor")):
+            why = self._out_of_population(index)
+            if why:
+                raise ValueError(f"trial {index} cannot be an exploit's {role}: {why}")
+        target, source = self.trials[recipient], self.trials[donor]
+        if target.epoch != source.epoch:
+            raise ValueError(
+                f"trial {recipient} has completed {target.epoch} epochs, trial {donor} "
+                f"{source.epoch}: an exploit copies between trials at one epoch"
+            )
+        before = self.mutable_settings(recipient)
+        if set(settings) != set(before):
+            raise ValueError(
+                f"an exploit sets every mutable setting of trial {recipient} "
+                f"({', '.join(sorted(before))}); got {', '.join(sorted(settings))}"
+            )
+        after = {name: float(settings[name]) for name in before}
+        config = _with_settings(target.config, after)  # raises on an invalid value
+        self.fusion.unfuse()
+        try:
+            target.take_training_state(source, config)
+        finally:  # fused again whatever happened: the others train on
+            self.fusion.fuse_again()
+        record = ExploitRecord(target.epoch, recipient, donor, before, after)
+        self.exploits.append(record)
+        return record
+
+    def _out_of_population(self, index: int) -> str:
+        """Why trial ``index`` cannot take part in an exploit ("" when it can)."""
+        if not 0 <= index < len(self.trials):
+            return f"the group has trials 0 to {len(self.trials) - 1}"
+        trial = self.trials[index]
+        if index in self.diverged:
+            return f"it diverged ({self.diverged[index]})"
+        if index in self.ended:
+            return f"it was stopped ({self.ended[index]})"
+        if trial.fell_back_to_f32:
+            return "it fell back to f32 and trains alone"
+        if trial.epoch >= trial.config.epochs:
+            return f"it is done (all {trial.config.epochs} epochs)"
+        if trial not in self.fusion.trainers:
+            return "it is not in the group's fusion"
+        return ""
+
     def _diverged(self, trial: Trainer, exc: TrialDiverged) -> None:
         index = next(i for i, t in enumerate(self.trials) if t is trial)
         self.diverged[index] = str(exc)
         self.ended[index] = str(exc)
+
+
+def _with_settings(config: TrainConfig, settings: Mapping[str, float]) -> TrainConfig:
+    """``config`` with ``settings`` (lr, weight decay and model settings by name); the
+    model settings are checked by the family's config."""
+    model = {k: v for k, v in settings.items() if k not in ("lr", "weight_decay")}
+    new = config.replace(
+        lr=settings["lr"],
+        weight_decay=settings["weight_decay"],
+        model_config={**config.model_config, **model},
+    )
+    get_family(new.family).make_config(new.model_config)
+    return new

@@ -395,6 +395,60 @@ class Trainer:
             fusion.fuse_again()
 
     # ------------------------------------------------------------------------------------
+    # population-based training
+
+    def take_training_state(self, donor: Trainer, config: TrainConfig) -> None:
+        """Become ``donor``'s training state under ``config`` (this trial's settings
+        after an exploit; :meth:`trainables.group.TrainerGroup.exploit`): every fold's
+        weights and buffers, optimizer moments, step counts and Kahan compensation,
+        guard and loss scale are copied from the donor's same fold; then ``config``'s lr
+        and weight decay, and its model settings, are what the next step uses.
+
+        What stays this trial's own: its seed and minibatch order (the folds'
+        generators), its data, epoch, step count and history. Both trainers' folds must
+        train unfused (their own optimizers: the group unfuses first). Each fold's
+        model is built afresh from ``config``'s model settings and loaded with the
+        donor's state dict, as a checkpoint restore loads one: settings a module keeps
+        (a position scale, a dropout rate buffer) are this trial's new ones, state is
+        the donor's."""
+        if self.policy.name != donor.policy.name or len(self.folds) != len(donor.folds):
+            raise ValueError(
+                f"cannot take the state of a {donor.policy.name} trial with "
+                f"{len(donor.folds)} folds into a {self.policy.name} one with {len(self.folds)}"
+            )
+        model_config = self.family.make_config(config.model_config)
+        devices = [self.device] if self.device.type == "cuda" else []
+        for run, source in zip(self.folds, donor.folds, strict=True):
+            if not isinstance(run.optimizer, GuardedAdamW) or not isinstance(
+                source.optimizer, GuardedAdamW
+            ):
+                raise ValueError("take_training_state needs both trials' folds unfused")
+            # Building draws initial weights; they are overwritten, and must not come out
+            # of the stream dropout draws from (it is the group's, shared).
+            with torch.random.fork_rng(devices=devices):
+                model = self.policy.convert_module(self.family.build(model_config, self.shape))
+            model.load_state_dict(source.model.state_dict())
+            model.train(run.model.training)  # a fused stack needs one mode in every slot
+            optimizer = self.policy.make_optimizer(
+                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+            )
+            optimizer.load_state_dict(source.optimizer.state_dict())
+            # load_state_dict also copied the donor's lr and weight decay into the groups:
+            # set this trial's after it, or the restored state wins over the explored
+            # settings (ray-project/ray#62173).
+            for group in optimizer.param_groups:
+                group["lr"], group["weight_decay"] = config.lr, config.weight_decay
+            run.model, run.optimizer = model, optimizer
+            run.guard.load_state_dict(source.guard.state_dict())
+            if run.scaler is not None and source.scaler is not None:
+                run.scaler.load_state_dict(source.scaler.state_dict())
+            run.step = None  # a step runner (a captured graph) holds the old tensors
+        self.config, self.model_config = config, model_config
+        # The latest epoch's returns are of weights this trial no longer holds: a
+        # checkpoint before its next epoch writes none rather than wrong ones.
+        self._evaluated = None
+
+    # ------------------------------------------------------------------------------------
     # evaluation
 
     @torch.no_grad()
