@@ -1,11 +1,17 @@
-"""Tiny trial configurations shared by the trainer tests (fast on a 2-core CPU)."""
+"""Tiny trial configurations shared by the trainer tests (fast on a 2-core CPU), and a
+way to make fused slots diverge."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import torch
+
+from models.base import Batch
 from trainables.config import DataConfig, TrainConfig
 from trainables.contract import fold_weights as fold_weights  # the tests' name for it
+from trainables.stacked import StackedModules
 
 TINY_TFT = {"d_model": 8, "n_heads": 1, "dropout": 0.0}
 
@@ -25,3 +31,21 @@ def tiny_config(family: str = "tft", precision: str = "f32", **overrides: Any) -
     }
     values.update(overrides)
     return TrainConfig(**values)
+
+
+def poison_slots(monkeypatch: pytest.MonkeyPatch, k: int, rows: slice, steps: range) -> None:
+    """NaN losses for fused rows ``rows`` of a stack of ``k`` slots at calls ``steps``."""
+    original = StackedModules.loss
+    calls = []
+
+    def poisoned(self: StackedModules, batch: Batch, slots: Any = None) -> torch.Tensor:
+        value = original(self, batch, slots)
+        if self.k == k:
+            calls.append(1)
+            if len(calls) in steps:
+                mask = torch.ones_like(value)
+                mask[rows] = float("nan")
+                return value * mask
+        return value
+
+    monkeypatch.setattr(StackedModules, "loss", poisoned)

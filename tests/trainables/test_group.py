@@ -23,7 +23,7 @@ import torch
 from models import family_names, get_family
 from models.base import Batch, Choice
 from tests.models.test_contract import TINY
-from tests.trainables.helpers import tiny_config
+from tests.trainables.helpers import poison_slots, tiny_config
 from trainables.checkpoint import load_checkpoint
 from trainables.config import DataConfig, TrainConfig
 from trainables.fold_run import TrialDiverged
@@ -256,31 +256,13 @@ def test_a_bf16_trial_that_falls_back_leaves_the_group_and_the_others_stay_fused
         assert grouped.global_step == paired.global_step
 
 
-def _poison_slots(monkeypatch: pytest.MonkeyPatch, k: int, rows: slice, steps: range) -> None:
-    """NaN losses for fused rows ``rows`` of a stack of ``k`` slots at calls ``steps``."""
-    original = StackedModules.loss
-    calls = []
-
-    def poisoned(self: StackedModules, batch: Batch, slots: Any = None) -> torch.Tensor:
-        value = original(self, batch, slots)
-        if self.k == k:
-            calls.append(1)
-            if len(calls) in steps:
-                mask = torch.ones_like(value)
-                mask[rows] = float("nan")
-                return value * mask
-        return value
-
-    monkeypatch.setattr(StackedModules, "loss", poisoned)
-
-
 def test_a_diverged_trial_is_out_and_the_others_train_as_a_group_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """f32 has no fallback: trial 0's NaN steps reach fallback_after, it diverges with
     the trainer's reason, and trials 1 and 2 end as a group of the two would."""
     configs = [_config(seed=s, fallback_after=3, log_every=3) for s in range(3)]
-    _poison_slots(monkeypatch, 6, slice(0, 2), range(1, 5))
+    poison_slots(monkeypatch, 6, slice(0, 2), range(1, 5))
     group = TrainerGroup(configs)
     group.fit()
     assert list(group.diverged) == [0]
@@ -350,7 +332,7 @@ def test_a_trial_resumed_at_its_last_epoch_trains_no_further(tmp_path: Path) -> 
 
 def test_a_fused_trial_alone_still_raises_its_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside a group nothing goes on without the diverged fold: the trial fails."""
-    _poison_slots(monkeypatch, 2, slice(0, 1), range(1, 9))
+    poison_slots(monkeypatch, 2, slice(0, 1), range(1, 9))
     trainer = Trainer(_config(fallback_after=3, log_every=2))
     assert trainer.fused is not None and trainer.fused.k == 2
     with pytest.raises(TrialDiverged, match="kan diverged under f32: 3 consecutive"):
@@ -366,7 +348,7 @@ def test_a_group_resumed_after_a_fallback_keeps_the_fallen_trial_out_of_its_fusi
     configs = [
         _config("kan", "bf16", seed=s, fallback_after=3, log_every=3, epochs=2) for s in range(3)
     ]
-    _poison_slots(monkeypatch, k=6, rows=slice(2, 4), steps=range(2, 6))
+    poison_slots(monkeypatch, k=6, rows=slice(2, 4), steps=range(2, 6))
     group = TrainerGroup(configs)
     group.train_epoch()
     assert group.trials[1].fell_back_to_f32

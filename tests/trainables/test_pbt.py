@@ -1,0 +1,293 @@
+"""Population-based training's first step: the policy (trainables/pbt.py) and the exploit
+inside a group trial (TrainerGroup.exploit), in memory.
+
+* after an exploit the recipient's folds hold the donor's weights, buffers, optimizer
+  moments, step counts, guard and (bf16) Kahan compensation bit for bit, and keep their
+  own minibatch order, seed and history;
+* the explored lr and model settings are what the recipient's next epoch uses: it ends
+  where the donor's state trained alone at the new settings ends (the restored optimizer
+  state must not win over them: ray-project/ray#62173), fused or not;
+* the other trials are untouched: bit-equal to a group that did not exploit;
+* trials outside the fusion, and a trial copying itself, are refused;
+* the policy: quantile pairs, None scores left out, explore's ranges and replays.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.models.test_contract import TINY
+from tests.trainables.helpers import poison_slots, tiny_config
+from trainables.checkpoint import load_checkpoint
+from trainables.config import DataConfig, TrainConfig
+from trainables.group import TrainerGroup
+from trainables.pbt import Range, choose_exploits, explore, quantile_size
+from trainables.trainer import Trainer
+
+
+def _config(family: str = "kan", policy: str = "f32", **overrides: Any) -> TrainConfig:
+    values: dict[str, Any] = {
+        "epochs": 2,
+        "n_folds": 2,
+        "max_steps_per_epoch": 6,
+        "model_config": {**TINY[family]},
+        "data": DataConfig(n_bars=800, n_assets=2),
+    }
+    values.update(overrides)
+    return tiny_config(family, policy, **values)
+
+
+def _weights(trainer: Trainer) -> torch.Tensor:
+    return torch.cat(
+        [p.detach().float().flatten() for run in trainer.folds for p in run.model.parameters()]
+    )
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / a.norm())
+
+
+def _optimizer_state(trainer: Trainer, fold: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Fold ``fold``'s optimizer state by parameter name (fused: its slot's views)."""
+    run = trainer.folds[fold]
+    names = {id(p): n for n, p in run.model.named_parameters()}
+    return {
+        names[id(p)]: {key: value.clone() for key, value in values.items()}
+        for p, values in run.optimizer.state.items()
+    }
+
+
+def _state_equal(a: Trainer, b: Trainer) -> bool:
+    """Whether every fold of ``a`` and ``b`` holds bit-equal training state."""
+    for fold in range(len(a.folds)):
+        ra, rb = a.folds[fold], b.folds[fold]
+        sa, sb = ra.model.state_dict(), rb.model.state_dict()
+        if sa.keys() != sb.keys() or not all(torch.equal(sa[n], sb[n]) for n in sa):
+            return False
+        oa, ob = _optimizer_state(a, fold), _optimizer_state(b, fold)
+        if oa.keys() != ob.keys():
+            return False
+        for name, values in oa.items():
+            if values.keys() != ob[name].keys():
+                return False
+            if not all(torch.equal(values[k], ob[name][k]) for k in values):
+                return False
+        ga, gb = ra.guard.state_dict(), rb.guard.state_dict()
+        if not all(torch.equal(ga[k], gb[k]) for k in ga):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# the exploit
+
+
+@pytest.mark.parametrize(("family", "policy"), [("kan", "f32"), ("kan", "bf16"), ("liquid", "f32")])
+def test_the_recipient_holds_the_donors_training_state_bit_for_bit(
+    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    poison_slots(monkeypatch, 6, slice(0, 2), range(2, 3))  # the donor skips a step
+    group = TrainerGroup([_config(family, policy, seed=s) for s in range(3)])
+    group.train_epoch()
+    monkeypatch.undo()
+    recipient, donor = group.trials[2], group.trials[0]
+    assert not _state_equal(recipient, donor)  # different seeds: different state
+    generators = [run.generator.get_state() for run in recipient.folds]
+    history = [dict(h) for h in recipient.history]
+    settings = {**group.mutable_settings(0), "lr": 2e-3}
+
+    record = group.exploit(2, 0, settings)
+
+    assert _state_equal(recipient, donor)
+    for fold in range(2):
+        state = _optimizer_state(recipient, fold)
+        assert all(int(v["step"]) == 5 for v in state.values())  # 6 steps, 1 skipped
+        assert int(recipient.folds[fold].guard.skipped) == 1  # the donor's guard
+        if policy == "bf16":  # the Kahan compensation came along, and it is not all zero
+            compensation = [v["compensation"] for v in state.values() if "compensation" in v]
+            assert compensation and any(bool(c.any()) for c in compensation)
+        mine, theirs = recipient.folds[fold], donor.folds[fold]
+        assert torch.equal(mine.generator.get_state(), generators[fold])  # its own order
+        own = next(mine.model.parameters())
+        assert own.data_ptr() != next(theirs.model.parameters()).data_ptr()  # a copy
+    assert recipient.config.seed == 2 and recipient.history == history
+    assert record.to_dict() == {
+        "epoch": 1,
+        "recipient": 2,
+        "donor": 0,
+        "before": group.mutable_settings(1),  # trial 1 has trial 2's old settings
+        "after": settings,
+    }
+    assert group.exploits == [record]
+    assert group.fusion.fused is not None and group.fusion.fused.k == 6  # fused again
+    group.train_epoch()  # it trains on, in the group
+    assert recipient.epoch == 2 and len(recipient.history) == 2
+
+
+@pytest.mark.parametrize("fuse", ["auto", "off"])
+def test_the_explored_settings_are_what_the_next_epoch_uses(fuse: str, tmp_path: Path) -> None:
+    """Trial 2 takes trial 0's state with 4x its lr and another position scale: its next
+    epoch ends where trial 0's state trained alone at those settings (with trial 2's own
+    minibatch order) ends, and not where it would at trial 0's lr (the optimizer's
+    restored state winning over the explored settings, ray-project/ray#62173)."""
+    configs = [_config(seed=s, fuse=fuse) for s in range(3)]
+    group = TrainerGroup(configs)
+    assert (group.fusion.fused is None) == (fuse == "off")
+    group.train_epoch()
+    donor_checkpoint = load_checkpoint(group.trials[0].save(tmp_path / "donor"))
+    orders = [run.generator.get_state() for run in group.trials[2].folds]
+    settings = {**group.mutable_settings(0), "lr": 4e-3, "position_scale": 9.0}
+    group.exploit(2, 0, settings)
+    if group.fusion.fused is not None:  # the fused optimizer's lr, per slot (trial-major)
+        assert group.fusion.fused.optimizer.param_groups[0]["lr"] == [1e-3] * 4 + [4e-3] * 2
+    for run in group.trials[2].folds:
+        assert run.optimizer.param_groups[0]["lr"] == 4e-3
+        assert run.model.config.position_scale == 9.0  # type: ignore[union-attr]
+    group.train_epoch()
+
+    def donor_alone_at(lr: float) -> Trainer:
+        config = configs[2].replace(
+            lr=lr, fuse="off", model_config={**configs[2].model_config, "position_scale": 9.0}
+        )
+        alone = Trainer(config, checkpoint=donor_checkpoint)
+        for run, order in zip(alone.folds, orders, strict=True):
+            run.generator.set_state(order)
+        alone.train_epoch()
+        return alone
+
+    explored, restored_wins = donor_alone_at(4e-3), donor_alone_at(1e-3)
+    recipient = group.trials[2]
+    assert _relative(_weights(explored), _weights(recipient)) < 1e-5
+    assert _relative(_weights(restored_wins), _weights(recipient)) > 1e-3
+    assert recipient.history[-1]["val_sharpe"] == pytest.approx(
+        explored.history[-1]["val_sharpe"], abs=0.01
+    )
+
+
+def test_the_other_trials_are_untouched() -> None:
+    """kan draws no random numbers in training: the trials that did not take part in the
+    exploit, and the donor, end the next epoch bit-equal to a group that did not exploit
+    (unfusing and fusing again moves their state out and back unchanged)."""
+    configs = [_config(seed=s, lr=lr) for s, lr in ((0, 1e-3), (1, 2e-3), (2, 1e-3))]
+    exploiting, plain = TrainerGroup(configs), TrainerGroup(configs)
+    exploiting.train_epoch()
+    plain.train_epoch()
+    exploiting.exploit(0, 1, {**exploiting.mutable_settings(1), "lr": 3e-3})
+    exploiting.train_epoch()
+    plain.train_epoch()
+    for i in (1, 2):
+        assert _state_equal(exploiting.trials[i], plain.trials[i]), i
+        assert (
+            exploiting.trials[i].history[-1]["val_sharpe"]
+            == plain.trials[i].history[-1]["val_sharpe"]
+        )
+    assert not _state_equal(exploiting.trials[0], plain.trials[0])
+
+
+def test_trials_outside_the_fusion_and_self_copies_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configs = [_config(seed=s, fallback_after=3, log_every=3) for s in range(4)]
+    poison_slots(monkeypatch, 8, slice(0, 2), range(1, 5))  # trial 0 diverges
+    group = TrainerGroup(configs)
+    group.train_epoch()
+    monkeypatch.undo()
+    group.stop(1, "asha: below the rung's cut")
+    settings = group.mutable_settings(2)
+    fused, weights = group.fusion.fused, _weights(group.trials[3]).clone()
+    with pytest.raises(ValueError, match=r"trial 0 cannot be an exploit's recipient: it diverged"):
+        group.exploit(0, 2, settings)
+    with pytest.raises(ValueError, match=r"trial 1 cannot be an exploit's donor: it was stopped"):
+        group.exploit(3, 1, settings)
+    with pytest.raises(ValueError, match="trial 2 cannot exploit itself"):
+        group.exploit(2, 2, settings)
+    with pytest.raises(ValueError, match="sets every mutable setting"):
+        group.exploit(3, 2, {"lr": 1e-3})
+    assert group.fusion.fused is fused and torch.equal(_weights(group.trials[3]), weights)
+    assert group.exploits == []
+    group.train_epoch()
+    with pytest.raises(ValueError, match=r"trial 3 cannot .* recipient: it is done \(all 2 epochs"):
+        group.exploit(3, 2, settings)
+
+    bf16 = TrainerGroup([_config("kan", "bf16", seed=s) for s in range(3)])
+    bf16.trials[1].fall_back_to_f32()
+    with pytest.raises(ValueError, match=r"trial 1 cannot .* donor: it fell back to f32"):
+        bf16.exploit(2, 1, bf16.mutable_settings(2))
+
+
+# --------------------------------------------------------------------------------------
+# the policy
+
+
+def test_quantile_rounding_follows_ray() -> None:
+    assert [quantile_size(n, 0.25) for n in range(2, 10)] == [1, 1, 1, 2, 2, 2, 2, 3]
+    assert quantile_size(4, 0.5) == 2 and quantile_size(3, 0.5) == 1  # never overlapping
+    with pytest.raises(ValueError, match="quantile"):
+        quantile_size(4, 0.6)
+
+
+def test_the_bottom_quantile_copies_the_top_quantile() -> None:
+    scores: list[float | None] = [0.5, -1.0, 2.0, None, 0.1, 1.5, float("nan"), -0.3, 0.9]
+    # Eligible (7): ranked worst first 1 (-1.0), 7 (-0.3), 4, 0, 8, 5, 2 (2.0); 2 per end.
+    pairs = choose_exploits(scores, random.Random(0), quantile=0.25)
+    assert [r for r, _ in pairs] == [1, 7]
+    assert all(d in (5, 2) for _, d in pairs)
+    donors = {d for seed in range(20) for _, d in choose_exploits(scores, random.Random(seed))}
+    assert donors == {5, 2}  # drawn, not always the best
+    assert choose_exploits(scores, random.Random(3)) == choose_exploits(scores, random.Random(3))
+    # Ties rank by index, the lower index higher: 2 is the worst of three equal scores.
+    assert choose_exploits([1.0, 1.0, 1.0], random.Random(0), quantile=0.25) == [(2, 0)]
+    assert choose_exploits([None, 1.0, None], random.Random(0)) == []
+    assert choose_exploits([], random.Random(0)) == []
+
+
+LR = Range(1e-4, 1e-2, log=True)
+DROPOUT = Range(0.0, 0.5)
+
+
+def test_explore_perturbs_within_the_ranges() -> None:
+    settings = {"lr": 1e-3, "backbone_dropout": 0.0, "n": 4.0, "kept": 7.0}
+    mutations = {"lr": LR, "backbone_dropout": DROPOUT, "n": [2.0, 4.0, 8.0]}
+    seen: dict[str, set[float]] = {"lr": set(), "backbone_dropout": set(), "n": set()}
+    for seed in range(40):
+        out = explore(settings, mutations, random.Random(seed), resample_probability=0.0)
+        assert out["kept"] == 7.0
+        for name in seen:
+            seen[name].add(out[name])
+    assert seen["lr"] == {1e-3 * 0.8, 1e-3 * 1.2}  # multiplied
+    assert sorted(seen["backbone_dropout"]) == pytest.approx([0.0, 0.1])  # -0.1 clipped to 0
+    assert seen["n"] == {2.0, 8.0}  # a neighbour
+    top = explore({"lr": 1e-2}, {"lr": LR}, random.Random(1), resample_probability=0.0)
+    assert LR.low <= top["lr"] <= LR.high
+    end = {"n": 8.0}
+    assert {explore(end, {"n": [2.0, 8.0]}, random.Random(s), 0.0)["n"] for s in range(10)} == {
+        2.0,
+        8.0,
+    }
+
+
+def test_explore_resamples_from_the_range_and_replays_with_the_seed() -> None:
+    settings = {"lr": 1e-3, "backbone_dropout": 0.2, "n": 4.0}
+    mutations = {"lr": LR, "backbone_dropout": DROPOUT, "n": [2.0, 4.0, 8.0]}
+    draws = [explore(settings, mutations, random.Random(s), 1.0) for s in range(200)]
+    lrs = [d["lr"] for d in draws]
+    assert all(LR.low <= v <= LR.high for v in lrs)
+    # Log-uniform: about half the draws below the range's geometric middle, 1e-3.
+    assert 0.35 < sum(v < 1e-3 for v in lrs) / len(lrs) < 0.65
+    assert all(0.0 <= d["backbone_dropout"] <= 0.5 for d in draws)
+    assert {d["n"] for d in draws} == {2.0, 4.0, 8.0}
+    assert draws[7] == explore(settings, mutations, random.Random(7), 1.0)
+    rng = random.Random(5)
+    state = rng.getstate()
+    first = explore(settings, mutations, rng, 0.5)
+    rng.setstate(state)
+    assert explore(settings, mutations, rng, 0.5) == first
+    with pytest.raises(ValueError, match=r"settings the trial does not have: \['dropout'\]"):
+        explore(settings, {"dropout": DROPOUT}, rng)
+    with pytest.raises(ValueError, match="log range needs low > 0"):
+        explore({"x": 1.0}, {"x": Range(0.0, 1.0, log=True)}, rng)
