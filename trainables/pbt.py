@@ -4,8 +4,11 @@ explores its settings (Jaderberg et al. 2017). Pure Python, no torch: the copy i
 
     pairs = choose_exploits(scores, rng, quantile=0.25)  # [(recipient, donor), ...]
     for recipient, donor in pairs:
-        settings = explore(group.mutable_settings(recipient), mutations, rng)
+        settings = explore(group.mutable_settings(donor), mutations, rng)
         group.exploit(recipient, donor, settings)
+
+As in Jaderberg et al. and Ray, the recipient explores from the donor's settings (it
+took the donor's state, which was trained with them), not from its own.
 
 Every random draw goes through the ``random.Random`` passed in, in a fixed order (the
 recipients worst first; the mutated settings by name), so a population resumed with the
