@@ -27,6 +27,7 @@ from trainables.checkpoint import load_checkpoint
 from trainables.config import DataConfig, TrainConfig
 from trainables.group import TrainerGroup
 from trainables.pbt import Range, choose_exploits, explore, quantile_size
+from trainables.returns_file import RETURNS_FILE
 from trainables.trainer import Trainer
 
 
@@ -89,7 +90,7 @@ def _state_equal(a: Trainer, b: Trainer) -> bool:
 
 @pytest.mark.parametrize(("family", "policy"), [("kan", "f32"), ("kan", "bf16"), ("liquid", "f32")])
 def test_the_recipient_holds_the_donors_training_state_bit_for_bit(
-    family: str, policy: str, monkeypatch: pytest.MonkeyPatch
+    family: str, policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     poison_slots(monkeypatch, 6, slice(0, 2), range(2, 3))  # the donor skips a step
     group = TrainerGroup([_config(family, policy, seed=s) for s in range(3)])
@@ -124,6 +125,9 @@ def test_the_recipient_holds_the_donors_training_state_bit_for_bit(
         "after": settings,
     }
     assert group.exploits == [record]
+    # Its latest returns were of weights it no longer holds: a checkpoint now has none.
+    assert not (recipient.save(tmp_path / "after") / RETURNS_FILE).exists()
+    assert (donor.save(tmp_path / "donor") / RETURNS_FILE).exists()
     assert group.fusion.fused is not None and group.fusion.fused.k == 6  # fused again
     group.train_epoch()  # it trains on, in the group
     assert recipient.epoch == 2 and len(recipient.history) == 2
