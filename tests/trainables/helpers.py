@@ -12,6 +12,7 @@ from models.base import Batch
 from trainables.config import DataConfig, TrainConfig
 from trainables.contract import fold_weights as fold_weights  # the tests' name for it
 from trainables.stacked import StackedModules
+from trainables.trainer import Trainer
 
 TINY_TFT = {"d_model": 8, "n_heads": 1, "dropout": 0.0}
 
@@ -31,6 +32,34 @@ def tiny_config(family: str = "tft", precision: str = "f32", **overrides: Any) -
     }
     values.update(overrides)
     return TrainConfig(**values)
+
+
+def group_config(family: str = "kan", policy: str = "f32", **overrides: Any) -> TrainConfig:
+    """A two-fold trial of ``family``'s tiny size (``tests.models.test_contract.TINY``),
+    six steps an epoch for two epochs: the trial the group-trial and PBT tests group."""
+    from tests.models.test_contract import TINY
+
+    values: dict[str, Any] = {
+        "epochs": 2,
+        "n_folds": 2,
+        "max_steps_per_epoch": 6,
+        "model_config": {**TINY[family]},
+        "data": DataConfig(n_bars=800, n_assets=2),
+    }
+    values.update(overrides)
+    return tiny_config(family, policy, **values)
+
+
+def trial_weights(trainer: Trainer) -> torch.Tensor:
+    """Every fold's parameters of ``trainer``, flattened into one f32 vector."""
+    return torch.cat(
+        [p.detach().float().flatten() for run in trainer.folds for p in run.model.parameters()]
+    )
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |a|`` (L2)."""
+    return float((a - b).norm() / a.norm())
 
 
 def poison_slots(monkeypatch: pytest.MonkeyPatch, k: int, rows: slice, steps: range) -> None:

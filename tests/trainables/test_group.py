@@ -23,37 +23,20 @@ import torch
 from models import family_names, get_family
 from models.base import Batch, Choice
 from tests.models.test_contract import TINY
-from tests.trainables.helpers import poison_slots, tiny_config
+from tests.trainables.helpers import (
+    group_config,
+    poison_slots,
+    relative_difference,
+    tiny_config,
+    trial_weights,
+)
 from trainables.checkpoint import load_checkpoint
-from trainables.config import DataConfig, TrainConfig
+from trainables.config import TrainConfig
 from trainables.fold_run import TrialDiverged
 from trainables.group import TrainerGroup, group_problems
 from trainables.precision import F32
 from trainables.stacked import StackedModules
 from trainables.trainer import Trainer
-
-
-def _config(family: str = "kan", policy: str = "f32", **overrides: Any) -> TrainConfig:
-    values: dict[str, Any] = {
-        "epochs": 2,
-        "n_folds": 2,
-        "max_steps_per_epoch": 6,
-        "model_config": {**TINY[family]},
-        "data": DataConfig(n_bars=800, n_assets=2),
-    }
-    values.update(overrides)
-    return tiny_config(family, policy, **values)
-
-
-def _weights(trainer: Trainer) -> torch.Tensor:
-    return torch.cat(
-        [p.detach().float().flatten() for run in trainer.folds for p in run.model.parameters()]
-    )
-
-
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / a.norm())
-
 
 TRIALS = [
     {"seed": 0},
@@ -65,7 +48,7 @@ TRIALS = [
 
 @pytest.mark.parametrize("family", ["kan", "liquid"])
 def test_each_trial_trains_as_its_own_trial_alone(family: str) -> None:
-    configs = [_config(family, **trial) for trial in TRIALS]
+    configs = [group_config(family, **trial) for trial in TRIALS]
     group = TrainerGroup(configs)
     assert group.fusion.fused is not None and group.fusion.fused.k == 8  # 4 trials x 2 folds
     histories = group.fit()
@@ -73,7 +56,7 @@ def test_each_trial_trains_as_its_own_trial_alone(family: str) -> None:
         alone = Trainer(config.replace(fuse="off"))
         alone_history = alone.fit()
         assert trial.global_step == alone.global_step == 24  # 2 folds x 6 steps x 2 epochs
-        assert _relative(_weights(alone), _weights(trial)) < 1e-5, config.seed
+        assert relative_difference(trial_weights(alone), trial_weights(trial)) < 1e-5, config.seed
         assert [h["fused_folds"] for h in history] == [8, 8]
         for fold in range(2):
             key = f"val_sharpe_fold{fold}"
@@ -110,7 +93,7 @@ def test_trials_that_differ_in_per_trial_settings_train_as_they_would_alone(fami
 
     def configs_of(values: list[dict[str, Any]]) -> list[TrainConfig]:
         return [
-            _config(family, seed=i, epochs=1, n_folds=1, max_steps_per_epoch=3, fuse="on",
+            group_config(family, seed=i, epochs=1, n_folds=1, max_steps_per_epoch=3, fuse="on",
                     model_config={**TINY[family], **no_dropout, **v})
             for i, v in enumerate(values)
         ]  # fmt: skip
@@ -131,7 +114,9 @@ def test_trials_that_differ_in_per_trial_settings_train_as_they_would_alone(fami
         for alone in references:
             alone.fit()
     for config, trial, reference in zip(configs, group.trials, references, strict=True):
-        assert _relative(_weights(reference), _weights(trial)) < 1e-4, config.model_config
+        assert relative_difference(trial_weights(reference), trial_weights(trial)) < 1e-4, (
+            config.model_config
+        )
         assert trial.model_config == Trainer(config).model_config  # its own, to evaluate with
         assert trial.history[-1]["val_sharpe"] == pytest.approx(
             reference.history[-1]["val_sharpe"], abs=0.01
@@ -151,7 +136,7 @@ def test_trials_that_differ_in_dropout_each_drop_at_their_own_rate(family: str) 
     (name,) = _dropout_settings(family)
     top = get_family(family).search_space[name].high  # type: ignore[attr-defined]
     configs = [
-        _config(family, seed=i, epochs=1, n_folds=1, max_steps_per_epoch=3, fuse="on",
+        group_config(family, seed=i, epochs=1, n_folds=1, max_steps_per_epoch=3, fuse="on",
                 model_config={**TINY[family], name: rate})
         for i, rate in enumerate((top, 0.0))
     ]  # fmt: skip
@@ -167,15 +152,15 @@ def test_trials_that_differ_in_dropout_each_drop_at_their_own_rate(family: str) 
     ]
     for alone in without:
         alone.fit()
-    assert _relative(_weights(without[1]), _weights(group.trials[1])) < 1e-4
-    assert _relative(_weights(without[0]), _weights(group.trials[0])) > 1e-3
+    assert relative_difference(trial_weights(without[1]), trial_weights(group.trials[1])) < 1e-4
+    assert relative_difference(trial_weights(without[0]), trial_weights(group.trials[0])) > 1e-3
     assert getattr(group.trials[0].model_config, name) == top
 
 
 def test_trials_split_the_groups_training_time() -> None:
     """Each trial's epoch_time_s is a third of the fused training plus its own
     validation, so the trials' times add up to the group's epoch, not three times it."""
-    group = TrainerGroup([_config(seed=s, epochs=1) for s in range(3)])
+    group = TrainerGroup([group_config(seed=s, epochs=1) for s in range(3)])
     started = time.perf_counter()
     metrics = group.train_epoch()
     wall = time.perf_counter() - started
@@ -190,7 +175,7 @@ KAN_VARYING = (
 
 
 def test_settings_a_step_reads_must_match_and_rl_does_not_group() -> None:
-    base = _config()
+    base = group_config()
     problems = group_problems([base, base.replace(seed=1, batch_size=16)])
     assert problems == [
         "trial 1: batch_size = 16 differs from trial 0's 32 (a group's trials share every setting "
@@ -217,7 +202,7 @@ def test_a_bf16_trial_that_falls_back_leaves_the_group_and_the_others_stay_fused
     """Trial 1's losses are NaN for its first steps: its streak reaches fallback_after,
     it falls back to f32 and trains on alone; trials 0 and 2 stay fused and end where
     they would without trial 1 (a group of two)."""
-    configs = [_config("kan", "bf16", seed=s, fallback_after=3, log_every=3) for s in range(3)]
+    configs = [group_config("kan", "bf16", seed=s, fallback_after=3, log_every=3) for s in range(3)]
     original = StackedModules.loss
     calls = []
 
@@ -252,7 +237,9 @@ def test_a_bf16_trial_that_falls_back_leaves_the_group_and_the_others_stay_fused
     pair = TrainerGroup([configs[0], configs[2]])
     pair.fit()
     for grouped, paired in zip((group.trials[0], group.trials[2]), pair.trials, strict=True):
-        assert _relative(_weights(paired), _weights(grouped)) < 1e-2  # a few bf16 ulps
+        assert (
+            relative_difference(trial_weights(paired), trial_weights(grouped)) < 1e-2
+        )  # a few bf16 ulps
         assert grouped.global_step == paired.global_step
 
 
@@ -261,7 +248,7 @@ def test_a_diverged_trial_is_out_and_the_others_train_as_a_group_without_it(
 ) -> None:
     """f32 has no fallback: trial 0's NaN steps reach fallback_after, it diverges with
     the trainer's reason, and trials 1 and 2 end as a group of the two would."""
-    configs = [_config(seed=s, fallback_after=3, log_every=3) for s in range(3)]
+    configs = [group_config(seed=s, fallback_after=3, log_every=3) for s in range(3)]
     poison_slots(monkeypatch, 6, slice(0, 2), range(1, 5))
     group = TrainerGroup(configs)
     group.fit()
@@ -273,28 +260,28 @@ def test_a_diverged_trial_is_out_and_the_others_train_as_a_group_without_it(
     pair = TrainerGroup(configs[1:])
     pair.fit()
     for grouped, paired in zip(group.trials[1:], pair.trials, strict=True):
-        assert _relative(_weights(paired), _weights(grouped)) < 1e-5
+        assert relative_difference(trial_weights(paired), trial_weights(grouped)) < 1e-5
         assert grouped.history[-1]["val_sharpe"] == pytest.approx(
             paired.history[-1]["val_sharpe"], abs=0.01
         )
 
 
 def test_a_stopped_trial_leaves_the_fused_step_and_keeps_its_weights() -> None:
-    group = TrainerGroup([_config(seed=s, epochs=3) for s in range(3)])
+    group = TrainerGroup([group_config(seed=s, epochs=3) for s in range(3)])
     group.train_epoch()
-    stopped = _weights(group.trials[1]).clone()
+    stopped = trial_weights(group.trials[1]).clone()
     group.stop(1, "asha: below the rung's cut")
     assert group.fusion.fused is not None and group.fusion.fused.k == 4
     group.fit()
     assert [m.epoch for m in group.trials] == [3, 1, 3]
-    assert torch.equal(_weights(group.trials[1]), stopped)
+    assert torch.equal(trial_weights(group.trials[1]), stopped)
     assert group.ended == {1: "asha: below the rung's cut"} and group.diverged == {}
 
 
 def test_a_trials_checkpoint_resumes_alone_and_the_group_resumes_from_them(
     tmp_path: Path,
 ) -> None:
-    configs = [_config(seed=s, lr=lr) for s, lr in ((0, 1e-3), (1, 2e-3))]
+    configs = [group_config(seed=s, lr=lr) for s, lr in ((0, 1e-3), (1, 2e-3))]
     group = TrainerGroup(configs)
     group.train_epoch()
     paths = [m.save(tmp_path / f"trial{i}") for i, m in enumerate(group.trials)]
@@ -303,37 +290,37 @@ def test_a_trials_checkpoint_resumes_alone_and_the_group_resumes_from_them(
     alone = Trainer(configs[1].replace(fuse="off"), checkpoint=load_checkpoint(paths[1]))
     assert alone.epoch == 1 and alone.folds[0].optimizer.param_groups[0]["lr"] == 2e-3
     alone.fit()
-    assert _relative(_weights(alone), _weights(group.trials[1])) < 1e-5
+    assert relative_difference(trial_weights(alone), trial_weights(group.trials[1])) < 1e-5
     # The group resumed from both checkpoints ends where the uninterrupted group did.
     resumed = TrainerGroup(configs, checkpoints=[load_checkpoint(p) for p in paths])
     assert resumed.fusion.fused is not None and resumed.epoch == 1
     resumed.fit()
     for a, b in zip(group.trials, resumed.trials, strict=True):
-        assert torch.equal(_weights(a), _weights(b))
+        assert torch.equal(trial_weights(a), trial_weights(b))
         assert a.history[-1]["val_sharpe"] == b.history[-1]["val_sharpe"]
 
 
 def test_a_trial_resumed_at_its_last_epoch_trains_no_further(tmp_path: Path) -> None:
-    configs = [_config(seed=s) for s in range(2)]
+    configs = [group_config(seed=s) for s in range(2)]
     group = TrainerGroup(configs)
     group.train_epoch()
     behind = group.trials[1].save(tmp_path / "behind")
     group.train_epoch()
     done = group.trials[0].save(tmp_path / "done")
-    finished = _weights(group.trials[0]).clone()
+    finished = trial_weights(group.trials[0]).clone()
     resumed = TrainerGroup(configs, checkpoints=[load_checkpoint(done), load_checkpoint(behind)])
     assert resumed.fusion.trainers == [resumed.trials[1]]
     resumed.fit()
     assert [m.epoch for m in resumed.trials] == [2, 2]
     assert len(resumed.trials[0].history) == 2 and torch.equal(
-        _weights(resumed.trials[0]), finished
+        trial_weights(resumed.trials[0]), finished
     )
 
 
 def test_a_fused_trial_alone_still_raises_its_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside a group nothing goes on without the diverged fold: the trial fails."""
     poison_slots(monkeypatch, 2, slice(0, 1), range(1, 9))
-    trainer = Trainer(_config(fallback_after=3, log_every=2))
+    trainer = Trainer(group_config(fallback_after=3, log_every=2))
     assert trainer.fused is not None and trainer.fused.k == 2
     with pytest.raises(TrialDiverged, match="kan diverged under f32: 3 consecutive"):
         trainer.train_epoch()
@@ -346,7 +333,8 @@ def test_a_group_resumed_after_a_fallback_keeps_the_fallen_trial_out_of_its_fusi
     the resumed trial 1 is f32 again and trains alone, the bf16 trials fuse without it,
     and all three end where the group that never stopped ends."""
     configs = [
-        _config("kan", "bf16", seed=s, fallback_after=3, log_every=3, epochs=2) for s in range(3)
+        group_config("kan", "bf16", seed=s, fallback_after=3, log_every=3, epochs=2)
+        for s in range(3)
     ]
     poison_slots(monkeypatch, k=6, rows=slice(2, 4), steps=range(2, 6))
     group = TrainerGroup(configs)
@@ -367,4 +355,6 @@ def test_a_group_resumed_after_a_fallback_keeps_the_fallen_trial_out_of_its_fusi
     assert [metrics[i]["epoch"] for i in range(3)] == [2, 2, 2]
     assert metrics[1]["fell_back_to_f32"] == 1
     for before, after in zip(group.trials, resumed.trials, strict=True):
-        assert _relative(_weights(before), _weights(after)) < 1e-2  # a few bf16 ulps
+        assert (
+            relative_difference(trial_weights(before), trial_weights(after)) < 1e-2
+        )  # a few bf16 ulps

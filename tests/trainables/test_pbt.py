@@ -16,41 +16,21 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from tests.models.test_contract import TINY
-from tests.trainables.helpers import poison_slots, tiny_config
+from tests.trainables.helpers import (
+    group_config,
+    poison_slots,
+    relative_difference,
+    trial_weights,
+)
 from trainables.checkpoint import load_checkpoint
-from trainables.config import DataConfig, TrainConfig
 from trainables.group import TrainerGroup
 from trainables.pbt import Range, choose_exploits, explore, quantile_size
 from trainables.returns_file import RETURNS_FILE
 from trainables.trainer import Trainer
-
-
-def _config(family: str = "kan", policy: str = "f32", **overrides: Any) -> TrainConfig:
-    values: dict[str, Any] = {
-        "epochs": 2,
-        "n_folds": 2,
-        "max_steps_per_epoch": 6,
-        "model_config": {**TINY[family]},
-        "data": DataConfig(n_bars=800, n_assets=2),
-    }
-    values.update(overrides)
-    return tiny_config(family, policy, **values)
-
-
-def _weights(trainer: Trainer) -> torch.Tensor:
-    return torch.cat(
-        [p.detach().float().flatten() for run in trainer.folds for p in run.model.parameters()]
-    )
-
-
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / a.norm())
 
 
 def _optimizer_state(trainer: Trainer, fold: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -93,7 +73,7 @@ def test_the_recipient_holds_the_donors_training_state_bit_for_bit(
     family: str, policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     poison_slots(monkeypatch, 6, slice(0, 2), range(2, 3))  # the donor skips a step
-    group = TrainerGroup([_config(family, policy, seed=s) for s in range(3)])
+    group = TrainerGroup([group_config(family, policy, seed=s) for s in range(3)])
     group.train_epoch()
     monkeypatch.undo()
     recipient, donor = group.trials[2], group.trials[0]
@@ -139,7 +119,7 @@ def test_the_explored_settings_are_what_the_next_epoch_uses(fuse: str, tmp_path:
     epoch ends where trial 0's state trained alone at those settings (with trial 2's own
     minibatch order) ends, and not where it would at trial 0's lr (the optimizer's
     restored state winning over the explored settings, ray-project/ray#62173)."""
-    configs = [_config(seed=s, fuse=fuse) for s in range(3)]
+    configs = [group_config(seed=s, fuse=fuse) for s in range(3)]
     group = TrainerGroup(configs)
     assert (group.fusion.fused is None) == (fuse == "off")
     group.train_epoch()
@@ -166,8 +146,8 @@ def test_the_explored_settings_are_what_the_next_epoch_uses(fuse: str, tmp_path:
 
     explored, restored_wins = donor_alone_at(4e-3), donor_alone_at(1e-3)
     recipient = group.trials[2]
-    assert _relative(_weights(explored), _weights(recipient)) < 1e-5
-    assert _relative(_weights(restored_wins), _weights(recipient)) > 1e-3
+    assert relative_difference(trial_weights(explored), trial_weights(recipient)) < 1e-5
+    assert relative_difference(trial_weights(restored_wins), trial_weights(recipient)) > 1e-3
     assert recipient.history[-1]["val_sharpe"] == pytest.approx(
         explored.history[-1]["val_sharpe"], abs=0.01
     )
@@ -177,7 +157,7 @@ def test_the_other_trials_are_untouched() -> None:
     """kan draws no random numbers in training: the trials that did not take part in the
     exploit, and the donor, end the next epoch bit-equal to a group that did not exploit
     (unfusing and fusing again moves their state out and back unchanged)."""
-    configs = [_config(seed=s, lr=lr) for s, lr in ((0, 1e-3), (1, 2e-3), (2, 1e-3))]
+    configs = [group_config(seed=s, lr=lr) for s, lr in ((0, 1e-3), (1, 2e-3), (2, 1e-3))]
     exploiting, plain = TrainerGroup(configs), TrainerGroup(configs)
     exploiting.train_epoch()
     plain.train_epoch()
@@ -196,14 +176,14 @@ def test_the_other_trials_are_untouched() -> None:
 def test_trials_outside_the_fusion_and_self_copies_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    configs = [_config(seed=s, fallback_after=3, log_every=3) for s in range(4)]
+    configs = [group_config(seed=s, fallback_after=3, log_every=3) for s in range(4)]
     poison_slots(monkeypatch, 8, slice(0, 2), range(1, 5))  # trial 0 diverges
     group = TrainerGroup(configs)
     group.train_epoch()
     monkeypatch.undo()
     group.stop(1, "asha: below the rung's cut")
     settings = group.mutable_settings(2)
-    fused, weights = group.fusion.fused, _weights(group.trials[3]).clone()
+    fused, weights = group.fusion.fused, trial_weights(group.trials[3]).clone()
     with pytest.raises(ValueError, match=r"trial 0 cannot be an exploit's recipient: it diverged"):
         group.exploit(0, 2, settings)
     with pytest.raises(ValueError, match=r"trial 1 cannot be an exploit's donor: it was stopped"):
@@ -212,13 +192,13 @@ def test_trials_outside_the_fusion_and_self_copies_are_refused(
         group.exploit(2, 2, settings)
     with pytest.raises(ValueError, match="sets every mutable setting"):
         group.exploit(3, 2, {"lr": 1e-3})
-    assert group.fusion.fused is fused and torch.equal(_weights(group.trials[3]), weights)
+    assert group.fusion.fused is fused and torch.equal(trial_weights(group.trials[3]), weights)
     assert group.exploits == []
     group.train_epoch()
     with pytest.raises(ValueError, match=r"trial 3 cannot .* recipient: it is done \(all 2 epochs"):
         group.exploit(3, 2, settings)
 
-    bf16 = TrainerGroup([_config("kan", "bf16", seed=s) for s in range(3)])
+    bf16 = TrainerGroup([group_config("kan", "bf16", seed=s) for s in range(3)])
     bf16.trials[1].fall_back_to_f32()
     with pytest.raises(ValueError, match=r"trial 1 cannot .* donor: it fell back to f32"):
         bf16.exploit(2, 1, bf16.mutable_settings(2))
