@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,6 +20,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     0.5 s each and hundreds of trainers in the suite."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a test module's last test, once its module-scoped fixtures are torn down:
+    freeze again. The suite keeps importing lazily (mlflow's stores, sympy and
+    torch.distributed.tensor on a first vmap, Ray): over a whole run the process grows to
+    hundreds of thousands of objects, and each later trainer's collection walked all of
+    them (147 ms per trainer after two MLflow test files against 14 ms in a fresh process:
+    bench/README.md, "Where the test suite's time goes"). Module boundaries, not each
+    test: what lives across one is what lives for long (imports, caches, session
+    fixtures), while a module's own fixtures, which may hold reference cycles, are gone."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:  # type: ignore[attr-defined]
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,47 @@
+"""The test process's own garbage-collector settings (tests/conftest.py), tested in a child
+pytest that loads the conftest as a plugin, as the suite does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EARLIER = """
+CACHE = []
+
+def test_imports_something_large_lazily():
+    # What a lazy import leaves (torch.distributed.tensor, sympy, mlflow's stores: tens of
+    # thousands of objects that live to the end of the process).
+    CACHE.extend([] for _ in range(200_000))
+"""
+
+LATER = """
+import gc
+
+def test_a_collection_walks_only_what_this_module_made():
+    alive = len(gc.get_objects())  # what a full gc.collect() (TrialMemory's) walks
+    assert alive < 50_000, alive
+"""
+
+
+def test_what_an_earlier_test_module_left_is_not_walked_by_later_collections(
+    tmp_path: Path,
+) -> None:
+    """Every trainer's construction runs a full ``gc.collect()`` (``TrialMemory``). Lazily
+    imported modules accumulate over the suite; frozen once their test module ends, they
+    are not walked again by every later trainer's collection."""
+    (tmp_path / "test_a_earlier.py").write_text(EARLIER)
+    (tmp_path / "test_b_later.py").write_text(LATER)
+    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "2 passed" in run.stdout
