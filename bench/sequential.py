@@ -27,8 +27,8 @@ Per cell (a shape and ``r``), with common random numbers across the designs and 
   :data:`~hpo.stats.DEFAULT_LOOK_EVERY` configurations; the smallest budget (last look)
   with P(equivalent) >= 80% at ``mu = 0``; at that budget the expected configurations to
   any stop at 0 (``E[n]``) and at ``-margin``, its power, P(equivalent) at
-  ``-margin`` / ``+margin`` (and at ``-margin`` with looks every 5) and P(worse or
-  better) at 0. The rule is
+  ``-margin`` / ``+margin`` (and at ``-margin`` with looks every 2 and every 5) and
+  P(worse or better) at 0. The rule is
   :func:`hpo.stats.sequential_verdict`'s own implementation run on all replications at
   once (``hpo.stats._sequential_batch``).
 * ``E[n] / fixed``: the expected configurations over the fixed n at the sequential
@@ -220,6 +220,7 @@ class Cell(NamedTuple):
     power: float
     eq_lower: float
     eq_upper: float
+    eq_lower_every2: float
     eq_lower_every5: float
     directional: float
     fixed_n_same_power: int | None
@@ -262,7 +263,8 @@ def run_cell(dist: str, ratio: float, reps: int, seed: int) -> Cell:
         f_upper = fixed_eq(fixed_n, MARGIN)
         at_zero = fixed_decisions(scale * z[:, :fixed_n])
         f_dir = float(np.mean((at_zero == WORSE) | (at_zero == BETTER)))
-    expected = expected_margin = power = eq_lower = eq_upper = eq_lower_5 = directional = nan
+    expected = expected_margin = power = eq_lower = eq_upper = directional = nan
+    eq_lower_2 = eq_lower_5 = nan
     same_power = None
     if budget is not None:
         looks = default_looks(budget)
@@ -275,7 +277,9 @@ def run_cell(dist: str, ratio: float, reps: int, seed: int) -> Cell:
         expected_margin = float(lower_run.configs.mean())
         upper_run = sequential_run(MARGIN + scale * z[:, :budget], looks)
         eq_upper = float(np.mean(upper_run.decision == hs._EQUIVALENT))
-        every5 = hs.sequential_looks(hs.MIN_FIRST_LOOK, 5, budget)
+        every2, every5 = (hs.sequential_looks(hs.MIN_FIRST_LOOK, k, budget) for k in (2, 5))
+        lower_2 = sequential_run(-MARGIN + scale * z[:, :budget], every2)
+        eq_lower_2 = float(np.mean(lower_2.decision == hs._EQUIVALENT))
         lower_5 = sequential_run(-MARGIN + scale * z[:, :budget], every5)
         eq_lower_5 = float(np.mean(lower_5.decision == hs._EQUIVALENT))
         same_power = _smallest(
@@ -294,6 +298,7 @@ def run_cell(dist: str, ratio: float, reps: int, seed: int) -> Cell:
         power,
         eq_lower,
         eq_upper,
+        eq_lower_2,
         eq_lower_5,
         directional,
         same_power,
@@ -309,13 +314,15 @@ def _fmt(x: float | int | None, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def table(cells: Sequence[Cell]) -> str:
+def table(cells: Sequence[Cell], header_only: bool = False) -> str:
     header = (
         "| differences | sd/m | fixed n | fixed P(eq) at -m / +m | fixed P(w or b) at 0 "
         "| seq budget | seq E[n] at 0 | E[n] / fixed | seq power | seq P(eq) at -m / +m "
-        "| seq P(eq) at -m, looks every 5 | seq P(w or b) at 0 | seq E[n] at -m |"
+        "| seq P(eq) at -m, looks every 2 / 5 | seq P(w or b) at 0 | seq E[n] at -m |"
     )
     lines = [header, "|" + "---|" * 13]
+    if header_only:
+        return "\n".join(lines)
     for c in cells:
         fixed_same = c.fixed_n_same_power
         ratio = c.expected / fixed_same if fixed_same else math.nan
@@ -324,7 +331,8 @@ def table(cells: Sequence[Cell]) -> str:
             f"| {c.dist} ({SKEWNESS[c.dist]:+.1f}) | {c.ratio:g} | {_fmt(c.fixed_n)}{same} "
             f"| {_fmt(c.fixed_eq_lower)} / {_fmt(c.fixed_eq_upper)} | {_fmt(c.fixed_directional)} "
             f"| {_fmt(c.budget)} | {_fmt(c.expected, 1)} | {_fmt(ratio, 2)} | {_fmt(c.power)} "
-            f"| {_fmt(c.eq_lower)} / {_fmt(c.eq_upper)} | {_fmt(c.eq_lower_every5)} "
+            f"| {_fmt(c.eq_lower)} / {_fmt(c.eq_upper)} "
+            f"| {_fmt(c.eq_lower_every2)} / {_fmt(c.eq_lower_every5)} "
             f"| {_fmt(c.directional)} "
             f"| {_fmt(c.expected_at_margin, 1)} |"
         )
@@ -370,13 +378,15 @@ def main(argv: list[str] | None = None) -> list[Cell]:
         f"{hs.FUTILITY_PROBABILITY:.0%}",
         flush=True,
     )
+    print(table([], header_only=True), flush=True)
     cells = []
     for d_index, dist in enumerate(dists):
         for r_index, ratio in enumerate(ratios):
             cell = run_cell(dist, ratio, reps, args.seed + 100 * d_index + r_index)
             cells.append(cell)
+            # A row as soon as its cell is done: a long run's finished rows are not lost.
+            print(table([cell]).splitlines()[-1], flush=True)
             print(f"  {dist} sd/m {ratio:g}: {cell.seconds:.0f} s", file=sys.stderr, flush=True)
-    print(table(cells))
     mc = math.sqrt(ALPHA * (1 - ALPHA) / reps)
     print(f"Monte Carlo standard error of a rate near 0.05: {mc:.4f}")
     return cells

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from hpo.spec import SweepSpec
 from hpo.stats import (
+    DEFAULT_LOOK_EVERY,
     MIN_FIRST_LOOK,
     POWER_TABLE_SD_RATIOS,
     ComparisonPlan,
@@ -77,8 +78,8 @@ def comparison_plan_text(spec: SweepSpec) -> str:
     )
     lines += _columns(table, left=1)
     lines.append(
-        f"  (sequential: looks from {MIN_FIRST_LOOK} every 2 configurations at a true "
-        "difference of 0; bench/sequential.py simulates others)"
+        f"  (sequential: looks from {MIN_FIRST_LOOK} every {DEFAULT_LOOK_EVERY} "
+        "configuration(s) at a true difference of 0; bench/sequential.py simulates others)"
     )
     return "\n".join(lines)
 
@@ -93,11 +94,11 @@ def _family_plan(spec: SweepSpec, plan: tuple[ComparisonPlan, ...]) -> tuple[str
         )
         design = f"sequential, looks at {shown}"
         # The first look the rule applies at: the plan's first at or past MIN_FIRST_LOOK
-        # (samples = 3, look_every = 2: looks 3, 5, ..., 11 decides first, not 10).
+        # (samples = 4, look_every = 2: looks 4, 6, 8, 10 decides first, not 9).
         fewest = next((n for n in looks if n >= MIN_FIRST_LOOK), looks[-1] + 1)
         powered = [p for p in plan if p.sequential_budget <= spec.configs_per_family]
         # The table's expected number is the rule's with the budget the table gives for
-        # 80% power at that sd / margin (looks every 2 from 10), not this spec's budget:
+        # 80% power at that sd / margin (the default looks), not this spec's budget:
         # say which budget it was simulated for.
         expected = (
             f"{powered[-1].sequential_expected:.1f} at sd/margin {powered[-1].sd_ratio:g} "

@@ -103,12 +103,13 @@ def test_a_sequential_budget_asks_up_to_each_look_and_decides_as_the_rule_does()
     assert [look["decision"] for look in budget.record()["looks"]] == expected
     assert expected[:2] == ["continue", "continue"] and expected[-1] == "equivalent"
     assert budget.done and budget.stopped_on == "decision" and budget.allowance() == 0
-    assert budget.record()["looks"][-1]["configs"] == MIN_FIRST_LOOK
+    # Decided at the first look at or past MIN_FIRST_LOOK (9) on this schedule: 10.
+    assert budget.record()["looks"][-1]["configs"] == 10 > MIN_FIRST_LOOK
     # One event per look, each carrying its look; the last says what it stopped on.
     assert [e.look["configs"] for e in events if e.look] == [6, 8, 10]
     assert "look 3 at 10 of up to 20 configurations" in events[-1].line
     assert events[-1].line.endswith("equivalent (stopped on decision)")
-    assert "no interval before 10" in events[0].line
+    assert "no interval before 9" in events[0].line
 
 
 def _feed_more(budget: SequentialBudget, differences: list[float], start: int) -> list[PolicyEvent]:
@@ -309,10 +310,11 @@ def test_a_sequential_sweep_stops_each_family_when_decided() -> None:
         looks = [look["decision"] for look in records[family]["looks"]]
         assert looks == expected[family], family
     assert records["kan"]["decision"] == "equivalent" and records["liquid"]["decision"] == "worse"
-    # Decided at the first deciding look (10): nothing made beyond what was running.
+    # Decided at the first deciding look (10, the first at or past MIN_FIRST_LOOK on
+    # looks every 2 from 6): nothing made beyond what was running.
     for family in ("kan", "liquid"):
-        assert records[family]["looks"][-1]["configs"] == MIN_FIRST_LOOK
-        assert MIN_FIRST_LOOK <= records[family]["configs_made"] <= MIN_FIRST_LOOK + 2
+        assert records[family]["looks"][-1]["configs"] == 10
+        assert 10 <= records[family]["configs_made"] <= 12
     assert searcher.planned_trials == sum(r["configs_made"] for r in records.values()) * 2
     assert len(driver.completed) == searcher.planned_trials
     assert sum("look" in line for line in lines) == 6  # 6, 8, 10 per family

@@ -31,7 +31,7 @@ def test_a_fixed_design_that_cannot_decide_is_warned_about() -> None:
     (warning,) = plan_warnings(parse_spec({**BASE, "samples": 4}))
     assert warning.startswith("warning: samples = 4 can never reach a verdict")
     assert "at least 5 configurations per family" in warning
-    assert "sequential = true with max_configs" in warning and "first verdict at 10" in warning
+    assert "sequential = true with max_configs" in warning and "first verdict at 9" in warning
     assert plan_warnings(parse_spec({**BASE, "samples": 5})) == []
     assert plan_warnings(parse_spec({**BASE, "compare": False, "samples": 2})) == []
     text = comparison_plan_text(parse_spec({**BASE, "samples": 4}))
@@ -43,21 +43,22 @@ def test_the_sequential_plan_names_its_looks_and_expected_configurations() -> No
     spec = parse_spec({**BASE, "samples": 6, "comparison": {"sequential": True, "max_configs": 24}})
     assert plan_warnings(spec) == []
     text = comparison_plan_text(spec)
-    assert "sequential, looks at 6, 8, 10, ..., 24" in text
-    # 80% power within 24 configurations up to sd/margin 1 (the budget it needs: 12).
+    assert "sequential, looks at 6, 7, 8, ..., 24" in text  # DEFAULT_LOOK_EVERY: 1
+    # 80% power within 24 configurations up to sd/margin 1 (the budget it needs: 11).
     assert SEQUENTIAL_POWER[1.0].budget <= 24 < SEQUENTIAL_POWER[1.5].budget
     expected = SEQUENTIAL_POWER[1.0]
     assert f"{expected.expected_configs:.1f} at sd/margin 1 (budget {expected.budget})" in text
-    assert " 10  " in text  # the first look that decides: 10 (6, 8, 10, ...)
+    assert " 9  " in text  # the first look that decides: 9 (6, 7, 8, 9, ...)
     fixed = "  ".join(f"{EQUIVALENCE_POWER[r]:>4}" for r in (0.5, 1.0, 1.5, 2.0, 3.0))
     assert " ".join(fixed.split()) in " ".join(text.split())
 
 
 def test_the_sequential_plan_counts_the_first_deciding_look_on_its_own_grid() -> None:
-    # Looks at 3, 5, 7, 9, 11, ...: the rule first applies at 11, not MIN_FIRST_LOOK.
-    spec = parse_spec({**BASE, "samples": 3, "comparison": {"sequential": True, "max_configs": 21}})
+    # Looks at 4, 6, 8, 10, ...: the rule first applies at 10, not MIN_FIRST_LOOK (9).
+    comparison = {"sequential": True, "max_configs": 20, "look_every": 2}
+    spec = parse_spec({**BASE, "samples": 4, "comparison": comparison})
     row = next(line for line in comparison_plan_text(spec).splitlines() if "kan" in line)
-    assert "looks at 3, 5, 7, ..., 21" in row and " 11 " in row
+    assert "looks at 4, 6, 8, ..., 20" in row and " 10 " in row
 
 
 @pytest.mark.parametrize("samples", [3, 6])

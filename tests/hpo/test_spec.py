@@ -238,7 +238,7 @@ SEQUENTIAL: dict[str, Any] = {
         (
             {"comparison": {"sequential": True, "max_configs": 8}},
             "comparison.max_configs = 8 can never reach a verdict: the sequential rule "
-            "decides from 10 configurations",
+            "decides from 9 configurations",
         ),
         (
             {"comparison": {"max_configs": 20}},
@@ -279,7 +279,7 @@ def test_a_sequential_comparison_records_its_looks() -> None:
     spec = parse_spec(
         {**VALID, **SEQUENTIAL, "comparison": {"sequential": True, "max_configs": 24}}
     )
-    assert spec.sequential and spec.configs_per_family == 24 and spec.look_every == 2
+    assert spec.sequential and spec.configs_per_family == 24 and spec.look_every == 1
     assert spec.n_trials == 2 * 24 * 2  # the most it may run
     recorded = spec.with_looks_recorded()
-    assert recorded.comparison.look_every == 2 and recorded.with_looks_recorded() == recorded
+    assert recorded.comparison.look_every == 1 and recorded.with_looks_recorded() == recorded
