@@ -115,6 +115,19 @@ class ComparisonSpec(_Strict):
     """Sequential only: configurations added to a family between two looks. Unset:
     ``hpo.stats.DEFAULT_LOOK_EVERY``, recorded with the sweep when it starts
     (:meth:`SweepSpec.with_looks_recorded`) so a resume looks where it started to."""
+    in_flight: int | None = Field(None, ge=1)
+    """Sequential only: configurations of an undecided family that may run at once, however
+    close its next look (with a look after every configuration, a family would otherwise
+    run one at a time). Those still running when the family decides are recorded and
+    never read: at most ``in_flight - 1`` configurations' cost past a decision. Unset:
+    :data:`DEFAULT_IN_FLIGHT`; raise it where the cluster has more slots than families x
+    2 (a GPU packs tens of trials)."""
+
+
+DEFAULT_IN_FLIGHT = 2
+"""``comparison.in_flight`` unless set: a family's two configurations run at once, as
+they did with looks every 2 (``hpo.stats.DEFAULT_LOOK_EVERY`` was 2 until the rule looked
+after every configuration)."""
 
 
 DEFAULT_GROUP_SIZE = 8
@@ -270,7 +283,7 @@ class SweepSpec(_Strict):
         """``[comparison] sequential`` and its settings, each message naming its field."""
         comparison = self.comparison
         if not comparison.sequential:
-            for key in ("max_configs", "look_every"):
+            for key in ("max_configs", "look_every", "in_flight"):
                 if getattr(comparison, key) is not None:
                     raise ValueError(
                         f"comparison.{key}: only for a sequential comparison "
@@ -345,6 +358,14 @@ class SweepSpec(_Strict):
         from hpo.stats import DEFAULT_LOOK_EVERY  # scipy: only where a sequential sweep runs
 
         return DEFAULT_LOOK_EVERY
+
+    @property
+    def in_flight(self) -> int:
+        """Configurations of an undecided family running at once in a sequential
+        comparison (the spec's, else :data:`DEFAULT_IN_FLIGHT`)."""
+        if self.comparison.in_flight is not None:
+            return self.comparison.in_flight
+        return DEFAULT_IN_FLIGHT
 
     def with_looks_recorded(self) -> SweepSpec:
         """This spec with a sequential comparison's ``look_every`` decided, as a sweep

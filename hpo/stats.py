@@ -1225,8 +1225,8 @@ DEFAULT_LOOK_EVERY = 1
 """Configurations added to a family between two looks, unless the spec says otherwise:
 a look after every configuration lets a family stop at the first count that decides it
 (at sd / margin 1, 9.5 configurations on average against 9.6 with looks every 2, and
-0.8x the fixed design's at equal power; bench/README.md), at the price of one
-configuration per family in flight between looks (``look_every`` sets more)."""
+0.8x the fixed design's at equal power; bench/README.md). How many of a family's
+configurations run at once is the spec's ``comparison.in_flight``, apart from the looks."""
 SPENDING_RHO = 2.0
 """Exponent of the spending function ``alpha * t^rho``: between Pocock (about 1) and
 O'Brien-Fleming (about 3); the smallest expected configurations at 80% power."""

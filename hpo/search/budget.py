@@ -163,7 +163,8 @@ class _Look:
 
 
 class SequentialBudget(StreamBudget):
-    """A family of a sequential comparison: configurations up to its next look, decided by
+    """A family of a sequential comparison: configurations up to its next look (at least
+    ``in_flight`` running, never past its budget), decided by
     :func:`hpo.stats.sequential_comparison` at each look.
 
     The rule reads the per-configuration differences ``other - reference`` of the test
@@ -191,6 +192,7 @@ class SequentialBudget(StreamBudget):
         reference: str,
         other: str,
         directional_alpha: float | None = None,
+        in_flight: int = 1,
     ) -> None:
         super().__init__(stream)
         self.plan = tuple(plan)
@@ -203,6 +205,10 @@ class SequentialBudget(StreamBudget):
         adjustment over every family's two claims (a stop at ``alpha`` could end
         "inconclusive" there, with no configurations left to make)."""
         self.reference, self.other = reference, other
+        self.in_flight = in_flight
+        """Configurations of the family that may run at once between two looks (the
+        spec's ``comparison.in_flight``), whatever the looks' spacing; those still running
+        when the family decides are recorded and never read."""
         self.order: list[tuple[str, float | None]] = []
         """(config id, difference or None) in the order the configurations completed."""
         self.looks: list[_Look] = []
@@ -241,7 +247,9 @@ class SequentialBudget(StreamBudget):
     def allowance(self) -> int:
         if self.done or self.failed >= self.failure_cap:
             return 0
-        return max(0, self.next_look() - len(self.differences) - self.pending)
+        n = len(self.differences)
+        wanted = min(max(self.next_look() - n, self.in_flight), self.budget - n)
+        return max(0, wanted - self.pending)
 
     @property
     def done(self) -> bool:
@@ -387,6 +395,15 @@ def make_budgets(spec: SweepSpec, streams: Sequence[str]) -> list[StreamBudget]:
     # Bonferroni share of alpha passes it whatever the other families show.
     directional = EQUIVALENCE_ALPHA / (2 * len(streams))
     return [
-        SequentialBudget(stream, plan, margin, EQUIVALENCE_ALPHA, reference, other, directional)
+        SequentialBudget(
+            stream,
+            plan,
+            margin,
+            EQUIVALENCE_ALPHA,
+            reference,
+            other,
+            directional,
+            in_flight=spec.in_flight,
+        )
         for stream in streams
     ]

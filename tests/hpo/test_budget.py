@@ -483,3 +483,60 @@ def test_a_trial_restarted_after_its_configuration_was_told_is_not_counted_again
     assert budget.order == [("kan-c000", None)]
     searcher.on_trial_complete(bf16_id, driver.result(bf16_id, bf16))  # the restart's
     assert budget.order == [("kan-c000", None)] and budget.pending >= 0
+
+
+def test_looks_after_every_configuration_keep_in_flight_configurations_running() -> None:
+    """Looks after every configuration (the default) decide as early as the rule can, and
+    ``in_flight`` keeps that many of a family's configurations running between them, so a
+    host with many slots is not left with one per family. A configuration that completes
+    after the family decided is recorded, never read; none is made past the budget."""
+    plan = sequential_looks(9, 1, 12)
+    assert plan == (9, 10, 11, 12)
+    budget = SequentialBudget("kan", plan, MARGIN, 0.05, "f32", "bf16", in_flight=3)
+    assert budget.allowance() == 9  # the first look's configurations at once
+    for i in range(9):
+        budget.made(f"c{i}")
+    assert budget.allowance() == 0  # nine pending
+    differences = [0.001 * (-1) ** i for i in range(12)]
+    for i in range(8):
+        budget.on_outcome(_outcome(f"c{i}", differences[i]))
+    # Eight read, one pending: the next look (9) is one away, yet three may run.
+    assert budget.allowance() == 2
+    budget.made("c9")
+    budget.made("c10")
+    assert budget.allowance() == 0
+    budget.on_outcome(_outcome("c8", differences[8]))  # the first look: equivalent
+    assert budget.done and [look["configs"] for look in budget.record()["looks"]] == [9]
+    assert budget.allowance() == 0
+    budget.on_outcome(_outcome("c10", 5.0))  # in flight at the decision: not read
+    assert [look["configs"] for look in budget.record()["looks"]] == [9]
+    assert budget.record()["decision"] == "equivalent"
+    # Near the budget, in_flight never makes more than the budget.
+    near = SequentialBudget("kan", plan, MARGIN, 0.05, "f32", "bf16", in_flight=8)
+    for i in range(9):
+        near.made(f"c{i}")
+    for i in range(8):  # before the first look: nothing decided
+        near.on_outcome(_outcome(f"c{i}", differences[i]))
+    assert not near.done and near.allowance() == 3  # 12 - 8 read - 1 running, not 8 - 1
+
+
+def test_a_spec_sets_in_flight_and_the_default_keeps_two() -> None:
+    from hpo.spec import SweepSpec
+
+    base = {
+        "name": "s",
+        "families": ["kan"],
+        "compare": True,
+        "search": "random",
+        "samples": 9,
+        "comparison": {"sequential": True, "max_configs": 20},
+    }
+    (default,) = make_budgets(SweepSpec.model_validate(base), ["kan"])
+    assert isinstance(default, SequentialBudget) and default.in_flight == 2
+    wide = {**base, "comparison": {**base["comparison"], "in_flight": 6}}  # type: ignore[dict-item]
+    (budget,) = make_budgets(SweepSpec.model_validate(wide), ["kan"])
+    assert isinstance(budget, SequentialBudget) and budget.in_flight == 6
+    with pytest.raises(ValueError, match=r"comparison\.in_flight: only for a sequential"):
+        SweepSpec.model_validate(
+            {**base, "comparison": {"in_flight": 3}, "samples": 4}  # not sequential
+        )
