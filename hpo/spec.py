@@ -31,7 +31,7 @@ from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
 from trainables.precision import POLICY_NAMES
 
 SEARCHERS = ("tpe", "random", "pso")
-SCHEDULERS = ("asha", "fifo")
+SCHEDULERS = ("asha", "fifo", "pbt")
 _BOOL = TypeAdapter(bool)  # pydantic's own reading of a bool field (true, 1, "yes", ...)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Trainer settings a spec may not fix in [trainer]: they are sweep-level fields or per-trial.
@@ -130,6 +130,28 @@ they did with looks every 2 (``hpo.stats.DEFAULT_LOOK_EVERY`` was 2 until the ru
 after every configuration)."""
 
 
+class PbtSpec(_Strict):
+    """``[pbt]``: population-based training (``scheduler = "pbt"``; docs/search.md,
+    "Population-based training"). A population is one group trial's trials: one family
+    and precision's ``samples`` configurations x ``seeds`` of one shape."""
+
+    interval_epochs: int = Field(2, ge=1)
+    """Epochs between exploit rounds: after every ``interval_epochs``-th epoch but the
+    last, the bottom ``quantile`` of the population copies the top."""
+    quantile: float = Field(0.25, gt=0.0, le=0.5)
+    """The share of the population that copies (the bottom) and is copied (the top),
+    ranked on the epoch's validation Sharpe; at least one trial each, at most half."""
+    resample_probability: float = Field(0.25, ge=0.0, le=1.0)
+    """A mutated setting's chance of a fresh draw from its range rather than a
+    perturbation (x0.8 / x1.2 on a log range)."""
+    mutations: dict[str, Any] | None = None
+    """What a recipient explores after an exploit, by setting name: ``{low, high[,
+    log]}`` or ``{choices = [...]}``, each a setting every family of the sweep lets a
+    population change (lr, weight_decay, the family's float per-trial settings). Unset:
+    every such setting the family's search space searches, with its range there (lr and
+    weight decay on their log ranges by default)."""
+
+
 DEFAULT_GROUP_SIZE = 8
 """Trials per group trial when ``[grouping] group_size`` is not set: the largest group
 the trainer-level bench measures (bench/README.md, "Group trials, trainer level"); a
@@ -164,8 +186,12 @@ class SweepSpec(_Strict):
     samples: int = Field(4, ge=1)
     """Configurations sampled per family (per precision unless compare = true)."""
     search: Literal["tpe", "random", "pso"] = "tpe"
-    scheduler: Literal["asha", "fifo"] = "asha"
-    """ASHA by default; FIFO when compare = true leaves it out."""
+    scheduler: Literal["asha", "fifo", "pbt"] = "asha"
+    """ASHA by default; FIFO when compare = true leaves it out; 'pbt': population-based
+    training, set by the ``[pbt]`` table (search mode only)."""
+    pbt: PbtSpec | None = None
+    """Population-based training's settings (``scheduler = "pbt"`` only; unset: the
+    defaults)."""
     max_epochs: int = Field(5, ge=1)
     grace_epochs: int = Field(1, ge=1)
     """ASHA: epochs every trial gets before it can be stopped."""
@@ -258,6 +284,7 @@ class SweepSpec(_Strict):
                 "compare mode): ASHA would stop the trials of a seed pair at different epochs and "
                 "the paired Sharpe difference would compare unequal training"
             )
+        self._check_pbt()
         if self.grace_epochs > self.max_epochs:
             raise ValueError(
                 f"grace_epochs ({self.grace_epochs}) must be <= max_epochs ({self.max_epochs})"
@@ -278,6 +305,91 @@ class SweepSpec(_Strict):
                     "ask's configurations share groups of at most that many trials"
                 )
         return self
+
+    def _check_pbt(self) -> None:
+        """``scheduler = "pbt"`` and its ``[pbt]`` table, each message naming its field.
+        The checks that need the families are :func:`_pbt_problems`'s."""
+        if self.scheduler != "pbt":
+            if self.pbt is not None:
+                raise ValueError("pbt: the [pbt] table needs scheduler = 'pbt'")
+            return
+        if self.compare:
+            raise ValueError(
+                "scheduler = 'pbt' cannot run with compare = true: the paired unit of the "
+                "comparison is a fixed configuration, and population-based training changes "
+                "a trial's settings and weights while it trains"
+            )
+        interval = self.pbt_settings.interval_epochs
+        if interval >= self.max_epochs:
+            raise ValueError(
+                f"pbt.interval_epochs = {interval} leaves no interval boundary before the "
+                f"last epoch (max_epochs = {self.max_epochs}): no trial would ever exploit; "
+                f"set it below max_epochs"
+            )
+        population = self.samples * len(self.seeds)
+        if population < 2:
+            raise ValueError(
+                f"samples: population-based training needs a population of at least 2 "
+                f"trials; samples x seeds is {population}"
+            )
+        if population > self.group_size:
+            raise ValueError(
+                f"samples: a population is one group trial for now, of at most "
+                f"grouping.group_size ({self.group_size}) trials; samples ({self.samples}) x "
+                f"seeds ({len(self.seeds)}) is {population}. Populations larger than one group "
+                "trial (exploit across processes through checkpoints) are not supported yet"
+            )
+
+    @property
+    def pbt_settings(self) -> PbtSpec:
+        """The ``[pbt]`` table, or its defaults."""
+        return self.pbt if self.pbt is not None else PbtSpec()
+
+    def pbt_mutations(self, family: str) -> dict[str, Any]:
+        """What a recipient of ``family`` explores (:data:`trainables.pbt.Mutation` by
+        setting name): ``pbt.mutations``, else every setting a population may change
+        (:func:`trainables.group.mutable_setting_names`) that the family's space searches
+        as a float range, or as choices of numbers, with that range. Raises ValueError
+        naming the field."""
+        from hpo.search.space import dim_from_override, trial_space
+        from models.base import Choice, Float, Int
+        from trainables.group import mutable_setting_names
+        from trainables.pbt import Range
+
+        names = mutable_setting_names(get_family(family))
+        explicit = self.pbt_settings.mutations
+        mutations: dict[str, Any] = {}
+        if explicit is not None:
+            for name, value in explicit.items():
+                where = f"pbt.mutations.{name}"
+                if name not in names:
+                    raise ValueError(
+                        f"{where}: not a setting a population of {family} may change; "
+                        f"allowed: {list(names)}"
+                    )
+                dim = dim_from_override(where, value)
+                if dim is None:
+                    raise ValueError(f"{where} must be {{low, high[, log]}} or {{choices = [...]}}")
+                mutations[name] = _mutation(where, dim)
+            if not mutations:
+                raise ValueError("pbt.mutations: empty; name at least one setting to explore")
+            return mutations
+        dims = trial_space(family, self.search_space.get(family)).dims
+        for name in names:
+            dim = dims.get(name)
+            if isinstance(dim, Float | Int):
+                mutations[name] = Range(float(dim.low), float(dim.high), dim.log)
+            elif isinstance(dim, Choice) and all(
+                isinstance(o, float) and not isinstance(o, bool) for o in dim.options
+            ):
+                mutations[name] = [float(o) for o in dim.options]
+        if not mutations:
+            raise ValueError(
+                f"pbt.mutations: the search space of {family} searches none of the settings a "
+                f"population may change ({', '.join(names)}): search one of them, or name "
+                "them in [pbt.mutations]"
+            )
+        return mutations
 
     def _check_sequential(self) -> None:
         """``[comparison] sequential`` and its settings, each message naming its field."""
@@ -408,7 +520,7 @@ class SweepSpec(_Strict):
         cannot hold to one shape would form groups whose trials differ in a shape."""
         if not self.groups(family):
             return 1
-        decided = self._configs_per_ask(family)
+        decided = self.samples if self.scheduler == "pbt" else self._configs_per_ask(family)
         recorded = (self.grouping.configs_per_ask or {}).get(family)
         return decided if recorded is None else min(recorded, decided)
 
@@ -570,12 +682,20 @@ def _describe(err: Any) -> str:
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    import typing
+
     model: Any = SweepSpec
     for part in loc:
         field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None or not hasattr(field.annotation, "model_fields"):
+        # A table that may be left out (``pbt: PbtSpec | None``): its model.
+        tables = [
+            t
+            for t in (typing.get_args(field.annotation) or (field.annotation,) if field else ())
+            if hasattr(t, "model_fields")
+        ]
+        if not tables:
             return []
-        model = field.annotation
+        model = tables[0]
     return sorted(model.model_fields)
 
 
@@ -616,12 +736,50 @@ def _family_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
         except (OverflowError, TypeError) as exc:  # e.g. {low = 10**400} read from YAML
             problems.append(f"search_space.{family}: {exc}")
             continue
+        if spec.scheduler == "pbt":
+            pbt_problem = _pbt_problem(spec, i, family)
+            if pbt_problem:
+                problems.append(pbt_problem)
+                continue
         problem = _trial_config_problem(spec, family, space)
         if problem is None and data_ok:
             problem = _splits_problem(spec, family, space, shapes)
         if problem:
             problems.append(problem)
     return list(dict.fromkeys(problems))  # a spec-level problem is said once, not per family
+
+
+def _pbt_problem(spec: SweepSpec, index: int, family: str) -> str | None:
+    """Why ``family`` cannot train as a population of ``spec``'s (None: it can): a
+    population is one group trial for now, so a family whose trials do not group cannot."""
+    record = get_family(family)
+    if record.kind == "rl" or not record.fuses:
+        why = "a reinforcement-learning family" if record.kind == "rl" else "does not fuse"
+        return (
+            f"families[{index}]: {family} ({why}) cannot train in a population yet: a "
+            "population is one group trial's trials for now, and exploit across processes "
+            "through checkpoints, which it needs, is not supported yet"
+        )
+    try:
+        spec.pbt_mutations(family)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _mutation(where: str, dim: Any) -> Any:
+    """A spec dimension as a :data:`trainables.pbt.Mutation`: a range (floats), or the
+    choices, each a number."""
+    from models.base import Choice
+    from trainables.pbt import Range
+
+    if isinstance(dim, Choice):
+        if not all(isinstance(o, int | float) and not isinstance(o, bool) for o in dim.options):
+            raise ValueError(f"{where}.choices must be numbers, got {list(dim.options)}")
+        return [float(o) for o in dim.options]
+    if dim.log and dim.low <= 0:
+        raise ValueError(f"{where}: a log range needs low > 0, got {dim.low}")
+    return Range(float(dim.low), float(dim.high), dim.log)
 
 
 def _trial_config_problem(spec: SweepSpec, family: str, space: Any) -> str | None:

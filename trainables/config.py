@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models import get_family
+from trainables.pbt import PbtSettings
 from trainables.precision import POLICY_NAMES
 from trainables.trial_keys import GROUP_KEY as GROUP_KEY
 from trainables.trial_keys import is_group_trial as is_group_trial
@@ -330,18 +331,25 @@ class TrialConfig:
         )
 
 
+PBT_KEY = "pbt"
+"""Group-trial dict key of a population's :class:`~trainables.pbt.PbtSettings`."""
+
+
 @dataclass(frozen=True)
 class GroupTrialConfig:
     """One Ray Tune trial that trains several trials as one group
     (:class:`trainables.group.TrainerGroup`). Its dict form is::
 
-    {"family", "precision", "config_id", "group": [trial dicts]}
+    {"family", "precision", "config_id", "group": [trial dicts][, "pbt": {...}]}
 
     where family and precision are its trials' own (they share them) and config_id the
     first trial's (a group may hold several configurations of one shape): Tune's trial
-    table, directory names and the sweep's progress read them as from any trial."""
+    table, directory names and the sweep's progress read them as from any trial. A group
+    trial whose trials are a population (``scheduler = "pbt"``) carries its
+    :class:`~trainables.pbt.PbtSettings` under ``"pbt"``."""
 
     trials: tuple[TrialConfig, ...]
+    pbt: PbtSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.trials:
@@ -357,16 +365,23 @@ class GroupTrialConfig:
 
     def to_dict(self) -> dict[str, Any]:
         first = self.trials[0]
-        return {
+        out: dict[str, Any] = {
             "family": first.family,
             "precision": first.precision,
             "config_id": first.config_id,
             GROUP_KEY: [t.to_dict() for t in self.trials],
         }
+        if self.pbt is not None:
+            out[PBT_KEY] = self.pbt.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> GroupTrialConfig:
-        return cls(trials=tuple(TrialConfig.from_dict(t) for t in config[GROUP_KEY]))
+        pbt = config.get(PBT_KEY)
+        return cls(
+            trials=tuple(TrialConfig.from_dict(t) for t in config[GROUP_KEY]),
+            pbt=PbtSettings.from_dict(pbt) if pbt is not None else None,
+        )
 
     def train_configs(self) -> list[TrainConfig]:
         return [t.train_config() for t in self.trials]

@@ -58,6 +58,16 @@ def per_trial_settings(family: Family) -> frozenset[str]:
     return frozenset(PER_TRIAL_SETTINGS) | family.per_trial_settings
 
 
+def mutable_setting_names(family: Family) -> tuple[str, ...]:
+    """The settings population-based training may change in ``family``'s trials (what
+    :meth:`TrainerGroup.mutable_settings` holds): lr, weight decay and the family's
+    per-trial model settings that are floats (by their defaults), in that order, the
+    family's by name."""
+    defaults = dataclasses.asdict(family.make_config({}))
+    own = sorted(n for n in family.per_trial_settings if isinstance(defaults.get(n), float))
+    return ("lr", "weight_decay", *own)
+
+
 def _shared_settings(config: TrainConfig, family: Family) -> dict[str, Any]:
     """``config``'s settings that a group trial's trials share, model settings one by one
     (``model_config.<name>``, defaults filled in)."""

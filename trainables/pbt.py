@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 PERTURBATION_FACTORS = (0.8, 1.2)
 """Ray's default factors: a perturbed setting is 0.8 or 1.2 times what it was."""
@@ -140,3 +141,67 @@ def _explore_choices(
         return rng.choice(choices)
     index = choices.index(value) + rng.choice((-1, 1))
     return choices[min(max(index, 0), len(choices) - 1)]
+
+
+def mutation_to_dict(mutation: Mutation) -> dict[str, Any]:
+    """A mutation as JSON (a trial config's, a spec table's form): ``{low, high, log}``
+    or ``{choices}``."""
+    if isinstance(mutation, Range):
+        return {"low": mutation.low, "high": mutation.high, "log": mutation.log}
+    return {"choices": [float(c) for c in mutation]}
+
+
+def mutation_from_dict(value: Mapping[str, Any]) -> Mutation:
+    """The inverse of :func:`mutation_to_dict`."""
+    if "choices" in value:
+        return [float(c) for c in value["choices"]]
+    return Range(float(value["low"]), float(value["high"]), bool(value.get("log", False)))
+
+
+@dataclass(frozen=True)
+class PbtSettings:
+    """How a population trains (the spec's ``[pbt]`` table, resolved for one family):
+    what a group trial running population-based training carries in its config."""
+
+    interval_epochs: int
+    """Epochs between two exploit rounds: the population ranks and exploits after every
+    ``interval_epochs``-th epoch, never after the last."""
+    quantile: float
+    """The bottom (and top) share of the population: :func:`choose_exploits`."""
+    resample_probability: float
+    """A mutated setting's chance of a fresh draw rather than a perturbation: :func:`explore`."""
+    mutations: Mapping[str, Mutation]
+    """The settings a recipient explores, by name, each with its range or choices."""
+
+    def __post_init__(self) -> None:
+        if self.interval_epochs < 1:
+            raise ValueError(f"interval_epochs must be >= 1, got {self.interval_epochs}")
+        quantile_size(2, self.quantile)  # raises on a quantile out of (0, 0.5]
+        if not 0 <= self.resample_probability <= 1:
+            raise ValueError(
+                f"resample_probability must be in [0, 1], got {self.resample_probability}"
+            )
+        if not self.mutations:
+            raise ValueError("a population needs at least one mutation")
+
+    def is_boundary(self, epoch: int, epochs: int) -> bool:
+        """Whether a population that completed ``epoch`` of its ``epochs`` exploits now:
+        at every ``interval_epochs``-th epoch but the last (nothing trains after it)."""
+        return 0 < epoch < epochs and epoch % self.interval_epochs == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "interval_epochs": self.interval_epochs,
+            "quantile": self.quantile,
+            "resample_probability": self.resample_probability,
+            "mutations": {k: mutation_to_dict(m) for k, m in sorted(self.mutations.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> PbtSettings:
+        return cls(
+            interval_epochs=int(value["interval_epochs"]),
+            quantile=float(value["quantile"]),
+            resample_probability=float(value["resample_probability"]),
+            mutations={k: mutation_from_dict(m) for k, m in value["mutations"].items()},
+        )

@@ -50,6 +50,7 @@ from hpo.spec import SweepSpec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.group import per_trial_settings
+from trainables.pbt import PbtSettings
 from trainables.trial_keys import precision_seed, trial_slugs
 
 
@@ -88,6 +89,11 @@ class SweepSearcher(Searcher):
         self.per_ask = {f: spec.configs_per_ask(f) for f in spec.families}
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
         self.asha_per_trial = spec.asha_per_trial
+        # Population-based training: each family's population settings (its group trials
+        # carry them; scheduler = "pbt" makes one population per stream, one ask).
+        self.pbt: dict[str, PbtSettings | None] = {
+            f: _pbt_settings(spec, f) if spec.scheduler == "pbt" else None for f in spec.families
+        }
         self.configs_made = [0] * len(self.streams)
         names = [m if p is None else f"{m}-{p}" for m, p in self.streams]
         self.budgets: list[StreamBudget] = make_budgets(spec, names)
@@ -189,8 +195,9 @@ class SweepSearcher(Searcher):
                 # as two halves where the group did not fit a whole GPU.
                 split = bool(result and result.get("oom_split")) and len(retries) > 1
                 halves = _even_chunks(retries, -(-len(retries) // 2)) if split else [retries]
+                pbt = GroupTrialConfig.from_dict(self.trial_config[trial_id]).pbt
                 for half in reversed(halves):
-                    self.queue.appendleft(_group_trial(half))
+                    self.queue.appendleft(_group_trial(half, pbt))
         else:
             config_id, place = located
             self._record(config_id, place, {} if error or not result else result)
@@ -307,7 +314,7 @@ class SweepSearcher(Searcher):
         for p in precisions:
             same = [t for t in trials if t.precision == p]
             for chunk in _even_chunks(same, self.spec.group_size):
-                self.queue.append(_group_trial(chunk))
+                self.queue.append(_group_trial(chunk, self.pbt[family]))
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -424,11 +431,23 @@ def _trial_entries(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def _group_trial(trials: list[TrialConfig]) -> dict[str, Any]:
-    """The Tune trial dict of ``trials``: a group trial, or the trial alone."""
+def _group_trial(trials: list[TrialConfig], pbt: PbtSettings | None = None) -> dict[str, Any]:
+    """The Tune trial dict of ``trials``: a group trial (a population where ``pbt`` is
+    given), or the trial alone."""
     if len(trials) == 1:
         return trials[0].to_dict()
-    return GroupTrialConfig(tuple(trials)).to_dict()
+    return GroupTrialConfig(tuple(trials), pbt=pbt).to_dict()
+
+
+def _pbt_settings(spec: SweepSpec, family: str) -> PbtSettings:
+    """``family``'s population settings from the spec's ``[pbt]`` table."""
+    table = spec.pbt_settings
+    return PbtSettings(
+        interval_epochs=table.interval_epochs,
+        quantile=table.quantile,
+        resample_probability=table.resample_probability,
+        mutations=spec.pbt_mutations(family),
+    )
 
 
 def _even_chunks(items: list[TrialConfig], size: int) -> list[list[TrialConfig]]:

@@ -334,3 +334,38 @@ def test_a_group_trials_result_as_tune_flattens_it_tells_each_trial_its_own_valu
     (configuration,) = searcher.configs.values()
     assert configuration.results == {"f32/0": 1.0, "f32/1": 3.0, "bf16/0": 1.0, "bf16/1": 3.0}
     assert searcher.searchers[0].best() is not None
+
+
+def test_a_pbt_sweep_queues_one_population_per_family_and_precision() -> None:
+    # scheduler = "pbt": each stream's samples x seeds trials are one group trial (the
+    # population) that carries the family's population settings; a searched shape
+    # setting (width) is drawn once per population, the settings it explores per trial.
+    from trainables.pbt import Range
+
+    spec = _spec(
+        families=["kan"],
+        compare=False,
+        scheduler="pbt",
+        max_epochs=3,
+        samples=2,
+        seeds=[0, 1],
+        grouping={"group_size": 4},
+        pbt={"interval_epochs": 1, "quantile": 0.5},
+        search_space={"kan": {"width": {"choices": [4, 8, 16]}}},
+    )
+    searcher = SweepSearcher(spec)
+    suggested = [searcher.suggest(f"t{i}") for i in range(4)]
+    populations = [s for s in suggested if isinstance(s, dict)]
+    assert suggested[2:] == [None, None]  # nothing more until the populations report
+    assert [p["precision"] for p in populations] == ["f32", "bf16"]
+    for population in populations:
+        group = GroupTrialConfig.from_dict(population)
+        assert [precision_seed(t.to_dict()) for t in group.trials] == [
+            f"{population['precision']}/{s}" for c in range(2) for s in (0, 1)
+        ]
+        assert len({t.params["width"] for t in group.trials}) == 1
+        assert len({t.params["lr"] for t in group.trials}) == 2  # two configurations
+        assert group.pbt is not None and group.pbt.interval_epochs == 1
+        assert group.pbt.quantile == 0.5 and group.pbt.mutations["lr"] == Range(1e-4, 1e-2, True)
+        # The settings survive Tune's trip through JSON.
+        assert GroupTrialConfig.from_dict(json.loads(json.dumps(population))) == group

@@ -49,7 +49,7 @@ def test_quick_example_is_the_cpu_demo() -> None:
         ),
         ({"samples": -1}, "samples: Input should be greater than or equal to 1"),
         ({"search": "grid"}, "search: Input should be 'tpe', 'random' or 'pso'"),
-        ({"scheduler": "pbt"}, "scheduler: Input should be 'asha' or 'fifo'"),
+        ({"scheduler": "hyperband"}, "scheduler: Input should be 'asha', 'fifo' or 'pbt'"),
         ({"resources": {"gpu": 1.5}}, "resources.gpu"),
         ({"resources": {"gpu": -0.25}}, "resources.gpu"),
         ({"resources": {"gpu": "half"}}, "resources.gpu"),
@@ -283,3 +283,123 @@ def test_a_sequential_comparison_records_its_looks() -> None:
     assert spec.n_trials == 2 * 24 * 2  # the most it may run
     recorded = spec.with_looks_recorded()
     assert recorded.comparison.look_every == 1 and recorded.with_looks_recorded() == recorded
+
+
+# --------------------------------------------------------------------------------------
+# population-based training: scheduler = "pbt" and its [pbt] table
+
+PBT: dict[str, Any] = {"families": ["kan"], "scheduler": "pbt", "max_epochs": 4}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"compare": True},
+            "scheduler = 'pbt' cannot run with compare = true: the paired unit of the "
+            "comparison is a fixed configuration",
+        ),
+        ({"scheduler": "asha", "pbt": {}}, "pbt: the [pbt] table needs scheduler = 'pbt'"),
+        ({"pbt": {"interval_epochs": 0}}, "pbt.interval_epochs: Input should be greater"),
+        (
+            {"pbt": {"interval_epochs": 4}},
+            "pbt.interval_epochs = 4 leaves no interval boundary before the last epoch "
+            "(max_epochs = 4)",
+        ),
+        ({"pbt": {"quantile": 0}}, "pbt.quantile: Input should be greater than 0"),
+        ({"pbt": {"quantile": 0.6}}, "pbt.quantile: Input should be less than or equal to 0.5"),
+        (
+            {"pbt": {"resample_probability": -0.1}},
+            "pbt.resample_probability: Input should be greater than or equal to 0",
+        ),
+        ({"pbt": {"intervals": 2}}, "pbt.intervals: unknown field; allowed: ['interval_epochs',"),
+        (
+            {"samples": 1},
+            "samples: population-based training needs a population of at least 2 trials; "
+            "samples x seeds is 1",
+        ),
+        (
+            {"samples": 3, "seeds": [0, 1, 2]},
+            "samples: a population is one group trial for now, of at most "
+            "grouping.group_size (8) trials; samples (3) x seeds (3) is 9. Populations "
+            "larger than one group trial (exploit across processes through checkpoints) "
+            "are not supported yet",
+        ),
+        (
+            {"grouping": {"group_size": 1}},
+            "of at most grouping.group_size (1) trials",
+        ),
+        (
+            {"families": ["kan", "dqn"]},
+            "families[1]: dqn (a reinforcement-learning family) cannot train in a population yet",
+        ),
+        (
+            {"pbt": {"mutations": {"width": {"low": 2, "high": 8}}}},
+            "pbt.mutations.width: not a setting a population of kan may change; allowed: "
+            "['lr', 'weight_decay', 'grid_eps', 'position_scale', 'reg_entropy', 'reg_lambda']",
+        ),
+        (
+            {"pbt": {"mutations": {"lr": 1e-3}}},
+            "pbt.mutations.lr must be {low, high[, log]} or {choices = [...]}",
+        ),
+        (
+            {"pbt": {"mutations": {"lr": {"low": 0.0, "high": 0.1, "log": True}}}},
+            "pbt.mutations.lr: a log-scaled Float needs low > 0",
+        ),
+        (
+            {"pbt": {"mutations": {"lr": {"choices": ["fast"]}}}},
+            "pbt.mutations.lr.choices must be numbers, got ['fast']",
+        ),
+        ({"pbt": {"mutations": {}}}, "pbt.mutations: empty; name at least one setting"),
+        (
+            {
+                "search_space": {
+                    "kan": {k: 0.1 for k in ("lr", "weight_decay", "grid_eps")}
+                    | {"reg_lambda": 1e-3, "reg_entropy": 0.0, "position_scale": 1.0}
+                }
+            },
+            "pbt.mutations: the search space of kan searches none of the settings a "
+            "population may change",
+        ),
+    ],
+)
+def test_a_bad_pbt_spec_names_its_field(changes: dict[str, Any], expected: str) -> None:
+    assert expected in _problems(**{**PBT, **changes})
+
+
+def test_pbt_defaults_mutate_the_searched_settings_a_population_may_change() -> None:
+    from trainables.pbt import Range
+
+    spec = parse_spec({**VALID, **PBT, "search_space": {"kan": {"reg_entropy": 0.5}}})
+    table = spec.pbt_settings
+    assert (table.interval_epochs, table.quantile, table.resample_probability) == (2, 0.25, 0.25)
+    mutations = spec.pbt_mutations("kan")
+    # lr and weight decay on their log ranges; the family's float settings it searches
+    # (reg_entropy is fixed by the spec, so it stays); shape settings never.
+    assert mutations == {
+        "lr": Range(1e-4, 1e-2, log=True),
+        "weight_decay": Range(1e-6, 1e-2, log=True),
+        "grid_eps": Range(0.0, 1.0),
+        "position_scale": Range(0.5, 32.0, log=True),
+        "reg_lambda": Range(1e-5, 1e-2, log=True),
+    }
+    # One population per family and precision, asked at once: one group trial each.
+    assert spec.configs_per_ask("kan") == spec.samples == 4
+    assert spec.n_tune_trials == 2 and spec.n_trials == 8 and not spec.asha_per_trial
+
+    explicit = parse_spec(
+        {
+            **VALID,
+            **PBT,
+            "pbt": {
+                "mutations": {
+                    "lr": {"low": 1e-3, "high": 0.1, "log": True},
+                    "grid_eps": {"choices": [0, 0.5]},
+                }
+            },
+        }
+    )
+    assert explicit.pbt_mutations("kan") == {
+        "lr": Range(1e-3, 0.1, log=True),
+        "grid_eps": [0.0, 0.5],
+    }
