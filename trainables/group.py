@@ -293,7 +293,7 @@ class TrainerGroup:
                 f"({', '.join(sorted(before))}); got {', '.join(sorted(settings))}"
             )
         after = {name: float(settings[name]) for name in before}
-        config = _with_settings(target.config, after)  # raises on an invalid value
+        config = with_settings(target.config, after)  # raises on an invalid value
         self.fusion.unfuse()
         try:
             target.take_training_state(source, config)
@@ -302,6 +302,11 @@ class TrainerGroup:
         record = ExploitRecord(target.epoch, recipient, donor, before, after)
         self.exploits.append(record)
         return record
+
+    def in_population(self, index: int) -> bool:
+        """Whether trial ``index`` may take part in an exploit now (still training in the
+        group's fusion)."""
+        return not self._out_of_population(index)
 
     def _out_of_population(self, index: int) -> str:
         """Why trial ``index`` cannot take part in an exploit ("" when it can)."""
@@ -326,7 +331,7 @@ class TrainerGroup:
         self.ended[index] = str(exc)
 
 
-def _with_settings(config: TrainConfig, settings: Mapping[str, float]) -> TrainConfig:
+def with_settings(config: TrainConfig, settings: Mapping[str, float]) -> TrainConfig:
     """``config`` with ``settings`` (lr, weight decay and model settings by name); the
     model settings are checked by the family's config."""
     model = {k: v for k, v in settings.items() if k not in ("lr", "weight_decay")}

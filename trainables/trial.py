@@ -254,12 +254,20 @@ def _fit_group(
     """The group trial's training (see :func:`_train_group`), reporting each epoch with
     ``memory`` and ``node`` in every trial's entry; ``latest`` holds the entries."""
     from trainables.group import TrainerGroup
+    from trainables.population import Population, exploit_records, settings_after
 
     slugs = group.slugs()
-    checkpoints, restored = _restore_group(slugs)
+    checkpoints, restored, saved_population = _restore_group(slugs)
     latest.update(restored)
-    trainers = TrainerGroup(group.train_configs(), checkpoints=checkpoints)
+    configs = group.train_configs()
+    if saved_population is not None:  # recipients train on with their explored settings
+        configs = settings_after(configs, exploit_records(saved_population))
+    trainers = TrainerGroup(configs, checkpoints=checkpoints)
     del checkpoints  # their tensors are the trials' now
+    population = None
+    if group.pbt is not None:
+        seed = trial_key(group.trials[0].to_dict())  # the group trial's identity
+        population = Population(trainers, group.pbt, seed, saved_population)
     for index, slug in enumerate(slugs):
         ended = latest.get(slug, {})
         if ended.get("diverged"):  # diverged before the restart: stays out
@@ -276,6 +284,8 @@ def _fit_group(
             if index in metrics:
                 cost = gpu_cost(trial, gpu_fraction)
                 latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
+                if population is not None:  # the settings this epoch trained with
+                    latest[slug].update(trainers.mutable_settings(index))
                 going_on = trial.epoch < trial.config.epochs
                 if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
                     trainers.stop(index, STOPPED_AT_RUNG)
@@ -290,6 +300,9 @@ def _fit_group(
                     "fell_back_to_f32": int(trial.fell_back_to_f32),
                     **node,
                 }
+        if population is not None:
+            population.after_epoch(metrics)
+            _add_lineage(latest, trainers.exploits, slugs, keys)
         finite = [
             float(m["val_sharpe"])
             for m in latest.values()
@@ -311,31 +324,68 @@ def _fit_group(
                     trial.save(root / slugs[index])
             ended = {s: e for s, e in latest.items() if e.get("diverged") or e.get("stopped")}
             (root / GROUP_STATE).write_text(json.dumps(ended, default=str))
+            if population is not None:
+                (root / POPULATION_STATE).write_text(json.dumps(population.state()))
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
-_GroupState = tuple[list[Checkpoint | None], dict[str, dict[str, Any]]]
+def _add_lineage(
+    latest: dict[str, dict[str, Any]],
+    exploits: list[Any],
+    slugs: list[str],
+    keys: list[str],
+) -> None:
+    """Each trial's exploits so far in its entry: ``pbt_exploits`` (how many times it
+    copied another) and ``pbt_lineage`` (one dict each: the epoch, the donor's slug and
+    trial key, the settings before and after), from the group's records."""
+    for index, slug in enumerate(slugs):
+        if slug not in latest:
+            continue
+        lineage = [
+            {
+                "epoch": r.epoch,
+                "donor": slugs[r.donor],
+                "donor_key": keys[r.donor],
+                "before": r.before,
+                "after": r.after,
+            }
+            for r in exploits
+            if r.recipient == index
+        ]
+        latest[slug]["pbt_exploits"] = len(lineage)
+        latest[slug]["pbt_lineage"] = lineage
+
+
+POPULATION_STATE = "population.json"  # beside the trials' checkpoints: exploits, the rng
+
+_GroupState = tuple[list[Checkpoint | None], dict[str, dict[str, Any]], dict[str, Any] | None]
 
 
 def _restore_group(slugs: list[str]) -> _GroupState:
     """Each trial's checkpoint in this group trial's newest good checkpoint (None: a
-    trial that starts fresh) and the final entries of trials that ended."""
+    trial that starts fresh), the final entries of trials that ended, and a population's
+    saved state (:meth:`trainables.population.Population.state`; None: none saved)."""
     found = _newest_usable(lambda checkpoint: _load_group(checkpoint, slugs))
-    return found if found is not None else ([None] * len(slugs), {})
+    return found if found is not None else ([None] * len(slugs), {}, None)
 
 
 def _load_group(checkpoint: tune.Checkpoint, slugs: list[str]) -> _GroupState:
     with checkpoint.as_directory() as directory:
         root = Path(directory) / CKPT_SUBDIR
-        ended_file = root / GROUP_STATE
-        try:
-            ended = json.loads(ended_file.read_text()) if ended_file.is_file() else {}
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(ended_file, f"unreadable: {exc}") from exc
+        ended = _read_json(root / GROUP_STATE, {})
+        population = _read_json(root / POPULATION_STATE, None)
         checkpoints = [
             load_checkpoint(root / slug) if (root / slug).is_dir() else None for slug in slugs
         ]
-    return checkpoints, ended
+    return checkpoints, ended, population
+
+
+def _read_json(path: Path, missing: Any) -> Any:
+    """A group trial's JSON state file, ``missing`` when there is none."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else missing
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(path, f"unreadable: {exc}") from exc
 
 
 def _report_oom(

@@ -187,8 +187,8 @@ def test_a_corrupt_newest_group_checkpoint_falls_back_to_the_previous_one(
     weights.write_bytes(weights.read_bytes()[:100])
     monkeypatch.setattr(tune, "get_checkpoint", lambda: tune.Checkpoint(str(newest)))
 
-    checkpoints, ended = trial_module._restore_group(slugs)
-    assert ended == {}
+    checkpoints, ended, population = trial_module._restore_group(slugs)
+    assert ended == {} and population is None
     resumed = [
         Trainer(m.train_config(), checkpoint=c)
         for m, c in zip(group.trials, checkpoints, strict=True)

@@ -1,0 +1,189 @@
+"""Population-based training in a group trial (trainables/population.py, and the group
+trial's loop in trainables/trial.py), without Ray:
+
+* exploits happen exactly at interval boundaries (every ``interval_epochs``-th epoch, never
+  after the last), the worst trial copying the best, with a record each, and replay from
+  the seed;
+* the ranking reads the epoch's validation Sharpe, never the test split's, and leaves out
+  trials without a finite one;
+* a group trial interrupted and resumed from its checkpoint continues its population as if
+  never interrupted: the same exploits, none repeated or lost, and the recipients train on
+  with their explored settings (not the ones the sweep gave them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainables.helpers import group_config
+from trainables.group import TrainerGroup
+from trainables.pbt import PbtSettings, Range, choose_exploits, explore
+from trainables.population import Population
+
+LRS = (1e-4, 3e-3, 1e-3, 3e-4)  # one per trial: their validation Sharpes differ
+MUTATIONS = {"lr": Range(1e-5, 1e-1, log=True), "weight_decay": Range(1e-6, 1e-2, log=True)}
+
+
+def _settings(interval: int, quantile: float = 0.25) -> PbtSettings:
+    return PbtSettings(
+        interval_epochs=interval, quantile=quantile, resample_probability=0.25, mutations=MUTATIONS
+    )
+
+
+def test_exploits_happen_exactly_at_interval_boundaries_and_replay_from_the_seed() -> None:
+    group = TrainerGroup(
+        [group_config(seed=s, lr=lr, epochs=5, n_folds=1) for s, lr in enumerate(LRS)]
+    )
+    population = Population(group, _settings(interval=2), seed="pbt-test")
+    replay = random.Random("pbt-test")
+    done_at = []
+    for epoch in range(1, 6):
+        metrics = group.train_epoch()
+        scores = [metrics[i]["val_sharpe"] for i in range(4)]
+        settings = [group.mutable_settings(i) for i in range(4)]
+        records = population.after_epoch(metrics)
+        if records:
+            done_at.append(epoch)
+        if epoch not in (2, 4):  # off a boundary, and never after the last epoch (5)
+            assert records == []
+            continue
+        # 4 trials at quantile 0.25: the worst copies the best (the top quantile is one).
+        (record,) = records
+        worst = min(range(4), key=lambda i: (scores[i], -i))
+        best = max(range(4), key=lambda i: (scores[i], -i))
+        assert (record.epoch, record.recipient, record.donor) == (epoch, worst, best)
+        assert record.before == settings[worst]
+        # The same draws from a generator of the same seed, in the same order.
+        assert choose_exploits(scores, replay, 0.25) == [(worst, best)]
+        assert record.after == explore(settings[best], MUTATIONS, replay, 0.25)
+        assert group.mutable_settings(worst) == record.after  # what its next epoch uses
+        assert group.trials[worst].config.lr == record.after["lr"]
+    assert done_at == [2, 4]
+    assert len(group.exploits) == 2 and all(t.epoch == 5 for t in group.trials)
+
+
+def test_the_ranking_reads_validation_sharpe_only_and_skips_trials_without_one() -> None:
+    group = TrainerGroup([group_config(seed=s, lr=lr, n_folds=1) for s, lr in enumerate(LRS)])
+    group.train_epoch()
+    # Validation ranks 0 worst and 3 best; the test split says the opposite.
+    metrics: dict[int, dict[str, Any]] = {
+        i: {"val_sharpe": float(i), "test_sharpe": float(-i)} for i in range(4)
+    }
+    population = Population(group, _settings(interval=1), seed=0)
+    (record,) = population.after_epoch(metrics)
+    assert (record.recipient, record.donor) == (0, 3)
+
+    # Trial 0 has no finite validation Sharpe now, 1 is worst: it copies 3.
+    metrics[0]["val_sharpe"] = math.nan
+    again = TrainerGroup([group_config(seed=s, lr=lr, n_folds=1) for s, lr in enumerate(LRS)])
+    again.train_epoch()
+    (record,) = Population(again, _settings(interval=1), seed=0).after_epoch(metrics)
+    assert (record.recipient, record.donor) == (1, 3)
+
+
+class _Interrupted(Exception):
+    """The process dying after a report (a preemption)."""
+
+
+def _population_trial(tmp_path: Path) -> Any:
+    from tests.hpo.sweep_helpers import tiny_spec
+    from trainables.config import GroupTrialConfig, TrialConfig
+
+    spec = tiny_spec(
+        tmp_path,
+        families=["kan"],
+        precisions=["f32"],
+        max_epochs=4,
+        search_space={"kan": {"width": 4}},
+    )
+    base = spec.trial_base()
+    trials = tuple(
+        TrialConfig(
+            family="kan",
+            precision="f32",
+            seed=0,
+            params={"width": 4, "lr": lr},
+            base=base,
+            config_id=f"kan-f32-c00{i}",
+            pair_id=f"kan-f32-c00{i}-s0",
+        )
+        for i, lr in enumerate(LRS)
+    )
+    return GroupTrialConfig(trials, pbt=_settings(interval=1))
+
+
+def _run(
+    group: Any,
+    trial_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    interrupt_after: int | None = None,
+) -> list[dict[str, Any]]:
+    """The group trial's loop (trainables.trial._fit_group) with Tune's report and
+    checkpoint played by a folder of checkpoint_<n> copies; raises _Interrupted after
+    ``interrupt_after`` reports."""
+    from ray import tune
+
+    from trainables import trial as trial_module
+
+    reported: list[dict[str, Any]] = []
+
+    def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
+        index = len(sorted(trial_dir.glob("checkpoint_*")))
+        shutil.copytree(checkpoint.path, trial_dir / f"checkpoint_{index:06d}")
+        reported.append(metrics)
+        if len(reported) == interrupt_after:
+            raise _Interrupted
+
+    def newest() -> Any:
+        found = sorted(trial_dir.glob("checkpoint_*"))
+        return tune.Checkpoint(str(found[-1])) if found else None
+
+    monkeypatch.setattr(tune, "report", report)
+    monkeypatch.setattr(tune, "get_checkpoint", newest)
+    with contextlib.suppress(_Interrupted):
+        trial_module._fit_group(group, 0.0, None, {}, {}, {})
+    return reported
+
+
+def test_a_resumed_group_trial_continues_its_population(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group = _population_trial(tmp_path)
+    slugs = group.slugs()
+    whole = _run(group, tmp_path / "whole", monkeypatch)
+    assert [r["epoch"] for r in whole] == [1, 2, 3, 4]
+    final = whole[-1]["trials"]
+    lineage = [(e["epoch"], slug, e["donor"]) for slug in slugs for e in final[slug]["pbt_lineage"]]
+    # interval 1, 4 epochs: one exploit after each of epochs 1, 2 and 3, none after 4.
+    assert sorted(epoch for epoch, _, _ in lineage) == [1, 2, 3]
+    assert sum(final[s]["pbt_exploits"] for s in slugs) == 3
+    # The settings each epoch trained with are in its entry: a recipient's change the
+    # epoch after its exploit, to what the record says.
+    for slug in slugs:
+        for entry in final[slug]["pbt_lineage"]:
+            after = whole[entry["epoch"]]["trials"][slug]  # the next epoch's entry
+            assert after["lr"] == entry["after"]["lr"]
+            assert whole[entry["epoch"] - 1]["trials"][slug]["lr"] == entry["before"]["lr"]
+            assert entry["donor_key"] == f"kan-f32-c00{slugs.index(entry['donor'])}|f32/0"
+
+    # Interrupted after epoch 2's report (its exploit done and checkpointed), resumed.
+    before = _run(group, tmp_path / "cut", monkeypatch, interrupt_after=2)
+    after = _run(group, tmp_path / "cut", monkeypatch)
+    assert [r["epoch"] for r in before + after] == [1, 2, 3, 4]
+    resumed = after[-1]["trials"]
+    for slug in slugs:
+        # No exploit repeated or lost, the same donors and explored settings.
+        assert resumed[slug]["pbt_lineage"] == final[slug]["pbt_lineage"]
+        # Epochs 3 and 4 trained with the settings of the uninterrupted run (a recipient
+        # of epoch 2 keeps its explored lr), to the same result.
+        for epoch in (3, 4):
+            ours, theirs = after[epoch - 3]["trials"][slug], whole[epoch - 1]["trials"][slug]
+            assert ours["lr"] == theirs["lr"] and ours["weight_decay"] == theirs["weight_decay"]
+            assert ours["val_sharpe"] == pytest.approx(theirs["val_sharpe"], rel=1e-5, abs=1e-6)

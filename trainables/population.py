@@ -1,0 +1,121 @@
+"""Population-based training inside a group trial: the group's trials are the population,
+and an exploit is an in-memory copy of one trial's fused slots into another's.
+
+    population = Population(group, settings, seed="kan-f32-c000|f32/0")
+    while group.training:
+        metrics = group.train_epoch()
+        population.after_epoch(metrics)  # at an interval boundary: rank, exploit, explore
+
+At every ``interval_epochs``-th epoch but the last (:meth:`PbtSettings.is_boundary`), the
+trials still in the group's fusion rank on that epoch's validation Sharpe (the joined
+walk-forward validation returns; the held-out test split is never read), the bottom
+quantile each copy a trial drawn from the top (:func:`~trainables.pbt.choose_exploits`),
+and take settings explored from the donor's (:func:`~trainables.pbt.explore`), which
+their next epoch trains with (:meth:`TrainerGroup.exploit`). Every draw comes from one
+``random.Random`` seeded from the group trial's identity, so the same population makes
+the same decisions.
+
+Resume: :meth:`Population.state` (the exploit records and the generator's state, JSON)
+is saved with the trials' checkpoints of the same epoch; a group rebuilt from both
+(:func:`settings_after` gives each recipient the settings its last exploit left it, as
+its checkpoint's weights are the donor's copy trained on with them) continues the
+population with no exploit done twice or lost.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainables.config import TrainConfig
+from trainables.group import ExploitRecord, TrainerGroup, with_settings
+from trainables.pbt import PbtSettings, choose_exploits, explore
+
+RANK_METRIC = "val_sharpe"
+"""What a population ranks on: the epoch's validation Sharpe (never the test split's)."""
+
+
+class Population:
+    """A :class:`TrainerGroup`'s trials as one population (see the module docstring)."""
+
+    def __init__(
+        self,
+        group: TrainerGroup,
+        settings: PbtSettings,
+        seed: str | int,
+        state: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.group = group
+        self.settings = settings
+        self.rng = random.Random(seed)
+        if state is not None:
+            self._load_state(state)
+
+    def after_epoch(self, metrics: Mapping[int, Mapping[str, Any]]) -> list[ExploitRecord]:
+        """The exploits after the epoch whose metrics (by trial index, as
+        :meth:`TrainerGroup.train_epoch` returns them) are ``metrics``: none off an
+        interval boundary. A trial outside the population (diverged, stopped, fell back
+        to f32, done) or without a finite validation Sharpe neither copies nor is copied."""
+        members = [i for i in range(len(self.group.trials)) if self.group.in_population(i)]
+        if not members:
+            return []
+        trial = self.group.trials[members[0]]
+        if not self.settings.is_boundary(trial.epoch, trial.config.epochs):
+            return []
+        scores = [
+            _score(metrics.get(i)) if i in members else None for i in range(len(self.group.trials))
+        ]
+        records = []
+        for recipient, donor in choose_exploits(scores, self.rng, self.settings.quantile):
+            after = explore(
+                self.group.mutable_settings(donor),
+                self.settings.mutations,
+                self.rng,
+                self.settings.resample_probability,
+            )
+            records.append(self.group.exploit(recipient, donor, after))
+        return records
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed population needs, as JSON: the group's exploit records so far and
+        the random generator's state."""
+        version, internal, gauss = self.rng.getstate()
+        return {
+            "exploits": [r.to_dict() for r in self.group.exploits],
+            "rng": [version, list(internal), gauss],
+        }
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.group.exploits = exploit_records(state)
+
+
+def exploit_records(state: Mapping[str, Any]) -> list[ExploitRecord]:
+    """The exploit records of a saved :meth:`Population.state`."""
+    return [ExploitRecord(**record) for record in state.get("exploits", [])]
+
+
+def settings_after(
+    configs: Sequence[TrainConfig], exploits: Sequence[ExploitRecord]
+) -> list[TrainConfig]:
+    """``configs`` (a group trial's, as the sweep made them) with each recipient's settings
+    as its last exploit left them: what a resumed population's trials train with (a
+    trial's config in the sweep never changes; its checkpoint's weights are the donor's,
+    trained on with the explored settings)."""
+    latest: dict[int, Mapping[str, float]] = {}
+    for record in exploits:
+        latest[record.recipient] = record.after
+    return [
+        with_settings(config, latest[i]) if i in latest else config
+        for i, config in enumerate(configs)
+    ]
+
+
+def _score(metrics: Mapping[str, Any] | None) -> float | None:
+    value = (metrics or {}).get(RANK_METRIC)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
