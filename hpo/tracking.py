@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -106,6 +107,9 @@ _TRANSIENT_CODES = frozenset(
         "RESOURCE_EXHAUSTED",
     }
 )
+
+LINEAGE_KEY = "pbt_lineage"  # a population's trial's entry: its exploits so far
+LINEAGE_ARTIFACT = "pbt_lineage.json"  # their record in the trial's run
 
 # Keys of a Tune result that are bookkeeping, not metrics.
 _NOT_METRICS = frozenset(
@@ -369,6 +373,9 @@ class MlflowSweepCallback(Callback):
         # run is created without searching the sweep's runs (a search per trial costs time
         # in proportion to the runs so far).
         self._restored: set[str] | None = None
+        # trial_id -> exploits in the pbt_lineage.json last queued (a resumed driver logs
+        # the file again, whole: it is replaced, never appended to)
+        self._lineage_logged: dict[str, int] = {}
         self.client = MlflowClient(self.tracking_uri)
         self.experiment_id: str | None = None
         self.outbox = _Outbox(on_drop=self._report_drop)
@@ -377,6 +384,7 @@ class MlflowSweepCallback(Callback):
         # Tune pickles callbacks into its experiment state: keep ids, not live clients.
         skip = (
             *("client", "outbox", "_queued", "_last_stamp", "_orphans_checked", "_restored"),
+            "_lineage_logged",
             "experiment_id",
         )
         return {k: v for k, v in self.__dict__.items() if k not in skip}
@@ -412,6 +420,7 @@ class MlflowSweepCallback(Callback):
             entry = reported.get(slug)
             if entry is None or run_trial_id in self.closed:
                 continue
+            self._log_lineage(run_trial_id, trial.trial_id, entry)
             ended = _ended_as(entry)
             if ended:  # its final point once, and its run closed now
                 self._log_result(run_trial_id, config, entry, final_may_repeat=True)
@@ -464,6 +473,34 @@ class MlflowSweepCallback(Callback):
             self.last_epoch[trial_id] = max(epoch, self.last_epoch.get(trial_id, 0))
 
         self.outbox.send(f"metrics of {trial_id} epoch {epoch}", log_epoch)
+
+    def _log_lineage(self, trial_id: str, group_id: str, entry: Mapping[str, Any]) -> None:
+        """Queue a population's trial's lineage as the run artifact
+        :data:`LINEAGE_ARTIFACT` when it is new or grew: one object per exploit (the
+        epoch after which it copied, the donor's trial id and key, its settings before
+        and after). Trials not in a population carry no lineage and get no file."""
+        lineage = entry.get(LINEAGE_KEY)
+        if not isinstance(lineage, list):
+            return
+        if trial_id in self._lineage_logged and len(lineage) <= self._lineage_logged[trial_id]:
+            return
+        self._lineage_logged[trial_id] = len(lineage)
+        exploits = [
+            {
+                "epoch": e.get("epoch"),
+                "donor_trial_id": f"{group_id}-{e.get('donor')}",  # as trials_of names it
+                "donor_key": e.get("donor_key"),
+                "before": e.get("before"),
+                "after": e.get("after"),
+            }
+            for e in lineage
+        ]
+        text = json.dumps({"trial_id": trial_id, "exploits": exploits}, indent=1)
+
+        def upload() -> None:
+            self.client.log_text(self.run_ids[trial_id], text, LINEAGE_ARTIFACT)
+
+        self.outbox.send(f"lineage of {trial_id}", upload)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}

@@ -57,6 +57,7 @@ class TrialRow:
     oom_retry_gpu_fraction: float | None = None  # ran out of GPU memory; retry at this share
     gpu_s: float = 0.0  # GPU share x seconds of its epochs so far, on CUDA (trainables.trial)
     cpu_s: float = 0.0  # process CPU seconds of its epochs so far
+    exploits: int = 0  # population-based training: times it copied another trial so far
 
     @property
     def done(self) -> bool:
@@ -117,6 +118,7 @@ def rows_of_trials(
                     else None,
                     gpu_s=_finite(result.get("gpu_s_total")) or 0.0,
                     cpu_s=_finite(result.get("cpu_s_total")) or 0.0,
+                    exploits=int(_finite(result.get("pbt_exploits")) or 0),
                 )
             )
     return rows if retried else latest_attempts(rows)

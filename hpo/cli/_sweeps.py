@@ -163,18 +163,21 @@ def status_cmd(
     attempts = trial_rows(record.sweep_dir, retried=True)
     rows = latest_attempts(attempts)
     spent = spent_hours(attempts)
+    population = record.spec.scheduler == "pbt"
+    exploits = sum(r.exploits for r in rows)
     if as_json:
         payload = {
             "planned": record.spec.n_trials,
             "trials": [r.to_dict() for r in rows],
             "spent": spent,
+            **({"exploits": exploits} if population else {}),
         }
         console.print_json(json.dumps(payload, default=str))
         return
     up_to = "up to " if record.spec.sequential else ""
     title = f"{record.spec.name}: {len(rows)} of {up_to}{record.spec.n_trials} trials started"
     columns = ("trial", "family", "precision", "seed", "pair", "status", "epochs", "val Sharpe")
-    table = titled_table(title, *columns, "note")
+    table = titled_table(title, *columns, *(("exploits",) if population else ()), "note")
     for r in rows:
         note = "diverged" if r.diverged else "fell back to f32" if r.fell_back_to_f32 else ""
         table.add_row(
@@ -186,9 +189,12 @@ def status_cmd(
             r.status,
             str(r.epochs),
             _num(r.val_sharpe),
+            *((str(r.exploits),) if population else ()),
             note,
         )
     console.print(table)
+    if population:
+        console.print(f"population-based training: {exploits} exploits so far")
     console.print(_spent_line(spent))
     _print_links(record.tracking_uri, record.sweep_dir)
 

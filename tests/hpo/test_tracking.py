@@ -520,3 +520,66 @@ def test_only_a_restored_trial_searches_for_its_run(mlflow_uri: str) -> None:
     ]
     # The parent, n0 and n3 (n1 and n2, not restored, were deleted as orphans).
     assert len(client.search_runs([callback.experiment_id])) == 3
+
+
+def test_a_population_logs_settings_per_epoch_and_each_trials_lineage(
+    mlflow_uri: str, tmp_path: Any
+) -> None:
+    """A population's group trial reports each trial's settings and lineage: the settings
+    are metrics of their own name per epoch, and each trial's run holds pbt_lineage.json
+    (replaced as it grows), naming its donors by trial id."""
+    import json
+
+    from trainables.config import GROUP_KEY
+
+    callback, client, _ = _setup(mlflow_uri)
+
+    def trial(seed: int) -> dict[str, Any]:
+        config = _trial("m").config
+        config.update(seed=seed, pair_id=f"tft-c000-s{seed}")
+        return config
+
+    config = {"family": "tft", "precision": "bf16", "config_id": "tft-c000"}
+    group = SimpleNamespace(
+        trial_id="t9", config={**config, GROUP_KEY: [trial(0), trial(1)]}, last_result={}
+    )
+    callback.on_trial_start(0, [], group)
+    exploit = {
+        "epoch": 1,
+        "donor": "bf16-s0",
+        "donor_key": "tft-c000|bf16/0",
+        "before": {"lr": 1e-3},
+        "after": {"lr": 1.2e-3},
+    }
+    for epoch, lr, lineage in ((1, 1e-3, []), (2, 1.2e-3, [exploit])):
+        entries = {
+            "bf16-s0": {"epoch": epoch, "val_sharpe": 1.0, "lr": 2e-3, "pbt_lineage": []},
+            "bf16-s1": {"epoch": epoch, "val_sharpe": 0.5, "lr": lr, "pbt_lineage": lineage},
+        }
+        callback.on_trial_result(0, [], group, {"epoch": epoch, "trials": entries})
+    assert callback.flush()
+    runs = {
+        _precision_seed(r): r
+        for r in client.search_runs([callback.experiment_id])
+        if r.data.tags.get("seed")  # not the sweep's parent run
+    }
+    history = client.get_metric_history(runs["bf16/1"].info.run_id, "lr")
+    assert [(m.step, m.value) for m in history] == [(1, 1e-3), (2, 1.2e-3)]
+
+    def lineage_of(name: str) -> Any:
+        path = client.download_artifacts(runs[name].info.run_id, "pbt_lineage.json", tmp_path)
+        return json.loads(open(path).read())
+
+    assert lineage_of("bf16/0") == {"trial_id": "t9-bf16-s0", "exploits": []}
+    assert lineage_of("bf16/1") == {
+        "trial_id": "t9-bf16-s1",
+        "exploits": [
+            {
+                "epoch": 1,
+                "donor_trial_id": "t9-bf16-s0",
+                "donor_key": "tft-c000|bf16/0",
+                "before": {"lr": 1e-3},
+                "after": {"lr": 1.2e-3},
+            }
+        ],
+    }
