@@ -20,8 +20,10 @@ Two policies now:
   sequential_comparison` decides at each look over the per-configuration differences in
   the order the configurations completed, and a decided family gets nothing new.
 
-Population-based training plugs in as a third (docs/search.md, "More work after a
-result"). A budget's state is JSON inside the searcher's saved state: the looks it applied
+Population-based training within one group trial needs none of its own (the population
+is asked at once under a :class:`FixedBudget` and exploits inside its group trial);
+populations larger than a group would plug in as a third (docs/search.md, "More work
+after a result"). A budget's state is JSON inside the searcher's saved state: the looks it applied
 and the ordered differences they read, so a resumed sweep repeats no look.
 """
 
