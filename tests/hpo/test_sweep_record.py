@@ -67,3 +67,40 @@ def test_status_of_a_sequential_sweep_counts_up_to_its_budget(tmp_path: Path) ->
     assert "e2e: 0 of up to 48 trials started" in status.output
     fixed = tiny_spec(tmp_path / "fixed", **families)
     assert fixed.n_trials == 24  # the fixed design: exactly its samples
+
+
+def test_status_of_a_pbt_sweep_counts_its_exploits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each trial's exploits (times it copied another) in a column, and the sweep's total."""
+    from hpo import trials as trials_module
+    from hpo.trials import TrialRow, TrialStatus
+
+    spec = tiny_spec(
+        tmp_path,
+        families=["kan"],
+        precisions=["f32"],
+        search_space={},
+        scheduler="pbt",
+        samples=2,
+        max_epochs=3,
+    )
+    where = SweepLocation.parse(tmp_path / "results").child(spec.name)
+    SweepRecord(spec, where, parent_run_id="0" * 32, tracking_uri=spec.tracking_uri).write()
+
+    def row(slug: str, exploits: int) -> TrialRow:
+        return TrialRow(
+            *(f"t0-{slug}", "kan", "f32", 0, "", TrialStatus("RUNNING"), 2, 0.5, None),
+            *(False, False, {}, None),
+            config_id=f"kan-f32-{slug}",
+            exploits=exploits,
+        )
+
+    rows = [row("c000", 2), row("c001", 1)]
+    monkeypatch.setattr(trials_module, "trial_rows", lambda *_, **__: rows)
+    status = runner.invoke(app, ["status", str(where.local_path)])
+    assert status.exit_code == 0, status.output
+    assert "exploits" in status.output
+    assert "population-based training: 3 exploits so far" in status.output
+    as_json = runner.invoke(app, ["status", str(where.local_path), "--json"])
+    assert '"exploits": 3' in as_json.output
