@@ -557,7 +557,7 @@ def test_a_population_logs_settings_per_epoch_and_each_trials_lineage(
             "bf16-s1": {"epoch": epoch, "val_sharpe": 0.5, "lr": lr, "pbt_lineage": lineage},
         }
         callback.on_trial_result(0, [], group, {"epoch": epoch, "trials": entries})
-    assert callback.flush()
+    assert callback.flush() and callback.experiment_id is not None
     runs = {
         _precision_seed(r): r
         for r in client.search_runs([callback.experiment_id])
