@@ -246,16 +246,15 @@ class TrainerGroup:
     # population-based training
 
     def mutable_settings(self, index: int) -> dict[str, float]:
-        """Trial ``index``'s settings an exploit may change: lr, weight decay and the
-        family's per-trial model settings that are floats (defaults filled in), by name.
-        The others (the seed, integers, choices of strings) stay the trial's own."""
+        """Trial ``index``'s settings an exploit may change (:func:`mutable_setting_names`,
+        the same names the spec's mutations are checked against), as floats by name
+        (defaults filled in; an integer a spec's Int range gave a float setting is cast).
+        The others (the seed, integer and string settings) stay the trial's own."""
         trial = self.trials[index]
-        values = {"lr": float(trial.config.lr), "weight_decay": float(trial.config.weight_decay)}
+        values = {"lr": trial.config.lr, "weight_decay": trial.config.weight_decay}
         model = dataclasses.asdict(trial.model_config)
-        for name in sorted(trial.family.per_trial_settings):
-            if isinstance(model[name], float):
-                values[name] = model[name]
-        return values
+        names = mutable_setting_names(trial.family)
+        return {name: float(values[name] if name in values else model[name]) for name in names}
 
     def exploit(self, recipient: int, donor: int, settings: Mapping[str, float]) -> ExploitRecord:
         """Trial ``recipient`` takes trial ``donor``'s training state and ``settings``

@@ -187,3 +187,39 @@ def test_a_resumed_group_trial_continues_its_population(
             ours, theirs = after[epoch - 3]["trials"][slug], whole[epoch - 1]["trials"][slug]
             assert ours["lr"] == theirs["lr"] and ours["weight_decay"] == theirs["weight_decay"]
             assert ours["val_sharpe"] == pytest.approx(theirs["val_sharpe"], rel=1e-5, abs=1e-6)
+
+
+def test_an_integer_range_of_a_float_setting_explores_and_exploits(tmp_path: Path) -> None:
+    """A spec that searches kan's position_scale (a float setting) as an Int range gives
+    the trials integer values; the spec's mutations and the trials' mutable settings come
+    from one function (mutable_setting_names), so the boundary's exploit runs."""
+    from tests.hpo.sweep_helpers import tiny_spec
+    from tests.models.test_contract import TINY
+
+    spec = tiny_spec(
+        tmp_path,
+        families=["kan"],
+        precisions=["f32"],
+        max_epochs=2,
+        search_space={"kan": {"position_scale": {"low": 1, "high": 8}}},
+    )
+    mutations = spec.pbt_mutations("kan")
+    assert "position_scale" in mutations
+    settings = PbtSettings(
+        interval_epochs=1, quantile=0.25, resample_probability=0.25, mutations=mutations
+    )
+    group = TrainerGroup(
+        [
+            group_config(
+                seed=s, lr=lr, n_folds=1, model_config={**TINY["kan"], "position_scale": 1 + 2 * s}
+            )
+            for s, lr in enumerate(LRS[:2])
+        ]
+    )
+    metrics = group.train_epoch()
+    (record,) = Population(group, settings, seed=0).after_epoch(metrics)
+    assert group.mutable_settings(1 - record.recipient)["position_scale"] in (1.0, 3.0)
+    assert isinstance(record.after["position_scale"], float)
+    assert group.trials[record.recipient].model_config.position_scale == pytest.approx(
+        record.after["position_scale"]
+    )
