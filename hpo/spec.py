@@ -633,8 +633,15 @@ def parse_spec(
     return spec
 
 
-def load_spec(path: Path | str, overrides: dict[str, Any] | None = None) -> SweepSpec:
-    """Read a TOML/YAML spec file, apply top-level ``overrides`` (from the CLI), validate."""
+def load_spec(
+    path: Path | str, overrides: dict[str, Any] | None = None, *, compare: bool = False
+) -> SweepSpec:
+    """Read a TOML/YAML spec file, apply top-level ``overrides`` (from the CLI), validate.
+
+    ``compare``: the command line's compare mode (``--compare``): compare = true, and FIFO
+    over the file's scheduler (paired trials must all finish), except a ``"pbt"`` one,
+    which stays for the spec to refuse with its reason (population-based training changes
+    the fixed configuration a pair compares)."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), ["file not found"])
@@ -656,6 +663,10 @@ def load_spec(path: Path | str, overrides: dict[str, Any] | None = None) -> Swee
     if not isinstance(payload, dict):
         raise SpecError(str(path), ["the top level must be a table of settings"])
     payload.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if compare:
+        payload["compare"] = True
+        if payload.get("scheduler") != "pbt":
+            payload["scheduler"] = "fifo"
     return parse_spec(payload, source=str(path), base_dir=path.parent)
 
 

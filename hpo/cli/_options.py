@@ -123,13 +123,11 @@ def load_sweep_spec(
     spec_path: Path, storage: str | None, tracking_uri: str | None, name: str | None, compare: bool
 ) -> SweepSpec:
     """The spec file with the command line's overrides (`--compare` implies FIFO: paired
-    trials must all finish)."""
+    trials must all finish; a pbt spec is refused, :func:`hpo.spec.load_spec`)."""
     from hpo.spec import SpecError, load_spec
 
     overrides: dict[str, Any] = {"storage": storage, "tracking_uri": tracking_uri, "name": name}
-    if compare:
-        overrides.update(compare=True, scheduler="fifo")
     try:
-        return load_spec(spec_path, overrides)
+        return load_spec(spec_path, overrides, compare=compare)
     except SpecError as exc:
         fail(str(exc))

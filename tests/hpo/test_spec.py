@@ -403,3 +403,21 @@ def test_pbt_defaults_mutate_the_searched_settings_a_population_may_change() -> 
         "lr": Range(1e-3, 0.1, log=True),
         "grid_eps": [0.0, 0.5],
     }
+
+
+@pytest.mark.parametrize("table", [{}, {"pbt": {"interval_epochs": 1}}])
+def test_compare_on_the_command_line_refuses_a_pbt_spec(
+    tmp_path: Path, table: dict[str, Any]
+) -> None:
+    """``hpo sweep --compare`` (compare = true and FIFO over the file's scheduler) on a pbt
+    spec fails with the reason, rather than running FIFO or blaming the [pbt] table."""
+    from hpo.cli._options import UserError, load_sweep_spec
+
+    path = tmp_path / "pbt.yaml"
+    path.write_text(yaml.safe_dump({**VALID, **PBT, "precisions": ["f32", "bf16"], **table}))
+    with pytest.raises(UserError) as info:
+        load_sweep_spec(path, None, None, None, compare=True)
+    message = str(info.value)
+    assert "scheduler = 'pbt' cannot run with compare = true: the paired unit of the " in message
+    assert "needs scheduler = 'pbt'" not in message
+    assert load_sweep_spec(path, None, None, None, compare=False).scheduler == "pbt"
