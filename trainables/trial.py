@@ -218,6 +218,8 @@ def _train_group(
         return
     _free_cuda_cache()
     verdict = share.after_oom(configs[0], gpu_fraction, oom, group_size)
+    if group.pbt is not None:
+        verdict = population_oom_verdict(verdict, group_size)
     for slug, config in zip(slugs, configs, strict=True):
         entry = latest.get(slug, {})
         if entry.get("diverged") or entry.get("stopped") or entry.get("epoch", 0) >= config.epochs:
@@ -241,6 +243,24 @@ def _train_group(
             **verdict,
         }
     )
+
+
+def population_oom_verdict(verdict: dict[str, Any], group_size: int) -> dict[str, Any]:
+    """A population's OOM report: ``verdict`` (:meth:`GpuShare.after_oom`'s), whose
+    failure reason names the fix where the group did not fit a whole GPU (``oom_split``):
+    the sweep's searcher does not split a population (two halves would be two independent
+    populations), so its trials end there."""
+    if not verdict.get("oom_split"):
+        return verdict
+    return {
+        **verdict,
+        "failure_reason": (
+            f"CUDA out of memory on a whole GPU as a population of {group_size} trials: a "
+            "population is one group trial and is not split (its halves would be two "
+            "independent populations); make it fit with fewer trials (samples x seeds), a "
+            "smaller shape, or a GPU with more memory ([resources])"
+        ),
+    }
 
 
 def _fit_group(

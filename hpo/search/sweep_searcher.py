@@ -179,12 +179,18 @@ class SweepSearcher(Searcher):
             reported = _trial_entries(result or {})
             trials = self.trial_group[trial_id]
             dicts = self.trial_config[trial_id][GROUP_KEY]
+            pbt = GroupTrialConfig.from_dict(self.trial_config[trial_id]).pbt
+            # A population that did not fit a whole GPU is not split: the halves would be
+            # two independent populations (or a trial alone, without PBT). Its trials that
+            # ran out of memory end as failures (the trial's failure_reason names the fix).
+            split = bool(result and result.get("oom_split"))
+            retry_oom = not (split and pbt is not None)
             retries: list[TrialConfig] = []
             for (config_id, place), slug, config in zip(
                 trials, trial_slugs(dicts), dicts, strict=True
             ):
                 entry = {} if error else reported.get(slug) or {}
-                if entry.get("oom") and entry.get("oom_retry_gpu_fraction"):
+                if retry_oom and entry.get("oom") and entry.get("oom_retry_gpu_fraction"):
                     floor = float(entry["oom_retry_gpu_fraction"])
                     ran_on = str(entry.get("gpu_type") or "")
                     retries.append(TrialConfig.from_dict(config).with_floor(floor, gpu_type=ran_on))
@@ -193,9 +199,11 @@ class SweepSearcher(Searcher):
             if retries:
                 # Those that ran out of memory, again as one group with a larger share, or
                 # as two halves where the group did not fit a whole GPU.
-                split = bool(result and result.get("oom_split")) and len(retries) > 1
-                halves = _even_chunks(retries, -(-len(retries) // 2)) if split else [retries]
-                pbt = GroupTrialConfig.from_dict(self.trial_config[trial_id]).pbt
+                halves = (
+                    _even_chunks(retries, -(-len(retries) // 2))
+                    if split and len(retries) > 1
+                    else [retries]
+                )
                 for half in reversed(halves):
                     self.queue.appendleft(_group_trial(half, pbt))
         else:

@@ -197,3 +197,46 @@ def _group_spec_trial() -> dict[str, Any]:
     group = searcher.suggest("t1")
     assert isinstance(group, dict)
     return group[GROUP_KEY][0]
+
+
+def _population_spec() -> Any:
+    return parse_spec(
+        {
+            "name": "oom",
+            "families": ["kan"],
+            "precisions": ["bf16"],
+            "samples": 2,
+            "seeds": [0, 1],
+            "search": "random",
+            "scheduler": "pbt",
+            "max_epochs": 3,
+            "grouping": {"group_size": 4},
+        }
+    )
+
+
+def test_a_population_that_does_not_fit_a_whole_gpu_is_not_split() -> None:
+    """Halves would be two independent populations (or a one-trial half without PBT): the
+    population's trials that ran out of memory end as failures, nothing is re-queued, and
+    the stream is told its outcomes (the sweep finishes)."""
+    searcher = SweepSearcher(_population_spec())
+    population = searcher.suggest("t1")
+    assert isinstance(population, dict) and GroupTrialConfig.from_dict(population).pbt
+    slugs = GroupTrialConfig.from_dict(population).slugs()
+    split = {"oom": 1, "oom_split": 1, "oom_retry_gpu_fraction": 0.5, "val_sharpe": float("nan")}
+    searcher.on_trial_complete("t1", {**split, "trials": {s: dict(split) for s in slugs}})
+    assert searcher.suggest("t2") == Searcher.FINISHED
+    assert searcher.searchers[0].n_told == 2  # both configurations, without a value
+
+
+def test_a_population_retried_at_a_larger_share_stays_one_population() -> None:
+    searcher = SweepSearcher(_population_spec())
+    population = searcher.suggest("t1")
+    assert isinstance(population, dict)
+    slugs = GroupTrialConfig.from_dict(population).slugs()
+    oom = {"oom": 1, "oom_retry_gpu_fraction": 0.5}
+    searcher.on_trial_complete("t1", {**oom, "trials": {s: dict(oom) for s in slugs}})
+    retry = searcher.suggest("t2")
+    assert isinstance(retry, dict)
+    again = GroupTrialConfig.from_dict(retry)
+    assert len(again.trials) == 4 and again.pbt == GroupTrialConfig.from_dict(population).pbt

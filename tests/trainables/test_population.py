@@ -223,3 +223,14 @@ def test_an_integer_range_of_a_float_setting_explores_and_exploits(tmp_path: Pat
     assert group.trials[record.recipient].model_config.position_scale == pytest.approx(
         record.after["position_scale"]
     )
+
+
+def test_a_population_that_does_not_fit_a_whole_gpu_says_how_to_make_it_fit() -> None:
+    from trainables.trial import population_oom_verdict
+
+    retry = {"oom_retry_gpu_fraction": 0.4, "failure_reason": "retrying at 0.4"}
+    assert population_oom_verdict(retry, 4) == retry
+    split = {"oom_split": 1, "oom_retry_gpu_fraction": 0.5, "failure_reason": "split in two"}
+    reason = population_oom_verdict(split, 4)["failure_reason"]
+    assert "population of 4 trials" in reason and "not split" in reason
+    assert "samples x seeds" in reason and "[resources]" in reason
