@@ -256,6 +256,17 @@ class TrainerGroup:
         names = mutable_setting_names(trial.family)
         return {name: float(values[name] if name in values else model[name]) for name in names}
 
+    def trained_settings(self, index: int) -> dict[str, float]:
+        """Trial ``index``'s :meth:`mutable_settings` as its training uses them: lr and
+        weight decay read from its optimizer (its fused slots' values where it trains
+        fused), the model settings from its model config. What a population reports each
+        epoch, so the lineage shows what trained: an exploit whose restored optimizer
+        state won over the explored lr (ray-project/ray#62173) would show there."""
+        settings = self.mutable_settings(index)
+        group = self.trials[index].folds[0].optimizer.param_groups[0]
+        settings.update(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]))
+        return settings
+
     def exploit(self, recipient: int, donor: int, settings: Mapping[str, float]) -> ExploitRecord:
         """Trial ``recipient`` takes trial ``donor``'s training state and ``settings``
         (every one of :meth:`mutable_settings`, as :func:`trainables.pbt.explore` returns

@@ -305,7 +305,7 @@ def _fit_group(
                 cost = gpu_cost(trial, gpu_fraction)
                 latest[slug] = {**metrics[index], "diverged": 0, **memory, **node, **cost}
                 if population is not None:  # the settings this epoch trained with
-                    latest[slug].update(trainers.mutable_settings(index))
+                    latest[slug].update(trainers.trained_settings(index))
                 going_on = trial.epoch < trial.config.epochs
                 if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
                     trainers.stop(index, STOPPED_AT_RUNG)

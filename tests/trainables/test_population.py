@@ -234,3 +234,38 @@ def test_a_population_that_does_not_fit_a_whole_gpu_says_how_to_make_it_fit() ->
     reason = population_oom_verdict(split, 4)["failure_reason"]
     assert "population of 4 trials" in reason and "not split" in reason
     assert "samples x seeds" in reason and "[resources]" in reason
+
+
+def test_the_reported_lr_is_the_one_the_optimizer_trained_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each epoch's ``lr`` is read from the trial's optimizer (its fused slots' lr), not
+    from its config: were an exploit's restored optimizer state to win over the explored
+    lr (ray-project/ray#62173), played here by putting the donor's lr back into the
+    recipient's slots, the lineage shows the lr that trained, the donor's."""
+    from trainables.group import ExploitRecord
+
+    original = TrainerGroup.exploit
+
+    def restored_lr_wins(
+        self: TrainerGroup, recipient: int, donor: int, settings: Any
+    ) -> ExploitRecord:
+        record = original(self, recipient, donor, settings)
+        fused = self.fusion.fused
+        assert fused is not None
+        lr = self.trials[donor].config.lr
+        owners = [t for t in self.fusion.trainers for _ in t.folds]
+        target = self.trials[recipient]
+        fused.optimizer.param_groups[0]["lr"] = [lr if t is target else t.config.lr for t in owners]
+        return record
+
+    group = _population_trial(tmp_path)
+    slugs = group.slugs()
+    monkeypatch.setattr(TrainerGroup, "exploit", restored_lr_wins)
+    reported = _run(group, tmp_path / "defect", monkeypatch)
+    lineage = [(slug, e) for slug in slugs for e in reported[-1]["trials"][slug]["pbt_lineage"]]
+    assert lineage
+    for slug, entry in lineage:
+        donor_lr = reported[entry["epoch"] - 1]["trials"][entry["donor"]]["lr"]
+        trained = reported[entry["epoch"]]["trials"][slug]["lr"]
+        assert trained == donor_lr != entry["after"]["lr"]
