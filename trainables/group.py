@@ -268,9 +268,20 @@ class TrainerGroup:
         return settings
 
     def exploit(self, recipient: int, donor: int, settings: Mapping[str, float]) -> ExploitRecord:
-        """Trial ``recipient`` takes trial ``donor``'s training state and ``settings``
-        (every one of :meth:`mutable_settings`, as :func:`trainables.pbt.explore` returns
-        them), in memory, between epochs.
+        """Trial ``recipient`` takes trial ``donor``'s training state and ``settings``:
+        one exploit of :meth:`exploit_all`, whose docstring says what moves and what is
+        refused."""
+        (record,) = self.exploit_all([(recipient, donor, settings)])
+        return record
+
+    def exploit_all(
+        self, exploits: Sequence[tuple[int, int, Mapping[str, float]]]
+    ) -> list[ExploitRecord]:
+        """One interval boundary's exploits, in order: in each ``(recipient, donor,
+        settings)`` trial ``recipient`` takes trial ``donor``'s training state and
+        ``settings`` (every one of :meth:`mutable_settings`, as
+        :func:`trainables.pbt.explore` returns them), in memory, between epochs. Returns
+        their records (also appended to ``exploits``).
 
         Every fold's weights and buffers, optimizer moments and step counts, bf16 Kahan
         compensation, guard and loss scale become copies of the donor's
@@ -278,40 +289,57 @@ class TrainerGroup:
         the fused optimizer takes for the recipient's slots at its next step, and the
         new model settings what its modules read. The recipient keeps its identity: its
         seed, minibatch order, epoch, step count and history (which goes on from here).
-        The group unfuses and fuses again around the copy, the path a fallback takes:
-        the other trials' state moves out of the fused tensors and back unchanged.
+        The group unfuses once around all the copies and fuses again, the path a
+        fallback takes: the other trials' state moves out of the fused tensors and back
+        unchanged.
 
         Raises ValueError, changing nothing, when a trial is not in the group's fusion
         (diverged, stopped, fell back to f32, done), when ``recipient == donor``, when
-        they are at different epochs, or when ``settings`` are not the mutable ones."""
-        if recipient == donor:
-            raise ValueError(f"trial {recipient} cannot exploit itself")
-        for index, role in ((recipient, "recipient"), (donor, "donor")):
-            why = self._out_of_population(index)
-            if why:
-                raise ValueError(f"trial {index} cannot be an exploit's {role}: {why}")
-        target, source = self.trials[recipient], self.trials[donor]
-        if target.epoch != source.epoch:
-            raise ValueError(
-                f"trial {recipient} has completed {target.epoch} epochs, trial {donor} "
-                f"{source.epoch}: an exploit copies between trials at one epoch"
-            )
-        before = self.mutable_settings(recipient)
-        if set(settings) != set(before):
-            raise ValueError(
-                f"an exploit sets every mutable setting of trial {recipient} "
-                f"({', '.join(sorted(before))}); got {', '.join(sorted(settings))}"
-            )
-        after = {name: float(settings[name]) for name in before}
-        config = with_settings(target.config, after)  # raises on an invalid value
+        they are at different epochs, when ``settings`` are not the mutable ones, or when
+        a recipient takes part in another of the exploits (a boundary's recipients copy
+        once each, and are nobody's donor, as :func:`trainables.pbt.choose_exploits`
+        pairs them)."""
+        planned = []
+        recipients = [recipient for recipient, _, _ in exploits]
+        donors = {donor for _, donor, _ in exploits}
+        for recipient, donor, settings in exploits:
+            if recipient == donor:
+                raise ValueError(f"trial {recipient} cannot exploit itself")
+            if recipients.count(recipient) > 1 or recipient in donors:
+                raise ValueError(
+                    f"trial {recipient} is a recipient and takes part in another exploit of "
+                    "the same boundary: a recipient copies once and is nobody's donor"
+                )
+            for index, role in ((recipient, "recipient"), (donor, "donor")):
+                why = self._out_of_population(index)
+                if why:
+                    raise ValueError(f"trial {index} cannot be an exploit's {role}: {why}")
+            target, source = self.trials[recipient], self.trials[donor]
+            if target.epoch != source.epoch:
+                raise ValueError(
+                    f"trial {recipient} has completed {target.epoch} epochs, trial {donor} "
+                    f"{source.epoch}: an exploit copies between trials at one epoch"
+                )
+            before = self.mutable_settings(recipient)
+            if set(settings) != set(before):
+                raise ValueError(
+                    f"an exploit sets every mutable setting of trial {recipient} "
+                    f"({', '.join(sorted(before))}); got {', '.join(sorted(settings))}"
+                )
+            after = {name: float(settings[name]) for name in before}
+            config = with_settings(target.config, after)  # raises on an invalid value
+            planned.append((ExploitRecord(target.epoch, recipient, donor, before, after), config))
+        if not planned:
+            return []
         self.fusion.unfuse()
         try:
-            target.take_training_state(source, config)
+            for record, config in planned:
+                self.trials[record.recipient].take_training_state(self.trials[record.donor], config)
         finally:  # fused again whatever happened: the others train on
             self.fusion.fuse_again()
-        record = ExploitRecord(target.epoch, recipient, donor, before, after)
-        self.exploits.append(record)
-        return record
+        records = [record for record, _ in planned]
+        self.exploits.extend(records)
+        return records
 
     def in_population(self, index: int) -> bool:
         """Whether trial ``index`` may take part in an exploit now (still training in the

@@ -11,7 +11,8 @@ trials still in the group's fusion rank on that epoch's validation Sharpe (the j
 walk-forward validation returns; the held-out test split is never read), the bottom
 quantile each copy a trial drawn from the top (:func:`~trainables.pbt.choose_exploits`),
 and take settings explored from the donor's (:func:`~trainables.pbt.explore`), which
-their next epoch trains with (:meth:`TrainerGroup.exploit`). Every draw comes from one
+their next epoch trains with (:meth:`TrainerGroup.exploit_all`, all of a boundary's
+exploits inside one unfuse and fuse). Every draw comes from one
 ``random.Random`` seeded from the group trial's identity, so the same population makes
 the same decisions.
 
@@ -67,16 +68,20 @@ class Population:
         scores = [
             _score(metrics.get(i)) if i in members else None for i in range(len(self.group.trials))
         ]
-        records = []
-        for recipient, donor in choose_exploits(scores, self.rng, self.settings.quantile):
-            after = explore(
-                self.group.mutable_settings(donor),
-                self.settings.mutations,
-                self.rng,
-                self.settings.resample_probability,
+        exploits = [
+            (
+                recipient,
+                donor,
+                explore(
+                    self.group.mutable_settings(donor),
+                    self.settings.mutations,
+                    self.rng,
+                    self.settings.resample_probability,
+                ),
             )
-            records.append(self.group.exploit(recipient, donor, after))
-        return records
+            for recipient, donor in choose_exploits(scores, self.rng, self.settings.quantile)
+        ]
+        return self.group.exploit_all(exploits)
 
     def state(self) -> dict[str, Any]:
         """What a resumed population needs, as JSON: the group's exploit records so far and

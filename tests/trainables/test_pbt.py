@@ -275,3 +275,31 @@ def test_explore_resamples_from_the_range_and_replays_with_the_seed() -> None:
         explore(settings, {"dropout": DROPOUT}, rng)
     with pytest.raises(ValueError, match="log range needs low > 0"):
         explore({"x": 1.0}, {"x": Range(0.0, 1.0, log=True)}, rng)
+
+
+def test_a_boundarys_exploits_share_one_unfuse_and_refuse_before_any_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainables.fusion import Fusion
+
+    group = TrainerGroup([group_config(seed=s, lr=1e-3 * (s + 1)) for s in range(4)])
+    unfused: list[int] = []
+    original = Fusion.unfuse
+
+    def counting(self: Fusion) -> None:
+        unfused.append(1)
+        original(self)
+
+    monkeypatch.setattr(Fusion, "unfuse", counting)
+    weights = trial_weights(group.trials[0]).clone()
+    # Trial 0 would be a recipient and a donor: refused, nothing moved or recorded.
+    with pytest.raises(ValueError, match="trial 0 is a recipient and takes part in another"):
+        group.exploit_all([(0, 3, group.mutable_settings(3)), (1, 0, group.mutable_settings(0))])
+    assert unfused == [] and group.exploits == []
+    assert torch.equal(trial_weights(group.trials[0]), weights)
+    pairs = [(0, 3, group.mutable_settings(3)), (1, 2, group.mutable_settings(2))]
+    records = group.exploit_all(pairs)
+    assert unfused == [1] and group.exploits == records
+    assert [(r.recipient, r.donor, r.after) for r in records] == pairs
+    assert [group.trials[i].config.lr for i in range(4)] == [4e-3, 3e-3, 3e-3, 4e-3]
+    assert torch.equal(trial_weights(group.trials[0]), trial_weights(group.trials[3]))

@@ -245,23 +245,22 @@ def test_the_reported_lr_is_the_one_the_optimizer_trained_with(
     recipient's slots, the lineage shows the lr that trained, the donor's."""
     from trainables.group import ExploitRecord
 
-    original = TrainerGroup.exploit
+    original = TrainerGroup.exploit_all
 
-    def restored_lr_wins(
-        self: TrainerGroup, recipient: int, donor: int, settings: Any
-    ) -> ExploitRecord:
-        record = original(self, recipient, donor, settings)
+    def restored_lr_wins(self: TrainerGroup, exploits: Any) -> list[ExploitRecord]:
+        records = original(self, exploits)
         fused = self.fusion.fused
         assert fused is not None
-        lr = self.trials[donor].config.lr
         owners = [t for t in self.fusion.trainers for _ in t.folds]
-        target = self.trials[recipient]
-        fused.optimizer.param_groups[0]["lr"] = [lr if t is target else t.config.lr for t in owners]
-        return record
+        lrs = {id(t): t.config.lr for t in owners}
+        for record in records:
+            lrs[id(self.trials[record.recipient])] = self.trials[record.donor].config.lr
+        fused.optimizer.param_groups[0]["lr"] = [lrs[id(t)] for t in owners]
+        return records
 
     group = _population_trial(tmp_path)
     slugs = group.slugs()
-    monkeypatch.setattr(TrainerGroup, "exploit", restored_lr_wins)
+    monkeypatch.setattr(TrainerGroup, "exploit_all", restored_lr_wins)
     reported = _run(group, tmp_path / "defect", monkeypatch)
     lineage = [(slug, e) for slug in slugs for e in reported[-1]["trials"][slug]["pbt_lineage"]]
     assert lineage
