@@ -4,6 +4,7 @@ trains on them, still says the data is gone before anything starts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,20 @@ def test_status_of_a_pbt_sweep_counts_its_exploits(
     monkeypatch.setattr(trials_module, "trial_rows", lambda *_, **__: rows)
     status = runner.invoke(app, ["status", str(where.local_path)])
     assert status.exit_code == 0, status.output
-    assert "exploits" in status.output
+    lines = status.output.splitlines()
+    header = next(line for line in lines if "exploits" in line and "┃" in line)
+    column = [cell.strip() for cell in header.split("┃")].index("exploits")
+    shown = {
+        cells[1]: cells[column]
+        for line in lines
+        if "│" in line and (cells := [cell.strip() for cell in line.split("│")])[1]
+    }
+    assert shown == {"t0-c000": "2", "t0-c001": "1"}
     assert "population-based training: 3 exploits so far" in status.output
     as_json = runner.invoke(app, ["status", str(where.local_path), "--json"])
-    assert '"exploits": 3' in as_json.output
+    payload = json.loads(as_json.output)
+    assert payload["exploits"] == 3
+    assert {t["trial_id"]: t["exploits"] for t in payload["trials"]} == {
+        "t0-c000": 2,
+        "t0-c001": 1,
+    }

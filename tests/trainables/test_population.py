@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.trainables.helpers import group_config
 from trainables.group import TrainerGroup
@@ -268,3 +269,25 @@ def test_the_reported_lr_is_the_one_the_optimizer_trained_with(
         donor_lr = reported[entry["epoch"] - 1]["trials"][entry["donor"]]["lr"]
         trained = reported[entry["epoch"]]["trials"][slug]["lr"]
         assert trained == donor_lr != entry["after"]["lr"]
+
+
+def test_a_diverged_trial_neither_copies_nor_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trial 0 diverges in the first epoch of a real group: scored best or worst, the
+    population leaves it out of the ranking (its weights stay as they were)."""
+    from tests.trainables.helpers import poison_slots, trial_weights
+
+    configs = [
+        group_config(seed=s, lr=lr, fallback_after=3, log_every=3) for s, lr in enumerate(LRS)
+    ]
+    poison_slots(monkeypatch, 8, slice(0, 2), range(1, 5))  # trial 0's two folds
+    group = TrainerGroup(configs)
+    metrics = group.train_epoch()
+    monkeypatch.undo()
+    assert 0 in group.diverged and not group.in_population(0)
+    diverged = trial_weights(group.trials[0]).clone()
+    population = Population(group, _settings(interval=1), seed=0)
+    for score in (-10.0, 10.0):  # trial 0 scored worst, then best
+        scored = {**metrics, 0: {"val_sharpe": score}}
+        (record,) = population.after_epoch(scored)
+        assert 0 not in (record.recipient, record.donor)
+    assert torch.equal(trial_weights(group.trials[0]), diverged)
