@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -57,7 +58,12 @@ def test_resume_still_names_the_missing_data(tmp_path: Path) -> None:
 def test_status_of_a_sequential_sweep_counts_up_to_its_budget(tmp_path: Path) -> None:
     """A sequential comparison stops a family once it is decided, so its trial count is a
     most: 2 families x 12 configurations x 2 precisions, one seed, said as "up to 48"."""
-    families = {"families": ["kan", "liquid"], "search_space": {}, "compare": True, "samples": 6}
+    families: dict[str, Any] = {
+        "families": ["kan", "liquid"],
+        "search_space": {},
+        "compare": True,
+        "samples": 6,
+    }
     spec = tiny_spec(
         tmp_path, comparison={"sequential": True, "max_configs": 12, "look_every": 2}, **families
     )
