@@ -17,7 +17,7 @@ Words for where a trial is, each for one idea:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,9 @@ class TrialRow:
     gpu_s: float = 0.0  # GPU share x seconds of its epochs so far, on CUDA (trainables.trial)
     cpu_s: float = 0.0  # process CPU seconds of its epochs so far
     exploits: int = 0  # population-based training: times it copied another trial so far
+    # population-based training: the settings its exploits changed, as it finished with
+    # them (``params`` are what the sweep started it with); see :func:`explored_settings`
+    explored: dict[str, float] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -119,6 +122,7 @@ def rows_of_trials(
                     gpu_s=_finite(result.get("gpu_s_total")) or 0.0,
                     cpu_s=_finite(result.get("cpu_s_total")) or 0.0,
                     exploits=int(_finite(result.get("pbt_exploits")) or 0),
+                    explored=explored_settings(result),
                 )
             )
     return rows if retried else latest_attempts(rows)
@@ -206,6 +210,18 @@ def best_rows(
         if key not in best or row.val_sharpe > (best[key].val_sharpe or float("-inf")):
             best[key] = row
     return [best[k] for k in sorted(best)]
+
+
+def explored_settings(result: Mapping[str, Any]) -> dict[str, float]:
+    """A population trial's settings that its exploits changed, by name, at the values it
+    finished with: its last exploit's ``after`` where that differs from its first
+    exploit's ``before`` (what the sweep started it with), from the ``pbt_lineage`` of
+    its last result entry. Empty for a trial that never exploited."""
+    lineage = result.get("pbt_lineage") or []
+    if not lineage:
+        return {}
+    started, finished = lineage[0]["before"], lineage[-1]["after"]
+    return {name: float(v) for name, v in finished.items() if started.get(name) != v}
 
 
 def _finite(value: Any) -> float | None:

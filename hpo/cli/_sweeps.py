@@ -258,7 +258,19 @@ def _print_best(best: list[Any]) -> None:
         overflow="fold",
     )
     for r in best:
-        config = ", ".join(f"{k}={_short(v)}" for k, v in sorted(r.params.items()))
+        # A population trial finished with the settings its exploits left it, not the
+        # ones the sweep started it with: those are shown, and said to have changed.
+        finished = {**r.params, **r.explored}
+        config = ", ".join(f"{k}={_short(v)}" for k, v in sorted(finished.items()))
+        if r.explored:
+            started = ", ".join(
+                f"{k}={_short(r.params[k]) if k in r.params else 'default'}"
+                for k in sorted(r.explored)
+            )
+            config += (
+                f" (finished with the settings population-based training explored over "
+                f"{r.exploits} exploits; it started with {started})"
+            )
         table.add_row(
             r.family,
             r.precision,

@@ -124,3 +124,35 @@ def test_status_of_a_pbt_sweep_counts_its_exploits(
         "t0-c000": 2,
         "t0-c001": 1,
     }
+
+
+def test_best_of_a_pbt_sweep_shows_the_settings_its_trial_finished_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The best trial's config is what it trained with at the end (its last exploit's
+    settings), said to differ from what the sweep started it with."""
+    from hpo.cli import _sweeps
+    from hpo.trials import TrialRow, TrialStatus, explored_settings
+
+    before = {"lr": 1e-3, "weight_decay": 1e-4, "position_scale": 4.0}
+    lineage = [
+        {"epoch": 1, "before": before, "after": {**before, "lr": 2e-3}},
+        {"epoch": 2, "before": {**before, "lr": 2e-3}, "after": {**before, "lr": 1.6e-3}},
+    ]
+    explored = explored_settings({"pbt_exploits": 2, "pbt_lineage": lineage})
+    assert explored == {"lr": 1.6e-3}
+    assert explored_settings({"val_sharpe": 1.0}) == {}
+    row = TrialRow(
+        *("t0-c000", "kan", "f32", 0, "", TrialStatus("TERMINATED"), 3, 0.5, None),
+        *(False, False, {"lr": 1e-3, "width": 4}, None),
+        config_id="kan-f32-c000",
+        exploits=2,
+        explored=explored,
+    )
+    printed: list[str] = []
+    monkeypatch.setattr(_sweeps.console, "print", lambda table, **_: printed.append(table))
+    _sweeps._print_best([row])
+    (table,) = printed
+    config = table.columns[5]._cells[0]  # type: ignore[attr-defined]
+    assert config.startswith("lr=0.0016, width=4 (finished with the settings")
+    assert "over 2 exploits; it started with lr=0.001)" in config
