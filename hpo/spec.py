@@ -319,7 +319,7 @@ class SweepSpec(_Strict):
                 "comparison is a fixed configuration, and population-based training changes "
                 "a trial's settings and weights while it trains"
             )
-        interval = self.pbt_settings.interval_epochs
+        interval = self.pbt_table.interval_epochs
         if interval >= self.max_epochs:
             raise ValueError(
                 f"pbt.interval_epochs = {interval} leaves no interval boundary before the "
@@ -341,7 +341,7 @@ class SweepSpec(_Strict):
             )
 
     @property
-    def pbt_settings(self) -> PbtSpec:
+    def pbt_table(self) -> PbtSpec:
         """The ``[pbt]`` table, or its defaults."""
         return self.pbt if self.pbt is not None else PbtSpec()
 
@@ -357,7 +357,7 @@ class SweepSpec(_Strict):
         from trainables.pbt import Range
 
         names = mutable_setting_names(get_family(family))
-        explicit = self.pbt_settings.mutations
+        explicit = self.pbt_table.mutations
         mutations: dict[str, Any] = {}
         if explicit is not None:
             for name, value in explicit.items():

@@ -311,7 +311,7 @@ class TrainerGroup:
                     "the same boundary: a recipient copies once and is nobody's donor"
                 )
             for index, role in ((recipient, "recipient"), (donor, "donor")):
-                why = self._out_of_population(index)
+                why = self._why_not_exploit(index)
                 if why:
                     raise ValueError(f"trial {index} cannot be an exploit's {role}: {why}")
             target, source = self.trials[recipient], self.trials[donor]
@@ -341,12 +341,12 @@ class TrainerGroup:
         self.exploits.extend(records)
         return records
 
-    def in_population(self, index: int) -> bool:
+    def can_exploit(self, index: int) -> bool:
         """Whether trial ``index`` may take part in an exploit now (still training in the
         group's fusion)."""
-        return not self._out_of_population(index)
+        return not self._why_not_exploit(index)
 
-    def _out_of_population(self, index: int) -> str:
+    def _why_not_exploit(self, index: int) -> str:
         """Why trial ``index`` cannot take part in an exploit ("" when it can)."""
         if not 0 <= index < len(self.trials):
             return f"the group has trials 0 to {len(self.trials) - 1}"

@@ -59,14 +59,14 @@ class Population:
         :meth:`TrainerGroup.train_epoch` returns them) are ``metrics``: none off an
         interval boundary. A trial outside the population (diverged, stopped, fell back
         to f32, done) or without a finite validation Sharpe neither copies nor is copied."""
-        members = [i for i in range(len(self.group.trials)) if self.group.in_population(i)]
-        if not members:
+        eligible = [i for i in range(len(self.group.trials)) if self.group.can_exploit(i)]
+        if not eligible:
             return []
-        trial = self.group.trials[members[0]]
+        trial = self.group.trials[eligible[0]]
         if not self.settings.is_boundary(trial.epoch, trial.config.epochs):
             return []
         scores = [
-            _score(metrics.get(i)) if i in members else None for i in range(len(self.group.trials))
+            _score(metrics.get(i)) if i in eligible else None for i in range(len(self.group.trials))
         ]
         exploits = [
             (

@@ -449,7 +449,7 @@ def _group_trial(trials: list[TrialConfig], pbt: PbtSettings | None = None) -> d
 
 def _pbt_settings(spec: SweepSpec, family: str) -> PbtSettings:
     """``family``'s population settings from the spec's ``[pbt]`` table."""
-    table = spec.pbt_settings
+    table = spec.pbt_table
     return PbtSettings(
         interval_epochs=table.interval_epochs,
         quantile=table.quantile,

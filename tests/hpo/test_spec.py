@@ -371,7 +371,7 @@ def test_pbt_defaults_mutate_the_searched_settings_a_population_may_change() -> 
     from trainables.pbt import Range
 
     spec = parse_spec({**VALID, **PBT, "search_space": {"kan": {"reg_entropy": 0.5}}})
-    table = spec.pbt_settings
+    table = spec.pbt_table
     assert (table.interval_epochs, table.quantile, table.resample_probability) == (2, 0.25, 0.25)
     mutations = spec.pbt_mutations("kan")
     # lr and weight decay on their log ranges; the family's float settings it searches

@@ -283,7 +283,7 @@ def test_a_diverged_trial_neither_copies_nor_is_copied(monkeypatch: pytest.Monke
     group = TrainerGroup(configs)
     metrics = group.train_epoch()
     monkeypatch.undo()
-    assert 0 in group.diverged and not group.in_population(0)
+    assert 0 in group.diverged and not group.can_exploit(0)
     diverged = trial_weights(group.trials[0]).clone()
     population = Population(group, _settings(interval=1), seed=0)
     for score in (-10.0, 10.0):  # trial 0 scored worst, then best
