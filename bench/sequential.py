@@ -14,7 +14,7 @@ Differences ``d = other - reference`` are ``mu + r * margin * Z`` with ``Z`` of 
 and sd 1 from one of five shapes: normal; t(3) (heavy tails); a negated gamma(4)
 (skewness -1) and a negated exponential (skewness -2), long tails of losses; and
 "contaminated": 94% near 0 (sd 0.25), 6% losing 2 to 8 (uniform), standardized (the
-skewed-but-centred family of issue 39, skewness about -3.2). The margin is 0.1.
+skewed-but-centred family of issue 39, skewness about -4.1). The margin is 0.1.
 
 Per cell (a shape and ``r``), with common random numbers across the designs and truths:
 

@@ -558,8 +558,11 @@ class SweepSpec(_Strict):
     @property
     def _largest_ask(self) -> int:
         """Most configurations a stream asks for at once: ``samples`` (a sequential
-        comparison asks the first look's, then up to the next look's)."""
-        return max(self.samples, self.look_every) if self.sequential else self.samples
+        comparison asks the first look's, then up to the next look's or ``in_flight``,
+        whichever is more)."""
+        if not self.sequential:
+            return self.samples
+        return max(self.samples, self.look_every, self.in_flight)
 
     @property
     def forms_groups(self) -> bool:

@@ -208,9 +208,10 @@ class SequentialBudget(StreamBudget):
         "inconclusive" there, with no configurations left to make)."""
         self.reference, self.other = reference, other
         self.in_flight = in_flight
-        """Configurations of the family that may run at once between two looks (the
-        spec's ``comparison.in_flight``), whatever the looks' spacing; those still running
-        when the family decides are recorded and never read."""
+        """Configurations of the family that may run at once between two looks (a sweep
+        passes the spec's ``comparison.in_flight``; 1 here asks only up to the next look),
+        whatever the looks' spacing; those still running when the family decides are
+        recorded and never read."""
         self.order: list[tuple[str, float | None]] = []
         """(config id, difference or None) in the order the configurations completed."""
         self.looks: list[_Look] = []

@@ -355,6 +355,23 @@ def test_group_trials_count_a_configuration_once_all_its_trials_reported() -> No
     assert not searcher.queue and searcher.complete
 
 
+def test_the_plan_sizes_a_group_for_the_configurations_in_flight() -> None:
+    """The plan profiles a group share for the largest group the searcher forms: with
+    more configurations in flight than the first look's, the first ask is in_flight's."""
+    spec = _spec(
+        grouping={"group_size": 8},
+        search_space=_grouped_spec().search_space,
+        samples=2,
+        comparison={"sequential": True, "max_configs": 20, "look_every": 1, "in_flight": 4},
+    )
+    searcher = SweepSearcher(spec)
+    formed = []
+    while isinstance(config := searcher.suggest(f"t{len(formed)}"), dict):
+        formed.append(len(trials_of(f"t{len(formed)}", config)))
+    assert formed == [4, 4, 4, 4]  # kan and liquid, f32 and bf16: 4 configurations x 1 seed
+    assert spec.trials_per_group("kan") == spec.trials_per_group("liquid") == 4
+
+
 class _StopAfterFirst(FixedBudget):
     """A policy that ends its stream at its first outcome (as PBT's would end a trial)."""
 

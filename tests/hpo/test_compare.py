@@ -799,7 +799,7 @@ def test_the_spec_fixes_the_margin_in_a_comparison_table(tmp_path: Path) -> None
     path.write_text(base + "[comparison]\nmargn = 0.2\n")
     with pytest.raises(
         SpecError,
-        match=r"comparison\.margn: unknown field; allowed: \['look_every', 'margin', 'max_configs', 'sequential'\]",
+        match=r"comparison\.margn: unknown field; allowed: \['in_flight', 'look_every', 'margin', 'max_configs', 'sequential'\]",
     ):
         load_spec(path)
 

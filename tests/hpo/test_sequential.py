@@ -199,7 +199,7 @@ REPS = 2000
 
 @pytest.mark.parametrize("dist", ["normal", "t3"])
 @pytest.mark.parametrize(("ratio", "budget"), [(0.5, 20), (1.0, 16), (2.0, 32)])
-@pytest.mark.parametrize("every", [2, 5])
+@pytest.mark.parametrize("every", [DEFAULT_LOOK_EVERY, 2, 5])
 def test_equivalent_at_the_margin_is_rare(dist: str, ratio: float, budget: int, every: int) -> None:
     # The true mean difference is -margin (symmetric shapes: +margin mirrors it).
     rng = np.random.default_rng(int(100 * ratio) + every + (0 if dist == "normal" else 7))
@@ -227,19 +227,25 @@ def test_equivalent_at_the_margin_stays_below_ten_percent_at_skewness_minus_one(
 
 
 def test_futility_is_non_binding() -> None:
-    # Without the futility stops the rule is the pure repeated-interval rule, whose error
-    # the spending function bounds; the futility stops can only lower it (the first
-    # inequality holds by construction: the bound on the rule without them is the check).
+    # Non-binding: the futility stops do not move the equivalence boundary, so the rule
+    # with them says "equivalent" exactly where the pure repeated-interval rule says it
+    # first, among the families futility has not stopped yet; its error can only be lower.
     rng = np.random.default_rng(5)
     d = -MARGIN + MARGIN * shape(rng, "normal", (REPS, 16))
-    looks = sequential_looks(MIN_FIRST_LOOK, 2, 16)
-    with_futility = final_decisions(d, looks)
-    without = final_decisions(d, looks, futility=False)
-    rate_with = float(np.mean(with_futility == hs._EQUIVALENT))
-    rate_without = float(np.mean(without == hs._EQUIVALENT))
+    looks = sequential_looks(MIN_FIRST_LOOK, DEFAULT_LOOK_EVERY, 16)
+    with_futility = hs._sequential_batch(d, looks, MARGIN, ALPHA).codes
+    without = hs._sequential_batch(d, looks, MARGIN, ALPHA, futility=False).codes
+    first = np.argmax(with_futility == hs._EQUIVALENT, axis=1)
+    equivalent = (with_futility == hs._EQUIVALENT).any(axis=1)
+    assert equivalent.sum() > 0
+    rows = np.flatnonzero(equivalent)
+    assert np.array_equal(np.argmax(without[rows] == hs._EQUIVALENT, axis=1), first[rows])
+    assert np.all(without[rows, first[rows]] == hs._EQUIVALENT)
+    rate_with = float(np.mean(final_decisions(d, looks) == hs._EQUIVALENT))
+    rate_without = float(np.mean(final_decisions(d, looks, futility=False) == hs._EQUIVALENT))
     assert rate_with <= rate_without <= bound(ALPHA, REPS)
     # And it stops most non-equivalent families before the budget.
-    assert np.mean(with_futility == hs._FUTILE) > 0.5
+    assert np.mean(final_decisions(d, looks) == hs._FUTILE) > 0.5
 
 
 def test_worse_or_better_at_zero_and_worse_at_the_margin() -> None:
@@ -280,6 +286,16 @@ def test_holm_over_families_keeps_the_directional_claims_at_five_percent() -> No
             holm_claim[np.flatnonzero(reached)] |= (high < -MARGIN) | (low > MARGIN)
     assert raw_claim.mean() >= 0.12
     assert holm_claim.mean() <= bound(ALPHA, reps)
+    # The same claims as hpo compare makes them: holm_adjust over the ten repeated
+    # p-values sequential_comparison reports (the first 200 replications; 5 ms a family).
+    checked = 200
+    via_pvalues = np.zeros(checked, dtype=bool)
+    for r in range(checked):
+        results = [sequential_comparison(d[f, r], looks, MARGIN) for f in range(families)]
+        raw = [p for result in results for p in (result.p_worse, result.p_better)]
+        via_pvalues[r] = bool(np.any(holm_adjust(raw) <= ALPHA))
+    assert via_pvalues.sum() >= 2  # some claims to agree on (3 of 200 here)
+    assert np.count_nonzero(via_pvalues != holm_claim[:checked]) <= 1  # a root at the edge
     # What a sweep's families stop on: "worse"/"better" at the Bonferroni share (the
     # budget's directional_alpha), so a stop somewhere stays within alpha as well.
     stopped = np.zeros(reps, dtype=bool)
