@@ -54,8 +54,9 @@ def sweep_cmd(
         bool,
         typer.Option(
             "--plan",
-            help="Print the GPU packing plan (profiled on the GPU nodes) and exit without "
-            "launching: no sweep directory, no MLflow run.",
+            help="Print the plan and exit without launching (no sweep directory, no MLflow "
+            "run): in compare mode what each family can decide (the comparison plan), then "
+            "the GPU packing plan (profiled on the GPU nodes).",
         ),
     ] = False,
     num_gpus: Annotated[

@@ -79,7 +79,8 @@ def comparison_plan_text(spec: SweepSpec) -> str:
     lines += _columns(table, left=1)
     lines.append(
         f"  (sequential: looks from {MIN_FIRST_LOOK} every {DEFAULT_LOOK_EVERY} "
-        "configuration(s) at a true difference of 0; bench/sequential.py simulates others)"
+        "configuration(s) at a true difference of 0; its power column is the table's for "
+        "other schedules, which need a little more)"
     )
     return "\n".join(lines)
 
@@ -97,15 +98,20 @@ def _family_plan(spec: SweepSpec, plan: tuple[ComparisonPlan, ...]) -> tuple[str
         # (samples = 4, look_every = 2: looks 4, 6, 8, 10 decides first, not 9).
         fewest = next((n for n in looks if n >= MIN_FIRST_LOOK), looks[-1] + 1)
         powered = [p for p in plan if p.sequential_budget <= spec.configs_per_family]
-        # The table's expected number is the rule's with the budget the table gives for
-        # 80% power at that sd / margin (the default looks), not this spec's budget:
-        # say which budget it was simulated for.
-        expected = (
-            f"{powered[-1].sequential_expected:.1f} at sd/margin {powered[-1].sd_ratio:g} "
-            f"(budget {powered[-1].sequential_budget})"
-            if powered
-            else f"up to {spec.configs_per_family}"
-        )
+        # The table is simulated for looks from MIN_FIRST_LOOK every DEFAULT_LOOK_EVERY; its
+        # expected number is the rule's at the budget the table gives for 80% power at that
+        # sd / margin, not this spec's budget: say which. Another schedule (a later first
+        # deciding look, sparser looks) takes more, by an amount not simulated here.
+        default_schedule = fewest == MIN_FIRST_LOOK and spec.look_every == DEFAULT_LOOK_EVERY
+        if not default_schedule:
+            expected = f"not simulated for looks from {fewest} every {spec.look_every}"
+        elif powered:
+            expected = (
+                f"{powered[-1].sequential_expected:.1f} at sd/margin {powered[-1].sd_ratio:g} "
+                f"(budget {powered[-1].sequential_budget})"
+            )
+        else:
+            expected = f"up to {spec.configs_per_family}"
     else:
         design = f"fixed, {spec.samples} configurations"
         fewest = min_configs_for_verdict()

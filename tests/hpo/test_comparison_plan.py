@@ -63,6 +63,9 @@ def test_the_sequential_plan_counts_the_first_deciding_look_on_its_own_grid() ->
     row = next(line for line in comparison_plan_text(spec).splitlines() if "kan" in line)
     fewest = re.search(r"looks at 4, 6, 8, \.\.\., 20\s+(\d+)\s", row)
     assert fewest and fewest.group(1) == "10"
+    # The table's expected configurations are simulated for looks from 9 every 1: not
+    # this schedule's, which decides first at 10.
+    assert row.rstrip().endswith("not simulated for looks from 10 every 2")
 
 
 @pytest.mark.parametrize("samples", [3, 6])

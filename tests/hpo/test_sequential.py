@@ -395,6 +395,24 @@ def test_skewed_but_centred_family_is_equivalent_with_its_tail_line() -> None:
     assert first.looks[-1].low > -MARGIN and first.tail is not None and first.tail.losing == 3
 
 
+def test_an_equivalent_with_a_tail_of_losses_says_its_error() -> None:
+    # A moderately skewed sample (a tail of losses, sample skewness about -1.5): the
+    # equivalent it reaches at its first look says that it errs more than 5% at this skew;
+    # the same sample mirrored (a tail of gains) and a symmetric one say nothing of it.
+    rng = np.random.default_rng(12)
+    z = -(rng.gamma(1.5, 1.0, 12) - 1.5) / math.sqrt(1.5)
+    d = 0.02 * z
+    assert -2.0 < stats.skew(d) < -1.0
+    looks = sequential_looks(MIN_FIRST_LOOK, 1, 20)
+    losses = sequential_comparison(d, looks, MARGIN)
+    assert losses.decision is Verdict.EQUIVALENT
+    assert "a tail of losses" in (losses.note or "") and "up to 9%" in (losses.note or "")
+    gains = sequential_comparison(-d, looks, MARGIN)
+    assert gains.decision is Verdict.EQUIVALENT and "tail of losses" not in (gains.note or "")
+    symmetric = sequential_comparison(0.02 * rng.standard_normal(12) / 3, looks, MARGIN)
+    assert "tail of losses" not in (symmetric.note or "")
+
+
 def test_loss_tail_numbers() -> None:
     d = [0.0, -0.2, 0.05, -0.15, -0.05, -0.3, 0.1, -0.1]
     tail = loss_tail(d, 0.1, worst=2)

@@ -2,8 +2,8 @@
 and liquid, first look 6, budget 24, looks every 2. The sweep is interrupted (SIGTERM)
 once a family's first look is applied, resumed with ``hpo resume`` to the end, then read
 back with ``hpo compare --json --html``: every look printed once across the two runs (none
-repeated, none lost), each family's looks those of ``hpo.stats.sequential_verdict`` on
-its recorded differences, a decided family given no configuration after its decision,
+repeated, none lost), each family's looks those of the rule (``hpo.stats.
+sequential_comparison`` with the sweep's directional alpha) on its recorded differences, a decided family given no configuration after its decision,
 and the looks in the JSON, the report and the parent run.
 
 One trial worker, frozen as it appears and stepped one checkpoint at a time, so the
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from hpo.stats import sequential_looks, sequential_verdict
+from hpo.stats import sequential_comparison, sequential_looks
 from hpo.tracking import SEQUENTIAL_ARTIFACT
 from tests.hpo.sweep_helpers import write_tiny_spec
 from tests.reliability.sweep_process import HPO, sweep_then_sigterm
@@ -141,14 +141,18 @@ def test_a_sequential_sweep_interrupted_and_resumed_decides_each_family_once(
         sequential = comparison["families"][family]["sequential"]
         record = logged[family]
         differences = [o["difference"] for o in record["order"] if o["difference"] is not None]
-        decisions = sequential_verdict(differences, plan, MARGIN)
+        # The rule as the sweep applies it: "worse"/"better" at alpha / (2 x 2 families).
+        decisions = sequential_comparison(
+            differences, plan, MARGIN, directional_alpha=0.05 / 4
+        ).verdicts
         assert [look["decision"] for look in sequential["looks"]] == decisions
         assert [look["configs"] for look in sequential["looks"]] == list(plan[: len(decisions)])
         assert sequential["decision"] == decisions[-1] != "continue"
         assert all(
             {"configs", "low", "high", "decision"} <= set(look) for look in sequential["looks"]
         )
-        # Decided at its last look: nothing made beyond it (one trial ran at a time).
+        # Decided at its last look: nothing made beyond it (looks every 2 and 2 in flight:
+        # an ask's two configurations both count at the look that follows them).
         assert record["configs_made"] == len(record["order"])
         assert len(differences) == sequential["looks"][-1]["configs"]
         verdict_line = f"{family}: "
