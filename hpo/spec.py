@@ -119,7 +119,8 @@ class ComparisonSpec(_Strict):
     """Sequential only: configurations of an undecided family that may run at once, however
     close its next look (with a look after every configuration, a family would otherwise
     run one at a time). Those still running when the family decides are recorded and
-    never read: at most ``in_flight - 1`` configurations' cost past a decision. Unset:
+    never read: at most ``in_flight - 1`` configurations' cost past a decision, more once
+    other families decided and handed their share on (``SequentialBudget.in_flight_now``). Unset:
     :data:`DEFAULT_IN_FLIGHT`; raise it where the cluster has more slots than families x
     2 (a GPU packs tens of trials)."""
 
@@ -558,11 +559,12 @@ class SweepSpec(_Strict):
     @property
     def _largest_ask(self) -> int:
         """Most configurations a stream asks for at once: ``samples`` (a sequential
-        comparison asks the first look's, then up to the next look's or ``in_flight``,
-        whichever is more)."""
+        comparison asks the first look's, then up to the next look's or its ``in_flight``,
+        whichever is more, and a family alone undecided takes every family's
+        ``in_flight``)."""
         if not self.sequential:
             return self.samples
-        return max(self.samples, self.look_every, self.in_flight)
+        return max(self.samples, self.look_every, self.in_flight * len(self.families))
 
     @property
     def forms_groups(self) -> bool:

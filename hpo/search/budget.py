@@ -212,6 +212,14 @@ class SequentialBudget(StreamBudget):
         passes the spec's ``comparison.in_flight``; 1 here asks only up to the next look),
         whatever the looks' spacing; those still running when the family decides are
         recorded and never read."""
+        self.slots: int | None = None
+        """Configurations the sweep's slots run at once (``max_concurrent`` in
+        configurations; None: not bounded), which a handed-on share never exceeds: where
+        every slot is busy anyway, more in flight would only run past decisions."""
+        self.siblings: Sequence[StreamBudget] = (self,)
+        """Every family's budget of the sweep, this one among them (:func:`make_budgets`
+        sets it): the slots of those decided go to those still deciding
+        (:attr:`in_flight_now`)."""
         self.order: list[tuple[str, float | None]] = []
         """(config id, difference or None) in the order the configurations completed."""
         self.looks: list[_Look] = []
@@ -247,11 +255,24 @@ class SequentialBudget(StreamBudget):
         n = len(self.differences)
         return next((look for look in self.plan if look > n), self.budget)
 
+    @property
+    def in_flight_now(self) -> int:
+        """Configurations of this family that may run at once now: ``in_flight``, with the
+        share of the families already decided handed to those still deciding
+        (``in_flight x families / undecided``, rounded up), so a decided family's slots
+        are not left idle; never more than the undecided families' share of
+        :attr:`slots` where the sweep bounds them (nor less than ``in_flight``)."""
+        undecided = sum(not budget.done for budget in self.siblings) or 1
+        share = -(-self.in_flight * len(self.siblings) // undecided)
+        if self.slots is not None:
+            share = min(share, max(self.in_flight, -(-self.slots // undecided)))
+        return share
+
     def allowance(self) -> int:
         if self.done or self.failed >= self.failure_cap:
             return 0
         n = len(self.differences)
-        wanted = min(max(self.next_look() - n, self.in_flight), self.budget - n)
+        wanted = min(max(self.next_look() - n, self.in_flight_now), self.budget - n)
         return max(0, wanted - self.pending)
 
     @property
@@ -397,7 +418,7 @@ def make_budgets(spec: SweepSpec, streams: Sequence[str]) -> list[StreamBudget]:
     # Holm over every family's two one-sided claims in hpo compare: a stop at the
     # Bonferroni share of alpha passes it whatever the other families show.
     directional = EQUIVALENCE_ALPHA / (2 * len(streams))
-    return [
+    budgets = [
         SequentialBudget(
             stream,
             plan,
@@ -410,3 +431,11 @@ def make_budgets(spec: SweepSpec, streams: Sequence[str]) -> list[StreamBudget]:
         )
         for stream in streams
     ]
+    slots = None
+    if spec.max_concurrent is not None:
+        # In configurations, each Tune trial taken as one trial: a group trial holds more,
+        # but a larger group is a larger job, not a slot left idle.
+        slots = max(1, spec.max_concurrent // (len(spec.precisions) * len(spec.seeds)))
+    for budget in budgets:
+        budget.siblings, budget.slots = budgets, slots
+    return list(budgets)

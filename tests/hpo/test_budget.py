@@ -351,7 +351,9 @@ def test_group_trials_count_a_configuration_once_all_its_trials_reported() -> No
     assert records["liquid"]["decision"] == "worse" and records["kan"]["decision"] == "equivalent"
     for family in ("kan", "liquid"):
         assert [look["configs"] for look in records[family]["looks"]] == [10]
-        assert records[family]["configs_made"] == 10
+    # kan decides first; liquid takes its share of the slots (4 in flight), so the one
+    # ask it makes in kan's freed slot runs past its own decision, recorded, never read.
+    assert (records["kan"]["configs_made"], records["liquid"]["configs_made"]) == (10, 12)
     assert not searcher.queue and searcher.complete
 
 
@@ -369,7 +371,8 @@ def test_the_plan_sizes_a_group_for_the_configurations_in_flight() -> None:
     while isinstance(config := searcher.suggest(f"t{len(formed)}"), dict):
         formed.append(len(trials_of(f"t{len(formed)}", config)))
     assert formed == [4, 4, 4, 4]  # kan and liquid, f32 and bf16: 4 configurations x 1 seed
-    assert spec.trials_per_group("kan") == spec.trials_per_group("liquid") == 4
+    # Once one family decides, the other takes its share: up to 8 at once.
+    assert spec.trials_per_group("kan") == spec.trials_per_group("liquid") == 8
 
 
 class _StopAfterFirst(FixedBudget):
@@ -535,6 +538,31 @@ def test_looks_after_every_configuration_keep_in_flight_configurations_running()
     for i in range(8):  # before the first look: nothing decided
         near.on_outcome(_outcome(f"c{i}", differences[i]))
     assert not near.done and near.allowance() == 3  # 12 - 8 read - 1 running, not 8 - 1
+
+
+def test_a_decided_familys_slots_go_to_the_families_still_deciding() -> None:
+    spec = _spec(samples=9, comparison={"sequential": True, "max_configs": 20, "look_every": 1})
+    kan, liquid = make_budgets(spec, ["kan", "liquid"])
+    assert isinstance(kan, SequentialBudget) and isinstance(liquid, SequentialBudget)
+    for budget in (kan, liquid):
+        for i in range(9):
+            budget.made(f"{budget.stream}-c{i}")
+        for i in range(8):
+            difference = 0.001 * (-1) ** i if budget is kan else 0.3 * (-1) ** i
+            budget.on_outcome(_outcome(f"{budget.stream}-c{i}", difference))
+    # Both deciding: two in flight each (one pending, so one more each).
+    assert (kan.in_flight_now, liquid.in_flight_now) == (2, 2)
+    assert liquid.allowance() == 1
+    kan.on_outcome(_outcome("kan-c8", 0.001))  # kan's first look: equivalent
+    assert kan.done and kan.allowance() == 0
+    # liquid alone: both families' share, 4 in flight (one pending, three more).
+    assert liquid.in_flight_now == 4 and liquid.allowance() == 3
+    # Where the sweep runs two trials at once (one configuration: f32 and bf16), a slot a
+    # decided family leaves is no idle slot: the share stays in_flight.
+    bounded = make_budgets(spec.model_copy(update={"max_concurrent": 2}), ["kan", "liquid"])
+    assert all(isinstance(b, SequentialBudget) and b.slots == 1 for b in bounded)
+    bounded[0].stopped_on = "equivalent"
+    assert isinstance(bounded[1], SequentialBudget) and bounded[1].in_flight_now == 2
 
 
 def test_a_spec_sets_in_flight_and_the_default_keeps_two() -> None:
