@@ -1773,7 +1773,7 @@ SEQUENTIAL_POWER: dict[float, SequentialPlan] = {
     1.0: SequentialPlan(11, 9.5, 0.803),
     1.5: SequentialPlan(26, 18.1, 0.803),
     2.0: SequentialPlan(46, 31.6, 0.800),
-    3.0: SequentialPlan(102, 70.3, 0.804),
+    3.0: SequentialPlan(104, 70.0, 0.803),
 }
 """The sequential rule at 80% power by sd(d) / margin: normal differences, alpha 0.05,
 looks from :data:`MIN_FIRST_LOOK` every :data:`DEFAULT_LOOK_EVERY` configurations;
