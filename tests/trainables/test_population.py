@@ -271,6 +271,33 @@ def test_the_reported_lr_is_the_one_the_optimizer_trained_with(
         assert trained == donor_lr != entry["after"]["lr"]
 
 
+def test_a_trial_that_fell_back_to_f32_neither_copies_nor_is_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trial 1 of a bf16 group falls back to f32 in the first epoch (NaN losses for four
+    steps, fallback_after 3): it trains on outside the group's fusion, so the population
+    leaves it out of every exploit, scored worst or best, and its weights stay its own."""
+    from tests.trainables.helpers import poison_slots, trial_weights
+
+    configs = [
+        group_config(policy="bf16", seed=s, lr=lr, fallback_after=3, log_every=3)
+        for s, lr in enumerate(LRS)
+    ]
+    poison_slots(monkeypatch, 8, slice(2, 4), range(2, 6))  # trial 1's two folds
+    group = TrainerGroup(configs)
+    metrics = group.train_epoch()
+    monkeypatch.undo()
+    assert [metrics[i]["fell_back_to_f32"] for i in range(4)] == [0, 1, 0, 0]
+    assert 1 not in group.diverged and not group.can_exploit(1)
+    fallen = trial_weights(group.trials[1]).clone()
+    population = Population(group, _settings(interval=1), seed=0)
+    for score in (-10.0, 10.0):  # trial 1 scored worst, then best
+        scored = {**metrics, 1: {"val_sharpe": score}}
+        (record,) = population.after_epoch(scored)
+        assert 1 not in (record.recipient, record.donor)
+    assert torch.equal(trial_weights(group.trials[1]), fallen)
+
+
 def test_a_diverged_trial_neither_copies_nor_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trial 0 diverges in the first epoch of a real group: scored best or worst, the
     population leaves it out of the ranking (its weights stay as they were)."""
