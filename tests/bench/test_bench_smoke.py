@@ -165,3 +165,36 @@ def test_sequential_bench_decides_the_fixed_design_as_equivalence_test_does() ->
         expected = [codes[equivalence_test(row, 0.1).verdict] for row in d]
         assert bench.fixed_decisions(d, 0.1).tolist() == expected
         assert len(set(expected)) >= 2
+
+
+@pytest.mark.slow
+def test_pbt_exploit_smoke_compares_in_memory_with_a_checkpoint_and_writes_nothing() -> None:
+    """bench/pbt_exploit.py --smoke: kan in f32 and bf16, one exploit in a group of 4; the
+    in-memory exploit writes no byte and no file, the checkpoint path writes the
+    checkpoint's five files, and both leave the recipient holding the donor's state (the
+    script stops otherwise)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "pbt_exploit.py"), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+            for line in lines[2:]]  # fmt: skip
+    assert [(row["family"], row["precision"], row["exploits"]) for row in rows] == [
+        ("kan", "f32", "1"),
+        ("kan", "bf16", "1"),
+    ], proc.stdout
+    for row in rows:
+        assert row["bytes written in memory"] == "0" and row["files in memory"] == "0", row
+        assert int(row["bytes written checkpoint"]) > 0 and row["files checkpoint"] == "5", row
+        write, read, load = (float(x) for x in row["write / read / load ms"].split("/"))
+        assert min(write, read, load) > 0 and float(row["checkpoint ms"]) > 0, row
+        assert float(row["in memory ms"]) > 0 and float(row["unfuse+fuse alone ms"]) > 0, row
+        ratio = float(row["ratio"].removesuffix("x"))
+        expected = float(row["checkpoint ms"]) / float(row["in memory ms"])
+        assert ratio == pytest.approx(expected, rel=0.02, abs=0.01), row
