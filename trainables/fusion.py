@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
+from torch import nn
 
 from models.base import Family
 from trainables.config import TrainConfig
@@ -50,6 +51,28 @@ class FusedFolds:
     @property
     def k(self) -> int:
         return self.model.k
+
+    @torch.no_grad()
+    def copy_slot(self, source: int, target: int, module: nn.Module) -> None:
+        """Slot ``target`` takes slot ``source``'s training state in place, nothing
+        unfused: ``module`` (what the target's module is to be: built for its settings,
+        holding the state it takes) goes into the slot (:meth:`StackedModules.replace`),
+        and ``source``'s optimizer moments, step counts and Kahan compensation, guard
+        counters and loss scale are copied into ``target``'s. The other slots are
+        untouched. The gradients are dropped and the step runners built again at the
+        next step, as after a fuse (a captured graph holds the module's old tensors).
+        Raises ValueError, changing nothing, when ``module`` does not fit the stack."""
+        self.model.replace(target, module)
+        for values in self.optimizer.state.values():
+            for value in values.values():  # (K, ...), the step counts (K,)
+                value[target].copy_(value[source])
+        self.guard.slot(target).load_state_dict(self.guard.slot(source).state_dict())
+        if self.scaler is not None:
+            self.scaler.slot(target).load_state_dict(self.scaler.slot(source).state_dict())
+        for p in self.model.parameters():
+            p.grad = None
+        self.step = None
+        self.subset_steps.clear()
 
 
 class _SlotOptimizer:
@@ -185,6 +208,22 @@ class Fusion(Generic[TrainerT]):
             run.scaler = scaler.slot(i) if scaler is not None else None
             run.step = None
         self.fused = fused
+
+    def settings_changed(self) -> None:
+        """Its trainers' lr and weight decay (one of them changed in place: an exploit)
+        are the fused optimizer's again, each slot its trainer's, as :meth:`fuse` sets
+        them; the step runners are built again at the next step."""
+        fused = self.fused
+        if fused is None:
+            return
+        owner_of = {id(run): trainer for trainer in self.trainers for run in trainer.folds}
+        owners = [owner_of[id(run)] for run in fused.runs]
+        fused.optimizer.set_lr_and_weight_decay(
+            _per_slot([t.config.lr for t in owners]),
+            _per_slot([t.config.weight_decay for t in owners]),
+        )
+        fused.step = None
+        fused.subset_steps.clear()
 
     def unfuse(self) -> None:
         """Each run on its own again: its own storage, optimizer, guard and scaler,

@@ -25,7 +25,8 @@ one that diverges is out; the others stay fused. Reinforcement-learning families
 group (their environments and replay have no slot dimension). Why and what it costs:
 docs/precision.md, "Fused slots".
 
-Population-based training's exploit is a copy between trials of a group, in memory
+Population-based training's exploit is a copy between trials of a group, in memory: in a
+fused group, of the donor's slots into the recipient's within the fused tensors
 (:meth:`TrainerGroup.exploit`; which trials and what settings: :mod:`trainables.pbt`).
 """
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from models import get_family
 from models.base import Family
@@ -287,11 +289,21 @@ class TrainerGroup:
         compensation, guard and loss scale become copies of the donor's
         (:meth:`Trainer.take_training_state`); then the new lr and weight decay are what
         the fused optimizer takes for the recipient's slots at its next step, and the
-        new model settings what its modules read. The recipient keeps its identity: its
-        seed, minibatch order, epoch, step count and history (which goes on from here).
-        The group unfuses once around all the copies and fuses again, the path a
-        fallback takes: the other trials' state moves out of the fused tensors and back
-        unchanged.
+        new model settings what its modules read (each recipient fold's module is built
+        afresh for them and loaded with the donor's state). The recipient keeps its
+        identity: its seed, minibatch order, epoch, step count and history (which goes
+        on from here).
+
+        Which path runs: where the group trains fused (``fusion.fused``) and every
+        recipient fold's new module fits the fused stack (same parameters, shapes and
+        dtypes: always, for settings that only change values), the copies are made
+        within the fused tensors, the donor's slots into the recipient's, one per fold
+        (:meth:`FusedFolds.copy_slot`): nothing is unfused or fused again, no step is
+        tried, nothing is written; the other trials' slots are not touched. Otherwise
+        (the group's trials step one after another, or a new module would not fit) the
+        group unfuses once around all the copies and fuses again (a fused step is tried),
+        the path a fallback takes: the other trials' state moves out of the fused
+        tensors and back unchanged. Both paths leave the same state bit for bit.
 
         Raises ValueError, changing nothing, when a trial is not in the group's fusion
         (diverged, stopped, fell back to f32, done), when ``recipient == donor``, when
@@ -331,15 +343,44 @@ class TrainerGroup:
             planned.append((ExploitRecord(target.epoch, recipient, donor, before, after), config))
         if not planned:
             return []
-        self.fusion.unfuse()
-        try:
-            for record, config in planned:
-                self.trials[record.recipient].take_training_state(self.trials[record.donor], config)
-        finally:  # fused again whatever happened: the others train on
-            self.fusion.fuse_again()
+        built = self._models_in_slots(planned)
+        if built is not None:
+            for (record, config), models in zip(planned, built, strict=True):
+                target, source = self.trials[record.recipient], self.trials[record.donor]
+                target.take_training_state(source, config, models)
+        else:
+            self.fusion.unfuse()
+            try:
+                for record, config in planned:
+                    target, source = self.trials[record.recipient], self.trials[record.donor]
+                    target.take_training_state(source, config)
+            finally:  # fused again whatever happened: the others train on
+                self.fusion.fuse_again()
         records = [record for record, _ in planned]
         self.exploits.extend(records)
         return records
+
+    def _models_in_slots(
+        self, planned: Sequence[tuple[ExploitRecord, TrainConfig]]
+    ) -> list[list[nn.Module]] | None:
+        """Each planned exploit's recipient folds' new modules
+        (:meth:`Trainer.models_taking`) where the exploits can copy within the fused
+        tensors: the group trains fused, every recipient's and donor's fold has a slot,
+        and every new module fits the stack. None where they cannot."""
+        fused = self.fusion.fused
+        if fused is None:
+            return None
+        slotted = {id(run) for run in fused.runs}
+        trials = [self.trials[i] for record, _ in planned for i in (record.recipient, record.donor)]
+        if any(id(run) not in slotted for trial in trials for run in trial.folds):
+            return None
+        built = [
+            self.trials[record.recipient].models_taking(self.trials[record.donor], config)
+            for record, config in planned
+        ]
+        if not all(fused.model.fits(model) for models in built for model in models):
+            return None
+        return built
 
     def can_exploit(self, index: int) -> bool:
         """Whether trial ``index`` may take part in an exploit now (still training in the

@@ -569,6 +569,28 @@ class GuardedAdamW:
         for region in a.regions:
             _apply(region, region.update_flat)  # type: ignore[arg-type]
 
+    @torch.no_grad()
+    def set_lr_and_weight_decay(self, lr: Any, weight_decay: Any) -> None:
+        """Every group's lr and weight decay from the next step on (a number, or one per
+        slot), as if the optimizer had been built with them. The next step reads them
+        (``set_hyper``); where the new weight decay changes which scratch a region keeps
+        (zero against not, one value against one per slot), the arenas are laid out
+        again now (the state's values copied into them, a host-side copy)."""
+        for value in _values(lr, 1, "lr"):
+            if value <= 0 or not math.isfinite(value):
+                raise ValueError(f"lr must be a positive finite number, got {lr}")
+        relayout = any(
+            (_any(group["weight_decay"]), _per_slot(group["weight_decay"]))
+            != (_any(weight_decay), _per_slot(weight_decay))
+            for group in self.param_groups
+        )
+        self.defaults.update(lr=lr, weight_decay=weight_decay)
+        for group in self.param_groups:
+            group["lr"], group["weight_decay"] = lr, weight_decay
+        if relayout:
+            self._arenas.clear()
+            self.init_state()
+
     # -- views for checks and the fallback -------------------------------------------------
     def slot_state(
         self, k: int, params: Iterable[tuple[torch.Tensor, torch.Tensor]]

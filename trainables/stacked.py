@@ -63,12 +63,10 @@ class StackedModules(nn.Module):
         super().__init__()
         if not modules:
             raise ValueError("fusing needs at least one module")
-        shapes = [
-            [(n, t.shape, t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())]
-            for m in modules
-        ]
+        shapes = [_layout(m) for m in modules]
         if any(s != shapes[0] for s in shapes[1:]):
             raise ValueError("fused modules must have the same parameters, shapes and dtypes")
+        self._slot_layout = shapes[0]
         self.k = len(modules)
         params, buffers = stack_module_state(list(modules))
         self.names = list(params)
@@ -76,18 +74,51 @@ class StackedModules(nn.Module):
         self.buffer_names = list(buffers)
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"b{i}", buffers[name])
-        # Settings every slot holds at one value: read from the skeleton, not vmapped.
-        self.shared_settings = {
-            name
-            for name in setting_buffers(modules[0])
-            if bool((buffers[name] == buffers[name][0]).all())
-        }
         # The slots' modules by reference only: registering them would add their
         # parameters (views of the stacked ones) to this module's.
         self._slot_modules: tuple[nn.Module, ...] = tuple(modules)
         self._loss_of = (_LossOf(modules[0]),)  # the skeleton functional_call reparametrizes
+        self.shared_settings = self._shared_settings()
         for k, module in enumerate(modules):
             self._point(k, module)
+
+    def _shared_settings(self) -> set[str]:
+        """The setting buffers every slot holds at one value: read from the skeleton (slot
+        0's module), not vmapped."""
+        buffers = dict(zip(self.buffer_names, self.stacked_buffers(), strict=True))
+        return {
+            name
+            for name in setting_buffers(self._slot_modules[0])
+            if bool((buffers[name] == buffers[name][0]).all())
+        }
+
+    def fits(self, module: nn.Module) -> bool:
+        """Whether ``module`` has the slots' parameters and buffers (names, shapes, dtypes)."""
+        return _layout(module) == self._slot_layout
+
+    @torch.no_grad()
+    def replace(self, k: int, module: nn.Module) -> None:
+        """Slot k holds ``module`` from now on, as if it had been stacked there: its
+        parameters' and buffers' values are copied into slot k of the stacked tensors and
+        become views of them; the settings every slot holds at one value are found again,
+        and slot 0's module is the skeleton. The module slot k held is left as it is
+        (its tensors still view the stack). Raises ValueError, changing nothing, when
+        ``module`` does not :meth:`fits`."""
+        if not self.fits(module):
+            raise ValueError("a slot's module must have the stack's parameters, shapes and dtypes")
+        own = dict(module.named_parameters())
+        for name, stacked in zip(self.names, self.stacked, strict=True):
+            stacked.data[k].copy_(own[name])
+        buffers = dict(module.named_buffers())
+        for name, stacked in zip(self.buffer_names, self.stacked_buffers(), strict=True):
+            stacked[k].copy_(buffers[name])
+        modules = list(self._slot_modules)
+        modules[k] = module
+        self._slot_modules = tuple(modules)
+        if k == 0:
+            self._loss_of = (_LossOf(module),)
+        self.shared_settings = self._shared_settings()
+        self._point(k, module)
 
     @property
     def slot_modules(self) -> tuple[nn.Module, ...]:
@@ -153,6 +184,11 @@ class StackedModules(nn.Module):
         for module in self._slot_modules:
             for t in (*module.parameters(), *module.buffers()):
                 t.data = t.data.clone()
+
+
+def _layout(module: nn.Module) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """(name, shape, dtype) of each of ``module``'s parameters, then buffers, in order."""
+    return [(n, t.shape, t.dtype) for n, t in (*module.named_parameters(), *module.named_buffers())]
 
 
 def setting_buffers(module: nn.Module) -> set[str]:

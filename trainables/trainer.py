@@ -28,7 +28,7 @@ resumes in f32. Why: docs/statistics.md#one-quantity, docs/precision.md#the-hot-
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -397,7 +397,9 @@ class Trainer:
     # ------------------------------------------------------------------------------------
     # population-based training
 
-    def take_training_state(self, donor: Trainer, config: TrainConfig) -> None:
+    def take_training_state(
+        self, donor: Trainer, config: TrainConfig, models: Sequence[nn.Module] | None = None
+    ) -> None:
         """Become ``donor``'s training state under ``config`` (this trial's settings
         after an exploit; :meth:`trainables.group.TrainerGroup.exploit`): every fold's
         weights and buffers, optimizer moments, step counts and Kahan compensation,
@@ -405,48 +407,89 @@ class Trainer:
         and weight decay, and its model settings, are what the next step uses.
 
         What stays this trial's own: its seed and minibatch order (the folds'
-        generators), its data, epoch, step count and history. Both trainers' folds must
-        train unfused (their own optimizers: the group unfuses first). Each fold's
-        model is built afresh from ``config``'s model settings and loaded with the
-        donor's state dict, as a checkpoint restore loads one: settings a module keeps
-        (a position scale, a dropout rate buffer) are this trial's new ones, state is
-        the donor's."""
+        generators), its data, epoch, step count and history. Each fold's model is the
+        one :meth:`models_taking` builds (``models``, where the caller built them
+        already): settings a module keeps (a position scale, a dropout rate buffer) are
+        this trial's new ones, state is the donor's.
+
+        Both trainers' folds train unfused (their own optimizers: a group unfuses
+        first), or both in slots of one fused unit (a group's fusion): then the copy is
+        made within the fused tensors, the donor's slot into this trial's for each fold
+        (:meth:`FusedFolds.copy_slot`), and the fused optimizer takes the new lr and
+        weight decay for this trial's slots (:meth:`Fusion.settings_changed`); nothing is
+        unfused, no step is tried. Raises ValueError, changing nothing, otherwise, and
+        when a model built for ``config`` does not fit the fused stack."""
         if self.policy.name != donor.policy.name or len(self.folds) != len(donor.folds):
             raise ValueError(
                 f"cannot take the state of a {donor.policy.name} trial with "
                 f"{len(donor.folds)} folds into a {self.policy.name} one with {len(self.folds)}"
             )
+        fused = self.fused
+        runs = [*self.folds, *donor.folds]
+        slot = {id(run): k for k, run in enumerate(fused.runs)} if fused is not None else {}
+        in_slots = fused is not None and fused is donor.fused
+        if in_slots and any(id(run) not in slot for run in runs):
+            raise ValueError("take_training_state: a fold is outside the trials' fused unit")
+        if not in_slots and not all(isinstance(run.optimizer, GuardedAdamW) for run in runs):
+            raise ValueError(
+                "take_training_state needs both trials' folds unfused, or fused in one unit"
+            )
+        model_config = self.family.make_config(config.model_config)
+        if models is None:
+            models = self.models_taking(donor, config)
+        if len(models) != len(self.folds):
+            raise ValueError(f"{len(models)} models for {len(self.folds)} folds")
+        if in_slots:
+            assert fused is not None
+            if not all(fused.model.fits(model) for model in models):
+                raise ValueError(
+                    "a model built for the new settings does not fit the fused stack "
+                    "(other parameters, shapes or dtypes)"
+                )
+            for run, source, model in zip(self.folds, donor.folds, models, strict=True):
+                fused.copy_slot(slot[id(source)], slot[id(run)], model)
+                run.model = model
+                run.step = None
+        else:
+            for run, source, model in zip(self.folds, donor.folds, models, strict=True):
+                optimizer = self.policy.make_optimizer(
+                    model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+                )
+                optimizer.load_state_dict(cast(GuardedAdamW, source.optimizer).state_dict())
+                # load_state_dict also copied the donor's lr and weight decay into the
+                # groups: set this trial's after it, or the restored state wins over the
+                # explored settings (ray-project/ray#62173).
+                for group in optimizer.param_groups:
+                    group["lr"], group["weight_decay"] = config.lr, config.weight_decay
+                run.model, run.optimizer = model, optimizer
+                run.guard.load_state_dict(source.guard.state_dict())
+                if run.scaler is not None and source.scaler is not None:
+                    run.scaler.load_state_dict(source.scaler.state_dict())
+                run.step = None  # a step runner (a captured graph) holds the old tensors
+        self.config, self.model_config = config, model_config
+        if in_slots:  # the fused optimizer reads lr and weight decay per slot
+            self.fusion.settings_changed()
+        # The latest epoch's returns are of weights this trial no longer holds: a
+        # checkpoint before its next epoch writes none rather than wrong ones.
+        self._evaluated = None
+
+    def models_taking(self, donor: Trainer, config: TrainConfig) -> list[nn.Module]:
+        """Each fold's model as :meth:`take_training_state` leaves it: built afresh from
+        ``config``'s model settings and loaded with the donor's same fold's state dict,
+        as a checkpoint restore loads one, in the mode the fold's model is in. Draws no
+        random numbers (building draws initial weights: from a forked stream)."""
         model_config = self.family.make_config(config.model_config)
         devices = [self.device] if self.device.type == "cuda" else []
+        models = []
         for run, source in zip(self.folds, donor.folds, strict=True):
-            if not isinstance(run.optimizer, GuardedAdamW) or not isinstance(
-                source.optimizer, GuardedAdamW
-            ):
-                raise ValueError("take_training_state needs both trials' folds unfused")
-            # Building draws initial weights; they are overwritten, and must not come out
-            # of the stream dropout draws from (it is the group's, shared).
+            # The initial weights are overwritten, and must not come out of the stream
+            # dropout draws from (it is the group's, shared).
             with torch.random.fork_rng(devices=devices):
                 model = self.policy.convert_module(self.family.build(model_config, self.shape))
             model.load_state_dict(source.model.state_dict())
             model.train(run.model.training)  # a fused stack needs one mode in every slot
-            optimizer = self.policy.make_optimizer(
-                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-            )
-            optimizer.load_state_dict(source.optimizer.state_dict())
-            # load_state_dict also copied the donor's lr and weight decay into the groups:
-            # set this trial's after it, or the restored state wins over the explored
-            # settings (ray-project/ray#62173).
-            for group in optimizer.param_groups:
-                group["lr"], group["weight_decay"] = config.lr, config.weight_decay
-            run.model, run.optimizer = model, optimizer
-            run.guard.load_state_dict(source.guard.state_dict())
-            if run.scaler is not None and source.scaler is not None:
-                run.scaler.load_state_dict(source.scaler.state_dict())
-            run.step = None  # a step runner (a captured graph) holds the old tensors
-        self.config, self.model_config = config, model_config
-        # The latest epoch's returns are of weights this trial no longer holds: a
-        # checkpoint before its next epoch writes none rather than wrong ones.
-        self._evaluated = None
+            models.append(model)
+        return models
 
     # ------------------------------------------------------------------------------------
     # evaluation

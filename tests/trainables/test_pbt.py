@@ -9,6 +9,9 @@ inside a group trial (TrainerGroup.exploit), in memory.
   state must not win over them: ray-project/ray#62173), fused or not;
 * the other trials are untouched: bit-equal to a group that did not exploit;
 * trials outside the fusion, and a trial copying itself, are refused;
+* in a fused group the exploit copies slots within the fused tensors: it leaves bit for
+  bit what the unfuse / copy / fuse path leaves (kan, liquid; f32, bf16), right after and
+  one epoch later, and it unfuses, fuses, steps and writes nothing;
 * the policy: quantile pairs, None scores left out, explore's ranges and replays.
 """
 
@@ -277,9 +280,11 @@ def test_explore_resamples_from_the_range_and_replays_with_the_seed() -> None:
         explore({"x": 1.0}, {"x": Range(0.0, 1.0, log=True)}, rng)
 
 
-def test_a_boundarys_exploits_share_one_unfuse_and_refuse_before_any_copy(
+def test_a_boundarys_exploits_copy_in_the_fused_tensors_and_refuse_before_any_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A fused group's exploits unfuse nothing (they copy slots in place); a pair that
+    breaks the boundary's rules is refused before any copy."""
     from trainables.fusion import Fusion
 
     group = TrainerGroup([group_config(seed=s, lr=1e-3 * (s + 1)) for s in range(4)])
@@ -299,7 +304,151 @@ def test_a_boundarys_exploits_share_one_unfuse_and_refuse_before_any_copy(
     assert torch.equal(trial_weights(group.trials[0]), weights)
     pairs = [(0, 3, group.mutable_settings(3)), (1, 2, group.mutable_settings(2))]
     records = group.exploit_all(pairs)
-    assert unfused == [1] and group.exploits == records
+    assert unfused == [] and group.exploits == records
     assert [(r.recipient, r.donor, r.after) for r in records] == pairs
     assert [group.trials[i].config.lr for i in range(4)] == [4e-3, 3e-3, 3e-3, 4e-3]
     assert torch.equal(trial_weights(group.trials[0]), trial_weights(group.trials[3]))
+
+
+# --------------------------------------------------------------------------------------
+# the exploit in the fused tensors, against unfuse / copy / fuse
+
+_CLOCKS = ("time", "cpu", "steps_per_s", "peak_mem")  # history entries that are timings
+
+
+def _explored(group: TrainerGroup, donor: int, factor: float) -> dict[str, float]:
+    """The donor's mutable settings, every one changed (a zero one made positive)."""
+    return {k: v * factor if v else 0.05 * factor for k, v in group.mutable_settings(donor).items()}
+
+
+def _group_state(group: TrainerGroup) -> list[tuple[str, torch.Tensor]]:
+    """Every trial's every fold, by name: its module's parameters and buffers (the setting
+    buffers too), optimizer state (its slot's) and guard."""
+    out = []
+    for i, trial in enumerate(group.trials):
+        for run in trial.folds:
+            tag = f"trial {i} fold {run.index}"
+            named = (*run.model.named_parameters(), *run.model.named_buffers())
+            out += [(f"{tag} {n}", t.detach().clone()) for n, t in named]
+            for name, values in sorted(_optimizer_state(trial, run.index).items()):
+                out += [(f"{tag} {name}.{key}", v) for key, v in sorted(values.items())]
+            out += [(f"{tag} guard.{k}", v) for k, v in sorted(run.guard.state_dict().items())]
+    return out
+
+
+def _assert_bit_equal(a: list[tuple[str, torch.Tensor]], b: list[tuple[str, torch.Tensor]]) -> None:
+    assert [name for name, _ in a] == [name for name, _ in b]
+    for (name, x), (_, y) in zip(a, b, strict=True):
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("decay", ["changed", "kept"])
+@pytest.mark.parametrize("policy", ["f32", "bf16"])
+@pytest.mark.parametrize("family", ["kan", "liquid"])
+def test_the_fused_exploit_leaves_what_unfuse_copy_fuse_leaves(
+    family: str, policy: str, decay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One boundary's two exploits (trial 3 into trial 0, whose slot 0 module is the
+    stack's skeleton, and trial 2 into trial 1), every mutable setting changed (lr, the
+    position scale, kan's regularization weights, liquid's dropout: setting buffers that
+    now differ between slots; weight decay from 0 to one per slot, which lays the fused
+    optimizer's arenas out again, or kept at 0): copied within the fused tensors, the
+    group holds bit for bit what the unfuse / copy / fuse path leaves, right after and
+    after one more epoch (the same kernels; the copies are exact)."""
+    from trainables.stacked import StackedModules
+
+    def run(in_place: bool) -> tuple[TrainerGroup, list[tuple[str, torch.Tensor]]]:
+        with monkeypatch.context() as patch:
+            if not in_place:  # no module fits the stack: the fallback path
+                patch.setattr(StackedModules, "fits", lambda self, module: False)
+            configs = [group_config(family, policy, seed=s, lr=1e-3 * (s + 1)) for s in range(4)]
+            group = TrainerGroup(configs)
+            group.train_epoch()
+            fused = group.fusion.fused
+            assert fused is not None and fused.k == 8
+            pairs = [(0, 3, _explored(group, 3, 1.5)), (1, 2, _explored(group, 2, 0.5))]
+            if decay == "kept":
+                pairs = [(r, d, {**s, "weight_decay": 0.0}) for r, d, s in pairs]
+            group.exploit_all(pairs)
+            assert (group.fusion.fused is fused) == in_place  # fused again on the fallback
+            after_exploit = _group_state(group)
+            assert _state_equal(group.trials[0], group.trials[3])
+            assert _state_equal(group.trials[1], group.trials[2])
+            group.train_epoch()
+        return group, after_exploit
+
+    in_place, in_place_exploited = run(True)
+    fallback, fallback_exploited = run(False)
+    _assert_bit_equal(in_place_exploited, fallback_exploited)
+    _assert_bit_equal(_group_state(in_place), _group_state(fallback))
+    for a, b in zip(in_place.trials, fallback.trials, strict=True):
+        assert a.config == b.config and a.model_config == b.model_config
+        assert [run.model.config for run in a.folds] == [run.model.config for run in b.folds]
+        assert a.epoch == b.epoch == 2 and a.global_step == b.global_step
+        assert [
+            {k: v for k, v in h.items() if not any(c in k for c in _CLOCKS)} for h in a.history
+        ] == [{k: v for k, v in h.items() if not any(c in k for c in _CLOCKS)} for h in b.history]
+    fused_a, fused_b = in_place.fusion.fused, fallback.fusion.fused
+    assert fused_a is not None and fused_b is not None
+    group_a, group_b = fused_a.optimizer.param_groups[0], fused_b.optimizer.param_groups[0]
+    assert (group_a["lr"], group_a["weight_decay"]) == (group_b["lr"], group_b["weight_decay"])
+    # One per slot since the exploit, or 0 for every slot still.
+    assert isinstance(group_a["weight_decay"], list) == (decay == "changed")
+    assert fused_a.model.shared_settings == fused_b.model.shared_settings
+    if family == "kan":  # the regularization weights differ between slots now: vmapped
+        assert "reg_lambda" not in fused_a.model.shared_settings
+
+
+def _bytes_written() -> int | None:
+    """The process's bytes written by write syscalls so far (Linux), else None."""
+    try:
+        with open("/proc/self/io") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("wchar:"))
+    except OSError:
+        return None
+
+
+def test_the_fused_exploit_tries_no_step_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fused group's exploit neither unfuses nor fuses (so no fused step is tried), takes
+    no training step, and writes no byte and no file; the next epoch trains fused."""
+    import tempfile
+
+    import trainables.fusion as fusion_module
+    from trainables.fusion import Fusion
+
+    group = TrainerGroup([group_config("kan", "bf16", seed=s, lr=1e-3 * (s + 1)) for s in range(4)])
+    group.train_epoch()
+    fused = group.fusion.fused
+    steps: list[int] = []
+    original_step = Fusion.fused_step
+
+    def counting(self: Fusion, *args: object, **kwargs: object) -> object:
+        steps.append(1)
+        return original_step(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an in-place exploit fused, unfused, stepped or saved")
+
+    monkeypatch.setattr(Fusion, "fused_step", counting)
+    for owner, name in (
+        (Fusion, "fuse"),
+        (Fusion, "unfuse"),
+        (fusion_module, "_try_fused_step"),
+        (Trainer, "forecast_step"),
+        (Trainer, "save"),
+    ):
+        monkeypatch.setattr(owner, name, refused)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    written = _bytes_written()
+    group.exploit_all([(0, 3, _explored(group, 3, 1.5)), (1, 2, _explored(group, 2, 0.5))])
+    if written is not None:
+        assert _bytes_written() == written
+    assert steps == [] and list(tmp_path.iterdir()) == []
+    assert group.fusion.fused is fused
+    monkeypatch.undo()
+    monkeypatch.setattr(Fusion, "fused_step", counting)
+    group.train_epoch()
+    assert len(steps) == 6 and group.fusion.fused is fused  # 6 fused steps, no refuse
