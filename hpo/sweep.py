@@ -407,6 +407,7 @@ def run_sweep(
     tuner = build_tuner(spec, record, watchers, resources, searcher)
     with _sigterm_stops_gracefully():
         tuner.fit()
+    del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
 
 
@@ -448,6 +449,7 @@ def resume_sweep(
     searcher = watchers.attach(_restored_searcher(tuner))
     with _sigterm_stops_gracefully():
         tuner.fit()
+    del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
 
 
@@ -576,6 +578,11 @@ def finish_sweep(
         client.log_dict(record.parent_run_id, payload, SEQUENTIAL_ARTIFACT)
     comparison = None
     if record.spec.compare:
+        from trainables.memory import release_freed_memory
+
+        # The comparison's arrays would otherwise stack on what Tune freed but the heap
+        # kept: the driver's peak of a large sweep (bench/README.md, "per-trial cost").
+        release_freed_memory()
         comparison = _log_comparison(record, render_report)
     client.set_terminated(record.parent_run_id, status="FINISHED" if complete else "KILLED")
     return SweepRows(rows, planned, complete, comparison)

@@ -88,6 +88,14 @@ def freeze_long_lived_objects() -> None:
     _FREEZES_LEFT[0] -= 1
 
 
+def release_freed_memory() -> None:
+    """Collect unreachable objects and hand the freed heap back to the OS: between two
+    phases of a process whose second must not stack its peak on the first's leftovers (a
+    sweep's driver after Tune, before the comparison)."""
+    gc.collect()
+    _return_freed_heap()
+
+
 def _return_freed_heap() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
