@@ -209,6 +209,28 @@ class Fusion(Generic[TrainerT]):
             run.step = None
         self.fused = fused
 
+    def retry_fused_step(self) -> None:
+        """Try a fused step again on the fused model as it is now, nothing kept (as
+        :meth:`fuse` does before it fuses): a slot took a module whose settings send the
+        step down a path this stack has not run (an exploit made a setting differ between
+        slots where all held one value). Where it fails, the runs train one after another
+        from here, as a fuse whose tried step failed leaves them, each holding what its
+        slot held."""
+        fused = self.fused
+        if fused is None:
+            return
+        host = self.host
+        try:
+            _try_fused_step(fused.model, fused.data, host.policy, host.config.batch_size)
+        except torch.cuda.OutOfMemoryError:
+            raise  # the share's fault, not fusion's: the trial's OOM path handles it
+        except Exception as exc:  # the new per-slot path cannot be batched
+            self.unfuse()
+            self.unfused_reason = f"a fused step failed: {type(exc).__name__}: {exc}"
+            log.warning(
+                "%s: folds train one after another: %s", host.family.name, self.unfused_reason
+            )
+
     def settings_changed(self) -> None:
         """Its trainers' lr and weight decay (one of them changed in place: an exploit)
         are the fused optimizer's again, each slot its trainer's, as :meth:`fuse` sets

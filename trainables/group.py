@@ -298,8 +298,11 @@ class TrainerGroup:
         recipient fold's new module fits the fused stack (same parameters, shapes and
         dtypes: always, for settings that only change values), the copies are made
         within the fused tensors, the donor's slots into the recipient's, one per fold
-        (:meth:`FusedFolds.copy_slot`): nothing is unfused or fused again, no step is
-        tried, nothing is written; the other trials' slots are not touched. Otherwise
+        (:meth:`FusedFolds.copy_slot`): nothing is unfused or fused again, nothing is
+        written, the other trials' slots are not touched, and no step is tried unless a
+        model setting every slot held at one value no longer is (the next step then takes
+        a per-slot path this stack has not run: :meth:`Fusion.retry_fused_step`, which
+        unfuses the group where it fails, as a fuse would). Otherwise
         (the group's trials step one after another, or a new module would not fit) the
         group unfuses once around all the copies and fuses again (a fused step is tried),
         the path a fallback takes: the other trials' state moves out of the fused
@@ -345,9 +348,13 @@ class TrainerGroup:
             return []
         built = self._models_in_slots(planned)
         if built is not None:
+            stack = self.fusion.fused.model  # type: ignore[union-attr]  # fused: built
+            shared = set(stack.shared_settings)
             for (record, config), models in zip(planned, built, strict=True):
                 target, source = self.trials[record.recipient], self.trials[record.donor]
                 target.take_training_state(source, config, models)
+            if stack.shared_settings != shared:  # a path the fused step has not run
+                self.fusion.retry_fused_step()
         else:
             self.fusion.unfuse()
             try:

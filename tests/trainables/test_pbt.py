@@ -17,6 +17,7 @@ inside a group trial (TrainerGroup.exploit), in memory.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -411,7 +412,8 @@ def _bytes_written() -> int | None:
 def test_the_fused_exploit_tries_no_step_and_writes_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A fused group's exploit neither unfuses nor fuses (so no fused step is tried), takes
+    """A fused group's exploit neither unfuses nor fuses, tries no fused step while the
+    settings every slot shares stay shared (kan's reg_lambda and reg_entropy kept), takes
     no training step, and writes no byte and no file; the next epoch trains fused."""
     import tempfile
 
@@ -443,7 +445,13 @@ def test_the_fused_exploit_tries_no_step_and_writes_nothing(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     written = _bytes_written()
-    group.exploit_all([(0, 3, _explored(group, 3, 1.5)), (1, 2, _explored(group, 2, 0.5))])
+    shared = {"reg_lambda", "reg_entropy"}
+    assert group.fusion.fused is not None and group.fusion.fused.model.shared_settings == shared
+    kept = [
+        {**_explored(group, donor, factor), **{k: group.mutable_settings(donor)[k] for k in shared}}
+        for donor, factor in ((3, 1.5), (2, 0.5))
+    ]
+    group.exploit_all([(0, 3, kept[0]), (1, 2, kept[1])])
     if written is not None:
         assert _bytes_written() == written
     assert steps == [] and list(tmp_path.iterdir()) == []
@@ -452,3 +460,33 @@ def test_the_fused_exploit_tries_no_step_and_writes_nothing(
     monkeypatch.setattr(Fusion, "fused_step", counting)
     group.train_epoch()
     assert len(steps) == 6 and group.fusion.fused is fused  # 6 fused steps, no refuse
+
+
+def test_an_exploit_that_unshares_a_setting_tries_a_step_and_unfuses_where_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recipient 1 takes trial 3's state with another reg_lambda, which every slot held at
+    one value: the next step would take a per-slot path this stack has not run, so a
+    fused step is tried (as a fuse tries one). Where it fails the group trains one after
+    another, each trial holding what its slot held: the recipient its donor's weights."""
+    import trainables.fusion as fusion_module
+
+    group = TrainerGroup([group_config("kan", seed=s, lr=1e-3 * (s + 1)) for s in range(4)])
+    group.train_epoch()
+    tried: list[int] = []
+
+    def failing(*args: object, **kwargs: object) -> None:
+        tried.append(1)
+        raise RuntimeError("a per-slot path vmap cannot batch")
+
+    monkeypatch.setattr(fusion_module, "_try_fused_step", failing)
+    donor_weights = trial_weights(group.trials[3]).clone()
+    group.exploit_all([(1, 3, _explored(group, 3, 1.5))])
+    assert tried == [1]
+    assert group.fusion.fused is None
+    assert "vmap cannot batch" in (group.fusion.unfused_reason or "")
+    assert torch.equal(trial_weights(group.trials[1]), donor_weights)
+    assert group.mutable_settings(1)["reg_lambda"] == pytest.approx(1.5e-4)
+    monkeypatch.undo()
+    metrics = group.train_epoch()  # one after another, every trial
+    assert all(math.isfinite(metrics[i]["val_sharpe"]) for i in range(4))
