@@ -1725,20 +1725,21 @@ def _sequential_note(
         notes.append(_skew_note(skewness, x, margin, other))
     elif last.decision is Verdict.EQUIVALENT and skewness < -LOSS_SKEW:
         # A tail of losses, not strong: the rule's "equivalent" errs more than alpha here
-        # (skewness -1 in bench/sequential.py: 7-9% at the margin, against 5%).
+        # (bench/sequential.py at the margin: 5-9% at skewness -1, 8-13% at -2).
         notes.append(
             f"a tail of losses (sample skewness {skewness:+.2f}) at {last.configs} "
             f"configurations: with differences this skewed, 'equivalent' was measured to err "
-            f"up to 9% rather than {alpha:.0%} (bench/README.md); the loss tail says how often "
-            f"{other} loses more than {margin:g}"
+            f"about 9% at skewness -1 and up to 13% at -2, rather than {alpha:.0%} "
+            f"(bench/README.md); the loss tail says how often {other} loses more than "
+            f"{margin:g}"
         )
     return "; ".join(notes) or None
 
 
 LOSS_SKEW = 1.0
 """Sample skewness below ``-LOSS_SKEW`` (and not below ``-SKEW_LIMIT``) marks a tail of
-losses: a sequential "equivalent" then says its measured error (skewness -1: 0.074-0.089 at
-the margin in bench/README.md, "Sequential comparison")."""
+losses: a sequential "equivalent" then says its measured error (skewness -1: 0.052-0.089,
+-2: 0.077-0.134 at the margin in bench/README.md, "Sequential comparison")."""
 
 
 def _skew_note(skewness: float, x: np.ndarray, margin: float, other: str) -> str:
@@ -1778,8 +1779,7 @@ SEQUENTIAL_POWER: dict[float, SequentialPlan] = {
 """The sequential rule at 80% power by sd(d) / margin: normal differences, alpha 0.05,
 looks from :data:`MIN_FIRST_LOOK` every :data:`DEFAULT_LOOK_EVERY` configurations;
 simulated by ``bench/sequential.py`` (4,000 samples per row; bench/README.md, "Sequential
-comparison"). The 3.0 row is still the earlier design's (first look 10, every 2): not
-rerun. The fixed design needs 6, 12, 23, 39, 86 (:data:`EQUIVALENCE_POWER`)."""
+comparison"). The fixed design needs 6, 12, 23, 39, 86 (:data:`EQUIVALENCE_POWER`)."""
 
 
 class ComparisonPlan(NamedTuple):

@@ -66,6 +66,10 @@ def test_the_sequential_plan_counts_the_first_deciding_look_on_its_own_grid() ->
     # The table's expected configurations are simulated for looks from 9 every 1: not
     # this schedule's, which decides first at 10.
     assert row.rstrip().endswith("not simulated for looks from 10 every 2")
+    # Looks every 1 from a later first look (12): not the table's schedule either.
+    later = parse_spec({**BASE, "samples": 12, "comparison": {**comparison, "look_every": 1}})
+    row = next(line for line in comparison_plan_text(later).splitlines() if "kan" in line)
+    assert row.rstrip().endswith("not simulated for looks from 12 every 1")
 
 
 @pytest.mark.parametrize("samples", [3, 6])

@@ -405,7 +405,7 @@ def test_an_equivalent_with_a_tail_of_losses_says_its_error() -> None:
     looks = sequential_looks(MIN_FIRST_LOOK, 1, 20)
     losses = sequential_comparison(d, looks, MARGIN)
     assert losses.decision is Verdict.EQUIVALENT
-    assert "a tail of losses" in (losses.note or "") and "up to 9%" in (losses.note or "")
+    assert "a tail of losses" in (losses.note or "") and "up to 13%" in (losses.note or "")
     gains = sequential_comparison(-d, looks, MARGIN)
     assert gains.decision is Verdict.EQUIVALENT and "tail of losses" not in (gains.note or "")
     symmetric = sequential_comparison(0.02 * rng.standard_normal(12) / 3, looks, MARGIN)
