@@ -271,13 +271,29 @@ def test_the_reported_lr_is_the_one_the_optimizer_trained_with(
         assert trained == donor_lr != entry["after"]["lr"]
 
 
+def _left_out_scored_worst_or_best(
+    group: TrainerGroup, metrics: dict[int, Any], index: int
+) -> None:
+    """Trial ``index``, scored worst and then best, is in no exploit of the population's
+    boundary and keeps its weights."""
+    from tests.trainables.helpers import trial_weights
+
+    own = trial_weights(group.trials[index]).clone()
+    population = Population(group, _settings(interval=1), seed=0)
+    for score in (-10.0, 10.0):
+        scored = {**metrics, index: {"val_sharpe": score}}
+        (record,) = population.after_epoch(scored)
+        assert index not in (record.recipient, record.donor)
+    assert torch.equal(trial_weights(group.trials[index]), own)
+
+
 def test_a_trial_that_fell_back_to_f32_neither_copies_nor_is_copied(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Trial 1 of a bf16 group falls back to f32 in the first epoch (NaN losses for four
     steps, fallback_after 3): it trains on outside the group's fusion, so the population
     leaves it out of every exploit, scored worst or best, and its weights stay its own."""
-    from tests.trainables.helpers import poison_slots, trial_weights
+    from tests.trainables.helpers import poison_slots
 
     configs = [
         group_config(policy="bf16", seed=s, lr=lr, fallback_after=3, log_every=3)
@@ -289,19 +305,13 @@ def test_a_trial_that_fell_back_to_f32_neither_copies_nor_is_copied(
     monkeypatch.undo()
     assert [metrics[i]["fell_back_to_f32"] for i in range(4)] == [0, 1, 0, 0]
     assert 1 not in group.diverged and not group.can_exploit(1)
-    fallen = trial_weights(group.trials[1]).clone()
-    population = Population(group, _settings(interval=1), seed=0)
-    for score in (-10.0, 10.0):  # trial 1 scored worst, then best
-        scored = {**metrics, 1: {"val_sharpe": score}}
-        (record,) = population.after_epoch(scored)
-        assert 1 not in (record.recipient, record.donor)
-    assert torch.equal(trial_weights(group.trials[1]), fallen)
+    _left_out_scored_worst_or_best(group, metrics, 1)
 
 
 def test_a_diverged_trial_neither_copies_nor_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trial 0 diverges in the first epoch of a real group: scored best or worst, the
     population leaves it out of the ranking (its weights stay as they were)."""
-    from tests.trainables.helpers import poison_slots, trial_weights
+    from tests.trainables.helpers import poison_slots
 
     configs = [
         group_config(seed=s, lr=lr, fallback_after=3, log_every=3) for s, lr in enumerate(LRS)
@@ -311,10 +321,4 @@ def test_a_diverged_trial_neither_copies_nor_is_copied(monkeypatch: pytest.Monke
     metrics = group.train_epoch()
     monkeypatch.undo()
     assert 0 in group.diverged and not group.can_exploit(0)
-    diverged = trial_weights(group.trials[0]).clone()
-    population = Population(group, _settings(interval=1), seed=0)
-    for score in (-10.0, 10.0):  # trial 0 scored worst, then best
-        scored = {**metrics, 0: {"val_sharpe": score}}
-        (record,) = population.after_epoch(scored)
-        assert 0 not in (record.recipient, record.donor)
-    assert torch.equal(trial_weights(group.trials[0]), diverged)
+    _left_out_scored_worst_or_best(group, metrics, 0)
