@@ -169,6 +169,11 @@ class Fusion(Generic[TrainerT]):
             if host.config.fuse != "off" and len(runs) > 1:
                 log.info("%s: folds train one after another: %s", host.family.name, why_not)
             return
+        # The fused step trains: every slot in training mode. A trial that leaves during
+        # an epoch's validation (a divergence at its check) re-fuses the others with some
+        # validated (eval mode) and some not yet, and a stack needs one mode.
+        for run in runs:
+            run.model.train()
         module = StackedModules([run.model for run in runs])
         data, views = StackedFolds.stack([run.data for run in runs])
         try:

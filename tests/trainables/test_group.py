@@ -266,6 +266,25 @@ def test_a_diverged_trial_is_out_and_the_others_train_as_a_group_without_it(
         )
 
 
+def test_a_trial_that_diverges_after_another_validated_leaves_a_group_that_fuses_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trial 1 diverges at its epoch's divergence check, after trial 0 validated (its
+    modules in eval mode) and before trial 2 did (still in training mode): the two fuse
+    again without it (a stack of modules in mixed modes used to fail to fuse, ending the
+    whole group) and train on."""
+    # log_every past the epoch's steps: the streak is read at the epoch's end only.
+    configs = [group_config(seed=s, fallback_after=3, log_every=50) for s in range(3)]
+    poison_slots(monkeypatch, 6, slice(2, 4), range(1, 5))
+    group = TrainerGroup(configs)
+    metrics = group.train_epoch()
+    assert sorted(metrics) == [0, 2] and list(group.diverged) == [1]
+    assert group.fusion.trainers == [group.trials[0], group.trials[2]]
+    assert group.fusion.fused is not None and group.fusion.fused.k == 4
+    group.fit()
+    assert [t.epoch for t in group.trials] == [2, 0, 2]
+
+
 def test_a_stopped_trial_leaves_the_fused_step_and_keeps_its_weights() -> None:
     group = TrainerGroup([group_config(seed=s, epochs=3) for s in range(3)])
     group.train_epoch()
