@@ -21,6 +21,11 @@ counts trial-epochs as if every trial ran. ASHA is the product's rungs, run in-p
 x the best value any run found) at the first trial completion at or above it. Per searcher: median trial-epochs to target,
 its ratio to random search's with a 95% bootstrap interval, and the share of runs that
 reached the target. Method in full: docs/search.md#the-search-efficiency-benchmark
+
+Population-based training is not a searcher here: an exploit changes a trial's weights
+mid-training, so it cannot read memoized curves. ``bench/pbt_search.py`` runs it on this
+task and space (:class:`Task`) against ASHA and random search at equal member-epochs,
+every trial trained for real (bench/README.md, "PBT against ASHA and random").
 """
 
 from __future__ import annotations
@@ -80,55 +85,59 @@ class Task:
 
     def spec(self, search: str, asha: bool, seed: int, samples: int) -> SweepSpec:
         return parse_spec(
-            {
-                "name": "search-efficiency",
-                "families": ["kan"],
-                "precisions": ["f32"],
-                "seeds": [0],
-                "samples": samples,
-                # One configuration per trial: the searchers' efficiency per configuration
-                # (group trials ask several of one shape at a time, a different search).
-                "grouping": {"group_size": 1},
-                "search": search,
-                "search_seed": seed,
-                "scheduler": "asha" if asha else "fifo",
-                "max_epochs": self.max_epochs,
-                "grace_epochs": 1,
-                "data": {
-                    "n_assets": self.n_assets,
-                    "n_bars": self.n_bars,
-                    "signal": self.signal,
-                    "seed": 0,
-                },
-                "walk_forward": {
-                    "n_folds": 1,
-                    "val_fraction": self.val_fraction,
-                    "test_fraction": self.test_fraction,
-                },
-                "trainer": {
-                    "lookback": self.lookback,
-                    "batch_size": self.batch_size,
-                    "max_steps_per_epoch": self.max_steps_per_epoch,
-                },
-                "search_space": {
-                    "kan": {
-                        "lr": {"low": 1e-5, "high": 1.0, "log": True},
-                        "weight_decay": 0.0,
-                        # width and window: the adapter's own ranges
-                        **({} if self.window is None else {"window": self.window}),
-                        "n_layers": 1,
-                        "grid_size": 5,
-                        "spline_order": 3,
-                        "grid_eps": 0.02,
-                        "grid_update_epochs": 3,
-                        "reg_lambda": 1e-4,
-                        "reg_entropy": 1.0,
-                        "position_scale": 4.0,
-                    }
-                },
-            },
-            source="bench/search_efficiency.py",
+            self.spec_table(search, asha, seed, samples), source="bench/search_efficiency.py"
         )
+
+    def spec_table(self, search: str, asha: bool, seed: int, samples: int) -> dict[str, Any]:
+        """The sweep spec of :meth:`spec`, unparsed (bench/pbt_search.py changes its
+        scheduler and grouping)."""
+        return {
+            "name": "search-efficiency",
+            "families": ["kan"],
+            "precisions": ["f32"],
+            "seeds": [0],
+            "samples": samples,
+            # One configuration per trial: the searchers' efficiency per configuration
+            # (group trials ask several of one shape at a time, a different search).
+            "grouping": {"group_size": 1},
+            "search": search,
+            "search_seed": seed,
+            "scheduler": "asha" if asha else "fifo",
+            "max_epochs": self.max_epochs,
+            "grace_epochs": 1,
+            "data": {
+                "n_assets": self.n_assets,
+                "n_bars": self.n_bars,
+                "signal": self.signal,
+                "seed": 0,
+            },
+            "walk_forward": {
+                "n_folds": 1,
+                "val_fraction": self.val_fraction,
+                "test_fraction": self.test_fraction,
+            },
+            "trainer": {
+                "lookback": self.lookback,
+                "batch_size": self.batch_size,
+                "max_steps_per_epoch": self.max_steps_per_epoch,
+            },
+            "search_space": {
+                "kan": {
+                    "lr": {"low": 1e-5, "high": 1.0, "log": True},
+                    "weight_decay": 0.0,
+                    # width and window: the adapter's own ranges
+                    **({} if self.window is None else {"window": self.window}),
+                    "n_layers": 1,
+                    "grid_size": 5,
+                    "spline_order": 3,
+                    "grid_eps": 0.02,
+                    "grid_update_epochs": 3,
+                    "reg_lambda": 1e-4,
+                    "reg_entropy": 1.0,
+                    "position_scale": 4.0,
+                }
+            },
+        }
 
 
 FULL = Task()

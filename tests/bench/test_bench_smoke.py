@@ -198,3 +198,42 @@ def test_pbt_exploit_smoke_compares_in_memory_with_a_checkpoint_and_writes_nothi
         ratio = float(row["ratio"].removesuffix("x"))
         expected = float(row["checkpoint ms"]) / float(row["in memory ms"])
         assert ratio == pytest.approx(expected, rel=0.02, abs=0.01), row
+
+
+@pytest.mark.slow
+def test_pbt_search_smoke_prints_pbt_asha_and_random_side_by_side() -> None:
+    """bench/pbt_search.py --smoke: 2 seeds of a population of 4 on the tiny task; the
+    table has a row per method with its runs, equal member-epochs, and medians of the
+    best validation Sharpe and the chosen trial's test Sharpe beside ASHA's (no outcome
+    asserted)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "pbt_search.py"), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables: list[list[str]] = [[]]
+    for line in proc.stdout.splitlines():
+        if line.startswith("|"):
+            tables[-1].append(line)
+        elif tables[-1]:
+            tables.append([])
+    main, lineage = (t for t in tables if t)
+
+    def rows(lines: list[str]) -> list[dict[str, str]]:
+        header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+        return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+                for line in lines[2:]]  # fmt: skip
+
+    by_method = {row["method"]: row for row in rows(main)}
+    assert list(by_method) == ["pbt-i1", "population", "random+asha", "random"], proc.stdout
+    for row in by_method.values():
+        assert row["runs"] == "2" and row["median member-epochs"] == "8", row
+        float(row["median best val_sharpe"])
+        float(row["median test_sharpe of chosen"])
+        assert row["minus random+asha [95% CI]"].count("[") == 1, row
+    assert by_method["random+asha"]["minus random+asha [95% CI]"].startswith("+0.00"), proc.stdout
+    assert [row["population"] for row in rows(lineage)] == ["pbt-i1", "population"]
+    assert "wall" in proc.stdout
