@@ -36,21 +36,50 @@ def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
         elif lines:
             break
     assert len(lines) >= 2 + len(FOUR), stdout
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    return header, rows
+    return _cells(lines[0]), [_cells(line) for line in lines[2:]]
 
 
-@pytest.mark.slow
-def test_smoke_run_prints_the_table() -> None:
+def _smoke(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``bench/<script>`` run with ``args`` (its ``--smoke`` among them), as a user runs it;
+    fails the test with its stderr's end when it fails."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke"],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def _pipe_rows(stdout: str) -> tuple[list[str], list[list[str]]]:
+    """The header of the first markdown table in ``stdout`` and every table line after its
+    separator."""
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    return _cells(lines[0]), [_cells(line) for line in lines[2:]]
+
+
+def _tables(stdout: str) -> list[list[dict[str, str]]]:
+    """Each markdown table in ``stdout``, its rows keyed by the header's cells."""
+    tables: list[list[str]] = [[]]
+    for line in stdout.splitlines():
+        if line.startswith("|"):
+            tables[-1].append(line)
+        elif tables[-1]:
+            tables.append([])
+    return [
+        [dict(zip(_cells(t[0]), _cells(line), strict=True)) for line in t[2:]] for t in tables if t
+    ]
+
+
+@pytest.mark.slow
+def test_smoke_run_prints_the_table() -> None:
+    proc = _smoke("search_efficiency.py", "--smoke")
     assert "target val_sharpe" in proc.stdout
     header, rows = _table(proc.stdout)
     assert header[0] == "searcher"
@@ -70,17 +99,8 @@ def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
     """bench/step_ops.py --smoke: a forecast family and an rl learner (kan, dqn) under f32
     and bf16; the optimizer + guard stays within the 40-op budget and the time ratio
     against the bare fused loop is a positive number."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    proc = _smoke("step_ops.py", "--smoke")
+    header, rows = _pipe_rows(proc.stdout)
     cases = {(row[header.index("family")], row[header.index("precision")]) for row in rows}
     assert cases == {(f, p) for f in ("kan", "dqn") for p in ("f32", "bf16")}, proc.stdout
     for row in rows:
@@ -94,20 +114,9 @@ def test_step_ops_smoke_prints_ops_and_time_ratios() -> None:
 def test_step_ops_slots_compares_a_fused_trial_step_with_the_folds_one_by_one() -> None:
     """bench/step_ops.py --slots 1 2 --smoke: kan at K = 1 and 2; fusing two folds runs
     fewer ops than stepping them one after another (a tiny kan step: about 0.54x)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "step_ops.py"), "--slots", "1", "2", "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    rows = {
-        int(cells[header.index("K")]): cells
-        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])
-    }
+    proc = _smoke("step_ops.py", "--slots", "1", "2", "--smoke")
+    header, body = _pipe_rows(proc.stdout)
+    rows = {int(cells[header.index("K")]): cells for cells in body}
     assert set(rows) == {1, 2}, proc.stdout
     two = rows[2]
     unfused, fused = (int(two[header.index(c)]) for c in ("unfused ops", "fused ops"))
@@ -120,17 +129,8 @@ def test_sequential_smoke_prints_the_fixed_and_sequential_designs_side_by_side()
     """bench/sequential.py --smoke: normal and skewness -1 differences at sd/margin 1, 300
     replications: each row has the fixed design's n, the sequential rule's budget and
     expected configurations (fewer than the fixed n), its power (>= 80%) and error rates."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sequential.py"), "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    proc = _smoke("sequential.py", "--smoke")
+    header, rows = _pipe_rows(proc.stdout)
     assert [row[0].split()[0] for row in rows] == ["normal", "skew-1"], proc.stdout
     for row in rows:
         fixed_n = int(row[header.index("fixed n")].split()[0])
@@ -173,18 +173,8 @@ def test_pbt_exploit_smoke_compares_in_memory_with_a_checkpoint_and_writes_nothi
     in-memory exploit writes no byte and no file, the checkpoint path writes the
     checkpoint's five files, and both leave the recipient holding the donor's state (the
     script stops otherwise)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "pbt_exploit.py"), "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
-            for line in lines[2:]]  # fmt: skip
+    proc = _smoke("pbt_exploit.py", "--smoke")
+    (rows,) = _tables(proc.stdout)
     assert [(row["family"], row["precision"], row["exploits"]) for row in rows] == [
         ("kan", "f32", "1"),
         ("kan", "bf16", "1"),
@@ -206,28 +196,9 @@ def test_pbt_search_smoke_prints_pbt_asha_and_random_side_by_side() -> None:
     table has a row per method with its runs, equal member-epochs, and medians of the
     best validation Sharpe and the chosen trial's test Sharpe beside ASHA's (no outcome
     asserted)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "pbt_search.py"), "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    tables: list[list[str]] = [[]]
-    for line in proc.stdout.splitlines():
-        if line.startswith("|"):
-            tables[-1].append(line)
-        elif tables[-1]:
-            tables.append([])
-    main, lineage = (t for t in tables if t)
-
-    def rows(lines: list[str]) -> list[dict[str, str]]:
-        header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-        return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
-                for line in lines[2:]]  # fmt: skip
-
-    by_method = {row["method"]: row for row in rows(main)}
+    proc = _smoke("pbt_search.py", "--smoke")
+    main, lineage = _tables(proc.stdout)
+    by_method = {row["method"]: row for row in main}
     assert list(by_method) == ["pbt-i1", "population", "random+asha", "random"], proc.stdout
     for row in by_method.values():
         assert row["runs"] == "2" and row["median member-epochs"] == "8", row
@@ -235,5 +206,5 @@ def test_pbt_search_smoke_prints_pbt_asha_and_random_side_by_side() -> None:
         float(row["median test_sharpe of chosen"])
         assert row["minus random+asha [95% CI]"].count("[") == 1, row
     assert by_method["random+asha"]["minus random+asha [95% CI]"].startswith("+0.00"), proc.stdout
-    assert [row["population"] for row in rows(lineage)] == ["pbt-i1", "population"]
+    assert [row["population"] for row in lineage] == ["pbt-i1", "population"]
     assert "wall" in proc.stdout
