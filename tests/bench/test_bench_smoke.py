@@ -185,9 +185,13 @@ def test_pbt_exploit_smoke_compares_in_memory_with_a_checkpoint_and_writes_nothi
         write, read, load = (float(x) for x in row["write / read / load ms"].split("/"))
         assert min(write, read, load) > 0 and float(row["checkpoint ms"]) > 0, row
         assert float(row["in memory ms"]) > 0 and float(row["unfuse+fuse alone ms"]) > 0, row
+        # The ratio of the unrounded times: within what the printed times' rounding to
+        # 0.1 ms allows (2.4 ms may be 2.35-2.45, 2% either way).
         ratio = float(row["ratio"].removesuffix("x"))
-        expected = float(row["checkpoint ms"]) / float(row["in memory ms"])
-        assert ratio == pytest.approx(expected, rel=0.02, abs=0.01), row
+        checkpoint, in_memory = float(row["checkpoint ms"]), float(row["in memory ms"])
+        low = (checkpoint - 0.05) / (in_memory + 0.05)
+        high = (checkpoint + 0.05) / (in_memory - 0.05)
+        assert low - 0.01 <= ratio <= high + 0.01, row
 
 
 @pytest.mark.slow
