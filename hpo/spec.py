@@ -333,13 +333,6 @@ class SweepSpec(_Strict):
                 f"samples: population-based training needs a population of at least 2 "
                 f"trials; samples x seeds is {population}"
             )
-        if population > self.group_size:
-            raise ValueError(
-                f"samples: a population is one group trial for now, of at most "
-                f"grouping.group_size ({self.group_size}) trials; samples ({self.samples}) x "
-                f"seeds ({len(self.seeds)}) is {population}. Populations larger than one group "
-                "trial (exploit across processes through checkpoints) are not supported yet"
-            )
 
     @property
     def pbt_table(self) -> PbtSpec:
@@ -519,6 +512,8 @@ class SweepSpec(_Strict):
         configurations). In a sweep's record, as recorded
         (``grouping.configs_per_ask``) but never more than this version decides: an ask it
         cannot hold to one shape would form groups whose trials differ in a shape."""
+        if self.scheduler == "pbt" and not self.compare and not self.groups(family):
+            return self.samples  # a population across processes: one ask, one shape
         if not self.groups(family):
             return 1
         decided = self.samples if self.scheduler == "pbt" else self._configs_per_ask(family)
@@ -766,15 +761,19 @@ def _family_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
 
 
 def _pbt_problem(spec: SweepSpec, index: int, family: str) -> str | None:
-    """Why ``family`` cannot train as a population of ``spec``'s (None: it can): a
-    population is one group trial for now, so a family whose trials do not group cannot."""
-    record = get_family(family)
-    if record.kind == "rl" or not record.fuses:
-        why = "a reinforcement-learning family" if record.kind == "rl" else "does not fuse"
+    """Why ``family`` cannot train as a population of ``spec``'s (None: it can). Where its
+    trials group, a population is one group trial (exploits are copies in memory), so it
+    must fit one; otherwise each member is a Tune trial of its own and exploits through
+    the sweep's board (:mod:`hpo.population_board`), at any size."""
+    population = spec.samples * len(spec.seeds)
+    if spec.groups(family) and population > spec.group_size:
         return (
-            f"families[{index}]: {family} ({why}) cannot train in a population yet: a "
-            "population is one group trial's trials for now, and exploit across processes "
-            "through checkpoints, which it needs, is not supported yet"
+            f"families[{index}]: a population of {family} is one group trial, of at most "
+            f"grouping.group_size ({spec.group_size}) trials; samples ({spec.samples}) x "
+            f"seeds ({len(spec.seeds)}) is {population}. Raise grouping.group_size to "
+            f"{population}, or set it to 1 to train each member as a trial of its own "
+            "(exploits then go through checkpoints; populations of group trials larger "
+            "than one group are not supported yet)"
         )
     try:
         spec.pbt_mutations(family)

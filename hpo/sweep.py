@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.storage import SweepLocation, writable_by_others
+from hpo.population_board import start_population_board
 from hpo.record import SUMMARY_FILE, SWEEP_FILE, SweepError, SweepRecord
 from hpo.rungs import ASHA_REDUCTION_FACTOR, start_rung_board
 from hpo.spec import SweepSpec
@@ -224,7 +225,7 @@ def build_tuner(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if resources is None:
         resources = sweep_resources(spec, record.sweep_dir.parent.uri)
-    trainable = _trainable(spec, resources)
+    trainable = _trainable(spec, resources, record.sweep_dir.uri)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -249,10 +250,11 @@ def build_tuner(
     )
 
 
-def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> Any:
+def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker, sweep_dir: str) -> Any:
     """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
-    (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, and asking the
-    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per trial."""
+    (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, asking the
+    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per trial, and its population
+    board (:mod:`hpo.population_board`) where populations train across processes."""
     from ray import tune
 
     from cluster.trial_share import PackedShare
@@ -267,8 +269,12 @@ def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> An
             max_t=spec.max_epochs,
             reduction_factor=ASHA_REDUCTION_FACTOR,
         )
+    exchange = None
+    if spec.scheduler == "pbt" and not all(spec.groups(f) for f in spec.families):
+        exchange = start_population_board(spec.name, sweep_dir)
     return tune.with_resources(
-        tune.with_parameters(run_trial, share=PackedShare(), judge=judge), resources=resources
+        tune.with_parameters(run_trial, share=PackedShare(), judge=judge, exchange=exchange),
+        resources=resources,
     )
 
 
@@ -437,7 +443,7 @@ def resume_sweep(
     # Restored trials keep the bundles Tune saved with them; this sizes the trials still to
     # be created (the shared VRAM cache holds the profiles the first run took).
     resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
-    trainable = _trainable(record.spec, resources)
+    trainable = _trainable(record.spec, resources, record.sweep_dir.uri)
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,

@@ -413,6 +413,7 @@ class MlflowSweepCallback(Callback):
     ) -> None:
         self._ensure_run(trial)
         if not is_group_trial(trial.config):
+            self._log_lineage(trial.trial_id, None, result)  # a member across processes
             self._log_result(trial.trial_id, trial.config, result, final_may_repeat=True)
             return
         reported = result.get("trials") or {}
@@ -474,11 +475,13 @@ class MlflowSweepCallback(Callback):
 
         self.outbox.send(f"metrics of {trial_id} epoch {epoch}", log_epoch)
 
-    def _log_lineage(self, trial_id: str, group_id: str, entry: Mapping[str, Any]) -> None:
+    def _log_lineage(self, trial_id: str, group_id: str | None, entry: Mapping[str, Any]) -> None:
         """Queue a population's trial's lineage as the run artifact
         :data:`LINEAGE_ARTIFACT` when it is new or grew: one object per exploit (the
         epoch after which it copied, the donor's trial id and key, its settings before
-        and after). Trials not in a population carry no lineage and get no file."""
+        and after). Trials not in a population carry no lineage and get no file. In a
+        group trial (``group_id``) a donor is named by its slug; across processes, by its
+        own Tune trial id."""
         lineage = entry.get(LINEAGE_KEY)
         if not isinstance(lineage, list):
             return
@@ -488,7 +491,9 @@ class MlflowSweepCallback(Callback):
         exploits = [
             {
                 "epoch": e.get("epoch"),
-                "donor_trial_id": f"{group_id}-{e.get('donor')}",  # as trials_of names it
+                "donor_trial_id": (  # as trials_of names a group trial's trials
+                    f"{group_id}-{e.get('donor')}" if group_id else e.get("donor")
+                ),
                 "donor_key": e.get("donor_key"),
                 "before": e.get("before"),
                 "after": e.get("after"),

@@ -202,12 +202,18 @@ RETRY_GPU_TYPE_KEY = "gpu_type"
 RETRY_ATTEMPT_KEY = "oom_attempt"
 """Trial-dict key of :attr:`TrialConfig.attempt` (present only after an OOM)."""
 _TRIAL_REQUIRED = ("family", "precision", "seed", "params", "base")
+PBT_KEY = "pbt"
+"""Trial- and group-trial-dict key of a population's :class:`~trainables.pbt.PbtSettings`."""
+POPULATION_KEY = "population"
+"""Trial-dict key of :attr:`TrialConfig.population` (a population across processes only)."""
 _TRIAL_OPTIONAL = (
     "config_id",
     "pair_id",
     RETRY_FLOOR_KEY,
     RETRY_GPU_TYPE_KEY,
     RETRY_ATTEMPT_KEY,
+    PBT_KEY,
+    POPULATION_KEY,
 )
 
 
@@ -243,7 +249,7 @@ class TrialConfig:
 
     {"family", "precision", "seed", "config_id", "pair_id",
      "params": {flat settings}, "base": TrialBase.to_dict()
-     [, "gpu_fraction_floor", "gpu_type", "oom_attempt"]}
+     [, "gpu_fraction_floor", "gpu_type", "oom_attempt"][, "pbt", "population"]}
     """
 
     family: str
@@ -266,6 +272,12 @@ class TrialConfig:
     attempt: int = 0
     """OOM retries before this one (0: the first attempt). Attempts are ordered by it: a
     floor need not grow (each half of a split group asks half a GPU, after a whole one)."""
+    pbt: PbtSettings | None = None
+    """How its population trains, where it is a member of a population across processes
+    (one Tune trial each: a family whose trials do not group). A population in one group
+    trial carries its settings on the group trial instead."""
+    population: str = ""
+    """The population it belongs to (its first configuration's id), with :attr:`pbt`."""
 
     def train_config(self) -> TrainConfig:
         """The shared trainer's config of this trial."""
@@ -305,6 +317,9 @@ class TrialConfig:
             out[RETRY_GPU_TYPE_KEY] = self.gpu_type
         if self.attempt:
             out[RETRY_ATTEMPT_KEY] = self.attempt
+        if self.pbt is not None:
+            out[PBT_KEY] = self.pbt.to_dict()
+            out[POPULATION_KEY] = self.population
         return out
 
     @classmethod
@@ -328,11 +343,9 @@ class TrialConfig:
             gpu_fraction_floor=float(config.get(RETRY_FLOOR_KEY) or 0.0),
             gpu_type=str(config.get(RETRY_GPU_TYPE_KEY) or ""),
             attempt=int(config.get(RETRY_ATTEMPT_KEY) or 0),
+            pbt=PbtSettings.from_dict(config[PBT_KEY]) if config.get(PBT_KEY) else None,
+            population=str(config.get(POPULATION_KEY) or ""),
         )
-
-
-PBT_KEY = "pbt"
-"""Group-trial dict key of a population's :class:`~trainables.pbt.PbtSettings`."""
 
 
 @dataclass(frozen=True)

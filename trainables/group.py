@@ -248,26 +248,12 @@ class TrainerGroup:
     # population-based training
 
     def mutable_settings(self, index: int) -> dict[str, float]:
-        """Trial ``index``'s settings an exploit may change (:func:`mutable_setting_names`,
-        the same names the spec's mutations are checked against), as floats by name
-        (defaults filled in; an integer a spec's Int range gave a float setting is cast).
-        The others (the seed, integer and string settings) stay the trial's own."""
-        trial = self.trials[index]
-        values = {"lr": trial.config.lr, "weight_decay": trial.config.weight_decay}
-        model = dataclasses.asdict(trial.model_config)
-        names = mutable_setting_names(trial.family)
-        return {name: float(values[name] if name in values else model[name]) for name in names}
+        """Trial ``index``'s :func:`mutable_settings`."""
+        return mutable_settings(self.trials[index])
 
     def trained_settings(self, index: int) -> dict[str, float]:
-        """Trial ``index``'s :meth:`mutable_settings` as its training uses them: lr and
-        weight decay read from its optimizer (its fused slots' values where it trains
-        fused), the model settings from its model config. What a population reports each
-        epoch, so the lineage shows what trained: an exploit whose restored optimizer
-        state won over the explored lr (ray-project/ray#62173) would show there."""
-        settings = self.mutable_settings(index)
-        group = self.trials[index].folds[0].optimizer.param_groups[0]
-        settings.update(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]))
-        return settings
+        """Trial ``index``'s :func:`trained_settings`."""
+        return trained_settings(self.trials[index])
 
     def exploit(self, recipient: int, donor: int, settings: Mapping[str, float]) -> ExploitRecord:
         """Trial ``recipient`` takes trial ``donor``'s training state and ``settings``:
@@ -415,6 +401,35 @@ class TrainerGroup:
         index = next(i for i, t in enumerate(self.trials) if t is trial)
         self.diverged[index] = str(exc)
         self.ended[index] = str(exc)
+
+
+def mutable_settings(trial: Trainer) -> dict[str, float]:
+    """A trial's settings an exploit may change (:func:`mutable_setting_names`, the same
+    names the spec's mutations are checked against), as floats by name (defaults filled
+    in; an integer a spec's Int range gave a float setting is cast). The others (the
+    seed, integer and string settings) stay the trial's own."""
+    return config_settings(trial.config)
+
+
+def config_settings(config: TrainConfig) -> dict[str, float]:
+    """:func:`mutable_settings` of a trial with ``config``."""
+    family = get_family(config.family)
+    values = {"lr": config.lr, "weight_decay": config.weight_decay}
+    model = dataclasses.asdict(family.make_config(config.model_config))
+    names = mutable_setting_names(family)
+    return {name: float(values[name] if name in values else model[name]) for name in names}
+
+
+def trained_settings(trial: Trainer) -> dict[str, float]:
+    """A trial's :func:`mutable_settings` as its training uses them: lr and weight decay
+    read from its optimizer (its fused slots' values where it trains fused), the model
+    settings from its model config. What a population reports each epoch, so the lineage
+    shows what trained: an exploit whose restored optimizer state won over the explored
+    lr (ray-project/ray#62173) would show there."""
+    settings = mutable_settings(trial)
+    group = trial.folds[0].optimizer.param_groups[0]
+    settings.update(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]))
+    return settings
 
 
 def with_settings(config: TrainConfig, settings: Mapping[str, float]) -> TrainConfig:

@@ -27,12 +27,22 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
 
+from trainables.checkpoint import Checkpoint, load_checkpoint
 from trainables.config import TrainConfig
-from trainables.group import ExploitRecord, TrainerGroup, with_settings
+from trainables.group import (
+    ExploitRecord,
+    TrainerGroup,
+    config_settings,
+    trained_settings,
+    with_settings,
+)
 from trainables.pbt import PbtSettings, choose_exploits, explore
+from trainables.trainer import Trainer
 
 RANK_METRIC = "val_sharpe"
 """What a population ranks on: the epoch's validation Sharpe (never the test split's)."""
@@ -124,3 +134,122 @@ def _score(metrics: Mapping[str, Any] | None) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+# ----------------------------------------------------------------------------------------
+# a population across processes: one member per Tune trial
+
+
+class Exchange(Protocol):
+    """Where a member of a population across processes saves its snapshots and learns
+    whom it copies: the sweep's board (:class:`hpo.population_board.PopulationExchange`)."""
+
+    def save_snapshot(
+        self, population: str, member: str, epoch: int, save: Callable[[Path], object]
+    ) -> str:
+        """Where ``member``'s state at ``epoch`` is, written with ``save(directory)``."""
+        ...
+
+    def at_boundary(
+        self, population: str, pbt: Mapping[str, Any], **report: Any
+    ) -> dict[str, Any] | None:
+        """The member's exploit at this boundary, or None (``report``: member, trial_id,
+        epoch, score, settings, snapshot)."""
+        ...
+
+    def open_snapshot(self, where: str) -> AbstractContextManager[Path]:
+        """A donor's snapshot as a local directory."""
+        ...
+
+
+LINEAGE_META = "pbt_lineage"
+"""Checkpoint meta key of a member's lineage: a resumed member carries it on."""
+
+
+class PopulationMember:
+    """One trial of a population across processes (a family whose trials do not group):
+    at each interval boundary it saves a snapshot, posts its validation Sharpe to the
+    board and, where the board says so, takes the donor's snapshot and the explored
+    settings (:meth:`Trainer.take_checkpoint_state`) before its next epoch.
+
+        member = PopulationMember(exchange, pbt, population, key, trial_id, lineage)
+        metrics = trainer.train_epoch()
+        entry = member.after_epoch(trainer, metrics)  # settings trained, lineage
+    """
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        settings: PbtSettings,
+        population: str,
+        member: str,
+        trial_id: str,
+        lineage: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        self.exchange = exchange
+        self.settings = settings
+        self.population = population
+        self.member = member
+        self.trial_id = trial_id
+        self.lineage: list[dict[str, Any]] = [dict(e) for e in lineage]
+
+    def after_epoch(self, trainer: Trainer, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """What the epoch's report adds: the settings it trained with (``lr``,
+        ``weight_decay``, ... by name), ``pbt_exploits`` and ``pbt_lineage``; at an
+        interval boundary, after the exploit the board decided, if any. A trial that fell
+        back to f32 posts no score: it neither copies nor is copied."""
+        trained = trained_settings(trainer)
+        if self.settings.is_boundary(trainer.epoch, trainer.config.epochs):
+            score = None if trainer.fell_back_to_f32 else _score(metrics)
+            snapshot = self.exchange.save_snapshot(
+                self.population, self.member, trainer.epoch, lambda d: trainer.save(d)
+            )
+            decision = self.exchange.at_boundary(
+                self.population,
+                self.settings.to_dict(),
+                member=self.member,
+                trial_id=self.trial_id,
+                epoch=trainer.epoch,
+                score=score,
+                settings=trained,
+                snapshot=snapshot,
+            )
+            if decision is not None:
+                self._exploit(trainer, decision)
+        return {
+            **trained,
+            "pbt_exploits": len(self.lineage),
+            "pbt_lineage": [dict(e) for e in self.lineage],
+        }
+
+    def _exploit(self, trainer: Trainer, decision: Mapping[str, Any]) -> None:
+        config = with_settings(trainer.config, decision["after"])
+        with self.exchange.open_snapshot(str(decision["snapshot"])) as directory:
+            donor = load_checkpoint(directory)
+            if int(donor.meta["epoch"]) != trainer.epoch:
+                raise ValueError(
+                    f"the donor's snapshot {decision['snapshot']} is of epoch "
+                    f"{donor.meta['epoch']}, this trial completed {trainer.epoch}"
+                )
+            trainer.take_checkpoint_state(donor, config)
+        self.lineage.append(
+            {
+                "epoch": int(decision["epoch"]),
+                "donor": str(decision["donor"]),
+                "donor_key": str(decision["donor_key"]),
+                "before": dict(decision["before"]),
+                "after": dict(decision["after"]),
+            }
+        )
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What the trial's checkpoint carries for a resume (its lineage)."""
+        return {LINEAGE_META: self.lineage}
+
+
+def resumed_member_config(config: TrainConfig, checkpoint: Checkpoint | None) -> TrainConfig:
+    """``config`` with the settings a resumed member last trained with: those in its
+    checkpoint's config (its exploits explored them; the sweep's config never changes)."""
+    if checkpoint is None:
+        return config
+    return with_settings(config, config_settings(TrainConfig.from_dict(checkpoint.meta["config"])))

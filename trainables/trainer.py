@@ -473,6 +473,57 @@ class Trainer:
         # checkpoint before its next epoch writes none rather than wrong ones.
         self._evaluated = None
 
+    def take_checkpoint_state(self, donor: Checkpoint, config: TrainConfig) -> None:
+        """Become the training state saved in ``donor`` (another trial's checkpoint, of the
+        same family, precision and folds) under ``config``: the exploit of a population
+        across processes, where the donor trains in another Tune trial. What moves and
+        what stays this trial's own is as in :meth:`take_training_state`; an RL family's
+        environments and replay stay this trial's too (its own experience, as its
+        minibatch order is). Each fold's model is built afresh for ``config``'s model
+        settings (its initial weights from a forked stream) with an optimizer built for
+        ``config``'s lr and weight decay, then loaded from the checkpoint as a restore
+        loads it: the restored moments never carry the donor's lr
+        (ray-project/ray#62173). Folds fused across this trial unfuse around the copy and
+        fuse again. Raises ValueError, changing nothing, where the checkpoint does not fit."""
+        meta = donor.meta
+        if (meta.get("family"), meta.get("precision")) != (self.family.name, self.policy.name):
+            raise ValueError(
+                f"cannot take the state of a {meta.get('family')}/{meta.get('precision')} "
+                f"checkpoint into a {self.family.name}/{self.policy.name} trial"
+            )
+        missing = [run.index for run in self.folds if not _has_fold(donor, run.index)]
+        if missing or _has_fold(donor, len(self.folds)):
+            raise ValueError(
+                f"the donor's checkpoint {donor.path} holds other folds than this trial's "
+                f"{len(self.folds)}"
+            )
+        model_config = self.family.make_config(config.model_config)
+        devices = [self.device] if self.device.type == "cuda" else []
+        fused = self.fusion.fused is not None
+        self.fusion.unfuse()
+        try:
+            for run in self.folds:
+                with torch.random.fork_rng(devices=devices):  # overwritten: not the trial's draws
+                    model = self.policy.convert_module(self.family.build(model_config, self.shape))
+                model.train(run.model.training)
+                if self.is_rl:  # its own experience: the replay and its counters stay
+                    own: RLLearner = run.model  # type: ignore[assignment]
+                    cast(RLLearner, model).load_buffer_state(own.buffer_state())
+                params = model.trainable_parameters() if self.is_rl else model.parameters()  # type: ignore[operator]
+                run.model = model
+                run.optimizer = self.policy.make_optimizer(
+                    params, lr=config.lr, weight_decay=config.weight_decay
+                )
+                run.guard = StepGuard(self.device)
+                run.scaler = self.policy.make_scaler()
+                run.step = None  # a step runner (a captured graph) holds the old tensors
+                _load_training_state(run, donor)
+        finally:
+            if fused:
+                self.fusion.fuse_again()
+        self.config, self.model_config = config, model_config
+        self._evaluated = None  # the latest returns are of weights this trial no longer holds
+
     def models_taking(self, donor: Trainer, config: TrainConfig) -> list[nn.Module]:
         """Each fold's model as :meth:`take_training_state` leaves it: built afresh from
         ``config``'s model settings and loaded with the donor's same fold's state dict,
@@ -626,40 +677,7 @@ class Trainer:
         saved_state = portable_generator_states(ckpt.state, self.device, meta["rng_device"])
         for run in self.folds:
             prefix = f"fold{run.index}."
-            params = {n: p for n, p in run.model.named_parameters()}
-            model_state = run.model.state_dict()
-            for name, target in model_state.items():
-                saved = _require(ckpt, ckpt.weights, prefix + name, "model.safetensors")
-                comp = ckpt.optim.get(f"{prefix}{name}.compensation")
-                value = (
-                    saved.float() + comp.float()
-                    if comp is not None and not is_low_precision(target.dtype)
-                    else saved
-                )
-                target.copy_(value.to(target.dtype))
-            for name, p in params.items():
-                opt_state = run.optimizer.state.get(p)
-                if not opt_state:
-                    continue
-                for key, value in opt_state.items():
-                    stored = ckpt.optim.get(f"{prefix}{name}.{key}")
-                    if stored is not None:
-                        value.copy_(stored.to(value.dtype))
-                    elif key == "compensation":
-                        value.zero_()
-            run.guard.load_state_dict(
-                {
-                    k: _require(ckpt, ckpt.optim, f"{prefix}guard.{k}", "optim.safetensors")
-                    for k in ("skipped", "streak", "longest_streak")
-                }
-            )
-            if run.scaler is not None and f"{prefix}scaler.scale" in ckpt.optim:
-                run.scaler.load_state_dict(
-                    {
-                        "scale": ckpt.optim[f"{prefix}scaler.scale"],
-                        "clean_steps": ckpt.optim[f"{prefix}scaler.clean_steps"],
-                    }
-                )
+            _load_training_state(run, ckpt)
             run.generator.set_state(
                 _require(ckpt, saved_state, f"{prefix}generator", "state.safetensors").cpu()
             )
@@ -688,6 +706,48 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------------------
+
+
+def _load_training_state(run: FoldRun, ckpt: Checkpoint) -> None:
+    """Load fold ``run.index``'s training state from ``ckpt`` into ``run`` (unfused):
+    weights (with their bf16 Kahan compensation where the fold keeps f32 weights),
+    optimizer moments and step counts, guard and loss scale. What a restore and a
+    cross-process exploit (:meth:`Trainer.take_checkpoint_state`) both load."""
+    prefix = f"fold{run.index}."
+    params = {n: p for n, p in run.model.named_parameters()}
+    model_state = run.model.state_dict()
+    for name, target in model_state.items():
+        saved = _require(ckpt, ckpt.weights, prefix + name, "model.safetensors")
+        comp = ckpt.optim.get(f"{prefix}{name}.compensation")
+        value = (
+            saved.float() + comp.float()
+            if comp is not None and not is_low_precision(target.dtype)
+            else saved
+        )
+        target.copy_(value.to(target.dtype))
+    for name, p in params.items():
+        opt_state = run.optimizer.state.get(p)
+        if not opt_state:
+            continue
+        for key, value in opt_state.items():
+            stored = ckpt.optim.get(f"{prefix}{name}.{key}")
+            if stored is not None:
+                value.copy_(stored.to(value.dtype))
+            elif key == "compensation":
+                value.zero_()
+    run.guard.load_state_dict(
+        {
+            k: _require(ckpt, ckpt.optim, f"{prefix}guard.{k}", "optim.safetensors")
+            for k in ("skipped", "streak", "longest_streak")
+        }
+    )
+    if run.scaler is not None and f"{prefix}scaler.scale" in ckpt.optim:
+        run.scaler.load_state_dict(
+            {
+                "scale": ckpt.optim[f"{prefix}scaler.scale"],
+                "clean_steps": ckpt.optim[f"{prefix}scaler.clean_steps"],
+            }
+        )
 
 
 def _fold_seed(seed: int, fold: int) -> int:
@@ -721,3 +781,8 @@ def _stays_fallen_back(config: TrainConfig, meta: Mapping[str, Any]) -> bool:
     a precision asked for on resume is a policy of its own, not a fallback."""
     requested = meta["requested_precision"]
     return bool(meta["fell_back_to_f32"]) and requested == config.precision
+
+
+def _has_fold(ckpt: Checkpoint, index: int) -> bool:
+    prefix = f"fold{index}."
+    return any(name.startswith(prefix) for name in ckpt.weights)

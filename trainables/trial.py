@@ -35,6 +35,12 @@ from trainables.config import (
 )
 from trainables.fold_run import TrialDiverged
 from trainables.memory import freeze_long_lived_objects
+from trainables.population import (
+    LINEAGE_META,
+    Exchange,
+    PopulationMember,
+    resumed_member_config,
+)
 from trainables.trainer import Trainer
 from trainables.trial_keys import trial_key
 
@@ -81,11 +87,15 @@ class EarlyStop(Protocol):
 
 
 def run_trial(
-    config: dict[str, Any], share: GpuShare | None = None, judge: EarlyStop | None = None
+    config: dict[str, Any],
+    share: GpuShare | None = None,
+    judge: EarlyStop | None = None,
+    exchange: Exchange | None = None,
 ) -> None:
     """Ray Tune function trainable. Without a ``share`` (a direct call) nothing is capped
     and a CUDA out-of-memory error is raised; without a ``judge`` every trial trains to
-    its last epoch unless the scheduler stops its Tune trial."""
+    its last epoch unless the scheduler stops its Tune trial. A member of a population
+    across processes (its config carries ``pbt``) needs the sweep's board: ``exchange``."""
     freeze_long_lived_objects()  # first, while nothing of this trial exists yet
     resources = tune.get_context().get_trial_resources()
     required = resources.required_resources if resources is not None else {}
@@ -97,6 +107,16 @@ def run_trial(
     trial = TrialConfig.from_dict(config)
     train_config = trial.train_config()
     keep = _asker(judge, trial_key(trial.to_dict()))
+    member = None
+    if trial.pbt is not None:
+        if exchange is None:
+            raise ValueError(
+                f"trial {trial_key(config)} is a member of population {trial.population!r}: "
+                "it trains in a sweep, whose board (exchange) says whom it copies"
+            )
+        member = PopulationMember(
+            exchange, trial.pbt, trial.population, trial_key(config), _trial_id()
+        )
     memory: dict[str, float] = {}
     if share is not None:
         share.cap_memory(train_config, gpu_fraction)
@@ -105,7 +125,7 @@ def run_trial(
     progress = _Progress()
     oom: str | None = None
     try:
-        _train(train_config, {**memory, **node}, node, progress, gpu_fraction, keep)
+        _train(train_config, {**memory, **node}, node, progress, gpu_fraction, keep, member)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
@@ -133,10 +153,16 @@ def _train(
     progress: _Progress,
     gpu_fraction: float = 0.0,
     keep: Callable[[Mapping[str, Any]], bool] | None = None,
+    member: PopulationMember | None = None,
 ) -> None:
     """Train to the last epoch (or until ``keep`` says no), reporting each with
-    ``reported`` (memory, node) and its GPU cost so far beside it."""
+    ``reported`` (memory, node) and its GPU cost so far beside it; a ``member`` of a
+    population exploits at its interval boundaries."""
     checkpoint = _restore_checkpoint()
+    if member is not None and checkpoint is not None:
+        # Resumed: the settings its last exploit left it, and its lineage so far.
+        train_config = resumed_member_config(train_config, checkpoint)
+        member.lineage = [dict(e) for e in checkpoint.meta.get(LINEAGE_META, [])]
     trainer = Trainer(train_config, checkpoint=checkpoint)
     del checkpoint  # its tensors are the trainer's now
     progress.epoch = trainer.epoch
@@ -169,7 +195,14 @@ def _train(
         # epoch's checkpoint then has its decision too (a resume re-runs no stopped epoch).
         going_on = trainer.epoch < train_config.epochs
         stopped = keep is not None and going_on and not keep(metrics)
-        _report(trainer, {**metrics, "diverged": 0, **reported, **cost})
+        population: dict[str, Any] = {}
+        if member is not None:  # exploits before the checkpoint: a resume goes on from it
+            population = member.after_epoch(trainer, metrics)
+        _report(
+            trainer,
+            {**metrics, "diverged": 0, **reported, **cost, **population},
+            member.checkpoint_meta() if member is not None else None,
+        )
         progress.epoch = trainer.epoch
         progress.totals = {
             "time_s_total": metrics["time_s_total"],
@@ -461,9 +494,11 @@ def gpu_cost(trainer: Trainer, gpu_fraction: float) -> dict[str, float]:
     }
 
 
-def _report(trainer: Trainer, metrics: dict[str, Any]) -> None:
+def _report(
+    trainer: Trainer, metrics: dict[str, Any], extra_meta: dict[str, Any] | None = None
+) -> None:
     with tempfile.TemporaryDirectory(prefix="hpo-ckpt-") as tmp:
-        trainer.save(Path(tmp) / CKPT_SUBDIR)
+        trainer.save(Path(tmp) / CKPT_SUBDIR, extra_meta)
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
@@ -521,6 +556,11 @@ def _load(checkpoint: tune.Checkpoint) -> Checkpoint:
 
 def _asker(judge: EarlyStop | None, key: str) -> Callable[[Mapping[str, Any]], bool] | None:
     return None if judge is None else lambda result: judge.keep(key, result)
+
+
+def _trial_id() -> str:
+    """This Tune trial's id ("" outside Tune: a direct call)."""
+    return str(tune.get_context().get_trial_id() or "")
 
 
 def _node() -> dict[str, str]:

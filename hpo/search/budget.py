@@ -94,7 +94,7 @@ class StreamBudget(ABC):
     """One stream's policy. The searcher calls :meth:`made` for every configuration it
     makes, :meth:`on_outcome` once each configuration's every trial has reported, and
     :meth:`withdrawn` for a queued configuration it took back before any of its trials
-    started (a stream that ended)."""
+    started (a stream that :attr:`ended`)."""
 
     kind: ClassVar[str]
 
@@ -116,6 +116,14 @@ class StreamBudget(ABC):
     @abstractmethod
     def done(self) -> bool:
         """Whether this stream will make no more configurations."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether this stream stopped before its configurations all ran (a sequential
+        family decided): those made and not started are not wanted any more. A stream
+        that is :attr:`done` because it made all it will make has not ended: its queued
+        configurations still run."""
+        return False
 
     def on_outcome(self, outcome: Outcome) -> list[PolicyEvent]:
         """A configuration's every trial reported; returns what to tell (none by default)."""
@@ -278,6 +286,10 @@ class SequentialBudget(StreamBudget):
     @property
     def done(self) -> bool:
         return self.stopped_on is not None
+
+    @property
+    def ended(self) -> bool:
+        return self.done  # decided or given up: what is queued would not be read
 
     def on_outcome(self, outcome: Outcome) -> list[PolicyEvent]:
         self.order.append((outcome.config_id, self._difference(outcome)))

@@ -31,6 +31,7 @@ the same search, and the same looks, instead of restarting it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import deque
@@ -90,7 +91,8 @@ class SweepSearcher(Searcher):
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
         self.asha_per_trial = spec.asha_per_trial
         # Population-based training: each family's population settings (its group trials
-        # carry them; scheduler = "pbt" makes one population per stream, one ask).
+        # carry them, or each member where its trials do not group; scheduler = "pbt"
+        # makes one population per stream, one ask).
         self.pbt: dict[str, PbtSettings | None] = {
             f: _pbt_settings(spec, f) if spec.scheduler == "pbt" else None for f in spec.families
         }
@@ -235,7 +237,8 @@ class SweepSearcher(Searcher):
 
     def _after_outcome(self, config_id: str, configuration: _Configuration) -> None:
         """The configuration's outcome to its stream's budget: what it reports goes to the
-        listeners, and a stream that ended has its queued configurations withdrawn."""
+        listeners, and a stream that ended (:attr:`StreamBudget.ended`: a sequential
+        family decided) has its queued configurations withdrawn."""
         budget = self.budgets[configuration.stream]
         outcomes = []
         for place in configuration.trials:
@@ -246,7 +249,7 @@ class SweepSearcher(Searcher):
             }
             outcomes.append(TrialOutcome(precision, int(seed), metrics))
         events = budget.on_outcome(Outcome(config_id, tuple(outcomes)))
-        if budget.done:
+        if budget.ended:
             self._withdraw(configuration.stream)
         for event in events:
             for listener in self.listeners:
@@ -317,6 +320,10 @@ class SweepSearcher(Searcher):
                 stream=index, trials=[precision_seed(t.to_dict()) for t in made]
             )
         if not self.grouped[family]:
+            pbt = self.pbt[family]
+            if pbt is not None:  # one population across processes: this ask's trials
+                population = trials[0].config_id
+                trials = [dataclasses.replace(t, pbt=pbt, population=population) for t in trials]
             self.queue.extend(t.to_dict() for t in trials)
             return
         for p in precisions:

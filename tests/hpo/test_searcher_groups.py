@@ -15,7 +15,7 @@ from ray.tune.search import Searcher
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import parse_spec
 from models import get_family
-from trainables.config import GROUP_KEY, GroupTrialConfig, is_group_trial
+from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.group import per_trial_settings
 from trainables.trial_keys import PER_TRIAL_SETTINGS, precision_seed, trials_of
 
@@ -369,3 +369,35 @@ def test_a_pbt_sweep_queues_one_population_per_family_and_precision() -> None:
         assert group.pbt.quantile == 0.5 and group.pbt.mutations["lr"] == Range(1e-4, 1e-2, True)
         # The settings survive Tune's trip through JSON.
         assert GroupTrialConfig.from_dict(json.loads(json.dumps(population))) == group
+
+
+def test_a_pbt_population_across_processes_is_queued_whole_and_never_withdrawn() -> None:
+    # dqn does not group: its population is samples x seeds trials of one shape, each a
+    # Tune trial carrying the population's settings and id. Trials finishing while others
+    # are still queued (fewer slots than members) must not take the queued ones back: a
+    # fixed budget that made all its configurations has not ended (a regression: they
+    # were withdrawn and made again as new configurations, splitting the population).
+    spec = _spec(
+        families=["dqn"],
+        compare=False,
+        precisions=["f32"],
+        scheduler="pbt",
+        max_epochs=3,
+        samples=4,
+        seeds=[0],
+        pbt={"interval_epochs": 1, "quantile": 0.5},
+        search_space={"dqn": {"hidden": {"choices": [32, 64]}}},
+    )
+    searcher = SweepSearcher(spec)
+    first = [searcher.suggest(f"t{i}") for i in range(2)]  # two slots
+    searcher.on_trial_complete("t0", {"val_sharpe": 1.0, "test_sharpe": 0.5})
+    rest = [searcher.suggest(f"t{i}") for i in range(2, 5)]
+    members = [s for s in first + rest if isinstance(s, dict)]
+    assert rest[2] is None  # four members, no fifth
+    assert [m["config_id"] for m in members] == [f"dqn-f32-c00{i}" for i in range(4)]
+    assert {m["population"] for m in members} == {"dqn-f32-c000"}
+    assert len({m["params"]["hidden"] for m in members}) == 1  # one shape
+    assert all(
+        TrialConfig.from_dict(m).pbt == TrialConfig.from_dict(members[0]).pbt for m in members
+    )
+    assert searcher.configs_made == [4]

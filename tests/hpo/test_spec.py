@@ -320,18 +320,10 @@ PBT: dict[str, Any] = {"families": ["kan"], "scheduler": "pbt", "max_epochs": 4}
         ),
         (
             {"samples": 3, "seeds": [0, 1, 2]},
-            "samples: a population is one group trial for now, of at most "
-            "grouping.group_size (8) trials; samples (3) x seeds (3) is 9. Populations "
-            "larger than one group trial (exploit across processes through checkpoints) "
-            "are not supported yet",
-        ),
-        (
-            {"grouping": {"group_size": 1}},
-            "of at most grouping.group_size (1) trials",
-        ),
-        (
-            {"families": ["kan", "dqn"]},
-            "families[1]: dqn (a reinforcement-learning family) cannot train in a population yet",
+            "families[0]: a population of kan is one group trial, of at most "
+            "grouping.group_size (8) trials; samples (3) x seeds (3) is 9. Raise "
+            "grouping.group_size to 9, or set it to 1 to train each member as a trial of its "
+            "own",
         ),
         (
             {"pbt": {"mutations": {"width": {"low": 2, "high": 8}}}},
@@ -403,6 +395,25 @@ def test_pbt_defaults_mutate_the_searched_settings_a_population_may_change() -> 
         "lr": Range(1e-3, 0.1, log=True),
         "grid_eps": [0.0, 0.5],
     }
+
+
+@pytest.mark.parametrize(
+    ("changes", "family"),
+    [
+        ({"families": ["dqn"]}, "dqn"),  # a family that never groups
+        ({"grouping": {"group_size": 1}}, "kan"),  # grouping turned off
+        ({"grouping": {"group_size": 1}, "samples": 6, "seeds": [0, 1]}, "kan"),  # any size
+    ],
+)
+def test_a_population_whose_trials_do_not_group_trains_across_processes(
+    changes: dict[str, Any], family: str
+) -> None:
+    spec = parse_spec({**VALID, **PBT, **changes})
+    population = spec.samples * len(spec.seeds)
+    # One ask per stream (the population's shape held), each member a Tune trial.
+    assert spec.configs_per_ask(family) == spec.samples
+    assert not spec.groups(family)
+    assert spec.n_tune_trials == spec.n_trials == population * len(spec.precisions)
 
 
 @pytest.mark.parametrize("table", [{}, {"pbt": {"interval_epochs": 1}}])

@@ -1,0 +1,194 @@
+"""A population across processes (trainables/population.py ``PopulationMember``, and
+``Trainer.take_checkpoint_state``), without Ray: each member a trainer of its own, the
+board (hpo/population_board.py) called in process.
+
+* an exploit from the donor's snapshot leaves the recipient in the state the in-memory
+  exploit leaves it in (weights, moments, bf16 compensation, guard), and the next epoch
+  trains the same, f32 and bf16 (both paths run the same kernels here: bit for bit);
+* the explored lr is what the recipient's optimizer uses, not the donor's
+  (ray-project/ray#62173), while the recipient keeps its own identity (minibatch order,
+  epoch, history);
+* an RL family (dqn) exploits too, keeping its own environments and replay;
+* a member that fell back to f32 posts no score.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpo.population_board import PopulationBoard, PopulationExchange
+from tests.trainables.helpers import group_config, tiny_config, trial_weights
+from trainables.checkpoint import load_checkpoint
+from trainables.group import mutable_settings, trained_settings, with_settings
+from trainables.pbt import PbtSettings, Range
+from trainables.population import PopulationMember
+from trainables.trainer import Trainer
+
+PBT = PbtSettings(
+    interval_epochs=1,
+    quantile=0.5,
+    resample_probability=0.0,
+    mutations={"lr": Range(1e-5, 1e-1, log=True)},
+)
+
+
+class InProcessExchange(PopulationExchange):
+    """The sweep's exchange with its board in this process instead of a Ray actor."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        super().__init__("test", str(sweep_dir))
+        self.board = PopulationBoard(str(sweep_dir))
+
+    def at_boundary(self, population: str, pbt: Any, **report: Any) -> dict | None:
+        return self.board.at_boundary(population, pbt, **report)
+
+
+def _optimizer_state(trainer: Trainer) -> list[torch.Tensor]:
+    return [
+        value.float().flatten()
+        for run in trainer.folds
+        for p in run.model.parameters()
+        for value in run.optimizer.state[p].values()
+        if isinstance(value, torch.Tensor)
+    ]
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_an_exploit_from_a_snapshot_equals_the_in_memory_exploit(
+    tmp_path: Path, precision: str
+) -> None:
+    def pair() -> tuple[Trainer, Trainer]:
+        recipient = Trainer(group_config("kan", precision, seed=0, lr=1e-4, n_folds=1))
+        donor = Trainer(group_config("kan", precision, seed=1, lr=3e-3, n_folds=1))
+        recipient.train_epoch()
+        donor.train_epoch()
+        return recipient, donor
+
+    settings = {**mutable_settings(pair()[1]), "lr": 2e-3}
+    # In memory: both trainers unfused, the donor's state copied (a group's fallback path).
+    memory, donor = pair()
+    memory.fusion.unfuse()
+    donor.fusion.unfuse()
+    memory.take_training_state(donor, with_settings(memory.config, settings))
+    # Through the donor's checkpoint, as a member in another process reads it.
+    snapshot, donor = pair()
+    donor.save(tmp_path / "donor")
+    own_generator = snapshot.folds[0].generator.get_state()
+    snapshot.take_checkpoint_state(
+        load_checkpoint(tmp_path / "donor"), with_settings(snapshot.config, settings)
+    )
+
+    assert torch.equal(trial_weights(snapshot), trial_weights(memory))
+    assert torch.equal(trial_weights(snapshot), trial_weights(donor))
+    for a, b in zip(_optimizer_state(snapshot), _optimizer_state(memory), strict=True):
+        assert torch.equal(a, b)
+    # The explored lr trains, not the donor's; the trial keeps its own minibatch order.
+    assert trained_settings(snapshot)["lr"] == 2e-3 == snapshot.config.lr
+    assert torch.equal(snapshot.folds[0].generator.get_state(), own_generator)
+    assert snapshot.epoch == 1 and len(snapshot.history) == 1
+    memory.fusion.fuse_again()
+    after_memory, after_snapshot = memory.train_epoch(), snapshot.train_epoch()
+    assert after_snapshot["val_sharpe"] == after_memory["val_sharpe"]
+    assert torch.equal(trial_weights(snapshot), trial_weights(memory))
+
+
+def test_members_across_processes_exploit_through_the_board(tmp_path: Path) -> None:
+    exchange = InProcessExchange(tmp_path)
+    lrs = (1e-4, 3e-3)
+    trainers = [
+        Trainer(group_config("kan", seed=s, lr=lr, n_folds=1, epochs=3)) for s, lr in enumerate(lrs)
+    ]
+    members = [
+        PopulationMember(exchange, PBT, "kan-f32-c000", f"kan-f32-c00{i}|f32/{i}", f"trial{i}")
+        for i in range(2)
+    ]
+    scores = [trainer.train_epoch() for trainer in trainers]
+    # The better member reaches the boundary first: nobody to rank against, it trains
+    # on. The worse one ranks among both and, at quantile 0.5, copies the better.
+    better, worse = sorted(range(2), key=lambda i: -scores[i]["val_sharpe"])
+    first = members[better].after_epoch(trainers[better], scores[better])
+    second = members[worse].after_epoch(trainers[worse], scores[worse])
+    assert first["pbt_exploits"] == 0
+    (exploit,) = second["pbt_lineage"]
+    assert (exploit["epoch"], exploit["donor"], exploit["donor_key"]) == (
+        1,
+        f"trial{better}",
+        f"kan-f32-c00{better}|f32/{better}",
+    )
+    assert torch.equal(trial_weights(trainers[worse]), trial_weights(trainers[better]))
+    assert trainers[worse].folds[0].optimizer.param_groups[0]["lr"] == exploit["after"]["lr"]
+    # What the worse one's epoch 1 trained with is what it reports, and its "before".
+    assert exploit["before"]["lr"] == lrs[worse] == second["lr"]
+    # Asked again (an epoch re-run after a resume): the same answer, nothing new drawn.
+    again = exchange.board.at_boundary(
+        "kan-f32-c000",
+        PBT.to_dict(),
+        member=f"kan-f32-c00{worse}|f32/{worse}",
+        trial_id=f"trial{worse}",
+        epoch=1,
+        score=-99.0,
+        settings={},
+        snapshot="elsewhere",
+    )
+    assert again is not None and again["after"] == exploit["after"]
+    assert exchange.board.exploits() == 1
+    # Snapshots under the sweep directory, in the layout `hpo train --resume` reads.
+    for i in range(2):
+        snapshot = tmp_path / "pbt" / "kan-f32-c000" / f"kan-f32-c00{i}_f32_{i}" / "epoch-1"
+        assert load_checkpoint(snapshot).meta["epoch"] == 1
+
+
+def test_an_rl_member_takes_the_donors_networks_and_keeps_its_own_replay(tmp_path: Path) -> None:
+    config = {"n_folds": 1, "max_steps_per_epoch": 4, "epochs": 2}
+    recipient = Trainer(tiny_config("dqn", seed=0, lr=1e-4, **config))
+    donor = Trainer(tiny_config("dqn", seed=1, lr=1e-3, **config))
+    recipient.train_epoch()
+    donor.train_epoch()
+    donor.save(tmp_path / "donor")
+    buffer = {k: v.clone() for k, v in recipient.folds[0].model.buffer_state().items()}  # type: ignore[operator]
+    env = {k: v.clone() for k, v in recipient.folds[0].env.state_dict().items()}  # type: ignore[union-attr]
+    settings = {**mutable_settings(recipient), "lr": 5e-4}
+    recipient.take_checkpoint_state(
+        load_checkpoint(tmp_path / "donor"), with_settings(recipient.config, settings)
+    )
+    run = recipient.folds[0]
+    assert torch.equal(trial_weights(recipient), trial_weights(donor))
+    # Only the online network's parameters train (the target network follows them).
+    trainable = set(map(id, run.model.trainable_parameters()))  # type: ignore[operator]
+    assert {id(p) for g in run.optimizer.param_groups for p in g["params"]} == trainable
+    assert run.optimizer.param_groups[0]["lr"] == 5e-4
+    for key, value in run.model.buffer_state().items():  # type: ignore[operator]
+        assert torch.equal(value, buffer[key])
+    for key, value in run.env.state_dict().items():  # type: ignore[union-attr]
+        assert torch.equal(value, env[key])
+    recipient.train_epoch()  # trains on from there
+    assert recipient.epoch == 2
+
+
+def test_a_member_that_fell_back_to_f32_posts_no_score(tmp_path: Path) -> None:
+    posted: list[dict[str, Any]] = []
+
+    class Recording(InProcessExchange):
+        def at_boundary(self, population: str, pbt: Any, **report: Any) -> dict | None:
+            posted.append(report)
+            return super().at_boundary(population, pbt, **report)
+
+    trainer = Trainer(group_config("kan", seed=0, n_folds=1, epochs=3))
+    metrics = trainer.train_epoch()
+    trainer.fell_back_to_f32 = True
+    PopulationMember(Recording(tmp_path), PBT, "p", "m", "t").after_epoch(trainer, metrics)
+    assert posted[0]["score"] is None
+
+
+def test_a_checkpoint_of_another_precision_is_refused(tmp_path: Path) -> None:
+    donor = Trainer(group_config("kan", "bf16", seed=1, n_folds=1))
+    donor.save(tmp_path / "donor")
+    recipient = Trainer(group_config("kan", "f32", seed=0, n_folds=1))
+    before = trial_weights(recipient).clone()
+    with pytest.raises(ValueError, match="kan/bf16 checkpoint into a kan/f32 trial"):
+        recipient.take_checkpoint_state(load_checkpoint(tmp_path / "donor"), recipient.config)
+    assert torch.equal(trial_weights(recipient), before)
