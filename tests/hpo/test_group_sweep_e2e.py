@@ -2,9 +2,8 @@
 `grouping.group_size`: the seeds of each configuration and precision train as one group
 trial, and everything a user reads still lists its trials (one MLflow child run each, status
 rows, the comparison). A search sweep with the default group size and ASHA: configurations
-of one shape train as one group, and ASHA stops trials, not groups. A population-based
-training sweep: one group trial's trials are the population, exploits are recorded in
-each trial's MLflow run and counted by `hpo status`."""
+of one shape train as one group, and ASHA stops trials, not groups. (A population-based
+training sweep's group trial: tests/hpo/test_pbt_sweep_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -152,49 +151,3 @@ def test_asha_stops_trials_of_a_default_grouped_search_sweep(tmp_path: Path) -> 
     assert status.returncode == 0, status.stderr[-3000:]
     rows = json.loads(status.stdout)["trials"]
     assert sorted(r["epochs"] for r in rows) == sorted(epochs_of(trial_key(r)) for r in rows)
-
-
-def test_a_pbt_sweep_records_its_populations_lineage(tmp_path: Path) -> None:
-    # One population of four kan configurations (one group trial), interval 1 over three
-    # epochs: the worst trial copies the best after epochs 1 and 2, two exploits in all.
-    spec_path, uri = _write_spec(
-        tmp_path,
-        "pbt",
-        precisions=["f32"],
-        samples=4,
-        search="random",
-        scheduler="pbt",
-        max_epochs=3,
-        walk_forward={"n_folds": 1},
-        search_space={"kan": {"width": 4}},
-        pbt={"interval_epochs": 1, "mutations": {"lr": {"low": 1e-4, "high": 1e-1, "log": True}}},
-    )
-    swept = _hpo(tmp_path, "sweep", str(spec_path))
-    assert swept.returncode == 0, swept.stdout[-3000:] + swept.stderr[-3000:]
-    assert "4/4 trials finished" in swept.stdout
-    sweep_dir = tmp_path / "results" / "pbt"
-    assert len(trial_dirs(sweep_dir)) == 1  # the population is one group trial
-
-    client = MlflowClient(uri)
-    runs = trial_runs(uri, "pbt")
-    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
-    trial_ids = {r.data.tags["trial_id"] for r in runs}
-    exploits = []
-    for run in runs:
-        lr = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "lr")}
-        assert sorted(lr) == [1, 2, 3]  # the lr each epoch trained with
-        path = client.download_artifacts(run.info.run_id, "pbt_lineage.json", str(tmp_path))
-        lineage = json.loads(Path(path).read_text())
-        assert lineage["trial_id"] == run.data.tags["trial_id"]
-        for exploit in lineage["exploits"]:
-            # The epoch after an exploit trains with the lr explored from the donor's.
-            assert lr[exploit["epoch"]] == pytest.approx(exploit["before"]["lr"])
-            assert lr[exploit["epoch"] + 1] == pytest.approx(exploit["after"]["lr"])
-            assert exploit["donor_trial_id"] in trial_ids - {lineage["trial_id"]}
-            exploits.append(exploit["epoch"])
-    assert sorted(exploits) == [1, 2]
-
-    status = _hpo(tmp_path, "status", str(sweep_dir), "--json")
-    assert status.returncode == 0, status.stderr[-3000:]
-    payload = json.loads(status.stdout)
-    assert payload["exploits"] == 2 and sum(r["exploits"] for r in payload["trials"]) == 2

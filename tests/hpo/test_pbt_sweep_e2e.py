@@ -1,0 +1,192 @@
+"""Population-based training as a user runs it (the ``hpo`` CLI in child processes), both
+kinds of population in one sweep, interval 1 over four epochs, default quantile:
+
+* liquid: a population of four in one group trial (exploits are copies in memory);
+* dqn: a population of four across processes, each member its own Tune trial, exploiting
+  through snapshots and the sweep's board.
+
+The sweep is interrupted (SIGTERM) once the liquid group has checkpointed two epochs and
+the board has answered three dqn boundaries, then resumed with ``hpo resume`` to the end.
+Over the two runs: liquid exploits once per boundary (the worst of four copies the best),
+three in all; every exploit the board decided for dqn is in exactly one member's lineage,
+once (none done twice, none lost); in each trial's MLflow run the epoch after an exploit
+trained with the explored lr (``lr`` per epoch) and the exploit is in
+``pbt_lineage.json``; ``hpo status`` counts every exploit; the donors' snapshots are under
+the sweep directory, where the recipients read them.
+
+The two trial workers are frozen as they appear and stepped one checkpoint at a time, so
+the signal lands where the test says however fast an epoch is (no sleeps)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from hpo.population_board import BOARD_FILE, SNAPSHOT_DIR
+from tests.hpo.sweep_helpers import checkpointed_epochs, trial_dirs, trial_runs, write_tiny_spec
+from tests.processes import kill_tree, log_tail, signal_all, wait_for
+from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+EPOCHS = 4  # boundaries after epochs 1, 2 and 3
+
+
+def _spec(tmp_path: Path) -> Path:
+    return write_tiny_spec(
+        tmp_path,
+        "pbt",
+        families=["liquid", "dqn"],
+        precisions=["f32"],
+        samples=4,
+        max_epochs=EPOCHS,
+        scheduler="pbt",
+        pbt={"interval_epochs": 1},
+        trainer={"lookback": 8, "batch_size": 32, "max_steps_per_epoch": 3, "rl_iterations": 8},
+        search_space={
+            "liquid": {"hidden": 8, "backbone_units": 8, "backbone_layers": 1},
+            "dqn": {"hidden": 32, "learning_starts": 64},
+        },
+    )
+
+
+def _decisions(sweep_dir: Path) -> dict[str, Any]:
+    """The board's answers so far, by "member@epoch" ({} before its first)."""
+    path = sweep_dir / SNAPSHOT_DIR / BOARD_FILE
+    if not path.exists():
+        return {}
+    state = json.loads(path.read_text())  # renamed into place: never half written
+    return {k: v for p in state["populations"].values() for k, v in p["decisions"].items()}
+
+
+def _group_epochs(sweep_dir: Path) -> int:
+    return max(
+        (checkpointed_epochs(d) for d in trial_dirs(sweep_dir) if d.name.startswith("liquid")),
+        default=0,
+    )
+
+
+def _interrupt_midway(tmp_path: Path, spec: Path, sweep_dir: Path) -> str:
+    """Run the sweep until the liquid group checkpointed two epochs and the board answered
+    three dqn boundaries, stepping the frozen workers one checkpoint at a time (the
+    group's until it is there, a dqn member's until the board is); SIGTERM its driver and
+    return its log, asserting the resumable exit (3)."""
+    log = tmp_path / "sweep.log"
+    driver = start(["sweep", str(spec)], tmp_path, log.name)
+    frozen: list[int] = []
+    group: int | None = None  # the liquid group trial's worker, once seen to grow it
+    turn = 0
+    try:
+        wait_for(
+            lambda: freeze_on_arrival(driver.pid, frozen, count=2),
+            timeout=300,
+            what="2 trial workers",
+            proc=driver,
+            detail=log_tail(log),
+            interval=0.02,
+        )
+        while not (_group_epochs(sweep_dir) >= 2 and len(_decisions(sweep_dir)) >= 3):
+            freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
+            members = [p for p in frozen if p != group and psutil.pid_exists(p)]
+            if group is not None and _group_epochs(sweep_dir) < 2:
+                pid = group
+            elif group is not None:
+                pid = members[-1]
+            else:  # which worker is the group's is not known yet: in turn
+                pid = frozen[turn % len(frozen)]
+                turn += 1
+            if advance(pid, sweep_dir, driver).name.startswith("liquid"):
+                group = pid
+        driver.send_signal(signal.SIGTERM)
+        signal_all(frozen, signal.SIGCONT)
+        driver.wait(timeout=180)
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+        kill_tree(driver)
+    text = log.read_text()
+    assert driver.returncode == 3, text[-4000:]
+    return text
+
+
+def _trial_key(run: Any) -> str:
+    """The run's trial key (trainables.trial_keys.trial_key), from its tags."""
+    tags = run.data.tags
+    return f"{tags['config_id']}|{tags['precision']}/{tags['seed']}"
+
+
+def _lineages(client: MlflowClient, runs: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each run's exploits (pbt_lineage.json), checked against its lr per epoch: the
+    boundary epoch trained with the settings before, the next with the explored ones."""
+    ids = {r.data.tags["trial_id"] for r in runs}
+    out = {}
+    for run in runs:
+        lr = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "lr")}
+        assert sorted(lr) == list(range(1, EPOCHS + 1))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(run.info.run_id, "pbt_lineage.json", tmp)
+            lineage = json.loads(Path(path).read_text())
+        assert lineage["trial_id"] == run.data.tags["trial_id"]
+        for exploit in lineage["exploits"]:
+            assert exploit["donor_trial_id"] in ids - {lineage["trial_id"]}
+            assert lr[exploit["epoch"]] == pytest.approx(exploit["before"]["lr"])
+            assert lr[exploit["epoch"] + 1] == pytest.approx(exploit["after"]["lr"])
+        out[_trial_key(run)] = lineage["exploits"]
+    return out
+
+
+def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "results" / "pbt"
+    first = _interrupt_midway(tmp_path, _spec(tmp_path), sweep_dir)
+    assert f"hpo resume {sweep_dir}" in first.replace("\n", "")
+    resumed = subprocess.run(
+        [*HPO, "resume", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "8/8 trials finished" in resumed.stdout
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    runs = trial_runs(uri, "pbt")
+    assert len(runs) == 8 and all(r.info.status == "FINISHED" for r in runs)
+    by_family = {
+        family: _lineages(client, [r for r in runs if r.data.tags["family"] == family])
+        for family in ("liquid", "dqn")
+    }
+    # liquid: at each boundary the worst of four copies the best, once.
+    liquid = sorted(e["epoch"] for exploits in by_family["liquid"].values() for e in exploits)
+    assert liquid == [1, 2, 3]
+
+    # dqn: the board's answers, four members at three boundaries each.
+    decisions = _decisions(sweep_dir)
+    assert sorted(k.rsplit("@", 1)[1] for k in decisions) == sorted(["1", "2", "3"] * 4)
+    decided = sorted(
+        (v["epoch"], k.rsplit("@", 1)[0], v["donor_key"]) for k, v in decisions.items() if v
+    )
+    assert decided, "no dqn member exploited: the test would show nothing"
+    done = sorted(
+        (e["epoch"], key, e["donor_key"])
+        for key, exploits in by_family["dqn"].items()
+        for e in exploits
+    )
+    assert done == decided  # each decided exploit done once, none lost
+    for _, _, donor in decided:  # the donors' snapshots, where the recipients read them
+        part = donor.replace("|", "_").replace("/", "_")
+        assert any((sweep_dir / SNAPSHOT_DIR).glob(f"*/{part}/epoch-*/meta.json"))
+
+    status = subprocess.run(
+        [*HPO, "status", str(sweep_dir), "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert json.loads(status.stdout)["exploits"] == len(liquid) + len(decided)
