@@ -1,5 +1,7 @@
-"""Population-based training inside a group trial: the group's trials are the population,
-and an exploit is an in-memory copy of one trial's fused slots into another's.
+"""Population-based training inside a group trial (the group's trials are the population,
+and an exploit is an in-memory copy of one trial's fused slots into another's), and one
+member of a population across processes (:class:`PopulationMember`, at the end: each
+member a Tune trial, exploiting through the donor's snapshot and the sweep's board).
 
     population = Population(group, settings, seed="kan-f32-c000|f32/0")
     while group.training:
