@@ -21,6 +21,9 @@ on search_efficiency's task and space (KAN, synthetic bars with ``signal = 0.3``
   (``interval_epochs = K``, quantile 0.25, resample probability 0.25, mutations the
   spec's defaults: lr on its log range), ``max_epochs`` epochs: ``members x max_epochs``
   member-epochs.
+* ``pbt-iKxP`` (``--populations``): the same members split into ``P`` populations of
+  ``members / P``, each its own ask and so its own shape (``pbt.population_size``),
+  trained in lockstep: what searching shapes adds.
 * ``population``: the same population trained without exploits (what PBT adds to it).
 * ``random+asha``: random search over the whole space (every trial its own draw, as in
   search_efficiency.py), ``concurrency`` trials at a time, each stopped by
@@ -101,70 +104,105 @@ def _pair(metrics: dict[str, Any]) -> tuple[float, float]:
     return float(metrics["val_sharpe"]), float(metrics.get("test_sharpe", math.nan))
 
 
-def population_trials(task: Task, seed: int, members: int, interval: int) -> GroupTrialConfig:
-    """The population hpo's searcher draws for ``scheduler = "pbt"`` on search seed
-    ``seed``: one group trial of ``members`` configurations of one shape."""
+def population_trials(
+    task: Task, seed: int, members: int, interval: int, populations: int = 1
+) -> list[GroupTrialConfig]:
+    """The populations hpo's searcher draws for ``scheduler = "pbt"`` on search seed
+    ``seed``: ``populations`` group trials of ``members / populations`` configurations,
+    each of its own shape (``pbt.population_size``)."""
+    size = members // populations
     table = task.spec_table("random", False, seed, samples=members)
     table.update(
         scheduler="pbt",
-        grouping={"group_size": members},
-        pbt={"interval_epochs": interval},
+        grouping={"group_size": size},
+        pbt={"interval_epochs": interval, "population_size": size},
     )
     searcher = SweepSearcher(parse_spec(table, source="bench/pbt_search.py"))
-    config = searcher.suggest(f"pbt-{seed}")
-    assert isinstance(config, dict)
-    group = GroupTrialConfig.from_dict(config)
-    assert len(group.trials) == members and group.pbt is not None, config
-    return group
+    groups = []
+    for index in range(populations):
+        config = searcher.suggest(f"pbt-{seed}-{index}")
+        assert isinstance(config, dict)
+        group = GroupTrialConfig.from_dict(config)
+        assert len(group.trials) == size and group.pbt is not None, config
+        groups.append(group)
+    return groups
 
 
 def run_population(
-    task: Task, seed: int, members: int, interval: int | None, default_interval: int
+    task: Task,
+    seed: int,
+    members: int,
+    interval: int | None,
+    default_interval: int,
+    populations: int = 1,
 ) -> Outcome:
-    """A population trained as one group: with exploits every ``interval`` epochs (PBT),
-    or none (``interval`` None; the same draws as PBT's at ``default_interval``)."""
+    """Populations trained as groups, in lockstep: with exploits every ``interval``
+    epochs (PBT), or none (``interval`` None; the same draws as PBT's at
+    ``default_interval``)."""
     from trainables.group import TrainerGroup
     from trainables.population import Population
 
     started = time.perf_counter()
-    drawn = population_trials(task, seed, members, interval or default_interval)
-    group = TrainerGroup([t.train_config() for t in drawn.trials])
-    population = None
-    if interval is not None:
-        assert drawn.pbt is not None
-        identity = f"{trial_key(drawn.trials[0].to_dict())}|search-seed-{seed}"
-        population = Population(group, drawn.pbt, identity)
-    results: dict[int, tuple[float, float]] = {}
-    leader: int | None = None
-    while group.training:
-        metrics = group.train_epoch()
-        for index, m in metrics.items():
-            results[index] = _pair(m)
-        for index in group.diverged:
-            results[index] = (math.nan, math.nan)
+    drawn = population_trials(task, seed, members, interval or default_interval, populations)
+    groups = [TrainerGroup([t.train_config() for t in d.trials]) for d in drawn]
+    runs = []
+    for d, group in zip(drawn, groups, strict=True):
+        population = None
+        if interval is not None:
+            assert d.pbt is not None
+            identity = f"{trial_key(d.trials[0].to_dict())}|search-seed-{seed}"
+            population = Population(group, d.pbt, identity)
+        runs.append((group, population))
+    results: dict[tuple[int, int], tuple[float, float]] = {}
+    leader: tuple[int, int] | None = None
+    while any(group.training for group in groups):
+        for g, (group, population) in enumerate(runs):
+            if not group.training:
+                continue
+            metrics = group.train_epoch()
+            for index, m in metrics.items():
+                results[g, index] = _pair(m)
+            for index in group.diverged:
+                results[g, index] = (math.nan, math.nan)
+            if population is not None:
+                population.after_epoch(metrics)
         if leader is None:
             leader, _, _ = _choose(results)
-        if population is not None:
-            population.after_epoch(metrics)
-    ancestor = list(range(members))
-    for record in group.exploits:
-        ancestor[record.recipient] = ancestor[record.donor]
+    ancestor = {(g, i): (g, i) for g, group in enumerate(groups) for i in range(len(group.trials))}
+    for g, group in enumerate(groups):
+        for record in group.exploits:
+            ancestor[g, record.recipient] = ancestor[g, record.donor]
     chosen, best_val, test = _choose(results)
-    alive = [i for i in range(members) if i not in group.diverged]
-    label = "population" if interval is None else f"pbt-i{interval}"
+    alive = [
+        (g, i)
+        for g, group in enumerate(groups)
+        for i in range(len(group.trials))
+        if i not in group.diverged
+    ]
+    label = "population" if interval is None else _pbt_label(interval, populations)
     return Outcome(
         method=label,
         seed=seed,
         best_val=best_val,
         test=test,
         trials=members,
-        member_epochs=sum(t.epoch for t in group.trials),
+        member_epochs=sum(t.epoch for group in groups for t in group.trials),
         seconds=time.perf_counter() - started,
-        exploits=len(group.exploits),
-        ancestors=len({ancestor[i] for i in alive}),
+        exploits=sum(len(group.exploits) for group in groups),
+        ancestors=len({ancestor[key] for key in alive}),
         leader_won=None if chosen is None else ancestor[chosen] == leader,
-        chosen={} if chosen is None else group.mutable_settings(chosen),
+        chosen={} if chosen is None else groups[chosen[0]].mutable_settings(chosen[1]),
     )
+
+
+def _pbt_label(interval: int, populations: int) -> str:
+    """``pbt-iK`` for one population, ``pbt-iKxP`` for P populations of its members."""
+    return f"pbt-i{interval}" + (f"x{populations}" if populations > 1 else "")
+
+
+def _parse_pbt_label(method: str) -> tuple[int, int]:
+    interval, _, populations = method.removeprefix("pbt-i").partition("x")
+    return int(interval), int(populations or 1)
 
 
 @dataclass
@@ -244,8 +282,12 @@ def run_job(job: Job) -> Outcome:
     budget = job.members * job.task.max_epochs
     if job.method in ("random", "random+asha"):
         return run_random(job.task, job.seed, budget, job.method == "random+asha", job.concurrency)
-    interval = None if job.method == "population" else int(job.method.removeprefix("pbt-i"))
-    return run_population(job.task, job.seed, job.members, interval, job.default_interval)
+    if job.method == "population":
+        return run_population(job.task, job.seed, job.members, None, job.default_interval)
+    interval, populations = _parse_pbt_label(job.method)
+    return run_population(
+        job.task, job.seed, job.members, interval, job.default_interval, populations
+    )
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -320,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="search seeds (20; smoke 2)")
     parser.add_argument("--members", type=int, default=None, help="population size (8; smoke 4)")
     parser.add_argument("--intervals", default=None, help="PBT interval_epochs (1,2,4; smoke 1)")
+    parser.add_argument(
+        "--populations",
+        default="1",
+        help="populations the members split into, each of its own shape (1; e.g. 1,2,4)",
+    )
     parser.add_argument("--concurrency", type=int, default=None, help="ASHA/random slots (4)")
     parser.add_argument("--workers", type=int, default=None, help="processes (2; smoke 1)")
     parser.add_argument("--no-population", action="store_true", help="skip the no-exploit row")
@@ -336,8 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in intervals if not 1 <= k < task.max_epochs]
     if bad:
         parser.error(f"intervals {bad}: each must be in [1, max_epochs = {task.max_epochs})")
+    splits = [int(p) for p in args.populations.split(",") if p.strip()]
+    uneven = [p for p in splits if p < 1 or members % p or members // p < 2]
+    if uneven:
+        parser.error(f"populations {uneven}: each must split {members} members into 2 or more")
     methods = [
-        *(f"pbt-i{k}" for k in intervals),
+        *(_pbt_label(k, p) for p in splits for k in intervals),
         *([] if args.no_population else ["population"]),
         BASELINE,
         "random",

@@ -133,8 +133,15 @@ after every configuration)."""
 
 class PbtSpec(_Strict):
     """``[pbt]``: population-based training (``scheduler = "pbt"``; docs/search.md,
-    "Population-based training"). A population is one group trial's trials: one family
-    and precision's ``samples`` configurations x ``seeds`` of one shape."""
+    "Population-based training"). A population is ``population_size`` configurations x
+    ``seeds`` of one family, precision and shape: one group trial's trials where the
+    family's trials group, else each a Tune trial of its own."""
+
+    population_size: int | None = Field(None, ge=1)
+    """Configurations per population (unset: ``samples``, one population per family and
+    precision). ``samples`` must be a multiple of it: ``samples / population_size``
+    populations, each of its own shape (the shape settings are drawn once per
+    population), so a search over shapes is not held to the first one drawn."""
 
     interval_epochs: int = Field(2, ge=1)
     """Epochs between exploit rounds: after every ``interval_epochs``-th epoch but the
@@ -327,12 +334,23 @@ class SweepSpec(_Strict):
                 f"last epoch (max_epochs = {self.max_epochs}): no trial would ever exploit; "
                 f"set it below max_epochs"
             )
-        population = self.samples * len(self.seeds)
+        size = self.population_size
+        if self.samples % size:
+            raise ValueError(
+                f"pbt.population_size = {size} does not divide samples = {self.samples}: "
+                "every population has the same size"
+            )
+        population = size * len(self.seeds)
         if population < 2:
             raise ValueError(
                 f"samples: population-based training needs a population of at least 2 "
-                f"trials; samples x seeds is {population}"
+                f"trials; population_size (default: samples) x seeds is {population}"
             )
+
+    @property
+    def population_size(self) -> int:
+        """Configurations per population (``pbt.population_size``, default ``samples``)."""
+        return self.pbt_table.population_size or self.samples
 
     @property
     def pbt_table(self) -> PbtSpec:
@@ -513,10 +531,12 @@ class SweepSpec(_Strict):
         (``grouping.configs_per_ask``) but never more than this version decides: an ask it
         cannot hold to one shape would form groups whose trials differ in a shape."""
         if self.scheduler == "pbt" and not self.compare and not self.groups(family):
-            return self.samples  # a population across processes: one ask, one shape
+            return self.population_size  # a population across processes: one ask, one shape
         if not self.groups(family):
             return 1
-        decided = self.samples if self.scheduler == "pbt" else self._configs_per_ask(family)
+        decided = (
+            self.population_size if self.scheduler == "pbt" else self._configs_per_ask(family)
+        )
         recorded = (self.grouping.configs_per_ask or {}).get(family)
         return decided if recorded is None else min(recorded, decided)
 
@@ -765,15 +785,16 @@ def _pbt_problem(spec: SweepSpec, index: int, family: str) -> str | None:
     trials group, a population is one group trial (exploits are copies in memory), so it
     must fit one; otherwise each member is a Tune trial of its own and exploits through
     the sweep's board (:mod:`hpo.population_board`), at any size."""
-    population = spec.samples * len(spec.seeds)
+    population = spec.population_size * len(spec.seeds)
     if spec.groups(family) and population > spec.group_size:
         return (
             f"families[{index}]: a population of {family} is one group trial, of at most "
-            f"grouping.group_size ({spec.group_size}) trials; samples ({spec.samples}) x "
-            f"seeds ({len(spec.seeds)}) is {population}. Raise grouping.group_size to "
-            f"{population}, or set it to 1 to train each member as a trial of its own "
-            "(exploits then go through checkpoints; populations of group trials larger "
-            "than one group are not supported yet)"
+            f"grouping.group_size ({spec.group_size}) trials; pbt.population_size "
+            f"(default: samples, {spec.population_size}) x seeds ({len(spec.seeds)}) is "
+            f"{population}. Raise grouping.group_size to {population}, set "
+            "pbt.population_size lower, or set grouping.group_size to 1 to train each "
+            "member as a trial of its own (exploits then go through checkpoints; "
+            "populations of group trials larger than one group are not supported yet)"
         )
     try:
         spec.pbt_mutations(family)

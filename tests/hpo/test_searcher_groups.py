@@ -401,3 +401,37 @@ def test_a_pbt_population_across_processes_is_queued_whole_and_never_withdrawn()
         TrialConfig.from_dict(m).pbt == TrialConfig.from_dict(members[0]).pbt for m in members
     )
     assert searcher.configs_made == [4]
+
+
+@pytest.mark.parametrize("family", ["kan", "dqn"])
+def test_several_populations_each_draw_their_own_shape(family: str) -> None:
+    # samples 6 in populations of 2: three populations per precision, each one ask (its
+    # shape drawn once and held within it), each its own population: a group trial
+    # (kan) or members carrying their population's id (dqn).
+    spec = _spec(
+        families=[family],
+        compare=False,
+        precisions=["f32"],
+        scheduler="pbt",
+        max_epochs=3,
+        samples=6,
+        seeds=[0],
+        pbt={"interval_epochs": 1, "population_size": 2},
+        search_space={family: {"hidden" if family == "dqn" else "width": {"low": 4, "high": 64}}},
+    )
+    shape = "hidden" if family == "dqn" else "width"
+    searcher = SweepSearcher(spec)
+    suggested = [searcher.suggest(f"t{i}") for i in range(8)]
+    configs = [s for s in suggested if isinstance(s, dict)]
+    if family == "kan":
+        populations = [[t.to_dict() for t in GroupTrialConfig.from_dict(c).trials] for c in configs]
+        assert all(GroupTrialConfig.from_dict(c).pbt is not None for c in configs)
+    else:
+        ids = sorted({c["population"] for c in configs})
+        populations = [[c for c in configs if c["population"] == i] for i in ids]
+    assert [len(p) for p in populations] == [2, 2, 2]
+    for population in populations:
+        assert len({t["params"][shape] for t in population}) == 1  # one shape within
+    # Each population draws its own (random search over 4..64: three equal draws would
+    # be a coincidence of about 1 in 3,600).
+    assert len({p[0]["params"][shape] for p in populations}) > 1

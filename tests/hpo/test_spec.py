@@ -314,16 +314,25 @@ PBT: dict[str, Any] = {"families": ["kan"], "scheduler": "pbt", "max_epochs": 4}
         ),
         ({"pbt": {"intervals": 2}}, "pbt.intervals: unknown field; allowed: ['interval_epochs',"),
         (
+            {"samples": 6, "pbt": {"population_size": 4}},
+            "pbt.population_size = 4 does not divide samples = 6",
+        ),
+        (
+            {"samples": 8, "pbt": {"population_size": 1}},
+            "needs a population of at least 2 trials; population_size (default: samples) x "
+            "seeds is 1",
+        ),
+        (
             {"samples": 1},
             "samples: population-based training needs a population of at least 2 trials; "
-            "samples x seeds is 1",
+            "population_size (default: samples) x seeds is 1",
         ),
         (
             {"samples": 3, "seeds": [0, 1, 2]},
             "families[0]: a population of kan is one group trial, of at most "
-            "grouping.group_size (8) trials; samples (3) x seeds (3) is 9. Raise "
-            "grouping.group_size to 9, or set it to 1 to train each member as a trial of its "
-            "own",
+            "grouping.group_size (8) trials; pbt.population_size (default: samples, 3) x seeds "
+            "(3) is 9. Raise grouping.group_size to 9, set pbt.population_size lower, or set "
+            "grouping.group_size to 1 to train each member as a trial of its own",
         ),
         (
             {"pbt": {"mutations": {"width": {"low": 2, "high": 8}}}},
