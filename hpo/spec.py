@@ -534,9 +534,7 @@ class SweepSpec(_Strict):
             return self.population_size  # a population across processes: one ask, one shape
         if not self.groups(family):
             return 1
-        decided = (
-            self.population_size if self.scheduler == "pbt" else self._configs_per_ask(family)
-        )
+        decided = self.population_size if self.scheduler == "pbt" else self._configs_per_ask(family)
         recorded = (self.grouping.configs_per_ask or {}).get(family)
         return decided if recorded is None else min(recorded, decided)
 

@@ -61,6 +61,10 @@ class TrialRow:
     # population-based training: the settings its exploits changed, as it finished with
     # them (``params`` are what the sweep started it with); see :func:`explored_settings`
     explored: dict[str, float] = field(default_factory=dict)
+    # population-based training: the population it belongs to (a group trial's id, or the
+    # id members across processes carry) and its exploits, as pbt_lineage reports them
+    population: str = ""
+    lineage: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -123,6 +127,8 @@ def rows_of_trials(
                     cpu_s=_finite(result.get("cpu_s_total")) or 0.0,
                     exploits=int(_finite(result.get("pbt_exploits")) or 0),
                     explored=explored_settings(result),
+                    population=_population(trial, config),
+                    lineage=list(result.get("pbt_lineage") or []),
                 )
             )
     return rows if retried else latest_attempts(rows)
@@ -222,6 +228,38 @@ def explored_settings(result: Mapping[str, Any]) -> dict[str, float]:
         return {}
     started, finished = lineage[0]["before"], lineage[-1]["after"]
     return {name: float(v) for name, v in finished.items() if started.get(name) != v}
+
+
+def settings_by_epoch(row: TrialRow) -> dict[str, list[tuple[int, float]]]:
+    """A population trial's mutable settings at each epoch it trained (1 to
+    ``row.epochs``), by name: what the sweep started it with until its first exploit, then
+    each exploit's ``after`` from the epoch after it. The names are those its lineage
+    records, or, without one, those of ``params`` a population may change (lr, weight
+    decay); a name neither holds is left out."""
+    names = sorted({n for e in row.lineage for n in e["before"]} or {"lr", "weight_decay"})
+    out = {}
+    for name in names:
+        value = row.lineage[0]["before"].get(name) if row.lineage else row.params.get(name)
+        if not isinstance(value, int | float):
+            continue
+        changes = {int(e["epoch"]): float(e["after"][name]) for e in row.lineage}
+        points = []
+        current = float(value)
+        for epoch in range(1, row.epochs + 1):
+            points.append((epoch, current))
+            current = changes.get(epoch, current)  # an exploit after this epoch
+        out[name] = points
+    return out
+
+
+def _population(trial: Any, config: Mapping[str, Any]) -> str:
+    """The population a trial belongs to ("" outside population-based training): the id
+    members across processes carry, or its group trial's id where the group is one."""
+    from trainables.config import PBT_KEY, POPULATION_KEY
+
+    if config.get(POPULATION_KEY):
+        return str(config[POPULATION_KEY])
+    return str(trial.trial_id) if (trial.config or {}).get(PBT_KEY) else ""
 
 
 def _finite(value: Any) -> float | None:

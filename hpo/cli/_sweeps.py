@@ -151,6 +151,14 @@ def resume_cmd(
 def status_cmd(
     sweep_dir: SweepDirArg,
     as_json: JsonFlag = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write the population report (population-based training sweeps): "
+            "each member's settings over epochs, and who copied whom.",
+        ),
+    ] = None,
     tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
@@ -161,10 +169,20 @@ def status_cmd(
         record = SweepRecord.read(sweep_dir, check_data=False)
     except SweepError as exc:
         fail(str(exc))
+    population = record.spec.scheduler == "pbt"
+    if html is not None and not population:
+        fail(
+            f"--html: {record.sweep_dir} is not a population-based training sweep "
+            f"(scheduler = {record.spec.scheduler!r}); the report of a comparison is "
+            "`hpo compare --html`"
+        )
     attempts = trial_rows(record.sweep_dir, retried=True)
     rows = latest_attempts(attempts)
     spent = spent_hours(attempts)
-    population = record.spec.scheduler == "pbt"
+    if html is not None:
+        from dashboards.population_report import render_population_report
+
+        html.write_text(render_population_report(record.spec.name, rows))
     exploits = sum(r.exploits for r in rows)
     if as_json:
         payload = {
@@ -196,6 +214,8 @@ def status_cmd(
     console.print(table)
     if population:
         console.print(f"population-based training: {exploits} exploits so far")
+        if html is not None:
+            console.print(f"population report: {html}")
     console.print(_spent_line(spent))
     _print_links(record.tracking_uri, record.sweep_dir)
 

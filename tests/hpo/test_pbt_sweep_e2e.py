@@ -11,8 +11,9 @@ Over the two runs: liquid exploits once per boundary (the worst of four copies t
 three in all; every exploit the board decided for dqn is in exactly one member's lineage,
 once (none done twice, none lost); in each trial's MLflow run the epoch after an exploit
 trained with the explored lr (``lr`` per epoch) and the exploit is in
-``pbt_lineage.json``; ``hpo status`` counts every exploit; the donors' snapshots are under
-the sweep directory, where the recipients read them.
+``pbt_lineage.json``; ``hpo status`` counts every exploit and ``--html`` draws both
+populations; the donors' snapshots are under the sweep directory, where the recipients
+read them.
 
 The two trial workers are frozen as they appear and stepped one checkpoint at a time, so
 the signal lands where the test says however fast an epoch is (no sleeps)."""
@@ -181,8 +182,9 @@ def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
         part = donor.replace("|", "_").replace("/", "_")
         assert any((sweep_dir / SNAPSHOT_DIR).glob(f"*/{part}/epoch-*/meta.json"))
 
+    report = tmp_path / "populations.html"
     status = subprocess.run(
-        [*HPO, "status", str(sweep_dir), "--json"],
+        [*HPO, "status", str(sweep_dir), "--json", "--html", str(report)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -190,3 +192,8 @@ def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
     )
     assert status.returncode == 0, status.stderr[-3000:]
     assert json.loads(status.stdout)["exploits"] == len(liquid) + len(decided)
+    # The report: both populations, every member's lr per epoch, every exploit.
+    html = report.read_text()
+    assert f"2 population(s), 8 member(s), {len(liquid) + len(decided)} exploit(s)" in html
+    assert html.count('<polyline class="curve"') >= 8  # lr and weight decay, 8 members each
+    assert html.split('<table id="exploits">')[1].count("<tr><td") == len(liquid) + len(decided)
