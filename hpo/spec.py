@@ -347,6 +347,15 @@ class SweepSpec(_Strict):
                 f"trials; population_size (default: samples) x seeds is {population}"
             )
 
+    def population_spans_trials(self, family: str) -> bool:
+        """Whether a population of ``family`` spans several Tune trials and so exploits
+        through the sweep's board and snapshots (:mod:`hpo.population_board`): its trials
+        do not group, or the population (``population_size`` x seeds) is larger than
+        one group trial."""
+        if self.scheduler != "pbt":
+            return False
+        return not self.groups(family) or self.population_size * len(self.seeds) > self.group_size
+
     @property
     def population_size(self) -> int:
         """Configurations per population (``pbt.population_size``, default ``samples``)."""
@@ -779,21 +788,10 @@ def _family_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
 
 
 def _pbt_problem(spec: SweepSpec, index: int, family: str) -> str | None:
-    """Why ``family`` cannot train as a population of ``spec``'s (None: it can). Where its
-    trials group, a population is one group trial (exploits are copies in memory), so it
-    must fit one; otherwise each member is a Tune trial of its own and exploits through
-    the sweep's board (:mod:`hpo.population_board`), at any size."""
-    population = spec.population_size * len(spec.seeds)
-    if spec.groups(family) and population > spec.group_size:
-        return (
-            f"families[{index}]: a population of {family} is one group trial, of at most "
-            f"grouping.group_size ({spec.group_size}) trials; pbt.population_size "
-            f"(default: samples, {spec.population_size}) x seeds ({len(spec.seeds)}) is "
-            f"{population}. Raise grouping.group_size to {population}, set "
-            "pbt.population_size lower, or set grouping.group_size to 1 to train each "
-            "member as a trial of its own (exploits then go through checkpoints; "
-            "populations of group trials larger than one group are not supported yet)"
-        )
+    """Why ``family`` cannot train as a population of ``spec``'s (None: it can): its
+    mutations. A population of any size trains: in one group trial where it fits one
+    (exploits are copies in memory), else across Tune trials through the sweep's board
+    (:meth:`SweepSpec.population_spans_trials`)."""
     try:
         spec.pbt_mutations(family)
     except (ValueError, TypeError) as exc:

@@ -270,7 +270,7 @@ def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker, sweep
             reduction_factor=ASHA_REDUCTION_FACTOR,
         )
     exchange = None
-    if spec.scheduler == "pbt" and not all(spec.groups(f) for f in spec.families):
+    if any(spec.population_spans_trials(f) for f in spec.families):
         exchange = start_population_board(spec.name, sweep_dir)
     return tune.with_resources(
         tune.with_parameters(run_trial, share=PackedShare(), judge=judge, exchange=exchange),

@@ -491,9 +491,10 @@ class MlflowSweepCallback(Callback):
         exploits = [
             {
                 "epoch": e.get("epoch"),
-                "donor_trial_id": (  # as trials_of names a group trial's trials
-                    f"{group_id}-{e.get('donor')}" if group_id else e.get("donor")
-                ),
+                # A board's answer names the donor's run; a group trial's own exploit, the
+                # donor's slug in it (trials_of names its run <group id>-<slug>).
+                "donor_trial_id": e.get("donor_trial_id")
+                or (f"{group_id}-{e.get('donor')}" if group_id else e.get("donor")),
                 "donor_key": e.get("donor_key"),
                 "before": e.get("before"),
                 "after": e.get("after"),

@@ -254,12 +254,15 @@ def settings_by_epoch(row: TrialRow) -> dict[str, list[tuple[int, float]]]:
 
 def _population(trial: Any, config: Mapping[str, Any]) -> str:
     """The population a trial belongs to ("" outside population-based training): the id
-    members across processes carry, or its group trial's id where the group is one."""
+    a population spanning several Tune trials gives its members (or their group trials),
+    or its group trial's id where the group is the population."""
     from trainables.config import PBT_KEY, POPULATION_KEY
 
-    if config.get(POPULATION_KEY):
-        return str(config[POPULATION_KEY])
-    return str(trial.trial_id) if (trial.config or {}).get(PBT_KEY) else ""
+    held = trial.config or {}
+    for source in (config, held):  # a member's own config, or its group trial's
+        if source.get(POPULATION_KEY):
+            return str(source[POPULATION_KEY])
+    return str(trial.trial_id) if held.get(PBT_KEY) else ""
 
 
 def _finite(value: Any) -> float | None:

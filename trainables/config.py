@@ -353,7 +353,7 @@ class GroupTrialConfig:
     """One Ray Tune trial that trains several trials as one group
     (:class:`trainables.group.TrainerGroup`). Its dict form is::
 
-    {"family", "precision", "config_id", "group": [trial dicts][, "pbt": {...}]}
+    {"family", "precision", "config_id", "group": [trial dicts][, "pbt": {...}[, "population"]]}
 
     where family and precision are its trials' own (they share them) and config_id the
     first trial's (a group may hold several configurations of one shape): Tune's trial
@@ -363,6 +363,10 @@ class GroupTrialConfig:
 
     trials: tuple[TrialConfig, ...]
     pbt: PbtSettings | None = None
+    population: str = ""
+    """With ``pbt``: the population its trials belong to where it spans several group
+    trials ("": the population is this group trial's trials). Its trials then exploit
+    through the sweep's board and snapshots, as members across processes do."""
 
     def __post_init__(self) -> None:
         if not self.trials:
@@ -386,6 +390,8 @@ class GroupTrialConfig:
         }
         if self.pbt is not None:
             out[PBT_KEY] = self.pbt.to_dict()
+        if self.population:
+            out[POPULATION_KEY] = self.population
         return out
 
     @classmethod
@@ -394,6 +400,7 @@ class GroupTrialConfig:
         return cls(
             trials=tuple(TrialConfig.from_dict(t) for t in config[GROUP_KEY]),
             pbt=PbtSettings.from_dict(pbt) if pbt is not None else None,
+            population=str(config.get(POPULATION_KEY) or ""),
         )
 
     def train_configs(self) -> list[TrainConfig]:

@@ -238,6 +238,7 @@ class PopulationMember:
             {
                 "epoch": int(decision["epoch"]),
                 "donor": str(decision["donor"]),
+                "donor_trial_id": str(decision["donor"]),  # its run's id, in any Tune trial
                 "donor_key": str(decision["donor_key"]),
                 "before": dict(decision["before"]),
                 "after": dict(decision["after"]),

@@ -484,7 +484,9 @@ class Trainer:
         ``config``'s lr and weight decay, then loaded from the checkpoint as a restore
         loads it: the restored moments never carry the donor's lr
         (ray-project/ray#62173). Folds fused across this trial unfuse around the copy and
-        fuse again. Raises ValueError, changing nothing, where the checkpoint does not fit."""
+        fuse again. Raises ValueError, changing nothing, where the checkpoint is of another
+        family, precision or folds (a checkpoint missing a tensor or holding one of
+        another shape raises while loading, with some folds replaced: the trial fails)."""
         meta = donor.meta
         if (meta.get("family"), meta.get("precision")) != (self.family.name, self.policy.name):
             raise ValueError(
@@ -518,10 +520,12 @@ class Trainer:
                 run.scaler = self.policy.make_scaler()
                 run.step = None  # a step runner (a captured graph) holds the old tensors
                 _load_training_state(run, donor)
+            # Before fusing again: the fused optimizer takes each slot's lr and weight
+            # decay from its trainer's config (the explored ones, #62173).
+            self.config, self.model_config = config, model_config
         finally:
             if fused:
                 self.fusion.fuse_again()
-        self.config, self.model_config = config, model_config
         self._evaluated = None  # the latest returns are of weights this trial no longer holds
 
     def models_taking(self, donor: Trainer, config: TrainConfig) -> list[nn.Module]:

@@ -102,7 +102,7 @@ def run_trial(
     torch.set_num_threads(max(1, int(required.get("CPU", 1))))
     gpu_fraction = float(required.get("GPU", 0.0))
     if is_group_trial(config):
-        _train_group(GroupTrialConfig.from_dict(config), gpu_fraction, share, judge)
+        _train_group(GroupTrialConfig.from_dict(config), gpu_fraction, share, judge, exchange)
         return
     trial = TrialConfig.from_dict(config)
     train_config = trial.train_config()
@@ -222,6 +222,7 @@ def _train_group(
     gpu_fraction: float,
     share: GpuShare | None,
     judge: EarlyStop | None = None,
+    exchange: Exchange | None = None,
 ) -> None:
     """Train a group trial's trials as one :class:`~trainables.group.TrainerGroup`. Each
     epoch reports every trial's latest metrics under ``"trials"`` (by
@@ -242,7 +243,7 @@ def _train_group(
     latest: dict[str, dict[str, Any]] = {}  # each trial's latest entry, by slug
     oom: str | None = None
     try:
-        _fit_group(group, gpu_fraction, judge, memory, node, latest)
+        _fit_group(group, gpu_fraction, judge, memory, node, latest, exchange)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
@@ -251,7 +252,7 @@ def _train_group(
         return
     _free_cuda_cache()
     verdict = share.after_oom(configs[0], gpu_fraction, oom, group_size)
-    if group.pbt is not None:
+    if group.pbt is not None and not group.population:  # one group trial, never split
         verdict = population_oom_verdict(verdict, group_size)
     for slug, config in zip(slugs, configs, strict=True):
         entry = latest.get(slug, {})
@@ -303,22 +304,48 @@ def _fit_group(
     memory: dict[str, float],
     node: dict[str, str],
     latest: dict[str, dict[str, Any]],
+    exchange: Exchange | None = None,
 ) -> None:
     """The group trial's training (see :func:`_train_group`), reporting each epoch with
-    ``memory`` and ``node`` in every trial's entry; ``latest`` holds the entries."""
+    ``memory`` and ``node`` in every trial's entry; ``latest`` holds the entries. A
+    population that is this group trial exploits in memory; one it is part of, through
+    ``exchange`` (the sweep's board), each trial a member."""
     from trainables.group import TrainerGroup
     from trainables.population import Population, exploit_records, settings_after
 
     slugs = group.slugs()
+    keys = [trial_key(t.to_dict()) for t in group.trials]
     checkpoints, restored, saved_population = _restore_group(slugs)
     latest.update(restored)
     configs = group.train_configs()
-    if saved_population is not None:  # recipients train on with their explored settings
+    members = None
+    if group.pbt is not None and group.population:
+        # Part of a population that spans several Tune trials: each trial is a member on
+        # the sweep's board; a resumed one trains on with its explored settings.
+        if exchange is None:
+            raise ValueError(
+                f"group trial of population {group.population!r}: its trials exploit "
+                "through the sweep's board (exchange), and there is none"
+            )
+        configs = [resumed_member_config(c, k) for c, k in zip(configs, checkpoints, strict=True)]
+        group_id = _trial_id()
+        members = [
+            PopulationMember(
+                exchange,
+                group.pbt,
+                group.population,
+                key,
+                f"{group_id}-{slug}",  # the id its MLflow run knows it by
+                checkpoint.meta.get(LINEAGE_META, []) if checkpoint is not None else (),
+            )
+            for key, slug, checkpoint in zip(keys, slugs, checkpoints, strict=True)
+        ]
+    elif saved_population is not None:  # recipients train on with their explored settings
         configs = settings_after(configs, exploit_records(saved_population))
     trainers = TrainerGroup(configs, checkpoints=checkpoints)
     del checkpoints  # their tensors are the trials' now
     population = None
-    if group.pbt is not None:
+    if group.pbt is not None and members is None:
         seed = trial_key(group.trials[0].to_dict())  # the group trial's identity
         population = Population(trainers, group.pbt, seed, saved_population)
     for index, slug in enumerate(slugs):
@@ -329,7 +356,6 @@ def _fit_group(
             trainers.diverged[index] = reason
         elif ended.get("stopped"):  # stopped at a rung before the restart
             trainers.stop(index, STOPPED_AT_RUNG)
-    keys = [trial_key(t.to_dict()) for t in group.trials]
     while trainers.training:
         metrics = trainers.train_epoch()
         for index, trial in enumerate(trainers.trials):
@@ -356,6 +382,10 @@ def _fit_group(
         if population is not None:
             population.after_epoch(metrics)
             _add_lineage(latest, trainers.exploits, slugs, keys)
+        if members is not None:  # each trial that trained this epoch, on the board
+            for index in sorted(metrics):
+                entry = members[index].after_epoch(trainers.trials[index], metrics[index])
+                latest[slugs[index]].update(entry)
         finite = [
             float(m["val_sharpe"])
             for m in latest.values()
@@ -374,7 +404,8 @@ def _fit_group(
             root = Path(tmp) / CKPT_SUBDIR
             for index, trial in enumerate(trainers.trials):
                 if index not in trainers.diverged:
-                    trial.save(root / slugs[index])
+                    meta = members[index].checkpoint_meta() if members is not None else None
+                    trial.save(root / slugs[index], meta)
             ended = {s: e for s, e in latest.items() if e.get("diverged") or e.get("stopped")}
             (root / GROUP_STATE).write_text(json.dumps(ended, default=str))
             if population is not None:

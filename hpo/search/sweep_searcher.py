@@ -181,12 +181,15 @@ class SweepSearcher(Searcher):
             reported = _trial_entries(result or {})
             trials = self.trial_group[trial_id]
             dicts = self.trial_config[trial_id][GROUP_KEY]
-            pbt = GroupTrialConfig.from_dict(self.trial_config[trial_id]).pbt
-            # A population that did not fit a whole GPU is not split: the halves would be
-            # two independent populations (or a trial alone, without PBT). Its trials that
-            # ran out of memory end as failures (the trial's failure_reason names the fix).
+            held = GroupTrialConfig.from_dict(self.trial_config[trial_id])
+            pbt, population = held.pbt, held.population
+            # A population that is one group trial and did not fit a whole GPU is not
+            # split: the halves would be two independent populations (or a trial alone,
+            # without PBT). Its trials that ran out of memory end as failures (the
+            # trial's failure_reason names the fix). Part of a population that spans
+            # several trials splits as any group does: its halves meet on the board.
             split = bool(result and result.get("oom_split"))
-            retry_oom = not (split and pbt is not None)
+            retry_oom = not (split and pbt is not None and not population)
             retries: list[TrialConfig] = []
             for (config_id, place), slug, config in zip(
                 trials, trial_slugs(dicts), dicts, strict=True
@@ -207,7 +210,7 @@ class SweepSearcher(Searcher):
                     else [retries]
                 )
                 for half in reversed(halves):
-                    self.queue.appendleft(_group_trial(half, pbt))
+                    self.queue.appendleft(_group_trial(half, pbt, population))
         else:
             config_id, place = located
             self._record(config_id, place, {} if error or not result else result)
@@ -326,10 +329,12 @@ class SweepSearcher(Searcher):
                 trials = [dataclasses.replace(t, pbt=pbt, population=population) for t in trials]
             self.queue.extend(t.to_dict() for t in trials)
             return
+        # A population larger than one group trial spans several, which meet on the board.
+        population = trials[0].config_id if self.spec.population_spans_trials(family) else ""
         for p in precisions:
             same = [t for t in trials if t.precision == p]
             for chunk in _even_chunks(same, self.spec.group_size):
-                self.queue.append(_group_trial(chunk, self.pbt[family]))
+                self.queue.append(_group_trial(chunk, self.pbt[family], population))
 
     # -- state -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -446,12 +451,17 @@ def _trial_entries(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def _group_trial(trials: list[TrialConfig], pbt: PbtSettings | None = None) -> dict[str, Any]:
+def _group_trial(
+    trials: list[TrialConfig], pbt: PbtSettings | None = None, population: str = ""
+) -> dict[str, Any]:
     """The Tune trial dict of ``trials``: a group trial (a population where ``pbt`` is
-    given), or the trial alone."""
+    given, or part of ``population`` where that spans several), or the trial alone (a
+    member of ``population``, or a population of one trial's own)."""
     if len(trials) == 1:
+        if pbt is not None and population:
+            return dataclasses.replace(trials[0], pbt=pbt, population=population).to_dict()
         return trials[0].to_dict()
-    return GroupTrialConfig(tuple(trials), pbt=pbt).to_dict()
+    return GroupTrialConfig(tuple(trials), pbt=pbt, population=population).to_dict()
 
 
 def _pbt_settings(spec: SweepSpec, family: str) -> PbtSettings:

@@ -17,7 +17,7 @@ from hpo.spec import parse_spec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.group import per_trial_settings
-from trainables.trial_keys import PER_TRIAL_SETTINGS, precision_seed, trials_of
+from trainables.trial_keys import PER_TRIAL_SETTINGS, precision_seed, trial_slugs, trials_of
 
 
 def _spec(**overrides: Any) -> Any:
@@ -435,3 +435,49 @@ def test_several_populations_each_draw_their_own_shape(family: str) -> None:
     # Each population draws its own (random search over 4..64: three equal draws would
     # be a coincidence of about 1 in 3,600).
     assert len({p[0]["params"][shape] for p in populations}) > 1
+
+
+def test_a_population_larger_than_a_group_is_queued_as_group_trials_of_one_population() -> None:
+    spec = _spec(
+        families=["kan"],
+        compare=False,
+        precisions=["f32"],
+        scheduler="pbt",
+        max_epochs=3,
+        samples=3,
+        seeds=[0, 1, 2],
+        grouping={"group_size": 4},
+        pbt={"interval_epochs": 1},
+        search_space={"kan": {"width": {"choices": [4, 8, 16]}}},
+    )
+    searcher = SweepSearcher(spec)
+    suggested = [searcher.suggest(f"t{i}") for i in range(4)]
+    groups = [GroupTrialConfig.from_dict(s) for s in suggested if isinstance(s, dict)]
+    # 9 trials in groups of at most 4: 3 + 3 + 3, one population of one shape.
+    assert [len(g.trials) for g in groups] == [3, 3, 3]
+    assert {g.population for g in groups} == {"kan-f32-c000"}
+    assert all(g.pbt is not None for g in groups)
+    assert len({t.params["width"] for g in groups for t in g.trials}) == 1
+    # Its groups split on a whole-GPU OOM (their halves meet on the board), unlike a
+    # population that is one group trial.
+    first = suggested[0]
+    assert isinstance(first, dict)
+    slugs = trial_slugs(first[GROUP_KEY])
+    searcher.on_trial_complete(
+        "t0",
+        {
+            "oom": 1,
+            "oom_split": 1,
+            "trials": {
+                s: {"oom": 1, "oom_retry_gpu_fraction": 0.5, "gpu_type": "h200"} for s in slugs
+            },
+        },
+    )
+    halves = [searcher.suggest(f"r{i}") for i in range(2)]
+    assert all(isinstance(h, dict) for h in halves)
+    held = [
+        GroupTrialConfig.from_dict(h) if is_group_trial(h) else TrialConfig.from_dict(h)
+        for h in halves
+    ]  # type: ignore[arg-type]
+    assert sorted(len(h.trials) if isinstance(h, GroupTrialConfig) else 1 for h in held) == [1, 2]
+    assert {h.population for h in held} == {"kan-f32-c000"}

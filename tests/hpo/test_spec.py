@@ -328,13 +328,6 @@ PBT: dict[str, Any] = {"families": ["kan"], "scheduler": "pbt", "max_epochs": 4}
             "population_size (default: samples) x seeds is 1",
         ),
         (
-            {"samples": 3, "seeds": [0, 1, 2]},
-            "families[0]: a population of kan is one group trial, of at most "
-            "grouping.group_size (8) trials; pbt.population_size (default: samples, 3) x seeds "
-            "(3) is 9. Raise grouping.group_size to 9, set pbt.population_size lower, or set "
-            "grouping.group_size to 1 to train each member as a trial of its own",
-        ),
-        (
             {"pbt": {"mutations": {"width": {"low": 2, "high": 8}}}},
             "pbt.mutations.width: not a setting a population of kan may change; allowed: "
             "['lr', 'weight_decay', 'grid_eps', 'position_scale', 'reg_entropy', 'reg_lambda']",
@@ -421,8 +414,19 @@ def test_a_population_whose_trials_do_not_group_trains_across_processes(
     population = spec.samples * len(spec.seeds)
     # One ask per stream (the population's shape held), each member a Tune trial.
     assert spec.configs_per_ask(family) == spec.samples
-    assert not spec.groups(family)
+    assert not spec.groups(family) and spec.population_spans_trials(family)
     assert spec.n_tune_trials == spec.n_trials == population * len(spec.precisions)
+
+
+def test_a_population_larger_than_a_group_spans_several_group_trials() -> None:
+    # 3 configurations x 3 seeds = 9 trials, groups of at most 8: two group trials (5 and
+    # 4) per precision, one population meeting on the board.
+    spec = parse_spec({**VALID, **PBT, "samples": 3, "seeds": [0, 1, 2]})
+    assert spec.groups("kan") and spec.population_spans_trials("kan")
+    assert spec.configs_per_ask("kan") == 3 and spec.trials_per_group("kan") == 5
+    assert spec.n_tune_trials == 2 * len(spec.precisions)
+    small = parse_spec({**VALID, **PBT, "samples": 2, "seeds": [0, 1]})
+    assert not small.population_spans_trials("kan")  # 4 fit one group: in memory
 
 
 @pytest.mark.parametrize("table", [{}, {"pbt": {"interval_epochs": 1}}])
