@@ -1,5 +1,5 @@
 """The population report of a population-based training sweep: one self-contained HTML
-file (inline CSS and SVG, no script, no network request), drawing each member's
+file (inline CSS and SVG, no script, no network request), drawing each trial's
 settings over epochs, population by population, and listing who copied whom.
 
     hpo status STORAGE/NAME --html populations.html
@@ -7,9 +7,9 @@ settings over epochs, population by population, and listing who copied whom.
 Stable hooks (``<setting>``: a mutated setting's name, reduced to ``[A-Za-z0-9_-]``):
 
 * ``svg#settings-<setting>.plot-curves`` - the setting per epoch, one panel per
-  population, one line per member (a step at each exploit: the epoch after it trains
+  population, one line per trial (a step at each exploit: the epoch after it trains
   with the explored value); log10 where every value is positive;
-* ``table#members`` - each member's population, trial, exploits and final validation
+* ``table#trials`` - each trial's population, number in it, id, exploits and final validation
   Sharpe; ``table#exploits`` - every exploit: population, epoch, recipient, donor, the
   settings before and after.
 """
@@ -58,15 +58,15 @@ def render_population_report(sweep: str, rows: Sequence[TrialRow]) -> str:
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
         f"<title>{escape(sweep)}: populations</title><style>{_CSS}</style></head><body>",
         f"<h1>{escape(sweep)}: population-based training</h1>",
-        f'<p class="meta">{len(populations)} population(s), {len(members)} member(s), '
-        f"{exploits} exploit(s). Each line is one member's setting per epoch; it steps "
-        "where the member copied another after an epoch and trained on with the explored "
+        f'<p class="meta">{len(populations)} population(s), {len(members)} trial(s), '
+        f"{exploits} exploit(s). Each line is one trial's setting per epoch; it steps "
+        "where the trial copied another after an epoch and trained on with the explored "
         "value.</p>",
     ]
     for name in names:
         parts.append(f"<h2>{escape(name)} per epoch</h2>")
         parts.append(_setting_plot(name, by_population, trajectories))
-    parts.append("<h2>Members</h2>")
+    parts.append("<h2>Trials</h2>")
     parts.append(_members_table(by_population))
     parts.append("<h2>Exploits</h2>")
     parts.append(_exploits_table(by_population))
@@ -89,7 +89,7 @@ def _setting_plot(
             if not points:
                 continue
             curve = [(e, math.log10(v) if log else v) for e, v in points]
-            series.append((f"member {i + 1}", PALETTE[i % len(PALETTE)], curve, False))
+            series.append((f"trial {i + 1}", PALETTE[i % len(PALETTE)], curve, False))
         panels.append((f"{population} ({rows[0].family} {rows[0].precision})", series))
     return curves_plot(
         dom_id("settings", name),
@@ -102,7 +102,7 @@ def _setting_plot(
 
 def _members_table(by_population: dict[str, list[TrialRow]]) -> str:
     lines = [
-        '<table id="members"><thead><tr><th>population</th><th>member</th><th>trial</th>'
+        '<table id="trials"><thead><tr><th>population</th><th>number</th><th>trial</th>'
         "<th>exploits</th><th>final val Sharpe</th></tr></thead><tbody>"
     ]
     for population, rows in by_population.items():
@@ -133,10 +133,10 @@ def _exploits_table(by_population: dict[str, list[TrialRow]]) -> str:
         for epoch, recipient, e in entries:
             # The donor by its trial key (a group trial's lineage names it by slug).
             key = str(e.get("donor_key", ""))
-            donor_name = f"member {by_key[key]}" if key in by_key else key
+            donor_name = f"trial {by_key[key]}" if key in by_key else key
             lines.append(
                 f'<tr><td class="text">{escape(population)}</td><td>{epoch}</td>'
-                f'<td class="text">member {member[recipient]}</td>'
+                f'<td class="text">trial {member[recipient]}</td>'
                 f'<td class="text">{escape(donor_name)}</td>'
                 f'<td class="text">{escape(_settings(e["before"]))}</td>'
                 f'<td class="text">{escape(_settings(e["after"]))}</td></tr>'

@@ -1,29 +1,34 @@
-"""Population-based training across processes: the board a population's Tune trials rank on.
+"""Population-based training across Tune trials: the board a population's trials rank on.
 
-A population whose trials do not share one group trial (a family that does not group:
-dqn, ppo, ...) has each member in its own Tune trial, on any node. At each interval
-boundary a member saves its training state as a snapshot under the sweep directory
-(``pbt/<population>/<member>/epoch-<n>``, the layout ``hpo train --resume`` reads), then
-posts its validation Sharpe to the sweep's board (:class:`PopulationBoard`, one Ray actor
-per sweep, like :mod:`hpo.rungs`), which answers whether it exploits, and whom.
+A population that does not fit one group trial (a family that does not group: dqn, ppo;
+``grouping.group_size = 1``; or more trials than a group holds) has its trials in several
+Tune trials, on any node. At each interval boundary a trial saves its training state as
+a *boundary checkpoint* under the sweep directory
+(``pbt/<population>/<trial>/epoch-<n>-<attempt>``, the layout ``hpo train --resume``
+reads), then posts its validation Sharpe to the sweep's board (:class:`PopulationBoard`,
+one Ray actor per sweep on the driver's node, like the rungs of :mod:`hpo.rungs`), which
+answers whether it exploits, and whom.
 
-The board decides asynchronously, at equal training time: a member that reaches boundary
-``n`` ranks among the members that have reached ``n`` so far (Ray Tune's PBT ranks on
-every trial's latest result instead, whatever its epoch); if it is in their bottom
-quantile (:func:`trainables.pbt.quantile_size`) it copies a member drawn from their top,
-that member's snapshot at ``n`` and settings explored from the ones that snapshot trained
-with. Nobody waits for anybody: a population larger than the sweep's concurrency, or
-with a crashed or slow member, never hangs (the synchronous mode's failure in Ray Tune,
-ray-project/ray#23424). The first member to reach a boundary has nobody to rank against
-and trains on; the later ones see more of the population.
+The board decides asynchronously, at equal training time: a trial that reaches boundary
+``n`` ranks among the population's trials that have reached ``n`` so far (Ray Tune's
+PBT ranks on every trial's latest result instead, whatever its epoch); if it is in their
+bottom quantile (:func:`trainables.pbt.quantile_size`) it copies one drawn from their
+top: that trial's boundary checkpoint at ``n``, and settings explored from the ones it
+trained with. Nobody waits for anybody: a population larger than the sweep's
+concurrency, or with a crashed or slow trial, never hangs (the synchronous mode's
+failure in Ray Tune, ray-project/ray#23424). The first trial to reach a boundary has
+nobody to rank against and trains on; the later ones see more of the population, so at
+a quantile of 0.25 a little more than a quarter of a population exploits per boundary.
 
-Every decision is kept, by member and epoch, and the board's whole state (scores,
-snapshots, decisions, each population's random generator) is written to the sweep
-directory after each one (``pbt/board.json``): a member that re-runs a boundary epoch
-after an interrupt gets the decision it got before, and loads the same snapshot
-(snapshots are never deleted while the sweep lives), so a resumed sweep does no exploit
-twice and loses none. The lineage a member carries is its own (in its checkpoints), and
-the board's file is what ``hpo resume`` starts the board from.
+Every answer is kept, by trial and epoch, and the board's whole state (scores, boundary
+checkpoints, answers, each population's random generator) is written to the sweep
+directory after each one (``pbt/board.json``): a trial that re-runs a boundary epoch
+after an interrupt gets the answer it got before and loads the same donor checkpoint
+(boundary checkpoints are never deleted while the sweep lives), so a resumed sweep does
+no exploit twice and loses none. A boundary checkpoint is written to a new place each
+attempt, so none is ever read half written or replaced once posted. The lineage a trial
+carries is its own (in its checkpoints); the board's file is what ``hpo resume`` starts
+the board from.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import random
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,9 +48,9 @@ from typing import Any
 from cluster.storage import SweepLocation, local_copy
 from trainables.pbt import PbtSettings, explore, quantile_size
 
-SNAPSHOT_DIR = "pbt"
+POPULATION_DIR = "pbt"
 BOARD_FILE = "board.json"
-"""The board's state, in :data:`SNAPSHOT_DIR`: not beside Tune's experiment state, whose
+"""The board's state, in :data:`POPULATION_DIR` (``pbt``: also the boundary checkpoints): not beside Tune's experiment state, whose
 top-level JSON files Tune downloads on a restore and uploads again as the sweep goes on
 (a stale copy would replace the board's newer file)."""
 _ACTOR_PREFIX = "hpo-pbt-board-"
@@ -62,10 +68,10 @@ class PopulationBoard:
 
     def __init__(self, sweep_dir: str | None = None) -> None:
         self.sweep_dir = SweepLocation.parse(sweep_dir) if sweep_dir is not None else None
-        # population -> {"rng": state, "boundaries": {epoch: {member: entry}},
-        #                "decisions": {"member@epoch": decision or None}}
+        # population -> {"rng": state, "boundaries": {epoch: {trial key: entry}},
+        #                "decisions": {"<trial key>@<epoch>": decision or None}}
         self.populations: dict[str, dict[str, Any]] = {}
-        self.state_dir = self.sweep_dir.child(SNAPSHOT_DIR) if self.sweep_dir else None
+        self.state_dir = self.sweep_dir.child(POPULATION_DIR) if self.sweep_dir else None
         if self.state_dir is not None and self.state_dir.exists(BOARD_FILE):
             self.load_state(json.loads(self.state_dir.read_text(BOARD_FILE)))
 
@@ -73,38 +79,40 @@ class PopulationBoard:
         self,
         population: str,
         pbt: Mapping[str, Any],
-        member: str,
+        trial: str,
         trial_id: str,
         epoch: int,
         score: float | None,
         settings: Mapping[str, float],
-        snapshot: str,
+        checkpoint: str,
     ) -> dict[str, Any] | None:
-        """``member`` (a trial key; its Tune trial ``trial_id``) completed boundary
-        ``epoch`` with validation Sharpe ``score`` (None or NaN: it neither copies nor is
-        copied: it fell back to f32), having trained with ``settings``, its state saved at
-        ``snapshot``. Returns its exploit (``epoch``, ``donor`` (the donor's Tune trial
-        id), ``donor_key``, ``snapshot`` (the donor's), ``before``, ``after``), or None
-        where it trains on as it is. The same member and epoch always get the same
-        answer. ``pbt``: the population's :meth:`PbtSettings.to_dict`."""
+        """The trial ``trial`` (its trial key; ``trial_id``: the id its MLflow run knows
+        it by) completed boundary ``epoch`` with validation Sharpe ``score`` (None or
+        NaN: it neither copies nor is copied: it fell back to f32), having trained with
+        ``settings``, its state saved at ``checkpoint`` (its boundary checkpoint).
+        Returns its exploit (``epoch``, ``donor`` (the donor's trial id), ``donor_key``,
+        ``checkpoint`` (the donor's boundary checkpoint), ``before``, ``after``), or None
+        where it trains on as it is. The same trial and epoch always get the same answer
+        (and the entry it posted first stays). ``pbt``: the population's
+        :meth:`PbtSettings.to_dict`."""
         state = self.populations.setdefault(
             population,
             {"rng": _rng_state(random.Random(population)), "boundaries": {}, "decisions": {}},
         )
-        key = f"{member}@{epoch}"
+        key = f"{trial}@{epoch}"
         if key in state["decisions"]:
             return state["decisions"][key]
         entries = state["boundaries"].setdefault(str(epoch), {})
         finite = score is not None and math.isfinite(score)
-        entries[member] = {
+        entries[trial] = {
             "trial_id": trial_id,
             "score": float(score) if finite else None,  # type: ignore[arg-type]
             "settings": dict(settings),
-            "snapshot": snapshot,
+            "checkpoint": checkpoint,
         }
         decision = None
         if finite:
-            decision = self._decide(state, PbtSettings.from_dict(pbt), member, entries, epoch)
+            decision = self._decide(state, PbtSettings.from_dict(pbt), trial, entries, epoch)
         state["decisions"][key] = decision
         self._save()
         return decision
@@ -113,18 +121,18 @@ class PopulationBoard:
         self,
         state: dict[str, Any],
         pbt: PbtSettings,
-        member: str,
+        trial: str,
         entries: Mapping[str, Mapping[str, Any]],
         epoch: int,
     ) -> dict[str, Any] | None:
-        scored = {m: e["score"] for m, e in entries.items() if e["score"] is not None}
+        scored = {k: e["score"] for k, e in entries.items() if e["score"] is not None}
         if len(scored) < 2:
             return None
-        # Worst first; equal scores by member key, the lower key ranked higher (as
+        # Worst first; equal scores by trial key, the lower key ranked higher (as
         # choose_exploits ranks by index), so no tie depends on arrival order.
-        ranked = sorted(scored, key=lambda m: (scored[m], _descending(m)))
+        ranked = sorted(scored, key=lambda k: (scored[k], _descending(k)))
         m = quantile_size(len(ranked), pbt.quantile)
-        if member not in ranked[:m]:
+        if trial not in ranked[:m]:
             return None
         rng = _rng(state["rng"])
         donor = rng.choice(sorted(ranked[-m:]))
@@ -135,8 +143,8 @@ class PopulationBoard:
             "epoch": epoch,
             "donor": source["trial_id"],
             "donor_key": donor,
-            "snapshot": source["snapshot"],
-            "before": dict(entries[member]["settings"]),
+            "checkpoint": source["checkpoint"],
+            "before": dict(entries[trial]["settings"]),
             "after": after,
         }
 
@@ -156,8 +164,8 @@ class PopulationBoard:
     def load_state(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != self.STATE_VERSION:
             raise ValueError(
-                f"{SNAPSHOT_DIR}/{BOARD_FILE}: state version {state.get('version')}, this board reads "
-                f"{self.STATE_VERSION}"
+                f"{POPULATION_DIR}/{BOARD_FILE}: state version {state.get('version')}, this "
+                f"board reads {self.STATE_VERSION}"
             )
         self.populations = {k: dict(v) for k, v in state["populations"].items()}
 
@@ -184,38 +192,42 @@ def _rng_state(rng: random.Random) -> list[Any]:
 
 
 # ----------------------------------------------------------------------------------------
-# what a member asks (pickled into every trial)
+# what a trial asks (pickled into every trial)
 
 
 class PopulationExchange:
-    """A member's side of the board (``trainables.trial.Exchange``): saves its snapshots
-    under the sweep directory, asks the sweep's board, opens a donor's snapshot. Found
-    by name from any node of the sweep's Ray job; the sweep directory must be one every
-    node reaches (as a resumable sweep's storage already must)."""
+    """A trial's side of the board (``trainables.population.Exchange``): saves its
+    boundary checkpoints under the sweep directory, asks the sweep's board, opens a
+    donor's boundary checkpoint. Found by name from any node of the sweep's Ray job; the
+    sweep directory must be one every node reaches (as a resumable sweep's storage
+    already must)."""
 
     def __init__(self, sweep_name: str, sweep_dir: str) -> None:
         self.actor_name = _ACTOR_PREFIX + sweep_name
         self.sweep_dir = sweep_dir
         self._actor: Any = None
 
-    def save_snapshot(
-        self, population: str, member: str, epoch: int, save: Callable[[Path], object]
+    def save_boundary_checkpoint(
+        self, population: str, trial: str, epoch: int, save: Callable[[Path], object]
     ) -> str:
-        """Where ``member``'s state at ``epoch`` is, saving it there with ``save(dir)``
-        unless a complete snapshot is there already (an epoch re-run after a resume:
-        others may have copied it, so it stays as it was)."""
-        name = f"{SNAPSHOT_DIR}/{_path_part(population)}/{_path_part(member)}/epoch-{epoch}"
+        """Save ``trial``'s state at ``epoch`` with ``save(directory)`` under the sweep
+        directory, at a place no earlier attempt used (an epoch re-run after a resume may
+        train to other bits on a GPU, and an upload cut off leaves a partial folder): a
+        checkpoint once posted is never replaced, and none is posted before it is whole.
+        Returns where it is."""
+        attempt = uuid.uuid4().hex[:8]
+        name = (
+            f"{POPULATION_DIR}/{_path_part(population)}/{_path_part(trial)}/epoch-{epoch}-{attempt}"
+        )
         location = SweepLocation.parse(self.sweep_dir)
         target = location.child(name)
-        if location.exists(name):
-            return target.uri
         if location.is_local:
             final = target.local_path
             final.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
             try:
                 save(staging / "state")
-                (staging / "state").rename(final)  # whole, or not there: never half written
+                (staging / "state").rename(final)  # whole, or not there
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             return target.uri
@@ -236,7 +248,7 @@ class PopulationExchange:
     def at_boundary(
         self, population: str, pbt: Mapping[str, Any], **report: Any
     ) -> dict[str, Any] | None:
-        """The board's :meth:`PopulationBoard.at_boundary` for this member."""
+        """The board's :meth:`PopulationBoard.at_boundary` for this trial."""
         import ray
 
         if self._actor is None:
@@ -247,8 +259,8 @@ class PopulationExchange:
         return decision
 
     @contextlib.contextmanager
-    def open_snapshot(self, where: str) -> Iterator[Path]:
-        """A donor's snapshot as a local directory."""
+    def open_boundary_checkpoint(self, where: str) -> Iterator[Path]:
+        """A donor's boundary checkpoint as a local directory."""
         with local_copy(where) as directory:
             yield directory
 
@@ -263,14 +275,17 @@ def _path_part(text: str) -> str:
 
 
 def start_population_board(sweep_name: str, sweep_dir: str) -> PopulationExchange:
-    """Start the sweep's board in the connected Ray job, from the state a previous run of
-    the sweep left in ``sweep_dir`` (``hpo resume``), replacing a board a sweep of that
-    name left in this Ray session; the exchange its trials use."""
+    """Start the sweep's board in the connected Ray job, on this (the driver's) node,
+    which holds the sweep directory however the cluster's storage is set up, from the
+    state a previous run of the sweep left there (``hpo resume``), replacing a board a
+    sweep of that name left in this Ray session; the exchange its trials use."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     name = _ACTOR_PREFIX + sweep_name
     with contextlib.suppress(ValueError):
         ray.kill(ray.get_actor(name))
-    board = ray.remote(num_cpus=0)(PopulationBoard).options(name=name)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    board = ray.remote(num_cpus=0)(PopulationBoard).options(name=name, scheduling_strategy=here)
     _BOARDS[name] = board.remote(sweep_dir)
     return PopulationExchange(sweep_name, sweep_dir)

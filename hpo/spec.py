@@ -349,7 +349,7 @@ class SweepSpec(_Strict):
 
     def population_spans_trials(self, family: str) -> bool:
         """Whether a population of ``family`` spans several Tune trials and so exploits
-        through the sweep's board and snapshots (:mod:`hpo.population_board`): its trials
+        through the sweep's board and boundary checkpoints (:mod:`hpo.population_board`): its trials
         do not group, or the population (``population_size`` x seeds) is larger than
         one group trial."""
         if self.scheduler != "pbt":

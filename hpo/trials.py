@@ -62,7 +62,7 @@ class TrialRow:
     # them (``params`` are what the sweep started it with); see :func:`explored_settings`
     explored: dict[str, float] = field(default_factory=dict)
     # population-based training: the population it belongs to (a group trial's id, or the
-    # id members across processes carry) and its exploits, as pbt_lineage reports them
+    # id a population spanning Tune trials gives its trials) and its exploits, as pbt_lineage reports them
     population: str = ""
     lineage: list[dict[str, Any]] = field(default_factory=list)
 
@@ -254,12 +254,12 @@ def settings_by_epoch(row: TrialRow) -> dict[str, list[tuple[int, float]]]:
 
 def _population(trial: Any, config: Mapping[str, Any]) -> str:
     """The population a trial belongs to ("" outside population-based training): the id
-    a population spanning several Tune trials gives its members (or their group trials),
+    a population spanning several Tune trials gives its trials (or their group trials),
     or its group trial's id where the group is the population."""
     from trainables.config import PBT_KEY, POPULATION_KEY
 
     held = trial.config or {}
-    for source in (config, held):  # a member's own config, or its group trial's
+    for source in (config, held):  # a trial's own config, or its group trial's
         if source.get(POPULATION_KEY):
             return str(source[POPULATION_KEY])
     return str(trial.trial_id) if held.get(PBT_KEY) else ""

@@ -273,9 +273,9 @@ class TrialConfig:
     """OOM retries before this one (0: the first attempt). Attempts are ordered by it: a
     floor need not grow (each half of a split group asks half a GPU, after a whole one)."""
     pbt: PbtSettings | None = None
-    """How its population trains, where it is a member of a population across processes
-    (one Tune trial each: a family whose trials do not group). A population in one group
-    trial carries its settings on the group trial instead."""
+    """How its population trains, where it is a trial of a population spanning Tune trials
+    in a Tune trial of its own. A group trial's trials carry nothing: the group trial
+    carries its population's settings (and id, where the population spans it)."""
     population: str = ""
     """The population it belongs to (its first configuration's id), with :attr:`pbt`."""
 
@@ -366,7 +366,7 @@ class GroupTrialConfig:
     population: str = ""
     """With ``pbt``: the population its trials belong to where it spans several group
     trials ("": the population is this group trial's trials). Its trials then exploit
-    through the sweep's board and snapshots, as members across processes do."""
+    through the sweep's board and boundary checkpoints, as trials alone do."""
 
     def __post_init__(self) -> None:
         if not self.trials:

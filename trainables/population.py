@@ -1,7 +1,7 @@
 """Population-based training inside a group trial (the group's trials are the population,
 and an exploit is an in-memory copy of one trial's fused slots into another's), and one
-member of a population across processes (:class:`PopulationMember`, at the end: each
-member a Tune trial, exploiting through the donor's snapshot and the sweep's board).
+trial of a population spanning Tune trials (:class:`PopulationTrial`, at the end:
+exploiting through the donor's boundary checkpoint and the sweep's board).
 
     population = Population(group, settings, seed="kan-f32-c000|f32/0")
     while group.training:
@@ -139,44 +139,46 @@ def _score(metrics: Mapping[str, Any] | None) -> float | None:
 
 
 # ----------------------------------------------------------------------------------------
-# a population across processes: one member per Tune trial
+# a population spanning Tune trials: each of its trials on the board
 
 
 class Exchange(Protocol):
-    """Where a member of a population across processes saves its snapshots and learns
-    whom it copies: the sweep's board (:class:`hpo.population_board.PopulationExchange`)."""
+    """Where a trial of a population spanning Tune trials saves its boundary checkpoints
+    and learns whom it copies: the sweep's board
+    (:class:`hpo.population_board.PopulationExchange`)."""
 
-    def save_snapshot(
-        self, population: str, member: str, epoch: int, save: Callable[[Path], object]
+    def save_boundary_checkpoint(
+        self, population: str, trial: str, epoch: int, save: Callable[[Path], object]
     ) -> str:
-        """Where ``member``'s state at ``epoch`` is, written with ``save(directory)``."""
+        """Where trial ``trial``'s state at ``epoch`` is, written with ``save(directory)``."""
         ...
 
     def at_boundary(
         self, population: str, pbt: Mapping[str, Any], **report: Any
     ) -> dict[str, Any] | None:
-        """The member's exploit at this boundary, or None (``report``: member, trial_id,
-        epoch, score, settings, snapshot)."""
+        """The trial's exploit at this boundary, or None (``report``: trial, trial_id,
+        epoch, score, settings, checkpoint)."""
         ...
 
-    def open_snapshot(self, where: str) -> AbstractContextManager[Path]:
-        """A donor's snapshot as a local directory."""
+    def open_boundary_checkpoint(self, where: str) -> AbstractContextManager[Path]:
+        """A donor's boundary checkpoint as a local directory."""
         ...
 
 
 LINEAGE_META = "pbt_lineage"
-"""Checkpoint meta key of a member's lineage: a resumed member carries it on."""
+"""Checkpoint meta key of a population trial's lineage: a resumed one carries it on."""
 
 
-class PopulationMember:
-    """One trial of a population across processes (a family whose trials do not group):
-    at each interval boundary it saves a snapshot, posts its validation Sharpe to the
-    board and, where the board says so, takes the donor's snapshot and the explored
-    settings (:meth:`Trainer.take_checkpoint_state`) before its next epoch.
+class PopulationTrial:
+    """One trial of a population spanning Tune trials (in a Tune trial of its own, or in
+    a group trial that holds part of the population): at each interval boundary it
+    saves a boundary checkpoint, posts its validation Sharpe to the board and, where the
+    board says so, takes the donor's boundary checkpoint and the explored settings
+    (:meth:`Trainer.take_checkpoint_state`) before its next epoch.
 
-        member = PopulationMember(exchange, pbt, population, key, trial_id, lineage)
+        trial = PopulationTrial(exchange, pbt, population, key, trial_id, lineage)
         metrics = trainer.train_epoch()
-        entry = member.after_epoch(trainer, metrics)  # settings trained, lineage
+        entry = trial.after_epoch(trainer, metrics)  # settings trained, lineage
     """
 
     def __init__(
@@ -184,15 +186,15 @@ class PopulationMember:
         exchange: Exchange,
         settings: PbtSettings,
         population: str,
-        member: str,
+        key: str,
         trial_id: str,
         lineage: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.exchange = exchange
         self.settings = settings
         self.population = population
-        self.member = member
-        self.trial_id = trial_id
+        self.key = key  # its trial key, what the board knows it by
+        self.trial_id = trial_id  # the id its MLflow run knows it by
         self.lineage: list[dict[str, Any]] = [dict(e) for e in lineage]
 
     def after_epoch(self, trainer: Trainer, metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -203,34 +205,40 @@ class PopulationMember:
         trained = trained_settings(trainer)
         if self.settings.is_boundary(trainer.epoch, trainer.config.epochs):
             score = None if trainer.fell_back_to_f32 else _score(metrics)
-            snapshot = self.exchange.save_snapshot(
-                self.population, self.member, trainer.epoch, lambda d: trainer.save(d)
+            checkpoint = self.exchange.save_boundary_checkpoint(
+                self.population, self.key, trainer.epoch, lambda d: trainer.save(d)
             )
             decision = self.exchange.at_boundary(
                 self.population,
                 self.settings.to_dict(),
-                member=self.member,
+                trial=self.key,
                 trial_id=self.trial_id,
                 epoch=trainer.epoch,
                 score=score,
                 settings=trained,
-                snapshot=snapshot,
+                checkpoint=checkpoint,
             )
             if decision is not None:
                 self._exploit(trainer, decision)
+        return self.reported(trained)
+
+    def reported(self, settings: Mapping[str, float]) -> dict[str, Any]:
+        """What every report of this trial carries: ``settings`` (those its latest epoch
+        trained with), its exploits so far and its lineage (also in a final report: a
+        trial that diverged or ran out of memory keeps them in ``hpo status``)."""
         return {
-            **trained,
+            **settings,
             "pbt_exploits": len(self.lineage),
             "pbt_lineage": [dict(e) for e in self.lineage],
         }
 
     def _exploit(self, trainer: Trainer, decision: Mapping[str, Any]) -> None:
         config = with_settings(trainer.config, decision["after"])
-        with self.exchange.open_snapshot(str(decision["snapshot"])) as directory:
+        with self.exchange.open_boundary_checkpoint(str(decision["checkpoint"])) as directory:
             donor = load_checkpoint(directory)
             if int(donor.meta["epoch"]) != trainer.epoch:
                 raise ValueError(
-                    f"the donor's snapshot {decision['snapshot']} is of epoch "
+                    f"the donor's boundary checkpoint {decision['checkpoint']} is of epoch "
                     f"{donor.meta['epoch']}, this trial completed {trainer.epoch}"
                 )
             trainer.take_checkpoint_state(donor, config)
@@ -250,8 +258,8 @@ class PopulationMember:
         return {LINEAGE_META: self.lineage}
 
 
-def resumed_member_config(config: TrainConfig, checkpoint: Checkpoint | None) -> TrainConfig:
-    """``config`` with the settings a resumed member last trained with: those in its
+def resumed_population_config(config: TrainConfig, checkpoint: Checkpoint | None) -> TrainConfig:
+    """``config`` with the settings a resumed population trial last trained with: those in its
     checkpoint's config (its exploits explored them; the sweep's config never changes)."""
     if checkpoint is None:
         return config

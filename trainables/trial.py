@@ -34,12 +34,13 @@ from trainables.config import (
     is_group_trial,
 )
 from trainables.fold_run import TrialDiverged
+from trainables.group import trained_settings
 from trainables.memory import freeze_long_lived_objects
 from trainables.population import (
     LINEAGE_META,
     Exchange,
-    PopulationMember,
-    resumed_member_config,
+    PopulationTrial,
+    resumed_population_config,
 )
 from trainables.trainer import Trainer
 from trainables.trial_keys import trial_key
@@ -94,8 +95,9 @@ def run_trial(
 ) -> None:
     """Ray Tune function trainable. Without a ``share`` (a direct call) nothing is capped
     and a CUDA out-of-memory error is raised; without a ``judge`` every trial trains to
-    its last epoch unless the scheduler stops its Tune trial. A member of a population
-    across processes (its config carries ``pbt``) needs the sweep's board: ``exchange``."""
+    its last epoch unless the scheduler stops its Tune trial. A trial of a population
+    spanning Tune trials (its config carries ``pbt``, or its group trial's ``population``)
+    needs the sweep's board: ``exchange``."""
     freeze_long_lived_objects()  # first, while nothing of this trial exists yet
     resources = tune.get_context().get_trial_resources()
     required = resources.required_resources if resources is not None else {}
@@ -107,14 +109,14 @@ def run_trial(
     trial = TrialConfig.from_dict(config)
     train_config = trial.train_config()
     keep = _asker(judge, trial_key(trial.to_dict()))
-    member = None
+    in_population = None
     if trial.pbt is not None:
         if exchange is None:
             raise ValueError(
-                f"trial {trial_key(config)} is a member of population {trial.population!r}: "
+                f"trial {trial_key(config)} is in population {trial.population!r}: "
                 "it trains in a sweep, whose board (exchange) says whom it copies"
             )
-        member = PopulationMember(
+        in_population = PopulationTrial(
             exchange, trial.pbt, trial.population, trial_key(config), _trial_id()
         )
     memory: dict[str, float] = {}
@@ -125,7 +127,7 @@ def run_trial(
     progress = _Progress()
     oom: str | None = None
     try:
-        _train(train_config, {**memory, **node}, node, progress, gpu_fraction, keep, member)
+        _train(train_config, {**memory, **node}, node, progress, gpu_fraction, keep, in_population)
     except torch.cuda.OutOfMemoryError as exc:
         if share is None:
             raise
@@ -153,16 +155,16 @@ def _train(
     progress: _Progress,
     gpu_fraction: float = 0.0,
     keep: Callable[[Mapping[str, Any]], bool] | None = None,
-    member: PopulationMember | None = None,
+    in_population: PopulationTrial | None = None,
 ) -> None:
     """Train to the last epoch (or until ``keep`` says no), reporting each with
-    ``reported`` (memory, node) and its GPU cost so far beside it; a ``member`` of a
-    population exploits at its interval boundaries."""
+    ``reported`` (memory, node) and its GPU cost so far beside it; a trial
+    ``in_population`` exploits at its interval boundaries."""
     checkpoint = _restore_checkpoint()
-    if member is not None and checkpoint is not None:
+    if in_population is not None and checkpoint is not None:
         # Resumed: the settings its last exploit left it, and its lineage so far.
-        train_config = resumed_member_config(train_config, checkpoint)
-        member.lineage = [dict(e) for e in checkpoint.meta.get(LINEAGE_META, [])]
+        train_config = resumed_population_config(train_config, checkpoint)
+        in_population.lineage = [dict(e) for e in checkpoint.meta.get(LINEAGE_META, [])]
     trainer = Trainer(train_config, checkpoint=checkpoint)
     del checkpoint  # its tensors are the trainer's now
     progress.epoch = trainer.epoch
@@ -187,6 +189,12 @@ def _train(
                     "skipped_steps": trainer.skipped_steps,
                     **node,
                     **progress.totals,
+                    # Its exploits stay its own: hpo status and the report read this last.
+                    **(
+                        in_population.reported(trained_settings(trainer))
+                        if in_population is not None
+                        else {}
+                    ),
                 }
             )
             return
@@ -196,12 +204,12 @@ def _train(
         going_on = trainer.epoch < train_config.epochs
         stopped = keep is not None and going_on and not keep(metrics)
         population: dict[str, Any] = {}
-        if member is not None:  # exploits before the checkpoint: a resume goes on from it
-            population = member.after_epoch(trainer, metrics)
+        if in_population is not None:  # exploits before the checkpoint: a resume goes on
+            population = in_population.after_epoch(trainer, metrics)
         _report(
             trainer,
             {**metrics, "diverged": 0, **reported, **cost, **population},
-            member.checkpoint_meta() if member is not None else None,
+            in_population.checkpoint_meta() if in_population is not None else None,
         )
         progress.epoch = trainer.epoch
         progress.totals = {
@@ -309,7 +317,7 @@ def _fit_group(
     """The group trial's training (see :func:`_train_group`), reporting each epoch with
     ``memory`` and ``node`` in every trial's entry; ``latest`` holds the entries. A
     population that is this group trial exploits in memory; one it is part of, through
-    ``exchange`` (the sweep's board), each trial a member."""
+    ``exchange`` (the sweep's board), each trial on the board."""
     from trainables.group import TrainerGroup
     from trainables.population import Population, exploit_records, settings_after
 
@@ -318,19 +326,21 @@ def _fit_group(
     checkpoints, restored, saved_population = _restore_group(slugs)
     latest.update(restored)
     configs = group.train_configs()
-    members = None
+    on_board = None
     if group.pbt is not None and group.population:
-        # Part of a population that spans several Tune trials: each trial is a member on
-        # the sweep's board; a resumed one trains on with its explored settings.
+        # Part of a population that spans several Tune trials: each trial posts to the
+        # sweep's board; a resumed one trains on with its explored settings.
         if exchange is None:
             raise ValueError(
                 f"group trial of population {group.population!r}: its trials exploit "
                 "through the sweep's board (exchange), and there is none"
             )
-        configs = [resumed_member_config(c, k) for c, k in zip(configs, checkpoints, strict=True)]
+        configs = [
+            resumed_population_config(c, k) for c, k in zip(configs, checkpoints, strict=True)
+        ]
         group_id = _trial_id()
-        members = [
-            PopulationMember(
+        on_board = [
+            PopulationTrial(
                 exchange,
                 group.pbt,
                 group.population,
@@ -345,7 +355,7 @@ def _fit_group(
     trainers = TrainerGroup(configs, checkpoints=checkpoints)
     del checkpoints  # their tensors are the trials' now
     population = None
-    if group.pbt is not None and members is None:
+    if group.pbt is not None and on_board is None:
         seed = trial_key(group.trials[0].to_dict())  # the group trial's identity
         population = Population(trainers, group.pbt, seed, saved_population)
     for index, slug in enumerate(slugs):
@@ -378,13 +388,18 @@ def _fit_group(
                     "failure_reason": trainers.diverged[index],
                     "fell_back_to_f32": int(trial.fell_back_to_f32),
                     **node,
+                    **(
+                        on_board[index].reported(trained_settings(trial))
+                        if on_board is not None
+                        else {}
+                    ),
                 }
         if population is not None:
             population.after_epoch(metrics)
             _add_lineage(latest, trainers.exploits, slugs, keys)
-        if members is not None:  # each trial that trained this epoch, on the board
+        if on_board is not None:  # each trial that trained this epoch
             for index in sorted(metrics):
-                entry = members[index].after_epoch(trainers.trials[index], metrics[index])
+                entry = on_board[index].after_epoch(trainers.trials[index], metrics[index])
                 latest[slugs[index]].update(entry)
         finite = [
             float(m["val_sharpe"])
@@ -404,7 +419,7 @@ def _fit_group(
             root = Path(tmp) / CKPT_SUBDIR
             for index, trial in enumerate(trainers.trials):
                 if index not in trainers.diverged:
-                    meta = members[index].checkpoint_meta() if members is not None else None
+                    meta = on_board[index].checkpoint_meta() if on_board is not None else None
                     trial.save(root / slugs[index], meta)
             ended = {s: e for s, e in latest.items() if e.get("diverged") or e.get("stopped")}
             (root / GROUP_STATE).write_text(json.dumps(ended, default=str))

@@ -91,7 +91,7 @@ class SweepSearcher(Searcher):
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
         self.asha_per_trial = spec.asha_per_trial
         # Population-based training: each family's population settings (its group trials
-        # carry them, or each member where its trials do not group; scheduler = "pbt"
+        # carry them, or each trial where the population spans Tune trials; scheduler = "pbt"
         # makes one population per stream, one ask).
         self.pbt: dict[str, PbtSettings | None] = {
             f: _pbt_settings(spec, f) if spec.scheduler == "pbt" else None for f in spec.families
@@ -456,7 +456,7 @@ def _group_trial(
 ) -> dict[str, Any]:
     """The Tune trial dict of ``trials``: a group trial (a population where ``pbt`` is
     given, or part of ``population`` where that spans several), or the trial alone (a
-    member of ``population``, or a population of one trial's own)."""
+    trial of ``population``, or a population of one trial's own)."""
     if len(trials) == 1:
         if pbt is not None and population:
             return dataclasses.replace(trials[0], pbt=pbt, population=population).to_dict()

@@ -1,7 +1,7 @@
 """The population report (dashboards/population_report.py) and the settings per epoch it
 draws (hpo.trials.settings_by_epoch): a member's setting steps at the epoch after each
 exploit; one panel per population, one line per member; every exploit listed, its donor
-named as a member of the population."""
+named as a trial of the population."""
 
 from __future__ import annotations
 
@@ -72,18 +72,18 @@ def test_a_setting_steps_at_the_epoch_after_each_exploit() -> None:
 
 def test_the_report_draws_each_population_and_lists_every_exploit() -> None:
     html = render_population_report("pbt", ROWS)
-    assert "2 population(s), 3 member(s), 2 exploit(s)" in html
+    assert "2 population(s), 3 trial(s), 2 exploit(s)" in html
     lr_plot = re.search(r'<svg id="settings-lr".*?</svg>', html, re.S)
     assert lr_plot is not None and "(log10)" in lr_plot.group(0)
-    # One line per member of a population: two in the first panel, one in the second.
+    # One line per trial of a population: two in the first panel, one in the second.
     assert lr_plot.group(0).count("<polyline") == 3
-    points = re.findall(r'data-series="member 2" points="([^"]+)"', lr_plot.group(0))
-    (member_2,) = points
-    ys = [float(p.split(",")[1]) for p in member_2.split()]
+    points = re.findall(r'data-series="trial 2" points="([^"]+)"', lr_plot.group(0))
+    (trial_2,) = points
+    ys = [float(p.split(",")[1]) for p in trial_2.split()]
     assert len(ys) == 4 and ys[1] == ys[2] and len(set(ys)) == 3  # steps after 1 and 3
     exploits = re.search(r'<table id="exploits">.*?</table>', html, re.S)
     assert exploits is not None
     rows = re.findall(r"<tr><td", exploits.group(0))
     assert len(rows) == 2
-    assert exploits.group(0).count("member 1") == 2  # the donor, named in its population
+    assert exploits.group(0).count("trial 1<") == 2  # the donor, named in its population
     assert "lr=0.0008" in exploits.group(0) and "t3" not in html

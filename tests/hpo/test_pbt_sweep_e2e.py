@@ -2,17 +2,18 @@
 kinds of population in one sweep, interval 1 over four epochs, default quantile:
 
 * liquid: a population of four in one group trial (exploits are copies in memory);
-* dqn: a population of four across processes, each member its own Tune trial, exploiting
-  through snapshots and the sweep's board.
+* dqn: a population of four spanning Tune trials, each trial in its own, exploiting
+  through boundary checkpoints and the sweep's board.
 
 The sweep is interrupted (SIGTERM) once the liquid group has checkpointed two epochs and
-the board has answered three dqn boundaries, then resumed with ``hpo resume`` to the end.
+the board has answered a dqn trial with an exploit, then resumed with ``hpo resume`` to
+the end.
 Over the two runs: liquid exploits once per boundary (the worst of four copies the best),
-three in all; every exploit the board decided for dqn is in exactly one member's lineage,
+three in all; every exploit the board decided for dqn is in exactly one trial's lineage,
 once (none done twice, none lost); in each trial's MLflow run the epoch after an exploit
 trained with the explored lr (``lr`` per epoch) and the exploit is in
 ``pbt_lineage.json``; ``hpo status`` counts every exploit and ``--html`` draws both
-populations; the donors' snapshots are under the sweep directory, where the recipients
+populations; the donors' boundary checkpoints are under the sweep directory, where the recipients
 read them.
 
 The two trial workers are frozen as they appear and stepped one checkpoint at a time, so
@@ -31,7 +32,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from hpo.population_board import BOARD_FILE, SNAPSHOT_DIR
+from hpo.population_board import BOARD_FILE, POPULATION_DIR
 from tests.hpo.sweep_helpers import checkpointed_epochs, trial_dirs, trial_runs, write_tiny_spec
 from tests.processes import kill_tree, log_tail, signal_all, wait_for
 from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start
@@ -60,8 +61,8 @@ def _spec(tmp_path: Path) -> Path:
 
 
 def _decisions(sweep_dir: Path) -> dict[str, Any]:
-    """The board's answers so far, by "member@epoch" ({} before its first)."""
-    path = sweep_dir / SNAPSHOT_DIR / BOARD_FILE
+    """The board's answers so far, by "<trial key>@<epoch>" ({} before its first)."""
+    path = sweep_dir / POPULATION_DIR / BOARD_FILE
     if not path.exists():
         return {}
     state = json.loads(path.read_text())  # renamed into place: never half written
@@ -76,9 +77,9 @@ def _group_epochs(sweep_dir: Path) -> int:
 
 
 def _interrupt_midway(tmp_path: Path, spec: Path, sweep_dir: Path) -> str:
-    """Run the sweep until the liquid group checkpointed two epochs and the board answered
-    three dqn boundaries, stepping the frozen workers one checkpoint at a time (the
-    group's until it is there, a dqn member's until the board is); SIGTERM its driver and
+    """Run the sweep until the liquid group checkpointed two epochs and the board told a
+    dqn trial to exploit, stepping the frozen workers one checkpoint at a time (the
+    group's until it is there, a dqn trial's until the board is); SIGTERM its driver and
     return its log, asserting the resumable exit (3)."""
     log = tmp_path / "sweep.log"
     driver = start(["sweep", str(spec)], tmp_path, log.name)
@@ -94,7 +95,7 @@ def _interrupt_midway(tmp_path: Path, spec: Path, sweep_dir: Path) -> str:
             detail=log_tail(log),
             interval=0.02,
         )
-        while not (_group_epochs(sweep_dir) >= 2 and len(_decisions(sweep_dir)) >= 3):
+        while not (_group_epochs(sweep_dir) >= 2 and any(_decisions(sweep_dir).values())):
             freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
             members = [p for p in frozen if p != group and psutil.pid_exists(p)]
             if group is not None and _group_epochs(sweep_dir) < 2:
@@ -165,22 +166,22 @@ def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
     liquid = sorted(e["epoch"] for exploits in by_family["liquid"].values() for e in exploits)
     assert liquid == [1, 2, 3]
 
-    # dqn: the board's answers, four members at three boundaries each.
+    # dqn: the board's answers, four trials at three boundaries each.
     decisions = _decisions(sweep_dir)
     assert sorted(k.rsplit("@", 1)[1] for k in decisions) == sorted(["1", "2", "3"] * 4)
     decided = sorted(
         (v["epoch"], k.rsplit("@", 1)[0], v["donor_key"]) for k, v in decisions.items() if v
     )
-    assert decided, "no dqn member exploited: the test would show nothing"
+    assert decided, "no dqn trial exploited: the test would show nothing"
     done = sorted(
         (e["epoch"], key, e["donor_key"])
         for key, exploits in by_family["dqn"].items()
         for e in exploits
     )
     assert done == decided  # each decided exploit done once, none lost
-    for _, _, donor in decided:  # the donors' snapshots, where the recipients read them
+    for _, _, donor in decided:  # the donors' boundary checkpoints, where they were read
         part = donor.replace("|", "_").replace("/", "_")
-        assert any((sweep_dir / SNAPSHOT_DIR).glob(f"*/{part}/epoch-*/meta.json"))
+        assert any((sweep_dir / POPULATION_DIR).glob(f"*/{part}/epoch-*/meta.json"))
 
     report = tmp_path / "populations.html"
     status = subprocess.run(
@@ -192,8 +193,8 @@ def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
     )
     assert status.returncode == 0, status.stderr[-3000:]
     assert json.loads(status.stdout)["exploits"] == len(liquid) + len(decided)
-    # The report: both populations, every member's lr per epoch, every exploit.
+    # The report: both populations, every trial's lr per epoch, every exploit.
     html = report.read_text()
-    assert f"2 population(s), 8 member(s), {len(liquid) + len(decided)} exploit(s)" in html
-    assert html.count('<polyline class="curve"') >= 8  # lr and weight decay, 8 members each
+    assert f"2 population(s), 8 trial(s), {len(liquid) + len(decided)} exploit(s)" in html
+    assert html.count('<polyline class="curve"') >= 8  # lr and weight decay, 8 trials each
     assert html.split('<table id="exploits">')[1].count("<tr><td") == len(liquid) + len(decided)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hpo.population_board import BOARD_FILE, SNAPSHOT_DIR, PopulationBoard
+from hpo.population_board import BOARD_FILE, POPULATION_DIR, PopulationBoard
 from trainables.pbt import PbtSettings, Range, explore
 
 PBT = PbtSettings(
@@ -27,12 +27,12 @@ def _post(board: PopulationBoard, member: str, epoch: int, score: float | None) 
     return board.at_boundary(
         "pop",
         PBT,
-        member=member,
+        trial=member,
         trial_id=f"t-{member}",
         epoch=epoch,
         score=score,
         settings={"lr": 1e-3 * (1 + ord(member[-1]) - ord("a"))},
-        snapshot=f"/snapshots/{member}/{epoch}",
+        checkpoint=f"/checkpoints/{member}/{epoch}",
     )
 
 
@@ -47,10 +47,10 @@ def test_a_member_ranks_among_those_at_its_boundary_and_the_worst_copies_the_top
     assert _post(board, "a", 2, -5.0) is None
     decision = _post(board, "d", 1, 0.5)  # the worst of four: copies the best, b
     assert decision is not None
-    assert (decision["donor"], decision["donor_key"], decision["snapshot"]) == (
+    assert (decision["donor"], decision["donor_key"], decision["checkpoint"]) == (
         "t-b",
         "b",
-        "/snapshots/b/1",
+        "/checkpoints/b/1",
     )
     assert decision["before"] == {"lr": 4e-3} and decision["epoch"] == 1
     # The explored settings come from the donor's, drawn from the population's stream
@@ -92,7 +92,7 @@ def test_a_restarted_board_answers_as_before_and_draws_on_from_its_file(tmp_path
     first = PopulationBoard(str(tmp_path))
     for member, score in scores.items():
         _post(first, member, 1, score)
-    saved = json.loads((tmp_path / SNAPSHOT_DIR / BOARD_FILE).read_text())
+    saved = json.loads((tmp_path / POPULATION_DIR / BOARD_FILE).read_text())
     assert saved["populations"]["pop"]["decisions"]["d@1"]["donor_key"] == "a"
 
     restarted = PopulationBoard(str(tmp_path))  # hpo resume starts the board from the file
@@ -104,8 +104,8 @@ def test_a_restarted_board_answers_as_before_and_draws_on_from_its_file(tmp_path
 
 
 def test_a_board_file_of_another_version_is_refused(tmp_path: Path) -> None:
-    (tmp_path / SNAPSHOT_DIR).mkdir()
-    (tmp_path / SNAPSHOT_DIR / BOARD_FILE).write_text(
+    (tmp_path / POPULATION_DIR).mkdir()
+    (tmp_path / POPULATION_DIR / BOARD_FILE).write_text(
         json.dumps({"version": 99, "populations": {}})
     )
     with pytest.raises(ValueError, match=r"pbt/board\.json: state version 99"):

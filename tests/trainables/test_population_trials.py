@@ -1,15 +1,15 @@
-"""A population across processes (trainables/population.py ``PopulationMember``, and
-``Trainer.take_checkpoint_state``), without Ray: each member a trainer of its own, the
+"""A population across processes (trainables/population.py ``PopulationTrial``, and
+``Trainer.take_checkpoint_state``), without Ray: each trial a trainer of its own, the
 board (hpo/population_board.py) called in process.
 
-* an exploit from the donor's snapshot leaves the recipient in the state the in-memory
+* an exploit from the donor's boundary checkpoint leaves the recipient in the state the in-memory
   exploit leaves it in (weights, moments, bf16 compensation, guard), and the next epoch
   trains the same, f32 and bf16 (both paths run the same kernels here: bit for bit);
 * the explored lr is what the recipient's optimizer uses, not the donor's
   (ray-project/ray#62173), while the recipient keeps its own identity (minibatch order,
   epoch, history);
 * an RL family (dqn) exploits too, keeping its own environments and replay;
-* a member that fell back to f32 posts no score.
+* a trial that fell back to f32 posts no score.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.trainables.helpers import group_config, tiny_config, trial_weights
 from trainables.checkpoint import load_checkpoint
 from trainables.group import mutable_settings, trained_settings, with_settings
 from trainables.pbt import PbtSettings, Range
-from trainables.population import PopulationMember
+from trainables.population import PopulationTrial
 from trainables.trainer import Trainer
 
 PBT = PbtSettings(
@@ -61,7 +61,7 @@ def _optimizer_state(trainer: Trainer) -> list[torch.Tensor]:
     ("precision", "n_folds"),
     [("f32", 1), ("bf16", 1), ("f32", 2)],  # 2 folds train fused: re-fused after the copy
 )
-def test_an_exploit_from_a_snapshot_equals_the_in_memory_exploit(
+def test_an_exploit_from_a_checkpoint_equals_the_in_memory_exploit(
     tmp_path: Path, precision: str, n_folds: int
 ) -> None:
     def pair() -> tuple[Trainer, Trainer]:
@@ -78,41 +78,41 @@ def test_an_exploit_from_a_snapshot_equals_the_in_memory_exploit(
     donor.fusion.unfuse()
     memory.take_training_state(donor, with_settings(memory.config, settings))
     memory.fusion.fuse_again()
-    # Through the donor's checkpoint, as a member in another process reads it.
-    snapshot, donor = pair()
+    # Through the donor's checkpoint, as a trial in another Tune trial reads it.
+    from_file, donor = pair()
     donor.save(tmp_path / "donor")
-    own_generator = snapshot.folds[0].generator.get_state()
-    snapshot.take_checkpoint_state(
-        load_checkpoint(tmp_path / "donor"), with_settings(snapshot.config, settings)
+    own_generator = from_file.folds[0].generator.get_state()
+    from_file.take_checkpoint_state(
+        load_checkpoint(tmp_path / "donor"), with_settings(from_file.config, settings)
     )
 
-    assert torch.equal(trial_weights(snapshot), trial_weights(memory))
-    assert torch.equal(trial_weights(snapshot), trial_weights(donor))
-    for a, b in zip(_optimizer_state(snapshot), _optimizer_state(memory), strict=True):
+    assert torch.equal(trial_weights(from_file), trial_weights(memory))
+    assert torch.equal(trial_weights(from_file), trial_weights(donor))
+    for a, b in zip(_optimizer_state(from_file), _optimizer_state(memory), strict=True):
         assert torch.equal(a, b)
     # The explored lr trains (in the fused optimizer's slots where the folds fuse), not
     # the donor's nor the trial's own; the trial keeps its own minibatch order.
-    assert trained_settings(snapshot)["lr"] == 2e-3 == snapshot.config.lr
-    assert (snapshot.fused is not None) == (n_folds > 1)
-    assert torch.equal(snapshot.folds[0].generator.get_state(), own_generator)
-    assert snapshot.epoch == 1 and len(snapshot.history) == 1
-    after_memory, after_snapshot = memory.train_epoch(), snapshot.train_epoch()
-    assert after_snapshot["val_sharpe"] == after_memory["val_sharpe"]
-    assert torch.equal(trial_weights(snapshot), trial_weights(memory))
+    assert trained_settings(from_file)["lr"] == 2e-3 == from_file.config.lr
+    assert (from_file.fused is not None) == (n_folds > 1)
+    assert torch.equal(from_file.folds[0].generator.get_state(), own_generator)
+    assert from_file.epoch == 1 and len(from_file.history) == 1
+    after_memory, after_file = memory.train_epoch(), from_file.train_epoch()
+    assert after_file["val_sharpe"] == after_memory["val_sharpe"]
+    assert torch.equal(trial_weights(from_file), trial_weights(memory))
 
 
-def test_members_across_processes_exploit_through_the_board(tmp_path: Path) -> None:
+def test_trials_of_a_population_exploit_through_the_board(tmp_path: Path) -> None:
     exchange = InProcessExchange(tmp_path)
     lrs = (1e-4, 3e-3)
     trainers = [
         Trainer(group_config("kan", seed=s, lr=lr, n_folds=1, epochs=3)) for s, lr in enumerate(lrs)
     ]
     members = [
-        PopulationMember(exchange, PBT, "kan-f32-c000", f"kan-f32-c00{i}|f32/{i}", f"trial{i}")
+        PopulationTrial(exchange, PBT, "kan-f32-c000", f"kan-f32-c00{i}|f32/{i}", f"trial{i}")
         for i in range(2)
     ]
     scores = [trainer.train_epoch() for trainer in trainers]
-    # The better member reaches the boundary first: nobody to rank against, it trains
+    # The better trial reaches the boundary first: nobody to rank against, it trains
     # on. The worse one ranks among both and, at quantile 0.5, copies the better.
     better, worse = sorted(range(2), key=lambda i: -scores[i]["val_sharpe"])
     first = members[better].after_epoch(trainers[better], scores[better])
@@ -132,22 +132,23 @@ def test_members_across_processes_exploit_through_the_board(tmp_path: Path) -> N
     again = exchange.board.at_boundary(
         "kan-f32-c000",
         PBT.to_dict(),
-        member=f"kan-f32-c00{worse}|f32/{worse}",
+        trial=f"kan-f32-c00{worse}|f32/{worse}",
         trial_id=f"trial{worse}",
         epoch=1,
         score=-99.0,
         settings={},
-        snapshot="elsewhere",
+        checkpoint="elsewhere",
     )
     assert again is not None and again["after"] == exploit["after"]
     assert exchange.board.exploits() == 1
-    # Snapshots under the sweep directory, in the layout `hpo train --resume` reads.
+    # Boundary checkpoints under the sweep directory, one per trial and attempt, in the
+    # layout `hpo train --resume` reads.
     for i in range(2):
-        snapshot = tmp_path / "pbt" / "kan-f32-c000" / f"kan-f32-c00{i}_f32_{i}" / "epoch-1"
-        assert load_checkpoint(snapshot).meta["epoch"] == 1
+        (saved,) = (tmp_path / "pbt" / "kan-f32-c000" / f"kan-f32-c00{i}_f32_{i}").glob("epoch-1-*")
+        assert load_checkpoint(saved).meta["epoch"] == 1
 
 
-def test_an_rl_member_takes_the_donors_networks_and_keeps_its_own_replay(tmp_path: Path) -> None:
+def test_an_rl_trial_takes_the_donors_networks_and_keeps_its_own_replay(tmp_path: Path) -> None:
     config = {"n_folds": 1, "max_steps_per_epoch": 4, "epochs": 2}
     recipient = Trainer(tiny_config("dqn", seed=0, lr=1e-4, **config))
     donor = Trainer(tiny_config("dqn", seed=1, lr=1e-3, **config))
@@ -174,7 +175,7 @@ def test_an_rl_member_takes_the_donors_networks_and_keeps_its_own_replay(tmp_pat
     assert recipient.epoch == 2
 
 
-def test_a_member_that_fell_back_to_f32_posts_no_score(tmp_path: Path) -> None:
+def test_a_trial_that_fell_back_to_f32_posts_no_score(tmp_path: Path) -> None:
     posted: list[dict[str, Any]] = []
 
     class Recording(InProcessExchange):
@@ -185,7 +186,7 @@ def test_a_member_that_fell_back_to_f32_posts_no_score(tmp_path: Path) -> None:
     trainer = Trainer(group_config("kan", seed=0, n_folds=1, epochs=3))
     metrics = trainer.train_epoch()
     trainer.fell_back_to_f32 = True
-    PopulationMember(Recording(tmp_path), PBT, "p", "m", "t").after_epoch(trainer, metrics)
+    PopulationTrial(Recording(tmp_path), PBT, "p", "m", "t").after_epoch(trainer, metrics)
     assert posted[0]["score"] is None
 
 
@@ -204,7 +205,7 @@ def test_two_group_trials_of_one_population_meet_on_the_board(
 ) -> None:
     """A population of four kan trials in two group trials of two (as the searcher makes
     a population larger than a group): each group trial's trials post to the board and
-    exploit from any member's snapshot. The second group trial, interrupted after its
+    exploit from any trial's boundary checkpoint. The second group trial, interrupted after its
     first report and resumed, makes the exploits it made uninterrupted (a fresh board
     directory for each run), none twice, none lost."""
     from tests.hpo.sweep_helpers import tiny_spec
