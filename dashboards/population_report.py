@@ -49,7 +49,13 @@ def render_population_report(sweep: str, rows: Sequence[TrialRow]) -> str:
         p: sorted((r for r in members if r.population == p), key=lambda r: r.trial_id)
         for p in populations
     }
-    trajectories = {r.trial_id: settings_by_epoch(r) for r in members}
+    # Every trial of a population gets a line for each setting any of them explored (and
+    # lr and weight decay, which every population may change).
+    explored = {
+        p: {"lr", "weight_decay", *(n for r in rows for e in r.lineage for n in e["before"])}
+        for p, rows in by_population.items()
+    }
+    trajectories = {r.trial_id: settings_by_epoch(r, explored[r.population]) for r in members}
     names = sorted({n for t in trajectories.values() for n in t})
     exploits = sum(len(r.lineage) for r in members)
     parts = [

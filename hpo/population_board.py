@@ -276,7 +276,7 @@ def _path_part(text: str) -> str:
 
 def start_population_board(sweep_name: str, sweep_dir: str) -> PopulationExchange:
     """Start the sweep's board in the connected Ray job, on this (the driver's) node,
-    which holds the sweep directory however the cluster's storage is set up, from the
+    where the sweep directory is written from (under Ray Client, the head node), from the
     state a previous run of the sweep left there (``hpo resume``), replacing a board a
     sweep of that name left in this Ray session; the exchange its trials use."""
     import ray

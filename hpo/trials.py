@@ -16,7 +16,7 @@ Words for where a trial is, each for one idea:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,17 +230,23 @@ def explored_settings(result: Mapping[str, Any]) -> dict[str, float]:
     return {name: float(v) for name, v in finished.items() if started.get(name) != v}
 
 
-def settings_by_epoch(row: TrialRow) -> dict[str, list[tuple[int, float]]]:
+def settings_by_epoch(
+    row: TrialRow, names: Iterable[str] = ()
+) -> dict[str, list[tuple[int, float]]]:
     """A population trial's mutable settings at each epoch it trained (1 to
     ``row.epochs``), by name: what the sweep started it with until its first exploit, then
-    each exploit's ``after`` from the epoch after it. The names are those its lineage
-    records, or, without one, those of ``params`` a population may change (lr, weight
-    decay); a name neither holds is left out."""
-    names = sorted({n for e in row.lineage for n in e["before"]} or {"lr", "weight_decay"})
+    each exploit's ``after`` from the epoch after it. ``names``: those to give (a
+    population's, so a trial that never exploited has a line for each too), besides
+    those its lineage records; a trial's starting value comes from its first exploit's
+    ``before``, else its ``params``, else its family's default. A name with no value
+    anywhere is left out."""
+    wanted = sorted({*names, *(n for e in row.lineage for n in e["before"])})
     out = {}
-    for name in names:
-        value = row.lineage[0]["before"].get(name) if row.lineage else row.params.get(name)
-        if not isinstance(value, int | float):
+    for name in wanted:
+        value = row.lineage[0]["before"].get(name) if row.lineage else None
+        if value is None:
+            value = row.params.get(name, _family_default(row.family, name))
+        if not isinstance(value, int | float) or isinstance(value, bool):
             continue
         changes = {int(e["epoch"]): float(e["after"][name]) for e in row.lineage}
         points = []
@@ -250,6 +256,19 @@ def settings_by_epoch(row: TrialRow) -> dict[str, list[tuple[int, float]]]:
             current = changes.get(epoch, current)  # an exploit after this epoch
         out[name] = points
     return out
+
+
+def _family_default(family: str, name: str) -> Any:
+    """``family``'s default of model setting ``name`` (None: no such setting, or a family
+    that does not import here)."""
+    import dataclasses
+
+    from models import FamilyError, get_family
+
+    try:
+        return dataclasses.asdict(get_family(family).make_config({})).get(name)
+    except FamilyError:
+        return None
 
 
 def _population(trial: Any, config: Mapping[str, Any]) -> str:

@@ -116,8 +116,11 @@ def run_trial(
                 f"trial {trial_key(config)} is in population {trial.population!r}: "
                 "it trains in a sweep, whose board (exchange) says whom it copies"
             )
+        trial_id = _trial_id()
+        if not trial_id:
+            raise ValueError("a trial of a population on the board trains in a Tune trial")
         in_population = PopulationTrial(
-            exchange, trial.pbt, trial.population, trial_key(config), _trial_id()
+            exchange, trial.pbt, trial.population, trial_key(config), trial_id
         )
     memory: dict[str, float] = {}
     if share is not None:
@@ -146,6 +149,8 @@ class _Progress:
     # The cost totals last reported: a diverged or OOM report carries them on, so the
     # time its epochs took still counts (hpo status, the comparison's cost).
     totals: dict[str, float] = field(default_factory=dict)
+    # A population trial's exploits and settings last reported: an OOM report keeps them.
+    population: dict[str, Any] = field(default_factory=dict)
 
 
 def _train(
@@ -217,6 +222,7 @@ def _train(
             "cpu_s_total": metrics["cpu_s_total"],
             **cost,
         }
+        progress.population = population
         if stopped:
             return  # stopped at a rung: its run and checkpoint are this epoch's
 
@@ -268,6 +274,8 @@ def _train_group(
             continue  # ended before the OOM: its result stands
         latest[slug] = {
             **_totals(entry),
+            # A population trial's exploits so far stay its own (hpo status, the report).
+            **{k: entry[k] for k in ("pbt_exploits", "pbt_lineage") if k in entry},
             "epoch": int(entry.get("epoch", 0)) + 1,
             "val_sharpe": math.nan,
             "oom": 1,
@@ -298,9 +306,10 @@ def population_oom_verdict(verdict: dict[str, Any], group_size: int) -> dict[str
         **verdict,
         "failure_reason": (
             f"CUDA out of memory on a whole GPU as a population of {group_size} trials: a "
-            "population is one group trial and is not split (its halves would be two "
-            "independent populations); make it fit with fewer trials (samples x seeds), a "
-            "smaller shape, or a GPU with more memory ([resources])"
+            "population that is one group trial is not split (its halves would be two "
+            "independent populations); make it fit with fewer trials (pbt.population_size "
+            "x seeds), a smaller grouping.group_size (the population then spans group "
+            "trials), a smaller shape, or a GPU with more memory ([resources])"
         ),
     }
 
@@ -339,6 +348,8 @@ def _fit_group(
             resumed_population_config(c, k) for c, k in zip(configs, checkpoints, strict=True)
         ]
         group_id = _trial_id()
+        if not group_id:
+            raise ValueError("a trial of a population on the board trains in a Tune trial")
         on_board = [
             PopulationTrial(
                 exchange,
@@ -505,6 +516,7 @@ def _report_oom(
         "oom": 1,
         **node,
         **progress.totals,
+        **progress.population,
     }
     report.update(share.after_oom(config, fraction, message))
     tune.report(report)

@@ -10,6 +10,7 @@ from typing import Any
 
 from dashboards.population_report import render_population_report
 from hpo.trials import TrialRow, TrialStatus, settings_by_epoch
+from models import get_family
 
 
 def _row(
@@ -45,6 +46,8 @@ def _exploit(epoch: int, donor_key: str, before: float, after: float) -> dict[st
     }
 
 
+DQN_TAU = float(get_family("dqn").make_config({}).tau)  # type: ignore[attr-defined]
+
 ROWS = [
     _row("t0", "dqn-f32-c000", "dqn-f32-c000", [], 1e-3),
     _row(
@@ -66,8 +69,11 @@ def test_a_setting_steps_at_the_epoch_after_each_exploit() -> None:
     settings = settings_by_epoch(ROWS[1])
     assert settings["lr"] == [(1, 1e-2), (2, 8e-4), (3, 8e-4), (4, 6e-4)]
     assert settings["weight_decay"] == [(e, 1e-4) for e in range(1, 5)]
-    # Without a lineage: what the sweep started it with, every epoch.
-    assert settings_by_epoch(ROWS[0])["lr"] == [(e, 1e-3) for e in range(1, 5)]
+    # Without a lineage: what the sweep started it with, every epoch; a setting the
+    # population explored that the trial's params lack comes from the family's default.
+    started = settings_by_epoch(ROWS[0], ["lr", "tau"])
+    assert started["lr"] == [(e, 1e-3) for e in range(1, 5)]
+    assert started["tau"] == [(e, DQN_TAU) for e in range(1, 5)]
 
 
 def test_the_report_draws_each_population_and_lists_every_exploit() -> None:

@@ -196,5 +196,7 @@ def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
     # The report: both populations, every trial's lr per epoch, every exploit.
     html = report.read_text()
     assert f"2 population(s), 8 trial(s), {len(liquid) + len(decided)} exploit(s)" in html
-    assert html.count('<polyline class="curve"') >= 8  # lr and weight decay, 8 trials each
+    for setting in ("lr", "weight_decay"):  # a line per trial in each setting's plot
+        plot = html.split(f'<svg id="settings-{setting}"')[1].split("</svg>")[0]
+        assert plot.count('<polyline class="curve"') == 8, setting
     assert html.split('<table id="exploits">')[1].count("<tr><td") == len(liquid) + len(decided)

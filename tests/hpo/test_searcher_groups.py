@@ -473,6 +473,7 @@ def test_a_population_larger_than_a_group_is_queued_as_group_trials_of_one_popul
             },
         },
     )
+    spec_pbt = groups[0].pbt
     halves = [searcher.suggest(f"r{i}") for i in range(2)]
     assert all(isinstance(h, dict) for h in halves)
     held = [
@@ -481,3 +482,4 @@ def test_a_population_larger_than_a_group_is_queued_as_group_trials_of_one_popul
     ]  # type: ignore[arg-type]
     assert sorted(len(h.trials) if isinstance(h, GroupTrialConfig) else 1 for h in held) == [1, 2]
     assert {h.population for h in held} == {"kan-f32-c000"}
+    assert all(h.pbt == spec_pbt for h in held)

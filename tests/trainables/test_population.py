@@ -234,7 +234,8 @@ def test_a_population_that_does_not_fit_a_whole_gpu_says_how_to_make_it_fit() ->
     split = {"oom_split": 1, "oom_retry_gpu_fraction": 0.5, "failure_reason": "split in two"}
     reason = population_oom_verdict(split, 4)["failure_reason"]
     assert "population of 4 trials" in reason and "not split" in reason
-    assert "samples x seeds" in reason and "[resources]" in reason
+    assert "pbt.population_size x seeds" in reason and "[resources]" in reason
+    assert "smaller grouping.group_size (the population then spans group trials)" in reason
 
 
 def test_the_reported_lr_is_the_one_the_optimizer_trained_with(

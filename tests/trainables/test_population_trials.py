@@ -14,6 +14,8 @@ board (hpo/population_board.py) called in process.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -205,11 +207,13 @@ def test_two_group_trials_of_one_population_meet_on_the_board(
 ) -> None:
     """A population of four kan trials in two group trials of two (as the searcher makes
     a population larger than a group): each group trial's trials post to the board and
-    exploit from any trial's boundary checkpoint. The second group trial, interrupted after its
-    first report and resumed, makes the exploits it made uninterrupted (a fresh board
-    directory for each run), none twice, none lost."""
+    exploit from any trial's boundary checkpoint, run as Tune runs them (``run_trial``
+    with the sweep's exchange). The second group trial, dying after its second boundary's
+    answer but before that epoch's report, and resumed, makes the exploits it made
+    uninterrupted (a fresh board directory for each run), none twice, none lost."""
+    from ray import tune
+
     from tests.hpo.sweep_helpers import tiny_spec
-    from tests.trainables.test_population import _run
     from trainables import trial as trial_module
     from trainables.config import GroupTrialConfig, TrialConfig
 
@@ -241,24 +245,50 @@ def test_two_group_trials_of_one_population_meet_on_the_board(
         GroupTrialConfig(tuple(trials[2:]), pbt=settings, population="kan-f32-c000"),
     ]
 
+    class Lost(Exception):
+        """The process died before Tune saved this report and its checkpoint."""
+
+    def run_group(
+        g: int, folder: Path, exchange: InProcessExchange, lose_report: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Group trial ``g`` through ``run_trial`` as Tune runs it, with Tune's report
+        and checkpoint played by a folder of checkpoint_<n> copies; report number
+        ``lose_report`` is lost with its checkpoint (the run ends there)."""
+        reported: list[dict[str, Any]] = []
+
+        def report(metrics: dict[str, Any], checkpoint: Any = None) -> None:
+            if lose_report is not None and len(reported) + 1 == lose_report:
+                raise Lost
+            index = len(sorted(folder.glob("checkpoint_*")))
+            shutil.copytree(checkpoint.path, folder / f"checkpoint_{index:06d}")
+            reported.append(metrics)
+
+        def newest() -> Any:
+            found = sorted(folder.glob("checkpoint_*"))
+            return tune.Checkpoint(str(found[-1])) if found else None
+
+        monkeypatch.setattr(tune, "report", report)
+        monkeypatch.setattr(tune, "get_checkpoint", newest)
+        monkeypatch.setattr(trial_module, "_trial_id", lambda: f"group{g}")
+        monkeypatch.setattr(trial_module, "_node", dict)  # no Ray here
+        with contextlib.suppress(Lost):
+            trial_module.run_trial(groups[g].to_dict(), exchange=exchange)
+        monkeypatch.undo()
+        return reported
+
     def run_both(root: Path, interrupt: bool) -> tuple[InProcessExchange, dict[str, Any]]:
         exchange = InProcessExchange(root / "sweep")
         final: dict[str, Any] = {}
-        for g, group in enumerate(groups):
-            monkeypatch.setattr(trial_module, "_trial_id", lambda g=g: f"group{g}")
-            monkeypatch.setattr(
-                trial_module,
-                "_fit_group",
-                lambda *a, _fit=trial_module._fit_group, **k: _fit(*a, **k, exchange=exchange),
-            )
+        for g in range(2):
             folder = root / f"group{g}"
             folder.mkdir(parents=True)
             if interrupt and g == 1:
-                _run(group, folder, monkeypatch, interrupt_after=1)
-                exchange.board = PopulationBoard(str(root / "sweep"))  # a restarted board
-            reports = _run(group, folder, monkeypatch)
-            final.update(reports[-1]["trials"])
-            monkeypatch.undo()
+                # Epoch 2's boundary is posted and its exploit made, then the report is
+                # lost: the resumed run trains epoch 2 again and asks the (restarted)
+                # board again, which answers as it did.
+                run_group(g, folder, exchange, lose_report=2)
+                exchange.board = PopulationBoard(str(root / "sweep"))
+            final.update(run_group(g, folder, exchange)[-1]["trials"])
         return exchange, final
 
     exchange, final = run_both(tmp_path / "whole", interrupt=False)
@@ -276,7 +306,13 @@ def test_two_group_trials_of_one_population_meet_on_the_board(
     # A trial of the second group trial copied one of the first's: across Tune trials.
     assert any(v["donor"].startswith("group0-") for k, v in decided.items() if "c003" in k)
 
-    _, resumed = run_both(tmp_path / "cut", interrupt=True)
+    cut, resumed = run_both(tmp_path / "cut", interrupt=True)
+
+    def answers(board: PopulationBoard) -> dict[str, Any]:  # where checkpoints lie aside
+        decisions = board.populations["kan-f32-c000"]["decisions"]
+        return {k: v and {**v, "checkpoint": None} for k, v in decisions.items()}
+
+    assert answers(cut.board) == answers(exchange.board)  # every answer, once
     for slug, entry in final.items():
         assert resumed[slug]["pbt_lineage"] == entry["pbt_lineage"], slug
         assert resumed[slug]["lr"] == entry["lr"]
