@@ -4,14 +4,15 @@ every exit handler run, but without the interpreter's teardown (hpo.cli._app.mai
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from tests.cluster.local_cluster import MARK, marked_pids
+from hpo.cli import _app
 from tests.processes import wait_for
 
 # A command stand-in that registers an exit handler, as Ray and MLflow do once imported,
@@ -73,7 +74,6 @@ def test_an_uncaught_error_still_gets_pythons_traceback_and_status(tmp_path: Pat
 def test_a_local_ray_started_before_main_is_stopped(tmp_path: Path) -> None:
     """Exit handlers registered before main() run after its own: Ray's shutdown, for a
     caller that imported ray first, is done by main's exit, leaving no Ray process."""
-    mark = f"exit-test-{tmp_path.name}"
     script = """
 import sys
 import ray
@@ -82,12 +82,149 @@ from hpo.cli import _app
 _app.exit_on_user_error = lambda app: sys.exit(0)
 _app.main()
 """
-    env = {**os.environ, MARK: mark}  # inherited by every Ray process it starts
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    done, session = _run_in_new_session([sys.executable, "-c", script])
     assert done.returncode == 0, done.stderr
-    wait_for(
-        lambda: not marked_pids(mark),
-        timeout=60,
-        what="the Ray processes the program started to end",
-        detail=lambda: str(marked_pids(mark)),
+    _wait_until_none_left(session)
+
+
+def _run_in_new_session(args: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run ``args`` as the leader of a new session, and return what it did and the
+    session's id. Every process a local Ray starts stays in its driver's session, the
+    raylet's agents included (they keep no marker in their environment: Ray renames its
+    processes, which overwrites it)."""
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+    stdout, stderr = proc.communicate()
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr), proc.pid
+
+
+def _still_running(session: int) -> list[str]:
+    """The processes of ``session`` that still run ("pid name"); a zombie has ended."""
+    running = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:  # ended meanwhile
+            continue
+        if not stat:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        state, _ppid, _pgrp, sid = fields.split()[:4]
+        if int(sid) == session and state != "Z":
+            running.append(f"{entry.name} {name}")
+    return running
+
+
+def _wait_until_none_left(session: int) -> None:
+    wait_for(
+        lambda: not _still_running(session),
+        timeout=15,
+        what="the Ray processes the program started to end",
+        detail=lambda: str(_still_running(session)),
+    )
+
+
+# A command that starts a local Ray, as `hpo sweep` does (ray imported inside the command,
+# after main's exit handler), with a worker busy in an actor and an exit handler of its
+# own registered before ray was imported (so it runs after Ray's, and before main's).
+RAY_COMMAND = """
+import atexit, sys
+from hpo.cli import _app
+out = sys.argv[1]
+
+def command(app):
+    atexit.register(lambda: open(out, "w").write(f"ray up at exit: {ray.is_initialized()}"))
+    import ray
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote
+    class Actor:
+        def ready(self):
+            return True
+
+    actor = Actor.remote()
+    assert ray.get(actor.ready.remote())
+    print("unflushed output", end="")
+    sys.exit(0)
+
+_app.exit_on_user_error = command
+_app.main()
+"""
+
+
+@pytest.mark.ray
+def test_a_local_ray_started_by_a_command_is_stopped_last_leaving_no_process(
+    tmp_path: Path,
+) -> None:
+    """Ray's own exit handler (half a second asleep, then its processes stopped one at a
+    time) does not run: every other handler sees Ray up, then main's exit stops the
+    raylet (which stops its workers and agents) and kills the rest. Nothing of that Ray
+    outlives the program; a raylet killed instead would leave its agents for a minute."""
+    out = tmp_path / "handler.txt"
+    done, session = _run_in_new_session([sys.executable, "-c", RAY_COMMAND, str(out)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "unflushed output"
+    assert out.read_text() == "ray up at exit: True"
+    _wait_until_none_left(session)
+
+
+class _Process:
+    def __init__(self, alive: bool = True) -> None:
+        self.alive = alive
+        self.calls: list[str] = []
+
+    def poll(self) -> int | None:
+        return None if self.alive else 0
+
+    def terminate(self) -> None:
+        self.calls.append("terminate")
+        self.alive = False
+
+    def wait(self, timeout: float) -> int:
+        self.calls.append("wait")
+        return 0
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+        self.alive = False
+
+
+def _fake_ray(all_processes: dict[str, list[_Process]] | None) -> tuple[Any, list[str]]:
+    """A ray module whose worker has a node with ``all_processes`` (None: no node)."""
+    calls: list[str] = []
+    node = None
+    if all_processes is not None:
+        node = SimpleNamespace(
+            all_processes={
+                k: [SimpleNamespace(process=p) for p in v] for k, v in all_processes.items()
+            }
+        )
+    worker = SimpleNamespace(_global_node=node)
+
+    def shutdown() -> None:
+        calls.append("shutdown" if worker._global_node is node else "shutdown, node detached")
+
+    ray = SimpleNamespace(_private=SimpleNamespace(worker=worker), shutdown=shutdown)
+    return ray, calls
+
+
+@pytest.mark.parametrize("all_processes", [None, {}])
+def test_joined_to_a_cluster_ray_is_only_disconnected(
+    all_processes: dict[str, list[_Process]] | None,
+) -> None:
+    ray, calls = _fake_ray(all_processes)  # address=...: a node that started no process
+    _app._stop_ray(ray)
+    assert calls == ["shutdown"]
+
+
+def test_a_local_ray_is_stopped_by_its_raylet_then_the_rest_killed() -> None:
+    raylet, gcs, monitor, gone = _Process(), _Process(), _Process(), _Process(alive=False)
+    ray, calls = _fake_ray(
+        {"raylet": [raylet], "gcs_server": [gcs], "monitor": [monitor], "dashboard": [gone]}
+    )
+    _app._stop_ray(ray)
+    assert calls == ["shutdown, node detached"]  # the driver disconnected, nothing stopped
+    assert raylet.calls == ["terminate", "wait"]
+    assert gcs.calls == monitor.calls == ["kill"]
+    assert gone.calls == []
