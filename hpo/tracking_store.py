@@ -6,6 +6,11 @@ sweep) they would follow Ray's start. :class:`StoreWarmup` runs them on a thread
 Ray's start, and keeps the promise a sweep makes when the cluster refuses it:
 nothing is left behind (the file it created is removed).
 
+Most of those seconds are the disk's, not the CPU's: SQLite syncs the file at every
+migration's commit. :func:`create_schema` runs the same migrations into a file of its own
+with SQLite's syncs off, syncs it once and only then links it in as the store, so a crash
+part-way never leaves a half-migrated store behind.
+
 Only a SQLite file that does not exist yet is warmed: an existing store opens in
 milliseconds, and a server or another database is left to MLflow as it is. A failure on
 the thread is not reported here: the sweep's first MLflow call meets it and raises it as
@@ -15,8 +20,11 @@ it always did.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import uuid
 from pathlib import Path
+from typing import Any
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -43,9 +51,15 @@ class StoreWarmup:
         # once can meet in a circular import, which Python refuses in one of them.
         from mlflow.tracking import MlflowClient
 
+        path = self.path
+
         def create() -> None:
-            with contextlib.suppress(Exception):  # the sweep's own first call reports it
-                MlflowClient(tracking_uri).search_experiments(max_results=1)
+            # A failure here is left to MLflow: its first open migrates (here or in the
+            # sweep's first call, which reports what fails).
+            with contextlib.suppress(Exception):
+                create_schema(path)
+            with contextlib.suppress(Exception):  # MLflow's own first open: its Default
+                MlflowClient(tracking_uri).search_experiments(max_results=1)  # experiment
 
         self._thread = threading.Thread(target=create, name="hpo-mlflow-store", daemon=True)
         self._thread.start()
@@ -65,3 +79,46 @@ class StoreWarmup:
             *(self.path.with_name(self.path.name + s) for s in ("-journal", "-wal", "-shm")),
         ):
             leftover.unlink(missing_ok=True)
+
+
+def create_schema(path: Path) -> None:
+    """MLflow's schema, by MLflow's own migrations (``_initialize_tables``, as a new store's
+    first client runs them), at ``path`` unless a file is there by the time it is done.
+
+    They run into a file of their own beside ``path`` with SQLite's syncs off and its
+    journal in memory (each migration's commit otherwise waits on the disk: 5.8-6.1 s in
+    all against 0.7 s measured on a loaded 2-core machine, 1.1 s of CPU against 0.7 s);
+    that file is synced once, then linked in as ``path``, which never replaces a file
+    another process created meanwhile. Where the link fails, nothing is at ``path`` and
+    MLflow migrates it the usual way."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    building = path.with_name(f".{path.name}.{uuid.uuid4().hex}.creating")
+    engine = sqlalchemy.create_engine(f"{SQLITE_PREFIX}{building}")
+    sqlalchemy.event.listen(engine, "connect", _without_syncs)
+    try:
+        _initialize_tables(engine)
+        engine.dispose()
+        _sync(building)
+        with contextlib.suppress(OSError):  # FileExistsError: a store appeared meanwhile
+            os.link(building, path)
+            _sync(path.parent)
+    finally:
+        engine.dispose()
+        building.unlink(missing_ok=True)
+
+
+def _without_syncs(connection: Any, _record: Any) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA synchronous = OFF")
+    cursor.execute("PRAGMA journal_mode = MEMORY")
+    cursor.close()
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 from pathlib import Path
 
-from hpo.tracking_store import StoreWarmup, new_sqlite_file
+import pytest
+
+from hpo.tracking_store import StoreWarmup, create_schema, new_sqlite_file
 
 
 def test_only_a_new_sqlite_file_is_warmed(tmp_path: Path) -> None:
@@ -47,3 +50,47 @@ def test_an_existing_store_is_left_alone(tmp_path: Path) -> None:
     warm = StoreWarmup(f"sqlite:///{path}")
     warm.discard()  # the sweep failed: a store it did not create stays
     assert path.read_bytes() == b"not touched"
+
+
+def _schema(path: Path) -> list[tuple[str, ...]]:
+    with sqlite3.connect(path) as db:
+        return db.execute(
+            "select type, name, tbl_name, sql from sqlite_master order by name"
+        ).fetchall()
+
+
+def test_the_schema_is_the_one_mlflows_own_first_client_creates(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    # MLflow's own migrations sync at every commit: in memory where there is /dev/shm.
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else tmp_path) as own:
+        reference = Path(own) / "mlflow-own.db"
+        MlflowClient(f"sqlite:///{reference}").search_experiments(max_results=1)
+        expected = _schema(reference)
+    created = tmp_path / "created.db"
+    create_schema(created)
+    assert _schema(created) == expected
+    assert list(tmp_path.iterdir()) == [created]
+
+
+def test_a_store_that_appeared_meanwhile_is_not_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "mlflow.db"
+    path.write_bytes(b"another process's store")
+    create_schema(path)
+    assert path.read_bytes() == b"another process's store"
+    assert list(tmp_path.iterdir()) == [path]  # the file it built is gone
+
+
+def test_migrations_that_fail_leave_no_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow.store.db.utils
+
+    def fail(engine: object) -> None:
+        raise RuntimeError("migration 17 failed")
+
+    monkeypatch.setattr(mlflow.store.db.utils, "_initialize_tables", fail)
+    with pytest.raises(RuntimeError, match="migration 17"):
+        create_schema(tmp_path / "mlflow.db")
+    assert list(tmp_path.iterdir()) == []
