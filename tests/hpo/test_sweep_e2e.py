@@ -175,7 +175,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
     """The real ``run_trial``, whose first bf16 attempt runs out of CUDA memory in its
     second epoch's training step (after epoch 1 was reported and logged)."""
 
-    def run_trial_with_a_planted_oom(config, share, judge=None):  # type: ignore[no-untyped-def]
+    def run_trial_with_a_planted_oom(config, share, judge=None, exchange=None):  # type: ignore[no-untyped-def]
         import torch
 
         from trainables import trial as trial_module
@@ -183,7 +183,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
 
         marker = Path(folder) / "oom-planted"
         if config["precision"] != "bf16" or marker.exists():
-            trial_module.run_trial(config, share, judge)
+            trial_module.run_trial(config, share, judge, exchange)
             return
         marker.write_text(f"{config['precision']}/{config['seed']}")
         original = Trainer.train_epoch
@@ -197,7 +197,7 @@ def _run_trial_with_a_planted_oom(folder: str):  # type: ignore[no-untyped-def]
 
         Trainer.train_epoch = step  # type: ignore[method-assign]
         try:
-            trial_module.run_trial(config, share, judge)
+            trial_module.run_trial(config, share, judge, exchange)
         finally:  # the actor may be reused by the next trial
             Trainer.train_epoch = original  # type: ignore[method-assign]
 
