@@ -32,7 +32,7 @@ def test_fixed_cost_prints_the_sweep_beside_ray_and_where_its_time_goes() -> Non
     sweep, ratio = re.search(r"one-trial hpo sweep\s+([\d.]+) s\s+\(([\d.]+)x Ray\)", out).groups()  # type: ignore[union-attr]
     assert ray > 0 and float(sweep) > 0
     assert float(ratio) == pytest.approx(float(sweep) / ray, abs=0.02)
-    for step in ("python start + imports", "Ray started", "Tune ran the trial", "tables printed"):
+    for step in ("python start + hpo.cli", "Ray started", "Tune ran the trial", "tables printed"):
         assert re.search(rf"^\s+{re.escape(step)}\s+-?[\d.]+ s$", out, re.M), step
 
 
