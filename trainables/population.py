@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -204,23 +205,33 @@ class PopulationTrial:
         back to f32 posts no score: it neither copies nor is copied."""
         trained = trained_settings(trainer)
         if self.settings.is_boundary(trainer.epoch, trainer.config.epochs):
-            score = None if trainer.fell_back_to_f32 else _score(metrics)
-            checkpoint = self.exchange.save_boundary_checkpoint(
-                self.population, self.key, trainer.epoch, lambda d: trainer.save(d)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            self._at_boundary(trainer, metrics, trained)
+            charge_to_epoch(
+                trainer, time.perf_counter() - started, time.process_time() - cpu_started
             )
-            decision = self.exchange.at_boundary(
-                self.population,
-                self.settings.to_dict(),
-                trial=self.key,
-                trial_id=self.trial_id,
-                epoch=trainer.epoch,
-                score=score,
-                settings=trained,
-                checkpoint=checkpoint,
-            )
-            if decision is not None:
-                self._exploit(trainer, decision)
         return self.reported(trained)
+
+    def _at_boundary(
+        self, trainer: Trainer, metrics: Mapping[str, Any], trained: Mapping[str, float]
+    ) -> None:
+        """Save the boundary checkpoint, post, and exploit where the board says so."""
+        score = None if trainer.fell_back_to_f32 else _score(metrics)
+        checkpoint = self.exchange.save_boundary_checkpoint(
+            self.population, self.key, trainer.epoch, lambda d: trainer.save(d)
+        )
+        decision = self.exchange.at_boundary(
+            self.population,
+            self.settings.to_dict(),
+            trial=self.key,
+            trial_id=self.trial_id,
+            epoch=trainer.epoch,
+            score=score,
+            settings=trained,
+            checkpoint=checkpoint,
+        )
+        if decision is not None:
+            self._exploit(trainer, decision)
 
     def reported(self, settings: Mapping[str, float]) -> dict[str, Any]:
         """What every report of this trial carries: ``settings`` (those its latest epoch
@@ -256,6 +267,22 @@ class PopulationTrial:
     def checkpoint_meta(self) -> dict[str, Any]:
         """What the trial's checkpoint carries for a resume (its lineage)."""
         return {LINEAGE_META: self.lineage}
+
+
+def charge_to_epoch(trainer: Trainer, seconds: float, cpu_seconds: float) -> None:
+    """Count ``seconds`` (wall) and ``cpu_seconds`` of work after an epoch (a boundary's
+    checkpoint, post and exploit) in that epoch's time and the trial's totals: its latest
+    history entry (the metrics :meth:`Trainer.train_epoch` returned, the same dict), so
+    what the trial reports and every later total include them (hpo status's hours, the
+    GPU share's seconds: :func:`trainables.trial.gpu_cost` reads ``epoch_time_s``)."""
+    latest = trainer.history[-1]
+    for key, extra in (
+        ("epoch_time_s", seconds),
+        ("time_s_total", seconds),
+        ("epoch_cpu_s", cpu_seconds),
+        ("cpu_s_total", cpu_seconds),
+    ):
+        latest[key] = float(latest.get(key, 0.0)) + extra
 
 
 def resumed_population_config(config: TrainConfig, checkpoint: Checkpoint | None) -> TrainConfig:

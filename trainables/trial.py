@@ -203,14 +203,14 @@ def _train(
                 }
             )
             return
-        cost = gpu_cost(trainer, gpu_fraction)
         # Judged before the report, as a group trial's trials are: a snapshot that holds this
         # epoch's checkpoint then has its decision too (a resume re-runs no stopped epoch).
         going_on = trainer.epoch < train_config.epochs
         stopped = keep is not None and going_on and not keep(metrics)
         population: dict[str, Any] = {}
         if in_population is not None:  # exploits before the checkpoint: a resume goes on
-            population = in_population.after_epoch(trainer, metrics)
+            population = in_population.after_epoch(trainer, metrics)  # its time counted in
+        cost = gpu_cost(trainer, gpu_fraction)
         _report(
             trainer,
             {**metrics, "diverged": 0, **reported, **cost, **population},
@@ -410,8 +410,12 @@ def _fit_group(
             _add_lineage(latest, trainers.exploits, slugs, keys)
         if on_board is not None:  # each trial that trained this epoch
             for index in sorted(metrics):
-                entry = on_board[index].after_epoch(trainers.trials[index], metrics[index])
-                latest[slugs[index]].update(entry)
+                trial = trainers.trials[index]
+                entry = on_board[index].after_epoch(trial, metrics[index])
+                # The boundary's work counts in the epoch's time (charge_to_epoch): its
+                # entry and GPU seconds again from the history.
+                spent = {k: trial.history[-1][k] for k in _SPENT}
+                latest[slugs[index]].update({**entry, **spent, **gpu_cost(trial, gpu_fraction)})
         finite = [
             float(m["val_sharpe"])
             for m in latest.values()
@@ -465,6 +469,9 @@ def _add_lineage(
         latest[slug]["pbt_exploits"] = len(lineage)
         latest[slug]["pbt_lineage"] = lineage
 
+
+_SPENT = ("epoch_time_s", "time_s_total", "epoch_cpu_s", "cpu_s_total")
+"""What a boundary's work adds to (:func:`trainables.population.charge_to_epoch`)."""
 
 POPULATION_STATE = "population.json"  # beside the trials' checkpoints: exploits, the rng
 

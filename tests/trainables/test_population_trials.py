@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +317,26 @@ def test_two_group_trials_of_one_population_meet_on_the_board(
     for slug, entry in final.items():
         assert resumed[slug]["pbt_lineage"] == entry["pbt_lineage"], slug
         assert resumed[slug]["lr"] == entry["lr"]
+
+
+def test_a_boundarys_work_counts_in_the_epochs_time(tmp_path: Path) -> None:
+    """The boundary checkpoint, the post and an exploit take time after the epoch's
+    clock stopped; they count in that epoch's time and the trial's totals (what hpo
+    status's hours and the GPU share's seconds read), and in every later total."""
+    pause = 0.2
+
+    class Slow(InProcessExchange):
+        def save_boundary_checkpoint(self, *args: Any, **kwargs: Any) -> str:
+            time.sleep(pause)  # a slow disk or upload
+            return super().save_boundary_checkpoint(*args, **kwargs)
+
+    trainer = Trainer(group_config("kan", seed=0, n_folds=1, epochs=3))
+    metrics = trainer.train_epoch()
+    epoch, total = metrics["epoch_time_s"], metrics["time_s_total"]
+    PopulationTrial(Slow(tmp_path), PBT, "p", "k", "t").after_epoch(trainer, metrics)
+    assert trainer.history[-1] is metrics  # the dict the report and later totals read
+    assert metrics["epoch_time_s"] >= epoch + pause and metrics["time_s_total"] >= total + pause
+    following = trainer.train_epoch()
+    assert following["time_s_total"] == pytest.approx(
+        metrics["time_s_total"] + following["epoch_time_s"]
+    )
