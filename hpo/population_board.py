@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.storage import SweepLocation, local_copy
-from trainables.pbt import PbtSettings, explore, quantile_size
+from trainables.pbt import PbtSettings, explore, quantile_size, rng_from_json, rng_to_json
 
 POPULATION_DIR = "pbt"
 BOARD_FILE = "board.json"
@@ -97,7 +97,7 @@ class PopulationBoard:
         :meth:`PbtSettings.to_dict`."""
         state = self.populations.setdefault(
             population,
-            {"rng": _rng_state(random.Random(population)), "boundaries": {}, "decisions": {}},
+            {"rng": rng_to_json(random.Random(population)), "boundaries": {}, "decisions": {}},
         )
         key = f"{trial}@{epoch}"
         if key in state["decisions"]:
@@ -134,11 +134,11 @@ class PopulationBoard:
         m = quantile_size(len(ranked), pbt.quantile)
         if trial not in ranked[:m]:
             return None
-        rng = _rng(state["rng"])
+        rng = rng_from_json(state["rng"])
         donor = rng.choice(sorted(ranked[-m:]))
         source = entries[donor]
         after = explore(source["settings"], pbt.mutations, rng, pbt.resample_probability)
-        state["rng"] = _rng_state(rng)
+        state["rng"] = rng_to_json(rng)
         return {
             "epoch": epoch,
             "donor": source["trial_id"],
@@ -177,18 +177,6 @@ class PopulationBoard:
 def _descending(text: str) -> list[int]:
     """A sort key that orders strings in reverse (for a worst-first ranking's ties)."""
     return [-ord(c) for c in text] + [1]
-
-
-def _rng(state: list[Any]) -> random.Random:
-    rng = random.Random()
-    version, internal, gauss = state
-    rng.setstate((version, tuple(internal), gauss))
-    return rng
-
-
-def _rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
 
 
 # ----------------------------------------------------------------------------------------

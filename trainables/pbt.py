@@ -143,6 +143,20 @@ def _explore_choices(
     return choices[min(max(index, 0), len(choices) - 1)]
 
 
+def rng_to_json(rng: random.Random) -> list[Any]:
+    """A population's generator state as JSON (``rng.getstate()``, its tuple a list)."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def rng_from_json(state: Sequence[Any]) -> random.Random:
+    """The generator :func:`rng_to_json` saved, drawing on where it was."""
+    version, internal, gauss = state
+    rng = random.Random()
+    rng.setstate((version, tuple(internal), gauss))
+    return rng
+
+
 def mutation_to_dict(mutation: Mutation) -> dict[str, Any]:
     """A mutation as JSON (a trial config's, a spec table's form): ``{low, high, log}``
     or ``{choices}``."""

@@ -44,7 +44,7 @@ from trainables.group import (
     trained_settings,
     with_settings,
 )
-from trainables.pbt import PbtSettings, choose_exploits, explore
+from trainables.pbt import PbtSettings, choose_exploits, explore, rng_from_json, rng_to_json
 from trainables.trainer import Trainer
 
 RANK_METRIC = "val_sharpe"
@@ -99,15 +99,13 @@ class Population:
     def state(self) -> dict[str, Any]:
         """What a resumed population needs, as JSON: the group's exploit records so far and
         the random generator's state."""
-        version, internal, gauss = self.rng.getstate()
         return {
             "exploits": [r.to_dict() for r in self.group.exploits],
-            "rng": [version, list(internal), gauss],
+            "rng": rng_to_json(self.rng),
         }
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
+        self.rng = rng_from_json(state["rng"])
         self.group.exploits = exploit_records(state)
 
 

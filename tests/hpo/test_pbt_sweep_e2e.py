@@ -22,9 +22,9 @@ the signal lands where the test says however fast an epoch is (no sleeps)."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from hpo.population_board import BOARD_FILE, POPULATION_DIR
 from tests.hpo.sweep_helpers import checkpointed_epochs, trial_dirs, trial_runs, write_tiny_spec
-from tests.processes import kill_tree, log_tail, signal_all, wait_for
-from tests.reliability.sweep_process import HPO, advance, freeze_on_arrival, start
+from tests.reliability.sweep_process import HPO, sweep_then_sigterm
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -81,41 +80,28 @@ def _interrupt_midway(tmp_path: Path, spec: Path, sweep_dir: Path) -> str:
     dqn trial to exploit, stepping the frozen workers one checkpoint at a time (the
     group's until it is there, a dqn trial's until the board is); SIGTERM its driver and
     return its log, asserting the resumable exit (3)."""
-    log = tmp_path / "sweep.log"
-    driver = start(["sweep", str(spec)], tmp_path, log.name)
-    frozen: list[int] = []
-    group: int | None = None  # the liquid group trial's worker, once seen to grow it
-    turn = 0
-    try:
-        wait_for(
-            lambda: freeze_on_arrival(driver.pid, frozen, count=2),
-            timeout=300,
-            what="2 trial workers",
-            proc=driver,
-            detail=log_tail(log),
-            interval=0.02,
-        )
-        while not (_group_epochs(sweep_dir) >= 2 and any(_decisions(sweep_dir).values())):
-            freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
-            members = [p for p in frozen if p != group and psutil.pid_exists(p)]
-            if group is not None and _group_epochs(sweep_dir) < 2:
-                pid = group
-            elif group is not None:
-                pid = members[-1]
-            else:  # which worker is the group's is not known yet: in turn
-                pid = frozen[turn % len(frozen)]
-                turn += 1
-            if advance(pid, sweep_dir, driver).name.startswith("liquid"):
-                group = pid
-        driver.send_signal(signal.SIGTERM)
-        signal_all(frozen, signal.SIGCONT)
-        driver.wait(timeout=180)
-    finally:
-        signal_all(frozen, signal.SIGCONT)
-        kill_tree(driver)
-    text = log.read_text()
-    assert driver.returncode == 3, text[-4000:]
-    return text
+    group: list[int] = []  # the liquid group trial's worker, once seen to grow it
+    turns = [0]
+
+    def step(frozen: list[int], go: Callable[[int], Path]) -> None:
+        if group and _group_epochs(sweep_dir) < 2:
+            pid = group[0]
+        elif group:
+            pid = [p for p in frozen if p != group[0] and psutil.pid_exists(p)][-1]
+        else:  # which worker is the group's is not known yet: in turn
+            pid = frozen[turns[0] % len(frozen)]
+            turns[0] += 1
+        if go(pid).name.startswith("liquid"):
+            group[:] = [pid]
+
+    return sweep_then_sigterm(
+        tmp_path,
+        spec,
+        sweep_dir,
+        2,
+        lambda: _group_epochs(sweep_dir) >= 2 and any(_decisions(sweep_dir).values()),
+        step,
+    )
 
 
 def _trial_key(run: Any) -> str:

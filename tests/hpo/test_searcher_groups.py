@@ -34,6 +34,21 @@ def _spec(**overrides: Any) -> Any:
     return parse_spec({**payload, **overrides})
 
 
+def _pbt_spec(family: str, **overrides: Any) -> Any:
+    """A search sweep of ``family`` in f32 with population-based training (interval 1,
+    3 epochs, seed 0), ``overrides`` on top."""
+    settings: dict[str, Any] = {
+        "families": [family],
+        "compare": False,
+        "precisions": ["f32"],
+        "scheduler": "pbt",
+        "max_epochs": 3,
+        "seeds": [0],
+        "pbt": {"interval_epochs": 1},
+    }
+    return _spec(**{**settings, **overrides})
+
+
 def test_seeds_of_a_configuration_are_queued_as_groups_per_precision() -> None:
     searcher = SweepSearcher(_spec())
     suggested = [searcher.suggest(f"t{i}") for i in range(10)]
@@ -377,14 +392,9 @@ def test_a_pbt_population_across_processes_is_queued_whole_and_never_withdrawn()
     # are still queued (fewer slots than members) must not take the queued ones back: a
     # fixed budget that made all its configurations has not ended (a regression: they
     # were withdrawn and made again as new configurations, splitting the population).
-    spec = _spec(
-        families=["dqn"],
-        compare=False,
-        precisions=["f32"],
-        scheduler="pbt",
-        max_epochs=3,
+    spec = _pbt_spec(
+        "dqn",
         samples=4,
-        seeds=[0],
         pbt={"interval_epochs": 1, "quantile": 0.5},
         search_space={"dqn": {"hidden": {"choices": [32, 64]}}},
     )
@@ -408,14 +418,9 @@ def test_several_populations_each_draw_their_own_shape(family: str) -> None:
     # samples 6 in populations of 2: three populations per precision, each one ask (its
     # shape drawn once and held within it), each its own population: a group trial
     # (kan) or members carrying their population's id (dqn).
-    spec = _spec(
-        families=[family],
-        compare=False,
-        precisions=["f32"],
-        scheduler="pbt",
-        max_epochs=3,
+    spec = _pbt_spec(
+        family,
         samples=6,
-        seeds=[0],
         pbt={"interval_epochs": 1, "population_size": 2},
         search_space={family: {"hidden" if family == "dqn" else "width": {"low": 4, "high": 64}}},
     )
@@ -438,16 +443,11 @@ def test_several_populations_each_draw_their_own_shape(family: str) -> None:
 
 
 def test_a_population_larger_than_a_group_is_queued_as_group_trials_of_one_population() -> None:
-    spec = _spec(
-        families=["kan"],
-        compare=False,
-        precisions=["f32"],
-        scheduler="pbt",
-        max_epochs=3,
+    spec = _pbt_spec(
+        "kan",
         samples=3,
         seeds=[0, 1, 2],
         grouping={"group_size": 4},
-        pbt={"interval_epochs": 1},
         search_space={"kan": {"width": {"choices": [4, 8, 16]}}},
     )
     searcher = SweepSearcher(spec)

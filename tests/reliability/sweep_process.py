@@ -85,15 +85,25 @@ def advance(pid: int, sweep_dir: Path, driver: subprocess.Popen) -> Path:
         signal_all([pid], signal.SIGSTOP)
 
 
+Step = Callable[[list[int], Callable[[int], Path]], object]
+"""Which frozen worker goes next: called with the frozen pids and ``go``, which lets one
+run to its next checkpoint and returns the trial folder that grew."""
+
+
 def sweep_then_sigterm(
-    tmp_path: Path, spec: Path, sweep_dir: Path, workers: int, reached: Callable[[], bool]
+    tmp_path: Path,
+    spec: Path,
+    sweep_dir: Path,
+    workers: int,
+    reached: Callable[[], bool],
+    step: Step = lambda frozen, go: go(frozen[-1]),
 ) -> str:
     """Start ``hpo sweep spec``, SIGTERM its driver once ``reached()`` holds, wait for it
     to stop; returns its log and asserts the resumable exit (3). The sweep's first
     ``workers`` trial workers are frozen as they appear (and any later one, as it
-    appears) and the newest is stepped one checkpoint at a time, so the signal lands
-    mid-sweep however fast an epoch is (a sleep or a poll after a checkpoint could let a
-    fast sweep finish first)."""
+    appears) and one is stepped a checkpoint at a time (by ``step``: the newest unless
+    told otherwise), so the signal lands mid-sweep however fast an epoch is (a sleep or a
+    poll after a checkpoint could let a fast sweep finish first)."""
     log = tmp_path / "sweep.log"
     driver = start(["sweep", str(spec)], tmp_path, log.name)
     frozen: list[int] = []
@@ -108,7 +118,7 @@ def sweep_then_sigterm(
         )
         while not reached():
             freeze_on_arrival(driver.pid, frozen, count=1)  # a new actor: frozen too
-            advance(frozen[-1], sweep_dir, driver)
+            step(frozen, lambda pid: advance(pid, sweep_dir, driver))
         driver.send_signal(signal.SIGTERM)
         signal_all(frozen, signal.SIGCONT)
         driver.wait(timeout=180)
