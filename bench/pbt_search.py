@@ -4,7 +4,8 @@ Sharpe of the trial validation chose, side by side in one run.
 
     .venv/bin/python bench/pbt_search.py           # full: 20 seeds, ~10 min on 2 cores
     .venv/bin/python bench/pbt_search.py --smoke   # tiny task, 2 seeds, a few seconds
-    options: --seeds N --members N --intervals 1,2,4 --concurrency C --workers W
+    options: --seeds N --members N --intervals 1,2,4 --populations 1,2,4 --asha-sizes 2
+             --concurrency C --workers W --no-population --no-random
 
 Results and what they say: bench/README.md, "PBT against ASHA and random".
 
@@ -25,6 +26,12 @@ on search_efficiency's task and space (KAN, synthetic bars with ``signal = 0.3``
   ``members / P``, each its own ask and so its own shape (``pbt.population_size``),
   trained in lockstep: what searching shapes adds.
 * ``population``: the same population trained without exploits (what PBT adds to it).
+* ``pbt-iK/S+asha`` (``--asha-sizes``): PBT with ASHA across populations
+  (``pbt.early_stopping = "asha"``): populations of ``S`` drawn one ask at a time (each its
+  own shape), ``concurrency / S`` at a time, each reporting its best trial's validation
+  Sharpe per epoch, which ASHA judges at its rungs as Tune's scheduler judges the sweep's
+  group trials, until the same member-epochs are spent: more shapes tried, the poor
+  ones stopped early.
 * ``random+asha``: random search over the whole space (every trial its own draw, as in
   search_efficiency.py), ``concurrency`` trials at a time, each stopped by
   :class:`hpo.rungs.AshaRungs` (Ray's rule: grace 1, reduction factor 2, rungs 1, 2, 4),
@@ -205,6 +212,97 @@ def _parse_pbt_label(method: str) -> tuple[int, int]:
     return int(interval), int(populations or 1)
 
 
+def _pbt_asha_label(interval: int, size: int) -> str:
+    """``pbt-iK/S+asha``: populations of S, exploiting every K epochs, stopped by ASHA."""
+    return f"pbt-i{interval}/{size}+asha"
+
+
+def _parse_pbt_asha_label(method: str) -> tuple[int, int]:
+    interval, _, size = method.removeprefix("pbt-i").removesuffix("+asha").partition("/")
+    return int(interval), int(size)
+
+
+@dataclass
+class _RunningPopulation:
+    index: int
+    group: Any
+    population: Any
+
+
+def run_pbt_asha(
+    task: Task, seed: int, budget: int, interval: int, size: int, concurrency: int
+) -> Outcome:
+    """``pbt.early_stopping = "asha"``: populations of ``size`` drawn one ask at a time (each
+    its own shape), ``concurrency // size`` trained at a time, each a group trial with
+    exploits every ``interval`` epochs, reporting its best trial's validation Sharpe, which
+    ASHA judges at its rungs (Ray's rule, as Tune's ASHAScheduler over the sweep's group
+    trials), until ``budget`` member-epochs are spent."""
+    from trainables.group import TrainerGroup
+    from trainables.population import Population
+
+    started = time.perf_counter()
+    table = task.spec_table("random", False, seed, samples=size * (budget + concurrency))
+    table.update(
+        scheduler="pbt",
+        grouping={"group_size": size},
+        pbt={"interval_epochs": interval, "population_size": size},
+    )
+    searcher = SweepSearcher(parse_spec(table, source="bench/pbt_search.py"))
+    rungs = AshaRungs(grace=1, max_t=task.max_epochs, reduction_factor=ASHA_REDUCTION_FACTOR)
+    results: dict[tuple[int, int], tuple[float, float]] = {}
+    groups: list[Any] = []
+    slots: list[_RunningPopulation | None] = [None] * max(1, concurrency // size)
+    spent = 0
+    while spent < budget:
+        for i, slot in enumerate(slots):
+            if slot is None:
+                config = searcher.suggest(f"pbt-asha-{seed}-{len(groups):04d}")
+                assert isinstance(config, dict), config
+                drawn = GroupTrialConfig.from_dict(config)
+                assert drawn.pbt is not None and len(drawn.trials) == size, config
+                group = TrainerGroup([t.train_config() for t in drawn.trials])
+                identity = f"{trial_key(drawn.trials[0].to_dict())}|search-seed-{seed}"
+                slots[i] = _RunningPopulation(
+                    len(groups), group, Population(group, drawn.pbt, identity)
+                )
+                groups.append(group)
+        for i, running in enumerate(slots):
+            if running is None or spent >= budget:
+                continue
+            group, g = running.group, running.index
+            metrics = group.train_epoch()
+            spent += len(metrics)
+            for index, m in metrics.items():
+                results[g, index] = _pair(m)
+            for index in group.diverged:
+                results[g, index] = (math.nan, math.nan)
+            running.population.after_epoch(metrics)
+            # The group trial's report: its best trial's validation Sharpe this epoch.
+            finite = [
+                results[g, index][0] for index in metrics if math.isfinite(results[g, index][0])
+            ]
+            value = max(finite) if finite else math.nan
+            epoch = max(t.epoch for t in group.trials)
+            if (
+                not group.training
+                or math.isnan(value)
+                or not rungs.keep(f"population-{g}", epoch, value)
+            ):
+                slots[i] = None
+    chosen, best_val, test = _choose(results)
+    return Outcome(
+        method=_pbt_asha_label(interval, size),
+        seed=seed,
+        best_val=best_val,
+        test=test,
+        trials=size * len(groups),
+        member_epochs=spent,
+        seconds=time.perf_counter() - started,
+        exploits=sum(len(group.exploits) for group in groups),
+        chosen={} if chosen is None else groups[chosen[0]].mutable_settings(chosen[1]),
+    )
+
+
 @dataclass
 class _Running:
     trial_id: str
@@ -284,6 +382,9 @@ def run_job(job: Job) -> Outcome:
         return run_random(job.task, job.seed, budget, job.method == "random+asha", job.concurrency)
     if job.method == "population":
         return run_population(job.task, job.seed, job.members, None, job.default_interval)
+    if job.method.endswith("+asha"):
+        interval, size = _parse_pbt_asha_label(job.method)
+        return run_pbt_asha(job.task, job.seed, budget, interval, size, job.concurrency)
     interval, populations = _parse_pbt_label(job.method)
     return run_population(
         job.task, job.seed, job.members, interval, job.default_interval, populations
@@ -332,7 +433,9 @@ def report(outcomes: list[Outcome], methods: list[str]) -> list[str]:
             f"| {_median(val):.3f} | {_diff_ci(val, [o.best_val for o in base])} "
             f"| {_median(test):.3f} | {_diff_ci(test, [o.test for o in base])} |"
         )
-    populations = [m for m in methods if m == "population" or m.startswith("pbt-i")]
+    populations = [
+        m for m in methods if m == "population" or (m.startswith("pbt-i") and "+asha" not in m)
+    ]
     if populations:
         lines += [
             "",
@@ -367,6 +470,12 @@ def main(argv: list[str] | None = None) -> int:
         default="1",
         help="populations the members split into, each of its own shape (1; e.g. 1,2,4)",
     )
+    parser.add_argument(
+        "--asha-sizes",
+        default="",
+        help="population sizes for PBT with ASHA across populations (pbt-iK/S+asha; e.g. 2)",
+    )
+    parser.add_argument("--no-random", action="store_true", help="skip the random row")
     parser.add_argument("--concurrency", type=int, default=None, help="ASHA/random slots (4)")
     parser.add_argument("--workers", type=int, default=None, help="processes (2; smoke 1)")
     parser.add_argument("--no-population", action="store_true", help="skip the no-exploit row")
@@ -387,11 +496,15 @@ def main(argv: list[str] | None = None) -> int:
     uneven = [p for p in splits if p < 1 or members % p or members // p < 2]
     if uneven:
         parser.error(f"populations {uneven}: each must split {members} members into 2 or more")
+    asha_sizes = [int(p) for p in args.asha_sizes.split(",") if p.strip()]
+    if any(size < 2 for size in asha_sizes):
+        parser.error(f"asha-sizes {asha_sizes}: a population has 2 or more trials")
     methods = [
         *(_pbt_label(k, p) for p in splits for k in intervals),
+        *(_pbt_asha_label(k, size) for size in asha_sizes for k in intervals),
         *([] if args.no_population else ["population"]),
         BASELINE,
-        "random",
+        *([] if args.no_random else ["random"]),
     ]
     budget = members * task.max_epochs
     print(

@@ -152,6 +152,14 @@ class PbtSpec(_Strict):
     resample_probability: float = Field(0.25, ge=0.0, le=1.0)
     """A mutated setting's chance of a fresh draw from its range rather than a
     perturbation (x0.8 / x1.2 on a log range)."""
+    early_stopping: Literal["none", "asha"] = "none"
+    """'asha': ASHA across populations. Each population is one group trial that reports
+    its best trial's validation Sharpe; Ray Tune's ASHA stops a population that ranks in
+    the bottom at a rung (``grace_epochs``, then x2), and the searcher draws the next one
+    (a new shape): more shapes tried in the same trial-epochs, the poor ones stopped
+    early, each kept population still exploiting within. Needs every population to be
+    one group trial (``grouping.group_size`` >= ``population_size`` x seeds, a family
+    that groups)."""
     mutations: dict[str, Any] | None = None
     """What a recipient explores after an exploit, by setting name: ``{low, high[,
     log]}`` or ``{choices = [...]}``, each a setting every family of the sweep lets a
@@ -594,6 +602,15 @@ class SweepSpec(_Strict):
         return self.n_tune_trials < self.n_trials
 
     @property
+    def asha_per_tune_trial(self) -> bool:
+        """Ray Tune's ASHA stops Tune trials: an ungrouped sweep's trials, or whole
+        populations with ``pbt.early_stopping = "asha"`` (each population one group
+        trial, reporting its best trial's validation Sharpe)."""
+        if self.scheduler == "pbt":
+            return self.pbt_table.early_stopping == "asha"
+        return self.scheduler == "asha" and not self.forms_groups
+
+    @property
     def asha_per_trial(self) -> bool:
         """ASHA decides per trial (:mod:`hpo.rungs`, asked by the trials) rather than per
         Tune trial: a grouped sweep's, where one Tune trial holds several trials."""
@@ -789,13 +806,27 @@ def _family_problems(spec: SweepSpec, data_ok: bool) -> list[str]:
 
 def _pbt_problem(spec: SweepSpec, index: int, family: str) -> str | None:
     """Why ``family`` cannot train as a population of ``spec``'s (None: it can): its
-    mutations. A population of any size trains: in one group trial where it fits one
-    (exploits are copies in memory), else across Tune trials through the sweep's board
+    mutations, or ASHA across populations where a population is not one group trial. A
+    population of any size trains: in one group trial where it fits one (exploits are
+    copies in memory), else across Tune trials through the sweep's board
     (:meth:`SweepSpec.population_spans_trials`)."""
     try:
         spec.pbt_mutations(family)
     except (ValueError, TypeError) as exc:
         return str(exc)
+    if spec.pbt_table.early_stopping == "asha" and spec.population_spans_trials(family):
+        population = spec.population_size * len(spec.seeds)
+        why = (
+            f"its trials do not train in group trials ({family} does not fuse, or "
+            "grouping.group_size is 1)"
+            if not spec.groups(family)
+            else f"population_size x seeds = {population} > grouping.group_size = {spec.group_size}"
+        )
+        return (
+            f"pbt.early_stopping = 'asha' stops whole populations, each one group trial, "
+            f"but a population of families[{index}] = {family!r} spans Tune trials: {why}. "
+            "Leave early_stopping out, or make each population fit one group trial"
+        )
     return None
 
 

@@ -204,7 +204,7 @@ def build_tuner(
         searcher = watchers.attach(SweepSearcher(spec))
 
     scheduler: Any
-    if spec.scheduler == "asha" and not spec.asha_per_trial:
+    if spec.asha_per_tune_trial:
         scheduler = ASHAScheduler(
             time_attr="epoch",
             metric=spec.metric,

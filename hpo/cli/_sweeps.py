@@ -94,7 +94,13 @@ def sweep_cmd(
         if spec.forms_groups
         else ""
     )
-    scheduler = "asha per trial" if spec.asha_per_trial else spec.scheduler
+    scheduler = (
+        "asha per trial"
+        if spec.asha_per_trial
+        else "pbt, asha across populations"
+        if spec.scheduler == "pbt" and spec.asha_per_tune_trial
+        else spec.scheduler
+    )
     # A sequential comparison's n_trials is its most: families decided early run fewer.
     trials = f"up to {spec.n_trials} trials" if spec.sequential else f"{spec.n_trials} trials"
     console.print(

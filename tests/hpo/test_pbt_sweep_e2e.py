@@ -16,6 +16,11 @@ trained with the explored lr (``lr`` per epoch) and the exploit is in
 populations; the donors' boundary checkpoints are under the sweep directory, where the recipients
 read them.
 
+A second sweep, liquid in populations of two with ``pbt.early_stopping = "asha"``, one
+population at a time: Tune's ASHA stops whole populations exactly where its rule says,
+from the best trial's validation Sharpe each group trial reports, and the searcher draws
+the next population in its place.
+
 The two trial workers are frozen as they appear and stepped one checkpoint at a time, so
 the signal lands where the test says however fast an epoch is (no sleeps)."""
 
@@ -33,7 +38,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from hpo.population_board import BOARD_FILE, POPULATION_DIR
-from tests.hpo.sweep_helpers import checkpointed_epochs, trial_dirs, trial_runs, write_tiny_spec
+from hpo.rungs import ASHA_REDUCTION_FACTOR, AshaRungs
+from tests.hpo.sweep_helpers import (
+    checkpointed_epochs,
+    results,
+    trial_dirs,
+    trial_runs,
+    write_tiny_spec,
+)
 from tests.reliability.sweep_process import HPO, sweep_then_sigterm
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -186,3 +198,56 @@ def test_both_kinds_of_population_exploit_and_resume(tmp_path: Path) -> None:
         plot = html.split(f'<svg id="settings-{setting}"')[1].split("</svg>")[0]
         assert plot.count('<polyline class="curve"') == 8, setting
     assert html.split('<table id="exploits">')[1].count("<tr><td") == len(liquid) + len(decided)
+
+
+def test_asha_across_populations_stops_whole_populations(tmp_path: Path) -> None:
+    """Four populations of two liquid trials, one at a time (so the rungs see them in
+    trial order), exploiting after every epoch: each group trial ends where Ray's ASHA
+    rule (:class:`hpo.rungs.AshaRungs`, checked against Tune's own in test_rungs.py) stops
+    it on the values it reported, both its trials with it, and some population stops
+    before the last epoch."""
+    spec = write_tiny_spec(
+        tmp_path,
+        "pbt-asha",
+        families=["liquid"],
+        precisions=["f32"],
+        samples=8,
+        max_epochs=EPOCHS,
+        max_concurrent=1,
+        grace_epochs=1,
+        scheduler="pbt",
+        pbt={"interval_epochs": 1, "population_size": 2, "early_stopping": "asha"},
+        trainer={"lookback": 8, "batch_size": 32, "max_steps_per_epoch": 3},
+        search_space={
+            "liquid": {"hidden": 8, "backbone_units": 8, "backbone_layers": 1},
+        },
+    )
+    run = subprocess.run(
+        [*HPO, "sweep", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "random + pbt, asha across populations" in run.stdout
+
+    # In the order the searcher made them: by their trials' slugs (c000-f32-s0, ...).
+    groups = sorted(
+        (results(d) for d in trial_dirs(tmp_path / "results" / "pbt-asha")),
+        key=lambda rows: min(rows[0]["trials"]),
+    )
+    assert len(groups) == 4  # 8 configurations, 2 per population
+    rungs = AshaRungs(grace=1, max_t=EPOCHS, reduction_factor=ASHA_REDUCTION_FACTOR)
+    ended = []
+    for rows in groups:
+        population = min(rows[0]["trials"])
+        assert [r["epoch"] for r in rows] == list(range(1, len(rows) + 1))
+        for row in rows:  # the population's value: its best trial's
+            members = row["trials"].values()
+            assert len(members) == 2 and all(m["epoch"] == row["epoch"] for m in members)
+            assert row["val_sharpe"] == max(m["val_sharpe"] for m in members)
+        stop = next(
+            r["epoch"] for r in rows if not rungs.keep(population, r["epoch"], r["val_sharpe"])
+        )
+        assert rows[-1]["epoch"] == stop, (population, [r["val_sharpe"] for r in rows])
+        ended.append(stop)
+    assert min(ended) < EPOCHS, ended  # ASHA stopped a population early
+    assert ended[0] == EPOCHS  # the first at every rung goes on
+    assert len(trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "pbt-asha")) == 8

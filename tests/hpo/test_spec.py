@@ -312,7 +312,10 @@ PBT: dict[str, Any] = {"families": ["kan"], "scheduler": "pbt", "max_epochs": 4}
             {"pbt": {"resample_probability": -0.1}},
             "pbt.resample_probability: Input should be greater than or equal to 0",
         ),
-        ({"pbt": {"intervals": 2}}, "pbt.intervals: unknown field; allowed: ['interval_epochs',"),
+        (
+            {"pbt": {"intervals": 2}},
+            "pbt.intervals: unknown field; allowed: ['early_stopping', 'interval_epochs',",
+        ),
         (
             {"samples": 6, "pbt": {"population_size": 4}},
             "pbt.population_size = 4 does not divide samples = 6",
@@ -416,6 +419,50 @@ def test_a_population_whose_trials_do_not_group_trains_across_processes(
     assert spec.configs_per_ask(family) == spec.samples
     assert not spec.groups(family) and spec.population_spans_trials(family)
     assert spec.n_tune_trials == spec.n_trials == population * len(spec.precisions)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"families": ["dqn"]},
+            "pbt.early_stopping = 'asha' stops whole populations, each one group trial, but a "
+            "population of families[0] = 'dqn' spans Tune trials: its trials do not train in "
+            "group trials",
+        ),
+        (
+            {"samples": 3, "seeds": [0, 1, 2]},
+            "population of families[0] = 'kan' spans Tune trials: population_size x seeds = 9 "
+            "> grouping.group_size = 8",
+        ),
+        (
+            {"pbt": {"early_stopping": "hyperband"}},
+            "pbt.early_stopping: Input should be 'none' or 'asha'",
+        ),
+    ],
+)
+def test_asha_across_populations_needs_each_population_in_one_group_trial(
+    changes: dict[str, Any], expected: str
+) -> None:
+    table = {**PBT, "pbt": {"early_stopping": "asha"}, **changes}
+    assert expected in _problems(**table)
+
+
+def test_asha_across_populations_is_tunes_asha_over_the_group_trials() -> None:
+    """With ``pbt.early_stopping = "asha"`` Tune's ASHA judges the group trials (each a
+    population); without it a pbt sweep is FIFO, and ASHA in a grouped sweep is per trial."""
+    stopped = parse_spec(
+        {**VALID, **PBT, "samples": 8, "pbt": {"population_size": 2, "early_stopping": "asha"}}
+    )
+    assert stopped.asha_per_tune_trial and not stopped.asha_per_trial
+    assert stopped.n_tune_trials == 4 * len(stopped.precisions)  # 4 populations of 2
+    assert not parse_spec({**VALID, **PBT, "samples": 8}).asha_per_tune_trial
+    grouped = parse_spec({**VALID, "families": ["kan"], "samples": 8, "scheduler": "asha"})
+    assert grouped.asha_per_trial and not grouped.asha_per_tune_trial
+    alone = parse_spec(
+        {**VALID, "families": ["kan"], "scheduler": "asha", "grouping": {"group_size": 1}}
+    )
+    assert alone.asha_per_tune_trial and not alone.asha_per_trial
 
 
 def test_a_population_larger_than_a_group_spans_several_group_trials() -> None:

@@ -176,6 +176,13 @@ def test_hpo_sweep_plan_prints_the_table_and_launches_nothing(tmp_path: Path) ->
                 "[trainer]",
                 "lookback = 16",
                 "batch_size = 32",
+                # Small models: the profiles (bf16 emulated on a CPU) take seconds, not tens.
+                "[search_space.tft]",
+                "d_model = 8",
+                "n_heads = 1",
+                "lstm_layers = 1",
+                "[search_space.kan]",
+                "width = 4",
             ]
         )
     )
