@@ -234,9 +234,11 @@ def run_pbt_asha(
 ) -> Outcome:
     """``pbt.early_stopping = "asha"``: populations of ``size`` drawn one ask at a time (each
     its own shape), ``concurrency // size`` trained at a time, each a group trial with
-    exploits every ``interval`` epochs, reporting its best trial's validation Sharpe, which
-    ASHA judges at its rungs (Ray's rule, as Tune's ASHAScheduler over the sweep's group
-    trials), until ``budget`` member-epochs are spent."""
+    exploits every ``interval`` epochs that asks the rungs (Ray's rule) with its best
+    trial's validation Sharpe after each epoch, before exploiting, as the product's group
+    trial asks the sweep's rungs; drawn until ``budget`` member-epochs are spent (a
+    population's epoch spends ``size`` of them, so the last may overshoot by up to
+    ``size - 1`` where ``size`` does not divide the budget)."""
     from trainables.group import TrainerGroup
     from trainables.population import Population
 
@@ -245,7 +247,7 @@ def run_pbt_asha(
     table.update(
         scheduler="pbt",
         grouping={"group_size": size},
-        pbt={"interval_epochs": interval, "population_size": size},
+        pbt={"interval_epochs": interval, "population_size": size, "early_stopping": "asha"},
     )
     searcher = SweepSearcher(parse_spec(table, source="bench/pbt_search.py"))
     rungs = AshaRungs(grace=1, max_t=task.max_epochs, reduction_factor=ASHA_REDUCTION_FACTOR)
@@ -276,19 +278,17 @@ def run_pbt_asha(
                 results[g, index] = _pair(m)
             for index in group.diverged:
                 results[g, index] = (math.nan, math.nan)
-            running.population.after_epoch(metrics)
-            # The group trial's report: its best trial's validation Sharpe this epoch.
+            # As trainables.trial._population_kept: the rungs asked with the population's
+            # best validation Sharpe this epoch, before its exploits (never at its last).
             finite = [
                 results[g, index][0] for index in metrics if math.isfinite(results[g, index][0])
             ]
             value = max(finite) if finite else math.nan
             epoch = max(t.epoch for t in group.trials)
-            if (
-                not group.training
-                or math.isnan(value)
-                or not rungs.keep(f"population-{g}", epoch, value)
-            ):
+            if not group.training or not rungs.keep(f"population-{g}", epoch, value):
                 slots[i] = None
+            else:
+                running.population.after_epoch(metrics)
     chosen, best_val, test = _choose(results)
     return Outcome(
         method=_pbt_asha_label(interval, size),
@@ -497,8 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     if uneven:
         parser.error(f"populations {uneven}: each must split {members} members into 2 or more")
     asha_sizes = [int(p) for p in args.asha_sizes.split(",") if p.strip()]
-    if any(size < 2 for size in asha_sizes):
-        parser.error(f"asha-sizes {asha_sizes}: a population has 2 or more trials")
+    if any(size < 2 or concurrency % size for size in asha_sizes):
+        parser.error(
+            f"asha-sizes {asha_sizes}: a population has 2 or more trials, and the trials at a "
+            f"time ({concurrency}) are whole populations"
+        )
     methods = [
         *(_pbt_label(k, p) for p in splits for k in intervals),
         *(_pbt_asha_label(k, size) for size in asha_sizes for k in intervals),

@@ -153,13 +153,14 @@ class PbtSpec(_Strict):
     """A mutated setting's chance of a fresh draw from its range rather than a
     perturbation (x0.8 / x1.2 on a log range)."""
     early_stopping: Literal["none", "asha"] = "none"
-    """'asha': ASHA across populations. Each population is one group trial that reports
-    its best trial's validation Sharpe; Ray Tune's ASHA stops a population that ranks in
-    the bottom at a rung (``grace_epochs``, then x2), and the searcher draws the next one
-    (a new shape): more shapes tried in the same trial-epochs, the poor ones stopped
-    early, each kept population still exploiting within. Needs every population to be
-    one group trial (``grouping.group_size`` >= ``population_size`` x seeds, a family
-    that groups)."""
+    """'asha': ASHA across populations. Each population is one group trial; after each
+    epoch it asks the sweep's rungs (``grace_epochs``, then x2; :mod:`hpo.rungs`, Ray's
+    rule) with its best trial's validation Sharpe, before it exploits, and a population
+    below the rung's cutoff ends there, all its trials, freeing its slot for the sweep's
+    next population (each of its own shape). At equal trial-epochs a sweep can then
+    afford more populations (``samples``) than without. Needs every population to be one
+    group trial (``grouping.group_size`` >= ``population_size`` x seeds, a family that
+    groups) and at least two populations per family and precision."""
     mutations: dict[str, Any] | None = None
     """What a recipient explores after an exploit, by setting name: ``{low, high[,
     log]}`` or ``{choices = [...]}``, each a setting every family of the sweep lets a
@@ -353,6 +354,17 @@ class SweepSpec(_Strict):
             raise ValueError(
                 f"samples: population-based training needs a population of at least 2 "
                 f"trials; population_size (default: samples) x seeds is {population}"
+            )
+        if self.pbt_table.early_stopping == "asha" and self.samples // size < 2:
+            raise ValueError(
+                "pbt.early_stopping = 'asha' ranks populations against each other, and "
+                f"samples = {self.samples} / population_size = {size} makes one per family "
+                "and precision: set pbt.population_size to a divisor of samples below it"
+            )
+        if self.pbt_table.early_stopping == "asha" and self.grace_epochs >= self.max_epochs:
+            raise ValueError(
+                "pbt.early_stopping = 'asha' has no rung before the last epoch: grace_epochs "
+                f"= {self.grace_epochs}, max_epochs = {self.max_epochs}; lower grace_epochs"
             )
 
     def population_spans_trials(self, family: str) -> bool:
@@ -603,11 +615,7 @@ class SweepSpec(_Strict):
 
     @property
     def asha_per_tune_trial(self) -> bool:
-        """Ray Tune's ASHA stops Tune trials: an ungrouped sweep's trials, or whole
-        populations with ``pbt.early_stopping = "asha"`` (each population one group
-        trial, reporting its best trial's validation Sharpe)."""
-        if self.scheduler == "pbt":
-            return self.pbt_table.early_stopping == "asha"
+        """Ray Tune's ASHA scheduler stops Tune trials: an ungrouped ASHA sweep's."""
         return self.scheduler == "asha" and not self.forms_groups
 
     @property
@@ -615,6 +623,19 @@ class SweepSpec(_Strict):
         """ASHA decides per trial (:mod:`hpo.rungs`, asked by the trials) rather than per
         Tune trial: a grouped sweep's, where one Tune trial holds several trials."""
         return self.scheduler == "asha" and self.forms_groups
+
+    @property
+    def asha_per_population(self) -> bool:
+        """ASHA across populations (``pbt.early_stopping = "asha"``): each population, one
+        group trial, asks the sweep's rungs (:mod:`hpo.rungs`) with its best trial's
+        validation Sharpe before it exploits, keyed by the population's identity."""
+        return self.scheduler == "pbt" and self.pbt_table.early_stopping == "asha"
+
+    @property
+    def rungs_on_board(self) -> bool:
+        """Whether the sweep's rungs run as a board its trials ask (saved with the
+        searcher's state, so a resumed sweep's decisions stand)."""
+        return self.asha_per_trial or self.asha_per_population
 
     @property
     def n_tune_trials(self) -> int:
@@ -814,20 +835,31 @@ def _pbt_problem(spec: SweepSpec, index: int, family: str) -> str | None:
         spec.pbt_mutations(family)
     except (ValueError, TypeError) as exc:
         return str(exc)
-    if spec.pbt_table.early_stopping == "asha" and spec.population_spans_trials(family):
-        population = spec.population_size * len(spec.seeds)
-        why = (
-            f"its trials do not train in group trials ({family} does not fuse, or "
-            "grouping.group_size is 1)"
-            if not spec.groups(family)
-            else f"population_size x seeds = {population} > grouping.group_size = {spec.group_size}"
-        )
+    if spec.asha_per_population and spec.population_spans_trials(family):
         return (
-            f"pbt.early_stopping = 'asha' stops whole populations, each one group trial, "
-            f"but a population of families[{index}] = {family!r} spans Tune trials: {why}. "
-            "Leave early_stopping out, or make each population fit one group trial"
+            "pbt.early_stopping = 'asha' stops whole populations, each one group trial, but "
+            f"a population of families[{index}] = {family!r} spans Tune trials: "
+            f"{_why_population_spans(spec, family)}"
         )
     return None
+
+
+def _why_population_spans(spec: SweepSpec, family: str) -> str:
+    """Why ``family``'s population is not one group trial, and what to change (for the
+    refusal of ASHA across populations)."""
+    record = get_family(family)
+    if record.kind == "rl" or not record.fuses:
+        return (
+            f"{family} trials never train in group trials; leave pbt.early_stopping out "
+            "or sweep this family apart"
+        )
+    if not spec.groups(family):
+        return "grouping.group_size is 1; raise it to population_size x seeds or more"
+    population = spec.population_size * len(spec.seeds)
+    return (
+        f"population_size x seeds = {population} > grouping.group_size = {spec.group_size}; "
+        "raise grouping.group_size or lower pbt.population_size"
+    )
 
 
 def _mutation(where: str, dim: Any) -> Any:

@@ -253,7 +253,7 @@ def build_tuner(
 def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker, sweep_dir: str) -> Any:
     """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
     (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, asking the
-    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per trial, and its population
+    sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per trial or per population, and its population
     board (:mod:`hpo.population_board`) where populations train across processes."""
     from ray import tune
 
@@ -261,7 +261,7 @@ def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker, sweep
     from trainables.trial import run_trial
 
     judge = None
-    if spec.asha_per_trial:
+    if spec.rungs_on_board:
         judge = start_rung_board(
             spec.name,
             spec.metric,

@@ -79,7 +79,8 @@ class GpuShare(Protocol):
 
 class EarlyStop(Protocol):
     """What stops a group trial's trials early where the scheduler cannot: a grouped
-    sweep's ASHA, which decides per trial (:class:`hpo.rungs.RungJudge`)."""
+    sweep's ASHA, which decides per trial, or ASHA across populations, which decides per
+    population (:class:`hpo.rungs.RungJudge`)."""
 
     def keep(self, trial: str, result: Mapping[str, Any]) -> bool:
         """Whether ``trial`` (its :func:`~trainables.trial_keys.trial_key`) trains on after
@@ -366,9 +367,13 @@ def _fit_group(
     trainers = TrainerGroup(configs, checkpoints=checkpoints)
     del checkpoints  # their tensors are the trials' now
     population = None
+    # ASHA per trial of the group; a population that is this group trial asks instead
+    # as a whole, under its identity (ASHA across populations, pbt.early_stopping).
+    judge_trials = judge
     if group.pbt is not None and on_board is None:
         seed = trial_key(group.trials[0].to_dict())  # the group trial's identity
         population = Population(trainers, group.pbt, seed, saved_population)
+        judge_trials = None
     for index, slug in enumerate(slugs):
         ended = latest.get(slug, {})
         if ended.get("diverged"):  # diverged before the restart: stays out
@@ -387,7 +392,11 @@ def _fit_group(
                 if population is not None:  # the settings this epoch trained with
                     latest[slug].update(trainers.trained_settings(index))
                 going_on = trial.epoch < trial.config.epochs
-                if judge is not None and going_on and not judge.keep(keys[index], latest[slug]):
+                if (
+                    judge_trials is not None
+                    and going_on
+                    and not judge_trials.keep(keys[index], latest[slug])
+                ):
                     trainers.stop(index, STOPPED_AT_RUNG)
                     latest[slug]["stopped"] = 1
             elif index in trainers.diverged and not latest.get(slug, {}).get("diverged"):
@@ -406,7 +415,15 @@ def _fit_group(
                     ),
                 }
         if population is not None:
-            population.after_epoch(metrics)
+            if judge is not None and not _population_kept(judge, seed, trainers, metrics):
+                # Stopped at a rung, before its exploits: its trials end on the weights
+                # and settings they trained with.
+                for index in sorted(metrics):
+                    if index not in trainers.ended:
+                        trainers.stop(index, STOPPED_AT_RUNG)
+                        latest[slugs[index]]["stopped"] = 1
+            else:
+                population.after_epoch(metrics)
             _add_lineage(latest, trainers.exploits, slugs, keys)
         if on_board is not None:  # each trial that trained this epoch
             for index in sorted(metrics):
@@ -441,6 +458,24 @@ def _fit_group(
             if population is not None:
                 (root / POPULATION_STATE).write_text(json.dumps(population.state()))
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _population_kept(
+    judge: EarlyStop, population: str, trainers: Any, metrics: Mapping[int, Mapping[str, Any]]
+) -> bool:
+    """Whether the population that is this group trial goes on after the epoch whose
+    ``metrics`` these are: the sweep's rungs asked under the population's identity with
+    its best finite validation Sharpe this epoch (NaN where none), as Tune's ASHA would
+    judge the group trial's own report. Its last epoch ends it anyway."""
+    if not metrics or not trainers.training:  # its last epoch
+        return True
+    epoch = max(trainers.trials[index].epoch for index in metrics)
+    finite = [
+        float(m["val_sharpe"])
+        for m in metrics.values()
+        if isinstance(m.get("val_sharpe"), int | float) and math.isfinite(m["val_sharpe"])
+    ]
+    return judge.keep(population, {"epoch": epoch, "val_sharpe": max(finite, default=math.nan)})
 
 
 def _add_lineage(

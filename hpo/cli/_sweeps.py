@@ -98,7 +98,7 @@ def sweep_cmd(
         "asha per trial"
         if spec.asha_per_trial
         else "pbt, asha across populations"
-        if spec.scheduler == "pbt" and spec.asha_per_tune_trial
+        if spec.asha_per_population
         else spec.scheduler
     )
     # A sequential comparison's n_trials is its most: families decided early run fewer.

@@ -89,7 +89,6 @@ class SweepSearcher(Searcher):
         self.grouped = {f: spec.groups(f) for f in spec.families}
         self.per_ask = {f: spec.configs_per_ask(f) for f in spec.families}
         self.varying = {f: per_trial_settings(get_family(f)) for f in spec.families}
-        self.asha_per_trial = spec.asha_per_trial
         # Population-based training: each family's population settings (its group trials
         # carry them, or each trial where the population spans Tune trials; scheduler = "pbt"
         # makes one population per stream, one ask).
@@ -110,7 +109,7 @@ class SweepSearcher(Searcher):
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
         # group trial_id -> its trials, (config_id, "precision/seed") each
         self.trial_group: dict[str, list[tuple[str, str]]] = {}
-        # ASHA per trial (hpo.rungs): the rungs as last saved or restored, for when no
+        # ASHA per trial or per population (hpo.rungs): the rungs as last saved or restored, for when no
         # board is running (a searcher unpickled outside the sweep's Ray job).
         self.rungs: dict[str, Any] | None = None
 
@@ -361,9 +360,9 @@ class SweepSearcher(Searcher):
         }
 
     def _rungs_state(self) -> dict[str, Any] | None:
-        """The rungs of a sweep where ASHA decides per trial: the running board's
-        (saved with each experiment snapshot), else the last known."""
-        if not self.asha_per_trial:
+        """The rungs of a sweep where ASHA decides per trial or per population: the
+        running board's (saved with each experiment snapshot), else the last known."""
+        if not self.spec.rungs_on_board:
             return None
         live = board_state(self.spec.name)
         if live is not None:

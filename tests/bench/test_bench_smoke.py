@@ -196,21 +196,26 @@ def test_pbt_exploit_smoke_compares_in_memory_with_a_checkpoint_and_writes_nothi
 
 @pytest.mark.slow
 def test_pbt_search_smoke_prints_pbt_asha_and_random_side_by_side() -> None:
-    """bench/pbt_search.py --smoke: 2 seeds of a population of 4 (and of two populations
-    of 2, each its own shape) on the tiny task; the table has a row per method with its
-    runs, equal member-epochs, and medians of the best validation Sharpe and the chosen
-    trial's test Sharpe beside ASHA's (no outcome asserted)."""
-    proc = _smoke("pbt_search.py", "--smoke", "--populations", "1,2")
+    """bench/pbt_search.py --smoke: 2 seeds of two populations of 2 (each its own shape),
+    of populations of 2 stopped by ASHA, and of the members without exploits, on the tiny
+    task; the table has a row per method with its runs, equal member-epochs, and medians
+    of the best validation Sharpe and the chosen trial's test Sharpe beside ASHA's (no
+    outcome asserted)."""
+    proc = _smoke("pbt_search.py", "--smoke", "--populations", "2", "--asha-sizes", "2")
     main, lineage = _tables(proc.stdout)
     by_method = {row["method"]: row for row in main}
-    assert list(by_method) == ["pbt-i1", "pbt-i1x2", "population", "random+asha", "random"], (
-        proc.stdout
-    )
+    assert list(by_method) == [
+        "pbt-i1x2",
+        "pbt-i1/2+asha",
+        "population",
+        "random+asha",
+        "random",
+    ], proc.stdout
     for row in by_method.values():
         assert row["runs"] == "2" and row["median member-epochs"] == "8", row
         float(row["median best val_sharpe"])
         float(row["median test_sharpe of chosen"])
         assert row["minus random+asha [95% CI]"].count("[") == 1, row
     assert by_method["random+asha"]["minus random+asha [95% CI]"].startswith("+0.00"), proc.stdout
-    assert [row["population"] for row in lineage] == ["pbt-i1", "pbt-i1x2", "population"]
+    assert [row["population"] for row in lineage] == ["pbt-i1x2", "population"]
     assert "wall" in proc.stdout

@@ -17,9 +17,9 @@ populations; the donors' boundary checkpoints are under the sweep directory, whe
 read them.
 
 A second sweep, liquid in populations of two with ``pbt.early_stopping = "asha"``, one
-population at a time: Tune's ASHA stops whole populations exactly where its rule says,
-from the best trial's validation Sharpe each group trial reports, and the searcher draws
-the next population in its place.
+population at a time: the sweep's rungs stop whole populations exactly where Ray's ASHA
+rule says, on each population's best trial's validation Sharpe, before its exploit, and
+the next population takes the slot.
 
 The two trial workers are frozen as they appear and stepped one checkpoint at a time, so
 the signal lands where the test says however fast an epoch is (no sleeps)."""
@@ -204,8 +204,8 @@ def test_asha_across_populations_stops_whole_populations(tmp_path: Path) -> None
     """Four populations of two liquid trials, one at a time (so the rungs see them in
     trial order), exploiting after every epoch: each group trial ends where Ray's ASHA
     rule (:class:`hpo.rungs.AshaRungs`, checked against Tune's own in test_rungs.py) stops
-    it on the values it reported, both its trials with it, and some population stops
-    before the last epoch."""
+    it on the values it reported, both its trials with it and without the stopping
+    epoch's exploit, and some population stops before the last epoch."""
     spec = write_tiny_spec(
         tmp_path,
         "pbt-asha",
@@ -247,7 +247,15 @@ def test_asha_across_populations_stops_whole_populations(tmp_path: Path) -> None
             r["epoch"] for r in rows if not rungs.keep(population, r["epoch"], r["val_sharpe"])
         )
         assert rows[-1]["epoch"] == stop, (population, [r["val_sharpe"] for r in rows])
+        final = rows[-1]["trials"].values()
+        # Stopped before the last epoch: both trials flagged, and the boundary's exploit
+        # not made (interval 1: one exploit per epoch before the stop, none at it).
+        assert all(m.get("stopped", 0) == int(stop < EPOCHS) for m in final)
+        assert sorted(e["epoch"] for m in final for e in m["pbt_lineage"]) == list(
+            range(1, stop if stop < EPOCHS else EPOCHS)
+        )
         ended.append(stop)
     assert min(ended) < EPOCHS, ended  # ASHA stopped a population early
     assert ended[0] == EPOCHS  # the first at every rung goes on
-    assert len(trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "pbt-asha")) == 8
+    runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "pbt-asha")
+    assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}

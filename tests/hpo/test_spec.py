@@ -427,13 +427,32 @@ def test_a_population_whose_trials_do_not_group_trains_across_processes(
         (
             {"families": ["dqn"]},
             "pbt.early_stopping = 'asha' stops whole populations, each one group trial, but a "
-            "population of families[0] = 'dqn' spans Tune trials: its trials do not train in "
-            "group trials",
+            "population of families[0] = 'dqn' spans Tune trials: dqn trials never train in "
+            "group trials; leave pbt.early_stopping out or sweep this family apart",
         ),
         (
-            {"samples": 3, "seeds": [0, 1, 2]},
+            {"families": ["tft", "kan"], "grouping": {"group_size": 1}},
+            "a population of families[1] = 'kan' spans Tune trials: grouping.group_size is 1; "
+            "raise it to population_size x seeds or more",
+        ),
+        (
+            {
+                "samples": 6,
+                "seeds": [0, 1, 2],
+                "pbt": {"early_stopping": "asha", "population_size": 3},
+            },
             "population of families[0] = 'kan' spans Tune trials: population_size x seeds = 9 "
-            "> grouping.group_size = 8",
+            "> grouping.group_size = 8; raise grouping.group_size or lower pbt.population_size",
+        ),
+        (
+            {"pbt": {"early_stopping": "asha", "population_size": 4}},
+            "pbt.early_stopping = 'asha' ranks populations against each other, and samples = 4 "
+            "/ population_size = 4 makes one per family and precision",
+        ),
+        (
+            {"grace_epochs": 4},
+            "pbt.early_stopping = 'asha' has no rung before the last epoch: grace_epochs = 4, "
+            "max_epochs = 4; lower grace_epochs",
         ),
         (
             {"pbt": {"early_stopping": "hyperband"}},
@@ -441,28 +460,31 @@ def test_a_population_whose_trials_do_not_group_trains_across_processes(
         ),
     ],
 )
-def test_asha_across_populations_needs_each_population_in_one_group_trial(
+def test_asha_across_populations_needs_populations_that_are_group_trials(
     changes: dict[str, Any], expected: str
 ) -> None:
-    table = {**PBT, "pbt": {"early_stopping": "asha"}, **changes}
-    assert expected in _problems(**table)
+    table = {**PBT, "samples": 4, "pbt": {"early_stopping": "asha", "population_size": 2}}
+    assert expected in _problems(**{**table, **changes})
 
 
-def test_asha_across_populations_is_tunes_asha_over_the_group_trials() -> None:
-    """With ``pbt.early_stopping = "asha"`` Tune's ASHA judges the group trials (each a
-    population); without it a pbt sweep is FIFO, and ASHA in a grouped sweep is per trial."""
+def test_asha_across_populations_asks_the_sweeps_rungs_not_tunes_scheduler() -> None:
+    """With ``pbt.early_stopping = "asha"`` each population asks the sweep's rungs (a
+    board saved with the searcher's state); Tune's ASHA runs only for an ungrouped ASHA
+    sweep, and ASHA in a grouped sweep is per trial."""
     stopped = parse_spec(
         {**VALID, **PBT, "samples": 8, "pbt": {"population_size": 2, "early_stopping": "asha"}}
     )
-    assert stopped.asha_per_tune_trial and not stopped.asha_per_trial
+    assert stopped.asha_per_population and stopped.rungs_on_board
+    assert not stopped.asha_per_tune_trial and not stopped.asha_per_trial
     assert stopped.n_tune_trials == 4 * len(stopped.precisions)  # 4 populations of 2
-    assert not parse_spec({**VALID, **PBT, "samples": 8}).asha_per_tune_trial
+    plain = parse_spec({**VALID, **PBT, "samples": 8})
+    assert not plain.asha_per_population and not plain.rungs_on_board
     grouped = parse_spec({**VALID, "families": ["kan"], "samples": 8, "scheduler": "asha"})
-    assert grouped.asha_per_trial and not grouped.asha_per_tune_trial
+    assert grouped.asha_per_trial and grouped.rungs_on_board and not grouped.asha_per_tune_trial
     alone = parse_spec(
         {**VALID, "families": ["kan"], "scheduler": "asha", "grouping": {"group_size": 1}}
     )
-    assert alone.asha_per_tune_trial and not alone.asha_per_trial
+    assert alone.asha_per_tune_trial and not alone.rungs_on_board
 
 
 def test_a_population_larger_than_a_group_spans_several_group_trials() -> None:

@@ -125,6 +125,7 @@ def _run(
     trial_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     interrupt_after: int | None = None,
+    judge: Any = None,
 ) -> list[dict[str, Any]]:
     """The group trial's loop (trainables.trial._fit_group) with Tune's report and
     checkpoint played by a folder of checkpoint_<n> copies; raises _Interrupted after
@@ -149,7 +150,7 @@ def _run(
     monkeypatch.setattr(tune, "report", report)
     monkeypatch.setattr(tune, "get_checkpoint", newest)
     with contextlib.suppress(_Interrupted):
-        trial_module._fit_group(group, 0.0, None, {}, {}, {})
+        trial_module._fit_group(group, 0.0, judge, {}, {}, {})
     return reported
 
 
@@ -188,6 +189,49 @@ def test_a_resumed_group_trial_continues_its_population(
             ours, theirs = after[epoch - 3]["trials"][slug], whole[epoch - 1]["trials"][slug]
             assert ours["lr"] == theirs["lr"] and ours["weight_decay"] == theirs["weight_decay"]
             assert ours["val_sharpe"] == pytest.approx(theirs["val_sharpe"], rel=1e-5, abs=1e-6)
+
+
+class _StopAtEpoch:
+    """The sweep's rungs as a population sees them (``hpo.rungs.RungJudge.keep``):
+    every question recorded, and a stop from ``stop_at`` on."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.stop_at = stop_at
+        self.asked: list[tuple[str, int, float]] = []
+
+    def keep(self, trial: str, result: dict[str, Any]) -> bool:
+        self.asked.append((trial, int(result["epoch"]), float(result["val_sharpe"])))
+        return int(result["epoch"]) < self.stop_at
+
+
+def test_asha_across_populations_stops_the_population_before_it_exploits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``pbt.early_stopping = "asha"`` the group trial asks the rungs once per epoch
+    as a population (its identity, its best trial's validation Sharpe), not per trial;
+    stopped after epoch 2, every trial ends there flagged ``stopped``, and the exploit
+    that epoch's boundary would have made is not made (a trial's last checkpoint holds
+    weights it trained, not a donor's copy with settings it never trained with). A
+    restart from the stopped epoch's checkpoint trains nothing more."""
+    from trainables.trial_keys import trial_key
+
+    group = _population_trial(tmp_path)
+    slugs = group.slugs()
+    judge = _StopAtEpoch(2)
+    reported = _run(group, tmp_path / "run", monkeypatch, judge=judge)
+    assert [r["epoch"] for r in reported] == [1, 2]
+    identity = trial_key(group.trials[0].to_dict())
+    assert judge.asked == [
+        (identity, epoch, max(r["trials"][s]["val_sharpe"] for s in slugs))
+        for epoch, r in zip((1, 2), reported, strict=True)
+    ]
+    final = reported[-1]["trials"]
+    assert all(final[s]["stopped"] == 1 for s in slugs)
+    assert all("stopped" not in reported[0]["trials"][s] for s in slugs)
+    # One boundary's exploit (after epoch 1), none after the epoch that stopped it.
+    assert sorted(e["epoch"] for s in slugs for e in final[s]["pbt_lineage"]) == [1]
+    again = _run(group, tmp_path / "run", monkeypatch, judge=judge)
+    assert again == [] and len(judge.asked) == 2
 
 
 def test_an_integer_range_of_a_float_setting_explores_and_exploits(tmp_path: Path) -> None:
