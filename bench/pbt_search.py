@@ -28,10 +28,10 @@ on search_efficiency's task and space (KAN, synthetic bars with ``signal = 0.3``
 * ``population``: the same population trained without exploits (what PBT adds to it).
 * ``pbt-iK/S+asha`` (``--asha-sizes``): PBT with ASHA across populations
   (``pbt.early_stopping = "asha"``): populations of ``S`` drawn one ask at a time (each its
-  own shape), ``concurrency / S`` at a time, each reporting its best trial's validation
-  Sharpe per epoch, which ASHA judges at its rungs as Tune's scheduler judges the sweep's
-  group trials, until the same member-epochs are spent: more shapes tried, the poor
-  ones stopped early.
+  own shape), ``concurrency / S`` at a time, each asking ASHA's rungs with its best
+  trial's validation Sharpe after each epoch, before it exploits, as the sweep's group
+  trials ask the sweep's rungs, until the same member-epochs are spent: more shapes
+  tried, the poor ones stopped early.
 * ``random+asha``: random search over the whole space (every trial its own draw, as in
   search_efficiency.py), ``concurrency`` trials at a time, each stopped by
   :class:`hpo.rungs.AshaRungs` (Ray's rule: grace 1, reduction factor 2, rungs 1, 2, 4),

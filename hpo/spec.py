@@ -160,7 +160,8 @@ class PbtSpec(_Strict):
     next population (each of its own shape). At equal trial-epochs a sweep can then
     afford more populations (``samples``) than without. Needs every population to be one
     group trial (``grouping.group_size`` >= ``population_size`` x seeds, a family that
-    groups) and at least two populations per family and precision."""
+    groups) and at least two populations in the sweep (one bracket for all of them, as
+    for trials under ASHA)."""
     mutations: dict[str, Any] | None = None
     """What a recipient explores after an exploit, by setting name: ``{low, high[,
     log]}`` or ``{choices = [...]}``, each a setting every family of the sweep lets a
@@ -211,7 +212,8 @@ class SweepSpec(_Strict):
     defaults)."""
     max_epochs: int = Field(5, ge=1)
     grace_epochs: int = Field(1, ge=1)
-    """ASHA: epochs every trial gets before it can be stopped."""
+    """ASHA: epochs every trial (or population, with ``pbt.early_stopping = "asha"``) gets
+    before it can be stopped."""
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     compare: bool = False
     """Paired f32-vs-bf16 mode: every sampled config and seed runs once per precision."""
@@ -355,11 +357,12 @@ class SweepSpec(_Strict):
                 f"samples: population-based training needs a population of at least 2 "
                 f"trials; population_size (default: samples) x seeds is {population}"
             )
-        if self.pbt_table.early_stopping == "asha" and self.samples // size < 2:
+        populations = self.samples // size * len(self.families) * len(self.precisions)
+        if self.pbt_table.early_stopping == "asha" and populations < 2:
             raise ValueError(
                 "pbt.early_stopping = 'asha' ranks populations against each other, and "
-                f"samples = {self.samples} / population_size = {size} makes one per family "
-                "and precision: set pbt.population_size to a divisor of samples below it"
+                f"samples = {self.samples} / population_size = {size} makes one population "
+                "in this sweep: set pbt.population_size to a divisor of samples below it"
             )
         if self.pbt_table.early_stopping == "asha" and self.grace_epochs >= self.max_epochs:
             raise ValueError(

@@ -194,6 +194,15 @@ class TrainerGroup:
         trial.fusion.remove(trial)
         self.ended[index] = reason
 
+    def stop_all(self, reason: str) -> list[int]:
+        """Every trial still training trains no more (a population stopped at a rung):
+        unlike :meth:`stop` one by one, nothing fuses again, as nothing is left to train.
+        Returns their indices."""
+        stopped = [i for i, t in enumerate(self.trials) if t in self.training]
+        for index in stopped:
+            self.ended[index] = reason
+        return stopped
+
     def fit(self) -> list[list[dict[str, Any]]]:
         """Train every trial to its ``epochs`` (or until it diverges); returns each
         trial's history."""

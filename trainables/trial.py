@@ -418,10 +418,8 @@ def _fit_group(
             if judge is not None and not _population_kept(judge, seed, trainers, metrics):
                 # Stopped at a rung, before its exploits: its trials end on the weights
                 # and settings they trained with.
-                for index in sorted(metrics):
-                    if index not in trainers.ended:
-                        trainers.stop(index, STOPPED_AT_RUNG)
-                        latest[slugs[index]]["stopped"] = 1
+                for index in trainers.stop_all(STOPPED_AT_RUNG):
+                    latest[slugs[index]]["stopped"] = 1
             else:
                 population.after_epoch(metrics)
             _add_lineage(latest, trainers.exploits, slugs, keys)
@@ -464,7 +462,7 @@ def _population_kept(
     judge: EarlyStop, population: str, trainers: Any, metrics: Mapping[int, Mapping[str, Any]]
 ) -> bool:
     """Whether the population that is this group trial goes on after the epoch whose
-    ``metrics`` these are: the sweep's rungs asked under the population's identity with
+    ``metrics`` these are: the sweep's rungs asked under :func:`population_rung_key` with
     its best finite validation Sharpe this epoch (NaN where none), as Tune's ASHA would
     judge the group trial's own report. Its last epoch ends it anyway."""
     if not metrics or not trainers.training:  # its last epoch
@@ -475,7 +473,14 @@ def _population_kept(
         for m in metrics.values()
         if isinstance(m.get("val_sharpe"), int | float) and math.isfinite(m["val_sharpe"])
     ]
-    return judge.keep(population, {"epoch": epoch, "val_sharpe": max(finite, default=math.nan)})
+    best = max(finite, default=math.nan)
+    return judge.keep(population_rung_key(population), {"epoch": epoch, "val_sharpe": best})
+
+
+def population_rung_key(identity: str) -> str:
+    """What a population that is one group trial is called at the sweep's rungs: its
+    identity (its first trial's key) marked, so that it never reads as that trial's own."""
+    return f"population {identity}"
 
 
 def _add_lineage(

@@ -42,6 +42,7 @@ from hpo.rungs import ASHA_REDUCTION_FACTOR, AshaRungs
 from tests.hpo.sweep_helpers import (
     checkpointed_epochs,
     results,
+    rung_decisions,
     trial_dirs,
     trial_runs,
     write_tiny_spec,
@@ -257,5 +258,12 @@ def test_asha_across_populations_stops_whole_populations(tmp_path: Path) -> None
         ended.append(stop)
     assert min(ended) < EPOCHS, ended  # ASHA stopped a population early
     assert ended[0] == EPOCHS  # the first at every rung goes on
+    # The rungs the populations asked, as saved with the searcher's state (what a resume
+    # loads): one entry per population, by its key, a stop for each that stopped early.
+    decisions = rung_decisions(tmp_path / "results" / "pbt-asha")
+    asked = {key for rung in decisions.values() for key in rung}
+    assert len(asked) == 4 and all(key.startswith("population liquid-f32-") for key in asked)
+    stops = [key for rung in decisions.values() for key, went_on in rung.items() if not went_on]
+    assert len(stops) == sum(stop < EPOCHS for stop in ended)
     runs = trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "pbt-asha")
     assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from ray.tune.search import Searcher
 from hpo.search.sweep_searcher import SweepSearcher
 from hpo.spec import parse_spec
 from models import get_family
+from tests.hpo.sweep_helpers import tiny_spec
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
 from trainables.group import per_trial_settings
 from trainables.trial_keys import PER_TRIAL_SETTINGS, precision_seed, trial_slugs, trials_of
@@ -483,3 +485,24 @@ def test_a_population_larger_than_a_group_is_queued_as_group_trials_of_one_popul
     assert sorted(len(h.trials) if isinstance(h, GroupTrialConfig) else 1 for h in held) == [1, 2]
     assert {h.population for h in held} == {"kan-f32-c000"}
     assert all(h.pbt == spec_pbt for h in held)
+
+
+def test_asha_across_populations_saves_the_rungs_with_the_searchers_state(tmp_path: Path) -> None:
+    """With ``pbt.early_stopping = "asha"`` the rungs the populations ask are saved with the
+    searcher's state (what ``hpo resume`` loads into the new board), as for ASHA per trial;
+    a PBT sweep without it saves none."""
+    rungs = {"milestones": [1, 2], "recorded": {}, "decisions": {"1": {"population x": False}}}
+    for early_stopping, saved in (("asha", rungs), ("none", None)):
+        spec = tiny_spec(
+            tmp_path,
+            families=["kan"],
+            precisions=["f32"],
+            samples=4,
+            max_epochs=3,
+            scheduler="pbt",
+            pbt={"population_size": 2, "early_stopping": early_stopping},
+            search_space={"kan": {"width": 4}},
+        )
+        searcher = SweepSearcher(spec)
+        searcher.rungs = rungs  # as last saved (no board in this process)
+        assert searcher.get_state()["rungs"] == saved

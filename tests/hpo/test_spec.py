@@ -445,9 +445,9 @@ def test_a_population_whose_trials_do_not_group_trains_across_processes(
             "> grouping.group_size = 8; raise grouping.group_size or lower pbt.population_size",
         ),
         (
-            {"pbt": {"early_stopping": "asha", "population_size": 4}},
+            {"precisions": ["f32"], "pbt": {"early_stopping": "asha", "population_size": 4}},
             "pbt.early_stopping = 'asha' ranks populations against each other, and samples = 4 "
-            "/ population_size = 4 makes one per family and precision",
+            "/ population_size = 4 makes one population in this sweep",
         ),
         (
             {"grace_epochs": 4},
@@ -477,6 +477,12 @@ def test_asha_across_populations_asks_the_sweeps_rungs_not_tunes_scheduler() -> 
     assert stopped.asha_per_population and stopped.rungs_on_board
     assert not stopped.asha_per_tune_trial and not stopped.asha_per_trial
     assert stopped.n_tune_trials == 4 * len(stopped.precisions)  # 4 populations of 2
+    # One bracket for the sweep: one population per family and precision still ranks.
+    for split in ({"families": ["kan", "tft"]}, {"precisions": ["f32", "bf16"]}):
+        one_each = {**PBT, "precisions": ["f32"], "samples": 4, **split}
+        assert parse_spec(
+            {**VALID, **one_each, "pbt": {"early_stopping": "asha"}}
+        ).asha_per_population
     plain = parse_spec({**VALID, **PBT, "samples": 8})
     assert not plain.asha_per_population and not plain.rungs_on_board
     grouped = parse_spec({**VALID, "families": ["kan"], "samples": 8, "scheduler": "asha"})

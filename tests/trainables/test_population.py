@@ -213,6 +213,7 @@ def test_asha_across_populations_stops_the_population_before_it_exploits(
     that epoch's boundary would have made is not made (a trial's last checkpoint holds
     weights it trained, not a donor's copy with settings it never trained with). A
     restart from the stopped epoch's checkpoint trains nothing more."""
+    from trainables.trial import population_rung_key
     from trainables.trial_keys import trial_key
 
     group = _population_trial(tmp_path)
@@ -220,7 +221,7 @@ def test_asha_across_populations_stops_the_population_before_it_exploits(
     judge = _StopAtEpoch(2)
     reported = _run(group, tmp_path / "run", monkeypatch, judge=judge)
     assert [r["epoch"] for r in reported] == [1, 2]
-    identity = trial_key(group.trials[0].to_dict())
+    identity = population_rung_key(trial_key(group.trials[0].to_dict()))
     assert judge.asked == [
         (identity, epoch, max(r["trials"][s]["val_sharpe"] for s in slugs))
         for epoch, r in zip((1, 2), reported, strict=True)
