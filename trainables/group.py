@@ -198,7 +198,8 @@ class TrainerGroup:
         """Every trial still training trains no more (a population stopped at a rung):
         unlike :meth:`stop` one by one, nothing fuses again, as nothing is left to train.
         Returns their indices."""
-        stopped = [i for i, t in enumerate(self.trials) if t in self.training]
+        training = self.training
+        stopped = [i for i, t in enumerate(self.trials) if t in training]
         for index in stopped:
             self.ended[index] = reason
         return stopped

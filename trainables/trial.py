@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -431,14 +431,9 @@ def _fit_group(
                 # entry and GPU seconds again from the history.
                 spent = {k: trial.history[-1][k] for k in _SPENT}
                 latest[slugs[index]].update({**entry, **spent, **gpu_cost(trial, gpu_fraction)})
-        finite = [
-            float(m["val_sharpe"])
-            for m in latest.values()
-            if isinstance(m.get("val_sharpe"), int | float) and math.isfinite(m["val_sharpe"])
-        ]
         report = {
             "epoch": max(int(m.get("epoch", 0)) for m in latest.values()),
-            "val_sharpe": max(finite) if finite else math.nan,
+            "val_sharpe": _best_val_sharpe(latest.values()),
             "diverged": int(all(m.get("diverged") for m in latest.values())),
             "group_size": len(slugs),
             "trials": {slug: dict(entry) for slug, entry in latest.items()},
@@ -468,13 +463,19 @@ def _population_kept(
     if not metrics or not trainers.training:  # its last epoch
         return True
     epoch = max(trainers.trials[index].epoch for index in metrics)
+    best = _best_val_sharpe(metrics.values())
+    return judge.keep(population_rung_key(population), {"epoch": epoch, "val_sharpe": best})
+
+
+def _best_val_sharpe(entries: Iterable[Mapping[str, Any]]) -> float:
+    """The highest finite validation Sharpe among ``entries`` (NaN where none has one):
+    a group trial's own report, and what a population asks the rungs with."""
     finite = [
         float(m["val_sharpe"])
-        for m in metrics.values()
+        for m in entries
         if isinstance(m.get("val_sharpe"), int | float) and math.isfinite(m["val_sharpe"])
     ]
-    best = max(finite, default=math.nan)
-    return judge.keep(population_rung_key(population), {"epoch": epoch, "val_sharpe": best})
+    return max(finite, default=math.nan)
 
 
 def population_rung_key(identity: str) -> str:

@@ -109,8 +109,9 @@ class SweepSearcher(Searcher):
         self.trial_config: dict[str, dict[str, Any]] = {}  # trial_id -> the config it was given
         # group trial_id -> its trials, (config_id, "precision/seed") each
         self.trial_group: dict[str, list[tuple[str, str]]] = {}
-        # ASHA per trial or per population (hpo.rungs): the rungs as last saved or restored, for when no
-        # board is running (a searcher unpickled outside the sweep's Ray job).
+        # ASHA per trial or per population (hpo.rungs): the rungs as last saved or
+        # restored, for when no board is running (a searcher unpickled outside the sweep's
+        # Ray job).
         self.rungs: dict[str, Any] | None = None
 
     # -- Tune's Searcher interface ---------------------------------------------------------
