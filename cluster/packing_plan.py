@@ -3,8 +3,8 @@
 * A sweep's plan on a Ray cluster (:class:`ClusterPacker`, :func:`plan_rows`,
   :func:`render_plan`; ``hpo sweep SPEC --plan`` and the first lines of a sweep): per
   (family, precision, GPU type) the peak and its source, the share, trials per GPU and per
-  node, and the binding constraint; :func:`render_fixed_plan` when a sweep asks for a fixed
-  GPU number per trial, or no GPUs.
+  node, and the binding constraint (:func:`cluster.fixed_plan.render_fixed_plan` when a
+  sweep asks for a fixed GPU number per trial, or no GPUs).
 * One shape's, or every family's in f32 and bf16, profiled in this process
   (:func:`shape_plan`, :func:`family_plans`; ``hpo profile --family`` / ``--all``).
 
@@ -325,41 +325,6 @@ def render_plan(rows: list[dict[str, Any]], headroom: float) -> str:
     return "\n".join(lines)
 
 
-def render_fixed_plan(gpu: float | str, cpu: float, group_size: int = 1) -> str:
-    """The plan of a sweep without measured shares: a fixed GPU number per trial, no GPUs
-    asked, or ``"measured"`` on a cluster without GPU nodes (the packer needs one). With
-    ``group_size`` > 1 a Tune trial is a group of up to that many trials (one fused
-    model in the trial's share), and the plan counts the trials too."""
-    if gpu == "measured":
-        return (
-            "GPU packing plan: resources.gpu = 'measured', but the cluster has no GPU nodes: "
-            "nothing to profile or pack (add GPU nodes, or set resources.gpu = 0 to train on CPUs)"
-        )
-    share = float(gpu)
-    groups = (
-        f"; group trials of up to {group_size} trials (fused, one share each)"
-        if group_size > 1
-        else ""
-    )
-    if share <= 0:
-        return (
-            f"GPU packing plan: no GPUs asked (resources.gpu = 0): each trial takes {cpu:g} "
-            f"CPU(s){groups}"
-        )
-    if share < 1:
-        trials = math.floor(1 / share + 1e-9)
-        per_gpu = f"{trials} trials per GPU"
-        if group_size > 1:
-            per_gpu = f"{trials} group trials per GPU, up to {trials * group_size} trials"
-    else:
-        per_gpu = "whole GPUs"
-    return (
-        f"GPU packing plan: a fixed resources.gpu = {share:g} per trial ({per_gpu}, "
-        f"{cpu:g} CPU(s) each{groups}; not measured: set resources.gpu = 'measured' to size "
-        "shares from each trial's VRAM)"
-    )
-
-
 # ------------------------------------------------------------------------------------------
 # one shape, or every family, profiled in this process (`hpo profile`)
 
@@ -439,7 +404,6 @@ __all__ = [
     "TypeShare",
     "family_plans",
     "plan_rows",
-    "render_fixed_plan",
     "render_plan",
     "shape_plan",
 ]

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.gpu_types import GpuType, declared_memory_bytes, node_type_name, this_node
-from cluster.packing import (
-    RAY_GPU_STEPS,
-    TrialDoesNotFit,
-    apply_memory_cap,
-    caps_memory,
-    retry_fraction_after_oom,
-    trial_memory_metrics,
-)
-from cluster.vram_table import SharedVramCache, type_key
 from trainables.config import TrainConfig
+
+if TYPE_CHECKING:
+    from cluster.vram_table import SharedVramCache
+
+# cluster.packing and cluster.vram_table (torch, the profiler) are imported by the methods
+# that use them, in the trial's worker: the driver that builds a PackedShare stays torch-free.
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +35,8 @@ class PackedShare:
     ) -> float | None:
         """Cap the allocator to the share less the planned CUDA context; the cap set
         (None on CPU, for no GPU and for whole GPUs)."""
+        from cluster.packing import apply_memory_cap, caps_memory
+
         context = planned_context_bytes(config, group_size) if caps_memory(gpu_fraction) else None
         return apply_memory_cap(gpu_fraction or None, context_bytes=context)
 
@@ -47,6 +46,8 @@ class PackedShare:
         """The share and the shape's predicted peak, reported every epoch (GPU trials)."""
         if gpu_fraction <= 0:
             return {}
+        from cluster.packing import trial_memory_metrics
+
         return trial_memory_metrics(config, gpu_fraction, group_size=group_size)
 
     def after_oom(
@@ -57,6 +58,8 @@ class PackedShare:
         split in two (``oom_split`` 1): each half retries at no less than half the GPU,
         since the whole group did not fit in one. The failed attempt's memory must be
         freed first."""
+        from cluster.packing import RAY_GPU_STEPS, TrialDoesNotFit, retry_fraction_after_oom
+
         report: dict[str, Any] = {}
         shared, gpu_type = shared_cache(), node_gpu_type()
         try:
@@ -87,6 +90,8 @@ def planned_context_bytes(config: TrainConfig, group_size: int = 1) -> int | Non
     """The CUDA context ``config``'s share (its group's, of ``group_size``) was planned with
     on this node's GPU type (its profile in the sweep's shared cache), or None where no
     profile is found."""
+    from cluster.vram_table import type_key
+
     shared, gpu_type = shared_cache(), node_gpu_type()
     if shared is None or gpu_type is None:
         return None
@@ -101,6 +106,8 @@ def planned_context_bytes(config: TrainConfig, group_size: int = 1) -> int | Non
 def shared_cache() -> SharedVramCache | None:
     """The sweep storage's VRAM cache (every node and the driver see it)."""
     from ray import tune
+
+    from cluster.vram_table import SharedVramCache
 
     try:
         storage = tune.get_context().get_storage()

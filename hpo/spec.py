@@ -28,7 +28,7 @@ from pydantic import (
 
 from models import FamilyError, family_names, get_family, installed_names, is_reference
 from trainables.config import TRAIN_KEYS, DataConfig, TrialBase, TrialConfig
-from trainables.precision import POLICY_NAMES
+from trainables.precision_names import POLICY_NAMES
 
 SEARCHERS = ("tpe", "random", "pso")
 SCHEDULERS = ("asha", "fifo", "pbt")
@@ -182,7 +182,7 @@ class GroupingSpec(_Strict):
     (``trainables.group``): up to this many per Tune trial; 1 runs every trial alone. A
     group holds the seeds of a configuration and further configurations of the same shape
     (they differ only in what a group trial's trials may: lr, weight decay, and the family's own, such as
-    the position scale and dropout rates; ``trainables.group.per_trial_settings``). Forecast
+    the position scale and dropout rates; ``trainables.trial_keys.per_trial_settings``). Forecast
     families only (rl families run ungrouped). Compare mode groups further configurations
     only where the space searches nothing else: its statistics take configurations as
     independent draws, so it never holds a searched shape. With ``resources.gpu =
@@ -392,13 +392,12 @@ class SweepSpec(_Strict):
     def pbt_mutations(self, family: str) -> dict[str, Any]:
         """What a recipient of ``family`` explores (:data:`trainables.pbt.Mutation` by
         setting name): ``pbt.mutations``, else every setting a population may change
-        (:func:`trainables.group.mutable_setting_names`) that the family's space searches
+        (:func:`trainables.pbt.mutable_setting_names`) that the family's space searches
         as a float range, or as choices of numbers, with that range. Raises ValueError
         naming the field."""
         from hpo.search.space import dim_from_override, trial_space
-        from models.base import Choice, Float, Int
-        from trainables.group import mutable_setting_names
-        from trainables.pbt import Range
+        from models.family import Choice, Float, Int
+        from trainables.pbt import Range, mutable_setting_names
 
         names = mutable_setting_names(get_family(family))
         explicit = self.pbt_table.mutations
@@ -555,7 +554,7 @@ class SweepSpec(_Strict):
         """Configurations of one shape the searcher asks for ``family`` at a time: as many
         as fit a group beside their seeds, where a setting a group's trials may differ in is
         searched (lr, weight decay, the family's own:
-        :func:`trainables.group.per_trial_settings`); 1 otherwise. Compare mode asks for several
+        :func:`trainables.trial_keys.per_trial_settings`); 1 otherwise. Compare mode asks for several
         only where the space searches nothing else: every draw then has the ask's shape
         without holding it, and each configuration stays an independent draw of the
         space, as its statistics take it (holding a searched shape would correlate the
@@ -572,7 +571,7 @@ class SweepSpec(_Strict):
 
     def _configs_per_ask(self, family: str) -> int:
         from hpo.search.space import trial_space
-        from trainables.group import per_trial_settings
+        from trainables.trial_keys import per_trial_settings
 
         try:
             dims = trial_space(family, self.search_space.get(family)).dims
@@ -868,7 +867,7 @@ def _why_population_spans(spec: SweepSpec, family: str) -> str:
 def _mutation(where: str, dim: Any) -> Any:
     """A spec dimension as a :data:`trainables.pbt.Mutation`: a range (floats), or the
     choices, each a number."""
-    from models.base import Choice
+    from models.family import Choice
     from trainables.pbt import Range
 
     if isinstance(dim, Choice):
@@ -885,7 +884,7 @@ def _trial_config_problem(spec: SweepSpec, family: str, space: Any) -> str | Non
     exactly as a trial would, so settings that would fail in every trial fail here instead,
     before Ray or MLflow start."""
     from models import get_family
-    from models.base import Choice
+    from models.family import Choice
 
     sample = {k: d.options[0] if isinstance(d, Choice) else d.low for k, d in space.dims.items()}
     trial = TrialConfig(
@@ -943,7 +942,7 @@ def _splits_problem(
     """Build the walk-forward splits of ``family``'s trials on the spec's bars, with every
     searched split setting at the end that needs the most bars, exactly as a trial builds
     them (:func:`trainables.data.walk_forward`); the problem names the spec fields."""
-    from trainables.dataset import market_splits
+    from trainables.market import market_splits
 
     params = dict(space.fixed)
     for key, high in _SPLIT_SETTINGS.items():
@@ -993,7 +992,7 @@ def _split_field(spec: SweepSpec, family: str, space: Any, key: str) -> str:
 
 
 def _extreme(dim: Any, high: bool) -> Any:
-    from models.base import Choice
+    from models.family import Choice
 
     if isinstance(dim, Choice):
         numbers = [o for o in dim.options if isinstance(o, int | float) and not isinstance(o, bool)]
@@ -1010,7 +1009,7 @@ def _bar_shape(data: DataConfig) -> tuple[int, int]:
     import dataclasses
 
     from trainables.data import make_features
-    from trainables.dataset import load_bars_source
+    from trainables.market import load_bars_source
 
     if data.source == "synthetic":
         bars = load_bars_source(dataclasses.replace(data, n_assets=1))

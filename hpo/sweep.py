@@ -140,11 +140,13 @@ class SweepPlan:
 def sweep_plan(spec: SweepSpec, resources: TrialResources | ClusterPacker) -> SweepPlan:
     """The plan of ``spec`` with these resources; a packer profiles every shape of
     :func:`plan_configs` on every GPU type first (Ray tasks on those nodes)."""
-    from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
+    if isinstance(resources, TrialResources):  # the profiler (and torch) not needed
+        from cluster.fixed_plan import render_fixed_plan
 
-    if not isinstance(resources, ClusterPacker):
         per_group = max(spec.trials_per_group(f) for f in spec.families)
         return SweepPlan(render_fixed_plan(spec.resources.gpu, spec.resources.cpu, per_group), [])
+    from cluster.packing_plan import plan_rows, render_plan
+
     rows = plan_rows(resources, plan_configs(spec))
     return SweepPlan(render_plan(rows, spec.resources.headroom), rows)
 
@@ -251,14 +253,14 @@ def build_tuner(
 
 
 def _trainable(spec: SweepSpec, resources: TrialResources | ClusterPacker, sweep_dir: str) -> Any:
-    """The sweep's trainable: :func:`trainables.trial.run_trial` keeping to its GPU share
+    """The sweep's trainable: :func:`trainables.tune_entry.run_trial` keeping to its GPU share
     (:class:`cluster.trial_share.PackedShare`), sized by ``resources``, asking the
     sweep's rungs (:mod:`hpo.rungs`) where ASHA decides per trial or per population, and its population
     board (:mod:`hpo.population_board`) where populations train across processes."""
     from ray import tune
 
     from cluster.trial_share import PackedShare
-    from trainables.trial import run_trial
+    from trainables.tune_entry import run_trial
 
     judge = None
     if spec.rungs_on_board:

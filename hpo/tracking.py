@@ -511,7 +511,7 @@ class MlflowSweepCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
         if is_group_trial(trial.config):
-            from trainables.trial import CKPT_SUBDIR
+            from trainables.checkpoint_files import CKPT_SUBDIR
 
             reported = result.get("trials") or {}
             for run_trial_id, _, slug in _trials_in(trial):
@@ -774,7 +774,7 @@ class MlflowSweepCallback(Callback):
         ended has its artifact. Read in the outbox thread, so an object store never
         stalls Tune's loop; a checkpoint without the file (or with a bad checksum) is
         logged and skipped, and ``hpo compare`` says the series is not available."""
-        from trainables.trial import CKPT_SUBDIR
+        from trainables.checkpoint_files import CKPT_SUBDIR
 
         self._ensure_run(trial)
         self._log_returns_of(trial.trial_id, trial, CKPT_SUBDIR)
@@ -860,9 +860,8 @@ def checkpoint_returns(checkpoint: Any, state: str | None = None) -> str | None:
     import hashlib
     import json
 
-    from trainables.checkpoint import META_FILE
+    from trainables.checkpoint_files import CKPT_SUBDIR, META_FILE
     from trainables.returns_file import RETURNS_FILE
-    from trainables.trial import CKPT_SUBDIR
 
     fs, root = checkpoint.filesystem, f"{checkpoint.path.rstrip('/')}/{state or CKPT_SUBDIR}"
     path = f"{root}/{RETURNS_FILE}"

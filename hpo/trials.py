@@ -92,8 +92,8 @@ def rows_of_trials(
 ) -> list[TrialRow]:
     """:func:`trial_rows` of Tune trials at hand (read from storage, or those the sweep's
     driver holds when its experiment ends: :class:`hpo.final_trials.FinalTrials`)."""
+    from trainables.checkpoint_files import CKPT_SUBDIR
     from trainables.config import RETRY_ATTEMPT_KEY, RETRY_FLOOR_KEY
-    from trainables.trial import CKPT_SUBDIR
 
     rows = []
     for trial in trials:
@@ -151,7 +151,7 @@ def _tune_trials(uri: str) -> list[Any]:
 def _trials_in(trial: Any) -> list[tuple[str, Mapping[str, Any], dict[str, Any], str]]:
     """(trial id, config, last result, checkpoint subpath) of each trial a Tune trial
     holds: itself, or each trial of a group trial (``trainables.trial._train_group``)."""
-    from trainables.trial import CKPT_SUBDIR
+    from trainables.checkpoint_files import CKPT_SUBDIR
     from trainables.trial_keys import trials_of
 
     result = trial.last_result or {}

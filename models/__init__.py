@@ -18,7 +18,7 @@ import importlib
 import importlib.metadata
 from types import ModuleType
 
-from models.base import CONTRACT_VERSION, Family
+from models.family import CONTRACT_VERSION, Family
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -11,46 +11,22 @@ A family module subclasses :class:`RegressionHead`, keeps its config (with the f
 
 from __future__ import annotations
 
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import Batch, ForecastSignal, check_choices, check_positive
+from models.base import Batch, ForecastSignal
+
+# The head's settings and their check, torch-free for the families' modules.
+from models.family import LOSS_KINDS as LOSS_KINDS
+from models.family import HeadConfig
+from models.family import LossKind as LossKind
+from models.family import check_head as check_head
 from models.ops import f32
 
-LossKind = Literal["huber", "mse"]
-LOSS_KINDS: tuple[LossKind, ...] = ("huber", "mse")
-
-
-class HeadConfig(Protocol):
-    """The config fields the head reads (every regression family's config has them)."""
-
-    @property
-    def loss(self) -> str:
-        """ "huber" (robust to fat tails) or "mse"."""
-        ...
-
-    @property
-    def huber_delta(self) -> float:
-        """Huber threshold in standard deviations of the target."""
-        ...
-
-    @property
-    def position_scale(self) -> float:
-        """Position = tanh(position_scale * forecast)."""
-        ...
-
-
 C = TypeVar("C", bound=HeadConfig)
-
-
-def check_head(config: HeadConfig) -> None:
-    """Validate the head's fields of ``config`` (for a family's ``__post_init__``)."""
-    check_choices("loss", config.loss, LOSS_KINDS)
-    check_positive("huber_delta", config.huber_delta)
-    check_positive("position_scale", config.position_scale)
 
 
 def regression_loss(

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -41,19 +40,19 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from trainables.checkpoint_files import CHECKPOINTS as CHECKPOINTS
+from trainables.checkpoint_files import EPOCH_DIR as EPOCH_DIR
+from trainables.checkpoint_files import META_FILE as META_FILE
+from trainables.checkpoint_files import OPTIM_FILE as OPTIM_FILE
+from trainables.checkpoint_files import STATE_FILE as STATE_FILE
+from trainables.checkpoint_files import TENSOR_FILES as TENSOR_FILES
+from trainables.checkpoint_files import WEIGHTS_FILE as WEIGHTS_FILE
 from trainables.returns_file import RETURNS_FILE, ReturnSeries, parse_returns
 from trainables.returns_file import returns_csv as returns_csv  # what the trainer writes
 
 SCHEMA_VERSION = 2
 """The one schema this build writes and reads (``meta.json``'s ``schema_version``)."""
-WEIGHTS_FILE = "model.safetensors"
-OPTIM_FILE = "optim.safetensors"
-STATE_FILE = "state.safetensors"
-META_FILE = "meta.json"
-CHECKPOINTS = "checkpoints"  # a run directory's epoch checkpoints (``hpo train --out DIR``)
-TENSOR_FILES = (WEIGHTS_FILE, OPTIM_FILE, STATE_FILE)
 GENERATOR_KEY = "generator"  # last component of every generator-state key in state.safetensors
-EPOCH_DIR = re.compile(r"^epoch_(\d{4,})$")
 
 
 class CheckpointError(RuntimeError):

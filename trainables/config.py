@@ -20,7 +20,7 @@ from typing import Any
 
 from models import get_family
 from trainables.pbt import PbtSettings
-from trainables.precision import POLICY_NAMES
+from trainables.precision_names import POLICY_NAMES
 from trainables.trial_keys import GROUP_KEY as GROUP_KEY
 from trainables.trial_keys import is_group_trial as is_group_trial
 from trainables.trial_keys import trial_key, trial_slugs

@@ -1,7 +1,7 @@
-"""From a data config to device tensors for each walk-forward fold.
+"""From a trial's market to device tensors for each walk-forward fold.
 
-The host side (:class:`Market`) is built once per trial: bars, past-only features and the
-walk-forward splits. Each fold then gets its own :class:`FoldData` on the training device:
+The host side (:class:`trainables.market.Market`) is built once per trial: bars, past-only
+features and the walk-forward splits. Each fold then gets its own :class:`FoldData` on the training device:
 features normalized with statistics of *that fold's training bars only* (so validation and
 test bars never leak into the scaling) and cast once to the policy's data dtype, and
 next-bar targets standardized by the training split's standard deviation.
@@ -10,72 +10,15 @@ next-bar targets standardized by the training split's standard deviation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from models.base import Batch
-from trainables.config import DataConfig, TrainConfig
-from trainables.data import (
-    FeatureSet,
-    Splits,
-    load_ohlcv,
-    make_features,
-    synthetic_bars,
-    walk_forward,
-)
+from trainables.market import Market
 from trainables.precision import F32
 
 FEATURE_CLIP = 10.0  # z-scores beyond +-10 are data errors or crashes; clip, don't explode
-
-
-@dataclass(frozen=True)
-class Market:
-    """Host-side data of one trial."""
-
-    features: FeatureSet
-    splits: Splits
-
-    @property
-    def n_assets(self) -> int:
-        return int(self.features.features.shape[1])
-
-    @property
-    def n_features(self) -> int:
-        return int(self.features.features.shape[2])
-
-
-def load_bars_source(data: DataConfig):
-    if data.source == "synthetic":
-        return synthetic_bars(
-            n_assets=data.n_assets, n_bars=data.n_bars, seed=data.seed, signal=data.signal
-        )
-    path = Path(data.source)
-    if not path.exists():
-        raise FileNotFoundError(f"data source {str(path)!r} does not exist (or use 'synthetic')")
-    return load_ohlcv(path)
-
-
-def market_splits(n_bars: int, first_valid: int, config: TrainConfig) -> Splits:
-    """The walk-forward splits of ``n_bars`` bars whose features are valid from bar
-    ``first_valid``: the first decision needs a full ``lookback`` window of them. The one
-    place this is decided (trials build it; the sweep spec checks it at parse time)."""
-    return walk_forward(
-        n_bars=n_bars,
-        first_valid=first_valid + config.lookback - 1,
-        n_folds=config.n_folds,
-        test_fraction=config.test_fraction,
-        val_fraction=config.val_fraction,
-        purge=config.purge,
-        embargo=config.embargo,
-    )
-
-
-def build_market(config: TrainConfig) -> Market:
-    features = make_features(load_bars_source(config.data))
-    splits = market_splits(features.features.shape[0], features.first_valid, config)
-    return Market(features=features, splits=splits)
 
 
 @dataclass

@@ -60,7 +60,7 @@ from trainables.checkpoint import (
     write_json,
 )
 from trainables.config import TrainConfig
-from trainables.dataset import FoldData, Market, build_fold, build_market
+from trainables.dataset import FoldData, build_fold
 from trainables.env import greedy_positions
 from trainables.inference import (
     EVAL_CHUNK,
@@ -73,6 +73,7 @@ from trainables.inference import (
     load_fold_model,
     read_features,
 )
+from trainables.market import Market, build_market
 from trainables.precision import PrecisionPolicy, default_device, get_policy
 
 ENSEMBLE_FILE = "ensemble.json"

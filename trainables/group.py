@@ -47,27 +47,10 @@ from trainables.checkpoint import Checkpoint
 from trainables.config import TrainConfig
 from trainables.fold_run import TrialDiverged
 from trainables.fusion import Fusion
+from trainables.pbt import mutable_setting_names
 from trainables.rng_state import restore_default_rng
 from trainables.trainer import Trainer
-from trainables.trial_keys import PER_TRIAL_SETTINGS
-
-
-def per_trial_settings(family: Family) -> frozenset[str]:
-    """The settings a group trial's trials may differ in: :data:`PER_TRIAL_SETTINGS` (seed,
-    and lr and weight decay, per slot in the fused optimizer) and the family's
-    ``per_trial_settings`` (the fused step never reads them, as the position scale, or
-    reads them per slot, as dropout rates and loss weights)."""
-    return frozenset(PER_TRIAL_SETTINGS) | family.per_trial_settings
-
-
-def mutable_setting_names(family: Family) -> tuple[str, ...]:
-    """The settings population-based training may change in ``family``'s trials (what
-    :meth:`TrainerGroup.mutable_settings` holds): lr, weight decay and the family's
-    per-trial model settings that are floats (by their defaults), in that order, the
-    family's by name."""
-    defaults = dataclasses.asdict(family.make_config({}))
-    own = sorted(n for n in family.per_trial_settings if isinstance(defaults.get(n), float))
-    return ("lr", "weight_decay", *own)
+from trainables.trial_keys import PER_TRIAL_SETTINGS, per_trial_settings
 
 
 def _shared_settings(config: TrainConfig, family: Family) -> dict[str, Any]:

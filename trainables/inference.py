@@ -103,7 +103,7 @@ def read_features(data: Path | str, config: TrainConfig) -> FeatureSet:
     """Features of the bars in ``data``, or of the trial's own data source for 'synthetic'."""
     if str(data) != "synthetic":
         return make_features(load_ohlcv(Path(data)))
-    from trainables.dataset import load_bars_source
+    from trainables.market import load_bars_source
 
     return make_features(load_bars_source(config.data))
 

@@ -20,11 +20,15 @@ module differs it says so.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from models.family import Family
 
 PERTURBATION_FACTORS = (0.8, 1.2)
 """Ray's default factors: a perturbed setting is 0.8 or 1.2 times what it was."""
@@ -219,3 +223,13 @@ class PbtSettings:
             resample_probability=float(value["resample_probability"]),
             mutations={k: mutation_from_dict(m) for k, m in value["mutations"].items()},
         )
+
+
+def mutable_setting_names(family: Family) -> tuple[str, ...]:
+    """The settings population-based training may change in ``family``'s trials (what
+    :meth:`trainables.group.TrainerGroup.mutable_settings` holds): lr, weight decay and the family's
+    per-trial model settings that are floats (by their defaults), in that order, the
+    family's by name."""
+    defaults = dataclasses.asdict(family.make_config({}))
+    own = sorted(n for n in family.per_trial_settings if isinstance(defaults.get(n), float))
+    return ("lr", "weight_decay", *own)

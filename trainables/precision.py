@@ -29,15 +29,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from trainables.optim import GuardedAdamW
-
-PolicyName = Literal["f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto"]
-POLICY_NAMES: tuple[str, ...] = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto")
+from trainables.precision_names import POLICY_NAMES as POLICY_NAMES
+from trainables.precision_names import PolicyName as PolicyName
 
 F32 = torch.float32
 BF16 = torch.bfloat16

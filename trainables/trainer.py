@@ -49,12 +49,13 @@ from trainables.checkpoint import (
 )
 from trainables.config import TrainConfig
 from trainables.cuda_graphs import StepRunner, graph_plan
-from trainables.dataset import FoldData, Market, build_fold, build_market
+from trainables.dataset import FoldData, build_fold
 from trainables.env import TradingEnv
 from trainables.epoch_metrics import OutOfSample, epoch_metrics
 from trainables.fold_run import EPOCH_START_SAMPLE, FoldRun, TrialDiverged
 from trainables.fusion import FusedFolds, Fusion
 from trainables.inference import span_positions
+from trainables.market import Market, build_market
 from trainables.memory import TrialMemory
 from trainables.optim import GuardedAdamW
 from trainables.precision import (

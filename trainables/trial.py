@@ -27,6 +27,7 @@ import torch
 from ray import tune
 
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from trainables.checkpoint_files import CKPT_SUBDIR as CKPT_SUBDIR
 from trainables.config import (
     GroupTrialConfig,
     TrainConfig,
@@ -47,7 +48,6 @@ from trainables.trial_keys import trial_key
 
 log = logging.getLogger("trainables.trial")
 
-CKPT_SUBDIR = "state"  # inside each reported Tune checkpoint directory
 _Loaded = TypeVar("_Loaded")
 
 

@@ -6,16 +6,27 @@ a trial's name as a path and id part. The codec of the configs themselves is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.family import Family
 
 PER_TRIAL_SETTINGS = ("seed", "lr", "weight_decay")
 """The trainer settings a group trial's trials may differ in (per-slot values in the fused
 optimizer). A family adds model settings its fused step never reads or reads per slot
 (``Family.per_trial_settings``: the position scale, dropout rates, loss weights;
-``trainables.group.per_trial_settings`` has both); the trials share every other setting."""
+:func:`per_trial_settings` has both); the trials share every other setting."""
 
 GROUP_KEY = "group"
 """Trial-dict key of a group trial's trials (:class:`trainables.config.GroupTrialConfig`)."""
+
+
+def per_trial_settings(family: Family) -> frozenset[str]:
+    """The settings a group trial's trials may differ in: :data:`PER_TRIAL_SETTINGS` (seed,
+    and lr and weight decay, per slot in the fused optimizer) and the family's
+    ``per_trial_settings`` (the fused step never reads them, as the position scale, or
+    reads them per slot, as dropout rates and loss weights)."""
+    return frozenset(PER_TRIAL_SETTINGS) | family.per_trial_settings
 
 
 def is_group_trial(config: Mapping[str, Any]) -> bool:

@@ -45,7 +45,7 @@ def families_cmd(
     """List the families with their search spaces (their adapters): the registered
     ones, those installed packages register, or the ones named."""
     from models import FamilyError, all_families, get_family
-    from models.base import describe_dim
+    from models.family import describe_dim
 
     try:
         families = [get_family(n) for n in names] if names else all_families()

@@ -33,7 +33,7 @@ from optuna.distributions import (
 )
 
 from hpo.search.param_searcher import ParamSearcher
-from models.base import Dim, Float, Int
+from models.family import Dim, Float, Int
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

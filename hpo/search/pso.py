@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from hpo.search.param_searcher import ParamSearcher
-from models.base import Choice, Dim, Float, Int
+from models.family import Choice, Dim, Float, Int
 
 STATE_VERSION = 1
 

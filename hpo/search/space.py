@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models import get_family
-from models.base import Choice, Dim, Float, Int
+from models.family import Choice, Dim, Float, Int
 from trainables.config import DATA_KEYS, TRAIN_KEYS
 
 # Trainer settings searched for every family unless a spec fixes or overrides them.

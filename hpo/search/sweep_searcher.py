@@ -11,7 +11,7 @@ metric values.
 Group trials (``grouping.group_size`` K > 1, a family that fuses): a search stream asks
 for :meth:`~hpo.spec.SweepSpec.configs_per_ask` configurations of one shape at a time, the
 first searched whole and the others with every setting but those its trials may differ in
-(:func:`trainables.group.per_trial_settings`: seed, lr, weight decay, the family's own)
+(:func:`trainables.trial_keys.per_trial_settings`: seed, lr, weight decay, the family's own)
 held at the first's; one ask's trials of one precision (configurations x seeds, at most
 K, split evenly) train as one group trial. Compare mode holds nothing: it groups the
 seeds of each configuration, and asks for several configurations at a time only where
@@ -50,9 +50,8 @@ from hpo.search.space import TrialSpace, trial_space
 from hpo.spec import SweepSpec
 from models import get_family
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
-from trainables.group import per_trial_settings
 from trainables.pbt import PbtSettings
-from trainables.trial_keys import precision_seed, trial_slugs
+from trainables.trial_keys import per_trial_settings, precision_seed, trial_slugs
 
 
 @dataclass

@@ -154,7 +154,8 @@ def test_dqn_profile_counts_both_networks_and_the_replay(
     dqn_profiles: dict[str, MemoryProfile], precision: str
 ) -> None:
     from models.base import DataShape
-    from models.dqn import DQNConfig, DQNLearner
+    from models.dqn import DQNConfig
+    from models.nets.dqn import DQNLearner
 
     profile = dqn_profiles[precision]
     e = ELEMENT[precision]

@@ -110,8 +110,7 @@ def tune_checkpoint(directory: Path, returns_text: str | None) -> Any:
 
     from ray import tune
 
-    from trainables.checkpoint import META_FILE, RETURNS_FILE
-    from trainables.trial import CKPT_SUBDIR
+    from trainables.checkpoint_files import CKPT_SUBDIR, META_FILE, RETURNS_FILE
 
     state = directory / CKPT_SUBDIR
     state.mkdir(parents=True, exist_ok=True)

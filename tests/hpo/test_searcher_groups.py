@@ -18,8 +18,13 @@ from hpo.spec import parse_spec
 from models import get_family
 from tests.hpo.sweep_helpers import tiny_spec
 from trainables.config import GROUP_KEY, GroupTrialConfig, TrialConfig, is_group_trial
-from trainables.group import per_trial_settings
-from trainables.trial_keys import PER_TRIAL_SETTINGS, precision_seed, trial_slugs, trials_of
+from trainables.trial_keys import (
+    PER_TRIAL_SETTINGS,
+    per_trial_settings,
+    precision_seed,
+    trial_slugs,
+    trials_of,
+)
 
 
 def _spec(**overrides: Any) -> Any:

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
+from cluster.fixed_plan import render_fixed_plan
 from cluster.gpu_types import GpuType
 from cluster.packing import plan
-from cluster.packing_plan import ClusterPacker, plan_rows, render_fixed_plan, render_plan
+from cluster.packing_plan import ClusterPacker, plan_rows, render_plan
 from cluster.vram_table import SharedVramCache, key_string, type_key
 from hpo.sweep import TrialResources, plan_configs, sweep_plan, sweep_resources
 from tests.cluster.test_vram_table import fake_profile

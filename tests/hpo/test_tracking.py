@@ -460,9 +460,8 @@ def test_checkpoint_returns_are_verified_against_their_listed_checksum(tmp_path:
     from pyarrow import fs
 
     from hpo.tracking import checkpoint_returns
-    from trainables.checkpoint import META_FILE
+    from trainables.checkpoint_files import CKPT_SUBDIR, META_FILE
     from trainables.returns_file import RETURNS_FILE
-    from trainables.trial import CKPT_SUBDIR
 
     state = tmp_path / CKPT_SUBDIR
     state.mkdir()

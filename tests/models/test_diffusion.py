@@ -1,4 +1,4 @@
-"""Tests of the conditional diffusion family (models/diffusion.py).
+"""Tests of the conditional diffusion family (models/diffusion.py, models/nets/diffusion.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_diffusion.py -q
 """
@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from models.base import Batch, DataShape, ForecastModel
-from models.diffusion import (
-    FAMILY,
+from models.diffusion import FAMILY, DiffusionConfig
+from models.nets.diffusion import (
     ConditionalDiffusion,
-    DiffusionConfig,
     NoiseSchedule,
     antithetic_noise,
     build,

@@ -11,13 +11,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models.dqn import (
-    DQNConfig,
-    DQNLearner,
-    WindowEncoder,
-    build,
-    categorical_projection,
-)
+from models.dqn import DQNConfig
+from models.nets.dqn import DQNLearner, WindowEncoder, build, categorical_projection
 from models.replay import ReplaySample
 from tests.models.rl_loop import SHAPE, tiny_env, tiny_learner, train_learner
 from trainables.env import TradingEnv

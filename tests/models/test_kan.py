@@ -1,4 +1,4 @@
-"""Tests of the Kolmogorov-Arnold Network family (models/kan.py).
+"""Tests of the Kolmogorov-Arnold Network family (models/kan.py, models/nets/kan.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_kan.py -q
 """
@@ -12,14 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from models.base import Batch, DataShape, ForecastModel
-from models.kan import (
-    FAMILY,
-    KAN,
-    KANConfig,
-    KANLayer,
-    build,
-    edge_regularization,
-)
+from models.kan import FAMILY, KANConfig
+from models.nets.kan import KAN, KANLayer, build, edge_regularization
 from models.ops import f32
 from trainables.precision import BF16, F32, get_policy
 

@@ -1,4 +1,4 @@
-"""Tests of the closed-form continuous-time (CfC) family (models/liquid.py).
+"""Tests of the closed-form continuous-time (CfC) family (models/liquid.py, models/nets/liquid.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_liquid.py -q
 """
@@ -11,15 +11,8 @@ import pytest
 import torch
 
 from models.base import Batch, DataShape, ForecastModel
-from models.liquid import (
-    FAMILY,
-    MODES,
-    CfCCell,
-    CfCMode,
-    LiquidConfig,
-    LiquidNet,
-    build,
-)
+from models.liquid import FAMILY, MODES, CfCMode, LiquidConfig
+from models.nets.liquid import CfCCell, LiquidNet, build
 from models.ops import f32
 from trainables.precision import BF16, F32, get_policy
 

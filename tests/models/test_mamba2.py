@@ -1,4 +1,4 @@
-"""Tests of the Mamba-2 family (models/mamba2.py).
+"""Tests of the Mamba-2 family (models/mamba2.py, models/nets/mamba2.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_mamba2.py -q
 """
@@ -11,19 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import mamba2
 from models.base import Batch, DataShape, Float, ForecastModel
-from models.mamba2 import (
-    FAMILY,
-    SEARCH_SPACE,
-    Mamba2,
-    Mamba2Block,
-    Mamba2Config,
-    Mamba2Mixer,
-    build,
-    ssd_chunked,
-    ssd_sequential,
-)
+from models.mamba2 import FAMILY, SEARCH_SPACE, Mamba2Config
+from models.nets import mamba2
+from models.nets.mamba2 import Mamba2, Mamba2Block, Mamba2Mixer, build, ssd_chunked, ssd_sequential
 from trainables.precision import get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)

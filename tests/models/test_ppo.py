@@ -14,14 +14,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models.ppo import (
-    PPOConfig,
-    PPOLearner,
-    build,
-    clipped_surrogate,
-    gae,
-    value_loss,
-)
+from models.nets.ppo import PPOLearner, build, clipped_surrogate, gae, value_loss
+from models.ppo import PPOConfig
 from tests.models.rl_loop import SHAPE, tiny_env, tiny_learner, train_learner
 from tests.trainables.helpers import tiny_config
 from trainables.checkpoint import load_checkpoint

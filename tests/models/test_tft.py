@@ -1,4 +1,4 @@
-"""Tests of the Temporal Fusion Transformer family (models/tft.py).
+"""Tests of the Temporal Fusion Transformer family (models/tft.py, models/nets/tft.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_tft.py -q
 """
@@ -11,16 +11,15 @@ from statistics import NormalDist
 import torch
 
 from models.base import Batch, Choice, DataShape, ForecastModel, count_parameters
-from models.tft import (
-    SEARCH_SPACE,
+from models.nets.tft import (
     TFT,
     InterpretableMultiHeadAttention,
     QuantileHead,
-    TFTConfig,
     build,
     pinball_loss,
     quantiles_to_positions,
 )
+from models.tft import SEARCH_SPACE, TFTConfig
 from trainables.precision import get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)

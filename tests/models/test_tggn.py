@@ -1,4 +1,4 @@
-"""Tests of the temporal graph network family (models/tggn.py).
+"""Tests of the temporal graph network family (models/tggn.py, models/nets/tggn.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_tggn.py -q
 """
@@ -10,14 +10,8 @@ import torch
 
 from models.base import Batch, DataShape, ForecastModel
 from models.heads import regression_loss
-from models.tggn import (
-    FAMILY,
-    TGGN,
-    GatedTemporalConv,
-    GraphLearner,
-    TGGNConfig,
-    build,
-)
+from models.nets.tggn import TGGN, GatedTemporalConv, GraphLearner, build
+from models.tggn import FAMILY, TGGNConfig
 from trainables.precision import F32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)

@@ -1,4 +1,4 @@
-"""Tests of the TLOB family (models/tlob.py).
+"""Tests of the TLOB family (models/tlob.py, models/nets/tlob.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_tlob.py -q
 """
@@ -12,16 +12,9 @@ import torch
 
 from models.base import Batch, Choice, DataShape, ForecastModel, inverse_softplus
 from models.heads import regression_loss
+from models.nets.tlob import TLOB, BiN, DualAttentionLayer, build, sinusoidal_embedding
 from models.ops import f32
-from models.tlob import (
-    SEARCH_SPACE,
-    TLOB,
-    BiN,
-    DualAttentionLayer,
-    TLOBConfig,
-    build,
-    sinusoidal_embedding,
-)
+from models.tlob import SEARCH_SPACE, TLOBConfig
 from trainables.precision import BF16, F32, get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)

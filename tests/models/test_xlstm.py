@@ -1,4 +1,4 @@
-"""Tests of the xLSTM family (models/xlstm.py).
+"""Tests of the xLSTM family (models/xlstm.py, models/nets/xlstm.py).
 
 Run: .venv/bin/python -m pytest tests/models/test_xlstm.py -q
 """
@@ -12,16 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from models.base import Batch, DataShape, ForecastModel
-from models.xlstm import (
+from models.nets.xlstm import (
     XLSTM,
     MLSTMBlock,
     SLSTMBlock,
-    XLSTMConfig,
     build,
     mlstm_parallel,
     mlstm_recurrent,
     slstm_scan,
 )
+from models.xlstm import XLSTMConfig
 from trainables.precision import get_policy
 
 SHAPE = DataShape(n_features=8, lookback=32, n_assets=4)

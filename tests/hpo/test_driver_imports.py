@@ -1,0 +1,78 @@
+"""A sweep's driver and the commands that read a sweep import no torch: every family's
+record reads without it (its network is imported where a trial builds one), so torch's
+import (about 2 s of one core here) is off the driver's path (bench/README.md, "A sweep's
+fixed cost"). Checked on the real ``hpo`` command in a subprocess: ``-X importtime``
+lists every module the driver imports (Ray's workers, which train, are processes of
+their own and import torch as before)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hpo.sweep_helpers import ONE_TFT, write_tiny_spec
+
+HPO = [sys.executable, "-X", "importtime", "-m", "hpo.cli"]
+
+
+def _imported(stderr: str) -> set[str]:
+    """The top-level packages an ``-X importtime`` run imported."""
+    found = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            found.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return found
+
+
+def test_every_familys_record_settings_and_space_read_without_torch() -> None:
+    code = (
+        "import sys, dataclasses, models\n"
+        "for family in models.all_families():\n"
+        "    config = family.make_config(dict(family.tiny))\n"
+        "    dataclasses.asdict(config), dict(family.search_space), family.fuses\n"
+        "print(len(models.all_families()), 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["10", "False"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_sweeps_driver_and_its_readers_import_no_torch(tmp_path: Path, mlflow_uri: str) -> None:
+    spec = write_tiny_spec(
+        tmp_path,
+        "no-torch",
+        mlflow_uri,
+        **ONE_TFT,
+        max_epochs=1,
+        trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 3},
+        walk_forward={"n_folds": 1},
+    )
+    sweep = subprocess.run(
+        [*HPO, "sweep", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    imported = _imported(sweep.stderr)
+    assert {"hpo", "ray", "mlflow", "models"} <= imported  # the flag did list the driver's
+    assert "torch" not in imported
+    sweep_dir = tmp_path / "results" / "no-torch"
+    for command in ("status", "best"):
+        read = subprocess.run(
+            [*HPO, command, str(sweep_dir), "--json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert read.returncode == 0, read.stderr[-3000:]
+        assert "torch" not in _imported(read.stderr), command
+        rows = json.loads(read.stdout)
+        rows = rows["trials"] if isinstance(rows, dict) else rows
+        assert [(r["family"], r["status"], r["epochs"]) for r in rows] == [("tft", "TERMINATED", 1)]
+    # the best trial's checkpoint, found by the torch-free file names, holds what resume reads
+    (best,) = rows
+    assert (Path(best["checkpoint"]) / "meta.json").is_file()
