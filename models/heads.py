@@ -1,10 +1,11 @@
 """The regression head shared by the forecast families that predict the next standardized
 return directly (Mamba2, xLSTM, TGGN, TLOB, Liquid, KAN): the loss names, its validation,
-the loss and how a forecast becomes a position. Loss and position run in f32 whatever the
+the loss and how a forecast becomes a position (the loss names and the settings' check are
+torch-free, in :mod:`models.family`, for the families' records). Loss and position run in f32 whatever the
 model's dtype: the loss is what backward starts from, and the position is a ratio read off
 a small number.
 
-A family module subclasses :class:`RegressionHead`, keeps its config (with the fields of
+A family's network (``models/nets/``) subclasses :class:`RegressionHead`, keeps its config (with the fields of
 :class:`HeadConfig`) in ``self.config``, and returns the (B, A) forecast from
 :meth:`RegressionHead.forecast` (by default ``self(batch.x)``).
 """
@@ -21,7 +22,7 @@ from models.base import Batch, ForecastSignal
 
 # The head's settings and their check, torch-free for the families' modules.
 from models.family import LOSS_KINDS as LOSS_KINDS
-from models.family import HeadConfig
+from models.family import HeadConfig as HeadConfig
 from models.family import LossKind as LossKind
 from models.family import check_head as check_head
 from models.ops import f32

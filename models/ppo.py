@@ -15,6 +15,10 @@ __all__ = [
 ]
 
 
+# --------------------------------------------------------------------------------------
+# Config
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     """PPO algorithm and network settings. The trainer owns lr, weight decay, grad clipping."""

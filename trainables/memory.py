@@ -12,8 +12,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a CUDA trial is measured: a sweep's driver (no torch) returns
+# its freed heap with release_freed_memory before a comparison.
 
 
 class TrialMemory:
@@ -39,6 +44,8 @@ class TrialMemory:
         self._sampled = 0
         gc.collect()  # a previous trial's cycles (models, optimizers) are freed first
         if device.type == "cuda":
+            import torch
+
             torch.cuda.reset_peak_memory_stats(device)
             self._baseline = torch.cuda.memory_allocated(device)
             self._hwm = False
@@ -49,6 +56,8 @@ class TrialMemory:
 
     def peak_mb(self) -> float:
         if self.device.type == "cuda":
+            import torch
+
             peak = torch.cuda.max_memory_allocated(self.device)
         elif self._hwm:
             peak = _proc_status_bytes("VmHWM") or _resident_bytes()

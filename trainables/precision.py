@@ -36,7 +36,6 @@ from torch import nn
 
 from trainables.optim import GuardedAdamW
 from trainables.precision_names import POLICY_NAMES as POLICY_NAMES
-from trainables.precision_names import PolicyName as PolicyName
 
 F32 = torch.float32
 BF16 = torch.bfloat16

@@ -4,7 +4,4 @@ policy each one names (and re-exports these)."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-PolicyName = Literal["f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto"]
 POLICY_NAMES: tuple[str, ...] = ("f32", "tf32", "bf16", "bf16-mixed", "fp16-mixed", "auto")

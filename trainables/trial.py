@@ -1,4 +1,6 @@
-"""The Ray Tune trainable: a thin function around the shared :class:`Trainer`.
+"""The trial loop Ray Tune runs: a thin function around the shared :class:`Trainer` (the
+driver names it by :func:`trainables.tune_entry.run_trial`, which imports this module in
+the trial's worker).
 
 Config in: a :class:`trainables.config.TrialConfig` dict (encoded by
 :class:`hpo.search.sweep_searcher.SweepSearcher`, decoded here by ``TrialConfig.from_dict``).

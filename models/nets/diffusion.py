@@ -63,6 +63,10 @@ MAX_BETA = 0.999  # their clip: the last cosine beta is 1 otherwise (abar_{T-1} 
 STD_EPS = 1e-6  # added to the sample std: identical samples give a saturated, finite position
 
 
+# --------------------------------------------------------------------------------------
+# Noise schedule (f32 buffers computed in float64)
+
+
 def make_betas(schedule: str, diffusion_steps: int) -> list[float]:
     """beta_0..beta_{T-1} in double precision (Python floats).
 
@@ -211,6 +215,10 @@ def samples_to_positions(samples: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.tanh(scale * mean / (std + STD_EPS))
 
 
+# --------------------------------------------------------------------------------------
+# Networks
+
+
 class SinusoidalTimeEmbedding(nn.Module):
     """t -> [sin(t w_k), cos(t w_k)], w_k = 10000^(-k / (d/2)) (Vaswani et al.; DDPM),
     computed in f32 from the integer t, then a 2-layer MLP in the network dtype."""
@@ -299,6 +307,10 @@ class Denoiser(nn.Module):
         for block in self.blocks:
             h = block(h, ctx)
         return self.out(F.silu(h))
+
+
+# --------------------------------------------------------------------------------------
+# The model
 
 
 class ConditionalDiffusion(nn.Module):

@@ -51,6 +51,10 @@ __all__ = [
 MARGIN_EPS = 1e-12  # confidence: action values this close count as a tie (confidence 0)
 
 
+# --------------------------------------------------------------------------------------
+# Network
+
+
 class WindowEncoder(nn.Module):
     """(B, L, F) window -> (B, H) features: ``relu(sum_l lag[h, l] * (W x_l)[h] + b[h])``.
 
@@ -156,6 +160,10 @@ def categorical_projection(
     distance = (tz[:, :, None] - support[None, None, :]).abs() / delta_z  # (B, K_src, K_dst)
     share = (1.0 - distance).clamp(min=0.0)
     return (probs[:, :, None] * share).sum(dim=1)  # (B, K_dst)
+
+
+# --------------------------------------------------------------------------------------
+# Learner
 
 
 class DQNLearner(nn.Module):

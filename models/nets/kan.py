@@ -55,16 +55,13 @@ __all__ = [
 # Initial spline coefficients: uniform noise of this total width (pykan's noise at its
 # defaults, noise_scale / G = 0.5 / 5; the spline starts near 0, as in the paper).
 SPLINE_INIT_NOISE = 0.1
-
-
+# The refit grid reaches this share of the sample's range (plus the same absolute amount)
 # beyond the smallest and largest sample, so every sample is strictly inside the grid.
 GRID_MARGIN = 0.01
-
-
+# Adjacent knots are kept at least this share of a uniform interval apart: ties in the
 # sample (clipped or constant features) would otherwise collapse intervals.
 MIN_KNOT_GAP = 0.01
-
-
+# Ridge per sample in the coefficient refit: keeps the least-squares system full rank
 # (CUDA's lstsq driver needs it) when a basis function sees few samples; its bias on the
 # refit is ~1e-5 of the coefficients at the edges of the sample.
 REFIT_RIDGE = 1e-8

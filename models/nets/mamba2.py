@@ -56,6 +56,10 @@ DT_INIT_FLOOR = 1e-4  # smallest initial dt (mamba_ssm's dt_init_floor)
 NORM_EPS = 1e-5  # explicit: the bf16 default eps of rms_norm would be 2^-7
 
 
+# --------------------------------------------------------------------------------------
+# The SSD layer (the paper's Listing 1, ssd_minimal). Callers pass f32 tensors.
+
+
 def ssd_chunked(
     x: torch.Tensor,
     a: torch.Tensor,
@@ -132,6 +136,10 @@ def ssd_sequential(
         state = decay * state + x[:, t, :, :, None] * b[:, t, :, None, :]  # (N, H, P, S)
         ys.append((state * c[:, t, :, None, :]).sum(-1))  # (N, H, P)
     return torch.stack(ys, dim=1), state
+
+
+# --------------------------------------------------------------------------------------
+# Modules
 
 
 class RMSNorm(nn.Module):

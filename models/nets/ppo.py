@@ -50,6 +50,10 @@ __all__ = [
 ]
 
 
+# --------------------------------------------------------------------------------------
+# Network
+
+
 LSTMState = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, H)
 
 
@@ -117,6 +121,10 @@ class ActorCritic(nn.Module):
             batch, self.lstm.hidden_size, dtype=like_tensor.dtype, device=like_tensor.device
         )
         return h, torch.zeros_like(h)
+
+
+# --------------------------------------------------------------------------------------
+# The pieces of the objective (pure functions, all f32)
 
 
 def gae(
@@ -203,6 +211,10 @@ def normalize(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return (x - x.mean()) / (x.std() + eps)
 
 
+# --------------------------------------------------------------------------------------
+# Rollout storage
+
+
 class Rollout:
     """One rollout of ``T`` vectorized steps of ``N`` environments, allocated once on the
     device. Observations and LSTM states in the data dtype, what the objective reads in f32.
@@ -267,6 +279,10 @@ class Rollout:
                     "changed?)"
                 )
             mine.copy_(state[name])  # copy_ casts to this run's dtype and device
+
+
+# --------------------------------------------------------------------------------------
+# Learner
 
 
 class PPOLearner(nn.Module):

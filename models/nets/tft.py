@@ -69,6 +69,12 @@ __all__ = [
 SPREAD_EPS = 1e-6
 
 
+# --------------------------------------------------------------------------------------
+# Building blocks (paper section 4.1). Linear layers act on the last dimension; the
+# "grouped" variant holds one independent weight per group (feature) along dim -2, which
+# is how the per-variable embeddings and GRNs of the variable selection run as one op.
+
+
 class GroupedLinear(nn.Module):
     """``groups`` independent linear maps: (..., G, d_in) -> (..., G, d_out)."""
 
@@ -318,6 +324,10 @@ class QuantileHead(nn.Module):
         return like(torch.cat([below, median, above], dim=-1), raw)
 
 
+# --------------------------------------------------------------------------------------
+# Loss and position mapping (both f32)
+
+
 def pinball_loss(pred: torch.Tensor, target: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
     """Quantile loss max(tau * e, (tau - 1) * e), e = target - pred, averaged over all.
 
@@ -336,6 +346,10 @@ def quantiles_to_positions(q: torch.Tensor, median_index: int, scale: float) -> 
     q32 = f32(q)
     spread = q32[..., -1] - q32[..., 0]  # >= 0: the head is non-crossing
     return torch.tanh(scale * q32[..., median_index] / (spread + SPREAD_EPS))
+
+
+# --------------------------------------------------------------------------------------
+# The model
 
 
 @dataclass(frozen=True)

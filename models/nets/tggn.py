@@ -47,6 +47,10 @@ __all__ = [
 ]
 
 
+# --------------------------------------------------------------------------------------
+# Graph: learned adjacency and propagation
+
+
 class GraphLearner(nn.Module):
     """Row-stochastic, top-k sparse adjacency softmax(topk(relu(E1 E2^T))) over A nodes."""
 
@@ -109,6 +113,10 @@ class GraphPropagation(nn.Module):
                 h = beta * x + (1.0 - beta) * h
             outputs.append(h)
         return self.dropout(self.select(torch.cat(outputs, dim=-1)))
+
+
+# --------------------------------------------------------------------------------------
+# Temporal modules
 
 
 class GatedTemporalConv(nn.Module):
@@ -181,6 +189,10 @@ class GraphGRULayer(nn.Module):
             outputs.append(like(h, x))
         states = torch.stack(outputs, dim=2)  # (B, A, L, C)
         return self.norm(x + states), self.skip(states[:, :, -1])
+
+
+# --------------------------------------------------------------------------------------
+# The model
 
 
 class TGGN(RegressionHead[TGGNConfig]):

@@ -53,6 +53,10 @@ __all__ = [
 BIN_MIN_STD = 1e-4
 
 
+# --------------------------------------------------------------------------------------
+# Building blocks
+
+
 class BiN(nn.Module):
     """Bilinear normalization of (N, L, F) windows (formulas in the module docstring)."""
 
@@ -123,6 +127,10 @@ class DualAttentionLayer(nn.Module):
         if self.out_dim == self.dim:
             out = out + x
         return out, attn
+
+
+# --------------------------------------------------------------------------------------
+# The model
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,10 @@ FORGET_BIAS_RANGE = (3.0, 6.0)  # sigmoid(3..6) = 0.95..0.998: memory of ~20-400
 CELL_EPS = 1e-6  # added to the mLSTM normalizer, as in the authors' code
 
 
+# --------------------------------------------------------------------------------------
+# mLSTM cell: parallel form and its recurrent reference. Callers pass f32 tensors.
+
+
 def mlstm_parallel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -131,6 +135,10 @@ def slstm_scan(pre: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
         h_state = torch.sigmoid(o_raw) * c_state / n_state
         out.append(h_state)
     return torch.stack(out)
+
+
+# --------------------------------------------------------------------------------------
+# Modules
 
 
 class BlockDiagonalLinear(nn.Module):

@@ -110,7 +110,8 @@ def tune_checkpoint(directory: Path, returns_text: str | None) -> Any:
 
     from ray import tune
 
-    from trainables.checkpoint_files import CKPT_SUBDIR, META_FILE, RETURNS_FILE
+    from trainables.checkpoint_files import CKPT_SUBDIR, META_FILE
+    from trainables.returns_file import RETURNS_FILE
 
     state = directory / CKPT_SUBDIR
     state.mkdir(parents=True, exist_ok=True)

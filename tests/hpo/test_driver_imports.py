@@ -43,11 +43,13 @@ def test_every_familys_record_settings_and_space_read_without_torch() -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_sweeps_driver_and_its_readers_import_no_torch(tmp_path: Path, mlflow_uri: str) -> None:
+    # A compare sweep, so the driver's end (the comparison, its report) is on the path too.
     spec = write_tiny_spec(
         tmp_path,
         "no-torch",
         mlflow_uri,
-        **ONE_TFT,
+        **{**ONE_TFT, "precisions": ["f32", "bf16"]},
+        compare=True,
         max_epochs=1,
         trainer={"lookback": 16, "batch_size": 32, "max_steps_per_epoch": 3},
         walk_forward={"n_folds": 1},
@@ -72,7 +74,10 @@ def test_a_sweeps_driver_and_its_readers_import_no_torch(tmp_path: Path, mlflow_
         assert "torch" not in _imported(read.stderr), command
         rows = json.loads(read.stdout)
         rows = rows["trials"] if isinstance(rows, dict) else rows
-        assert [(r["family"], r["status"], r["epochs"]) for r in rows] == [("tft", "TERMINATED", 1)]
-    # the best trial's checkpoint, found by the torch-free file names, holds what resume reads
-    (best,) = rows
-    assert (Path(best["checkpoint"]) / "meta.json").is_file()
+        assert sorted((r["precision"], r["status"], r["epochs"]) for r in rows) == [
+            ("bf16", "TERMINATED", 1),
+            ("f32", "TERMINATED", 1),
+        ]
+    # the best trials' checkpoints, found by the torch-free file names, hold what resume reads
+    assert all((Path(r["checkpoint"]) / "meta.json").is_file() for r in rows)
+    assert "comparison" in sweep.stdout.lower()

@@ -212,11 +212,12 @@ def test_an_oom_retry_continues_its_run_resolves_its_pair_and_the_sweep_finishes
     a larger share; MLflow then holds one run per trial, the retry's, the pair is
     compared, and the parent run is FINISHED."""
     from hpo.compare import comparison_from_mlflow
-    from trainables import trial as trial_module
+    from trainables import tune_entry
 
     folder = tmp_path / "events"
     folder.mkdir()
-    monkeypatch.setattr(trial_module, "run_trial", _run_trial_with_a_planted_oom(str(folder)))
+    # The trainable the sweep hands Tune (the worker then runs the real trial loop).
+    monkeypatch.setattr(tune_entry, "run_trial", _run_trial_with_a_planted_oom(str(folder)))
     spec = tiny_spec(
         tmp_path,
         name="oom-retry",
