@@ -40,13 +40,15 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from trainables.checkpoint_files import CHECKPOINTS as CHECKPOINTS
-from trainables.checkpoint_files import EPOCH_DIR as EPOCH_DIR
-from trainables.checkpoint_files import META_FILE as META_FILE
-from trainables.checkpoint_files import OPTIM_FILE as OPTIM_FILE
-from trainables.checkpoint_files import STATE_FILE as STATE_FILE
-from trainables.checkpoint_files import TENSOR_FILES as TENSOR_FILES
-from trainables.checkpoint_files import WEIGHTS_FILE as WEIGHTS_FILE
+from trainables.checkpoint_files import (
+    CHECKPOINTS,
+    EPOCH_DIR,
+    META_FILE,
+    OPTIM_FILE,
+    STATE_FILE,
+    TENSOR_FILES,
+    WEIGHTS_FILE,
+)
 from trainables.returns_file import RETURNS_FILE, ReturnSeries, parse_returns
 from trainables.returns_file import returns_csv as returns_csv  # what the trainer writes
 

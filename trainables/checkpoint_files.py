@@ -1,6 +1,6 @@
 """The names of a checkpoint's files and directories, without torch: the sweep's driver,
 ``hpo status`` and the MLflow callback find checkpoints by them; :mod:`trainables.checkpoint`
-writes and reads what they name (and re-exports them)."""
+writes and reads what they name."""
 
 from __future__ import annotations
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from trainables.checkpoint import (
-    CHECKPOINTS,
     CheckpointError,
     checkpoint_source,
     epoch_dir_name,
     latest_good_checkpoint,
     prune_checkpoints,
 )
+from trainables.checkpoint_files import CHECKPOINTS
 from trainables.config import TrainConfig
 from trainables.trainer import Trainer
 

@@ -29,7 +29,7 @@ import torch
 from ray import tune
 
 from trainables.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from trainables.checkpoint_files import CKPT_SUBDIR as CKPT_SUBDIR
+from trainables.checkpoint_files import CKPT_SUBDIR
 from trainables.config import (
     GroupTrialConfig,
     TrainConfig,

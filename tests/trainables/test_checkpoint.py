@@ -13,15 +13,13 @@ import torch
 
 from tests.trainables.helpers import fold_weights, tiny_config
 from trainables.checkpoint import (
-    META_FILE,
-    OPTIM_FILE,
     SCHEMA_VERSION,
-    WEIGHTS_FILE,
     CheckpointError,
     file_size,
     latest_good_checkpoint,
     load_checkpoint,
 )
+from trainables.checkpoint_files import META_FILE, OPTIM_FILE, WEIGHTS_FILE
 from trainables.config import DataConfig
 from trainables.local import train_local
 from trainables.precision import BF16, F32
