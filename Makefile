@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 COMPILED := $(VENV)/.compiled
 
-.PHONY: setup demo test lint typecheck clean chromium bytecode
+.PHONY: setup demo test lint typecheck clean chromium
 
 SOURCES := hpo trainables models cluster dashboards
 LINTED := $(SOURCES) tests bench
@@ -18,34 +18,30 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --no-compile -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
-# Bytecode for everything installed, on every core: pip compiles one file at a time (about
-# a minute of one core here, the other idle). As with pip, a file this Python cannot compile
-# (torch ships a 3.12-only test helper) is left for an import to report, hence `|| true`.
+# Bytecode for everything installed, on every core: pip's own pass compiles one file at a
+# time (about a minute of one core here, the other idle), and without bytecode every
+# process compiles what it imports (where PYTHONDONTWRITEBYTECODE is set, as in the
+# sandboxes this project is tested in, nothing writes it later). As with pip, a file this
+# Python cannot compile (torch ships a 3.12-only test helper) is left for an import to
+# report, hence `|| true`.
 $(COMPILED): $(STAMP)
 	$(BIN)/python -m compileall -q -q -j 0 $(VENV)/lib || true
 	touch $(COMPILED)
 
-# The project's own modules too, each time (only what changed is compiled): an editable
-# install gets no bytecode from pip, and where PYTHONDONTWRITEBYTECODE is set (the
-# sandboxes this project is tested in set it) every process would compile them again,
-# each Ray worker included.
-bytecode: $(COMPILED)
-	$(BIN)/python -m compileall -q -j 0 $(LINTED)
-
-setup: bytecode
+setup: $(COMPILED)
 
 # Headless Chromium renders the comparison report in tests/dashboards (skipped without it).
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
-demo: bytecode
+demo: $(COMPILED)
 	$(BIN)/hpo sweep examples/quick.toml --name quick-$$(date +%Y%m%d-%H%M%S)
 
 # Style, types, bytecode and the browser first, side by side (mypy takes a core for about
 # a minute, the bytecode both cores for half of one, chromium's install the network): CI
 # keeps them without anyone remembering to. The layering is a test (tests/test_layers.py).
 test: $(STAMP)
-	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium bytecode
+	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium $(COMPILED)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
