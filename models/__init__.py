@@ -18,7 +18,7 @@ import importlib
 import importlib.metadata
 from types import ModuleType
 
-from models.family import CONTRACT_VERSION, Family
+from models.family import CONTRACT_VERSION, Family, Network
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -159,6 +159,10 @@ def _check_contract(name: str, family: Family) -> None:
             f"family {name!r}: {sorted(family.per_trial_settings & family.shape_settings)} are "
             "both shape_settings and per_trial_settings (a group trial's trials share shapes)"
         )
+    if isinstance(family.build, Network):
+        problem = family.build.problem()
+        if problem is not None:  # here, before launch, not in each trial's worker
+            raise FamilyError(f"family {name!r}: {problem}")
 
 
 def all_families() -> list[Family]:

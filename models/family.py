@@ -11,8 +11,10 @@ cheap; its network lives in ``models/nets/`` (docs/families.md, "Files").
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
+import importlib.util
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -133,6 +135,60 @@ class Network:
             importlib.import_module(module), attribute
         )
         return build(config, shape)
+
+    def problem(self) -> str | None:
+        """Why the reference cannot resolve, found without running the network's module
+        (that would import torch into whoever reads the record): not ``module:ATTR``, a
+        module that cannot be found, or one whose source defines no ``ATTR`` at its top
+        level. None when it looks right. A module that fails as it runs (a missing
+        dependency) still fails at the first build; ``hpo check-family`` builds it."""
+        module, _, attribute = self.reference.partition(":")
+        if not module or not attribute.isidentifier():
+            return f"network {self.reference!r} is not 'package.module:ATTR'"
+        try:  # imports the parent packages, not the module itself
+            spec = importlib.util.find_spec(module)
+        except Exception as exc:  # a parent package missing, or failing to import
+            return f"network module {module!r} cannot be found ({type(exc).__name__}: {exc})"
+        if spec is None:
+            return f"network module {module!r} cannot be found"
+        get_source = getattr(spec.loader, "get_source", None)
+        source = get_source(module) if get_source is not None else None
+        if source is None:  # compiled, or no loader that reads source: the build will tell
+            return None
+        names = _top_level_names(ast.parse(source))
+        if names is None or attribute in names:
+            return None
+        return f"network module {module!r} ({spec.origin}) defines no {attribute!r}"
+
+
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """The names a module binds at its top level (in ``if``/``try``/``with`` blocks too);
+    None when its names cannot be known from the source (``import *``, a module
+    ``__getattr__``)."""
+    names: set[str] = set()
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.partition(".")[0])
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.If | ast.With | ast.For | ast.While):
+            pending.extend([*node.body, *node.orelse] if hasattr(node, "orelse") else node.body)
+        elif isinstance(node, ast.Try):
+            pending.extend([*node.body, *node.orelse, *node.finalbody])
+            for handler in node.handlers:
+                pending.extend(handler.body)
+    return names
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import pytest
 import models
 from hpo.spec import SpecError, parse_spec
 from models import FamilyError, get_family, installed_names
+from models.family import Network
 from tests.hpo.sweep_helpers import tiny_spec
 from trainables.contract import run_checks
 
@@ -32,6 +33,13 @@ def _module(tmp_path: Path, name: str, body: str, monkeypatch: pytest.MonkeyPatc
 
 
 DESK = (EXAMPLE / "desk_gru.py").read_text()
+# The kan record with its network named elsewhere (models.family.Network).
+KAN_WITH_NETWORK = """
+import dataclasses
+from models.family import Network
+from models.kan import FAMILY as KAN
+FAMILY = dataclasses.replace(KAN, build=Network({!r}))
+"""
 
 
 def test_a_reference_resolves_to_a_family_outside_the_repository(
@@ -55,6 +63,21 @@ def test_a_reference_resolves_to_a_family_outside_the_repository(
             DESK.replace('    tiny={"hidden": 8},', "    tiny={'hidden': 8}, contract=99,"),
             "broken:FAMILY",
             "was written for family contract 99; this foxhunt-hpo implements 1",
+        ),
+        (
+            KAN_WITH_NETWORK.format("desk_nowhere_nets:build"),
+            "broken:FAMILY",
+            "family 'broken:FAMILY': network module 'desk_nowhere_nets' cannot be found",
+        ),
+        (
+            KAN_WITH_NETWORK.format("models.nets.kan:biuld"),
+            "broken:FAMILY",
+            "/models/nets/kan.py) defines no 'biuld'",
+        ),
+        (
+            KAN_WITH_NETWORK.format("models.nets.kan.build"),
+            "broken:FAMILY",
+            "network 'models.nets.kan.build' is not 'package.module:ATTR'",
         ),
         (
             DESK.replace(
@@ -83,6 +106,21 @@ def test_a_family_that_cannot_be_used_is_refused_with_the_reason(
     with pytest.raises(FamilyError) as raised:
         get_family(reference)
     assert message in str(raised.value), str(raised.value)
+
+
+def test_a_network_reference_is_checked_without_importing_its_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt ``build`` is refused where the record is read (above, with the module's
+    file); a right one resolves and its module is imported only by a build."""
+    _module(tmp_path, "desk_nets", "import torch\nbuild = None\n", monkeypatch)
+    _module(tmp_path, "broken", KAN_WITH_NETWORK.format("desk_nets:build"), monkeypatch)
+    monkeypatch.delitem(sys.modules, "desk_nets", raising=False)
+    assert get_family("broken:FAMILY").build == Network("desk_nets:build")
+    assert "desk_nets" not in sys.modules
+    for name in models.family_names():  # and the ten records name their networks rightly
+        network = get_family(name).build
+        assert isinstance(network, Network) and network.problem() is None
 
 
 def test_an_installed_package_registers_a_name(
