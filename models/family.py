@@ -139,56 +139,79 @@ class Network:
     def problem(self) -> str | None:
         """Why the reference cannot resolve, found without running the network's module
         (that would import torch into whoever reads the record): not ``module:ATTR``, a
-        module that cannot be found, or one whose source defines no ``ATTR`` at its top
-        level. None when it looks right. A module that fails as it runs (a missing
+        module that cannot be found or read, or one whose source binds no ``ATTR``
+        anywhere. None when it looks right. Finding the module runs its parent packages'
+        ``__init__``, as any import would. A module that fails as it runs (a missing
         dependency) still fails at the first build; ``hpo check-family`` builds it."""
         module, _, attribute = self.reference.partition(":")
         if not module or not attribute.isidentifier():
             return f"network {self.reference!r} is not 'package.module:ATTR'"
-        try:  # imports the parent packages, not the module itself
+        where = (
+            "; it must be importable where the sweep runs (an installed package, "
+            "PYTHONPATH, or `hpo submit`'s working directory)"
+        )
+        try:
             spec = importlib.util.find_spec(module)
         except Exception as exc:  # a parent package missing, or failing to import
-            return f"network module {module!r} cannot be found ({type(exc).__name__}: {exc})"
+            return (
+                f"network module {module!r} cannot be found, or its package fails to import "
+                f"({type(exc).__name__}: {exc}){where}"
+            )
         if spec is None:
-            return f"network module {module!r} cannot be found"
+            return f"network module {module!r} cannot be found{where}"
         get_source = getattr(spec.loader, "get_source", None)
-        source = get_source(module) if get_source is not None else None
-        if source is None:  # compiled, or no loader that reads source: the build will tell
-            return None
-        names = _top_level_names(ast.parse(source))
+        try:
+            source = get_source(module) if get_source is not None else None
+            if source is None:  # compiled, or a loader without source: the build will tell
+                return None
+            names = _bound_names(ast.parse(source, filename=spec.origin or module))
+        except (ImportError, SyntaxError, ValueError) as exc:
+            return (
+                f"network module {module!r} ({spec.origin}) cannot be read "
+                f"({type(exc).__name__}: {exc})"
+            )
         if names is None or attribute in names:
             return None
         return f"network module {module!r} ({spec.origin}) defines no {attribute!r}"
 
 
-def _top_level_names(tree: ast.Module) -> set[str] | None:
-    """The names a module binds at its top level (in ``if``/``try``/``with`` blocks too);
-    None when its names cannot be known from the source (``import *``, a module
-    ``__getattr__``)."""
+# Calls through which a module may bind names the source does not spell as bindings.
+_DYNAMIC_BINDERS = frozenset({"globals", "vars", "setattr", "exec"})
+
+
+def _bound_names(tree: ast.Module) -> set[str] | None:
+    """Every name the module's source binds anywhere (a function's locals too: a refusal
+    must never be wrong, so this over-collects and a typo, bound nowhere, is still
+    caught); None when its names cannot be known from the source (``import *``, a module
+    ``__getattr__``, ``globals()`` and its kin, ``sys.modules``)."""
     names: set[str] = set()
-    pending: list[ast.stmt] = list(tree.body)
-    while pending:
-        node = pending.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == "__getattr__":
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif node.id in _DYNAMIC_BINDERS:
                 return None
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
                 if alias.name == "*":
                     return None
                 names.add(alias.asname or alias.name.partition(".")[0])
-        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, ast.If | ast.With | ast.For | ast.While):
-            pending.extend([*node.body, *node.orelse] if hasattr(node, "orelse") else node.body)
-        elif isinstance(node, ast.Try):
-            pending.extend([*node.body, *node.orelse, *node.finalbody])
-            for handler in node.handlers:
-                pending.extend(handler.body)
-    return names
+        elif isinstance(node, ast.Global):
+            names.update(node.names)
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "modules"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
+            return None  # sys.modules[__name__] = ...: a module replacing itself
+    return None if "__getattr__" in names else names
 
 
 @dataclass(frozen=True)

@@ -112,15 +112,51 @@ def test_a_network_reference_is_checked_without_importing_its_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A misspelt ``build`` is refused where the record is read (above, with the module's
-    file); a right one resolves and its module is imported only by a build."""
-    _module(tmp_path, "desk_nets", "import torch\nbuild = None\n", monkeypatch)
+    file); a right one resolves, bound however a module binds it, and its module is
+    imported by the first build, not before."""
+    _module(tmp_path, "desk_nets", "def build(config, shape):\n    return 'built'\n", monkeypatch)
     _module(tmp_path, "broken", KAN_WITH_NETWORK.format("desk_nets:build"), monkeypatch)
-    monkeypatch.delitem(sys.modules, "desk_nets", raising=False)
-    assert get_family("broken:FAMILY").build == Network("desk_nets:build")
-    assert "desk_nets" not in sys.modules
+    family = get_family("broken:FAMILY")
+    assert family.build == Network("desk_nets:build") and "desk_nets" not in sys.modules
+    assert family.build(None, None) == "built" and "desk_nets" in sys.modules
     for name in models.family_names():  # and the ten records name their networks rightly
         network = get_family(name).build
         assert isinstance(network, Network) and network.problem() is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "if True:\n    from json import dumps as build\n",
+        "(build := len)\n",
+        "match 1:\n    case build:\n        pass\n",
+        "def _install():\n    global build\n    build = len\n_install()\n",
+        "for build in [len]:\n    pass\n",
+        "globals()['bu' + 'ild'] = len\n",
+        "__getattr__, __dir__ = (lambda name: len), (lambda: ['build'])\n",
+    ],
+)
+def test_a_network_module_binding_its_build_any_way_is_accepted(
+    body: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _module(tmp_path, "desk_nets", body, monkeypatch)
+    assert Network("desk_nets:build").problem() is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("def build(:\n", "(SyntaxError: invalid syntax ("),
+        ("x = 1\n", "defines no 'build'"),
+    ],
+)
+def test_a_network_module_that_cannot_be_read_or_lacks_its_build_is_named(
+    body: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _module(tmp_path, "desk_nets", body, monkeypatch)
+    problem = Network("desk_nets:build").problem() or ""
+    assert f"network module 'desk_nets' ({tmp_path / 'desk_nets.py'})" in problem
+    assert message in problem, problem
 
 
 def test_an_installed_package_registers_a_name(
