@@ -18,7 +18,7 @@ import importlib
 import importlib.metadata
 from types import ModuleType
 
-from models.family import CONTRACT_VERSION, Family, Network
+from models.family import CONTRACT_VERSION, IMPORTABLE_WHERE, Family, Network
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -115,8 +115,7 @@ def _resolve(name: str, reference: str) -> Family:
     except Exception as exc:  # the module's own error: missing, or failing to import
         raise FamilyError(
             f"family {name!r}: cannot import module {module_name!r} "
-            f"({type(exc).__name__}: {exc}); it must be importable where the sweep runs "
-            "(an installed package, PYTHONPATH, or `hpo submit`'s working directory)"
+            f"({type(exc).__name__}: {exc}); {IMPORTABLE_WHERE}"
         ) from exc
     try:
         found = getattr(module, attribute)

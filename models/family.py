@@ -121,6 +121,13 @@ class DataShape:
 FamilyKind = Literal["forecast", "rl"]
 
 
+IMPORTABLE_WHERE = (
+    "it must be importable where the sweep runs (an installed package, PYTHONPATH, or "
+    "`hpo submit`'s working directory)"
+)
+"""What a family's module, or its network's, must be: said when either cannot be found."""
+
+
 @dataclass(frozen=True)
 class Network:
     """A family's ``build`` named by import reference (``"models.nets.kan:build"``),
@@ -146,10 +153,7 @@ class Network:
         module, _, attribute = self.reference.partition(":")
         if not module or not attribute.isidentifier():
             return f"network {self.reference!r} is not 'package.module:ATTR'"
-        where = (
-            "; it must be importable where the sweep runs (an installed package, "
-            "PYTHONPATH, or `hpo submit`'s working directory)"
-        )
+        where = f"; {IMPORTABLE_WHERE}"
         try:
             spec = importlib.util.find_spec(module)
         except Exception as exc:  # a parent package missing, or failing to import
