@@ -1,13 +1,13 @@
 """The regression head shared by the forecast families that predict the next standardized
 return directly (Mamba2, xLSTM, TGGN, TLOB, Liquid, KAN): the loss names, its validation,
-the loss and how a forecast becomes a position (the loss names and the settings' check are
-torch-free, in :mod:`models.family`, for the families' records). Loss and position run in f32 whatever the
-model's dtype: the loss is what backward starts from, and the position is a ratio read off
-a small number.
+the loss and how a forecast becomes a position (the loss names and the settings' check
+are torch-free, in :mod:`models.family`, for the families' records). Loss and position
+run in f32 whatever the model's dtype: the loss is what backward starts from, and the
+position is a ratio read off a small number.
 
-A family's network (``models/nets/``) subclasses :class:`RegressionHead`, keeps its config (with the fields of
-:class:`HeadConfig`) in ``self.config``, and returns the (B, A) forecast from
-:meth:`RegressionHead.forecast` (by default ``self(batch.x)``).
+A family's network (``models/nets/``) subclasses :class:`RegressionHead`, keeps its
+config (with the fields of :class:`HeadConfig`) in ``self.config``, and returns the
+(B, A) forecast from :meth:`RegressionHead.forecast` (by default ``self(batch.x)``).
 """
 
 from __future__ import annotations
