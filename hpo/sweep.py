@@ -25,6 +25,7 @@ from hpo.rungs import ASHA_REDUCTION_FACTOR, start_rung_board
 from hpo.spec import SweepSpec
 from hpo.tracking_store import StoreWarmup
 from hpo.trials import TrialRow, best_rows, latest_attempts, trial_rows
+from trainables.memory import resume_collection
 
 if TYPE_CHECKING:  # imports ray (and torch); loaded when a sweep starts
     from mlflow.tracking import MlflowClient
@@ -183,6 +184,15 @@ def _sigterm_stops_gracefully() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _fit(tuner: Any) -> None:
+    """Tune runs the trials: the driver's long work. The collector the command's start
+    paused runs from here (:func:`trainables.memory.resume_collection`); SIGTERM stops
+    the run gracefully."""
+    resume_collection()
+    with _sigterm_stops_gracefully():
+        tuner.fit()
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -413,8 +423,7 @@ def run_sweep(
     watchers = _watchers(record, on_event)
     searcher = watchers.attach(SweepSearcher(spec))
     tuner = build_tuner(spec, record, watchers, resources, searcher)
-    with _sigterm_stops_gracefully():
-        tuner.fit()
+    _fit(tuner)
     del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
 
@@ -455,8 +464,7 @@ def resume_sweep(
     watchers = _watchers(record, on_event)
     _replace_watchers(tuner, watchers)
     searcher = watchers.attach(_restored_searcher(tuner))
-    with _sigterm_stops_gracefully():
-        tuner.fit()
+    _fit(tuner)
     del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
 

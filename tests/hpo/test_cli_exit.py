@@ -228,3 +228,15 @@ def test_a_local_ray_is_stopped_by_its_raylet_then_the_rest_killed() -> None:
     assert raylet.calls == ["terminate", "wait"]
     assert gcs.calls == monitor.calls == ["kill"]
     assert gone.calls == []
+
+
+def test_a_command_starts_with_the_collector_paused() -> None:
+    """Its imports (Tune, MLflow, torch) run without the cyclic collector walking the
+    growing heap (trainables.memory.pause_collection); a sweep or a trainer resumes it."""
+    script = (
+        "import gc\nfrom hpo.cli import _app\n"
+        "_app.exit_on_user_error = lambda app: print(gc.isenabled())\n_app.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "False\n"

@@ -1,9 +1,12 @@
 """A trial's start-up collection frees what earlier trials left behind, and in a Tune
-worker it stops walking the whole process at every trial without freezing any trial."""
+worker it stops walking the whole process at every trial without freezing any trial; a
+process's imports run with the collector off."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 
@@ -82,3 +85,83 @@ def test_after_two_trials_a_collection_walks_only_the_trials_own_objects(
     assert gc.get_freeze_count() <= frozen
     TrialMemory(CPU)
     assert len(gc.get_objects()) < 0.05 * alive  # what each later collection walks
+
+
+# A process's import-heavy start with the collector paused (trainables.memory): each case
+# runs in a fresh interpreter, where the collector's state and the frozen objects are the
+# process's own, not the test session's.
+PAUSE_AND_RESUME = """
+import gc
+from trainables.memory import pause_collection, resume_collection
+
+pause_collection()
+pause_collection()  # twice: still one pause
+assert not gc.isenabled()
+frozen = gc.get_freeze_count()
+import json, email.parser  # what a command imports meanwhile
+resume_collection()
+assert gc.isenabled()
+assert gc.get_freeze_count() > frozen  # the start's objects are frozen...
+frozen = gc.get_freeze_count()
+resume_collection()  # ...once
+assert gc.get_freeze_count() == frozen
+
+gc.disable()  # a collector the caller turned off stays off
+pause_collection()
+resume_collection()
+assert not gc.isenabled() and gc.get_freeze_count() == frozen
+print("ok")
+"""
+
+# tune_entry imports the trial loop (torch, Tune, the trainer) with the collector off,
+# and runs the trial with it on: a stand-in for trainables.trial records both.
+TRIAL_IMPORT = """
+import gc, importlib.abc, importlib.util, sys
+seen = []
+
+class StandIn(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        seen.append(("import", gc.isenabled()))
+        module.run_trial = lambda *args: seen.append(("trial", gc.isenabled()))
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "trainables.trial":
+            return importlib.util.spec_from_loader(name, StandIn())
+        return None
+
+sys.meta_path.insert(0, Finder())
+from trainables.tune_entry import run_trial
+run_trial({})
+print(seen)
+"""
+
+
+@pytest.mark.parametrize("script", [PAUSE_AND_RESUME, TRIAL_IMPORT], ids=["pause", "trial"])
+def test_a_process_start_imports_with_the_collector_off(script: str) -> None:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected = "ok" if script is PAUSE_AND_RESUME else "[('import', False), ('trial', True)]"
+    assert done.stdout.strip() == expected
+
+
+def test_a_trainer_resumes_the_collector_a_command_paused(
+    fresh_worker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hpo train and check-family train in the command's process: the collector runs
+    from the first trainer on."""
+    monkeypatch.setattr(memory, "_PAUSED_AT_START", [False])
+    gc.disable()
+    try:
+        memory.pause_collection()  # the collector was off: nothing to resume later
+        TrialMemory(CPU)
+        assert not gc.isenabled()
+        gc.enable()
+        memory.pause_collection()
+        assert not gc.isenabled()
+        TrialMemory(CPU)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
