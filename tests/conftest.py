@@ -33,6 +33,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     test: what lives across one is what lives for long (imports, caches, session
     fixtures), while a module's own fixtures, which may hold reference cycles, are gone."""
     yield
+    if _uses_the_session_ray(item) and not _uses_the_session_ray(nextitem):
+        SESSION_RAY.stop()
     if nextitem is None or nextitem.module is not item.module:  # type: ignore[attr-defined]
         gc.collect()
         gc.freeze()
@@ -43,17 +45,52 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+class _SessionRay:
+    """The local Ray of the tests that use one (the ``ray_session`` fixture): 2 CPUs and
+    4 logical GPUs, so CPU-only tests can check fractional-GPU packing. Started by the
+    first such test a worker runs and stopped after its last (pytest_runtest_teardown):
+    an idle Ray costs 5 % of a core (bench/README.md, "Where the test suite's time
+    goes"), and they run one after another on one worker (pytest_collection_modifyitems),
+    so one start serves them all. A test that needs it later starts it again."""
+
+    def __init__(self) -> None:
+        self.info: object = None
+
+    def start(self) -> object:
+        import ray
+
+        from cluster.connect import ensure_ray
+
+        if not ray.is_initialized():
+            self.info = ensure_ray(num_cpus=2, num_gpus=4)
+        return self.info
+
+    @staticmethod
+    def stop() -> None:
+        import ray
+
+        ray.shutdown()
+
+
+SESSION_RAY = _SessionRay()
+SESSION_RAY_FIXTURE = "ray_session"
+SESSION_RAY_GROUP = "session-ray"
+
+
+def _uses_the_session_ray(item: pytest.Item | None) -> bool:
+    return item is not None and SESSION_RAY_FIXTURE in getattr(item, "fixturenames", ())
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _uses_the_session_ray(item):
+        SESSION_RAY.start()  # a no-op while it runs; again if a test stopped it
+
+
 @pytest.fixture(scope="session")
 def ray_session():  # type: ignore[no-untyped-def]
-    """One local Ray for the whole test session (start-up costs ~10 s): 2 CPUs and 4
-    logical GPUs, so CPU-only tests can check fractional-GPU packing."""
-    import ray
-
-    from cluster.connect import ensure_ray
-
-    info = ensure_ray(num_cpus=2, num_gpus=4)
-    yield info
-    ray.shutdown()
+    """The session's local Ray (:class:`_SessionRay`)."""
+    yield SESSION_RAY.start()
+    SESSION_RAY.stop()
 
 
 @pytest.fixture(scope="session")
@@ -92,9 +129,14 @@ def _uses_a_shared_fixture(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     """Under pytest-xdist (``--dist loadgroup``), the tests of a module that share a module-
     or class-scoped fixture (a finished sweep, a tracking server) run on one worker: spread
-    out, each worker would build it again. Tests that use Ray spread like the rest, each
-    worker with its own session Ray: one after another on one worker they would take
-    longer than everything else together (about 1,000 of the suite's 2,500 test-seconds)."""
+    out, each worker would build it again. The tests that use the session Ray run on one
+    worker too, one after another (one Ray start; :class:`_SessionRay` stops it after
+    them), those sharing a module fixture with them included. The CLI's end-to-end tests
+    start Ray their own way and spread like the rest."""
     for item in items:
-        if _uses_a_shared_fixture(item) and not item.get_closest_marker("xdist_group"):
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if _uses_the_session_ray(item):
+            item.add_marker(pytest.mark.xdist_group(SESSION_RAY_GROUP))
+        elif _uses_a_shared_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

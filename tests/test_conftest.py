@@ -45,3 +45,62 @@ def test_what_an_earlier_test_module_left_is_not_walked_by_later_collections(
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "2 passed" in run.stdout
+
+
+SESSION_RAY_USERS = """
+import tests.conftest as suite
+
+EVENTS = []
+
+
+class CountingRay:  # stands in for the local Ray: what matters is when it starts and stops
+    running = False
+
+    def start(self):
+        if not self.running:
+            EVENTS.append("start")
+            self.running = True
+        return "info"
+
+    def stop(self):
+        if self.running:
+            EVENTS.append("stop")
+            self.running = False
+
+
+suite.SESSION_RAY = CountingRay()
+
+
+def test_first_user(ray_session, request):
+    assert ray_session == "info" and EVENTS == ["start"]
+    assert request.node.get_closest_marker("xdist_group").args == ("session-ray",)
+
+
+def test_second_user_shares_it(ray_session):
+    assert EVENTS == ["start"]
+
+
+def test_a_test_without_it_runs_with_it_stopped(request):
+    assert EVENTS == ["start", "stop"]
+    assert request.node.get_closest_marker("xdist_group") is None
+
+
+def test_a_later_user_starts_it_again(ray_session):
+    assert EVENTS == ["start", "stop", "start"]
+"""
+
+
+def test_the_session_ray_runs_only_while_its_tests_do(tmp_path: Path) -> None:
+    """An idle local Ray costs 5 % of a core: it starts for the first test that uses it
+    and stops after the last of a run of them; those tests run on one xdist worker."""
+    (tmp_path / "test_session_ray.py").write_text(SESSION_RAY_USERS)
+    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "4 passed" in run.stdout
