@@ -8,10 +8,10 @@ trainer's own step:
 * estimate, on any device: parameters + gradients + optimizer state + data + activations
   saved for backward + temporaries at the busiest moment of a step or validation forward
   + 512-byte allocator rounding + the cuBLAS workspaces + the CUDA context allowance;
-* on CUDA also measure: ``max_memory_allocated`` / ``max_memory_reserved`` of a step and a
-  validation forward on every fold, above the process's baseline; the device's name and
-  total memory from pynvml (torch when NVML cannot answer); the context as what NVML sees
-  the process use beyond the allocator's reservation.
+* on CUDA also measure: ``max_memory_allocated`` / ``max_memory_reserved`` of a step on
+  every fold and the largest evaluation forward, above the process's baseline; the
+  device's name and total memory from pynvml (torch when NVML cannot answer); the context
+  as what NVML sees the process use beyond the allocator's reservation.
 
 The peak a packing uses is the measured reservation on CUDA, the estimate elsewhere; the
 context is kept apart (the fraction adds it outside the headroom).
@@ -366,14 +366,17 @@ def _train_step(trainer: Any, unit: Any) -> None:
     )
 
 
-def _eval_forwards(trainer: Any) -> None:
-    """The forwards ``Trainer.train_epoch`` validates and tests with, one of each size:
-    the longest validation window (folds' windows differ by a bar or two at most) and
-    the last fold's test window. Results are dropped at once."""
-    longest = max(trainer.folds, key=lambda run: run.data.val[1] - run.data.val[0])
-    trainer.positions(longest, longest.data.val)
-    last = trainer.folds[-1]
-    trainer.positions(last, last.data.test)
+def _eval_forward(trainer: Any) -> None:
+    """The largest forward ``Trainer.train_epoch`` validates and tests with: over the
+    longest of the folds' validation windows and the last fold's test window (folds share
+    their shapes). Its chunks are the largest (up to ``EVAL_CHUNK`` decision bars each) and
+    so is its output (bars x assets), so its peak is the evaluation's: the shorter
+    window's forward only repeats a smaller one (a fifth of a bf16 profile's time on a
+    CPU). The result is dropped at once."""
+    windows = [(run, run.data.val) for run in trainer.folds]
+    windows.append((trainer.folds[-1], trainer.folds[-1].data.test))
+    run, span = max(windows, key=lambda window: window[1][1] - window[1][0])
+    trainer.positions(run, span)
 
 
 def _cuda_baseline(device: torch.device) -> tuple[int, int]:
@@ -445,7 +448,7 @@ def _count(
         finally:
             hook.remove()
     with LiveTensors(device) as live_eval:
-        _eval_forwards(host)
+        _eval_forward(host)
     # The counts are taken: let the held storages go (transients before the CUDA peaks,
     # and nothing of the trainer outlives the profile through them).
     data.held.clear()
@@ -459,7 +462,7 @@ def _count(
         # call), so the allocator sees every activation: a replay allocates nothing.
         for trainer, unit in units:
             _train_step(trainer, unit)
-        _eval_forwards(host)
+        _eval_forward(host)
         torch.cuda.synchronize(device)
         allocated = torch.cuda.max_memory_allocated(device) - baseline[0]
         # Then captured and replayed where a trial's step is: the graphs' private pools

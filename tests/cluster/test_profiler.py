@@ -396,3 +396,36 @@ def test_storages_left_out_of_a_count_keep_their_addresses_while_it_runs() -> No
             assert found.held[0].data_ptr() == key
             del fresh, found
     assert reused == []  # without the hold, most of these sizes came back within 200
+
+
+@pytest.mark.parametrize("val_fraction", [0.1, 0.3])  # the test window longer, then shorter
+def test_the_profile_evaluates_once_over_the_longest_window(
+    val_fraction: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The evaluation's peak is its largest forward's: over the longest of the folds'
+    validation windows and the last fold's test window, whose chunks and output are the
+    largest. The profile runs that one forward, not the shorter window's too."""
+    from trainables.trainer import Trainer
+
+    config = tiny_config("tft", "f32", n_folds=2, val_fraction=val_fraction)
+    trainer = Trainer(config)
+    windows = [(run, run.data.val) for run in trainer.folds]
+    windows.append((trainer.folds[-1], trainer.folds[-1].data.test))
+    peaks = {}
+    for run, span in windows:
+        with LiveTensors(CPU) as live:
+            trainer.positions(run, span)
+        peaks[span[1] - span[0]] = live.peak
+    longest = max(peaks)
+    assert len(set(peaks)) > 1 and peaks[longest] == max(peaks.values())
+
+    evaluated: list[int] = []
+    positions = Trainer.positions
+
+    def recorded(self: Trainer, run: Any, span: tuple[int, int]) -> torch.Tensor:
+        evaluated.append(span[1] - span[0])
+        return positions(self, run, span)
+
+    monkeypatch.setattr(Trainer, "positions", recorded)
+    profile_trial(config, device=CPU)
+    assert evaluated == [longest]
