@@ -104,3 +104,31 @@ def test_the_session_ray_runs_only_while_its_tests_do(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "4 passed" in run.stdout
+
+
+COLLECTED_WITHOUT_THE_COLLECTOR = """
+import gc
+
+DURING_COLLECTION = gc.isenabled()  # the module's imports run as it is collected
+
+
+def test_collection_paused_the_collector_and_the_tests_run_with_it():
+    assert DURING_COLLECTION is False
+    assert gc.isenabled()
+"""
+
+
+def test_the_collection_imports_with_the_collector_paused(tmp_path: Path) -> None:
+    """As an `hpo` command's imports (trainables.memory.pause_collection): each worker
+    imports every test module (torch, MLflow, Ray Tune) as it collects."""
+    (tmp_path / "test_collected.py").write_text(COLLECTED_WITHOUT_THE_COLLECTOR)
+    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout
