@@ -6,7 +6,7 @@ exactly what a trial allocates. After a warm-up of one optimizer step per fold t
 trainer's own step:
 
 * estimate, on any device: parameters + gradients + optimizer state + data + activations
-  saved for backward + temporaries at the busiest moment of a step or validation forward
+  saved for backward + temporaries at the busiest moment of a step or evaluation forward
   + 512-byte allocator rounding + the cuBLAS workspaces + the CUDA context allowance;
 * on CUDA also measure: ``max_memory_allocated`` / ``max_memory_reserved`` of a step on
   every fold and the largest evaluation forward, above the process's baseline; the
@@ -75,7 +75,7 @@ class MemoryProfile:
 
     The persistent components sum over every walk-forward fold of the trial (the trainer
     keeps them all on the device); the transient ones are those of the busiest single step
-    or validation forward (folds run one after another, or fused as one step). A group
+    or evaluation forward (folds run one after another, or fused as one step). A group
     trial's profile (``group_size`` > 1) is the same for all its trials' folds together.
     """
 
@@ -369,10 +369,11 @@ def _train_step(trainer: Any, unit: Any) -> None:
 def _eval_forward(trainer: Any) -> None:
     """The largest forward ``Trainer.train_epoch`` validates and tests with: over the
     longest of the folds' validation windows and the last fold's test window (folds share
-    their shapes). Its chunks are the largest (up to ``EVAL_CHUNK`` decision bars each) and
-    so is its output (bars x assets), so its peak is the evaluation's: the shorter
-    window's forward only repeats a smaller one (a fifth of a bf16 profile's time on a
-    CPU). The result is dropped at once."""
+    their shapes). Its chunks are the largest (up to ``EVAL_CHUNK`` decision bars each; an
+    rl family's greedy run steps one bar at a time, the same at any length) and so is its
+    output (bars x assets), so its peak is the evaluation's: the shorter window's forward
+    only repeats a smaller one (a fifth of a bf16 profile's time on a CPU). The result is
+    dropped at once."""
     windows = [(run, run.data.val) for run in trainer.folds]
     windows.append((trainer.folds[-1], trainer.folds[-1].data.test))
     run, span = max(windows, key=lambda window: window[1][1] - window[1][0])

@@ -5,7 +5,7 @@ it never profiles itself. For each distinct shape and GPU type it runs
 :func:`profile_on_node` as a Ray task that asks for a sliver of a GPU
 (``PROFILE_GPU_SHARE``) and, on a typed cluster, for that type (``accelerator_type:X``):
 
-* where the task sees CUDA it measures (warm step + validation forward, the allocator's
+* where the task sees CUDA it measures (warm step + evaluation forward, the allocator's
   peak statistics; name and total memory from pynvml, MIG-aware);
 * elsewhere (logical GPUs, a CPU-only torch) it estimates from tensor bytes and takes the
   device total from the node's declared GPU memory (``hpo_gpu_memory_mib``, see

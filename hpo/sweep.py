@@ -186,15 +186,6 @@ def _sigterm_stops_gracefully() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _fit(tuner: Any) -> None:
-    """Tune runs the trials: the driver's long work. The collector the command's start
-    paused runs from here (:func:`trainables.memory.resume_collection`); SIGTERM stops
-    the run gracefully."""
-    resume_collection()
-    with _sigterm_stops_gracefully():
-        tuner.fit()
-
-
 def _trial_dirname(trial: Any) -> str:
     config = trial.config
     return f"{config.get('family', 'trial')}-{config.get('precision', '')}-{trial.trial_id}"
@@ -420,10 +411,12 @@ def run_sweep(
         spec=spec, sweep_dir=sweep_dir, parent_run_id=parent, tracking_uri=spec.tracking_uri
     )
     record.write()
+    resume_collection()  # the driver's imports are done; Tune's objects come next
     watchers = _watchers(record, on_event)
     searcher = watchers.attach(SweepSearcher(spec))
     tuner = build_tuner(spec, record, watchers, resources, searcher)
-    _fit(tuner)
+    with _sigterm_stops_gracefully():
+        tuner.fit()
     del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
 
@@ -455,6 +448,7 @@ def resume_sweep(
     # be created (the shared VRAM cache holds the profiles the first run took).
     resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
     trainable = _trainable(record.spec, resources, record.sweep_dir.uri)
+    resume_collection()  # as in run_sweep: before Tune's restored state exists
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,
@@ -464,7 +458,8 @@ def resume_sweep(
     watchers = _watchers(record, on_event)
     _replace_watchers(tuner, watchers)
     searcher = watchers.attach(_restored_searcher(tuner))
-    _fit(tuner)
+    with _sigterm_stops_gracefully():
+        tuner.fit()
     del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
 

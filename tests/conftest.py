@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     test: what lives across one is what lives for long (imports, caches, session
     fixtures), while a module's own fixtures, which may hold reference cycles, are gone."""
     yield
-    if _uses_the_session_ray(item) and not _uses_the_session_ray(nextitem):
+    if (
+        _session_ray_tests_run_together(item.config)
+        and _uses_the_session_ray(item)
+        and not _uses_the_session_ray(nextitem)
+    ):
         SESSION_RAY.stop()
     if nextitem is None or nextitem.module is not item.module:  # type: ignore[attr-defined]
         gc.collect()
@@ -60,30 +65,35 @@ def _seed() -> None:
 
 
 class _SessionRay:
-    """The local Ray of the tests that use one (the ``ray_session`` fixture): 2 CPUs and
-    4 logical GPUs, so CPU-only tests can check fractional-GPU packing. Started by the
-    first such test a worker runs and stopped after its last (pytest_runtest_teardown):
-    an idle Ray costs 5 % of a core (bench/README.md, "Where the test suite's time
-    goes"), and they run one after another on one worker (pytest_collection_modifyitems),
-    so one start serves them all. A test that needs it later starts it again."""
+    """The local Ray of the tests that use one (the ``ray_session`` fixture, whose value
+    is this object): 2 CPUs and 4 logical GPUs, so CPU-only tests can check
+    fractional-GPU packing; ``info`` describes it (:func:`cluster.connect.ensure_ray`).
+
+    Under ``--dist loadgroup`` (``make test``) those tests run one after another on one
+    worker (pytest_collection_modifyitems), so the Ray starts for the first and stops
+    after the last (pytest_runtest_teardown): an idle Ray costs 5 % of a core
+    (bench/README.md, "Where the test suite's time goes"). Elsewhere (a serial run, where
+    they are spread over the files) it stays up to the session's end, as it always did.
+    The session-scoped fixture cannot start it again once stopped, so each test's setup
+    starts it (pytest_runtest_setup): a no-op while it runs."""
 
     def __init__(self) -> None:
         self.info: object = None
 
-    def start(self) -> object:
+    def start(self) -> _SessionRay:
         import ray
 
         from cluster.connect import ensure_ray
 
-        if not ray.is_initialized():
+        if self.info is None or not ray.is_initialized():
             self.info = ensure_ray(num_cpus=2, num_gpus=4)
-        return self.info
+        return self
 
-    @staticmethod
-    def stop() -> None:
+    def stop(self) -> None:
         import ray
 
         ray.shutdown()
+        self.info = None
 
 
 SESSION_RAY = _SessionRay()
@@ -95,9 +105,20 @@ def _uses_the_session_ray(item: pytest.Item | None) -> bool:
     return item is not None and SESSION_RAY_FIXTURE in getattr(item, "fixturenames", ())
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller, for each worker: whether the session Ray's tests come to it as
+    one group (a worker's own ``dist`` option always reads "no")."""
+    node.workerinput[SESSION_RAY_GROUP] = node.config.getoption("dist") == "loadgroup"
+
+
+def _session_ray_tests_run_together(config: pytest.Config) -> bool:
+    return bool(getattr(config, "workerinput", {}).get(SESSION_RAY_GROUP, False))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if _uses_the_session_ray(item):
-        SESSION_RAY.start()  # a no-op while it runs; again if a test stopped it
+        SESSION_RAY.start()
 
 
 @pytest.fixture(scope="session")
@@ -143,10 +164,10 @@ def _uses_a_shared_fixture(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     """Under pytest-xdist (``--dist loadgroup``), the tests of a module that share a module-
     or class-scoped fixture (a finished sweep, a tracking server) run on one worker: spread
-    out, each worker would build it again. The tests that use the session Ray run on one
-    worker too, one after another (one Ray start; :class:`_SessionRay` stops it after
-    them), those sharing a module fixture with them included. The CLI's end-to-end tests
-    start Ray their own way and spread like the rest."""
+    out, each worker would build it again. The tests that use the session Ray, directly or
+    through a fixture, run on one worker too, one after another (one Ray start;
+    :class:`_SessionRay` stops it after them). A test with a group of its own keeps it.
+    The CLI's end-to-end tests start Ray their own way and spread like the rest."""
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue

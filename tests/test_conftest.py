@@ -48,6 +48,8 @@ def test_what_an_earlier_test_module_left_is_not_walked_by_later_collections(
 
 
 SESSION_RAY_USERS = """
+import pytest
+
 import tests.conftest as suite
 
 EVENTS = []
@@ -60,7 +62,7 @@ class CountingRay:  # stands in for the local Ray: what matters is when it start
         if not self.running:
             EVENTS.append("start")
             self.running = True
-        return "info"
+        return self
 
     def stop(self):
         if self.running:
@@ -72,29 +74,31 @@ suite.SESSION_RAY = CountingRay()
 
 
 def test_first_user(ray_session, request):
-    assert ray_session == "info" and EVENTS == ["start"]
+    assert ray_session is suite.SESSION_RAY and EVENTS == ["start"]
     assert request.node.get_closest_marker("xdist_group").args == ("session-ray",)
 
 
-def test_second_user_shares_it(ray_session):
-    assert EVENTS == ["start"]
-
-
-def test_a_test_without_it_runs_with_it_stopped(request):
+def test_a_test_without_it_runs_after_them_with_it_stopped(request):
     assert EVENTS == ["start", "stop"]
     assert request.node.get_closest_marker("xdist_group") is None
 
 
-def test_a_later_user_starts_it_again(ray_session):
+def test_second_user_runs_with_the_first(ray_session):
+    assert EVENTS == ["start"]
+
+
+@pytest.mark.xdist_group("a-group-of-its-own")
+def test_a_user_in_a_group_of_its_own_starts_it_again(ray_session):
     assert EVENTS == ["start", "stop", "start"]
 """
 
 
 def test_the_session_ray_runs_only_while_its_tests_do(tmp_path: Path) -> None:
-    """An idle local Ray costs 5 % of a core: it starts for the first test that uses it
-    and stops after the last of a run of them; those tests run on one xdist worker."""
+    """An idle local Ray costs 5 % of a core: under ``--dist loadgroup`` (one xdist worker
+    here) it starts for the first test that uses it and stops after the last of a run of
+    them; those tests run on one worker, grouped."""
     (tmp_path / "test_session_ray.py").write_text(SESSION_RAY_USERS)
-    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]
+    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadgroup"]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
         cwd=ROOT,

@@ -44,7 +44,6 @@ class TrialMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._sampled = 0
-        resume_collection()  # a command's training starts here (hpo train, check-family)
         gc.collect()  # a previous trial's cycles (models, optimizers) are freed first
         if device.type == "cuda":
             import torch
@@ -114,24 +113,26 @@ _PAUSED_AT_START = [False]  # pause_collection turned the collector off
 
 
 def pause_collection() -> None:
-    """Turn the cyclic collector off for a process's import-heavy start (an ``hpo``
-    command's); :func:`resume_collection` turns it back on where the long work starts. A
-    collector already off stays off, and resume_collection leaves it so."""
+    """Turn the cyclic collector off for a process's import-heavy start: ``hpo sweep`` and
+    ``hpo resume`` until the driver's imports are done (:func:`resume_collection`, in
+    ``hpo.sweep``), ``hpo status`` and ``best``, which read a sweep and exit, to the end.
+    A collector already off stays off, and resume_collection leaves it so."""
     if gc.isenabled():
         gc.disable()
         _PAUSED_AT_START[0] = True
 
 
 def resume_collection() -> None:
-    """Where a process's long work starts (a sweep's Tune run, a trainer's construction):
-    freeze what the paused start made, then collect as usual. A no-op unless
-    :func:`pause_collection` turned the collector off.
+    """Where a process's long work is about to start: freeze what the paused start made,
+    then collect as usual. A no-op unless :func:`pause_collection` turned the collector
+    off.
 
     Freezing moves every object alive now into the permanent generation, which later
-    collections skip: what the imports made lives as long as the process. The imports'
-    few thousand objects of cyclic garbage (about a megabyte) are frozen with them, once,
-    rather than found by a walk of the whole heap (0.2 s). A short command that never
-    gets here (``hpo status``) exits with the collector off."""
+    collections skip. So it is called before the objects of the long work exist (a
+    sweep's Tune objects, freed when Tune's run ends: frozen in a cycle, they never would
+    be): what is frozen is the imports and what lives as long as the process. The
+    imports' few thousand objects of cyclic garbage (about a megabyte) are frozen with
+    them, once, rather than found by a walk of the whole heap (0.2 s)."""
     if _PAUSED_AT_START[0]:
         _PAUSED_AT_START[0] = False
         gc.freeze()
@@ -140,17 +141,16 @@ def resume_collection() -> None:
 
 @contextlib.contextmanager
 def imports_without_collection() -> Iterator[None]:
-    """The block (its imports) with the collector off, and on again after it. Nothing is
+    """The block (its imports) with the collector off, and as it was after it. Nothing is
     frozen here: a Tune worker's trial freezes what survives at its start
-    (:func:`freeze_long_lived_objects`). A collector already off stays off."""
-    if not gc.isenabled():
-        yield
-        return
+    (:func:`freeze_long_lived_objects`)."""
+    was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was_on:
+            gc.enable()
 
 
 def release_freed_memory() -> None:

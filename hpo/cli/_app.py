@@ -19,7 +19,6 @@ from hpo.cli._comparison import compare_cmd, ensemble_cmd
 from hpo.cli._local import check_family_cmd, families_cmd, predict_cmd, profile_cmd, train_cmd
 from hpo.cli._options import exit_on_user_error
 from hpo.cli._sweeps import best_cmd, resume_cmd, status_cmd, sweep_cmd
-from trainables.memory import pause_collection
 
 app = typer.Typer(
     name="hpo",
@@ -65,12 +64,7 @@ def main() -> None:
     one object at a time: one to two seconds of every command, of no use to anyone. The
     handler registered here, first, runs last and ends the process with the command's
     exit status; it stops the Ray this process started (:func:`_stop_ray`), in place of
-    Ray's own exit handler. An interrupt (Ctrl+C) exits the usual way.
-
-    The command's imports (Tune, MLflow, torch) run with the cyclic collector paused,
-    until its long work starts: a sweep's Tune run, a trainer
-    (:func:`trainables.memory.pause_collection`)."""
-    pause_collection()
+    Ray's own exit handler. An interrupt (Ctrl+C) exits the usual way."""
     status: list[int] = []
     atexit.register(_exit_now, status)
     try:

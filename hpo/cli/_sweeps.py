@@ -33,6 +33,7 @@ from hpo.cli._options import (
     load_sweep_spec,
     titled_table,
 )
+from trainables.memory import pause_collection
 
 if TYPE_CHECKING:
     from cluster.storage import SweepLocation
@@ -70,6 +71,7 @@ def sweep_cmd(
     tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Run a sweep: Ray Tune trials of the shared trainer, tracked in MLflow."""
+    pause_collection()  # its imports (trainables.memory); hpo.sweep resumes it before Tune
     from hpo.record import SweepError
     from hpo.sweep import plan_only, run_sweep
 
@@ -137,6 +139,7 @@ def resume_cmd(
 
     Ray Tune unpickles the sweep's saved state, which runs code as you: only resume
     storage you trust. A local SWEEP_DIR that other users can write is refused."""
+    pause_collection()  # its imports (trainables.memory); hpo.sweep resumes it before Tune
     from hpo.record import SweepError, SweepRecord
     from hpo.sweep import resume_sweep
 
@@ -167,6 +170,7 @@ def status_cmd(
     tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """Where a sweep stands: every trial's status, epochs and validation Sharpe."""
+    pause_collection()  # its imports (trainables.memory): it reads the sweep and ends
     from hpo.record import SweepError, SweepRecord
     from hpo.trials import latest_attempts, spent_hours, trial_rows
 
@@ -233,6 +237,7 @@ def best_cmd(
     tracking_credentials: TrackingCredentials = None,
 ) -> None:
     """The best trial per family and precision, with the checkpoint `hpo train --resume` takes."""
+    pause_collection()  # its imports (trainables.memory): it reads the sweep and ends
     from hpo.record import SweepError, SweepRecord
     from hpo.trials import best_rows, trial_rows
 

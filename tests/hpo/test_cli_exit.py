@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from hpo.cli import _app
+from tests.hpo.sweep_helpers import write_tiny_spec
 from tests.processes import wait_for
 
 # A command stand-in that registers an exit handler, as Ray and MLflow do once imported,
@@ -230,13 +231,32 @@ def test_a_local_ray_is_stopped_by_its_raylet_then_the_rest_killed() -> None:
     assert gone.calls == []
 
 
-def test_a_command_starts_with_the_collector_paused() -> None:
-    """Its imports (Tune, MLflow, torch) run without the cyclic collector walking the
-    growing heap (trainables.memory.pause_collection); a sweep or a trainer resumes it."""
-    script = (
-        "import gc\nfrom hpo.cli import _app\n"
-        "_app.exit_on_user_error = lambda app: print(gc.isenabled())\n_app.main()\n"
+# `hpo sweep` with the sweep itself replaced: what the collector is when the CLI hands over.
+SWEEP_HANDS_OVER = """
+import gc, sys
+import hpo.sweep
+from hpo.cli import main
+
+def run_sweep(spec, **kwargs):
+    print(gc.isenabled())
+    sys.exit(0)
+
+hpo.sweep.run_sweep = run_sweep
+sys.argv = ["hpo", "sweep", sys.argv[1]]
+main()
+"""
+
+
+def test_a_sweep_command_imports_with_the_collector_paused(tmp_path: Path) -> None:
+    """Its imports (MLflow, Ray Tune) run without the cyclic collector walking the growing
+    heap (trainables.memory.pause_collection); hpo.sweep resumes it before Tune's objects
+    exist (tests/hpo/test_sweep_collection.py)."""
+    spec = write_tiny_spec(tmp_path, "paused")
+    done = subprocess.run(
+        [sys.executable, "-c", SWEEP_HANDS_OVER, str(spec)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "False\n"
+    assert done.stdout.strip().splitlines()[-1] == "False"

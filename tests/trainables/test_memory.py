@@ -145,23 +145,3 @@ def test_a_process_start_imports_with_the_collector_off(script: str) -> None:
     assert done.returncode == 0, done.stderr
     expected = "ok" if script is PAUSE_AND_RESUME else "[('import', False), ('trial', True)]"
     assert done.stdout.strip() == expected
-
-
-def test_a_trainer_resumes_the_collector_a_command_paused(
-    fresh_worker: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """hpo train and check-family train in the command's process: the collector runs
-    from the first trainer on."""
-    monkeypatch.setattr(memory, "_PAUSED_AT_START", [False])
-    gc.disable()
-    try:
-        memory.pause_collection()  # the collector was off: nothing to resume later
-        TrialMemory(CPU)
-        assert not gc.isenabled()
-        gc.enable()
-        memory.pause_collection()
-        assert not gc.isenabled()
-        TrialMemory(CPU)
-        assert gc.isenabled()
-    finally:
-        gc.enable()
