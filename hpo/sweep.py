@@ -7,6 +7,7 @@ A sweep lives in ``STORAGE/NAME`` (Ray's experiment directory) beside its record
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -411,7 +412,7 @@ def run_sweep(
         spec=spec, sweep_dir=sweep_dir, parent_run_id=parent, tracking_uri=spec.tracking_uri
     )
     record.write()
-    resume_collection()  # the driver's imports are done; Tune's objects come next
+    _collect_after_the_imports()
     watchers = _watchers(record, on_event)
     searcher = watchers.attach(SweepSearcher(spec))
     tuner = build_tuner(spec, record, watchers, resources, searcher)
@@ -447,8 +448,8 @@ def resume_sweep(
     # Restored trials keep the bundles Tune saved with them; this sizes the trials still to
     # be created (the shared VRAM cache holds the profiles the first run took).
     resources = sweep_resources(record.spec, record.sweep_dir.parent.uri)
+    _collect_after_the_imports()
     trainable = _trainable(record.spec, resources, record.sweep_dir.uri)
-    resume_collection()  # as in run_sweep: before Tune's restored state exists
     tuner = tune.Tuner.restore(
         record.sweep_dir.uri,
         trainable=trainable,
@@ -462,6 +463,33 @@ def resume_sweep(
         tuner.fit()
     del tuner  # Tune's trials and results: what the summary needs, the watchers kept
     return _finish_or_refuse(record, watchers, render_report, searcher)
+
+
+# What the sweep's Tune objects import as they are made (the searchers' optuna, the
+# watchers', the scheduler's, the trainable's): imported with the collector still paused.
+# A module missing here is only imported later, with the collector on.
+TUNE_SIDE_MODULES = (
+    "ray.tune.logger",
+    "ray.tune.schedulers",
+    "hpo.final_trials",
+    "hpo.progress",
+    "hpo.recovery",
+    "hpo.tracking",
+    "hpo.search.optuna_searcher",
+    "hpo.search.pso",
+    "cluster.trial_share",
+    "trainables.tune_entry",
+)
+
+
+def _collect_after_the_imports() -> None:
+    """``hpo sweep`` and ``hpo resume`` start with the cyclic collector paused
+    (trainables.memory): import what Tune's objects need, then run it again, before the
+    first of those objects exists (frozen in a reference cycle, the tuner and its trials
+    would never be freed when Tune's run ends)."""
+    for name in TUNE_SIDE_MODULES:
+        importlib.import_module(name)
+    resume_collection()
 
 
 def _refuse_untrusted(sweep_dir: SweepLocation) -> None:

@@ -11,7 +11,7 @@ import pytest
 from trainables.memory import pause_collection, resume_collection
 
 # Collection imports every test module (torch, mlflow, Ray Tune, hypothesis): with the
-# cyclic collector paused, as an `hpo` command imports, 3 of a worker's 13 CPU-s less;
+# cyclic collector paused, as `hpo sweep` imports, 3 of a worker's 13 CPU-s less;
 # pytest_collection_finish resumes it.
 pause_collection()
 

@@ -123,7 +123,7 @@ def test_collection_paused_the_collector_and_the_tests_run_with_it():
 
 
 def test_the_collection_imports_with_the_collector_paused(tmp_path: Path) -> None:
-    """As an `hpo` command's imports (trainables.memory.pause_collection): each worker
+    """As `hpo sweep`'s imports (trainables.memory.pause_collection): each worker
     imports every test module (torch, MLflow, Ray Tune) as it collects."""
     (tmp_path / "test_collected.py").write_text(COLLECTED_WITHOUT_THE_COLLECTOR)
     plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]

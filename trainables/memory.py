@@ -115,8 +115,9 @@ _PAUSED_AT_START = [False]  # pause_collection turned the collector off
 def pause_collection() -> None:
     """Turn the cyclic collector off for a process's import-heavy start: ``hpo sweep`` and
     ``hpo resume`` until the driver's imports are done (:func:`resume_collection`, in
-    ``hpo.sweep``), ``hpo status`` and ``best``, which read a sweep and exit, to the end.
-    A collector already off stays off, and resume_collection leaves it so."""
+    ``hpo.sweep``); ``hpo status`` and ``best``, which read a sweep and end, and ``hpo
+    sweep --plan`` (Ray's start, the profiles' tasks, mostly waiting) to the end. A
+    collector already off stays off, and resume_collection leaves it so."""
     if gc.isenabled():
         gc.disable()
         _PAUSED_AT_START[0] = True
