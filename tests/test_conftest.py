@@ -9,6 +9,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _child_pytest(tmp_path: Path, *options: str) -> str:
+    """Run the test files in ``tmp_path`` with this suite's conftest as a plugin; its output,
+    once it passed."""
+    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider", *options]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return run.stdout
+
+
 EARLIER = """
 CACHE = []
 
@@ -35,16 +51,7 @@ def test_what_an_earlier_test_module_left_is_not_walked_by_later_collections(
     are not walked again by every later trainer's collection."""
     (tmp_path / "test_a_earlier.py").write_text(EARLIER)
     (tmp_path / "test_b_later.py").write_text(LATER)
-    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "2 passed" in run.stdout
+    assert "2 passed" in _child_pytest(tmp_path)
 
 
 SESSION_RAY_USERS = """
@@ -98,16 +105,7 @@ def test_the_session_ray_runs_only_while_its_tests_do(tmp_path: Path) -> None:
     here) it starts for the first test that uses it and stops after the last of a run of
     them; those tests run on one worker, grouped."""
     (tmp_path / "test_session_ray.py").write_text(SESSION_RAY_USERS)
-    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadgroup"]
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "4 passed" in run.stdout
+    assert "4 passed" in _child_pytest(tmp_path, "-n", "1", "--dist", "loadgroup")
 
 
 COLLECTED_WITHOUT_THE_COLLECTOR = """
@@ -126,13 +124,4 @@ def test_the_collection_imports_with_the_collector_paused(tmp_path: Path) -> Non
     """As `hpo sweep`'s imports (trainables.memory.pause_collection): each worker
     imports every test module (torch, MLflow, Ray Tune) as it collects."""
     (tmp_path / "test_collected.py").write_text(COLLECTED_WITHOUT_THE_COLLECTOR)
-    plugins = ["-p", "tests.conftest", "-p", "no:cacheprovider"]
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "1 passed" in run.stdout
+    assert "1 passed" in _child_pytest(tmp_path)
