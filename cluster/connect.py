@@ -28,16 +28,13 @@ LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
 PROBE_TIMEOUT_S = 3.0
 
-# What a local Ray of one sweep (or one test session) leaves out, Ray's own settings
-# (RayConfig). Ray prestarts a worker per CPU for the first driver, each importing Ray
-# whether or not a trial ever lands on it (a one-trial sweep on 2 CPUs left one idle);
-# trial actors start theirs on demand. And nothing reads the metrics Ray's processes
-# collect and export, with no dashboard. Together 0.4-0.6 CPU-s less per one-trial sweep
-# (bench/README, "A sweep's fixed cost"), and an idle local Ray polls less.
-LOCAL_SYSTEM_CONFIG: dict[str, Any] = {
-    "prestart_worker_first_driver": False,
-    "enable_metrics_collection": False,
-}
+# Ray's own settings (RayConfig) for a local Ray this process starts: nothing reads the
+# metrics its processes would collect and export, with no dashboard (an idle local Ray
+# spends about an eighth less CPU time without them, bench/README). Worker prestart stays
+# on: Ray starts a worker per CPU for the first driver, so the first trials find theirs
+# ready (off, a one-trial sweep spent 0.5 CPU-s less, and sweeps of several trials started
+# each trial's worker late, about a second later per sweep).
+LOCAL_SYSTEM_CONFIG: dict[str, Any] = {"enable_metrics_collection": False}
 
 
 class ClusterError(RuntimeError):
