@@ -141,21 +141,8 @@ def check_precision(family_ref: str, precision: str, directory: Path | None = No
             valid = bool(((actions >= 0) & (actions < probe.shape.n_actions)).all())
             _require(valid, "actions outside [0, n_actions)")
 
-    # The short run saves after the first of its two epochs and goes on (a stop within the
-    # same two epochs: schedules such as epsilon depend on the total). Saving must change
-    # nothing in it, and the trial restored from that checkpoint must end where it ends.
-    # The restored trainer is built after the run ends, as a resumed trial's process
-    # builds it: building a trainer seeds the global generator the families draw from.
     straight = Trainer(tiny_config(family_ref, precision))
-    with contextlib.ExitStack() as stack:
-        where = directory or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        straight.train_epoch()
-        straight.save(where / "ckpt")
-        saved = fold_weights(straight)
-        history = straight.fit()
-        restored = Trainer(
-            tiny_config(family_ref, precision), checkpoint=load_checkpoint(where / "ckpt")
-        )
+    history = straight.fit()
     for metrics in history:
         _require(
             metrics["skipped_steps"] == 0, f"{precision}: {metrics['skipped_steps']} steps skipped"
@@ -163,8 +150,17 @@ def check_precision(family_ref: str, precision: str, directory: Path | None = No
         for key in ("train_loss", "val_sharpe", "test_sharpe"):
             _require(math.isfinite(metrics[key]), f"{precision}: {key} is {metrics[key]}")
 
+    # Stop after one of the same two epochs (schedules such as epsilon depend on the total).
+    with contextlib.ExitStack() as stack:
+        where = directory or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        first = Trainer(tiny_config(family_ref, precision))
+        first.train_epoch()
+        first.save(where / "ckpt")
+        restored = Trainer(
+            tiny_config(family_ref, precision), checkpoint=load_checkpoint(where / "ckpt")
+        )
     loaded = fold_weights(restored)
-    for name, tensor in saved.items():
+    for name, tensor in fold_weights(first).items():
         _require(torch.equal(loaded[name], tensor), f"{name} does not round-trip")
     restored.fit()
     resumed = fold_weights(restored)
