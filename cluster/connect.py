@@ -28,14 +28,6 @@ LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
 PROBE_TIMEOUT_S = 3.0
 
-# Ray's own settings (RayConfig) for a local Ray this process starts: nothing reads the
-# metrics its processes would collect and export, with no dashboard (an idle local Ray
-# spends about an eighth less CPU time without them, bench/README). Worker prestart stays
-# on: Ray starts a worker per CPU for the first driver, so the first trials find theirs
-# ready (off, a one-trial sweep spent 0.5 CPU-s less, and sweeps of several trials started
-# each trial's worker late, about a second later per sweep).
-LOCAL_SYSTEM_CONFIG: dict[str, Any] = {"enable_metrics_collection": False}
-
 
 class ClusterError(RuntimeError):
     """The Ray cluster cannot be used as asked; the message says what to do."""
@@ -71,12 +63,7 @@ def ensure_ray(
             "logging_level": "WARNING",
         }
         if address is None:
-            kwargs.update(
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                include_dashboard=False,
-                _system_config=dict(LOCAL_SYSTEM_CONFIG),
-            )
+            kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False)
         else:
             probe_head(address)
             kwargs["address"] = address
