@@ -13,23 +13,22 @@ COMPILED := $(VENV)/.compiled
 SOURCES := hpo trainables models cluster dashboards
 LINTED := $(SOURCES) tests bench
 
-# The lock (constraints.txt pins every package the project and its tests need) goes in
-# first, in two halves side by side: pip reads every package's index page and unpacks its
-# wheel one at a time on one core, so a single install leaves the other core idle for its
-# 35-40 s. --no-deps is safe because the lock is complete; the project's own editable
-# install then resolves against what is there (nothing left to fetch) and would add
-# anything the lock missed, and `pip check` fails the set-up on any broken requirement.
-# setuptools (torch needs a newer one than the venv's) is pinned in the lock too and goes
-# in with pip, before the halves, so that the editable install, which `make test` runs
-# beside the bytecode pass and mypy, writes nothing but the project's own few files.
+# The lock (constraints.txt pins every package the project and its tests need, with
+# this machine's CPU build of torch) goes in first, in two halves side by side: pip reads
+# every package's index page and unpacks its wheel one at a time on one core, so a single
+# install leaves the other core idle for its 35-40 s. The halves take --no-deps; the
+# project's editable install then resolves against what is there and adds whatever the
+# lock left out (with a CUDA build of torch, its CUDA libraries), and `pip check` fails
+# the set-up on any broken requirement. setuptools, which torch needs newer than the
+# venv's, goes in with pip. xargs runs both halves in the foreground: Ctrl-C stops both,
+# and either one failing fails the step.
 $(LOCKED): constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile -c constraints.txt --upgrade pip setuptools
 	grep -v '^#' constraints.txt | awk 'NF && NR % 2 == 0' > $(VENV)/lock-even.txt
 	grep -v '^#' constraints.txt | awk 'NF && NR % 2 == 1' > $(VENV)/lock-odd.txt
-	$(BIN)/python -m pip install -q --no-compile --no-deps -r $(VENV)/lock-even.txt & \
-	  $(BIN)/python -m pip install -q --no-compile --no-deps -r $(VENV)/lock-odd.txt; \
-	  odd=$$?; wait $$!; even=$$?; test $$odd = 0 && test $$even = 0
+	printf '%s\n' even odd | xargs -P 2 -I '{}' \
+	  $(BIN)/python -m pip install -q --no-compile --no-deps -r $(VENV)/lock-'{}'.txt
 	touch $(LOCKED)
 
 $(STAMP): pyproject.toml $(LOCKED)
@@ -44,34 +43,33 @@ $(STAMP): pyproject.toml $(LOCKED)
 # own test suites (a sixth of the files, more than half of pandas', sympy's and scipy's
 # compile time), which nothing imports, and the one file this Python cannot compile,
 # torch's 3.12-only test helper (pip skips it silently); any other failure stops make.
-# Also left out: the editable install's finder, which pip may be writing meanwhile. The
-# pass runs at a lower priority so that mypy, its neighbour under `make test` and the
+# The pass runs at a lower priority so that mypy, its neighbour under `make test` and the
 # longer of the two, keeps a core to itself.
-$(COMPILED): $(LOCKED)
-	nice $(BIN)/python -m compileall -q -j 0 -x 'torch/testing/_internal/py312_intrinsics|/tests/|__editable__' $(VENV)/lib
+$(COMPILED): $(STAMP)
+	nice $(BIN)/python -m compileall -q -j 0 -x 'torch/testing/_internal/py312_intrinsics|/tests/' $(VENV)/lib
 	touch $(COMPILED)
 
-setup: $(STAMP) $(COMPILED)
+setup: $(COMPILED)
 
 # Headless Chromium renders the comparison report in tests/dashboards (skipped without it).
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
-demo: $(STAMP) $(COMPILED)
+demo: $(COMPILED)
 	$(BIN)/hpo sweep examples/quick.toml --name quick-$$(date +%Y%m%d-%H%M%S)
 
-# Style, types, bytecode, the browser and the project's own editable install first, side
-# by side (mypy takes a core for about 40 s, the bytecode 50 CPU-s, chromium's install the
-# network): CI keeps them without anyone remembering to. The layering is a test (tests/test_layers.py).
-test: $(LOCKED)
-	$(MAKE) --no-print-directory --output-sync=target -j4 $(STAMP) lint typecheck chromium $(COMPILED)
+# Style, types, bytecode and the browser first, side by side (mypy takes a core for about
+# 40 s, the bytecode 50 CPU-s, chromium's install the network): CI keeps them without
+# anyone remembering to. The layering is a test (tests/test_layers.py).
+test: $(STAMP)
+	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium $(COMPILED)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
-lint: $(LOCKED)
+lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
-typecheck: $(LOCKED)
+typecheck: $(STAMP)
 	$(BIN)/mypy $(SOURCES)
 
 clean:
