@@ -144,22 +144,42 @@ def ms_per_trial_step(
 
 
 def fused_row(
-    family: str, precision: str, k: int, device: torch.device, seconds: float, per_call: int
+    family: str,
+    precision: str,
+    k: int,
+    device: torch.device,
+    seconds: float,
+    per_call: int,
+    smoke: bool = False,
 ) -> dict[str, Any]:
     """ms per trial-step (a step of each of K folds) fused and unfused, CUDA graphs on
-    where the family's step is static: what fusing saves at K slots."""
+    where the family's step is static: what fusing saves at K slots (smoke: the tiny
+    model, window and data of the other smoke rows)."""
+    model_config = SMOKE_MODEL.get(family, {}) if smoke else {}
+    shape: dict[str, Any] = (
+        {"lookback": SMOKE_TRAINER["lookback"], "batch_size": SMOKE_TRAINER["batch_size"]}
+        if smoke
+        else {}
+    )
+    data = (
+        DataConfig(n_bars=max(SMOKE_DATA.n_bars, 250 * k), n_assets=SMOKE_DATA.n_assets)
+        if smoke
+        else DataConfig(n_bars=max(2000, 250 * k))
+    )
     timings: dict[str, tuple[float, bool, str | None]] = {}
     for fuse in ("on", "off"):
         config = TrainConfig(
             family=family,
             precision=precision,
+            model_config=model_config,
             epochs=1,
             n_folds=k,
             val_fraction=0.5 / max(k, 4),
             max_steps_per_epoch=per_call,
             fuse=fuse,
             device=str(device),
-            data=DataConfig(n_bars=max(2000, 250 * k)),
+            data=data,
+            **shape,
         )
         timings[fuse] = ms_per_trial_step(config, device, seconds, per_call)
     (fused, fused_graphs, why), (unfused, unfused_graphs, _) = timings["on"], timings["off"]
@@ -167,6 +187,7 @@ def fused_row(
         "family": family,
         "precision": precision,
         "slots": k,
+        "model_config": model_config,  # the family's defaults where empty
         "ms_per_trial_step_fused": round(fused, 3),
         "ms_per_trial_step_unfused": round(unfused, 3),
         "speedup": round(unfused / fused, 2),
@@ -619,6 +640,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         device,
                         args.seconds,
                         per_call=2 if args.smoke else 20,
+                        smoke=args.smoke,
                     )
                 )
                 print(json.dumps(report["fused"][-1]), flush=True)

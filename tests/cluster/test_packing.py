@@ -446,6 +446,7 @@ def test_benchmark_times_fused_slots_against_the_folds_one_by_one(tmp_path: Path
     assert rows == report["fused"] and [r["slots"] for r in rows] == [1, 2]
     for row in rows:
         assert row["family"] == "tft" and row["precision"] == "f32"
+        assert row["model_config"] == {"d_model": 8, "n_heads": 1}  # the smoke rows' tft
         assert row["ms_per_trial_step_fused"] > 0 and row["ms_per_trial_step_unfused"] > 0
         assert row["speedup"] == pytest.approx(
             row["ms_per_trial_step_unfused"] / row["ms_per_trial_step_fused"], rel=0.02
