@@ -25,8 +25,7 @@ LINTED := $(SOURCES) tests bench
 $(LOCKED): constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile -c constraints.txt --upgrade pip setuptools
-	grep -v '^#' constraints.txt | awk 'NF && NR % 2 == 0' > $(VENV)/lock-even.txt
-	grep -v '^#' constraints.txt | awk 'NF && NR % 2 == 1' > $(VENV)/lock-odd.txt
+	awk '!/^#/ && NF { print > ("$(VENV)/lock-" (++n % 2 ? "odd" : "even") ".txt") }' constraints.txt
 	printf '%s\n' even odd | xargs -P 2 -I '{}' \
 	  $(BIN)/python -m pip install -q --no-compile --no-deps -r $(VENV)/lock-'{}'.txt
 	touch $(LOCKED)
