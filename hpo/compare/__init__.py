@@ -60,7 +60,8 @@ from hpo.compare.records import (
     TrialState,
     contrast_key,
 )
-from hpo.compare.sequential import STOPPED_ON, apply_sequential
+from hpo.compare.sequential import apply_sequential
+from hpo.stopped_on import STOPPED_ON
 from hpo.tracking import MARGIN_PARAM, RETURNS_ARTIFACT
 from trainables.returns_file import SPLITS
 

@@ -24,12 +24,6 @@ from hpo.cost import CostSummary
 from hpo.stats import PairedComparison, Verdict
 from trainables.returns_file import SPLITS, parse_returns
 
-# Why a sequential family's stream stopped (hpo.search.budget decides, hpo compare reads).
-STOPPED_DECIDED = "decision"  # a look said equivalent, worse or better
-STOPPED_FUTILE = "futility"  # a look before the budget predicted no decision by it
-STOPPED_BUDGET = "budget"  # the budget's look decided nothing
-STOPPED_FAILURES = "failures"  # as many configurations without a finite difference as its budget
-
 OVERALL = "overall"
 """Scope name of the statistics pooled over every family."""
 ALL_PRECISIONS = "all"

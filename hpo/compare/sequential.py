@@ -21,21 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpo.compare.records import (
-    STOPPED_FAILURES,
     VERDICT_SPLIT,
     ScopeComparison,
     SequentialLookRecord,
     SequentialRecord,
 )
 from hpo.stats import Verdict, holm_adjust, sequential_comparison
-
-STOPPED_ON = {
-    "decision": "a decision",
-    "futility": "futility (no decision predicted by the budget)",
-    "budget": "its budget",
-    "failures": "failed configurations",
-}
-"""What a family stopped on, in words (``SequentialRecord.stopped_on``)."""
+from hpo.stopped_on import STOPPED_FAILURES
 
 
 def apply_sequential(

@@ -35,13 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hpo.compare.records import (
-    STOPPED_BUDGET,
-    STOPPED_DECIDED,
-    STOPPED_FAILURES,
-    STOPPED_FUTILE,
-)
 from hpo.spec import SweepSpec
+from hpo.stopped_on import STOPPED_BUDGET, STOPPED_DECIDED, STOPPED_FAILURES, STOPPED_FUTILE
 
 __all__ = [
     "FixedBudget",

@@ -40,6 +40,24 @@ def test_every_familys_record_settings_and_space_read_without_torch() -> None:
     assert out.stdout.split() == ["10", "False"]
 
 
+def test_a_sweep_comparing_nothing_builds_its_searcher_without_scipy_statistics(
+    tmp_path: Path,
+) -> None:
+    """The searcher every sweep builds (its budgets, its stop reasons) reads without
+    hpo.compare and hpo.stats: SciPy's statistics are half a second of the driver's start,
+    spent only where a sweep compares (tests/hpo/test_budget.py runs those budgets)."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from hpo.search.sweep_searcher import SweepSearcher\n"
+        "from tests.hpo.sweep_helpers import tiny_spec\n"
+        f"searcher = SweepSearcher(tiny_spec(Path({str(tmp_path)!r})))\n"
+        "print(len(searcher.streams), 'scipy.stats' in sys.modules, 'hpo.compare' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["4", "False", "False"]
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_sweeps_driver_and_its_readers_import_no_torch(tmp_path: Path, mlflow_uri: str) -> None:
