@@ -554,16 +554,25 @@ def fuse_plan(
     return True, ""
 
 
+# Windows a tried fused step takes: whether vmap batches a module does not depend on the
+# batch, and a full batch made the try cost a training step (a fifth of profiling a
+# default-size bf16 tft on a CPU). Two, not one: a batch of one is a case of its own
+# (batch norm refuses it in training). Running out of memory is the first real step's
+# to find, as it is for an unfused trial (the trial's OOM path).
+TRIED_WINDOWS = 2
+
+
 def _try_fused_step(
     module: StackedModules, data: StackedFolds, policy: PrecisionPolicy, batch_size: int
 ) -> None:
-    """Forward and backward of a fused step on the first windows, nothing kept: raises
-    what the first real step would (a module vmap cannot batch). Random streams are
-    forked, so trying draws nothing from the trial's."""
+    """Forward and backward of a fused step on the last :data:`TRIED_WINDOWS` windows,
+    nothing kept: raises what the first real step would (a module vmap cannot batch).
+    Random streams are forked, so trying draws nothing from the trial's."""
     devices = [data.features.device] if data.features.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         n = data.features.shape[1]
-        times = torch.arange(n - batch_size, n, device=data.features.device).expand(module.k, -1)
+        tried = min(batch_size, TRIED_WINDOWS)
+        times = torch.arange(n - tried, n, device=data.features.device).expand(module.k, -1)
         with policy.autocast():
             loss = module.loss(data.batch(times))
         loss.float().sum().backward()

@@ -850,6 +850,26 @@ def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
         assert all(p.is_contiguous() for p in run.model.parameters())
 
 
+def test_the_fused_try_out_step_takes_two_windows_per_slot_not_a_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The try-out only asks whether vmap batches the module: two windows a slot
+    (fusion.TRIED_WINDOWS), whatever the batch size; the real steps take full batches."""
+    original = StackedModules.loss
+    windows: list[tuple[int, int]] = []
+
+    def recorded(self: StackedModules, batch: Batch, slots: Any = None) -> torch.Tensor:
+        windows.append(tuple(batch.y.shape[:2]))
+        return original(self, batch, slots)
+
+    monkeypatch.setattr(StackedModules, "loss", recorded)
+    trainer = _trainer("kan", batch_size=16, max_steps_per_epoch=2)
+    assert trainer.fused is not None, trainer.unfused_reason
+    assert windows == [(2, 2)]  # the try-out: 2 slots (folds) of fusion.TRIED_WINDOWS
+    trainer.train_epoch()
+    assert windows[1:] and set(windows[1:]) == {(2, 16)}
+
+
 def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
