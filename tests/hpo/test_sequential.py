@@ -286,15 +286,18 @@ def test_holm_over_families_keeps_the_directional_claims_at_five_percent() -> No
     assert raw_claim.mean() >= 0.12
     assert holm_claim.mean() <= bound(ALPHA, reps)
     # The same claims as hpo compare makes them: holm_adjust over the ten repeated
-    # p-values sequential_comparison reports (the first 200 replications; 5 ms a family).
-    checked = 200
-    via_pvalues = np.zeros(checked, dtype=bool)
-    for r in range(checked):
+    # p-values sequential_comparison reports (10-20 ms a family). Where no family claims
+    # at the unadjusted level, neither route can (the same looks, wider intervals), so the
+    # check runs where some family does: those of the first 400 replications (78 here).
+    checked = np.flatnonzero(raw_claim[:400])
+    assert not (holm_claim & ~raw_claim).any()
+    via_pvalues = np.zeros(len(checked), dtype=bool)
+    for i, r in enumerate(checked):
         results = [sequential_comparison(d[f, r], looks, MARGIN) for f in range(families)]
         raw = [p for result in results for p in (result.p_worse, result.p_better)]
-        via_pvalues[r] = bool(np.any(holm_adjust(raw) <= ALPHA))
-    assert via_pvalues.sum() >= 2  # some claims to agree on (3 of 200 here)
-    assert np.count_nonzero(via_pvalues != holm_claim[:checked]) <= 1  # a root at the edge
+        via_pvalues[i] = bool(np.any(holm_adjust(raw) <= ALPHA))
+    assert len(checked) >= 40 and via_pvalues.sum() >= 4  # claims to agree on (6 here)
+    assert np.count_nonzero(via_pvalues != holm_claim[checked]) <= 1  # a root at the edge
     # What a sweep's families stop on: "worse"/"better" at the Bonferroni share (the
     # budget's directional_alpha), so a stop somewhere stays within alpha as well.
     stopped = np.zeros(reps, dtype=bool)
