@@ -2,7 +2,7 @@
 ``stopped_on``. :mod:`hpo.search.budget` decides them as the sweep runs, and ``hpo
 compare`` reads them back (:mod:`hpo.compare.records`, :mod:`hpo.compare.sequential`).
 
-A module of its own, with no imports: the sweep's searcher needs these names for every
+A module of its own that imports nothing: the sweep's searcher needs these names for every
 sweep, and :mod:`hpo.compare` imports SciPy's statistics, half a second of a driver's
 start that a sweep comparing nothing does not spend (bench/README.md, "A sweep's fixed
 cost")."""

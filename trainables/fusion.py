@@ -554,25 +554,33 @@ def fuse_plan(
     return True, ""
 
 
-# Windows a tried fused step takes: whether vmap batches a module does not depend on the
-# batch, and a full batch made the try cost a training step (a fifth of profiling a
-# default-size bf16 tft on a CPU). Two, not one: a batch of one is a case of its own
-# (batch norm refuses it in training). Running out of memory is the first real step's
-# to find, as it is for an unfused trial (the trial's OOM path).
+# Windows a fused try-out step takes off CUDA: whether vmap batches a module does not
+# depend on the batch, and a full batch made the try-out cost a training step (a fifth
+# of profiling a default-size bf16 tft on a CPU). Two, not one: a batch of one is a case
+# of its own (batch norm refuses it in training). On CUDA the try-out takes the trial's
+# batch: cuBLAS and cuDNN choose kernels by shape, so a batched kernel a full batch
+# lacks fails there as the first real step would, and the folds train unfused.
 TRIED_WINDOWS = 2
+
+
+def tried_windows(device: torch.device, batch_size: int) -> int:
+    """Windows per slot the fused try-out step takes on ``device`` (:data:`TRIED_WINDOWS`)."""
+    return batch_size if device.type == "cuda" else min(batch_size, TRIED_WINDOWS)
 
 
 def _try_fused_step(
     module: StackedModules, data: StackedFolds, policy: PrecisionPolicy, batch_size: int
 ) -> None:
-    """Forward and backward of a fused step on the last :data:`TRIED_WINDOWS` windows,
-    nothing kept: raises what the first real step would (a module vmap cannot batch).
-    Random streams are forked, so trying draws nothing from the trial's."""
-    devices = [data.features.device] if data.features.device.type == "cuda" else []
+    """Forward and backward of a fused step on the last :func:`tried_windows` windows,
+    nothing kept: raises what the first real step would raise for being fused (a module
+    vmap cannot batch; on CUDA, a batched kernel the batch's shapes lack). Random streams
+    are forked, so trying draws nothing from the trial's."""
+    device = data.features.device
+    devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         n = data.features.shape[1]
-        tried = min(batch_size, TRIED_WINDOWS)
-        times = torch.arange(n - tried, n, device=data.features.device).expand(module.k, -1)
+        tried = tried_windows(device, batch_size)
+        times = torch.arange(n - tried, n, device=device).expand(module.k, -1)
         with policy.autocast():
             loss = module.loss(data.batch(times))
         loss.float().sum().backward()

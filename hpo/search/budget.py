@@ -154,7 +154,7 @@ class FixedBudget(StreamBudget):
         return len(self.made_ids) >= self.samples
 
 
-# What a sequential family stopped on (``SequentialBudget.stopped_on``).
+# What a sequential family stopped on (``SequentialBudget.stopped_on``): hpo.stopped_on.
 
 
 @dataclass

@@ -17,6 +17,7 @@ import pytest
 from tests.hpo.sweep_helpers import ONE_TFT, write_tiny_spec
 
 HPO = [sys.executable, "-X", "importtime", "-m", "hpo.cli"]
+ROOT = Path(__file__).resolve().parents[2]  # the child imports tests.hpo.sweep_helpers
 
 
 def _imported(stderr: str) -> set[str]:
@@ -54,7 +55,9 @@ def test_a_sweep_comparing_nothing_builds_its_searcher_without_scipy_statistics(
         f"searcher = SweepSearcher(tiny_spec(Path({str(tmp_path)!r})))\n"
         "print(len(searcher.streams), 'scipy.stats' in sys.modules, 'hpo.compare' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["4", "False", "False"]
 
 

@@ -853,8 +853,9 @@ def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
 def test_the_fused_try_out_step_takes_two_windows_per_slot_not_a_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The try-out only asks whether vmap batches the module: two windows a slot
-    (fusion.TRIED_WINDOWS), whatever the batch size; the real steps take full batches."""
+    """Off CUDA the try-out only asks whether vmap batches the module: two windows a
+    slot (fusion.TRIED_WINDOWS), whatever the batch size; the real steps take full
+    batches. On CUDA it takes the trial's batch (kernels are chosen by shape there)."""
     original = StackedModules.loss
     windows: list[tuple[int, int]] = []
 
@@ -868,6 +869,8 @@ def test_the_fused_try_out_step_takes_two_windows_per_slot_not_a_batch(
     assert windows == [(2, 2)]  # the try-out: 2 slots (folds) of fusion.TRIED_WINDOWS
     trainer.train_epoch()
     assert windows[1:] and set(windows[1:]) == {(2, 16)}
+    assert fusion.tried_windows(torch.device("cuda", 0), 16) == 16
+    assert fusion.tried_windows(torch.device("cpu"), 1) == 1
 
 
 def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
