@@ -40,12 +40,18 @@ $(STAMP): pyproject.toml $(LOCKED)
 # process compiles what it imports (where PYTHONDONTWRITEBYTECODE is set, as in the
 # sandboxes this project is tested in, nothing writes it later). Left out: the packages'
 # own test suites (a sixth of the files, more than half of pandas', sympy's and scipy's
-# compile time), which nothing imports, and the one file this Python cannot compile,
-# torch's 3.12-only test helper (pip skips it silently); any other failure stops make.
-# The pass runs at a lower priority so that mypy, its neighbour under `make test` and the
-# longer of the two, keeps a core to itself.
+# compile time), and the packages and subpackages that neither the service nor its tests
+# import (torch's compiler and ONNX export, RLlib, Serve, Ray's LLM library, scikit-learn,
+# matplotlib and fontTools, and the tools pip, setuptools and compiled mypy: 8 of 48
+# CPU-s); whatever imports one of them later compiles it in memory, as without this pass.
+# Also left out: the one file this Python cannot compile, torch's 3.12-only test helper
+# (pip skips it silently); any other failure stops make. The pass runs at a lower
+# priority so that mypy, its neighbour under `make test` and the longer of the two, keeps
+# a core to itself.
+NOT_COMPILED := torch/testing/_internal/py312_intrinsics|/tests/|/torch/_inductor/|/torch/onnx/|/ray/rllib/|/ray/serve/|/ray/llm/|/sklearn/|/matplotlib/|/fontTools/|/pip/|/setuptools/|/mypy/
+
 $(COMPILED): $(STAMP)
-	nice $(BIN)/python -m compileall -q -j 0 -x 'torch/testing/_internal/py312_intrinsics|/tests/' $(VENV)/lib
+	nice $(BIN)/python -m compileall -q -j 0 -x '$(NOT_COMPILED)' $(VENV)/lib
 	touch $(COMPILED)
 
 setup: $(COMPILED)
