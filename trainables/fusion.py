@@ -559,7 +559,9 @@ def fuse_plan(
 # of profiling a default-size bf16 tft on a CPU). Two, not one: a batch of one is a case
 # of its own (batch norm refuses it in training). On CUDA the try-out takes the trial's
 # batch: cuBLAS and cuDNN choose kernels by shape, so a batched kernel a full batch
-# lacks fails there as the first real step would, and the folds train unfused.
+# lacks fails there as the first real step would, and the folds train unfused. (Only
+# that shape: a step of some slots (a subset step) or a captured graph may still meet a
+# kernel of their own later, as before.)
 TRIED_WINDOWS = 2
 
 

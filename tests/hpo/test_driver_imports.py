@@ -37,7 +37,9 @@ def test_every_familys_record_settings_and_space_read_without_torch() -> None:
         "    dataclasses.asdict(config), dict(family.search_space), family.fuses\n"
         "print(len(models.all_families()), 'torch' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["10", "False"]
 
 

@@ -299,6 +299,7 @@ def test_holm_over_families_keeps_the_directional_claims_at_five_percent() -> No
         raw = [p for result in results for p in (result.p_worse, result.p_better)]
         via_pvalues[i] = bool(np.any(holm_adjust(raw) <= ALPHA))
     assert len(claiming) >= 40
+    assert not via_pvalues[len(claiming) :].any()  # nothing claimed unadjusted
     assert via_pvalues.sum() >= 4  # claims to agree on (6 here)
     assert np.count_nonzero(via_pvalues != holm_claim[checked]) <= 1  # a root at the edge
     # What a sweep's families stop on: "worse"/"better" at the Bonferroni share (the

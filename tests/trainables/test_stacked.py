@@ -850,12 +850,13 @@ def test_a_module_vmap_cannot_batch_trains_unfused_and_says_why(
         assert all(p.is_contiguous() for p in run.model.parameters())
 
 
-def test_the_fused_try_out_step_takes_two_windows_per_slot_not_a_batch(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+def test_the_fused_try_out_step_takes_two_windows_per_slot_off_cuda_the_batch_on_it(
+    device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Off CUDA the try-out only asks whether vmap batches the module: two windows a
-    slot (fusion.TRIED_WINDOWS), whatever the batch size; the real steps take full
-    batches. On CUDA it takes the trial's batch (kernels are chosen by shape there)."""
+    slot (fusion.TRIED_WINDOWS), whatever the batch size. On CUDA it takes the trial's
+    batch (kernels are chosen by shape there). The real steps take full batches."""
     original = StackedModules.loss
     windows: list[tuple[int, int]] = []
 
@@ -864,13 +865,13 @@ def test_the_fused_try_out_step_takes_two_windows_per_slot_not_a_batch(
         return original(self, batch, slots)
 
     monkeypatch.setattr(StackedModules, "loss", recorded)
-    trainer = _trainer("kan", batch_size=16, max_steps_per_epoch=2)
+    trainer = _trainer("kan", batch_size=16, max_steps_per_epoch=2, device=device)
     assert trainer.fused is not None, trainer.unfused_reason
-    assert windows == [(2, 2)]  # the try-out: 2 slots (folds) of fusion.TRIED_WINDOWS
+    tried = 16 if device == "cuda" else 2  # 2 slots (folds) of that many windows
+    assert windows == [(2, tried)]
     trainer.train_epoch()
     assert windows[1:] and set(windows[1:]) == {(2, 16)}
-    assert fusion.tried_windows(torch.device("cuda", 0), 16) == 16
-    assert fusion.tried_windows(torch.device("cpu"), 1) == 1
+    assert fusion.tried_windows(torch.device("cpu"), 1) == 1  # never more than the batch
 
 
 def test_a_fused_bf16_trial_falls_back_to_f32_and_fuses_again(
