@@ -155,17 +155,13 @@ def fused_row(
     """ms per trial-step (a step of each of K folds) fused and unfused, CUDA graphs on
     where the family's step is static: what fusing saves at K slots (smoke: the tiny
     model, window and data of the other smoke rows)."""
-    model_config = SMOKE_MODEL.get(family, {}) if smoke else {}
-    shape: dict[str, Any] = (
-        {"lookback": SMOKE_TRAINER["lookback"], "batch_size": SMOKE_TRAINER["batch_size"]}
-        if smoke
-        else {}
-    )
-    data = (
-        DataConfig(n_bars=max(SMOKE_DATA.n_bars, 250 * k), n_assets=SMOKE_DATA.n_assets)
-        if smoke
-        else DataConfig(n_bars=max(2000, 250 * k))
-    )
+    model_config: dict[str, Any] = {}
+    shape: dict[str, Any] = {}
+    data = DataConfig(n_bars=max(2000, 250 * k))
+    if smoke:
+        model_config = SMOKE_MODEL.get(family, {})
+        shape = {"lookback": SMOKE_TRAINER["lookback"], "batch_size": SMOKE_TRAINER["batch_size"]}
+        data = DataConfig(n_bars=max(SMOKE_DATA.n_bars, 250 * k), n_assets=SMOKE_DATA.n_assets)
     timings: dict[str, tuple[float, bool, str | None]] = {}
     for fuse in ("on", "off"):
         config = TrainConfig(
