@@ -104,14 +104,17 @@ def _keep_local_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
 
 
-# Ray Client starts one server process per connecting job on the head; on a loaded head
-# that start sometimes fails once and works when asked again: the server process does not
-# come up ("Starting Ray client server failed"), or its shim process exits before the
-# proxier reads its command line with psutil, whose ZombieProcess / NoSuchProcess then
-# reaches the client as the proxier's traceback. Each ray.init connects with a new client
-# id and a failed connect disconnects cleanly, so retrying is safe. Two failures in a row
-# were seen on a loaded 2-core CI machine, hence three retries (waits of 2, 4 and 6 s
-# between them, on top of the proxier's own 30-s channel check per failed start).
+# Ray Client starts one server process per connecting job on the head; that start can fail
+# once and work when asked again: the server process does not come up ("Starting Ray
+# client server failed"), or its shim process exits before the proxier reads its command
+# line with psutil, whose ZombieProcess / NoSuchProcess then reaches the client as the
+# proxier's traceback. The cause seen here was grpcio 1.80-1.85 killing about one forked
+# child in a hundred before exec (grpc/grpc#43055; pyproject.toml keeps grpcio below
+# 1.80); a head installed with another grpcio may still have it. Each ray.init connects
+# with a new client id and a failed connect disconnects cleanly, so retrying is safe. Two
+# failures in a row were seen on a loaded 2-core CI machine, hence three retries (waits of
+# 2, 4 and 6 s between them, on top of the proxier's own 30-s channel check per failed
+# start).
 CLIENT_SERVER_RETRIES = 3
 CLIENT_SERVER_START_FAILURES = (
     "Starting Ray client server failed",
