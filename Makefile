@@ -8,7 +8,7 @@ LOCKED := $(VENV)/.locked
 STAMP := $(VENV)/.installed
 COMPILED := $(VENV)/.compiled
 
-.PHONY: setup demo test lint typecheck clean chromium
+.PHONY: setup demo test lint typecheck clean chromium sources-bytecode
 
 SOURCES := hpo trainables models cluster dashboards
 LINTED := $(SOURCES) tests bench
@@ -57,18 +57,26 @@ $(COMPILED): $(STAMP)
 
 setup: $(COMPILED)
 
+# The project's own modules get bytecode too, at each run, not once: their sources change
+# between runs (Python checks each file's time stamp and compiles a stale one in memory).
+# An editable install leaves them without any, and where PYTHONDONTWRITEBYTECODE is set
+# every `hpo` call and every Ray worker of a sweep compiled what it imported of them
+# (0.1-0.2 CPU-s per process; bench/README.md, "Where the test suite's time goes").
+sources-bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 $(LINTED)
+
 # Headless Chromium renders the comparison report in tests/dashboards (skipped without it).
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null) || echo "chromium not installed: the report's browser test will be skipped"
 
-demo: $(COMPILED)
+demo: $(COMPILED) sources-bytecode
 	$(BIN)/hpo sweep examples/quick.toml --name quick-$$(date +%Y%m%d-%H%M%S)
 
 # Style, types, bytecode and the browser first, side by side (mypy takes a core for about
 # 40 s, the bytecode 50 CPU-s, chromium's install the network): CI keeps them without
 # anyone remembering to. The layering is a test (tests/test_layers.py).
 test: $(STAMP)
-	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium $(COMPILED)
+	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium $(COMPILED) sources-bytecode
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
