@@ -61,7 +61,8 @@ setup: $(COMPILED)
 # between runs (Python checks each file's time stamp and compiles a stale one in memory).
 # An editable install leaves them without any, and where PYTHONDONTWRITEBYTECODE is set
 # every `hpo` call and every Ray worker of a sweep compiled what it imported of them
-# (0.1-0.2 CPU-s per process; bench/README.md, "Where the test suite's time goes").
+# (1.65 CPU-s in 20 processes of two end-to-end test files; bench/README.md, "Where the
+# test suite's time goes", eleventh session).
 sources-bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 $(LINTED)
 
