@@ -154,9 +154,6 @@ class FixedBudget(StreamBudget):
         return len(self.made_ids) >= self.samples
 
 
-# What a sequential family stopped on (``SequentialBudget.stopped_on``): hpo.stopped_on.
-
-
 @dataclass
 class _Look:
     configs: int
