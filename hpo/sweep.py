@@ -309,6 +309,7 @@ class SweepWatchers:
 def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> SweepWatchers:
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+    from hpo.ended_trials import DropCompletedTrialWindows
     from hpo.final_trials import FinalTrials
     from hpo.progress import SweepProgress
     from hpo.recovery import TRIALS_TO_STOP, AdoptReportedCheckpoint, StopOnRepeatedError
@@ -333,6 +334,7 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
         AdoptReportedCheckpoint(),
         stop,
         final,
+        DropCompletedTrialWindows(),  # last: the others may still read the trial
     ]
     return SweepWatchers(
         callbacks=callbacks, stop=stop, final=final, mlflow=tracking, print_line=progress.on_event
@@ -471,6 +473,7 @@ def resume_sweep(
 TUNE_SIDE_MODULES = (
     "ray.tune.logger",
     "ray.tune.schedulers",
+    "hpo.ended_trials",
     "hpo.final_trials",
     "hpo.progress",
     "hpo.recovery",

@@ -55,6 +55,18 @@ def test_the_summary_rows_are_the_trials_tune_held_and_what_storage_holds(finish
         assert row == by_id[row.trial_id]
 
 
+def test_the_saved_experiment_state_holds_no_last_n_windows(finished_sweep) -> None:  # type: ignore[no-untyped-def]
+    """The sweep drops a completed trial's last-n windows (hpo.ended_trials) before Tune's
+    last snapshot, and keeps the per-metric analysis."""
+    spec, _, sweep_dir = finished_sweep
+    state = json.loads(max(sweep_dir.glob("experiment_state-*.json")).read_text())
+    assert len(state["trial_data"]) == spec.n_trials
+    for _, metadata in state["trial_data"]:
+        saved = json.loads(metadata)
+        assert saved["metric_n_steps"] == {}
+        assert saved["metric_analysis"]["val_sharpe"]["last"] == saved["last_result"]["val_sharpe"]
+
+
 def test_every_trial_is_a_nested_child_run(finished_sweep) -> None:  # type: ignore[no-untyped-def]
     spec, rows, sweep_dir = finished_sweep
     assert len(rows) == spec.n_trials == 4
