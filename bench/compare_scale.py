@@ -19,7 +19,7 @@ callback logs it. A few trials diverge, run still, or have no returns artifact, 
 real sweep.
 
 :func:`hpo.compare.comparison_from_mlflow` is then timed on a cold returns cache: "search"
-is its MLflow run searches (``_search_all``), "reads" the trial records, histories and
+is its MLflow run searches (``_search_page``, a page each), "reads" the trial records, histories and
 returns artifacts, "stats" :func:`hpo.compare.compare_trials`; "per trial" is everything
 beyond the search divided by the trials; each the median of ``--rounds`` rounds, rows
 interleaved. Rows:
@@ -335,7 +335,7 @@ def time_compare(store: Store, label: str) -> Timing:
     mlflow_reader._RETURNS_CACHE.clear()
     spent: dict[str, float] = {}
     context = {BEFORE: one_by_one, POOL: on_pool}.get(label, nullcontext)()
-    with context, _timed("_search_all", spent), _timed("compare_trials", spent):
+    with context, _timed("_search_page", spent), _timed("compare_trials", spent):
         start, cpu = time.perf_counter(), time.process_time()
         result = compare.comparison_from_mlflow(
             store.experiment,
@@ -344,8 +344,10 @@ def time_compare(store: Store, label: str) -> Timing:
             with_curves=label != NO_CURVES,
         )
         total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
-    search, stats = spent.get("_search_all", 0.0), spent.get("compare_trials", 0.0)
-    reads_cpu = total_cpu - spent.get("_search_all cpu", 0.0) - spent.get("compare_trials cpu", 0.0)
+    search, stats = spent.get("_search_page", 0.0), spent.get("compare_trials", 0.0)
+    reads_cpu = (
+        total_cpu - spent.get("_search_page cpu", 0.0) - spent.get("compare_trials cpu", 0.0)
+    )
     return Timing(
         label, len(result.trials), search, total - search - stats, stats, reads_cpu, result.trials
     )

@@ -22,7 +22,7 @@ import contextlib
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -104,12 +104,7 @@ def comparison_from_mlflow(
     experiment_id = found.experiment_id
     notes: list[str] = []
     parent = _parent_run(client, experiment_id, parent_run_id, notes)
-    children = _search_all(
-        client,
-        experiment_id,
-        f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_PARENT}` = '{parent.info.run_id}'",
-    )
-    chosen = _resolve_precisions(precisions, parent, children)
+    chosen = _precisions_asked(precisions, parent)
     if margin is None:
         margin = _sweep_margin(parent, notes)
     if parent.data.tags.get("compare") == "false":
@@ -118,15 +113,29 @@ def comparison_from_mlflow(
             "so no trial has a partner in another precision and every pair is pending; only "
             "the per-precision selection statistics (PSR, DSR) apply"
         )
-    compared: list[Any] = []
-    ignored: dict[str, int] = {}
-    for run in children:
-        precision = run.data.tags.get(TAG_PRECISION, "?")
-        if precision not in chosen:
-            ignored[precision] = ignored.get(precision, 0) + 1
-            continue
-        compared.append(run)
-    trials = _read_trials(client, tracking_uri, compared, with_curves, with_returns)
+    # A page of runs at a time, each turned into records before the next is searched: the
+    # MLflow entities of every run at once were the largest thing a 1,000-trial sweep's
+    # driver held at its end (bench/README.md, "A sweep's per-trial cost").
+    trials: list[TrialRecord] = []
+    per_precision: dict[str, int] = {}
+    for page in _search_pages(
+        client,
+        experiment_id,
+        f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_PARENT}` = '{parent.info.run_id}'",
+    ):
+        compared: list[Any] = []
+        for run in page:
+            precision = run.data.tags.get(TAG_PRECISION, "?")
+            per_precision[precision] = per_precision.get(precision, 0) + 1
+            if chosen is None or precision in chosen:
+                compared.append(run)
+        trials.extend(_read_trials(client, tracking_uri, compared, with_curves, with_returns))
+    if chosen is None:
+        # An old sweep's parent names no precisions: the trials' tags do, known only now
+        # (their records were read whatever their precision).
+        chosen = _precisions_of_trials(per_precision)
+        trials = [trial for trial in trials if trial.precision in chosen]
+    ignored = {p: n for p, n in per_precision.items() if p not in chosen}
     if ignored:
         notes.append(f"left out trials of precisions not compared: {ignored}")
     sequential = _sequential_records(client, parent, notes)
@@ -177,17 +186,26 @@ transient load was the peak of a 1000-trial compare sweep's driver (bench/README
 sweep's per-trial cost"); the entities kept are a fraction of it."""
 
 
-def _search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
-    runs: list[Any] = []
+def _search_page(client: Any, experiment_id: str, filter_string: str, token: str | None) -> Any:
+    """One page of runs (MLflow's ``PagedList``: its ``token`` names the next page, and is
+    None on the last)."""
+    return client.search_runs(
+        [experiment_id], filter_string=filter_string, max_results=SEARCH_PAGE, page_token=token
+    )
+
+
+def _search_pages(client: Any, experiment_id: str, filter_string: str) -> Iterator[Any]:
     token = None
     while True:
-        page = client.search_runs(
-            [experiment_id], filter_string=filter_string, max_results=SEARCH_PAGE, page_token=token
-        )
-        runs.extend(page)
+        page = _search_page(client, experiment_id, filter_string, token)
         token = page.token
+        yield page
         if not token:
-            return runs
+            return
+
+
+def _search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
+    return [run for page in _search_pages(client, experiment_id, filter_string) for run in page]
 
 
 def _parent_run(client: Any, experiment_id: str, run_id: str | None, notes: list[str]) -> Any:
@@ -229,24 +247,28 @@ def _sweep_margin(parent: Any, notes: list[str]) -> float:
     return DEFAULT_MARGIN
 
 
-def _resolve_precisions(
-    precisions: Sequence[str] | None, parent: Any, children: list[Any]
-) -> list[str]:
-    if precisions is None:
-        chosen: list[str] = []
-        raw = parent.data.params.get("precisions")
-        if raw:
-            try:
-                parsed = ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                parsed = None
-            if isinstance(parsed, list) and all(isinstance(p, str) for p in parsed):
-                chosen = parsed
-        if not chosen:
-            seen = sorted({r.data.tags.get(TAG_PRECISION, "?") for r in children})
-            chosen = sorted(seen, key=lambda p: (p != "f32", p))
-    else:
-        chosen = list(precisions)
+def _precisions_asked(precisions: Sequence[str] | None, parent: Any) -> list[str] | None:
+    """The precisions to compare, reference first: those given, else the sweep's own (the
+    parent run's ``precisions`` param); None when neither names them."""
+    if precisions is not None:
+        return _two_or_more(list(precisions))
+    raw = parent.data.params.get("precisions")
+    if raw:
+        try:
+            parsed = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            parsed = None
+        if isinstance(parsed, list) and parsed and all(isinstance(p, str) for p in parsed):
+            return _two_or_more(parsed)
+    return None
+
+
+def _precisions_of_trials(per_precision: Mapping[str, int]) -> list[str]:
+    """The precisions the trials' tags name, f32 first."""
+    return _two_or_more(sorted(per_precision, key=lambda p: (p != "f32", p)))
+
+
+def _two_or_more(chosen: list[str]) -> list[str]:
     if len(chosen) < 2 or len(set(chosen)) != len(chosen):
         raise ComparisonError(
             f"a comparison needs at least two distinct precisions (reference first), got {chosen}"

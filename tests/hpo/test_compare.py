@@ -297,6 +297,27 @@ def test_precisions_default_to_the_sweeps_and_need_two(sweep: SyntheticSweep) ->
         comparison_from_mlflow(sweep.experiment, sweep.tracking_uri, precisions=("f32",))
 
 
+def test_a_parent_without_its_precisions_takes_the_trials_f32_first(
+    sweep: SyntheticSweep, tmp_path: Path
+) -> None:
+    """A sweep whose parent run names no precisions (made before the param was logged):
+    the trials' tags name them, f32 first, and every trial of them is compared."""
+    import sqlite3
+
+    old = copy_sweep(sweep, tmp_path)
+    with sqlite3.connect(old.tracking_uri.removeprefix("sqlite:///")) as db:
+        gone = db.execute(
+            "DELETE FROM params WHERE run_uuid = ? AND key = 'precisions'", (old.parent_run_id,)
+        ).rowcount
+    assert gone == 1
+    inferred = comparison_from_mlflow(
+        old.experiment, old.tracking_uri, precisions=None, with_curves=False
+    )
+    assert inferred.precisions == ["f32", "bf16", "bf16-mixed"]
+    assert len(inferred.trials) == len(sweep.run_ids) == 36
+    assert not any("left out" in note for note in inferred.notes)
+
+
 def test_log_comparison_puts_statistics_and_report_on_the_parent_run(
     comparison: Comparison, sweep: SyntheticSweep, tmp_path: Path
 ) -> None:

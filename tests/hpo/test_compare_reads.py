@@ -130,6 +130,39 @@ def test_reads_go_on_the_pool_where_they_wait_on_a_server(tmp_path: Path) -> Non
     assert mlflow_reader._read_threads("http://127.0.0.1:5000", runs, False, True) == 1
 
 
+def test_runs_are_read_a_page_at_a_time(
+    bench: ModuleType, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page of runs becomes records before the next page is searched, so the MLflow
+    entities alive at once are one page's, not the sweep's (at 1,000 trials they were the
+    largest thing the driver held at its end); the records are those of one big page."""
+    import gc
+
+    from mlflow.entities import Run
+
+    def runs_alive() -> int:
+        return sum(isinstance(o, Run) for o in gc.get_objects())
+
+    whole = _read(store)
+    gc.collect()
+    before = runs_alive()  # what earlier tests left to the collector's next pass
+    page = 3
+    alive: list[int] = []
+    read_trials = mlflow_reader._read_trials
+
+    def counting(client: Any, uri: str, runs: Any, *args: Any) -> Any:
+        alive.append(runs_alive() - before)
+        return read_trials(client, uri, runs, *args)
+
+    monkeypatch.setattr(mlflow_reader, "SEARCH_PAGE", page)
+    monkeypatch.setattr(mlflow_reader, "_read_trials", counting)
+    paged = _read(store)
+    assert len(alive) == math.ceil(TRIALS / page) == 3
+    assert max(alive) <= page + 1  # the page's runs and the parent run
+    assert [r.run_id for r in paged] == [r.run_id for r in whole]
+    assert bench.same_records(paged, whole)
+
+
 def test_records_hold_what_the_store_holds(bench: ModuleType, store: Any) -> None:
     """Against MLflow's own answers, not against another path of hpo.compare."""
     trials = _by_trial(_read(store))
@@ -361,7 +394,7 @@ def test_the_bench_times_the_search_apart(bench: ModuleType, store: Any) -> None
     assert timing.search_s > 0 and timing.reads_s > 0 and timing.stats_s > 0
     assert timing.per_trial_s == pytest.approx((timing.reads_s + timing.stats_s) / TRIALS)
     # The timing wrappers are gone afterwards.
-    assert mlflow_reader._search_all.__name__ == "_search_all"
+    assert mlflow_reader._search_page.__name__ == "_search_page"
     assert mlflow_reader.compare_trials.__name__ == "compare_trials"
 
 
