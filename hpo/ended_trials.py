@@ -29,9 +29,9 @@ from ray.tune import Callback
 
 
 class DropCompletedTrialWindows(Callback):
-    """Empties a trial's last-n windows when it completes (Tune calls this before it
-    marks the trial TERMINATED and queues its state for the next experiment snapshot, so
-    the snapshot holds the smaller state too)."""
+    """Empties a trial's last-n windows when it completes (for a running trial, Tune calls
+    this before it marks the trial TERMINATED and queues its state for the next experiment
+    snapshot, so the snapshot holds the smaller state too)."""
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         # Assigning invalidates the run metadata's cached JSON (its __setattr__ does).

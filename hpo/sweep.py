@@ -334,7 +334,7 @@ def _watchers(record: SweepRecord, on_event: Callable[[str], None] | None) -> Sw
         AdoptReportedCheckpoint(),
         stop,
         final,
-        DropCompletedTrialWindows(),  # last: the others may still read the trial
+        DropCompletedTrialWindows(),  # after ours that read the trial as it completed
     ]
     return SweepWatchers(
         callbacks=callbacks, stop=stop, final=final, mlflow=tracking, print_line=progress.on_event

@@ -113,28 +113,19 @@ def comparison_from_mlflow(
             "so no trial has a partner in another precision and every pair is pending; only "
             "the per-precision selection statistics (PSR, DSR) apply"
         )
-    # A page of runs at a time, each turned into records before the next is searched: the
-    # MLflow entities of every run at once were the largest thing a 1,000-trial sweep's
-    # driver held at its end (bench/README.md, "A sweep's per-trial cost").
-    trials: list[TrialRecord] = []
-    per_precision: dict[str, int] = {}
-    for page in _search_pages(
+    trials, per_precision = _records_by_page(
         client,
+        tracking_uri,
         experiment_id,
         f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_PARENT}` = '{parent.info.run_id}'",
-    ):
-        compared: list[Any] = []
-        for run in page:
-            precision = run.data.tags.get(TAG_PRECISION, "?")
-            per_precision[precision] = per_precision.get(precision, 0) + 1
-            if chosen is None or precision in chosen:
-                compared.append(run)
-        trials.extend(_read_trials(client, tracking_uri, compared, with_curves, with_returns))
+        chosen,
+        with_curves,
+        with_returns,
+    )
     if chosen is None:
-        # An old sweep's parent names no precisions: the trials' tags do, known only now
-        # (their records were read whatever their precision).
+        # An old sweep's parent names no precisions: the trials' tags do, known only now,
+        # after every trial was read (and a sweep of one precision is refused only now).
         chosen = _precisions_of_trials(per_precision)
-        trials = [trial for trial in trials if trial.precision in chosen]
     ignored = {p: n for p, n in per_precision.items() if p not in chosen}
     if ignored:
         notes.append(f"left out trials of precisions not compared: {ignored}")
@@ -156,6 +147,51 @@ def comparison_from_mlflow(
         notes=notes,
         sequential=sequential,
     )
+
+
+def _records_by_page(
+    client: Any,
+    tracking_uri: str,
+    experiment_id: str,
+    filter_string: str,
+    chosen: Sequence[str] | None,
+    with_curves: bool,
+    with_returns: bool,
+) -> tuple[list[TrialRecord], dict[str, int]]:
+    """The records of the runs ``filter_string`` finds whose precision is in ``chosen``
+    (every run's where None), and the number of runs per precision.
+
+    A page of runs at a time, each turned into records before the next page is searched:
+    the MLflow entities of every run at once were the largest thing a 1,000-trial sweep's
+    driver held at its end (bench/README.md, "A sweep's per-trial cost")."""
+    trials: list[TrialRecord] = []
+    per_precision: dict[str, int] = {}
+    seen: set[str] = set()
+    for page in _search_pages(client, experiment_id, filter_string):
+        compared = _runs_to_compare(page, chosen, seen, per_precision)
+        del page  # the runs not compared go now, not after the reads
+        trials.extend(_read_trials(client, tracking_uri, compared, with_curves, with_returns))
+        del compared  # not held while the next page is searched
+    return trials, per_precision
+
+
+def _runs_to_compare(
+    page: Sequence[Any], chosen: Sequence[str] | None, seen: set[str], per_precision: dict[str, int]
+) -> list[Any]:
+    """The runs of ``page`` not seen before whose precision is in ``chosen`` (all where
+    None); counts each new run's precision in ``per_precision``."""
+    compared: list[Any] = []
+    for run in page:
+        # MLflow pages by offset, newest run first: a trial run created between two
+        # searches (a sweep compared while it runs) repeats a run on the next page.
+        if run.info.run_id in seen:
+            continue
+        seen.add(run.info.run_id)
+        precision = run.data.tags.get(TAG_PRECISION, "?")
+        per_precision[precision] = per_precision.get(precision, 0) + 1
+        if chosen is None or precision in chosen:
+            compared.append(run)
+    return compared
 
 
 def _sequential_records(client: Any, parent: Any, notes: list[str]) -> dict[str, Any] | None:
@@ -200,6 +236,7 @@ def _search_pages(client: Any, experiment_id: str, filter_string: str) -> Iterat
         page = _search_page(client, experiment_id, filter_string, token)
         token = page.token
         yield page
+        del page  # not held while the next page is searched
         if not token:
             return
 

@@ -145,7 +145,7 @@ def test_runs_are_read_a_page_at_a_time(
 
     whole = _read(store)
     gc.collect()
-    before = runs_alive()  # what earlier tests left to the collector's next pass
+    before = runs_alive()  # runs earlier tests still reference
     page = 3
     alive: list[int] = []
     read_trials = mlflow_reader._read_trials
@@ -161,6 +161,32 @@ def test_runs_are_read_a_page_at_a_time(
     assert max(alive) <= page + 1  # the page's runs and the parent run
     assert [r.run_id for r in paged] == [r.run_id for r in whole]
     assert bench.same_records(paged, whole)
+
+
+def test_a_run_repeated_on_the_next_page_is_read_once(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow pages by offset, newest first: a trial run created between two searches (a
+    sweep compared while it runs) shifts the next page by one, repeating a run."""
+    from mlflow.store.entities.paged_list import PagedList
+
+    whole = _read(store)
+    search_page = mlflow_reader._search_page
+    previous: list[Any] = []
+    repeated: list[str] = []
+
+    def shifted(client: Any, experiment_id: str, filter_string: str, token: Any) -> Any:
+        page = search_page(client, experiment_id, filter_string, token)
+        runs = [*previous[-1:], *page]
+        repeated.extend(run.info.run_id for run in previous[-1:])
+        previous[:] = list(page)
+        return PagedList(runs, page.token)
+
+    monkeypatch.setattr(mlflow_reader, "SEARCH_PAGE", 3)
+    monkeypatch.setattr(mlflow_reader, "_search_page", shifted)
+    paged = _read(store)
+    assert len(repeated) == 2
+    assert [r.run_id for r in paged] == [r.run_id for r in whole]
 
 
 def test_records_hold_what_the_store_holds(bench: ModuleType, store: Any) -> None:
