@@ -21,7 +21,11 @@ CHILDREN = 1000
 
 # A gRPC server and a client thread that calls it without pause, as the proxier's own
 # traffic; then CHILDREN forks through Popen's preexec_fn, each exec'ing `true`. A child
-# that dies before exec exits on a signal or prints gRPC's poller error. The calls are
+# that dies before exec exits on a signal (SIGABRT after gRPC's "Epoll1Poller ...
+# epoll_wait error: Bad file descriptor", or SIGSEGV); one that reaches exec exits 0, even
+# where gRPC logged "Kick failed: eventfd_write: Bad file descriptor" on its way there
+# (1.85.3 and 1.78.2 both log that now and then; counting it failed a CI run on 1.78.2,
+# whose children all reached exec). So the exit status alone says dead. The calls are
 # counted around the forks, so that a channel that went quiet cannot pass for a healthy
 # fork; the process ends with os._exit, so that the server and the client thread are not
 # torn down mid-call at interpreter exit.
@@ -50,7 +54,7 @@ dead = []
 for _ in range({CHILDREN}):
     child = subprocess.Popen(["true"], preexec_fn=lambda: None, stderr=subprocess.PIPE)
     _, err = child.communicate()
-    if child.returncode != 0 or b"Bad file descriptor" in err:
+    if child.returncode != 0:
         dead.append((child.returncode, err.decode(errors="replace")[-200:]))
 print(len(dead), calls[0] - before, repr(dead[:3]), flush=True)
 os._exit(0)
