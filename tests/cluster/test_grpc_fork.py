@@ -18,6 +18,8 @@ import sys
 import pytest
 
 CHILDREN = 1000
+HUNG_S = 10
+ALLOWED = 3  # dead children that still pass (Poisson(11) gives 3 or fewer in 0.5% of runs)
 
 # A gRPC server and a client thread that calls it without pause, as the proxier's own
 # traffic; then CHILDREN forks through Popen's preexec_fn, each exec'ing `true`. A child
@@ -25,14 +27,29 @@ CHILDREN = 1000
 # epoll_wait error: Bad file descriptor", or SIGSEGV); one that reaches exec exits 0, even
 # where gRPC logged "Kick failed: eventfd_write: Bad file descriptor" on its way there
 # (1.85.3 and 1.78.2 both log that now and then; counting it failed a CI run on 1.78.2,
-# whose children all reached exec). So the exit status alone says dead. The calls are
+# whose children all reached exec). So the exit status alone says dead. A child can also
+# hang before exec (1.78.2 did once in a CI run, and Popen then waits for it forever): a
+# watchdog kills a child still not exec'd after HUNG_S, and it counts as dead. Broken
+# versions lose 6-18 children in 1,000 and 1.78.2 0-1, so up to ALLOWED pass. The calls are
 # counted around the forks, so that a channel that went quiet cannot pass for a healthy
 # fork; the process ends with os._exit, so that the server and the client thread are not
 # torn down mid-call at interpreter exit.
 FORKS_BESIDE_A_BUSY_CHANNEL = f"""
 import os, subprocess, threading, time
 from concurrent import futures
-import grpc
+import grpc, psutil
+
+def kill_hung():
+    me = psutil.Process()
+    while True:
+        time.sleep(1)
+        for child in me.children():
+            try:
+                if child.cmdline() != ["true"] and time.time() - child.create_time() > {HUNG_S}:
+                    child.kill()
+            except psutil.Error:
+                pass
+threading.Thread(target=kill_hung, daemon=True).start()
 
 server = grpc.server(futures.ThreadPoolExecutor(2))
 port = server.add_insecure_port("127.0.0.1:0")
@@ -72,4 +89,4 @@ def test_a_process_with_a_busy_grpc_channel_forks_children_that_all_reach_exec()
     assert done.returncode == 0, done.stderr[-3000:]
     dead, calls_meanwhile, examples = done.stdout.split(" ", 2)
     assert int(calls_meanwhile) >= CHILDREN // 10, "the channel was not busy during the forks"
-    assert int(dead) == 0, f"{dead} of {CHILDREN} children died before exec: {examples}"
+    assert int(dead) <= ALLOWED, f"{dead} of {CHILDREN} children died before exec: {examples}"
