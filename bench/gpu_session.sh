@@ -11,7 +11,8 @@
 # needs Ray. What each step writes goes to $OUT as it is written, so a run stopped by its
 # timeout still returns what it measured. About 7 minutes with the default budgets (the
 # first run, 2026-12-04: tests 31 s, the twenty rows 166 s, the fused slots of five
-# families ~150 s), so a 15-minute lease leaves room to start the machine and a short rerun.
+# families ~150 s; the second, 2026-12-05 on an H100: 365 s in all), so a 15-minute lease
+# leaves room to start the machine and a short rerun.
 #
 # Files back in $OUT (at most 8 come back): env.txt, gpu_tests.log, gpu_packing.{log,json,md},
 # group_trainer.log. What to do with them: bench/README.md ("GPU rows").
