@@ -357,7 +357,6 @@ def _print_links(tracking_uri: str, sweep_dir: SweepLocation | Path | str) -> No
 
 
 def _print_sweep_result(rows: SweepRows, sweep_dir: SweepLocation, tracking_uri: str) -> None:
-    from dashboards.tables import family_lines
     from hpo.trials import best_rows
 
     done = sum(r.done for r in rows)
@@ -371,6 +370,10 @@ def _print_sweep_result(rows: SweepRows, sweep_dir: SweepLocation, tracking_uri:
     if best:
         _print_best(best)
     if rows.comparison is not None:
+        # Imported here: the tables import the comparison's statistics (SciPy's, a second
+        # of one core), which a sweep that compares nothing never needs.
+        from dashboards.tables import family_lines
+
         for line in family_lines(rows.comparison):
             console.print(line, markup=False, highlight=False)
     if not rows.complete:

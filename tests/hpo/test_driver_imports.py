@@ -63,6 +63,41 @@ def test_a_sweep_comparing_nothing_builds_its_searcher_without_scipy_statistics(
     assert out.stdout.split() == ["4", "False", "False"]
 
 
+# `hpo sweep` with the sweep itself replaced by one that compared nothing: what the CLI's
+# end of a sweep (its summary, best trials and links) imports.
+SWEEP_COMPARING_NOTHING = """
+import atexit, sys
+import hpo.sweep
+from hpo.cli import main
+
+def run_sweep(spec, **kwargs):
+    # Registered after main's own exit handler, so it runs before that one ends the process.
+    atexit.register(lambda: print("scipy.stats" in sys.modules, "hpo.compare" in sys.modules))
+    return hpo.sweep.SweepRows([], planned=1, complete=True)
+
+hpo.sweep.run_sweep = run_sweep
+sys.argv = ["hpo", "sweep", sys.argv[1]]
+main()
+"""
+
+
+def test_a_sweep_comparing_nothing_prints_its_result_without_scipy_statistics(
+    tmp_path: Path,
+) -> None:
+    """The comparison's tables (and with them hpo.compare and SciPy's statistics, about a
+    second of one core) are imported only where a sweep has a comparison to print."""
+    spec = write_tiny_spec(tmp_path, "printed")
+    done = subprocess.run(
+        [sys.executable, "-c", SWEEP_COMPARING_NOTHING, str(spec)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0/1 trials finished" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "False False"
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_sweeps_driver_and_its_readers_import_no_torch(tmp_path: Path, mlflow_uri: str) -> None:
