@@ -370,8 +370,8 @@ def _print_sweep_result(rows: SweepRows, sweep_dir: SweepLocation, tracking_uri:
     if best:
         _print_best(best)
     if rows.comparison is not None:
-        # Imported here: the tables import the comparison's statistics (SciPy's, a second
-        # of one core), which a sweep that compares nothing never needs.
+        # Imported here: the tables import hpo.compare and with it scipy.stats (half a
+        # second to a second of one core), which a sweep that compares nothing never needs.
         from dashboards.tables import family_lines
 
         for line in family_lines(rows.comparison):

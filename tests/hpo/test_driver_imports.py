@@ -63,29 +63,28 @@ def test_a_sweep_comparing_nothing_builds_its_searcher_without_scipy_statistics(
     assert out.stdout.split() == ["4", "False", "False"]
 
 
-# `hpo sweep` with the sweep itself replaced by one that compared nothing: what the CLI's
-# end of a sweep (its summary, best trials and links) imports.
+# `hpo sweep` with the sweep itself replaced by one that compared nothing: what the rest
+# of the command (the spec, its result printed, its exit) imports.
 SWEEP_COMPARING_NOTHING = """
-import atexit, sys
+import sys
 import hpo.sweep
 from hpo.cli import main
 
-def run_sweep(spec, **kwargs):
-    # Registered after main's own exit handler, so it runs before that one ends the process.
-    atexit.register(lambda: print("scipy.stats" in sys.modules, "hpo.compare" in sys.modules))
-    return hpo.sweep.SweepRows([], planned=1, complete=True)
-
-hpo.sweep.run_sweep = run_sweep
+hpo.sweep.run_sweep = lambda spec, **kwargs: hpo.sweep.SweepRows([], planned=1, complete=True)
 sys.argv = ["hpo", "sweep", sys.argv[1]]
-main()
+try:
+    main()
+finally:
+    print("scipy.stats" in sys.modules, "hpo.compare" in sys.modules)
 """
 
 
 def test_a_sweep_comparing_nothing_prints_its_result_without_scipy_statistics(
     tmp_path: Path,
 ) -> None:
-    """The comparison's tables (and with them hpo.compare and SciPy's statistics, about a
-    second of one core) are imported only where a sweep has a comparison to print."""
+    """The comparison's tables (and with them hpo.compare and SciPy's statistics, half a
+    second to a second of one core) are imported only where a sweep has a comparison to
+    print."""
     spec = write_tiny_spec(tmp_path, "printed")
     done = subprocess.run(
         [sys.executable, "-c", SWEEP_COMPARING_NOTHING, str(spec)],
