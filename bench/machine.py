@@ -1,0 +1,70 @@
+"""Which machine a run is on, in one line: `make test` prints it before pytest, so that a
+CI log's time can be set beside the runs of the same processor.
+
+    .venv/bin/python bench/machine.py
+
+Machines of one kind differ: the same suite used 1,650-1,680 CPU-s on a 2.25-GHz AMD
+EPYC and 2,880-3,200 on a 2.0-GHz first-generation one (bench/README.md, "Where the test
+suite's time goes", thirteenth session). The line gives the processor as the kernel
+names it (model name, family and model, clock, vector extensions), the cores, and a
+pure-Python loop's time (best of 3), a speed that compares across them.
+"""
+
+from __future__ import annotations
+
+import os
+import timeit
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def first_processor(text: str) -> dict[str, str]:
+    """The ``key: value`` fields of the first processor in a ``/proc/cpuinfo`` text."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def describe(fields: dict[str, str]) -> str:
+    """The processor part of the line: ``model name (family F model M, N MHz; flags)``."""
+    flags = set(fields.get("flags", "").split())
+    vectors = [f for f in VECTOR_FLAGS if f in flags] or ["no AVX2"]
+    clock = fields.get("cpu MHz")
+    clock_text = f", {float(clock):.0f} MHz" if clock else ""
+    return (
+        f"{fields.get('model name', 'unknown processor')} (family {fields.get('cpu family', '?')} "
+        f"model {fields.get('model', '?')}{clock_text}; {' '.join(vectors)})"
+    )
+
+
+def python_loop_ms() -> float:
+    """The best of 3 runs of ``sum(i * i for i in range(2_000_000))``, in ms."""
+    runs = timeit.repeat("sum(i * i for i in range(2_000_000))", number=1, repeat=3)
+    return min(runs) * 1000.0
+
+
+def main() -> None:
+    try:
+        processor = describe(first_processor(CPUINFO.read_text()))
+    except OSError:  # not Linux: the platform's own name
+        import platform
+
+        processor = platform.processor() or platform.machine()
+    print(
+        f"machine: {processor}, {os.cpu_count()} CPUs; "
+        f"a Python loop of 2M squares {python_loop_ms():.0f} ms",
+        flush=True,  # before pytest's own output, under make's
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""bench/machine.py: the line `make test` prints names the processor a run was on."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "machine.py"
+
+# Two processors of a 2-core first-generation EPYC, as its kernel lists them (abridged).
+CPUINFO = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC
+cpu MHz\t\t: 1996.247
+flags\t\t: fpu sse4_2 avx fma avx2 sha_ni
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: another processor
+cpu MHz\t\t: 3000.000
+flags\t\t: fpu avx2 avx512f avx512_bf16
+"""
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("machine_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_first_processor_is_described_by_family_model_clock_and_vector_extensions() -> None:
+    machine = _load_bench()
+    fields = machine.first_processor(CPUINFO)
+    assert (fields["cpu family"], fields["model"], fields["model name"]) == ("23", "1", "AMD EPYC")
+    assert machine.describe(fields) == "AMD EPYC (family 23 model 1, 1996 MHz; avx2)"
+    assert machine.describe({"flags": "fpu sse2"}) == (
+        "unknown processor (family ? model ?; no AVX2)"
+    )
+
+
+def test_the_script_prints_one_line_with_the_processor_and_a_loops_time() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH)], capture_output=True, text=True, check=True, timeout=60
+    )
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("machine: ") and " CPUs; a Python loop of 2M squares " in line
+    assert float(line.rsplit(" ", 2)[-2]) > 0  # "... 230 ms"
