@@ -76,11 +76,12 @@ demo: $(COMPILED) sources-bytecode
 # Style, types, bytecode and the browser first, side by side (mypy takes a core for about
 # 40 s, the bytecode 50 CPU-s, chromium's install the network): CI keeps them without
 # anyone remembering to. The layering is a test (tests/test_layers.py). Then the machine
-# in one line (bench/machine.py): machines of one kind differ by up to 2x in the suite's
-# time, so a log's time means something only beside the processor it ran on.
+# in one line (bench/machine.py): machines of one kind differ by up to 1.9x in the suite's
+# time, so a log's time means something only beside the processor it ran on. A line of
+# information, so its failure does not stop the tests (tests/bench/test_machine.py does).
 test: $(STAMP)
 	$(MAKE) --no-print-directory --output-sync=target -j3 lint typecheck chromium $(COMPILED) sources-bytecode
-	$(BIN)/python bench/machine.py
+	-$(BIN)/python bench/machine.py
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -11,7 +11,9 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "machine.py"
 
-# Two processors of a 2-core first-generation EPYC, as its kernel lists them (abridged).
+# The first processor is a 2-core first-generation EPYC's, as its kernel lists it
+# (abridged); the second is made up, every value different, so that a parser reading past
+# the first processor shows.
 CPUINFO = """\
 processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -30,6 +32,17 @@ cpu MHz\t\t: 3000.000
 flags\t\t: fpu avx2 avx512f avx512_bf16
 """
 
+# An arm server's first processor (Neoverse N1: implementer 0x41, part 0xd0c): no model
+# name, clock or flags, but Features.
+ARM_CPUINFO = """\
+processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU part\t: 0xd0c
+"""
+
 
 def _load_bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("machine_bench", BENCH)
@@ -44,9 +57,15 @@ def test_the_first_processor_is_described_by_family_model_clock_and_vector_exten
     fields = machine.first_processor(CPUINFO)
     assert (fields["cpu family"], fields["model"], fields["model name"]) == ("23", "1", "AMD EPYC")
     assert machine.describe(fields) == "AMD EPYC (family 23 model 1, 1996 MHz; avx2)"
-    assert machine.describe({"flags": "fpu sse2"}) == (
-        "unknown processor (family ? model ?; no AVX2)"
+    assert machine.describe({"model name": "old", "flags": "fpu sse2", "cpu MHz": "n/a"}) == (
+        "old (family ? model ?, n/a MHz; no AVX2)"
     )
+
+
+def test_an_arm_processor_is_described_by_implementer_part_and_features() -> None:
+    machine = _load_bench()
+    described = machine.describe(machine.first_processor("\n" + ARM_CPUINFO))
+    assert described == "arm (implementer 0x41 part 0xd0c; asimd)"
 
 
 def test_the_script_prints_one_line_with_the_processor_and_a_loops_time() -> None:
@@ -54,5 +73,11 @@ def test_the_script_prints_one_line_with_the_processor_and_a_loops_time() -> Non
         [sys.executable, str(BENCH)], capture_output=True, text=True, check=True, timeout=60
     )
     (line,) = done.stdout.splitlines()
-    assert line.startswith("machine: ") and " CPUs; a Python loop of 2M squares " in line
-    assert float(line.rsplit(" ", 2)[-2]) > 0  # "... 230 ms"
+    processor, _, rest = line.removeprefix("machine: ").rpartition(", ")
+    machine = _load_bench()
+    if machine.CPUINFO.is_file():  # the processor this machine's kernel names
+        assert processor == machine.describe(machine.first_processor(machine.CPUINFO.read_text()))
+    assert processor and line.startswith("machine: ")
+    cpus, _, loop = rest.partition(" CPUs; a Python loop of 2M squares ")
+    assert int(cpus) == machine.usable_cpus() >= 1
+    assert loop.endswith(" ms") and float(loop.removesuffix(" ms")) > 0
