@@ -81,8 +81,7 @@ def main() -> None:
         processor = platform.machine() or "unknown processor"
     print(
         f"machine: {processor}, {usable_cpus()} CPUs; "
-        f"a Python loop of 2M squares {python_loop_ms():.0f} ms",
-        flush=True,  # before pytest's own output, under make's
+        f"a Python loop of 2M squares {python_loop_ms():.0f} ms"
     )
 
 

@@ -3,28 +3,18 @@ ASHA makes the same decisions as Ray Tune's ``ASHAScheduler``."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.bench_scripts import load_bench_script
+
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "search_efficiency.py"
 FOUR = ("random", "tpe", "tpe+asha", "pso")
-
-
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("search_efficiency_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
@@ -150,13 +140,7 @@ def test_sequential_bench_decides_the_fixed_design_as_equivalence_test_does() ->
     on every sample, so its fixed n and error rates are the verdict's."""
     from hpo.stats import equivalence_test
 
-    spec = importlib.util.spec_from_file_location(
-        "sequential_bench", ROOT / "bench" / "sequential.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = load_bench_script("sequential.py", "sequential_bench")
     rng = np.random.default_rng(3)
     codes = {"equivalent": 1, "bf16 worse": 2, "bf16 better": 3, "inconclusive": 0}
     for n in (5, 12, 60):  # exact signed-rank counts, and the normal approximation

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.bench_scripts import load_bench_script
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "machine.py"
@@ -45,11 +46,7 @@ CPU part\t: 0xd0c
 
 
 def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("machine_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("machine.py", "machine_bench")
 
 
 def test_the_first_processor_is_described_by_family_model_clock_and_vector_extensions() -> None:

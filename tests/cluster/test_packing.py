@@ -3,7 +3,6 @@ memory cap, the retry after an OOM, and the benchmark's smoke mode."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -25,6 +24,7 @@ from cluster.packing import (
     trials_per_gpu,
 )
 from cluster.vram_table import VramTable, profile_key
+from tests.bench_scripts import load_bench_script
 from tests.cluster.test_vram_table import fake_profile
 from trainables.config import TrainConfig, TrialConfig
 
@@ -232,11 +232,7 @@ def test_memory_cap_leaves_the_context_out(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_packing", ROOT / "bench" / "gpu_packing.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench_script("gpu_packing.py", "gpu_packing")
 
 
 def test_benchmark_smoke_writes_json_and_markdown(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ without its returns artifact.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import os
 import shutil
@@ -31,6 +30,7 @@ from mlflow.tracking import MlflowClient
 from hpo import compare
 from hpo.compare import TrialReturns, mlflow_reader
 from hpo.tracking import RETURNS_ARTIFACT, TAG_TRIAL
+from tests.bench_scripts import load_bench_script
 from trainables import returns_file
 
 from .compare_helpers import returns_csv, synthetic_returns
@@ -42,13 +42,7 @@ BAR_MARKS = ("Downloading artifacts", "it/s]", "%|")  # tqdm's description and b
 
 
 def _load_bench() -> ModuleType:
-    path = ROOT / "bench" / "compare_scale.py"
-    spec = importlib.util.spec_from_file_location("compare_scale_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("compare_scale.py", "compare_scale_bench")
 
 
 @pytest.fixture(scope="module")
