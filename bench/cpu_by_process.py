@@ -7,16 +7,17 @@ the set-up's tools, and the kernel's threads.
 
 (the standard library alone: it runs before the set-up makes a venv).
 
-It samples every process on the machine (``/proc/<pid>/stat``) every ``--every`` seconds
-while the command runs, keeps each one's CPU time since the command started (a process
-already running then counts from there), names each by its command line, and prints
-CPU-s per kind beside the machine's busy and idle CPU-s (``/proc/stat``) over the same
-span. A process that starts and ends between two samples is not seen, and one that ends
-loses its last interval; the line "the sampler saw" says how much that left out. The
-whole machine is sampled, not the command's descendants: a Ray worker is the raylet's
-child, not the test's, and the kernel's threads work for the command too (a fresh
-clone's `make test` on the first-generation EPYC: bench/README.md, "Where the test
-suite's time goes", fourteenth session). Linux only. Exits with the command's status.
+Every ``--every`` seconds it reads every process on the machine (``/proc/<pid>/stat``)
+and counts the CPU time each used since the last sample under the kind the process has
+now, by its command line (a Ray worker retitles itself for each task or actor it runs;
+a process already running when the command started counts from then on). The whole
+machine is sampled, not the command's descendants: a Ray worker is the raylet's child,
+not the test's, and the kernel's threads work for the command too. It prints CPU-s per
+kind beside the machine's busy and idle time over the same span (``/proc/stat``). A
+process that starts and ends between two samples is not seen, and one that ends loses
+its last interval: the busy time less what was seen, less the sampler's own, less the
+kernel's interrupt time, is what went unseen. Linux only. Exits with the command's
+status. Results: bench/README.md, "Where the test suite's time goes".
 """
 
 from __future__ import annotations
@@ -25,24 +26,38 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 PROC = Path("/proc")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PF_KTHREAD = 0x00200000  # the process flag of a kernel thread (proc(5), stat field 9)
 
 # execnet's bootstrap: what a pytest-xdist worker's command line is.
 XDIST_WORKER = "import sys;exec(eval(sys.stdin.readline()))"
+IDLE_RAY_WORKERS = "idle Ray workers"
+HEADER = ("CPU-s", "share", "processes", "kind")
 
 Rule = Callable[[str, str], bool]
-IDLE_RAY_WORKERS = "idle Ray workers"
 
-# First match wins. A Ray worker renames itself (its command line becomes its title:
-# ``ray::IDLE``, then ``ray::ImplicitFunc.train`` once it holds a Tune trial).
+
+def _runs(*programs: str) -> Rule:
+    """A rule for a Python module or program: ``-m NAME`` or ``/bin/NAME`` in the command
+    line (a bare word would also match a test's temporary path or an argument)."""
+    return lambda comm, cmd: any(
+        f"-m {p} " in f"{cmd} " or f"/bin/{p} " in f"{cmd} " for p in programs
+    )
+
+
+# First match wins. A Ray worker's command line is its title (``ray::IDLE``, then
+# ``ray::ImplicitFunc.train`` while it holds a Tune trial); its name (comm) is the
+# title's first 15 characters.
 RULES: tuple[tuple[str, Rule], ...] = (
     ("trial actors (ray::ImplicitFunc)", lambda comm, cmd: cmd.startswith("ray::ImplicitFunc")),
     ("profile tasks (ray::hpo-profile)", lambda comm, cmd: cmd.startswith("ray::hpo-profile")),
@@ -67,83 +82,78 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ),
     (
         "MLflow tracking servers",
-        lambda comm, cmd: "mlflow server" in cmd or "uvicorn" in cmd or "gunicorn" in cmd,
+        lambda comm, cmd: "mlflow server" in cmd or _runs("uvicorn", "gunicorn")(comm, cmd),
     ),
     (
         "`hpo` commands",
-        lambda comm, cmd: "/bin/hpo " in cmd or "-m hpo.cli" in cmd or "from hpo.cli" in cmd,
+        lambda comm, cmd: "from hpo.cli import" in cmd or _runs("hpo", "hpo.cli")(comm, cmd),
     ),
     ("pytest workers (xdist)", lambda comm, cmd: XDIST_WORKER in cmd),
+    ("pytest (controller, child sessions)", _runs("pytest")),
     (
-        "pytest (controller, child sessions)",
-        lambda comm, cmd: "-m pytest" in cmd or "/bin/pytest" in cmd,
+        "bench scripts",
+        lambda comm, cmd: ".py" in cmd and ("/bench/" in cmd or " bench/" in f" {cmd}"),
     ),
-    ("bench scripts", lambda comm, cmd: "/bench/" in cmd or cmd.startswith("bench/")),
-    ("bytecode (compileall)", lambda comm, cmd: "compileall" in cmd),
-    ("mypy", lambda comm, cmd: "mypy" in cmd),
-    ("ruff", lambda comm, cmd: "ruff" in cmd),
-    ("pip", lambda comm, cmd: " pip " in f" {cmd} " or "-m pip" in cmd),
-    ("chromium", lambda comm, cmd: "chrom" in comm),
+    ("bytecode (compileall)", _runs("compileall")),
+    ("mypy", _runs("mypy")),
+    ("ruff", _runs("ruff")),
+    ("pip", _runs("pip")),
+    ("chromium", lambda comm, cmd: comm.startswith("chrom")),
 )
 
 
-def kind_of(comm: str, cmdline: str, extra: Sequence[tuple[str, str]] = ()) -> str:
-    """The kind a process counts under: ``extra``'s (label, substring of the command
-    line) first, then :data:`RULES`; a kernel thread (no command line) by its name
-    without the CPU number (``kworker/1:1H`` is ``kernel thread kworker``); else
-    ``other: <name>``."""
+def kind_of(
+    comm: str, cmdline: str, *, kernel: bool = False, extra: Sequence[tuple[str, str]] = ()
+) -> str:
+    """The kind a process counts under: ``extra``'s (label, substring of the command line)
+    first; a kernel thread by its name without the CPU number (``kworker/1:1H`` is
+    ``kernel thread kworker``); then :data:`RULES`; else ``other: <name>`` (a process
+    whose command line could not be read, having exited, among them)."""
     for label, part in extra:
         if part in cmdline:
             return label
+    if kernel:
+        return f"kernel thread {comm.split('/')[0]}"
     for label, rule in RULES:
         if rule(comm, cmdline):
             return label
-    if not cmdline:
-        return f"kernel thread {comm.split('/')[0]}"
     return f"other: {comm}"
-
-
-def better_title(old: str, new: str) -> str:
-    """The command line to keep for a process seen as ``old`` and now as ``new``: a Ray
-    worker that held a trial or a task keeps that title when it goes back to ``ray::IDLE``
-    (or its command line can no longer be read)."""
-    held_work = old.startswith("ray::") and not old.startswith("ray::IDLE")
-    if held_work and (not new or new.startswith("ray::IDLE")):
-        return old
-    return new or old
 
 
 @dataclass
 class Seen:
-    """One process, as sampled."""
+    """One process as sampled: its latest name and command line, and the CPU-s it used
+    while sampled, under each kind it had."""
 
     pid: int
     comm: str
     cmdline: str
-    cpu_at_start: float
+    kernel: bool
     cpu: float
+    """Its CPU time at the last sample, since it started."""
     sightings: int = 1
+    by_kind: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def used(self) -> float:
-        return max(0.0, self.cpu - self.cpu_at_start)
-
-
-def may_rename(process: Seen, comm: str) -> bool:
-    """Whether ``process``'s command line may have changed since it was read: in its first
-    samples (a forked child still shows its parent's until it execs), when its name
-    changed, or while it is a Ray worker, which retitles itself for each task or actor.
-    Reading only these keeps the sampler at a small share of a core."""
-    return (
-        process.sightings <= 3
-        or comm != process.comm
-        or kind_of(process.comm, process.cmdline) == IDLE_RAY_WORKERS
-    )
+    def charge(self, cpu: float, extra: Sequence[tuple[str, str]]) -> None:
+        """Count what it used since the last sample under the kind it has now."""
+        used = cpu - self.cpu
+        if used > 0:
+            kind = kind_of(self.comm, self.cmdline, kernel=self.kernel, extra=extra)
+            self.by_kind[kind] = self.by_kind.get(kind, 0.0) + used
+        self.cpu = max(self.cpu, cpu)
 
 
-def read_process(pid: str) -> tuple[str, str, float] | None:
-    """(key, name, CPU-s) of ``/proc/<pid>``, or None once it is gone. The key adds the
-    start time, so a reused pid is another process."""
+@dataclass(frozen=True)
+class ProcessStat:
+    key: str
+    """The pid and its start time: a reused pid is another process."""
+    comm: str
+    cpu: float
+    kernel: bool
+
+
+def read_process(pid: str) -> ProcessStat | None:
+    """``/proc/<pid>/stat``, or None once the process is gone."""
     try:
         stat = (PROC / pid / "stat").read_text()
     except OSError:
@@ -151,31 +161,38 @@ def read_process(pid: str) -> tuple[str, str, float] | None:
     name_end = stat.rindex(")")
     comm = stat[stat.index("(") + 1 : name_end]
     fields = stat[name_end + 2 :].split()
-    # Fields after the name, from 0: utime 11, stime 12, starttime 19 (proc(5)).
+    # Fields after the name, from 0: flags 6, utime 11, stime 12, starttime 19 (proc(5)).
     cpu = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    return f"{pid}:{fields[19]}", comm, cpu
+    return ProcessStat(f"{pid}:{fields[19]}", comm, cpu, bool(int(fields[6]) & PF_KTHREAD))
 
 
 def read_cmdline(pid: str) -> str:
+    """The process's command line, its arguments joined by spaces ("" once it is gone)."""
     try:
         raw = (PROC / pid / "cmdline").read_bytes()
     except OSError:
         return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:400]
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def machine_cpu() -> tuple[float, float]:
-    """(busy, idle) CPU-s of the whole machine since boot (``/proc/stat``; idle counts
-    I/O wait, busy leaves out steal and guests, which other machines' work is)."""
-    fields = [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq = fields[:7]
-    return (user + nice + system + irq + softirq) / TICKS_PER_S, (idle + iowait) / TICKS_PER_S
+def may_rename(process: Seen, comm: str) -> bool:
+    """Whether ``process``'s command line may have changed since it was read: in its first
+    samples (a forked child shows its parent's until it execs), when its name changed, or
+    while it is an idle Ray worker, which may take a task or an actor at any time. Reading
+    only these keeps the sampler at a small share of a core."""
+    return (
+        process.sightings <= 3
+        or comm != process.comm
+        or kind_of(process.comm, process.cmdline) == IDLE_RAY_WORKERS
+    )
 
 
 class Sampler:
-    """Every process's CPU time since the sampler started, and its latest command line."""
+    """Every process's CPU time from the first sample on (a process that starts later, from
+    its start), each interval under the kind the process had when it ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: Sequence[tuple[str, str]] = ()) -> None:
+        self.extra = tuple(extra)
         self.seen: dict[str, Seen] = {}
         self.first = True
 
@@ -183,45 +200,48 @@ class Sampler:
         for entry in os.listdir(PROC):
             if not entry.isdigit():
                 continue
-            got = read_process(entry)
-            if got is None:
+            stat = read_process(entry)
+            if stat is None:
                 continue
-            key, comm, cpu = got
-            known = self.seen.get(key)
+            known = self.seen.get(stat.key)
             if known is None:
-                # A process that was running when sampling began counts from then on.
-                start = cpu if self.first else 0.0
-                self.seen[key] = Seen(int(entry), comm, read_cmdline(entry), start, cpu)
-                continue
-            known.cpu = max(known.cpu, cpu)
-            known.sightings += 1
-            if may_rename(known, comm):
-                known.cmdline = better_title(known.cmdline, read_cmdline(entry))
-            known.comm = comm
+                # A process running before the first sample counts from then on.
+                baseline = stat.cpu if self.first else 0.0
+                known = Seen(int(entry), stat.comm, read_cmdline(entry), stat.kernel, baseline)
+                self.seen[stat.key] = known
+            else:
+                known.sightings += 1
+                if may_rename(known, stat.comm):
+                    known.cmdline = read_cmdline(entry) or known.cmdline
+                known.comm = stat.comm
+            known.charge(stat.cpu, self.extra)
         self.first = False
 
 
 @dataclass(frozen=True)
 class KindTotal:
+    """One row of the table: the CPU-s of a kind, and how many processes spent them."""
+
     kind: str
     cpu_s: float
     processes: int
 
 
-def totals(seen: Sequence[Seen], extra: Sequence[tuple[str, str]] = ()) -> list[KindTotal]:
-    """CPU-s and processes per kind, largest first; processes that used none are left out."""
+def totals(seen: Sequence[Seen]) -> list[KindTotal]:
+    """CPU-s and processes per kind, largest first (a Ray worker that ran a trial and then
+    went idle counts under both)."""
     by_kind: dict[str, list[float]] = {}
     for process in seen:
-        if process.used <= 0:
-            continue
-        by_kind.setdefault(kind_of(process.comm, process.cmdline, extra), []).append(process.used)
+        for kind, cpu in process.by_kind.items():
+            by_kind.setdefault(kind, []).append(cpu)
     rows = [KindTotal(k, sum(v), len(v)) for k, v in by_kind.items()]
     return sorted(rows, key=lambda r: (-r.cpu_s, r.kind))
 
 
 def format_table(rows: Sequence[KindTotal], min_cpu_s: float) -> list[str]:
+    """The table's lines; kinds under ``min_cpu_s`` are folded into one line."""
     total = sum(r.cpu_s for r in rows) or 1.0
-    lines = [f"{'CPU-s':>8} {'share':>6} {'processes':>9}  kind"]
+    lines = ["{:>8} {:>6} {:>9}  {}".format(*HEADER)]
     small = [r for r in rows if r.cpu_s < min_cpu_s]
     for r in rows:
         if r.cpu_s >= min_cpu_s:
@@ -229,10 +249,23 @@ def format_table(rows: Sequence[KindTotal], min_cpu_s: float) -> list[str]:
     if small:
         cpu = sum(r.cpu_s for r in small)
         n = sum(r.processes for r in small)
-        lines.append(
-            f"{cpu:8.1f} {cpu / total:6.1%} {n:9d}  {len(small)} kinds under {min_cpu_s:g} CPU-s"
-        )
+        kinds = "1 kind" if len(small) == 1 else f"{len(small)} kinds"
+        lines.append(f"{cpu:8.1f} {cpu / total:6.1%} {n:9d}  {kinds} under {min_cpu_s:g} CPU-s")
     return lines
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, idle) CPU-s of the whole machine since boot (``/proc/stat``): busy is user,
+    nice, system, interrupt and soft-interrupt time, idle counts I/O wait; steal (time
+    the host ran something else) is in neither."""
+    fields = [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / TICKS_PER_S, (idle + iowait) / TICKS_PER_S
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a child's return code (a signal's is 128 + its number)."""
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 def parse_kind(text: str) -> tuple[str, str]:
@@ -242,11 +275,23 @@ def parse_kind(text: str) -> tuple[str, str]:
     return label, part
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"--every wants seconds above 0, got {text!r}")
+    return seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--every", type=float, default=0.5, help="seconds between samples")
+    parser.add_argument(
+        "--every", type=positive_seconds, default=0.5, help="seconds between samples"
+    )
     parser.add_argument("--json", type=Path, help="write every process seen here")
     parser.add_argument(
         "--kind",
@@ -265,47 +310,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (PROC / "stat").is_file():
         parser.error("needs Linux's /proc")
 
-    sampler = Sampler()
+    sampler = Sampler(args.kind)
     sampler.sample()
     busy0, idle0 = machine_cpu()
     started = time.monotonic()
-    process = subprocess.Popen(command)
-    me = os.getpid()
     try:
-        while process.poll() is None:
-            time.sleep(args.every)
-            sampler.sample()
-    except KeyboardInterrupt:  # the command has its own ^C; wait for it and still report
-        process.wait()
+        # Its own process group: a ^C at the terminal reaches the sampler alone, which
+        # passes it on once to the whole command (as does a SIGTERM sent to the sampler).
+        process = subprocess.Popen(command, process_group=0)
+    except OSError as exc:
+        print(f"cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    def pass_on(signum: int, frame: FrameType | None) -> None:
+        os.killpg(process.pid, signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, pass_on)
+    while process.poll() is None:
+        time.sleep(args.every)
+        sampler.sample()
     sampler.sample()
     wall = time.monotonic() - started
     busy1, idle1 = machine_cpu()
 
+    me = os.getpid()
     seen = [s for s in sampler.seen.values() if s.pid != me]
-    rows = totals(seen, args.kind)
-    own = next((s.used for s in sampler.seen.values() if s.pid == me), 0.0)
-    sampled = sum(r.cpu_s for r in rows)
+    own = sum(sum(s.by_kind.values()) for s in sampler.seen.values() if s.pid == me)
+    rows = totals(seen)
     shown = shlex.join(command).replace("\n", " ")
     shown = shown if len(shown) <= 100 else shown[:97] + "..."
-    print(f"\n{shown}: exit {process.returncode} in {wall:.1f} s")
+    print(f"\n{shown}: exit {exit_status(process.returncode)} in {wall:.1f} s")
     print(
         f"the machine: busy {busy1 - busy0:.1f} CPU-s, idle {idle1 - idle0:.1f} "
-        f"(/proc/stat); the sampler saw {sampled:.1f} CPU-s in "
-        f"{sum(r.processes for r in rows)} processes, and used {own:.1f} itself"
+        f"(/proc/stat); the sampler saw {sum(r.cpu_s for r in rows):.1f} CPU-s in "
+        f"{len([s for s in seen if s.by_kind])} processes, and used {own:.1f} itself"
     )
     print("\n".join(format_table(rows, args.min)))
     if args.json is not None:
+        processes = [s for s in seen if s.by_kind]
+        processes.sort(key=lambda s: -sum(s.by_kind.values()))
         args.json.write_text(
             json.dumps(
                 [
-                    {"pid": s.pid, "name": s.comm, "cmdline": s.cmdline, "cpu_s": s.used}
-                    for s in sorted(seen, key=lambda s: -s.used)
-                    if s.used > 0
+                    {"pid": s.pid, "name": s.comm, "cmdline": s.cmdline, "cpu_s": s.by_kind}
+                    for s in processes
                 ],
                 indent=1,
             )
         )
-    return process.returncode
+    return exit_status(process.returncode)
 
 
 if __name__ == "__main__":
