@@ -41,7 +41,9 @@ PF_KTHREAD = 0x00200000  # the process flag of a kernel thread (proc(5), stat fi
 
 # execnet's bootstrap: what a pytest-xdist worker's command line is.
 XDIST_WORKER = "import sys;exec(eval(sys.stdin.readline()))"
-IDLE_RAY_WORKERS = "idle Ray workers"
+# A Ray worker's title is ``ray::IDLE`` from its start until it runs a task or an actor:
+# a trial's own worker imports Ray and Ray Tune under it (bench/README.md).
+IDLE_RAY_WORKERS = "Ray workers while idle (starting up, or between tasks)"
 HEADER = ("CPU-s", "share", "processes", "kind")
 
 Rule = Callable[[str, str], bool]

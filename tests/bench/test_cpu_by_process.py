@@ -23,6 +23,7 @@ def _load_bench() -> ModuleType:
     return load_bench_script("cpu_by_process.py", "cpu_by_process_bench")
 
 
+IDLE = "Ray workers while idle (starting up, or between tasks)"
 RAY = "Ray's own processes (raylet, GCS, monitors, `ray start`)"
 OTHER = "other: python"
 
@@ -39,12 +40,12 @@ SEEN = [
     ("trial", "ray::ImplicitFu", "ray::ImplicitFunc.train", "trial actors (ray::ImplicitFunc)"),
     ("profile", "ray::IDLE", "ray::hpo-profile:tft/bf16@GPU", "profile tasks (ray::hpo-profile)"),
     ("agent", "ray::DashboardA", "ray::DashboardAgent", "Ray's dashboard and runtime-env agents"),
-    ("idle", "ray::IDLE", "ray::IDLE", "idle Ray workers"),
+    ("idle", "ray::IDLE", "ray::IDLE", IDLE),
     (
         "prestart",
         "python",
         "/c/.venv/bin/python /c/.venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py --node-ip-address=127.0.0.1",
-        "idle Ray workers",
+        IDLE,
     ),
     ("board", "ray::AshaRungs", "ray::AshaRungs", "other Ray tasks and actors"),
     (
@@ -157,14 +158,14 @@ def test_each_interval_counts_under_the_kind_the_process_had_when_it_ended() -> 
     worker.cmdline, worker.comm = "ray::ImplicitFunc.train", "ray::ImplicitFu"
     worker.charge(6.0, ())
     worker.charge(6.0, ())  # nothing since: nothing counted
-    assert worker.by_kind == {"idle Ray workers": 1.5, "trial actors (ray::ImplicitFunc)": 4.5}
+    assert worker.by_kind == {IDLE: 1.5, "trial actors (ray::ImplicitFunc)": 4.5}
 
 
 def test_processes_are_summed_per_kind() -> None:
     bench = _load_bench()
     trial = "trial actors (ray::ImplicitFunc)"
     seen = [
-        bench.Seen(1, "x", "", False, 0.0, by_kind={trial: 6.0, "idle Ray workers": 0.5}),
+        bench.Seen(1, "x", "", False, 0.0, by_kind={trial: 6.0, IDLE: 0.5}),
         bench.Seen(2, "x", "", False, 0.0, by_kind={trial: 4.5}),
         bench.Seen(3, "kdamond.0", "", True, 0.0, by_kind={"kernel thread kdamond.0": 10.0}),
         bench.Seen(4, "x", "", False, 0.0),  # used nothing while sampled
@@ -173,7 +174,7 @@ def test_processes_are_summed_per_kind() -> None:
     assert [(r.kind, r.cpu_s, r.processes) for r in rows] == [
         (trial, 10.5, 2),
         ("kernel thread kdamond.0", 10.0, 1),
-        ("idle Ray workers", 0.5, 1),
+        (IDLE, 0.5, 1),
     ]
     table = bench.format_table(rows, min_cpu_s=10.25)
     assert table[0].split() == list(bench.HEADER)
