@@ -2,14 +2,16 @@
 actors, the `hpo` commands the end-to-end tests run, Ray's and MLflow's own processes,
 the set-up's tools, and the kernel's threads.
 
-    python3 bench/cpu_by_process.py -- env CI=true bash .ci/run
-    python3 bench/cpu_by_process.py --json cpu.json --kind grpc=grpc_fork -- make test
+    python3.11 bench/cpu_by_process.py -- env CI=true bash .ci/run
+    python3.11 bench/cpu_by_process.py --json cpu.json --kind grpc=grpc_fork -- make test
 
-(the standard library alone: it runs before the set-up makes a venv).
+(the standard library alone: it runs before the set-up makes a venv). The command runs
+in a process group of its own, so that a ^C or a SIGTERM reaches it once, through the
+sampler: it cannot read the terminal.
 
 Every ``--every`` seconds it reads every process on the machine (``/proc/<pid>/stat``)
 and counts the CPU time each used since the last sample under the kind the process has
-now, by its command line (a Ray worker retitles itself for each task or actor it runs;
+at that sample, by its command line (a Ray worker retitles itself for each task or actor it runs;
 a process already running when the command started counts from then on). The whole
 machine is sampled, not the command's descendants: a Ray worker is the raylet's child,
 not the test's, and the kernel's threads work for the command too. It prints CPU-s per
@@ -23,8 +25,10 @@ status. Results: bench/README.md, "Where the test suite's time goes".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -41,8 +45,8 @@ PF_KTHREAD = 0x00200000  # the process flag of a kernel thread (proc(5), stat fi
 
 # execnet's bootstrap: what a pytest-xdist worker's command line is.
 XDIST_WORKER = "import sys;exec(eval(sys.stdin.readline()))"
-# A Ray worker's title is ``ray::IDLE`` from its start until it runs a task or an actor:
-# a trial's own worker imports Ray and Ray Tune under it (bench/README.md).
+# A Ray worker's title is ``ray::IDLE`` from its start until it runs a task or an actor,
+# and while it loads the task's function or the actor's class (bench/README.md).
 IDLE_RAY_WORKERS = "Ray workers while idle (starting up, or between tasks)"
 HEADER = ("CPU-s", "share", "processes", "kind")
 
@@ -55,6 +59,12 @@ def _runs(*programs: str) -> Rule:
     return lambda comm, cmd: any(
         f"-m {p} " in f"{cmd} " or f"/bin/{p} " in f"{cmd} " for p in programs
     )
+
+
+def _runs_bench_script(cmdline: str) -> bool:
+    """Whether the program's first argument is a script of a ``bench/`` folder."""
+    words = cmdline.split()
+    return len(words) > 1 and re.fullmatch(r"(.*/)?bench/\w+\.py", words[1]) is not None
 
 
 # First match wins. A Ray worker's command line is its title (``ray::IDLE``, then
@@ -78,7 +88,13 @@ RULES: tuple[tuple[str, Rule], ...] = (
             comm in ("raylet", "gcs_server")
             or any(
                 part in cmd
-                for part in ("ray/_private/", "ray/autoscaler/", "ray/dashboard/", "/bin/ray ")
+                for part in (
+                    "ray/_private/",
+                    "ray/autoscaler/",
+                    "ray/dashboard/",
+                    "ray.dashboard.",  # the dashboard's module processes
+                    "/bin/ray ",
+                )
             )
         ),
     ),
@@ -92,10 +108,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ),
     ("pytest workers (xdist)", lambda comm, cmd: XDIST_WORKER in cmd),
     ("pytest (controller, child sessions)", _runs("pytest")),
-    (
-        "bench scripts",
-        lambda comm, cmd: ".py" in cmd and ("/bench/" in cmd or " bench/" in f" {cmd}"),
-    ),
+    ("bench scripts", lambda comm, cmd: _runs_bench_script(cmd)),
     ("bytecode (compileall)", _runs("compileall")),
     ("mypy", _runs("mypy")),
     ("ruff", _runs("ruff")),
@@ -316,22 +329,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     sampler.sample()
     busy0, idle0 = machine_cpu()
     started = time.monotonic()
-    try:
-        # Its own process group: a ^C at the terminal reaches the sampler alone, which
-        # passes it on once to the whole command (as does a SIGTERM sent to the sampler).
-        process = subprocess.Popen(command, process_group=0)
-    except OSError as exc:
-        print(f"cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
-        return 127 if isinstance(exc, FileNotFoundError) else 126
+    running: list[subprocess.Popen[bytes]] = []
 
     def pass_on(signum: int, frame: FrameType | None) -> None:
-        os.killpg(process.pid, signum)
+        """A ^C at the terminal reaches the sampler alone (the command has a process group
+        of its own): pass it on once to the whole command, as a SIGTERM too."""
+        with contextlib.suppress(ProcessLookupError):  # the command has just ended
+            if running:
+                os.killpg(running[0].pid, signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, pass_on)
-    while process.poll() is None:
-        time.sleep(args.every)
-        sampler.sample()
+    handlers = {
+        signum: signal.signal(signum, pass_on) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        try:
+            running.append(subprocess.Popen(command, process_group=0))
+        except OSError as exc:
+            print(f"cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        process = running[0]
+        while process.poll() is None:
+            time.sleep(args.every)
+            sampler.sample()
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     sampler.sample()
     wall = time.monotonic() - started
     busy1, idle1 = machine_cpu()

@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from types import ModuleType
 
@@ -61,6 +62,13 @@ SEEN = [
         RAY,
     ),
     (
+        "dashboard-module",
+        "ray-dashboard-N",
+        "ray-dashboard-NodeHead-0 (/c/.venv/bin/python -B -c from multiprocessing.forkserver"
+        " import main; main(25, 27, ['ray', 'ray.dashboard.subprocesses'])",
+        RAY,
+    ),
+    (
         "uvicorn",
         "python",
         "/c/.venv/bin/python -m uvicorn --host 127.0.0.1 --port 55 mlflow.server.fastapi_app:app",
@@ -107,7 +115,7 @@ SEEN = [
         "/c/.venv/bin/python -c pass /tmp/pytest-of-root/test_mypy_ruff_pip0",
         OTHER,
     ),
-    ("arg-bench", "python", "/c/.venv/bin/python -c pass /tmp/bench/", OTHER),
+    ("arg-bench", "python", "/c/.venv/bin/python -c pass /tmp/bench/x.py", OTHER),
     ("exited", "python", "", OTHER),
 ]
 
@@ -161,6 +169,44 @@ def test_each_interval_counts_under_the_kind_the_process_had_when_it_ended() -> 
     assert worker.by_kind == {IDLE: 1.5, "trial actors (ray::ImplicitFunc)": 4.5}
 
 
+def _write_process(proc: Path, pid: int, comm: str, cmdline: str, cpu_s: float, start: int) -> None:
+    """A ``/proc/<pid>`` of a user process: its stat (fields after the name: flags 6,
+    utime 11, stime 12, start time 19; 100 ticks a second) and its command line."""
+    fields = ["S", "1", "1", "1", "0", "-1", "4194560", *["0"] * 4, str(round(cpu_s * 100))]
+    fields += ["0"] * 7 + [str(start), "0"]
+    (proc / str(pid)).mkdir(exist_ok=True)
+    (proc / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+    (proc / str(pid) / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+
+
+def test_the_sampler_counts_each_interval_under_the_title_a_process_has_at_its_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = _load_bench()
+    monkeypatch.setattr(bench, "PROC", tmp_path)
+    monkeypatch.setattr(bench, "TICKS_PER_S", 100)
+    (tmp_path / "self").mkdir()  # not a process
+    _write_process(tmp_path, 100, "python", "python -m pytest -q", 50.0, start=10)
+    sampler = bench.Sampler()
+    sampler.sample()  # pytest was running already: it counts from here
+    _write_process(tmp_path, 100, "python", "python -m pytest -q", 51.0, start=10)
+    _write_process(tmp_path, 200, "ray::IDLE", "ray::IDLE", 1.0, start=20)
+    sampler.sample()
+    for _ in range(4):  # past its first samples: still re-read while idle
+        sampler.sample()
+    _write_process(tmp_path, 200, "ray::ImplicitFu", "ray::ImplicitFunc.train", 4.0, start=20)
+    sampler.sample()
+    (tmp_path / "200" / "stat").unlink()  # it ended; its pid comes back as another process
+    _write_process(tmp_path, 200, "ray::IDLE", "ray::IDLE", 0.5, start=30)
+    sampler.sample()
+    rows = {r.kind: (r.cpu_s, r.processes) for r in bench.totals(list(sampler.seen.values()))}
+    assert rows == {
+        "pytest (controller, child sessions)": (1.0, 1),
+        IDLE: (1.5, 2),
+        "trial actors (ray::ImplicitFunc)": (3.0, 1),
+    }
+
+
 def test_processes_are_summed_per_kind() -> None:
     bench = _load_bench()
     trial = "trial actors (ray::ImplicitFunc)"
@@ -207,28 +253,16 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 @needs_proc
 def test_the_script_runs_the_command_and_counts_a_childs_cpu_under_its_kind(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
-    done = _run(
-        "--every",
-        "0.1",
-        "--min",
-        "0",
-        "--json",
-        str(out),
-        "--kind",
-        "burner=cpu-burner-marker",
-        "--",
-        sys.executable,
-        "-c",
-        BURN,
-        "cpu-burner-marker",
-    )
+    marker = f"cpu-burner-{uuid.uuid4().hex}"  # another run's burner on the machine is not ours
+    options = ["--every", "0.1", "--min", "0", "--json", str(out), "--kind", f"burner={marker}"]
+    done = _run(*options, "--", sys.executable, "-c", BURN, marker)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if tuple(line.split()) == _load_bench().HEADER)
     rows = {line.split(None, 3)[3]: line.split() for line in lines[header + 1 :]}
     assert 0.9 <= float(rows["burner"][0]) <= 1.3, done.stdout
     assert rows["burner"][2] == "1"
-    (burner,) = [p for p in json.loads(out.read_text()) if "cpu-burner-marker" in p["cmdline"]]
+    (burner,) = [p for p in json.loads(out.read_text()) if marker in p["cmdline"]]
     assert 0.9 <= burner["cpu_s"]["burner"] <= 1.3
 
 
