@@ -11,15 +11,15 @@ sampler: it cannot read the terminal.
 
 Every ``--every`` seconds it reads every process on the machine (``/proc/<pid>/stat``)
 and counts the CPU time each used since the last sample under the kind the process has
-at that sample, by its command line (a Ray worker retitles itself for each task or actor it runs;
-a process already running when the command started counts from then on). The whole
-machine is sampled, not the command's descendants: a Ray worker is the raylet's child,
-not the test's, and the kernel's threads work for the command too. It prints CPU-s per
-kind beside the machine's busy and idle time over the same span (``/proc/stat``). A
-process that starts and ends between two samples is not seen, and one that ends loses
-its last interval: the busy time less what was seen, less the sampler's own, less the
-kernel's interrupt time, is what went unseen. Linux only. Exits with the command's
-status. Results: bench/README.md, "Where the test suite's time goes".
+at that sample, by its command line (a Ray worker retitles itself for each task or
+actor it runs; a process already running when the command started counts from then
+on). The whole machine is sampled, not the command's descendants: a Ray worker is the
+raylet's child, not the test's, and the kernel's threads work for the command too. It
+prints CPU-s per kind beside the machine's busy and idle time over the same span
+(``/proc/stat``). A process that starts and ends between two samples is not seen, and
+one that ends loses its last interval: the busy time less what was seen, less the
+sampler's own, less the kernel's interrupt time, is what went unseen. Linux only. Exits
+with the command's status. Results: bench/README.md, "Where the test suite's time goes".
 """
 
 from __future__ import annotations
