@@ -67,6 +67,9 @@ def _runs_bench_script(cmdline: str) -> bool:
     return len(words) > 1 and re.fullmatch(r"(.*/)?bench/\w+\.py", words[1]) is not None
 
 
+_SERVES_HTTP = _runs("uvicorn", "gunicorn")  # MLflow's server runs under one of them
+_RUNS_HPO = _runs("hpo", "hpo.cli")
+
 # First match wins. A Ray worker's command line is its title (``ray::IDLE``, then
 # ``ray::ImplicitFunc.train`` while it holds a Tune trial); its name (comm) is the
 # title's first 15 characters.
@@ -100,11 +103,11 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ),
     (
         "MLflow tracking servers",
-        lambda comm, cmd: "mlflow server" in cmd or _runs("uvicorn", "gunicorn")(comm, cmd),
+        lambda comm, cmd: "mlflow server" in cmd or _SERVES_HTTP(comm, cmd),
     ),
     (
         "`hpo` commands",
-        lambda comm, cmd: "from hpo.cli import" in cmd or _runs("hpo", "hpo.cli")(comm, cmd),
+        lambda comm, cmd: "from hpo.cli import" in cmd or _RUNS_HPO(comm, cmd),
     ),
     ("pytest workers (xdist)", lambda comm, cmd: XDIST_WORKER in cmd),
     ("pytest (controller, child sessions)", _runs("pytest")),
